@@ -1,0 +1,9 @@
+/* cmd_eval.c - placeholder until the command lands (foundation issue, in progress). */
+#include <stdio.h>
+#include "cli/commands.h"
+int ft_cmd_eval(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    fprintf(stderr, "ftune: 'eval' is not built yet\n");
+    return 1;
+}

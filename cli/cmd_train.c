@@ -1,0 +1,9 @@
+/* cmd_train.c - placeholder until the command lands (foundation issue, in progress). */
+#include <stdio.h>
+#include "cli/commands.h"
+int ft_cmd_train(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    fprintf(stderr, "ftune: 'train' is not built yet\n");
+    return 1;
+}

@@ -1,0 +1,11 @@
+/* commands.h - ftune subcommands. Each returns the process exit code (0 success, 1 error,
+ * 2 usage). Only cli/ prints to the terminal and decides exit codes (STYLE C2). */
+#ifndef FT_COMMANDS_H
+#define FT_COMMANDS_H
+
+int ft_cmd_train(int argc, char **argv);    /* ftune [train] --model DIR --data FILE ... */
+int ft_cmd_eval(int argc, char **argv);     /* ftune eval --model DIR --adapter DIR --data FILE */
+int ft_cmd_tokenize(int argc, char **argv); /* ftune tokenize --model DIR (--text S | --texts F | --data F) */
+int ft_cmd_logits(int argc, char **argv);   /* ftune logits --model DIR --ids 1,2,3 --out F */
+
+#endif

@@ -1,0 +1,44 @@
+/* main.c - ftune entry point: dispatches subcommands. `ftune --model DIR --data FILE` is
+ * `ftune train ...`. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+#define FTUNE_VERSION "0.1.0"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "ftune %s - LoRA fine-tuning for Llama-family models\n\n"
+        "usage: ftune [train] --model DIR|FILE.gguf --data FILE [options]   train a LoRA adapter\n"
+        "       ftune eval --model M --data FILE [--adapter DIR]           loss and perplexity\n"
+        "       ftune tokenize --model M (--text S | --texts FILE | --data FILE)\n"
+        "       ftune logits --model M --ids 1,2,3 [--out FILE]            debug: raw logits\n"
+        "       ftune --version | --help\n\n"
+        "`ftune train --help` lists the training options.\n", FTUNE_VERSION);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *c = argv[1];
+    if (!strcmp(c, "--help") || !strcmp(c, "-h") || !strcmp(c, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(c, "--version") || !strcmp(c, "version")) {
+        printf("ftune %s\n", FTUNE_VERSION);
+        return 0;
+    }
+    if (!strcmp(c, "train")) return ft_cmd_train(argc - 1, argv + 1);
+    if (!strcmp(c, "eval")) return ft_cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(c, "tokenize")) return ft_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(c, "logits")) return ft_cmd_logits(argc - 1, argv + 1);
+    if (c[0] == '-') return ft_cmd_train(argc, argv); /* flags only: train */
+    fprintf(stderr, "ftune: unknown command '%s' (try ftune --help)\n", c);
+    return 2;
+}

@@ -1,0 +1,135 @@
+/* kernels.h - the op table: every numeric operation of a Llama block, forward and backward.
+ *
+ * One table, two backends (STYLE C7): kernels/cpu is the fp32 reference (OpenBLAS GEMMs),
+ * kernels/cuda (a later issue) implements the same entries. Code in src/ and offload/ calls
+ * numeric work only through be->ops, so where a buffer lives never leaks into the math.
+ *
+ * Conventions for every op:
+ *   - Buffers are fp32, row-major, dimensions written outer -> inner: x (T, C) means T rows
+ *     of C contiguous floats. T is the number of tokens in a micro-batch (rows * seq_len,
+ *     flattened), C = hidden_size, H = num_attention_heads, Hkv = num_key_value_heads,
+ *     D = head_dim, F = intermediate_size, V = vocab rows of the LM head.
+ *   - Pointers are in the backend's memory (host memory for the CPU backend).
+ *   - Counts are int64_t (STYLE C5).
+ *   - "accumulates into" means +=; otherwise outputs are overwritten.
+ *   - Every op returns 0 or a negative status (err.h); the CPU backend only fails on
+ *     invalid arguments (FT_E_INVALID).
+ *   - Packed sequences: seq_start (T) int32 gives, for each token t, the flat index of the
+ *     first token of the sequence that holds t. Token t attends to keys j with
+ *     seq_start[t] <= j <= t, so sequences packed into one row never see each other.
+ */
+#ifndef FT_KERNELS_H
+#define FT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ft_backend ft_backend;
+
+typedef struct ft_backend_ops {
+    const char *name; /* "cpu", "cuda" */
+
+    /* ---- memory ------------------------------------------------------------------- */
+    /* One allocation of `bytes` bytes, 64-byte aligned, in backend memory; NULL on
+     * failure. Called only while setting up, never inside the step loop (STYLE C6). */
+    void *(*alloc)(ft_backend *be, size_t bytes);
+    void (*free)(ft_backend *be, void *p); /* NULL-safe */
+    /* Copies bytes between host and backend memory (either direction). */
+    int (*copy)(ft_backend *be, void *dst, const void *src, size_t bytes);
+    int (*zero)(ft_backend *be, void *p, size_t bytes);
+
+    /* ---- linear algebra ------------------------------------------------------------ */
+    /* c (m, n) = alpha * op(a) (m, k) @ op(b) (k, n) + beta * c, row-major; op(x) = x^T
+     * when trans_x. lda/ldb/ldc are row strides in elements, as cblas_sgemm(RowMajor). */
+    int (*gemm)(ft_backend *be, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                float beta, float *c, int64_t ldc);
+    /* y (n) += alpha * x (n). */
+    int (*axpy)(ft_backend *be, float alpha, const float *x, float *y, int64_t n);
+    /* x (n) *= alpha. */
+    int (*scale)(ft_backend *be, float *x, float alpha, int64_t n);
+    /* *out = sum of x[i]^2 over n floats, accumulated in double (gradient norm). */
+    int (*sumsq)(ft_backend *be, double *out, const float *x, int64_t n);
+    /* y (T, O) += bias (O), broadcast over rows (Qwen2 q/k/v bias). */
+    int (*bias_add)(ft_backend *be, float *y, const float *bias, int64_t T, int64_t O);
+
+    /* ---- embedding ----------------------------------------------------------------- */
+    /* out (T, C) = table (V, C) rows ids (T); ids outside [0, V) -> FT_E_INVALID. */
+    int (*embedding_fwd)(ft_backend *be, float *out, const int32_t *ids, const float *table,
+                         int64_t T, int64_t C, int64_t V);
+
+    /* ---- RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm) --------------------------- */
+    /* y = x * rstd * w with rstd (T) = 1/sqrt(mean(x^2) + eps), per row of x (T, C). */
+    int (*rmsnorm_fwd)(ft_backend *be, float *y, float *rstd, const float *x, const float *w,
+                       int64_t T, int64_t C, float eps);
+    /* Accumulates dL/dx into dx (T, C) given dy (T, C), x, w (frozen: no dw), rstd. */
+    int (*rmsnorm_bwd)(ft_backend *be, float *dx, const float *dy, const float *x,
+                       const float *w, const float *rstd, int64_t T, int64_t C);
+
+    /* ---- RoPE, HF rotate-half layout (formats.md 2.2) ------------------------------ */
+    /* In place on x (T, H, D): for i < D/2, angle = pos[t] * inv_freq[i],
+     * (x_i, x_{i+D/2}) <- (x_i cos - x_{i+D/2} sin, x_{i+D/2} cos + x_i sin).
+     * rope_bwd applies the inverse rotation (angle -> -angle) to a gradient in place. */
+    int (*rope_fwd)(ft_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                    int64_t T, int64_t H, int64_t D);
+    int (*rope_bwd)(ft_backend *be, float *dx, const int32_t *pos, const float *inv_freq,
+                    int64_t T, int64_t H, int64_t D);
+
+    /* ---- causal GQA attention over packed sequences -------------------------------- */
+    /* out (T, H, D) = softmax(scale * q k^T + causal/sequence mask) v, query head h uses
+     * key/value head h / (H / Hkv). q (T, H, D), k and v (T, Hkv, D). lse (T, H) receives
+     * the log-sum-exp of each softmax row (scaled scores), kept for the backward. */
+    int (*attention_fwd)(ft_backend *be, float *out, float *lse, const float *q,
+                         const float *k, const float *v, const int32_t *seq_start,
+                         int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale);
+    /* dq (T, H, D), dk and dv (T, Hkv, D) are overwritten with the gradients given dout
+     * (T, H, D) and the forward's q, k, v, out and lse. */
+    int (*attention_bwd)(ft_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                         const float *q, const float *k, const float *v, const float *out,
+                         const float *lse, const int32_t *seq_start, int64_t T, int64_t H,
+                         int64_t Hkv, int64_t D, float scale);
+
+    /* ---- SwiGLU (Shazeer 2020): h = silu(gate) * up, elementwise over n ------------- */
+    int (*swiglu_fwd)(ft_backend *be, float *h, const float *gate, const float *up, int64_t n);
+    /* dgate, dup (n) overwritten from dh (n) and the forward inputs. */
+    int (*swiglu_bwd)(ft_backend *be, float *dgate, float *dup, const float *dh,
+                      const float *gate, const float *up, int64_t n);
+
+    /* ---- dropout (LoRA input dropout) --------------------------------------------- */
+    /* y (n) = x * keep / (1 - p), keep[i] = hash(seed, i) >= p: a counter-based mask, so
+     * the backward is the same call on the gradient with the same seed. p = 0 copies. */
+    int (*dropout)(ft_backend *be, float *y, const float *x, int64_t n, float p, uint64_t seed);
+
+    /* ---- LM head + cross-entropy, chunked (never the full (T, V) logits) ------------ */
+    /* For rows t with targets[t] >= 0 (ignore index -100 otherwise), logits = x[t] W^T,
+     * W (V, C). *loss_sum receives sum over those rows of logsumexp(logits) -
+     * logits[target] (double), *n_valid their count. If dx (T, C) is non-NULL it is
+     * overwritten with grad_scale * (softmax(logits) - onehot(target)) W for valid rows
+     * and 0 elsewhere. scratch holds chunk * V floats; rows are processed chunk at a
+     * time. A target >= V -> FT_E_INVALID. */
+    int (*lm_head_ce)(ft_backend *be, double *loss_sum, int64_t *n_valid, float *dx,
+                      const float *x, const float *W, const int32_t *targets, int64_t T,
+                      int64_t C, int64_t V, float grad_scale, float *scratch, int64_t chunk);
+    /* logits (T, V) = x (T, C) W^T, for eval/generation/tests on small T. */
+    int (*lm_head_logits)(ft_backend *be, float *logits, const float *x, const float *W,
+                          int64_t T, int64_t C, int64_t V);
+
+    /* ---- optimizer ---------------------------------------------------------------- */
+    /* AdamW (Loshchilov & Hutter 2019, decoupled weight decay, as torch.optim.AdamW):
+     * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * wd * p;
+     * p -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). step >= 1. */
+    int (*adamw)(ft_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                 float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step);
+} ft_backend_ops;
+
+struct ft_backend {
+    const ft_backend_ops *ops;
+    void *ctx;     /* backend-private state (thread count, handles, streams) */
+};
+
+/* CPU backend: n_threads <= 0 means "all cores" (OpenBLAS and the own loops).
+ * Returns 0 or -ENOMEM. */
+int ft_backend_cpu_init(ft_backend **out, int n_threads);
+void ft_backend_free(ft_backend *be); /* NULL-safe */
+
+#endif

@@ -1,0 +1,102 @@
+/* dataset.h - instruction data to token rows: schemas, chat templates, loss masks,
+ * packing, eval split and shuffling (formats.md 7 and 8; TRL SFTTrainer semantics).
+ *
+ * Records: alpaca (instruction/input/output), messages (OpenAI/TRL), sharegpt
+ * (conversations/from/value), prompt/completion, text; a JSON array or JSONL; the schema is
+ * auto-detected from the first record's keys unless forced. Each record becomes one example:
+ * token ids plus labels, label = -100 where no loss is taken (prompt, system and user turns;
+ * only completion/assistant tokens and their end-of-turn token are trained by default).
+ */
+#ifndef FT_DATASET_H
+#define FT_DATASET_H
+
+#include <stdint.h>
+
+#include "src/data/tokenizer.h"
+
+#define FT_IGNORE_INDEX (-100)
+
+enum ft_data_format {
+    FT_DATA_AUTO = 0, FT_DATA_ALPACA, FT_DATA_MESSAGES, FT_DATA_SHAREGPT,
+    FT_DATA_PROMPT_COMPLETION, FT_DATA_TEXT,
+};
+
+enum ft_chat_template {
+    FT_CHAT_AUTO = 0,  /* match tokenizer_config chat_template; alpaca prompt if none */
+    FT_CHAT_LLAMA3,    /* <|start_header_id|>role<|end_header_id|>\n\n content <|eot_id|> */
+    FT_CHAT_CHATML,    /* <|im_start|>role\n content <|im_end|>\n (Qwen, SmolLM) */
+    FT_CHAT_LLAMA2,    /* <s>[INST] <<SYS>>..<</SYS>> user [/INST] assistant </s> (Llama-2, Mistral) */
+    FT_CHAT_ALPACA,    /* Stanford Alpaca prompt, "### Response:" */
+};
+
+typedef struct ft_data_cfg {
+    int format;              /* enum ft_data_format */
+    int chat_template;       /* enum ft_chat_template */
+    int train_on_prompt;     /* 1: labels on every token (default 0: completion only) */
+    int skip_bad_records;    /* 1: skip and count bad records instead of failing */
+    int64_t seq_len;         /* row length in tokens; longer examples are truncated */
+    double eval_fraction;    /* fraction of examples held out for eval (0..0.5) */
+    int64_t eval_max;        /* cap on held-out examples (0: no cap) */
+    uint64_t seed;           /* shuffle seed */
+    int no_shuffle;          /* 1: keep file order (ftune tokenize), no eval split */
+} ft_data_cfg;
+
+typedef struct ft_example {
+    int32_t *ids;            /* n */
+    int32_t *labels;         /* n: the token itself where trained, -100 elsewhere (unshifted) */
+    int64_t n;
+} ft_example;
+
+typedef struct ft_dataset {
+    ft_example *train; int64_t n_train;
+    ft_example *eval;  int64_t n_eval;
+    int64_t n_records;       /* records read */
+    int64_t n_skipped;       /* bad records skipped (skip_bad_records) */
+    int64_t n_truncated;     /* examples cut to seq_len */
+    int format;              /* detected/forced schema */
+    int chat_template;       /* resolved template */
+} ft_dataset;
+
+/* Reads, renders, tokenizes, masks, shuffles (deterministically by cfg->seed) and splits.
+ * Errors name the file and line (JSONL) or record index (JSON array): an empty file, an
+ * unknown schema, a malformed line or a record missing its fields -> FT_E_INVALID
+ * (unless skip_bad_records); -errno for a missing file. */
+int ft_dataset_load(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
+                    const ft_tokenizer *tok);
+void ft_dataset_free(ft_dataset *ds);
+
+/* Renders one example's text pieces and tokenizes it (used by ft_dataset_load and by
+ * `ftune tokenize`). `record_json` is one JSON record as text. */
+int ft_dataset_encode_record(ft_example *ex, const char *record_json, int format,
+                             int chat_template, int train_on_prompt, const ft_tokenizer *tok);
+
+/* Resolves FT_CHAT_AUTO from the tokenizer's chat_template by substring (formats.md 7.2). */
+int ft_chat_template_detect(const ft_tokenizer *tok);
+/* Names: "llama3", "chatml", "llama2", "alpaca"; parse returns -1 if unknown. */
+const char *ft_chat_template_name(int t);
+int ft_chat_template_parse(const char *name);
+const char *ft_data_format_name(int f);
+int ft_data_format_parse(const char *name);
+
+/* ---- packing (batch.c) ----------------------------------------------------------- */
+/* A micro-batch: rows x seq_len tokens, flattened to T = rows * seq_len. */
+typedef struct ft_batch {
+    int64_t rows, seq_len, T;
+    int32_t *ids;        /* (T) input token ids (pad: eos or 0) */
+    int32_t *targets;    /* (T) next-token target for each position, -100 where no loss:
+                          * targets[t] = labels[t+1] inside an example; -100 at the last
+                          * token of each example and on padding */
+    int32_t *pos;        /* (T) position within its example, restarting at 0 */
+    int32_t *seq_start;  /* (T) flat index of the first token of t's example (kernels.h) */
+    int64_t n_targets;   /* count of targets >= 0 */
+} ft_batch;
+
+/* Packs examples into rows of seq_len tokens, first-fit-decreasing by length after a
+ * seeded shuffle (an example never spans rows), then groups rows into micro-batches of
+ * `rows` rows. *batches is malloc'ed; each batch's arrays are owned by it.
+ * Returns 0, -ENOMEM, FT_E_INVALID (seq_len < 2, rows < 1). */
+int ft_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_t n_ex,
+            int64_t seq_len, int64_t rows, uint64_t seed, int32_t pad_id);
+void ft_batches_free(ft_batch *b, int64_t n);
+
+#endif

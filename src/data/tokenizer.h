@@ -1,0 +1,69 @@
+/* tokenizer.h - Hugging Face tokenizer.json BPE (formats.md 6), both families:
+ *   - SentencePiece-style (Llama-2, TinyLlama, Mistral): Prepend/Replace normalizers or
+ *     Metaspace pre-tokenizer, byte_fallback <0xHH>, unk/fuse_unk;
+ *   - byte-level (Llama-3, Qwen2, SmolLM, GPT-2): Split(Regex) / ByteLevel(use_regex) /
+ *     Digits pre-tokenizers with PCRE2 regexes, GPT-2 bytes_to_unicode, ignore_merges.
+ * Added/special tokens are matched before normalization; TemplateProcessing adds BOS when
+ * add_special is set. Also built from GGUF metadata (tokenizer.ggml.*) via ft_tok_spec.
+ */
+#ifndef FT_TOKENIZER_H
+#define FT_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ft_tokenizer ft_tokenizer;
+
+/* Loads DIR/tokenizer.json and (optional) DIR/tokenizer_config.json (bos/eos tokens,
+ * add_bos_token, chat_template). Returns 0, -errno, FT_E_INVALID (message names the file
+ * and what is wrong), FT_E_UNSUPPORTED (model type other than BPE, unknown normalizer or
+ * pre-tokenizer type). */
+int ft_tok_load_dir(ft_tokenizer **out, const char *dir);
+
+/* A tokenizer described by plain arrays, as GGUF stores it (formats.md 4.3;
+ * llama.cpp tokenizer.ggml.* keys). Strings are UTF-8, NUL-terminated; all are copied. */
+typedef struct ft_tok_spec {
+    const char *model;          /* tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SPM) */
+    const char *pre;            /* tokenizer.ggml.pre: "smollm", "llama-bpe", "qwen2", "gpt2", "default", ... */
+    int64_t n_tokens;
+    const char *const *tokens;  /* n_tokens strings, id order */
+    const float *scores;        /* n_tokens or NULL (SPM merge priority) */
+    const int32_t *token_type;  /* n_tokens or NULL: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte */
+    int64_t n_merges;
+    const char *const *merges;  /* "a b" strings, rank order (byte-level BPE) */
+    int64_t bos_id, eos_id, unk_id, pad_id; /* -1 if absent */
+    int add_bos;                /* tokenizer.ggml.add_bos_token */
+    int add_space_prefix;       /* tokenizer.ggml.add_space_prefix (SPM) */
+    const char *chat_template;  /* tokenizer.chat_template or NULL */
+} ft_tok_spec;
+
+/* Builds a tokenizer from a spec. Returns 0, -ENOMEM, FT_E_INVALID, FT_E_UNSUPPORTED
+ * (unknown model/pre type, named in the message). */
+int ft_tok_from_spec(ft_tokenizer **out, const ft_tok_spec *spec);
+
+void ft_tok_free(ft_tokenizer *t); /* NULL-safe */
+
+/* Encodes len bytes of UTF-8 text. Special/added tokens written literally in the text are
+ * recognized (as HF does). If add_special, the post-processor's tokens (BOS) are added.
+ * *ids is malloc'ed (caller frees), *n its length. Returns 0, -ENOMEM, FT_E_INVALID
+ * (invalid UTF-8 is not an error: bytes go through byte fallback / byte-level). */
+int ft_tok_encode(const ft_tokenizer *t, const char *text, size_t len, int add_special,
+                  int32_t **ids, int64_t *n);
+
+/* Decodes ids to UTF-8 (malloc'ed, NUL-terminated). skip_special drops special tokens. */
+int ft_tok_decode(const ft_tokenizer *t, const int32_t *ids, int64_t n, int skip_special,
+                  char **text);
+
+/* Id of a token string (vocab or added token), or -1. */
+int32_t ft_tok_id(const ft_tokenizer *t, const char *token);
+/* Token string of an id (NULL if out of range). Points into the tokenizer. */
+const char *ft_tok_str(const ft_tokenizer *t, int32_t id);
+
+int64_t ft_tok_vocab_size(const ft_tokenizer *t); /* max id + 1 over vocab and added tokens */
+int32_t ft_tok_bos(const ft_tokenizer *t);        /* -1 if none */
+int32_t ft_tok_eos(const ft_tokenizer *t);        /* -1 if none */
+const char *ft_tok_bos_str(const ft_tokenizer *t); /* "" if none */
+const char *ft_tok_eos_str(const ft_tokenizer *t); /* "" if none */
+const char *ft_tok_chat_template(const ft_tokenizer *t); /* NULL if none */
+
+#endif

@@ -1,0 +1,62 @@
+/* model.h - a loaded Llama-family model: config, fp32 host weights, tokenizer source.
+ *
+ * ft_model_load() accepts a Hugging Face folder (config.json + model.safetensors or a
+ * sharded model.safetensors.index.json; F32/F16/BF16) or a GGUF file (formats.md 4.3;
+ * F32/F16/BF16/Q8_0/Q4_0/Q4_1 dequantized at load, llama.cpp's q/k row permutation undone,
+ * formats.md 2.4). Weights are converted to fp32 host arrays in HF layout: every linear
+ * is (out, in) row-major, y = x W^T (+ b).
+ */
+#ifndef FT_MODEL_H
+#define FT_MODEL_H
+
+#include <stdint.h>
+
+#include "src/model/config.h"
+#include "src/data/tokenizer.h"
+
+enum ft_proj { FT_Q = 0, FT_K, FT_V, FT_O, FT_GATE, FT_UP, FT_DOWN, FT_N_PROJ };
+
+/* HF module names, indexed by enum ft_proj: "q_proj", ..., "down_proj". */
+extern const char *const ft_proj_name[FT_N_PROJ];
+/* HF parent module for each projection: "self_attn" or "mlp". */
+extern const char *const ft_proj_parent[FT_N_PROJ];
+
+typedef struct ft_linear {
+    float *w;        /* (out_n, in_n) fp32, frozen */
+    float *b;        /* (out_n) or NULL */
+    int64_t out_n, in_n;
+} ft_linear;
+
+typedef struct ft_layer_weights {
+    float *attn_norm;            /* (C) input_layernorm */
+    float *ffn_norm;             /* (C) post_attention_layernorm */
+    ft_linear proj[FT_N_PROJ];
+} ft_layer_weights;
+
+typedef struct ft_model {
+    ft_model_config cfg;
+    char path[4096];             /* the folder or .gguf file it came from */
+    int is_gguf;
+    float *embed;                /* (vocab_size, C) */
+    float *final_norm;           /* (C) */
+    float *lm_head;              /* (vocab_size, C); == embed when tie_word_embeddings */
+    ft_layer_weights *layers;    /* num_hidden_layers */
+    void *priv;                  /* loader-owned storage (buffers, the GGUF handle) */
+} ft_model;
+
+/* Loads a model folder or .gguf file. Errors name the file and offset/key:
+ * -errno (missing path), FT_E_INVALID/FT_E_CORRUPT (bad header, offsets past the end,
+ * missing tensors, shape mismatch), FT_E_UNSUPPORTED (dtype, architecture).
+ * On success the caller owns *out and frees it with ft_model_free(). */
+int ft_model_load(ft_model **out, const char *path);
+void ft_model_free(ft_model *m); /* NULL-safe */
+
+/* The model's tokenizer: DIR/tokenizer.json (+ tokenizer_config.json) for a folder, the
+ * tokenizer.ggml.* metadata for a GGUF file (ft_tok_from_spec). Returns 0 or an error
+ * naming the file. */
+int ft_model_tokenizer(const ft_model *m, ft_tokenizer **out);
+
+/* Number of parameters of the base model (embeddings counted once when tied). */
+int64_t ft_model_n_params(const ft_model *m);
+
+#endif

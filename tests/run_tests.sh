@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs every C unit test binary (cmocka) and the Python reference tests (pytest), then
+# prints one closing line: "N passed, N failed, N skipped". Exit 0 only if nothing failed.
+# Usage: tests/run_tests.sh [BUILD_DIR]
+set -u
+BUILD=${1:-build}
+cd "$(dirname "$0")/.."
+export FTUNE_BIN="$PWD/$BUILD/ftune"
+pass=0 fail=0 skip=0
+failed_list=()
+TIMEOUT=${FTUNE_TEST_TIMEOUT:-900}
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    out=$(CMOCKA_MESSAGE_OUTPUT=stdout timeout "$TIMEOUT" "$t" 2>&1); rc=$?
+    echo "$out" | grep -E '^\[  (FAILED|  SKIPPED|SKIPPED |ERROR)|^\[ *(FAILED|SKIPPED)|max (rel|abs)' | sed "s|^|  $name: |"
+    p=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+    f=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+    s=$(echo "$out" | sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' | tail -1)
+    p=${p:-0}; f=${f:-0}; s=${s:-0}
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1; echo "$out" | tail -20 | sed "s|^|  $name: |"; echo "  $name: exited with status $rc"
+    fi
+    [ "$f" -gt 0 ] && failed_list+=("$name")
+    echo "$name: $p passed, $f failed, $s skipped"
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+done
+if command -v python3 >/dev/null && [ -d tests/ref ]; then
+    out=$(timeout "$TIMEOUT" python3 -m pytest -q -rs tests/ref 2>&1); rc=$?
+    echo "$out" | tail -40
+    summary=$(echo "$out" | tail -1)
+    p=$(echo "$summary" | grep -o '[0-9]* passed' | grep -o '[0-9]*'); p=${p:-0}
+    f=$(echo "$summary" | grep -o '[0-9]* failed' | grep -o '[0-9]*'); f=${f:-0}
+    e=$(echo "$summary" | grep -o '[0-9]* error' | grep -o '[0-9]*'); e=${e:-0}
+    s=$(echo "$summary" | grep -o '[0-9]* skipped' | grep -o '[0-9]*'); s=${s:-0}
+    f=$((f + e))
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ] && [ "$f" -eq 0 ]; then f=1; fi
+    [ "$f" -gt 0 ] && failed_list+=("pytest tests/ref")
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+fi
+[ ${#failed_list[@]} -gt 0 ] && echo "failed: ${failed_list[*]}"
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,55 @@
+/* harness.h - shared helpers for the C unit tests (cmocka).
+ * Each tests/unit/test_<module>.c is one binary; tests/run_tests.sh runs them all and
+ * pytest's tests/ref, then prints "N passed, N failed, N skipped". */
+#ifndef FT_TEST_HARNESS_H
+#define FT_TEST_HARNESS_H
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+/* Named tolerances (STYLE C10). */
+#define FT_TOL_F32_ABS 1e-5    /* fp32 op vs fp64 reference, absolute part */
+#define FT_TOL_F32_REL 1e-4    /* ... relative part */
+#define FT_TOL_FD_ABS  1e-6    /* finite differences in fp64, absolute part */
+#define FT_TOL_FD_REL  1e-4    /* ... relative part */
+
+/* Writes `len` bytes to a new file under a fresh temp dir; returns its path (static
+ * buffer per call site is not needed: caller frees). */
+static inline char *t_write_tmp(const char *name, const void *data, size_t len)
+{
+    char dir[] = "/tmp/ftune-test-XXXXXX";
+    if (!mkdtemp(dir)) return NULL;
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    snprintf(p, n, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    if (!f) { free(p); return NULL; }
+    if (len) fwrite(data, 1, len, f);
+    fclose(f);
+    return p;
+}
+
+/* A fresh temp directory (caller frees the string). */
+static inline char *t_tmpdir(void)
+{
+    char dir[] = "/tmp/ftune-test-XXXXXX";
+    if (!mkdtemp(dir)) return NULL;
+    return strdup(dir);
+}
+
+/* Max relative error helper: |a-b| / max(|a|,|b|,floor). */
+static inline double t_relerr(double a, double b, double floor_)
+{
+    double d = fabs(a - b), s = fmax(fmax(fabs(a), fabs(b)), floor_);
+    return d / s;
+}
+
+#endif
