@@ -4,7 +4,7 @@
 CC      ?= cc
 OPT     ?= -O2 -march=x86-64-v2
 CFLAGS  ?= $(OPT) -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration -I. -fopenmp
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Werror=implicit-function-declaration -I. -fopenmp
 LDFLAGS += -fopenmp
 BUILD   ?= build
 

@@ -20,12 +20,12 @@ int ft_err(int code, const char *fmt, ...)
 
 int ft_err_prefix(int code, const char *fmt, ...)
 {
-    char pre[512], old[sizeof g_msg];
+    char pre[256], old[sizeof g_msg - 256 - 8];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
-    memcpy(old, g_msg, sizeof old);
+    snprintf(old, sizeof old, "%s", g_msg);
     if (old[0])
         snprintf(g_msg, sizeof g_msg, "%s: %s", pre, old);
     else

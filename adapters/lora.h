@@ -1,0 +1,59 @@
+/* lora.h - LoRA adapter parameters (Hu et al. 2021; PEFT layout, formats.md 3).
+ *
+ * For each targeted linear W (out, in) of each layer: A (r, in), B (out, r), and
+ * y = x W^T + scale * dropout(x) A^T B^T with scale = alpha / r (alpha / sqrt(r) with
+ * rsLoRA, Kalajdzievski 2023). All trainable tensors live in one flat fp32 array (params),
+ * with the same layout for gradients and the AdamW moments, so the optimizer, the gradient
+ * norm and checkpoints treat them as one vector.
+ */
+#ifndef FT_LORA_H
+#define FT_LORA_H
+
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "src/model/model.h"
+
+#define FT_LORA_ALL_TARGETS ((1u << FT_N_PROJ) - 1)
+
+typedef struct ft_lora_cfg {
+    int64_t r;            /* rank */
+    float alpha;          /* lora_alpha */
+    float dropout;        /* lora_dropout, on the adapter's input only */
+    int use_rslora;       /* scale = alpha / sqrt(r) */
+    unsigned targets;     /* bit (1 << ft_proj) set for each adapted projection */
+    uint64_t seed;        /* A initialisation and dropout masks */
+} ft_lora_cfg;
+
+typedef struct ft_lora_linear {
+    float *A, *B;         /* (r, in), (out, r): slices of ft_lora.params */
+    float *dA, *dB;       /* same shapes: slices of ft_lora.grads */
+    int64_t in_n, out_n;
+} ft_lora_linear;
+
+typedef struct ft_lora {
+    ft_lora_cfg cfg;
+    float scale;
+    int64_t n_layers;
+    ft_lora_linear (*lin)[FT_N_PROJ]; /* [n_layers][FT_N_PROJ]; A == NULL when not targeted */
+    int64_t n_params;
+    float *params, *grads, *m, *v;    /* n_params each, backend memory */
+    float *host;                      /* n_params host staging (save/load) */
+    ft_backend *be;
+} ft_lora;
+
+/* Allocates the adapter for `m` on backend `be` and initialises it as PEFT does
+ * (init_lora_weights=True): A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a=sqrt(5)),
+ * B = 0; grads and moments zero. Returns 0, -ENOMEM, FT_E_INVALID (r < 1, no targets). */
+int ft_lora_init(ft_lora *l, const ft_model *m, const ft_lora_cfg *cfg, ft_backend *be);
+void ft_lora_free(ft_lora *l);
+
+/* Copies params to/from l->host (for saving and loading). */
+int ft_lora_pull(ft_lora *l);
+int ft_lora_push(ft_lora *l);
+
+/* "q_proj,k_proj" / "all" / "all-linear" -> bit mask. Returns 0 or FT_E_INVALID naming the
+ * unknown module. */
+int ft_lora_parse_targets(const char *s, unsigned *mask);
+
+#endif

@@ -1,0 +1,3 @@
+build-lead/src/train/schedule.o: src/train/schedule.c \
+ src/train/schedule.h
+src/train/schedule.h:

@@ -1,0 +1,184 @@
+/* args.c - flag and config-file parsing (see args.h). */
+#include "cli/args.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/core/err.h"
+#include "src/core/fsutil.h"
+
+static const ft_opt *find(const ft_opt *opts, const char *name)
+{
+    char norm[128];
+    size_t i = 0;
+    for (; name[i] && i < sizeof norm - 1; i++)
+        norm[i] = name[i] == '_' ? '-' : name[i];
+    norm[i] = 0;
+    for (const ft_opt *o = opts; o->name; o++)
+        if (!strcmp(o->name, norm)) return o;
+    return NULL;
+}
+
+static int set(const ft_opt *o, const char *val, const char *where, char *err, size_t n)
+{
+    char *end;
+    switch (o->type) {
+    case FT_OPT_STR:
+        *(const char **)o->dst = val;
+        return 0;
+    case FT_OPT_INT: {
+        errno = 0;
+        long long v = strtoll(val, &end, 10);
+        if (errno || end == val || *end) {
+            snprintf(err, n, "%s--%s: expected an integer, got '%s'", where, o->name, val);
+            return -1;
+        }
+        *(int64_t *)o->dst = v;
+        return 0;
+    }
+    case FT_OPT_DBL:
+    case FT_OPT_FLOAT: {
+        errno = 0;
+        double v = strtod(val, &end);
+        if (errno || end == val || *end) {
+            snprintf(err, n, "%s--%s: expected a number, got '%s'", where, o->name, val);
+            return -1;
+        }
+        if (o->type == FT_OPT_DBL) *(double *)o->dst = v;
+        else *(float *)o->dst = (float)v;
+        return 0;
+    }
+    case FT_OPT_FLAG:
+        if (!strcmp(val, "1") || !strcmp(val, "true")) *(int *)o->dst = 1;
+        else if (!strcmp(val, "0") || !strcmp(val, "false")) *(int *)o->dst = 0;
+        else {
+            snprintf(err, n, "%s--%s: expected true or false, got '%s'", where, o->name, val);
+            return -1;
+        }
+        return 0;
+    case FT_OPT_FN: {
+        char e2[256] = "";
+        if (o->fn(val, o->dst, e2, sizeof e2) < 0) {
+            snprintf(err, n, "%s--%s: %s", where, o->name, e2);
+            return -1;
+        }
+        return 0;
+    }
+    }
+    return -1;
+}
+
+/* Config values are kept alive for the process (strings point into them). */
+static cJSON *g_config;
+
+static int load_config(const ft_opt *opts, const char *path, char *err, size_t n)
+{
+    char *txt;
+    size_t len;
+    if (ft_read_file(path, &txt, &len) < 0) {
+        snprintf(err, n, "--config: %s", ft_errmsg());
+        return -1;
+    }
+    const char *ep = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(txt, len, &ep, 0);
+    if (!o || !cJSON_IsObject(o)) {
+        long off = ep ? (long)(ep - txt) : 0;
+        snprintf(err, n, "%s: offset %ld: expected a JSON object of options", path, off);
+        free(txt);
+        cJSON_Delete(o);
+        return -1;
+    }
+    free(txt);
+    char where[512];
+    snprintf(where, sizeof where, "%s: ", path);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        const ft_opt *opt = find(opts, it->string);
+        if (!opt || !strcmp(it->string, "config")) {
+            snprintf(err, n, "%s: unknown key \"%s\"", path, it->string);
+            cJSON_Delete(o);
+            return -1;
+        }
+        char buf[64];
+        const char *val = buf;
+        if (cJSON_IsString(it)) val = it->valuestring;
+        else if (cJSON_IsBool(it)) val = cJSON_IsTrue(it) ? "true" : "false";
+        else if (cJSON_IsNumber(it)) {
+            if (opt->type == FT_OPT_INT) snprintf(buf, sizeof buf, "%.0f", it->valuedouble);
+            else snprintf(buf, sizeof buf, "%.17g", it->valuedouble);
+        } else {
+            snprintf(err, n, "%s: key \"%s\": expected a string, number or boolean", path, it->string);
+            cJSON_Delete(o);
+            return -1;
+        }
+        if (set(opt, val, where, err, n) < 0) {
+            cJSON_Delete(o);
+            return -1;
+        }
+    }
+    cJSON_Delete(g_config);
+    g_config = o;
+    return 0;
+}
+
+int ft_args_parse(const ft_opt *opts, int argc, char **argv, char *err, size_t n)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            ft_args_usage(stdout, opts);
+            return 1;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                snprintf(err, n, "--config needs a file");
+                return -1;
+            }
+            if (load_config(opts, argv[i + 1], err, n) < 0) return -1;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2)) {
+            snprintf(err, n, "unexpected argument '%s'", a);
+            return -1;
+        }
+        if (!strcmp(a, "--config")) {
+            i++;
+            continue;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        char key[128];
+        snprintf(key, sizeof key, "%.*s", (int)(eq ? eq - name : (long)strlen(name)), name);
+        const ft_opt *o = find(opts, key);
+        if (!o) {
+            snprintf(err, n, "unknown option '--%s' (see --help)", key);
+            return -1;
+        }
+        const char *val;
+        if (eq) val = eq + 1;
+        else if (o->type == FT_OPT_FLAG) val = "true";
+        else if (i + 1 < argc) val = argv[++i];
+        else {
+            snprintf(err, n, "--%s needs a value", o->name);
+            return -1;
+        }
+        if (set(o, val, "", err, n) < 0) return -1;
+    }
+    return 0;
+}
+
+void ft_args_usage(FILE *f, const ft_opt *opts)
+{
+    for (const ft_opt *o = opts; o->name; o++) {
+        char left[64];
+        const char *mv = o->metavar ? o->metavar
+                         : o->type == FT_OPT_INT ? "N"
+                         : (o->type == FT_OPT_DBL || o->type == FT_OPT_FLOAT) ? "X"
+                         : o->type == FT_OPT_FLAG ? "" : "S";
+        snprintf(left, sizeof left, "--%s%s%s", o->name, *mv ? " " : "", mv);
+        fprintf(f, "  %-28s %s\n", left, o->help);
+    }
+    fprintf(f, "  %-28s %s\n", "--config FILE", "JSON object of options (keys as above, '-' or '_'); flags override it");
+}

@@ -1,0 +1,29 @@
+/* args.h - table-driven flag parsing shared by the subcommands, with --config FILE (a JSON
+ * object whose keys mirror the flags: "lora_r" or "lora-r" for --lora-r; flags given on
+ * the command line override it). */
+#ifndef FT_ARGS_H
+#define FT_ARGS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+enum ft_opt_type { FT_OPT_STR, FT_OPT_INT, FT_OPT_DBL, FT_OPT_FLOAT, FT_OPT_FLAG, FT_OPT_FN };
+
+typedef struct ft_opt {
+    const char *name;      /* without the leading "--" */
+    int type;
+    void *dst;             /* const char **, int64_t *, double *, float *, int * */
+    const char *help;
+    int (*fn)(const char *val, void *dst, char *err, size_t err_n); /* FT_OPT_FN */
+    const char *metavar;
+} ft_opt;
+
+/* Parses argv[1..] against opts (terminated by a {NULL} entry). --config FILE is handled
+ * first. On error writes one line to err and returns -1; returns 1 if --help was given
+ * (usage printed to stdout), 0 otherwise. */
+int ft_args_parse(const ft_opt *opts, int argc, char **argv, char *err, size_t err_n);
+
+/* Prints the option table. */
+void ft_args_usage(FILE *f, const ft_opt *opts);
+
+#endif

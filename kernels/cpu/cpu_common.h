@@ -1,0 +1,81 @@
+/* cpu_common.h - helpers shared by the two instances of the CPU ops (ops_impl.h,
+ * attn_impl.h) and the dropout mask definition that every backend must reproduce.
+ *
+ * Dropout mask (counter-based, so forward and backward regenerate the same mask from the
+ * seed without storing it, and any thread or device can compute element i on its own):
+ *     key     = splitmix64_mix(seed)
+ *     u_i     = splitmix64_mix(key ^ i) >> 40            (24-bit integer, uniform)
+ *     keep[i] = u_i >= p * 2^24                           (P(keep) = 1 - p, exact for p = k/2^24)
+ * splitmix64_mix is the output function of Steele, Lea & Flood, "Fast splittable
+ * pseudorandom number generators" (OOPSLA 2014), as in Vigna's splitmix64.c: add the golden
+ * gamma 0x9E3779B97F4A7C15, then the two xor-shift-multiply rounds (constants
+ * 0xBF58476D1CE4E5B9, 0x94D049BB133111EB). Hashing the seed first makes the masks of two
+ * seeds unrelated (with seed ^ i directly, seeds 0 and 1 would give the same mask with
+ * neighbouring elements swapped).
+ */
+#ifndef FT_CPU_COMMON_H
+#define FT_CPU_COMMON_H
+
+#include <stdint.h>
+
+#include "src/core/err.h"
+
+#ifndef FT_HD
+#define FT_HD /* __host__ __device__ when a CUDA file includes this header */
+#endif
+
+/* splitmix64 output function of the state z (see the file comment). */
+static inline FT_HD uint64_t ft_dropout_mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Keep threshold for drop probability p in [0, 1): keep element i iff its 24-bit draw is
+ * >= this value. */
+static inline FT_HD double ft_dropout_threshold(double p) { return p * 16777216.0; }
+
+/* 1 if element i is kept under key = ft_dropout_mix64(seed) and threshold thr. */
+static inline FT_HD int ft_dropout_keep(uint64_t key, uint64_t i, double thr)
+{
+    return (double)(ft_dropout_mix64(key ^ i) >> 40) >= thr;
+}
+
+/* ---- internal to kernels/cpu ------------------------------------------------------- */
+
+#define FT_CPU_CAT_(a, b) a##_##b
+#define FT_CPU_CAT(a, b) FT_CPU_CAT_(a, b)
+
+/* Below this many elements of work a loop runs on the calling thread only: waking the
+ * OpenMP team costs a few microseconds. */
+#define FT_CPU_PAR_MIN 32768
+
+#define FT_CPU_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FT_CPU_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Argument checks used at the top of every op; `op` is the op's name. */
+#define FT_CPU_CHECK_NONNEG(op, v)                                                          \
+    do {                                                                                    \
+        if ((v) < 0)                                                                        \
+            return ft_err(FT_E_INVALID, "cpu %s: %s = %lld, expected >= 0", op, #v,         \
+                          (long long)(v));                                                  \
+    } while (0)
+
+#define FT_CPU_CHECK_PTR(op, p, count)                                                      \
+    do {                                                                                    \
+        if ((count) > 0 && !(p))                                                            \
+            return ft_err(FT_E_INVALID, "cpu %s: %s is NULL, expected %lld elements", op,   \
+                          #p, (long long)(count));                                          \
+    } while (0)
+
+/* a * b without int64 overflow (both >= 0), else FT_E_INVALID. */
+#define FT_CPU_CHECK_PRODUCT(op, a, b)                                                      \
+    do {                                                                                    \
+        if ((b) > 0 && (a) > INT64_MAX / 8 / (b))                                           \
+            return ft_err(FT_E_INVALID, "cpu %s: %s * %s = %lld * %lld overflows", op, #a,  \
+                          #b, (long long)(a), (long long)(b));                              \
+    } while (0)
+
+#endif

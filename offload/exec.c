@@ -1,0 +1,242 @@
+/* exec.c - the per-layer executor (see exec.h). */
+#include "offload/exec.h"
+
+#include <string.h>
+
+#include "src/core/err.h"
+
+static ft_block_dims dims_of(const ft_exec *e, int64_t T)
+{
+    const ft_model_config *c = &e->m->cfg;
+    ft_block_dims d = {T, c->hidden_size, c->num_attention_heads, c->num_key_value_heads,
+                       c->head_dim, c->intermediate_size, e->lora ? e->lora->cfg.r : 1};
+    return d;
+}
+
+/* Floats of every region, in carving order. */
+typedef struct { int64_t ckpt, dx, acts, scr, xf, rstdf, dxf, ce, inv, ints; } layout;
+
+static layout plan(const ft_model *m, const ft_lora *lora, int64_t T, int64_t n_micro,
+                   int64_t chunk)
+{
+    const ft_model_config *c = &m->cfg;
+    ft_block_dims d = {T, c->hidden_size, c->num_attention_heads, c->num_key_value_heads,
+                       c->head_dim, c->intermediate_size, lora ? lora->cfg.r : 1};
+    layout L;
+    L.ckpt = (c->num_hidden_layers + 1) * n_micro * T * c->hidden_size;
+    L.dx = n_micro * T * c->hidden_size;
+    L.acts = ft_block_acts_floats(&d);
+    L.scr = ft_block_scratch_floats(&d);
+    L.xf = T * c->hidden_size;
+    L.rstdf = T;
+    L.dxf = T * c->hidden_size;
+    L.ce = chunk * c->vocab_size;
+    L.inv = c->head_dim / 2 + 1;
+    L.ints = 4 * n_micro * T; /* int32 arrays stored in float-sized slots */
+    return L;
+}
+
+static int64_t total(const layout *L)
+{
+    int64_t t = L->ckpt + L->dx + L->acts + L->scr + L->xf + L->rstdf + L->dxf + L->ce +
+                L->inv + L->ints;
+    return t + 16 * 11; /* 64-byte alignment slack per region */
+}
+
+#define CE_CHUNK 64
+
+size_t ft_exec_bytes(const ft_model *m, const ft_lora *lora, int64_t T_max, int64_t n_micro)
+{
+    layout L = plan(m, lora, T_max, n_micro, CE_CHUNK);
+    return (size_t)total(&L) * sizeof(float);
+}
+
+static float *carve(float **p, int64_t n)
+{
+    float *r = *p;
+    *p += (n + 15) & ~(int64_t)15;
+    return r;
+}
+
+int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
+                 int64_t n_micro, int64_t rope_seq_len)
+{
+    memset(e, 0, sizeof *e);
+    if (T_max < 1 || n_micro < 1)
+        return ft_err(FT_E_INVALID, "executor: bad sizes T=%lld micro-batches=%lld",
+                      (long long)T_max, (long long)n_micro);
+    e->be = be;
+    e->m = m;
+    e->lora = lora;
+    e->T_max = T_max;
+    e->n_micro_max = n_micro;
+    e->ce_chunk = CE_CHUNK;
+    layout L = plan(m, lora, T_max, n_micro, e->ce_chunk);
+    e->arena_bytes = (size_t)total(&L) * sizeof(float);
+    e->arena = be->ops->alloc(be, e->arena_bytes);
+    if (!e->arena)
+        return ft_err(-ENOMEM, "out of memory: the executor needs %.1f MiB for %lld micro-batches "
+                      "of %lld tokens (try a smaller --batch-size, --seq-len or --grad-accum)",
+                      e->arena_bytes / 1048576.0, (long long)n_micro, (long long)T_max);
+    float *p = e->arena;
+    e->ckpt = carve(&p, L.ckpt);
+    e->dx = carve(&p, L.dx);
+    ft_block_dims d = dims_of(e, T_max);
+    ft_block_acts_carve(&e->acts, carve(&p, L.acts), &d, lora ? lora->cfg.targets : 0);
+    ft_block_scratch_carve(&e->scr, carve(&p, L.scr), &d);
+    e->xf = carve(&p, L.xf);
+    e->rstdf = carve(&p, L.rstdf);
+    e->dxf = carve(&p, L.dxf);
+    e->ce_scratch = carve(&p, L.ce);
+    e->inv_freq = carve(&p, L.inv);
+    int32_t *ip = (int32_t *)carve(&p, L.ints);
+    e->ids = ip;
+    e->targets = ip + n_micro * T_max;
+    e->pos = ip + 2 * n_micro * T_max;
+    e->seq_start = ip + 3 * n_micro * T_max;
+
+    float inv[1024];
+    if (m->cfg.head_dim / 2 > 1024)
+        return ft_err(FT_E_UNSUPPORTED, "head_dim %lld too large", (long long)m->cfg.head_dim);
+    ft_rope_inv_freq(&m->cfg, rope_seq_len, inv);
+    return be->ops->copy(be, e->inv_freq, inv, (size_t)(m->cfg.head_dim / 2) * sizeof(float));
+}
+
+void ft_exec_free(ft_exec *e)
+{
+    if (e && e->be) e->be->ops->free(e->be, e->arena);
+    if (e) memset(e, 0, sizeof *e);
+}
+
+/* The base weights of layer l, ready for compute. Resident in host memory for now: the
+ * offload issue turns this into a prefetched fetch from pinned memory or the pack file. */
+static const ft_layer_weights *fetch_layer(ft_exec *e, int64_t l)
+{
+    e->layer_fetches++;
+    return &e->m->layers[l];
+}
+
+static float *ckpt_at(ft_exec *e, int64_t l, int64_t mb)
+{
+    return e->ckpt + ((l * e->n_micro_max + mb) * e->T_max) * e->m->cfg.hidden_size;
+}
+
+static int upload(ft_exec *e, const ft_batch *b, int64_t mb)
+{
+    if (b->T > e->T_max)
+        return ft_err(FT_E_RANGE, "micro-batch of %lld tokens exceeds the planned %lld",
+                      (long long)b->T, (long long)e->T_max);
+    ft_backend *be = e->be;
+    size_t n = (size_t)b->T * sizeof(int32_t);
+    int64_t o = mb * e->T_max;
+    FT_TRY(be->ops->copy(be, e->ids + o, b->ids, n));
+    FT_TRY(be->ops->copy(be, e->targets + o, b->targets, n));
+    FT_TRY(be->ops->copy(be, e->pos + o, b->pos, n));
+    return be->ops->copy(be, e->seq_start + o, b->seq_start, n);
+}
+
+static ft_block_io io_of(ft_exec *e, int64_t mb, uint64_t seed)
+{
+    ft_block_io io = {e->pos + mb * e->T_max, e->seq_start + mb * e->T_max, e->inv_freq, 0};
+    if (seed) io.dropout_seed = seed ^ ((uint64_t)(mb + 1) * 0xd1b54a32d192ed03ull);
+    return io;
+}
+
+/* Forward of all layers for micro-batches [0, n_mb), vertical order; ckpt[L][mb] holds
+ * each final hidden state. */
+static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t seed, int train)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    for (int64_t mb = 0; mb < n_mb; mb++) {
+        FT_TRY(upload(e, &mbs[mb], mb));
+        FT_TRY(be->ops->embedding_fwd(be, ckpt_at(e, 0, mb), e->ids + mb * e->T_max, e->m->embed,
+                                      mbs[mb].T, c->hidden_size, c->vocab_size));
+    }
+    for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+        const ft_layer_weights *w = fetch_layer(e, l);
+        for (int64_t mb = 0; mb < n_mb; mb++) {
+            ft_block_dims d = dims_of(e, mbs[mb].T);
+            ft_block_io io = io_of(e, mb, seed);
+            FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, ckpt_at(e, l, mb),
+                                ckpt_at(e, l + 1, mb), &e->acts, &e->scr, train));
+        }
+    }
+    return 0;
+}
+
+/* Final norm + LM head + CE for micro-batch mb; dx (if non-NULL) gets d(final hidden). */
+static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, float *dx,
+                double *loss, int64_t *n)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    int64_t T = b->T, C = c->hidden_size;
+    const float *xL = ckpt_at(e, c->num_hidden_layers, mb);
+    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->m->final_norm, T, C, c->rms_norm_eps));
+    FT_TRY(be->ops->lm_head_ce(be, loss, n, dx ? e->dxf : NULL, e->xf, e->m->lm_head,
+                               e->targets + mb * e->T_max, T, C, c->vocab_size, grad_scale,
+                               e->ce_scratch, e->ce_chunk));
+    if (!dx) return 0;
+    FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
+    return be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->m->final_norm, e->rstdf, T, C);
+}
+
+int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
+                       uint64_t dropout_seed, double *loss_sum, int64_t *n_tokens)
+{
+    if (n_mb < 1 || n_mb > e->n_micro_max)
+        return ft_err(FT_E_RANGE, "step of %lld micro-batches exceeds the planned %lld",
+                      (long long)n_mb, (long long)e->n_micro_max);
+    if (!e->lora) return ft_err(FT_E_INVALID, "train step without an adapter");
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    int64_t C = c->hidden_size;
+    float gs = grad_norm_tokens > 0 ? 1.0f / (float)grad_norm_tokens : 0.0f;
+    FT_TRY(forward_all(e, mbs, n_mb, dropout_seed, 1));
+    *loss_sum = 0;
+    *n_tokens = 0;
+    for (int64_t mb = 0; mb < n_mb; mb++) {
+        double ls = 0;
+        int64_t nv = 0;
+        FT_TRY(head(e, &mbs[mb], mb, gs, e->dx + mb * e->T_max * C, &ls, &nv));
+        *loss_sum += ls;
+        *n_tokens += nv;
+    }
+    for (int64_t l = c->num_hidden_layers - 1; l >= 0; l--) {
+        const ft_layer_weights *w = fetch_layer(e, l);
+        for (int64_t mb = 0; mb < n_mb; mb++) {
+            ft_block_dims d = dims_of(e, mbs[mb].T);
+            ft_block_io io = io_of(e, mb, dropout_seed);
+            const float *x = ckpt_at(e, l, mb);
+            float *dx = e->dx + mb * e->T_max * C;
+            /* recompute: the block output goes to ckpt[l+1], which is no longer needed */
+            FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, x, ckpt_at(e, l + 1, mb),
+                                &e->acts, &e->scr, 1));
+            FT_TRY(ft_block_bwd(be, c, w, e->lora, l, &d, &io, x, dx, dx, &e->acts, &e->scr));
+        }
+    }
+    return 0;
+}
+
+int ft_exec_eval(ft_exec *e, const ft_batch *mb, double *loss_sum, int64_t *n_tokens)
+{
+    FT_TRY(forward_all(e, mb, 1, 0, 0));
+    return head(e, mb, 0, 0.0f, NULL, loss_sum, n_tokens);
+}
+
+int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    int64_t T = mb->T, C = c->hidden_size, V = c->vocab_size;
+    FT_TRY(forward_all(e, mb, 1, 0, 0));
+    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, ckpt_at(e, c->num_hidden_layers, 0),
+                                e->m->final_norm, T, C, c->rms_norm_eps));
+    float *out = be->ops->alloc(be, (size_t)(T * V) * sizeof(float));
+    if (!out) return ft_err(-ENOMEM, "out of memory for (%lld, %lld) logits", (long long)T, (long long)V);
+    int rc = be->ops->lm_head_logits(be, out, e->xf, e->m->lm_head, T, C, V);
+    if (!rc) rc = be->ops->copy(be, logits, out, (size_t)(T * V) * sizeof(float));
+    be->ops->free(be, out);
+    return rc;
+}

@@ -1,0 +1,203 @@
+/* llama.c - Llama decoder block forward/backward over the op table (see llama.h). */
+#include "src/model/llama.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "src/core/err.h"
+
+static int64_t max3(int64_t a, int64_t b, int64_t c)
+{
+    int64_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+int64_t ft_block_acts_floats(const ft_block_dims *d)
+{
+    int64_t T = d->T;
+    return 3 * T * d->C + 2 * T * d->H * d->D + 2 * T * d->Hkv * d->D + T * d->H + 2 * T +
+           3 * T * d->F + FT_N_PROJ * T * d->r;
+}
+
+int64_t ft_block_scratch_floats(const ft_block_dims *d)
+{
+    int64_t T = d->T, wide = max3(d->C, d->H * d->D, d->F);
+    return 2 * T * wide + T * d->H * d->D + 2 * T * d->Hkv * d->D + 2 * T * d->F + T * d->r +
+           2 * T * wide;
+}
+
+static float *take(float **p, int64_t n)
+{
+    float *r = *p;
+    *p += n;
+    return r;
+}
+
+void ft_block_acts_carve(ft_block_acts *a, float *p, const ft_block_dims *d, unsigned targets)
+{
+    int64_t T = d->T;
+    a->xn1 = take(&p, T * d->C);
+    a->rstd1 = take(&p, T);
+    a->q = take(&p, T * d->H * d->D);
+    a->k = take(&p, T * d->Hkv * d->D);
+    a->v = take(&p, T * d->Hkv * d->D);
+    a->att = take(&p, T * d->H * d->D);
+    a->lse = take(&p, T * d->H);
+    a->h = take(&p, T * d->C);
+    a->xn2 = take(&p, T * d->C);
+    a->rstd2 = take(&p, T);
+    a->gate = take(&p, T * d->F);
+    a->up = take(&p, T * d->F);
+    a->act = take(&p, T * d->F);
+    for (int i = 0; i < FT_N_PROJ; i++)
+        a->u[i] = take(&p, T * d->r);
+    (void)targets;
+}
+
+void ft_block_scratch_carve(ft_block_scratch *s, float *p, const ft_block_dims *d)
+{
+    int64_t T = d->T, wide = max3(d->C, d->H * d->D, d->F);
+    s->d1 = take(&p, T * wide);
+    s->d2 = take(&p, T * wide);
+    s->dq = take(&p, T * d->H * d->D);
+    s->dk = take(&p, T * d->Hkv * d->D);
+    s->dv = take(&p, T * d->Hkv * d->D);
+    s->dgate = take(&p, T * d->F);
+    s->dup = take(&p, T * d->F);
+    s->du = take(&p, T * d->r);
+    s->xd = take(&p, 2 * T * wide);
+}
+
+/* The adapter of projection p in `layer`, or NULL when not targeted / no adapter. */
+static const ft_lora_linear *lora_of(const ft_lora *l, int64_t layer, int p)
+{
+    if (!l || !l->lin[layer][p].A) return NULL;
+    return &l->lin[layer][p];
+}
+
+/* Dropout seed per (step/micro-batch seed, layer, projection); 0 means no dropout. */
+static uint64_t proj_seed(uint64_t base, int64_t layer, int p)
+{
+    if (!base) return 0;
+    uint64_t x = base ^ ((uint64_t)layer * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)(p + 1) << 56);
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+    return (x ^ (x >> 29)) | 1;
+}
+
+/* y (T, out) = x W^T (+ b) + scale * dropout(x) A^T B^T; u (T, r) keeps dropout(x) A^T. */
+static int lin_fwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll, float scale,
+                   int64_t r, float p, uint64_t seed, const float *x, float *y, float *u,
+                   float *xd, int64_t T)
+{
+    const ft_backend_ops *o = be->ops;
+    int64_t in = w->in_n, out = w->out_n;
+    FT_TRY(o->gemm(be, 0, 1, T, out, in, 1.0f, x, in, w->w, in, 0.0f, y, out));
+    if (w->b) FT_TRY(o->bias_add(be, y, w->b, T, out));
+    if (!ll) return 0;
+    const float *xin = x;
+    if (p > 0 && seed) {
+        FT_TRY(o->dropout(be, xd, x, T * in, p, seed));
+        xin = xd;
+    }
+    FT_TRY(o->gemm(be, 0, 1, T, r, in, 1.0f, xin, in, ll->A, in, 0.0f, u, r));
+    return o->gemm(be, 0, 1, T, out, r, scale, u, r, ll->B, r, 1.0f, y, out);
+}
+
+/* dx (T, in) = beta * dx + dy W (+ the LoRA path); dA, dB accumulate. xd holds 2*T*in. */
+static int lin_bwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll, float scale,
+                   int64_t r, float p, uint64_t seed, const float *x, const float *u,
+                   const float *dy, float *dx, float beta, float *du, float *xd, int64_t T)
+{
+    const ft_backend_ops *o = be->ops;
+    int64_t in = w->in_n, out = w->out_n;
+    FT_TRY(o->gemm(be, 0, 0, T, in, out, 1.0f, dy, out, w->w, in, beta, dx, in));
+    if (!ll) return 0;
+    /* dB (out, r) += scale * dy^T u;  du (T, r) = scale * dy B */
+    FT_TRY(o->gemm(be, 1, 0, out, r, T, scale, dy, out, u, r, 1.0f, ll->dB, r));
+    FT_TRY(o->gemm(be, 0, 0, T, r, out, scale, dy, out, ll->B, r, 0.0f, du, r));
+    int drop = p > 0 && seed;
+    const float *xin = x;
+    if (drop) {
+        FT_TRY(o->dropout(be, xd, x, T * in, p, seed));
+        xin = xd;
+    }
+    /* dA (r, in) += du^T dropout(x) */
+    FT_TRY(o->gemm(be, 1, 0, r, in, T, 1.0f, du, r, xin, in, 1.0f, ll->dA, in));
+    if (!drop)
+        return o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A, in, 1.0f, dx, in);
+    float *dxin = xd + T * in;
+    FT_TRY(o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A, in, 0.0f, dxin, in));
+    FT_TRY(o->dropout(be, xd, dxin, T * in, p, seed));
+    return o->axpy(be, 1.0f, xd, dx, T * in);
+}
+
+int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                 const ft_lora *lora, int64_t layer, const ft_block_dims *d,
+                 const ft_block_io *io, const float *x, float *out, ft_block_acts *a,
+                 ft_block_scratch *s, int train)
+{
+    const ft_backend_ops *o = be->ops;
+    int64_t T = d->T, C = d->C, H = d->H, Hkv = d->Hkv, D = d->D, F = d->F;
+    float sc = lora ? lora->scale : 0.0f, p = (lora && train) ? lora->cfg.dropout : 0.0f;
+    uint64_t seed = train ? io->dropout_seed : 0;
+    int64_t r = d->r;
+
+    FT_TRY(o->rmsnorm_fwd(be, a->xn1, a->rstd1, x, w->attn_norm, T, C, cfg->rms_norm_eps));
+    float *qkv[3] = {a->q, a->k, a->v};
+    for (int pj = FT_Q; pj <= FT_V; pj++)
+        FT_TRY(lin_fwd(be, &w->proj[pj], lora_of(lora, layer, pj), sc, r, p,
+                       proj_seed(seed, layer, pj), a->xn1, qkv[pj], a->u[pj], s->xd, T));
+    FT_TRY(o->rope_fwd(be, a->q, io->pos, io->inv_freq, T, H, D));
+    FT_TRY(o->rope_fwd(be, a->k, io->pos, io->inv_freq, T, Hkv, D));
+    FT_TRY(o->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, io->seq_start, T, H, Hkv, D,
+                            1.0f / sqrtf((float)D)));
+    FT_TRY(lin_fwd(be, &w->proj[FT_O], lora_of(lora, layer, FT_O), sc, r, p,
+                   proj_seed(seed, layer, FT_O), a->att, a->h, a->u[FT_O], s->xd, T));
+    FT_TRY(o->axpy(be, 1.0f, x, a->h, T * C));
+
+    FT_TRY(o->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, w->ffn_norm, T, C, cfg->rms_norm_eps));
+    FT_TRY(lin_fwd(be, &w->proj[FT_GATE], lora_of(lora, layer, FT_GATE), sc, r, p,
+                   proj_seed(seed, layer, FT_GATE), a->xn2, a->gate, a->u[FT_GATE], s->xd, T));
+    FT_TRY(lin_fwd(be, &w->proj[FT_UP], lora_of(lora, layer, FT_UP), sc, r, p,
+                   proj_seed(seed, layer, FT_UP), a->xn2, a->up, a->u[FT_UP], s->xd, T));
+    FT_TRY(o->swiglu_fwd(be, a->act, a->gate, a->up, T * F));
+    FT_TRY(lin_fwd(be, &w->proj[FT_DOWN], lora_of(lora, layer, FT_DOWN), sc, r, p,
+                   proj_seed(seed, layer, FT_DOWN), a->act, out, a->u[FT_DOWN], s->xd, T));
+    return o->axpy(be, 1.0f, a->h, out, T * C);
+}
+
+int ft_block_bwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                 const ft_lora *lora, int64_t layer, const ft_block_dims *d,
+                 const ft_block_io *io, const float *x, const float *dout, float *dx,
+                 const ft_block_acts *a, ft_block_scratch *s)
+{
+    const ft_backend_ops *o = be->ops;
+    int64_t T = d->T, C = d->C, H = d->H, Hkv = d->Hkv, D = d->D, F = d->F, r = d->r;
+    float sc = lora ? lora->scale : 0.0f, p = lora ? lora->cfg.dropout : 0.0f;
+    uint64_t seed = io->dropout_seed;
+#define LIN_BWD(pj, xin, dy, dxo, beta)                                                       \
+    FT_TRY(lin_bwd(be, &w->proj[pj], lora_of(lora, layer, pj), sc, r, p,                      \
+                   proj_seed(seed, layer, pj), xin, a->u[pj], dy, dxo, beta, s->du, s->xd, T))
+
+    /* MLP: d(act) = dout W_down; SwiGLU; d(xn2) from gate and up. */
+    LIN_BWD(FT_DOWN, a->act, dout, s->d1, 0.0f);
+    FT_TRY(o->swiglu_bwd(be, s->dgate, s->dup, s->d1, a->gate, a->up, T * F));
+    LIN_BWD(FT_GATE, a->xn2, s->dgate, s->d2, 0.0f);
+    LIN_BWD(FT_UP, a->xn2, s->dup, s->d2, 1.0f);
+    /* dh = dout + rms2_bwd(d xn2), held in dx. */
+    if (dx != dout) FT_TRY(o->copy(be, dx, dout, (size_t)(T * C) * sizeof(float)));
+    FT_TRY(o->rmsnorm_bwd(be, dx, s->d2, a->h, w->ffn_norm, a->rstd2, T, C));
+
+    /* Attention: d(att) = dh W_o; attention backward; inverse RoPE; q/k/v projections. */
+    LIN_BWD(FT_O, a->att, dx, s->d1, 0.0f);
+    FT_TRY(o->attention_bwd(be, s->dq, s->dk, s->dv, s->d1, a->q, a->k, a->v, a->att, a->lse,
+                            io->seq_start, T, H, Hkv, D, 1.0f / sqrtf((float)D)));
+    FT_TRY(o->rope_bwd(be, s->dq, io->pos, io->inv_freq, T, H, D));
+    FT_TRY(o->rope_bwd(be, s->dk, io->pos, io->inv_freq, T, Hkv, D));
+    LIN_BWD(FT_Q, a->xn1, s->dq, s->d2, 0.0f);
+    LIN_BWD(FT_K, a->xn1, s->dk, s->d2, 1.0f);
+    LIN_BWD(FT_V, a->xn1, s->dv, s->d2, 1.0f);
+    /* dx = dh + rms1_bwd(d xn1) */
+    return o->rmsnorm_bwd(be, dx, s->d2, x, w->attn_norm, a->rstd1, T, C);
+#undef LIN_BWD
+}

@@ -1,0 +1,67 @@
+/* llama.h - one Llama decoder block, forward and backward, through the op table.
+ *
+ *   h   = x + o_proj(attn(rope(q_proj(rms1(x))), rope(k_proj(rms1(x))), v_proj(rms1(x))))
+ *   out = h + down_proj(silu(gate_proj(rms2(h))) * up_proj(rms2(h)))
+ * (formats.md 2.3; HF LlamaDecoderLayer), each projection optionally carrying LoRA.
+ * Frozen base weights get no gradient; LoRA A/B gradients accumulate into the adapter.
+ * All buffers are backend memory, fp32, shapes (T, ...) with T tokens of one micro-batch.
+ */
+#ifndef FT_LLAMA_H
+#define FT_LLAMA_H
+
+#include <stdint.h>
+
+#include "adapters/lora.h"
+#include "kernels/kernels.h"
+#include "src/model/model.h"
+
+/* Shape constants of a block for a micro-batch of T tokens. */
+typedef struct ft_block_dims {
+    int64_t T, C, H, Hkv, D, F, r;
+} ft_block_dims;
+
+/* Intermediates of one block's forward kept for its backward (one layer at a time: the
+ * executor recomputes them from the layer's input checkpoint). Sizes in floats:
+ * xn1, xn2, h: T*C; q, att: T*H*D; k, v: T*Hkv*D; lse: T*H; rstd1, rstd2: T;
+ * gate, up, act: T*F; u[p]: T*r per LoRA projection. */
+typedef struct ft_block_acts {
+    float *xn1, *rstd1, *q, *k, *v, *att, *lse, *h, *xn2, *rstd2, *gate, *up, *act;
+    float *u[FT_N_PROJ];
+} ft_block_acts;
+
+/* Scratch for backward and LoRA dropout, sizes in floats: d1, d2: T*max(C, H*D, F)
+ * each; dq: T*H*D; dk, dv: T*Hkv*D; dgate, dup: T*F; du: T*r; xd: T*max(C, F, H*D). */
+typedef struct ft_block_scratch {
+    float *d1, *d2, *dq, *dk, *dv, *dgate, *dup, *du, *xd;
+} ft_block_scratch;
+
+/* Per micro-batch inputs shared by every block. */
+typedef struct ft_block_io {
+    const int32_t *pos;        /* (T) */
+    const int32_t *seq_start;  /* (T) */
+    const float *inv_freq;     /* (D/2) RoPE */
+    uint64_t dropout_seed;     /* mixes step, layer, micro-batch; 0 when dropout is off */
+} ft_block_io;
+
+/* Floats needed by ft_block_acts / ft_block_scratch for dims d (carving order is the
+ * struct order). */
+int64_t ft_block_acts_floats(const ft_block_dims *d);
+int64_t ft_block_scratch_floats(const ft_block_dims *d);
+void ft_block_acts_carve(ft_block_acts *a, float *base, const ft_block_dims *d, unsigned lora_targets);
+void ft_block_scratch_carve(ft_block_scratch *s, float *base, const ft_block_dims *d);
+
+/* Forward: out (T, C) from x (T, C). out may not alias x. lora may be NULL (eval without
+ * adapter) or carry the layer's adapters. Returns 0 or a kernel error. */
+int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                 const ft_lora *lora, int64_t layer, const ft_block_dims *d,
+                 const ft_block_io *io, const float *x, float *out, ft_block_acts *a,
+                 ft_block_scratch *s, int train);
+
+/* Backward: given dout (T, C) and the acts of ft_block_fwd on x, overwrites dx (T, C)
+ * (dx may alias dout) and accumulates LoRA gradients into lora->grads. */
+int ft_block_bwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                 const ft_lora *lora, int64_t layer, const ft_block_dims *d,
+                 const ft_block_io *io, const float *x, const float *dout, float *dx,
+                 const ft_block_acts *a, ft_block_scratch *s);
+
+#endif
