@@ -25,7 +25,9 @@ int ft_err_prefix(int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
-    snprintf(old, sizeof old, "%s", g_msg);
+    size_t k = strnlen(g_msg, sizeof old - 1);
+    memcpy(old, g_msg, k);
+    old[k] = 0;
     if (old[0])
         snprintf(g_msg, sizeof g_msg, "%s: %s", pre, old);
     else
