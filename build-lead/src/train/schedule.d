@@ -1,3 +1,0 @@
-build-lead/src/train/schedule.o: src/train/schedule.c \
- src/train/schedule.h
-src/train/schedule.h:
