@@ -31,7 +31,7 @@ CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all deps demo test test-gpu clean example tests
+.PHONY: all deps demo test test-gpu clean example tests bench
 all: $(BUILD)/ftune
 
 $(BUILD)/%.o: %.c
@@ -75,3 +75,11 @@ clean:
 	rm -rf $(BUILD)
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+
+$(BUILD)/bench/sgemm_rate: bench/sgemm_rate.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BLAS_LIBS) $(LDFLAGS)
+
+# Benchmarks print tables and write bench/results/; they are not tests.
+bench: all $(BUILD)/bench/sgemm_rate
+	@bash bench/cpu_train.sh

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# CPU benchmark: training tokens/s of the example model at --seq-len 256 next to OpenBLAS's
+# sgemm rate, measured in one run on this machine. Writes bench/results/cpu-<host>-<date>.md.
+# Usage: bench/cpu_train.sh [STEPS]   (default 12 optimizer steps after 2 warm-up steps)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-12}
+make --no-print-directory all build/bench/sgemm_rate >/dev/null
+GGUF=$(bash scripts/fetch_example.sh)
+DATE=$(date -u +%Y-%m-%d)
+HOST=$(hostname)
+OUT=bench/results/cpu-$DATE.md
+TMP=$(mktemp -d)
+CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+SGEMM=$(build/bench/sgemm_rate)
+CMD="build/ftune train --model $GGUF --data examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl --out $TMP/run --seq-len 256 --batch-size 2 --grad-accum 1 --max-steps $((STEPS + 2)) --eval-fraction 0 --quiet"
+$CMD
+# tokens/s over the steps after the first two (warm caches), from metrics.jsonl
+TPS=$(python3 - "$TMP/run/metrics.jsonl" 2 <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+skip = int(sys.argv[2])
+a, b = rows[skip - 1], rows[-1]
+# tokens_per_s is cumulative positions / elapsed; recover per-step positions from it
+pa = a["tokens_per_s"] * 0; 
+print("%.1f" % ((b["tokens_per_s"] * b["elapsed_s"] - a["tokens_per_s"] * a["elapsed_s"]) / (b["elapsed_s"] - a["elapsed_s"])))
+PY
+)
+{
+  echo "# CPU training benchmark, $DATE"
+  echo
+  echo "- machine: $HOST, $(nproc) cores, $CPU, $(free -g | awk '/Mem:/{print $2}') GiB"
+  echo "- command: \`$CMD\`"
+  echo "- model: SmolLM2-135M-Instruct (Q4_1 GGUF dequantized to fp32), LoRA r16 on all 7 modules"
+  echo
+  echo "| measure | value |"
+  echo "|---|---|"
+  echo "| ftune training tokens/s (seq 256, batch 2, steps 3..$((STEPS + 2))) | $TPS |"
+  echo "$SGEMM" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    print("| OpenBLAS sgemm %dx%dx%d (%d threads) | %.1f GFLOP/s |" % (r["m"], r["n"], r["k"], r["threads"], r["gflops"]))'
+} | tee "$OUT"
+rm -rf "$TMP"
