@@ -16,17 +16,12 @@ SGEMM=$(build/bench/sgemm_rate)
 CMD="build/ftune train --model $GGUF --data examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl --out $TMP/run --seq-len 256 --batch-size 2 --grad-accum 1 --max-steps $((STEPS + 2)) --eval-fraction 0 --quiet"
 $CMD
 # tokens/s over the steps after the first two (warm caches), from metrics.jsonl
-TPS=$(python3 - "$TMP/run/metrics.jsonl" 2 <<'PY'
-import json, sys
+TPS=$(python3 - "$TMP/run/metrics.jsonl" <<'PY'
+import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-skip = int(sys.argv[2])
-a, b = rows[skip - 1], rows[-1]
-# tokens_per_s is cumulative positions / elapsed; recover per-step positions from it
-pa = a["tokens_per_s"] * 0; 
-print("%.1f" % ((b["tokens_per_s"] * b["elapsed_s"] - a["tokens_per_s"] * a["elapsed_s"]) / (b["elapsed_s"] - a["elapsed_s"])))
+print("%.1f" % statistics.median(r["tokens_per_s"] for r in rows[2:]))
 PY
-)
-{
+){
   echo "# CPU training benchmark, $DATE"
   echo
   echo "- machine: $HOST, $(nproc) cores, $CPU, $(free -g | awk '/Mem:/{print $2}') GiB"
@@ -35,7 +30,7 @@ PY
   echo
   echo "| measure | value |"
   echo "|---|---|"
-  echo "| ftune training tokens/s (seq 256, batch 2, steps 3..$((STEPS + 2))) | $TPS |"
+  echo "| ftune training tokens/s (seq 256, batch 2; median of steps 3..$((STEPS + 2))) | $TPS |"
   echo "$SGEMM" | python3 -c '
 import json, sys
 for l in sys.stdin:

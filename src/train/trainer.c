@@ -222,8 +222,10 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
         int64_t n_mb = r->n_train_b - cursor < c->grad_accum ? r->n_train_b - cursor : c->grad_accum;
         const ft_batch *mbs = &r->train_b[cursor];
         cursor += n_mb;
-        int64_t n_targets = 0;
+        int64_t n_targets = 0, step_positions = 0;
+        double step_t0 = now_s();
         for (int64_t i = 0; i < n_mb; i++) {
+            step_positions += mbs[i].T;
             n_targets += mbs[i].n_targets;
             positions += mbs[i].T;
         }
@@ -246,8 +248,8 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
                         (float)c->weight_decay, step + 1));
         tokens += nv;
         last_loss = loss;
-        double el = now_s() - train_t0;
-        double tps = el > 0 ? positions / el : 0;
+        double el = now_s() - train_t0, st = now_s() - step_t0;
+        double tps = st > 0 ? step_positions / st : 0; /* this step's token positions per second */
         FT_TRY(ft_metrics_step(&r->met, step + 1, loss, lr, gnorm, tokens, tps, now_s() - t0));
         ft_train_event ev = {.kind = FT_EV_STEP, .step = step + 1, .total_steps = total,
                              .loss = loss, .lr = lr, .grad_norm = gnorm, .tokens_per_s = tps,
@@ -262,7 +264,7 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
             emit(cb, user, &e2);
         }
         res->steps = step + 1;
-        res->tokens_per_s = tps;
+        res->tokens_per_s = el > 0 ? positions / el : 0;
     }
     res->time_s = now_s() - t0;
     res->final_eval_loss = eval_loss;
