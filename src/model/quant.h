@@ -1,0 +1,62 @@
+/* quant.h - ggml tensor types: block sizes and dequantization to fp32, plus the scalar
+ * fp16/bf16 conversions used by the safetensors and GGUF readers.
+ *
+ * Block layouts (ggml-common.h; gguf-py gguf/quants.py, checked bit-exact by
+ * tests/unit/test_gguf.c against fixtures made with gguf.quants):
+ *   Q8_0: 34 bytes = fp16 d, int8 q[32];              x[i] = q[i] * d
+ *   Q4_0: 18 bytes = fp16 d, uint8 qs[16];            x[i] = ((qs[i] & 15) - 8) * d,
+ *                                                     x[i+16] = ((qs[i] >> 4) - 8) * d
+ *   Q4_1: 20 bytes = fp16 d, fp16 m, uint8 qs[16];    x[i] = (qs[i] & 15) * d + m,
+ *                                                     x[i+16] = (qs[i] >> 4) * d + m
+ *   F32, F16, BF16: one element per block, little-endian.
+ * Type codes are ggml's enum ggml_type values as stored in GGUF files (formats.md 4.3).
+ */
+#ifndef FT_QUANT_H
+#define FT_QUANT_H
+
+#include <stdint.h>
+
+enum ft_ggml_type {
+    FT_GGML_F32 = 0,
+    FT_GGML_F16 = 1,
+    FT_GGML_Q4_0 = 2,
+    FT_GGML_Q4_1 = 3,
+    FT_GGML_Q8_0 = 8,
+    FT_GGML_BF16 = 30,
+    FT_GGML_TYPE_LIMIT = 64, /* type codes >= this are rejected as unknown */
+};
+
+#define FT_QK8_0 32
+#define FT_QK4_0 32
+#define FT_QK4_1 32
+
+/* Block geometry of a ggml type: elements per block and bytes per block. Known for every
+ * type ggml defines (so files holding K-quants still parse), even where ft_quant_dequant
+ * cannot convert them. Returns 0, or FT_E_UNSUPPORTED for an unknown/removed code. */
+int ft_quant_block(int type, int64_t *block_n, int64_t *block_bytes);
+
+/* ggml's name of a type ("Q4_1", "F32", ...), or "type<N>" style "unknown" for others. */
+const char *ft_quant_name(int type);
+
+/* 1 if ft_quant_dequant converts this type (F32, F16, BF16, Q8_0, Q4_0, Q4_1). */
+int ft_quant_can_dequant(int type);
+
+/* Bytes of n elements of a type; -1 if the type is unknown, n is not a multiple of the
+ * block size, or the size overflows int64. */
+int64_t ft_quant_bytes(int type, int64_t n);
+
+/* Dequantizes n elements (a multiple of the block size) from src (any alignment) into
+ * dst (fp32). Returns 0, FT_E_UNSUPPORTED (type has no dequantizer) or FT_E_INVALID (n not
+ * a multiple of the block size); records a message naming the type. */
+int ft_quant_dequant(int type, const void *src, float *dst, int64_t n);
+
+/* Exact IEEE binary16 -> binary32 (subnormals, inf, NaN kept). */
+float ft_quant_f16_to_f32(uint16_t h);
+/* Exact bfloat16 -> binary32 (the top 16 bits of the float). */
+float ft_quant_bf16_to_f32(uint16_t b);
+/* binary32 -> binary16, round to nearest even (as numpy astype(float16)). */
+uint16_t ft_quant_f32_to_f16(float f);
+/* binary32 -> bfloat16, round to nearest even (as torch .to(bfloat16)); NaN stays NaN. */
+uint16_t ft_quant_f32_to_bf16(float f);
+
+#endif
