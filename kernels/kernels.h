@@ -17,6 +17,8 @@
  *   - Packed sequences: seq_start (T) int32 gives, for each token t, the flat index of the
  *     first token of the sequence that holds t. Token t attends to keys j with
  *     seq_start[t] <= j <= t, so sequences packed into one row never see each other.
+ *     Sequences are contiguous: seq_start[0] == 0 and seq_start[t] is t or seq_start[t-1]
+ *     (anything else -> FT_E_INVALID).
  */
 #ifndef FT_KERNELS_H
 #define FT_KERNELS_H
@@ -97,7 +99,8 @@ typedef struct ft_backend_ops {
 
     /* ---- dropout (LoRA input dropout) --------------------------------------------- */
     /* y (n) = x * keep / (1 - p), keep[i] = hash(seed, i) >= p: a counter-based mask, so
-     * the backward is the same call on the gradient with the same seed. p = 0 copies. */
+     * the backward is the same call on the gradient with the same seed. p = 0 copies.
+     * hash: kernels/cpu/cpu_common.h (splitmix64 of splitmix64(seed) ^ i). */
     int (*dropout)(ft_backend *be, float *y, const float *x, int64_t n, float p, uint64_t seed);
 
     /* ---- LM head + cross-entropy, chunked (never the full (T, V) logits) ------------ */
@@ -127,7 +130,9 @@ struct ft_backend {
     void *ctx;     /* backend-private state (thread count, handles, streams) */
 };
 
-/* CPU backend: n_threads <= 0 means "all cores" (OpenBLAS and the own loops).
+/* CPU backend: n_threads <= 0 means "all cores". n_threads sizes the OpenMP team;
+ * OpenBLAS is set to one thread and the gemm op splits its output over the team (so results
+ * are bit-identical for any thread count).
  * Returns 0 or -ENOMEM. */
 int ft_backend_cpu_init(ft_backend **out, int n_threads);
 void ft_backend_free(ft_backend *be); /* NULL-safe */

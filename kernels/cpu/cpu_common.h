@@ -51,7 +51,8 @@ static inline FT_HD int ft_dropout_keep(uint64_t key, uint64_t i, double thr)
  * r^2 P(r) with Cephes' degree-5 P, result = exp(r) * 2^n built in the exponent bits.
  * Accuracy: max rel error ~2 ulp (tested in test_kernels_fwd.c). x < -87.33 (below the
  * smallest normal, including -inf) gives 0; x > 88 is clamped to 88 (exp = 1.65e38, never
- * inf); NaN gives NaN. */
+ * inf); NaN gives NaN. Its loops vectorize only with -fno-trapping-math (set per file by
+ * the pragma in ops_f32.c). */
 static inline float ft_cpu_expf(float x)
 {
     const float lo = -87.3365447504f, hi = 88.0f;
@@ -68,12 +69,11 @@ static inline float ft_cpu_expf(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } s;
-    s.i = ((int32_t)n + 127) << 23; /* 2^n, n in [-126, 127] */
-    return under ? 0.0f : p * s.f;
+    const float nc = n == n ? n : 0.0f; /* NaN x: n is NaN, converting it would be UB */
+    uint32_t bits = (uint32_t)((int32_t)nc + 127) << 23; /* 2^n, n in [-126, 127] */
+    float s;
+    __builtin_memcpy(&s, &bits, sizeof s);
+    return under ? 0.0f : p * s;
 }
 
 #define FT_CPU_CAT_(a, b) a##_##b

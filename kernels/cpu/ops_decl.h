@@ -15,12 +15,22 @@
  *
  * Extra argument rules shared by both instances:
  *   - pointers may be NULL only when the element count they cover is 0;
- *   - attention: H % Hkv == 0, D <= FT_CPU_MAX_HEAD_DIM, seq_start must describe
+ *   - attention: H % Hkv == 0, 1 <= D <= FT_CPU_MAX_HEAD_DIM, seq_start must describe
  *     contiguous sequences: seq_start[0] == 0 and for t > 0 either seq_start[t] == t (a
  *     new sequence starts) or seq_start[t] == seq_start[t-1];
  *   - rope: D even, D <= FT_CPU_MAX_HEAD_DIM;
  *   - gemm: every size and stride fits a 32-bit BLAS int, strides >= the row length;
- *   - dropout: 0 <= p < 1;  adamw: step >= 1;  lm_head_ce: chunk >= 1.
+ *   - dropout: 0 <= p < 1;  adamw: step >= 1;  lm_head_ce: chunk >= 1;
+ *   - outputs do not overlap inputs, except in place on the same elements where an op is
+ *     elementwise (axpy, scale, swiglu_fwd/bwd, dropout) or in place by definition (rope).
+ *
+ * Threading: loops run on the calling thread's OpenMP team; gemm splits C over the team
+ * and attention calls BLAS on tiles from inside its parallel loops, both assuming the
+ * single-threaded OpenBLAS that ft_backend_cpu_init sets (with a multi-threaded one they
+ * are still correct, only slower, and gemm is then one BLAS call). Under that setting the
+ * results are bit-identical for any OpenMP thread count (tested).
+ * No op allocates: scratch is on the stack (at most ~40 KB per thread in the fp64
+ * instance: attention tiles, RoPE cos/sin tables) or passed in (lm_head_ce).
  */
 #if !defined(FT_CPU_REAL) || !defined(FT_CPU_SUFFIX)
 #error "define FT_CPU_REAL and FT_CPU_SUFFIX before including ops_decl.h"
@@ -30,7 +40,7 @@
 #include <stdint.h>
 
 #ifndef FT_CPU_MAX_HEAD_DIM
-#define FT_CPU_MAX_HEAD_DIM 1024 /* bound on head_dim D (rope / attention stack buffers) */
+#define FT_CPU_MAX_HEAD_DIM 1024 /* bound on head_dim D (RoPE cos/sin tables on the stack) */
 #endif
 
 #define FT_CPU_CAT2_(a, b) a##_##b

@@ -94,6 +94,7 @@ static int parse_rope(ft_model_config *c, const cJSON *root, const char *name)
     c->rope_theta = 10000.0;
     c->rope_type = FT_ROPE_DEFAULT;
     c->rope_factor = 1.0;
+    c->rope_attention_factor = 1.0;
     c->rope_beta_fast = 32.0;
     c->rope_beta_slow = 1.0;
     FT_TRY(get_num(root, "", "rope_theta", &c->rope_theta, 0, name));
@@ -148,6 +149,9 @@ static int parse_rope(ft_model_config *c, const cJSON *root, const char *name)
     if (c->rope_type == FT_ROPE_YARN) {
         FT_TRY(get_num(sc, pre, "beta_fast", &c->rope_beta_fast, 0, name));
         FT_TRY(get_num(sc, pre, "beta_slow", &c->rope_beta_slow, 0, name));
+        /* transformers _compute_yarn_parameters: get_mscale(factor) = 0.1 ln(factor) + 1 */
+        c->rope_attention_factor = c->rope_factor > 1 ? 0.1 * log(c->rope_factor) + 1.0 : 1.0;
+        FT_TRY(get_num(sc, pre, "attention_factor", &c->rope_attention_factor, 0, name));
     }
     return 0;
 }

@@ -3,6 +3,7 @@
 #ifndef FT_CONFIG_H
 #define FT_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 enum ft_rope_type {
@@ -33,6 +34,7 @@ typedef struct ft_model_config {
     double rope_high_freq_factor; /* llama3 */
     int64_t rope_original_max_position_embeddings; /* llama3/yarn */
     double rope_beta_fast, rope_beta_slow;         /* yarn (defaults 32, 1) */
+    double rope_attention_factor; /* scales cos/sin: yarn 0.1*ln(factor)+1 or attention_factor; 1 otherwise */
     int tie_word_embeddings;
     int attention_bias;           /* q/k/v carry a bias (qwen2 always; llama if attention_bias) */
     int64_t bos_token_id;         /* -1 if none */

@@ -68,6 +68,15 @@ void ft_block_scratch_carve(ft_block_scratch *s, float *p, const ft_block_dims *
     s->xd = take(&p, 2 * T * wide);
 }
 
+/* Softmax scale: 1/sqrt(D), times the square of RoPE's cos/sin factor (yarn), since
+ * scaling both q and k by m scales their dot products by m^2. */
+static float attn_scale(const ft_model_config *cfg, int64_t D)
+{
+    float m = (float)cfg->rope_attention_factor;
+    if (!(m > 0)) m = 1.0f;
+    return m * m / sqrtf((float)D);
+}
+
 /* The adapter of projection p in `layer`, or NULL when not targeted / no adapter. */
 static const ft_lora_linear *lora_of(const ft_lora *l, int64_t layer, int p)
 {
@@ -150,7 +159,7 @@ int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weig
     FT_TRY(o->rope_fwd(be, a->q, io->pos, io->inv_freq, T, H, D));
     FT_TRY(o->rope_fwd(be, a->k, io->pos, io->inv_freq, T, Hkv, D));
     FT_TRY(o->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, io->seq_start, T, H, Hkv, D,
-                            1.0f / sqrtf((float)D)));
+                            attn_scale(cfg, D)));
     FT_TRY(lin_fwd(be, &w->proj[FT_O], lora_of(lora, layer, FT_O), sc, r, p,
                    proj_seed(seed, layer, FT_O), a->att, a->h, a->u[FT_O], s->xd, T));
     FT_TRY(o->axpy(be, 1.0f, x, a->h, T * C));
@@ -191,7 +200,7 @@ int ft_block_bwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weig
     /* Attention: d(att) = dh W_o; attention backward; inverse RoPE; q/k/v projections. */
     LIN_BWD(FT_O, a->att, dx, s->d1, 0.0f);
     FT_TRY(o->attention_bwd(be, s->dq, s->dk, s->dv, s->d1, a->q, a->k, a->v, a->att, a->lse,
-                            io->seq_start, T, H, Hkv, D, 1.0f / sqrtf((float)D)));
+                            io->seq_start, T, H, Hkv, D, attn_scale(cfg, D)));
     FT_TRY(o->rope_bwd(be, s->dq, io->pos, io->inv_freq, T, H, D));
     FT_TRY(o->rope_bwd(be, s->dk, io->pos, io->inv_freq, T, Hkv, D));
     LIN_BWD(FT_Q, a->xn1, s->dq, s->d2, 0.0f);

@@ -381,6 +381,7 @@ static int gguf_config(ft_model_config *c, const ft_gguf *g, const char **arch_o
     /* rope scaling: {arch}.rope.scaling.* (llama.cpp keys), legacy rope.scale_linear */
     c->rope_type = FT_ROPE_DEFAULT;
     c->rope_factor = 1.0;
+    c->rope_attention_factor = 1.0;
     c->rope_beta_fast = 32.0;
     c->rope_beta_slow = 1.0;
     char key[128];

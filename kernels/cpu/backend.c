@@ -1,0 +1,287 @@
+/* backend.c - the CPU backend: memory entries of the op table, the table itself, and
+ * ft_backend_cpu_init / ft_backend_free (kernels/kernels.h).
+ *
+ * The numeric entries forward to the fp32 instance of the type-generic ops
+ * (cpu_f32.h; bodies in ops_impl.h and attn_impl.h), which check their arguments and
+ * return FT_E_INVALID with an ft_err() line on bad ones. Host memory is the backend
+ * memory, so copy is memcpy.
+ */
+#include <cblas.h>
+#include <errno.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/cpu_f32.h"
+#include "kernels/kernels.h"
+#include "src/core/err.h"
+
+typedef struct ft_cpu_ctx {
+    int n_threads; /* OpenMP team size (OpenBLAS itself runs single-threaded) */
+} ft_cpu_ctx;
+
+/* ---- memory ---------------------------------------------------------------------------- */
+
+static void *cpu_alloc(ft_backend *be, size_t bytes)
+{
+    (void)be;
+    /* aligned_alloc wants a multiple of the alignment; 0 bytes still gets a real block so
+     * that NULL always means failure. */
+    if (bytes > SIZE_MAX - 64) return NULL;
+    size_t n = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+    return aligned_alloc(64, n);
+}
+
+static void cpu_free(ft_backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+/* Large copies are split over the team: one core cannot saturate memory bandwidth. */
+#define COPY_PAR_BYTES ((size_t)8 << 20)
+#define COPY_PIECE ((size_t)1 << 20)
+
+static int cpu_copy(ft_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes == 0) return 0;
+    if (!dst || !src)
+        return ft_err(FT_E_INVALID, "cpu copy: %s pointer is NULL for %zu bytes",
+                      dst ? "source" : "destination", bytes);
+    if (bytes < COPY_PAR_BYTES) {
+        memmove(dst, src, bytes);
+        return 0;
+    }
+    const char *s = src;
+    char *d = dst;
+    if ((d < s + bytes) && (s < d + bytes)) { /* overlapping: serial memmove */
+        memmove(dst, src, bytes);
+        return 0;
+    }
+    const int64_t pieces = (int64_t)((bytes + COPY_PIECE - 1) / COPY_PIECE);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < pieces; i++) {
+        size_t off = (size_t)i * COPY_PIECE;
+        size_t n = bytes - off < COPY_PIECE ? bytes - off : COPY_PIECE;
+        memcpy(d + off, s + off, n);
+    }
+    return 0;
+}
+
+static int cpu_zero(ft_backend *be, void *p, size_t bytes)
+{
+    (void)be;
+    if (bytes == 0) return 0;
+    if (!p) return ft_err(FT_E_INVALID, "cpu zero: pointer is NULL for %zu bytes", bytes);
+    if (bytes < COPY_PAR_BYTES) {
+        memset(p, 0, bytes);
+        return 0;
+    }
+    char *d = p;
+    const int64_t pieces = (int64_t)((bytes + COPY_PIECE - 1) / COPY_PIECE);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < pieces; i++) {
+        size_t off = (size_t)i * COPY_PIECE;
+        memset(d + off, 0, bytes - off < COPY_PIECE ? bytes - off : COPY_PIECE);
+    }
+    return 0;
+}
+
+/* ---- numeric entries: the fp32 instance ---------------------------------------------- */
+
+static int cpu_gemm(ft_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                    float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float beta, float *c, int64_t ldc)
+{
+    (void)be;
+    return ft_cpu_gemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static int cpu_axpy(ft_backend *be, float alpha, const float *x, float *y, int64_t n)
+{
+    (void)be;
+    return ft_cpu_axpy_f32(alpha, x, y, n);
+}
+
+static int cpu_scale(ft_backend *be, float *x, float alpha, int64_t n)
+{
+    (void)be;
+    return ft_cpu_scale_f32(x, alpha, n);
+}
+
+static int cpu_sumsq(ft_backend *be, double *out, const float *x, int64_t n)
+{
+    (void)be;
+    return ft_cpu_sumsq_f32(out, x, n);
+}
+
+static int cpu_bias_add(ft_backend *be, float *y, const float *bias, int64_t T, int64_t O)
+{
+    (void)be;
+    return ft_cpu_bias_add_f32(y, bias, T, O);
+}
+
+static int cpu_embedding_fwd(ft_backend *be, float *out, const int32_t *ids,
+                             const float *table, int64_t T, int64_t C, int64_t V)
+{
+    (void)be;
+    return ft_cpu_embedding_fwd_f32(out, ids, table, T, C, V);
+}
+
+static int cpu_rmsnorm_fwd(ft_backend *be, float *y, float *rstd, const float *x,
+                           const float *w, int64_t T, int64_t C, float eps)
+{
+    (void)be;
+    return ft_cpu_rmsnorm_fwd_f32(y, rstd, x, w, T, C, eps);
+}
+
+static int cpu_rmsnorm_bwd(ft_backend *be, float *dx, const float *dy, const float *x,
+                           const float *w, const float *rstd, int64_t T, int64_t C)
+{
+    (void)be;
+    return ft_cpu_rmsnorm_bwd_f32(dx, dy, x, w, rstd, T, C);
+}
+
+static int cpu_rope_fwd(ft_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                        int64_t T, int64_t H, int64_t D)
+{
+    (void)be;
+    return ft_cpu_rope_fwd_f32(x, pos, inv_freq, T, H, D);
+}
+
+static int cpu_rope_bwd(ft_backend *be, float *dx, const int32_t *pos, const float *inv_freq,
+                        int64_t T, int64_t H, int64_t D)
+{
+    (void)be;
+    return ft_cpu_rope_bwd_f32(dx, pos, inv_freq, T, H, D);
+}
+
+static int cpu_attention_fwd(ft_backend *be, float *out, float *lse, const float *q,
+                             const float *k, const float *v, const int32_t *seq_start,
+                             int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale)
+{
+    (void)be;
+    return ft_cpu_attention_fwd_f32(out, lse, q, k, v, seq_start, T, H, Hkv, D, scale);
+}
+
+static int cpu_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv,
+                             const float *dout, const float *q, const float *k,
+                             const float *v, const float *out, const float *lse,
+                             const int32_t *seq_start, int64_t T, int64_t H, int64_t Hkv,
+                             int64_t D, float scale)
+{
+    (void)be;
+    return ft_cpu_attention_bwd_f32(dq, dk, dv, dout, q, k, v, out, lse, seq_start, T, H, Hkv,
+                                    D, scale);
+}
+
+static int cpu_swiglu_fwd(ft_backend *be, float *h, const float *gate, const float *up,
+                          int64_t n)
+{
+    (void)be;
+    return ft_cpu_swiglu_fwd_f32(h, gate, up, n);
+}
+
+static int cpu_swiglu_bwd(ft_backend *be, float *dgate, float *dup, const float *dh,
+                          const float *gate, const float *up, int64_t n)
+{
+    (void)be;
+    return ft_cpu_swiglu_bwd_f32(dgate, dup, dh, gate, up, n);
+}
+
+static int cpu_dropout(ft_backend *be, float *y, const float *x, int64_t n, float p,
+                       uint64_t seed)
+{
+    (void)be;
+    return ft_cpu_dropout_f32(y, x, n, p, seed);
+}
+
+static int cpu_lm_head_ce(ft_backend *be, double *loss_sum, int64_t *n_valid, float *dx,
+                          const float *x, const float *W, const int32_t *targets, int64_t T,
+                          int64_t C, int64_t V, float grad_scale, float *scratch, int64_t chunk)
+{
+    (void)be;
+    return ft_cpu_lm_head_ce_f32(loss_sum, n_valid, dx, x, W, targets, T, C, V, grad_scale,
+                                 scratch, chunk);
+}
+
+static int cpu_lm_head_logits(ft_backend *be, float *logits, const float *x, const float *W,
+                              int64_t T, int64_t C, int64_t V)
+{
+    (void)be;
+    return ft_cpu_lm_head_logits_f32(logits, x, W, T, C, V);
+}
+
+static int cpu_adamw(ft_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                     float lr, float beta1, float beta2, float eps, float weight_decay,
+                     int64_t step)
+{
+    (void)be;
+    return ft_cpu_adamw_f32(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+static const ft_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .gemm = cpu_gemm,
+    .axpy = cpu_axpy,
+    .scale = cpu_scale,
+    .sumsq = cpu_sumsq,
+    .bias_add = cpu_bias_add,
+    .embedding_fwd = cpu_embedding_fwd,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope_fwd = cpu_rope_fwd,
+    .rope_bwd = cpu_rope_bwd,
+    .attention_fwd = cpu_attention_fwd,
+    .attention_bwd = cpu_attention_bwd,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .dropout = cpu_dropout,
+    .lm_head_ce = cpu_lm_head_ce,
+    .lm_head_logits = cpu_lm_head_logits,
+    .adamw = cpu_adamw,
+};
+
+/* ---- init / free ------------------------------------------------------------------------ */
+
+/* n_threads <= 0: omp_get_num_procs(). The thread count is process-wide state of OpenMP
+ * (the calling thread's team size) and OpenBLAS, set here once: OpenMP teams get n_threads
+ * threads, and OpenBLAS runs single-threaded in whichever thread calls it, the gemm op
+ * splitting C over the OpenMP team itself (ops_impl.h gemm_raw). Reason: the pthread
+ * OpenBLAS workers busy-wait after each call; on a 2-core machine the OpenMP loops that
+ * followed an sgemm ran 10-20x slower (rmsnorm 2048x576: 0.2 ms alone, ~4 ms after an
+ * sgemm), and the attention tiles call BLAS from inside OpenMP regions. */
+int ft_backend_cpu_init(ft_backend **out, int n_threads)
+{
+    if (!out) return ft_err(FT_E_INVALID, "ft_backend_cpu_init: out is NULL");
+    *out = NULL;
+    ft_backend *be = calloc(1, sizeof *be);
+    ft_cpu_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
+        return ft_err(-ENOMEM, "ft_backend_cpu_init: out of memory");
+    }
+    if (n_threads <= 0) n_threads = omp_get_num_procs();
+    if (n_threads < 1) n_threads = 1;
+    ctx->n_threads = n_threads;
+    omp_set_num_threads(n_threads);
+    openblas_set_num_threads(1);
+    be->ops = &cpu_ops;
+    be->ctx = ctx;
+    *out = be;
+    return 0;
+}
+
+void ft_backend_free(ft_backend *be)
+{
+    if (!be) return;
+    free(be->ctx); /* CPU context: plain struct */
+    free(be);
+}
