@@ -42,7 +42,7 @@ static int run_eval(const char *model, const char *adapter, const char *data, ft
         dc->seq_len = s.model->cfg.max_position_embeddings < 2048 ? s.model->cfg.max_position_embeddings : 2048;
     if (!rc) rc = ft_dataset_load(&ds, data, dc, tok);
     if (!rc && ds.n_train == 0) rc = ft_err(FT_E_INVALID, "%s: no examples to evaluate", data);
-    if (!rc) rc = ft_pack(&b, &nb, ds.train, ds.n_train, dc->seq_len, batch, 0, ft_tok_eos(tok) >= 0 ? ft_tok_eos(tok) : 0);
+    if (!rc) rc = ft_pack(&b, &nb, ds.train, ds.n_train, dc->seq_len, batch, 0);
     if (!rc) rc = ft_session_plan(&s, batch * dc->seq_len);
     double sum = 0;
     int64_t cnt = 0;

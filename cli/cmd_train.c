@@ -133,8 +133,8 @@ int ft_cmd_train(int argc, char **argv)
         return 1;
     }
     if (!quiet)
-        fprintf(stderr, "ftune: done: %lld steps, %lld trained tokens in %.1f s (%.0f tok/s); eval loss %.4f -> %.4f\n",
-                (long long)res.steps, (long long)res.tokens, res.time_s, res.tokens_per_s,
+        fprintf(stderr, "ftune: done: %lld steps, %lld tokens (%lld with a loss target) in %.1f s (%.0f tok/s); eval loss %.4f -> %.4f\n",
+                (long long)res.steps, (long long)res.tokens, (long long)res.trained_tokens, res.time_s, res.tokens_per_s,
                 res.initial_eval_loss, res.final_eval_loss);
     return 0;
 }

@@ -53,6 +53,7 @@ typedef struct ft_dataset {
     int64_t n_records;       /* records read */
     int64_t n_skipped;       /* bad records skipped (skip_bad_records) */
     int64_t n_truncated;     /* examples cut to seq_len */
+    int64_t n_dropped;       /* examples left with no trained token after the cut */
     int format;              /* detected/forced schema */
     int chat_template;       /* resolved template */
 } ft_dataset;
@@ -79,24 +80,27 @@ const char *ft_data_format_name(int f);
 int ft_data_format_parse(const char *name);
 
 /* ---- packing (batch.c) ----------------------------------------------------------- */
-/* A micro-batch: rows x seq_len tokens, flattened to T = rows * seq_len. */
+/* A micro-batch: whole examples concatenated without padding (padding-free packing, as
+ * FlashAttention varlen / TRL padding_free), at most rows * seq_len tokens. */
 typedef struct ft_batch {
-    int64_t rows, seq_len, T;
-    int32_t *ids;        /* (T) input token ids (pad: eos or 0) */
+    int64_t rows, seq_len;   /* the budget: T <= rows * seq_len */
+    int64_t T;               /* tokens in this micro-batch */
+    int32_t *ids;        /* (T) input token ids */
     int32_t *targets;    /* (T) next-token target for each position, -100 where no loss:
                           * targets[t] = labels[t+1] inside an example; -100 at the last
-                          * token of each example and on padding */
+                          * token of each example (no prediction across examples) */
     int32_t *pos;        /* (T) position within its example, restarting at 0 */
     int32_t *seq_start;  /* (T) flat index of the first token of t's example (kernels.h) */
     int64_t n_targets;   /* count of targets >= 0 */
 } ft_batch;
 
-/* Packs examples into rows of seq_len tokens, first-fit-decreasing by length after a
- * seeded shuffle (an example never spans rows), then groups rows into micro-batches of
- * `rows` rows. *batches is malloc'ed; each batch's arrays are owned by it.
- * Returns 0, -ENOMEM, FT_E_INVALID (seq_len < 2, rows < 1). */
+/* Packs examples (each 1..seq_len tokens) first-fit-decreasing by length into micro-batches
+ * of at most rows * seq_len tokens (an example is never split), then shuffles the order of
+ * the micro-batches by `seed`. *batches is malloc'ed; each batch owns its arrays.
+ * Returns 0, -ENOMEM, FT_E_INVALID (seq_len < 2, rows < 1), FT_E_RANGE (an example longer
+ * than seq_len or empty). */
 int ft_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_t n_ex,
-            int64_t seq_len, int64_t rows, uint64_t seed, int32_t pad_id);
+            int64_t seq_len, int64_t rows, uint64_t seed);
 void ft_batches_free(ft_batch *b, int64_t n);
 
 #endif

@@ -147,18 +147,17 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     if (r->ds.n_train == 0)
         return ft_err(FT_E_INVALID, "%s: no training examples left (%lld records, %lld skipped)",
                       c->data, (long long)r->ds.n_records, (long long)r->ds.n_skipped);
-    info(cb, user, FT_EV_INFO, "data %s: %lld records (%s, template %s) -> %lld train / %lld eval examples, %lld skipped, %lld truncated to %lld tokens",
+    info(cb, user, FT_EV_INFO, "data %s: %lld records (%s, template %s) -> %lld train / %lld eval examples, %lld skipped, %lld truncated to %lld tokens, %lld dropped (no trained token within them)",
          c->data, (long long)r->ds.n_records, ft_data_format_name(r->ds.format),
          ft_chat_template_name(r->ds.chat_template), (long long)r->ds.n_train,
          (long long)r->ds.n_eval, (long long)r->ds.n_skipped, (long long)r->ds.n_truncated,
-         (long long)seq_len);
+         (long long)seq_len, (long long)r->ds.n_dropped);
 
-    int32_t pad = ft_tok_eos(r->tok) >= 0 ? ft_tok_eos(r->tok) : 0;
     FT_TRY(ft_pack(&r->train_b, &r->n_train_b, r->ds.train, r->ds.n_train, seq_len,
-                   c->batch_size, c->seed, pad));
+                   c->batch_size, c->seed));
     if (r->ds.n_eval)
         FT_TRY(ft_pack(&r->eval_b, &r->n_eval_b, r->ds.eval, r->ds.n_eval, seq_len,
-                       c->batch_size, c->seed, pad));
+                       c->batch_size, c->seed));
 
     FT_TRY(ft_backend_cpu_init(&r->be, c->threads));
     ft_lora_cfg lc = c->lora;
@@ -217,7 +216,7 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
             ft_batches_free(r->train_b, r->n_train_b);
             r->train_b = NULL;
             FT_TRY(ft_pack(&r->train_b, &r->n_train_b, r->ds.train, r->ds.n_train, seq_len,
-                           c->batch_size, c->seed + (uint64_t)epoch, pad));
+                           c->batch_size, c->seed + (uint64_t)epoch));
         }
         int64_t n_mb = r->n_train_b - cursor < c->grad_accum ? r->n_train_b - cursor : c->grad_accum;
         const ft_batch *mbs = &r->train_b[cursor];
@@ -269,10 +268,13 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     res->time_s = now_s() - t0;
     res->final_eval_loss = eval_loss;
     res->final_train_loss = last_loss;
-    res->tokens = tokens;
+    res->tokens = positions;
+    res->trained_tokens = tokens;
     res->n_train = r->ds.n_train;
     res->n_eval = r->ds.n_eval;
     res->n_skipped = r->ds.n_skipped;
+    res->n_truncated = r->ds.n_truncated;
+    res->n_dropped = r->ds.n_dropped;
     res->layer_fetches = r->ex.layer_fetches;
     FT_TRY(ft_peft_save(c->out, &r->lora, r->model, c->model));
 
@@ -280,7 +282,8 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     cJSON *js = cJSON_CreateObject();
     cJSON_AddStringToObject(js, "adapter", c->out);
     cJSON_AddNumberToObject(js, "steps", (double)res->steps);
-    cJSON_AddNumberToObject(js, "tokens", (double)tokens);
+    cJSON_AddNumberToObject(js, "tokens", (double)positions);
+    cJSON_AddNumberToObject(js, "trained_tokens", (double)tokens);
     cJSON_AddNumberToObject(js, "time_s", res->time_s);
     cJSON_AddNumberToObject(js, "tokens_per_s", res->tokens_per_s);
     const char *keys[3] = {"final_train_loss", "initial_eval_loss", "final_eval_loss"};
@@ -292,6 +295,8 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     cJSON_AddNumberToObject(js, "n_train", (double)res->n_train);
     cJSON_AddNumberToObject(js, "n_eval", (double)res->n_eval);
     cJSON_AddNumberToObject(js, "n_skipped", (double)res->n_skipped);
+    cJSON_AddNumberToObject(js, "n_truncated", (double)res->n_truncated);
+    cJSON_AddNumberToObject(js, "n_dropped", (double)res->n_dropped);
     char *out = cJSON_Print(js);
     cJSON_Delete(js);
     if (!out) return ft_err(-ENOMEM, "out of memory writing summary.json");

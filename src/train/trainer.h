@@ -56,7 +56,10 @@ typedef void (*ft_train_cb)(const ft_train_event *ev, void *user);
 
 typedef struct ft_train_result {
     double initial_eval_loss, final_eval_loss, final_train_loss;
-    int64_t steps, tokens, n_train, n_eval, n_skipped;
+    int64_t steps;
+    int64_t tokens;             /* token positions processed (input tokens, no padding) */
+    int64_t trained_tokens;     /* positions with a loss target */
+    int64_t n_train, n_eval, n_skipped, n_truncated, n_dropped;
     double time_s, tokens_per_s;
     int64_t layer_fetches;      /* executor base-weight fetches */
 } ft_train_result;

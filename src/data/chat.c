@@ -1,0 +1,387 @@
+/* chat.c - built-in chat template renderers and template names/detection (see chat.h).
+ *
+ * Each renderer reproduces the text that transformers' apply_chat_template produces with the
+ * model's Jinja template (formats.md 7.1/7.2; add_generation_prompt=False):
+ *   llama3: Meta-Llama-3-8B-Instruct
+ *     bos + for each message: <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>
+ *   chatml: Qwen2/2.5, SmolLM2 (their default system turn when messages[0] is not a system one)
+ *     <|im_start|>{role}\n{content}<|im_end|>\n
+ *   llama2: Llama-2-chat (meta-llama/Llama-2-*-chat-hf tokenizer_config.json)
+ *     {bos}[INST] strip(<<SYS>>\n{system}\n<</SYS>>\n\n{user}) [/INST] strip({assistant}) {eos}
+ *     Mistral (template with [INST] but no <<SYS>>): no system role, so the system text is
+ *     folded into the first user turn ("{system}\n\n{user}"); formats.md 7.2:
+ *     {bos}[INST] {user} [/INST]{assistant}{eos}[INST] ...
+ *   alpaca: Stanford Alpaca prompt (formats.md 8.1) + output + eos, one block per
+ *     user/assistant pair; system text (if any) + "\n\n" before the first block.
+ */
+#include "src/data/chat.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/core/err.h"
+#include "src/data/dataset.h"
+
+static const char ALPACA_INPUT_HEAD[] =
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n### Instruction:\n";
+static const char ALPACA_NO_INPUT_HEAD[] =
+    "Below is an instruction that describes a task. Write a response that appropriately "
+    "completes the request.\n\n### Instruction:\n";
+static const char ALPACA_INPUT_MID[] = "\n\n### Input:\n";
+static const char ALPACA_RESPONSE[] = "\n\n### Response:";
+
+/* Default system turns of ChatML templates (rendered when messages[0] is not "system"). */
+static const char *const CHATML_DEFAULT_SYSTEM[] = {
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face",     /* SmolLM2 */
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",     /* Qwen2.5 */
+};
+
+static const char *const ROLE_NAME[] = {"system", "user", "assistant", "tool"};
+
+/* ---- text buffer ------------------------------------------------------------------------ */
+
+int ft_chat_text_put(ft_chat_text *t, const char *s, size_t n, int train)
+{
+    if (t->n + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 256;
+        while (cap < t->n + n + 1) cap *= 2;
+        char *p = realloc(t->text, cap);
+        if (!p) return ft_err(-ENOMEM, "chat template: out of memory");
+        t->text = p;
+        t->cap = cap;
+    }
+    if (n) memcpy(t->text + t->n, s, n);
+    train = !!train;
+    if (t->n_seg && t->seg[t->n_seg - 1].train == train) {
+        t->seg[t->n_seg - 1].n += n;
+    } else if (n) {
+        if (t->n_seg == t->cap_seg) {
+            int64_t cap = t->cap_seg ? 2 * t->cap_seg : 16;
+            ft_chat_seg *p = realloc(t->seg, (size_t)cap * sizeof *p);
+            if (!p) return ft_err(-ENOMEM, "chat template: out of memory");
+            t->seg = p;
+            t->cap_seg = cap;
+        }
+        t->seg[t->n_seg++] = (ft_chat_seg){t->n, n, train};
+    }
+    t->n += n;
+    t->text[t->n] = 0;
+    return 0;
+}
+
+static int put_str(ft_chat_text *t, const char *s, int train)
+{
+    return ft_chat_text_put(t, s, strlen(s), train);
+}
+
+void ft_chat_text_free(ft_chat_text *t)
+{
+    if (!t) return;
+    free(t->text);
+    free(t->seg);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- Python whitespace ------------------------------------------------------------------- */
+
+static int py_space(uint32_t c)
+{
+    return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+           c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+/* Decodes the UTF-8 character at s[0..n) forward; returns its length (1 for invalid). */
+static size_t u8_fwd(const unsigned char *s, size_t n, uint32_t *cp)
+{
+    unsigned c = s[0];
+    size_t L = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (L == 0 || L > n) { *cp = 0xFFFFFFFFu; return 1; }
+    uint32_t v = L == 1 ? c : L == 2 ? (c & 0x1F) : L == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t i = 1; i < L; i++) {
+        if ((s[i] & 0xC0) != 0x80) { *cp = 0xFFFFFFFFu; return 1; }
+        v = (v << 6) | (s[i] & 0x3F);
+    }
+    *cp = v;
+    return L;
+}
+
+void ft_chat_strip(const char **s, size_t *n)
+{
+    const unsigned char *p = (const unsigned char *)*s;
+    size_t a = 0, b = *n;
+    while (a < b) {
+        uint32_t cp;
+        size_t L = u8_fwd(p + a, b - a, &cp);
+        if (!py_space(cp)) break;
+        a += L;
+    }
+    while (b > a) {
+        size_t k = b - 1; /* start of the last character */
+        while (k > a && (p[k] & 0xC0) == 0x80 && b - k < 4) k--;
+        uint32_t cp;
+        size_t L = u8_fwd(p + k, b - k, &cp);
+        if (L != b - k || !py_space(cp)) break; /* an invalid tail byte is not a space */
+        b = k;
+    }
+    *s += a;
+    *n = b - a;
+}
+
+/* ---- message content --------------------------------------------------------------------- */
+
+/* Scratch for content + "\n\n" + input (and the llama2 system block). */
+typedef struct scratch { char *p; size_t n, cap; } scratch;
+
+static int sc_put(scratch *b, const char *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return ft_err(-ENOMEM, "chat template: out of memory");
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return 0;
+}
+
+/* The message text a chat template sees: content, plus "\n\n" + input when input is non-empty. */
+static int msg_text(scratch *b, const ft_chat_msg *m, const char **s, size_t *n)
+{
+    if (!m->input || !m->input_n) {
+        *s = m->content ? m->content : "";
+        *n = m->content_n;
+        return 0;
+    }
+    b->n = 0;
+    FT_TRY(sc_put(b, m->content, m->content_n));
+    FT_TRY(sc_put(b, "\n\n", 2));
+    FT_TRY(sc_put(b, m->input, m->input_n));
+    *s = b->p;
+    *n = b->n;
+    return 0;
+}
+
+static int is_trained(const ft_chat_msg *m)
+{
+    return m->role == FT_ROLE_ASSISTANT && m->train;
+}
+
+static int check_role(const ft_chat_msg *m, int64_t i)
+{
+    if (m->role < FT_ROLE_SYSTEM || m->role > FT_ROLE_TOOL)
+        return ft_err(FT_E_INVALID, "message %lld: unknown role %d", (long long)i, m->role);
+    return 0;
+}
+
+/* ---- renderers --------------------------------------------------------------------------- */
+
+static int render_llama3(ft_chat_text *o, const ft_chat_msg *m, int64_t n, const ft_chat_ctx *c,
+                         scratch *sc)
+{
+    for (int64_t i = 0; i < n; i++) {
+        FT_TRY(check_role(&m[i], i));
+        if (i == 0) FT_TRY(put_str(o, c->bos ? c->bos : "", 0));
+        FT_TRY(put_str(o, "<|start_header_id|>", 0));
+        FT_TRY(put_str(o, ROLE_NAME[m[i].role], 0));
+        FT_TRY(put_str(o, "<|end_header_id|>\n\n", 0));
+        const char *s;
+        size_t k;
+        FT_TRY(msg_text(sc, &m[i], &s, &k));
+        ft_chat_strip(&s, &k);
+        FT_TRY(ft_chat_text_put(o, s, k, is_trained(&m[i])));
+        FT_TRY(put_str(o, "<|eot_id|>", is_trained(&m[i])));
+    }
+    return 0;
+}
+
+static int render_chatml(ft_chat_text *o, const ft_chat_msg *m, int64_t n, const ft_chat_ctx *c,
+                         scratch *sc)
+{
+    if (c->tmpl_src && (n == 0 || m[0].role != FT_ROLE_SYSTEM)) {
+        for (size_t k = 0; k < sizeof CHATML_DEFAULT_SYSTEM / sizeof *CHATML_DEFAULT_SYSTEM; k++) {
+            if (!strstr(c->tmpl_src, CHATML_DEFAULT_SYSTEM[k])) continue;
+            FT_TRY(put_str(o, "<|im_start|>system\n", 0));
+            FT_TRY(put_str(o, CHATML_DEFAULT_SYSTEM[k], 0));
+            FT_TRY(put_str(o, "<|im_end|>\n", 0));
+            break;
+        }
+    }
+    for (int64_t i = 0; i < n; i++) {
+        FT_TRY(check_role(&m[i], i));
+        FT_TRY(put_str(o, "<|im_start|>", 0));
+        FT_TRY(put_str(o, ROLE_NAME[m[i].role], 0));
+        FT_TRY(put_str(o, "\n", 0));
+        const char *s;
+        size_t k;
+        FT_TRY(msg_text(sc, &m[i], &s, &k));
+        FT_TRY(ft_chat_text_put(o, s, k, is_trained(&m[i])));
+        FT_TRY(put_str(o, "<|im_end|>", is_trained(&m[i])));
+        FT_TRY(put_str(o, "\n", 0));
+    }
+    return 0;
+}
+
+static int render_llama2(ft_chat_text *o, const ft_chat_msg *m, int64_t n, const ft_chat_ctx *c,
+                         scratch *sc)
+{
+    const char *bos = c->bos ? c->bos : "", *eos = c->eos ? c->eos : "";
+    int mistral = c->tmpl_src && strstr(c->tmpl_src, "[INST]") && !strstr(c->tmpl_src, "<<SYS>>");
+    const ft_chat_msg *sys = NULL;
+    int64_t first = 0;
+    if (n > 0 && m[0].role == FT_ROLE_SYSTEM) {
+        sys = &m[0];
+        first = 1;
+    }
+    scratch body = {0};
+    int rc = 0;
+    if (mistral) rc = put_str(o, bos, 0);
+    for (int64_t i = first; i < n && rc == 0; i++) {
+        rc = check_role(&m[i], i);
+        if (rc) break;
+        int want = ((i - first) % 2 == 0) ? FT_ROLE_USER : FT_ROLE_ASSISTANT;
+        if (m[i].role != want) {
+            rc = ft_err(FT_E_INVALID, "message %lld: the llama2 template needs %sroles that alternate "
+                        "user/assistant/user/...; found '%s'", (long long)i,
+                        m[i].role == FT_ROLE_SYSTEM ? "one leading system message and " : "",
+                        ROLE_NAME[m[i].role]);
+            break;
+        }
+        const char *s;
+        size_t k;
+        rc = msg_text(sc, &m[i], &s, &k);
+        if (rc) break;
+        if (i == first && sys) { /* the system text goes into the first user turn */
+            body.n = 0;
+            if (mistral) {
+                rc = sc_put(&body, sys->content, sys->content_n);
+                if (!rc) rc = sc_put(&body, "\n\n", 2);
+            } else {
+                rc = sc_put(&body, "<<SYS>>\n", 8);
+                if (!rc) rc = sc_put(&body, sys->content, sys->content_n);
+                if (!rc) rc = sc_put(&body, "\n<</SYS>>\n\n", 11);
+            }
+            if (!rc) rc = sc_put(&body, s, k);
+            if (rc) break;
+            s = body.p;
+            k = body.n;
+        }
+        int tr = is_trained(&m[i]);
+        if (mistral) {
+            if (m[i].role == FT_ROLE_USER) {
+                rc = put_str(o, "[INST] ", 0);
+                if (!rc) rc = ft_chat_text_put(o, s, k, 0);
+                if (!rc) rc = put_str(o, " [/INST]", 0);
+            } else {
+                rc = ft_chat_text_put(o, s, k, tr);
+                if (!rc) rc = put_str(o, eos, tr);
+            }
+        } else {
+            ft_chat_strip(&s, &k);
+            if (m[i].role == FT_ROLE_USER) {
+                rc = put_str(o, bos, 0);
+                if (!rc) rc = put_str(o, "[INST] ", 0);
+                if (!rc) rc = ft_chat_text_put(o, s, k, 0);
+                if (!rc) rc = put_str(o, " [/INST]", 0);
+            } else {
+                rc = put_str(o, " ", tr);
+                if (!rc) rc = ft_chat_text_put(o, s, k, tr);
+                if (!rc) rc = put_str(o, " ", tr);
+                if (!rc) rc = put_str(o, eos, tr);
+            }
+        }
+    }
+    free(body.p);
+    return rc;
+}
+
+static int render_alpaca(ft_chat_text *o, const ft_chat_msg *m, int64_t n, const ft_chat_ctx *c)
+{
+    const char *eos = c->eos ? c->eos : "";
+    for (int64_t i = 0; i < n; i++) {
+        FT_TRY(check_role(&m[i], i));
+        const ft_chat_msg *x = &m[i];
+        switch (x->role) {
+        case FT_ROLE_SYSTEM:
+            FT_TRY(ft_chat_text_put(o, x->content, x->content_n, 0));
+            FT_TRY(put_str(o, "\n\n", 0));
+            break;
+        case FT_ROLE_USER:
+            if (x->input && x->input_n) {
+                FT_TRY(put_str(o, ALPACA_INPUT_HEAD, 0));
+                FT_TRY(ft_chat_text_put(o, x->content, x->content_n, 0));
+                FT_TRY(put_str(o, ALPACA_INPUT_MID, 0));
+                FT_TRY(ft_chat_text_put(o, x->input, x->input_n, 0));
+            } else {
+                FT_TRY(put_str(o, ALPACA_NO_INPUT_HEAD, 0));
+                FT_TRY(ft_chat_text_put(o, x->content, x->content_n, 0));
+            }
+            FT_TRY(put_str(o, ALPACA_RESPONSE, 0));
+            break;
+        case FT_ROLE_ASSISTANT:
+            FT_TRY(ft_chat_text_put(o, x->content, x->content_n, is_trained(x)));
+            FT_TRY(put_str(o, eos, is_trained(x)));
+            break;
+        default:
+            return ft_err(FT_E_INVALID, "message %lld: the alpaca template has no '%s' role",
+                          (long long)i, ROLE_NAME[x->role]);
+        }
+    }
+    return 0;
+}
+
+int ft_chat_render(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int64_t n,
+                   const ft_chat_ctx *ctx)
+{
+    static const ft_chat_ctx none = {"", "", NULL};
+    if (!ctx) ctx = &none;
+    scratch sc = {0};
+    int rc;
+    switch (tmpl) {
+    case FT_CHAT_LLAMA3: rc = render_llama3(out, m, n, ctx, &sc); break;
+    case FT_CHAT_CHATML: rc = render_chatml(out, m, n, ctx, &sc); break;
+    case FT_CHAT_LLAMA2: rc = render_llama2(out, m, n, ctx, &sc); break;
+    case FT_CHAT_ALPACA: rc = render_alpaca(out, m, n, ctx); break;
+    default: rc = ft_err(FT_E_INVALID, "chat template %d cannot render (resolve auto first)", tmpl);
+    }
+    free(sc.p);
+    return rc;
+}
+
+/* ---- names and detection ------------------------------------------------------------------ */
+
+static const char *const TEMPLATE_NAME[] = {"auto", "llama3", "chatml", "llama2", "alpaca"};
+
+const char *ft_chat_template_name(int t)
+{
+    if (t < 0 || t >= (int)(sizeof TEMPLATE_NAME / sizeof *TEMPLATE_NAME)) return "unknown";
+    return TEMPLATE_NAME[t];
+}
+
+int ft_chat_template_parse(const char *name)
+{
+    if (!name) return -1;
+    for (int i = 0; i < (int)(sizeof TEMPLATE_NAME / sizeof *TEMPLATE_NAME); i++)
+        if (!strcmp(name, TEMPLATE_NAME[i])) return i;
+    if (!strcmp(name, "mistral")) return FT_CHAT_LLAMA2; /* same renderer, variant by template */
+    return -1;
+}
+
+int ft_chat_detect_str(const char *s)
+{
+    if (!s) return FT_CHAT_ALPACA;
+    if (strstr(s, "<|im_start|>")) return FT_CHAT_CHATML;
+    if (strstr(s, "<|start_header_id|>")) return FT_CHAT_LLAMA3;
+    if (strstr(s, "[INST]")) return FT_CHAT_LLAMA2;
+    return FT_CHAT_ALPACA;
+}
+
+int ft_chat_template_detect(const ft_tokenizer *tok)
+{
+    return ft_chat_detect_str(tok ? ft_tok_chat_template(tok) : NULL);
+}

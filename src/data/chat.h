@@ -1,0 +1,69 @@
+/* chat.h - built-in chat template renderers (formats.md 7.2): a conversation becomes one
+ * text plus a list of segments, each flagged trained or not, so that the loss mask can be
+ * mapped onto the tokens of the whole text (dataset.c). Internal to src/data.
+ *
+ * Trained segments (formats.md 8.2, TRL assistant_only_loss semantics): the content of each
+ * trained assistant turn and its end-of-turn token:
+ *   llama3  <|start_header_id|>assistant<|end_header_id|>\n\n | trim(content)<|eot_id|> |
+ *   chatml  <|im_start|>assistant\n | content<|im_end|> | \n          ("\n" is not trained)
+ *   llama2  ... [/INST] | ␠strip(content)␠</s> |                  (Llama-2-chat template)
+ *           ... [/INST] | content</s> |                            (Mistral template)
+ *   alpaca  ...### Response: | output</s> |
+ * (the eos/bos strings are the tokenizer's own).
+ */
+#ifndef FT_CHAT_H
+#define FT_CHAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum ft_chat_role { FT_ROLE_SYSTEM = 0, FT_ROLE_USER, FT_ROLE_ASSISTANT, FT_ROLE_TOOL };
+
+/* One message. Strings are borrowed (not copied) and need not be NUL-terminated. */
+typedef struct ft_chat_msg {
+    int role;                /* enum ft_chat_role */
+    const char *content;     /* UTF-8 */
+    size_t content_n;
+    const char *input;       /* user turns made from alpaca records: the "input" field, */
+    size_t input_n;          /* NULL/0 if none. Chat templates render content + "\n\n" + input */
+    int train;               /* assistant turns: 1 trained, 0 not ("weight": 0, prompt part) */
+} ft_chat_msg;
+
+/* A rendered text: segments cover text[0..n) contiguously, in order. */
+typedef struct ft_chat_seg { size_t off, n; int train; } ft_chat_seg;
+typedef struct ft_chat_text {
+    char *text; size_t n, cap;          /* NUL-terminated */
+    ft_chat_seg *seg; int64_t n_seg, cap_seg;
+} ft_chat_text;
+
+/* What the renderers need from the tokenizer. */
+typedef struct ft_chat_ctx {
+    const char *bos;         /* BOS token string ("" if none) */
+    const char *eos;         /* EOS token string ("" if none) */
+    const char *tmpl_src;    /* the tokenizer's chat_template (NULL if none): selects the
+                              * SmolLM/Qwen default system turn and the Mistral variant */
+} ft_chat_ctx;
+
+/* Appends n bytes of s as one segment (merged with the previous one if the flag is the
+ * same). Returns 0 or -ENOMEM. */
+int ft_chat_text_put(ft_chat_text *t, const char *s, size_t n, int train);
+void ft_chat_text_free(ft_chat_text *t);  /* NULL-safe; leaves t zeroed */
+
+/* Renders messages m[0..n) with template tmpl (FT_CHAT_LLAMA3/CHATML/LLAMA2/ALPACA; not
+ * AUTO) into *out (appended to; caller frees with ft_chat_text_free).
+ * Returns 0, -ENOMEM, FT_E_INVALID (message says why, without a file location: roles that
+ * the template cannot render, e.g. non-alternating user/assistant for llama2, a tool turn
+ * for llama2/alpaca, a system message after the first turn for llama2). */
+int ft_chat_render(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int64_t n,
+                   const ft_chat_ctx *ctx);
+
+/* FT_CHAT_* for a chat_template source string by substring (llama.cpp
+ * llm_chat_detect_template): "<|im_start|>" -> CHATML, "<|start_header_id|>" -> LLAMA3,
+ * "[INST]" -> LLAMA2, NULL or none of these -> ALPACA. */
+int ft_chat_detect_str(const char *tmpl_src);
+
+/* Python str.strip() whitespace (str.isspace) on UTF-8: trims s[0..*n) in place by moving
+ * *s and *n. Jinja's `trim` filter and `.strip()` use this set. */
+void ft_chat_strip(const char **s, size_t *n);
+
+#endif

@@ -1,0 +1,554 @@
+/* dataset.c - records to examples: schema detection, conversion to chat messages, rendering,
+ * tokenization, loss masks, truncation, deterministic shuffle and eval split (dataset.h).
+ *
+ * Masks follow TRL SFTTrainer (formats.md 8.2): the rendered text is tokenized once, and each
+ * boundary between untrained and trained text is mapped to a token index by tokenizing the
+ * prefix before it (the prompt/prompt+completion method of TRL and Stanford Alpaca). Where the
+ * prefix's tokens are not a prefix of the whole text's tokens (a merge across the boundary),
+ * the boundary moves to the longest common prefix, so no prompt token is ever trained.
+ */
+#include "src/data/dataset.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "src/core/err.h"
+#include "src/core/rng.h"
+#include "src/data/chat.h"
+#include "src/data/records.h"
+
+static const char *const FORMAT_NAME[] = {"auto", "alpaca", "messages", "sharegpt",
+                                          "prompt-completion", "text"};
+
+const char *ft_data_format_name(int f)
+{
+    if (f < 0 || f >= (int)(sizeof FORMAT_NAME / sizeof *FORMAT_NAME)) return "unknown";
+    return FORMAT_NAME[f];
+}
+
+int ft_data_format_parse(const char *name)
+{
+    if (!name) return -1;
+    for (int i = 0; i < (int)(sizeof FORMAT_NAME / sizeof *FORMAT_NAME); i++)
+        if (!strcmp(name, FORMAT_NAME[i])) return i;
+    if (!strcmp(name, "openai") || !strcmp(name, "chat")) return FT_DATA_MESSAGES;
+    if (!strcmp(name, "completion")) return FT_DATA_PROMPT_COMPLETION;
+    return -1;
+}
+
+/* Schema from a record's keys (formats.md 8.1), or -1. */
+static int detect_format(const cJSON *j)
+{
+    if (!cJSON_IsObject(j)) return -1;
+    if (cJSON_GetObjectItemCaseSensitive(j, "messages")) return FT_DATA_MESSAGES;
+    if (cJSON_GetObjectItemCaseSensitive(j, "conversations")) return FT_DATA_SHAREGPT;
+    if (cJSON_GetObjectItemCaseSensitive(j, "instruction") &&
+        cJSON_GetObjectItemCaseSensitive(j, "output"))
+        return FT_DATA_ALPACA;
+    if (cJSON_GetObjectItemCaseSensitive(j, "prompt") &&
+        cJSON_GetObjectItemCaseSensitive(j, "completion"))
+        return FT_DATA_PROMPT_COMPLETION;
+    if (cJSON_GetObjectItemCaseSensitive(j, "text")) return FT_DATA_TEXT;
+    return -1;
+}
+
+/* "a, b, c" of an object's first keys, for the unknown-schema message. */
+static void key_list(const cJSON *j, char *buf, size_t n)
+{
+    buf[0] = 0;
+    if (!cJSON_IsObject(j)) {
+        snprintf(buf, n, "not a JSON object");
+        return;
+    }
+    size_t k = 0;
+    int i = 0;
+    for (const cJSON *c = j->child; c && k + 1 < n; c = c->next, i++) {
+        if (i == 6) { snprintf(buf + k, n - k, ", ..."); break; }
+        int w = snprintf(buf + k, n - k, "%s'%s'", i ? ", " : "", c->string ? c->string : "?");
+        if (w < 0) break;
+        k += (size_t)w;
+    }
+    if (i == 0) snprintf(buf, n, "an empty object");
+}
+
+/* ---- records to messages ----------------------------------------------------------------- */
+
+typedef struct msgs {
+    ft_chat_msg *m;
+    int64_t n, cap;
+} msgs;
+
+static int msgs_add(msgs *v, int role, const char *s, size_t n, int train)
+{
+    if (v->n == v->cap) {
+        int64_t cap = v->cap ? 2 * v->cap : 8;
+        ft_chat_msg *p = realloc(v->m, (size_t)cap * sizeof *p);
+        if (!p) return ft_err(-ENOMEM, "out of memory");
+        v->m = p;
+        v->cap = cap;
+    }
+    v->m[v->n++] = (ft_chat_msg){.role = role, .content = s, .content_n = n, .train = train};
+    return 0;
+}
+
+/* A required string field. */
+static int get_str(const cJSON *j, const char *key, const char *what, const char **s, size_t *n)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!cJSON_IsString(v))
+        return ft_err(FT_E_INVALID, "%s record needs a string '%s'%s", what, key,
+                      v ? " (found another JSON type)" : "");
+    *s = v->valuestring;
+    *n = strlen(v->valuestring);
+    return 0;
+}
+
+/* An optional string field: NULL/0 when absent or null. */
+static int opt_str(const cJSON *j, const char *key, const char *what, const char **s, size_t *n)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    *s = NULL;
+    *n = 0;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v))
+        return ft_err(FT_E_INVALID, "%s record: '%s' must be a string", what, key);
+    *s = v->valuestring;
+    *n = strlen(v->valuestring);
+    return 0;
+}
+
+static int role_of(const char *r)
+{
+    if (!strcmp(r, "system") || !strcmp(r, "developer")) return FT_ROLE_SYSTEM;
+    if (!strcmp(r, "user") || !strcmp(r, "human")) return FT_ROLE_USER;
+    if (!strcmp(r, "assistant") || !strcmp(r, "gpt") || !strcmp(r, "function_call") ||
+        !strcmp(r, "model"))
+        return FT_ROLE_ASSISTANT;
+    if (!strcmp(r, "tool") || !strcmp(r, "observation") || !strcmp(r, "function") ||
+        !strcmp(r, "ipython"))
+        return FT_ROLE_TOOL;
+    return -1;
+}
+
+/* Joined content parts, freed together after the record is encoded. */
+typedef struct arena_blk { struct arena_blk *prev; char s[]; } arena_blk;
+
+/* Message content: a string, or a list of {"type":"text","text":...} parts joined (OpenAI).
+ * Joined parts live in *arena (freed by the caller). */
+static int content_of(const cJSON *c, const char *where, int64_t i, arena_blk **arena,
+                      const char **s, size_t *n)
+{
+    if (cJSON_IsString(c)) {
+        *s = c->valuestring;
+        *n = strlen(c->valuestring);
+        return 0;
+    }
+    if (cJSON_IsNull(c)) {
+        *s = "";
+        *n = 0;
+        return 0;
+    }
+    if (!cJSON_IsArray(c))
+        return ft_err(FT_E_INVALID, "%s %lld: content must be a string or a list of text parts",
+                      where, (long long)i);
+    size_t total = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsString(t))
+            return ft_err(FT_E_INVALID, "%s %lld: a content part without a string 'text' "
+                          "(only text parts can be trained)", where, (long long)i);
+        total += strlen(t->valuestring);
+    }
+    arena_blk *b = malloc(sizeof *b + total + 1);
+    if (!b) return ft_err(-ENOMEM, "out of memory");
+    b->prev = *arena;
+    *arena = b;
+    size_t k = 0;
+    cJSON_ArrayForEach(p, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        size_t L = strlen(t);
+        memcpy(b->s + k, t, L);
+        k += L;
+    }
+    b->s[k] = 0;
+    *s = b->s;
+    *n = k;
+    return 0;
+}
+
+static void arena_free(arena_blk *a)
+{
+    while (a) {
+        arena_blk *prev = a->prev;
+        free(a);
+        a = prev;
+    }
+}
+
+/* Appends a list of message objects with keys (role_key, content_key). */
+static int add_list(msgs *v, const cJSON *list, const char *role_key, const char *content_key,
+                    const char *where, int force_train, arena_blk **arena)
+{
+    if (!cJSON_IsArray(list))
+        return ft_err(FT_E_INVALID, "'%s' must be a list of messages", where);
+    int64_t i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, list) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, role_key);
+        if (!cJSON_IsString(r))
+            return ft_err(FT_E_INVALID, "%s %lld: needs a string '%s'", where, (long long)i, role_key);
+        int role = role_of(r->valuestring);
+        if (role < 0)
+            return ft_err(FT_E_INVALID, "%s %lld: unknown role '%.40s' (expected system, user, "
+                          "assistant or tool)", where, (long long)i, r->valuestring);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, content_key);
+        if (!c)
+            return ft_err(FT_E_INVALID, "%s %lld: needs '%s'", where, (long long)i, content_key);
+        const char *s = NULL;
+        size_t n = 0;
+        FT_TRY(content_of(c, where, i, arena, &s, &n));
+        int train = 1;
+        const cJSON *w = cJSON_GetObjectItemCaseSensitive(m, "weight"); /* OpenAI: 0 or 1 */
+        if (cJSON_IsNumber(w) && w->valuedouble == 0) train = 0;
+        if (force_train >= 0) train = force_train;
+        FT_TRY(msgs_add(v, role, s, n, train));
+        i++;
+    }
+    return 0;
+}
+
+/* A record of a conversational schema (alpaca, messages, sharegpt, conversational
+ * prompt/completion) as messages. */
+static int to_messages(msgs *v, const cJSON *j, int format, arena_blk **arena)
+{
+    const char *s, *in, *sys;
+    size_t n, in_n, sys_n;
+    switch (format) {
+    case FT_DATA_ALPACA: {
+        FT_TRY(opt_str(j, "system", "alpaca", &sys, &sys_n));
+        if (sys && sys_n) FT_TRY(msgs_add(v, FT_ROLE_SYSTEM, sys, sys_n, 0));
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "history"); /* [[q, a], ...] */
+        if (h && !cJSON_IsNull(h)) {
+            if (!cJSON_IsArray(h))
+                return ft_err(FT_E_INVALID, "alpaca record: 'history' must be a list of [query, response] pairs");
+            const cJSON *pair;
+            cJSON_ArrayForEach(pair, h) {
+                const cJSON *q = cJSON_GetArrayItem(pair, 0), *a = cJSON_GetArrayItem(pair, 1);
+                if (cJSON_GetArraySize(pair) != 2 || !cJSON_IsString(q) || !cJSON_IsString(a))
+                    return ft_err(FT_E_INVALID, "alpaca record: 'history' must be a list of [query, response] string pairs");
+                FT_TRY(msgs_add(v, FT_ROLE_USER, q->valuestring, strlen(q->valuestring), 0));
+                FT_TRY(msgs_add(v, FT_ROLE_ASSISTANT, a->valuestring, strlen(a->valuestring), 1));
+            }
+        }
+        FT_TRY(get_str(j, "instruction", "alpaca", &s, &n));
+        FT_TRY(opt_str(j, "input", "alpaca", &in, &in_n));
+        FT_TRY(msgs_add(v, FT_ROLE_USER, s, n, 0));
+        v->m[v->n - 1].input = in;
+        v->m[v->n - 1].input_n = in_n;
+        FT_TRY(get_str(j, "output", "alpaca", &s, &n));
+        return msgs_add(v, FT_ROLE_ASSISTANT, s, n, 1);
+    }
+    case FT_DATA_MESSAGES: {
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "messages");
+        if (!l) return ft_err(FT_E_INVALID, "messages record needs a 'messages' list");
+        return add_list(v, l, "role", "content", "message", -1, arena);
+    }
+    case FT_DATA_SHAREGPT: {
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "conversations");
+        if (!l) return ft_err(FT_E_INVALID, "sharegpt record needs a 'conversations' list");
+        FT_TRY(opt_str(j, "system", "sharegpt", &sys, &sys_n));
+        if (sys && sys_n) FT_TRY(msgs_add(v, FT_ROLE_SYSTEM, sys, sys_n, 0));
+        return add_list(v, l, "from", "value", "conversation turn", -1, arena);
+    }
+    case FT_DATA_PROMPT_COMPLETION: {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "completion");
+        FT_TRY(add_list(v, p, "role", "content", "prompt message", 0, arena));
+        return add_list(v, c, "role", "content", "completion message", 1, arena);
+    }
+    }
+    return ft_err(FT_E_INVALID, "schema %s has no messages", ft_data_format_name(format));
+}
+
+/* ---- tokenization with a mask ------------------------------------------------------------ */
+
+/* Tokenizes t (segments flagged trained or not) and fills ex. */
+static int encode_text(ft_example *ex, const ft_chat_text *t, int add_special, int train_all,
+                       const ft_tokenizer *tok)
+{
+    int32_t *ids = NULL, *lab = NULL, *pre = NULL;
+    int64_t n = 0, np;
+    int rc = ft_tok_encode(tok, t->text ? t->text : "", t->n, add_special, &ids, &n);
+    if (rc < 0) return rc;
+    lab = malloc((size_t)(n ? n : 1) * sizeof *lab);
+    if (!lab) {
+        free(ids);
+        return ft_err(-ENOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < n; i++) lab[i] = train_all ? ids[i] : FT_IGNORE_INDEX;
+    if (!train_all) {
+        /* token index of each segment start; trained segments label [start_i, start_{i+1}) */
+        int64_t prev = 0;
+        for (int64_t s = 0; s < t->n_seg; s++) {
+            int64_t end;
+            if (s + 1 == t->n_seg) {
+                end = n;
+            } else {
+                size_t b = t->seg[s + 1].off;
+                rc = ft_tok_encode(tok, t->text, b, add_special, &pre, &np);
+                if (rc < 0) break;
+                int64_t k = 0;
+                while (k < np && k < n && pre[k] == ids[k]) k++;
+                free(pre);
+                pre = NULL;
+                end = k;
+            }
+            if (end < prev) end = prev;
+            if (t->seg[s].train)
+                for (int64_t i = prev; i < end; i++) lab[i] = ids[i];
+            prev = end;
+        }
+    }
+    if (rc < 0) {
+        free(ids);
+        free(lab);
+        return rc;
+    }
+    ex->ids = ids;
+    ex->labels = lab;
+    ex->n = n;
+    return 0;
+}
+
+/* Appends the tokenizer's EOS string unless s already ends with it (TRL, formats.md 8.2). */
+static int put_with_eos(ft_chat_text *t, const char *s, size_t n, int train, const char *eos)
+{
+    FT_TRY(ft_chat_text_put(t, s, n, train));
+    size_t e = strlen(eos);
+    if (e && !(n >= e && !memcmp(s + n - e, eos, e))) FT_TRY(ft_chat_text_put(t, eos, e, train));
+    return 0;
+}
+
+static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int train_on_prompt,
+                       const ft_tokenizer *tok)
+{
+    memset(ex, 0, sizeof *ex);
+    if (!cJSON_IsObject(j)) return ft_err(FT_E_INVALID, "a record must be a JSON object");
+    if (tmpl == FT_CHAT_AUTO) tmpl = ft_chat_template_detect(tok);
+    ft_chat_ctx ctx = {ft_tok_bos_str(tok), ft_tok_eos_str(tok), ft_tok_chat_template(tok)};
+    ft_chat_text t = {0};
+    msgs v = {0};
+    arena_blk *arena = NULL;
+    int rc = 0, add_special = 0;
+    const cJSON *pc = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    if (format == FT_DATA_TEXT) {
+        const char *s;
+        size_t n;
+        rc = get_str(j, "text", "text", &s, &n);
+        if (!rc) rc = put_with_eos(&t, s, n, 1, ctx.eos);
+        add_special = 1;
+    } else if (format == FT_DATA_PROMPT_COMPLETION && cJSON_IsString(pc)) {
+        /* plain prompt/completion: prompt + completion + eos, completion trained (TRL) */
+        const char *p, *c;
+        size_t pn, cn;
+        rc = get_str(j, "prompt", "prompt-completion", &p, &pn);
+        if (!rc) rc = get_str(j, "completion", "prompt-completion", &c, &cn);
+        if (!rc) rc = ft_chat_text_put(&t, p, pn, 0);
+        if (!rc) rc = put_with_eos(&t, c, cn, 1, ctx.eos);
+        add_special = 1;
+    } else {
+        rc = to_messages(&v, j, format, &arena);
+        if (!rc && v.n == 0) rc = ft_err(FT_E_INVALID, "the conversation has no messages");
+        if (!rc) rc = ft_chat_render(&t, tmpl, v.m, v.n, &ctx);
+        /* chat templates write BOS themselves; the Alpaca prompt relies on the tokenizer's
+         * post-processor (add_special_tokens=True), as Stanford Alpaca's train.py does */
+        add_special = tmpl == FT_CHAT_ALPACA;
+    }
+    if (!rc) {
+        int any = 0;
+        for (int64_t s = 0; s < t.n_seg; s++) any |= t.seg[s].train;
+        if (!any && !train_on_prompt)
+            rc = ft_err(FT_E_INVALID, "nothing to train on (no assistant or completion text)");
+    }
+    if (!rc) rc = encode_text(ex, &t, add_special, train_on_prompt, tok);
+    ft_chat_text_free(&t);
+    free(v.m);
+    arena_free(arena);
+    return rc;
+}
+
+int ft_dataset_encode_record(ft_example *ex, const char *record_json, int format,
+                             int chat_template, int train_on_prompt, const ft_tokenizer *tok)
+{
+    cJSON *j = cJSON_Parse(record_json);
+    if (!j) return ft_err(FT_E_INVALID, "malformed JSON record");
+    if (format == FT_DATA_AUTO) format = detect_format(j);
+    int rc;
+    if (format < 0) {
+        char keys[200];
+        key_list(j, keys, sizeof keys);
+        rc = ft_err(FT_E_INVALID, "unknown data schema (keys %s)", keys);
+    } else {
+        rc = encode_json(ex, j, format, chat_template, train_on_prompt, tok);
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* ---- the whole file ------------------------------------------------------------------------ */
+
+static void example_free(ft_example *e)
+{
+    free(e->ids);
+    free(e->labels);
+    memset(e, 0, sizeof *e);
+}
+
+void ft_dataset_free(ft_dataset *ds)
+{
+    if (!ds) return;
+    for (int64_t i = 0; i < ds->n_train; i++) example_free(&ds->train[i]);
+    for (int64_t i = 0; i < ds->n_eval; i++) example_free(&ds->eval[i]);
+    free(ds->train);
+    free(ds->eval);
+    memset(ds, 0, sizeof *ds);
+}
+
+/* Trained positions of an example after the next-token shift (labels[1..n)). */
+static int64_t n_trained(const ft_example *e)
+{
+    int64_t k = 0;
+    for (int64_t i = 1; i < e->n; i++) k += e->labels[i] != FT_IGNORE_INDEX;
+    return k;
+}
+
+int ft_dataset_load(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
+                    const ft_tokenizer *tok)
+{
+    memset(ds, 0, sizeof *ds);
+    if (cfg->eval_fraction < 0 || cfg->eval_fraction > 0.5 || cfg->eval_fraction != cfg->eval_fraction)
+        return ft_err(FT_E_RANGE, "eval fraction %g outside [0, 0.5]", cfg->eval_fraction);
+    if (cfg->seq_len < 2) return ft_err(FT_E_RANGE, "sequence length %lld < 2", (long long)cfg->seq_len);
+    ft_records rr;
+    FT_TRY(ft_records_open(&rr, path));
+    int format = cfg->format, tmpl = cfg->chat_template;
+    if (tmpl == FT_CHAT_AUTO) tmpl = ft_chat_template_detect(tok);
+    ds->chat_template = tmpl;
+    ds->format = format;
+
+    ft_example *all = NULL;
+    int64_t n = 0, cap = 0;
+    int rc = 0;
+    ft_record rec;
+    char where[4300];
+    for (;;) {
+        int got = ft_records_next(&rr, &rec);
+        if (got < 0) { rc = got; break; }
+        if (got == 0) break;
+        ds->n_records++;
+        ft_records_where(&rr, rec.loc, where, sizeof where);
+        if (!rec.json) {
+            rc = ft_err(FT_E_INVALID, "%s: %s", where, rec.err);
+        } else {
+            if (format == FT_DATA_AUTO) {
+                int f = detect_format(rec.json);
+                if (f < 0) {
+                    char keys[200];
+                    key_list(rec.json, keys, sizeof keys);
+                    rc = ft_err(FT_E_INVALID, "%s: unknown data schema (keys %s); expected alpaca "
+                                "(instruction/input/output), messages, sharegpt (conversations), "
+                                "prompt/completion or text, or name one with --data-format",
+                                where, keys);
+                    /* the schema comes from the first record: an unknown one is fatal */
+                    break;
+                }
+                format = ds->format = f;
+            }
+            if (n == cap) {
+                int64_t nc = cap ? 2 * cap : 256;
+                ft_example *p = realloc(all, (size_t)nc * sizeof *p);
+                if (!p) { rc = ft_err(-ENOMEM, "%s: out of memory", path); break; }
+                all = p;
+                cap = nc;
+            }
+            rc = encode_json(&all[n], rec.json, format, tmpl, cfg->train_on_prompt, tok);
+            if (rc == -ENOMEM) break;
+            if (rc < 0) {
+                rc = ft_err_prefix(rc, "%s", where);
+            } else {
+                ft_example *e = &all[n];
+                if (e->n > cfg->seq_len) {
+                    e->n = cfg->seq_len;
+                    ds->n_truncated++;
+                }
+                if (n_trained(e) == 0) { /* the response starts beyond seq_len */
+                    example_free(e);
+                    ds->n_dropped++;
+                } else {
+                    n++;
+                }
+            }
+        }
+        if (rc < 0) {
+            if (rc == -ENOMEM || !cfg->skip_bad_records) break;
+            ds->n_skipped++;
+            rc = 0;
+        }
+    }
+    ft_records_close(&rr);
+    if (rc == 0 && ds->n_records == 0)
+        rc = ft_err(FT_E_INVALID, "%s: no records (the file is empty or blank)", path);
+    if (rc == 0 && n == 0)
+        rc = ft_err(FT_E_INVALID, "%s: no usable records (%lld read, %lld skipped as bad, "
+                    "%lld without a trained token in the first %lld tokens)", path,
+                    (long long)ds->n_records, (long long)ds->n_skipped, (long long)ds->n_dropped,
+                    (long long)cfg->seq_len);
+    if (rc < 0) {
+        for (int64_t i = 0; i < n; i++) example_free(&all[i]);
+        free(all);
+        int64_t nr = ds->n_records;
+        memset(ds, 0, sizeof *ds);
+        ds->n_records = nr;
+        return rc;
+    }
+    if (ds->format == FT_DATA_AUTO) ds->format = format;
+
+    /* deterministic shuffle (Fisher-Yates), then the first n_eval are held out */
+    int64_t n_eval = 0;
+    if (!cfg->no_shuffle) {
+        ft_rng g;
+        ft_rng_seed(&g, cfg->seed ^ 0x5eedda7a5e7ull);
+        for (int64_t i = n - 1; i > 0; i--) {
+            int64_t k = (int64_t)(ft_rng_next(&g) % (uint64_t)(i + 1));
+            ft_example tmp = all[i];
+            all[i] = all[k];
+            all[k] = tmp;
+        }
+        if (cfg->eval_fraction > 0 && n >= 2) {
+            n_eval = (int64_t)(cfg->eval_fraction * (double)n + 0.5);
+            if (n_eval < 1) n_eval = 1;
+            if (cfg->eval_max > 0 && n_eval > cfg->eval_max) n_eval = cfg->eval_max;
+            if (n_eval > n - 1) n_eval = n - 1;
+        }
+    }
+    ds->n_eval = n_eval;
+    ds->n_train = n - n_eval;
+    ds->eval = n_eval ? malloc((size_t)n_eval * sizeof *ds->eval) : NULL;
+    ds->train = malloc((size_t)ds->n_train * sizeof *ds->train);
+    if ((n_eval && !ds->eval) || !ds->train) {
+        for (int64_t i = 0; i < n; i++) example_free(&all[i]);
+        free(all);
+        free(ds->eval);
+        free(ds->train);
+        memset(ds, 0, sizeof *ds);
+        return ft_err(-ENOMEM, "%s: out of memory", path);
+    }
+    if (n_eval) memcpy(ds->eval, all, (size_t)n_eval * sizeof *all);
+    memcpy(ds->train, all + n_eval, (size_t)ds->n_train * sizeof *all);
+    free(all);
+    return 0;
+}

@@ -1,0 +1,155 @@
+/* records.c - JSONL / JSON-array record reader (see records.h). */
+#include "src/data/records.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/core/err.h"
+#include "src/core/fsutil.h"
+
+static int is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v';
+}
+
+/* Up to 24 bytes of s[0..n) as printable ASCII (others as '?'), for error messages. */
+static void snippet(char *out, size_t out_n, const char *s, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && i < 24 && k + 1 < out_n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        out[k++] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+    }
+    out[k] = 0;
+}
+
+/* 1-based line and column of byte offset `off` in data. */
+static void line_col(const char *data, size_t off, int64_t *line, int64_t *col)
+{
+    int64_t l = 1;
+    size_t start = 0;
+    for (size_t i = 0; i < off; i++)
+        if (data[i] == '\n') { l++; start = i + 1; }
+    *line = l;
+    *col = (int64_t)(off - start) + 1;
+}
+
+int ft_records_open(ft_records *r, const char *path)
+{
+    memset(r, 0, sizeof *r);
+    r->path = strdup(path);
+    if (!r->path) return ft_err(-ENOMEM, "%s: out of memory", path);
+    int rc = ft_read_file(path, &r->data, &r->len);
+    if (rc < 0) {
+        ft_records_close(r);
+        return rc;
+    }
+    size_t off = 0;
+    if (r->len >= 3 && !memcmp(r->data, "\xEF\xBB\xBF", 3)) off = 3; /* UTF-8 BOM */
+    r->off = off;
+    size_t p = off;
+    while (p < r->len && is_blank(r->data[p])) p++;
+    if (p >= r->len || r->data[p] != '[') return 0; /* JSONL (or empty) */
+
+    r->is_array = 1;
+    const char *end = NULL;
+    r->root = cJSON_ParseWithLengthOpts(r->data + p, r->len - p, &end, 0);
+    if (!r->root) {
+        size_t eo = end ? (size_t)(end - r->data) : p;
+        int64_t line, col;
+        line_col(r->data, eo, &line, &col);
+        char near[32];
+        snippet(near, sizeof near, r->data + eo, r->len - eo);
+        rc = ft_err(FT_E_INVALID, "%s: line %lld, column %lld: malformed JSON array (near '%s')",
+                    path, (long long)line, (long long)col, near);
+        ft_records_close(r);
+        return rc;
+    }
+    size_t q = (size_t)(end - r->data);
+    while (q < r->len && is_blank(r->data[q])) q++;
+    if (q < r->len) {
+        int64_t line, col;
+        line_col(r->data, q, &line, &col);
+        rc = ft_err(FT_E_INVALID, "%s: line %lld, column %lld: unexpected text after the JSON array",
+                    path, (long long)line, (long long)col);
+        ft_records_close(r);
+        return rc;
+    }
+    r->next = r->root->child;
+    r->index = -1;
+    return 0;
+}
+
+static int next_line(ft_records *r, ft_record *rec)
+{
+    cJSON_Delete(r->cur);
+    r->cur = NULL;
+    while (r->off < r->len) {
+        const char *s = r->data + r->off;
+        const char *nl = memchr(s, '\n', r->len - r->off);
+        size_t n = nl ? (size_t)(nl - s) : r->len - r->off;
+        r->off += n + (nl ? 1 : 0);
+        r->line++;
+        size_t a = 0;
+        while (a < n && is_blank(s[a])) a++;
+        if (a == n) continue; /* blank line: not a record */
+        rec->loc = r->line;
+        rec->err[0] = 0;
+        const char *end = NULL;
+        cJSON *j = cJSON_ParseWithLengthOpts(s, n, &end, 0);
+        if (!j) {
+            size_t eo = end ? (size_t)(end - s) : 0;
+            if (eo > n) eo = n;
+            char near[32];
+            snippet(near, sizeof near, s + eo, n - eo);
+            snprintf(rec->err, sizeof rec->err, "malformed JSON at column %lld (near '%s')",
+                     (long long)eo + 1, near);
+            rec->json = NULL;
+            return 1;
+        }
+        size_t q = (size_t)(end - s);
+        while (q < n && is_blank(s[q])) q++;
+        if (q < n) {
+            cJSON_Delete(j);
+            snprintf(rec->err, sizeof rec->err,
+                     "malformed JSON at column %lld: unexpected text after the record "
+                     "(JSONL holds one record per line)", (long long)q + 1);
+            rec->json = NULL;
+            return 1;
+        }
+        r->cur = j;
+        rec->json = j;
+        return 1;
+    }
+    return 0;
+}
+
+int ft_records_next(ft_records *r, ft_record *rec)
+{
+    if (!r->data) return 0;
+    if (!r->is_array) return next_line(r, rec);
+    if (!r->next) return 0;
+    rec->json = r->next;
+    rec->loc = ++r->index;
+    rec->err[0] = 0;
+    r->next = r->next->next;
+    return 1;
+}
+
+void ft_records_where(const ft_records *r, int64_t loc, char *buf, size_t n)
+{
+    /* lines and array records are both counted from 1 for people */
+    snprintf(buf, n, "%s: %s %lld", r->path ? r->path : "?", r->is_array ? "record" : "line",
+             (long long)(r->is_array ? loc + 1 : loc));
+}
+
+void ft_records_close(ft_records *r)
+{
+    if (!r) return;
+    cJSON_Delete(r->cur);
+    cJSON_Delete(r->root);
+    free(r->data);
+    free(r->path);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,379 @@
+/* test_dataset.c - data sets (src/data/dataset.h): schema detection, chat rendering and loss
+ * masks on the real Llama-2/Llama-3 tokenizers, errors with file and line, skip-bad-records,
+ * truncation, deterministic shuffle and eval split, and padding-free packing invariants.
+ * tests/ref/test_chat_ref.py checks ids and masks against jinja2 + `tokenizers`.
+ * Run from the repository root. */
+#include "tests/unit/harness.h"
+
+#include "src/core/err.h"
+#include "src/data/dataset.h"
+#include "src/data/tokenizer.h"
+
+#define LLAMA2_DIR "tests/fixtures/tokenizers/llama2"
+#define LLAMA3_DIR "tests/fixtures/tokenizers/llama3"
+#define SEED_JSONL "examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl"
+#define ZH_JSON "examples/data/alpaca-zh/alpaca_zh_1000.json"
+
+static ft_tokenizer *L2, *L3;
+
+static int group_setup(void **state)
+{
+    if (ft_tok_load_dir(&L2, LLAMA2_DIR) < 0 || ft_tok_load_dir(&L3, LLAMA3_DIR) < 0) {
+        fprintf(stderr, "tokenizer fixtures: %s\n", ft_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    ft_tok_free(L2);
+    ft_tok_free(L3);
+    return 0;
+}
+
+static ft_data_cfg cfg_plain(void)
+{
+    ft_data_cfg c;
+    memset(&c, 0, sizeof c);
+    c.seq_len = INT64_MAX;
+    c.no_shuffle = 1;
+    return c;
+}
+
+static char *write_str(const char *name, const char *s)
+{
+    char *p = t_write_tmp(name, s, strlen(s));
+    assert_non_null(p);
+    return p;
+}
+
+/* The decoded text of the trained tokens of ex (labels != -100). */
+static char *trained_text(const ft_tokenizer *t, const ft_example *ex)
+{
+    int32_t *ids = malloc((size_t)(ex->n + 1) * sizeof *ids);
+    int64_t k = 0;
+    for (int64_t i = 0; i < ex->n; i++)
+        if (ex->labels[i] != FT_IGNORE_INDEX) {
+            assert_int_equal(ex->labels[i], ex->ids[i]);
+            ids[k++] = ex->ids[i];
+        }
+    char *s = NULL;
+    assert_int_equal(ft_tok_decode(t, ids, k, 0, &s), 0);
+    free(ids);
+    return s;
+}
+
+static void test_schemas_detected(void **state)
+{
+    static const struct { const char *rec; int format; } cases[] = {
+        {"{\"instruction\":\"Add 2 and 3.\",\"input\":\"\",\"output\":\"5\"}", FT_DATA_ALPACA},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Hello!\"}]}", FT_DATA_MESSAGES},
+        {"{\"conversations\":[{\"from\":\"human\",\"value\":\"Hi\"},{\"from\":\"gpt\",\"value\":\"Hello!\"}]}", FT_DATA_SHAREGPT},
+        {"{\"prompt\":\"The sky is\",\"completion\":\" blue.\"}", FT_DATA_PROMPT_COMPLETION},
+        {"{\"text\":\"Once upon a time.\"}", FT_DATA_TEXT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s\n%s\n", cases[i].rec, cases[i].rec);
+        char *p = write_str("d.jsonl", buf);
+        ft_data_cfg c = cfg_plain();
+        ft_dataset ds;
+        int rc = ft_dataset_load(&ds, p, &c, L3);
+        if (rc) fprintf(stderr, "case %zu: %s\n", i, ft_errmsg());
+        assert_int_equal(rc, 0);
+        assert_int_equal(ds.format, cases[i].format);
+        assert_int_equal(ds.n_records, 2);
+        assert_int_equal(ds.n_train, 2);
+        assert_true(ds.train[0].n > 2);
+        ft_dataset_free(&ds);
+        free(p);
+    }
+}
+
+/* Llama-3 template: only the assistant content and <|eot_id|> are trained; BOS once. */
+static void test_llama3_mask(void **state)
+{
+    const char *rec = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                      "{\"role\":\"user\",\"content\":\"What is 2+2?\"},"
+                      "{\"role\":\"assistant\",\"content\":\"  4  \"},"
+                      "{\"role\":\"user\",\"content\":\"And 3+3?\"},"
+                      "{\"role\":\"assistant\",\"content\":\"6\",\"weight\":0},"
+                      "{\"role\":\"user\",\"content\":\"And 4+4?\"},"
+                      "{\"role\":\"assistant\",\"content\":\"8\"}]}";
+    ft_example ex;
+    assert_int_equal(ft_dataset_encode_record(&ex, rec, FT_DATA_AUTO, FT_CHAT_AUTO, 0, L3), 0);
+    assert_int_equal(ex.ids[0], ft_tok_bos(L3));
+    assert_int_not_equal(ex.ids[1], ft_tok_bos(L3));
+    char *s = trained_text(L3, &ex);
+    /* trim() removes the spaces; the weight-0 turn is not trained */
+    assert_string_equal(s, "4<|eot_id|>8<|eot_id|>");
+    free(s);
+    char *all;
+    assert_int_equal(ft_tok_decode(L3, ex.ids, ex.n, 0, &all), 0);
+    assert_non_null(strstr(all, "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>"));
+    free(all);
+    free(ex.ids);
+    free(ex.labels);
+
+    /* --train-on-prompt trains every token */
+    assert_int_equal(ft_dataset_encode_record(&ex, rec, FT_DATA_AUTO, FT_CHAT_AUTO, 1, L3), 0);
+    for (int64_t i = 0; i < ex.n; i++) assert_int_equal(ex.labels[i], ex.ids[i]);
+    free(ex.ids);
+    free(ex.labels);
+}
+
+/* Alpaca prompt on the Llama-2 tokenizer: BOS from the post-processor, output + </s> trained. */
+static void test_alpaca_prompt_mask(void **state)
+{
+    const char *rec = "{\"instruction\":\"Name a colour.\",\"input\":\"Sky\",\"output\":\"Blue.\"}";
+    ft_example ex;
+    assert_int_equal(ft_dataset_encode_record(&ex, rec, FT_DATA_AUTO, FT_CHAT_ALPACA, 0, L2), 0);
+    assert_int_equal(ex.ids[0], ft_tok_bos(L2));
+    assert_int_equal(ex.ids[ex.n - 1], ft_tok_eos(L2));
+    char *s = trained_text(L2, &ex);
+    assert_string_equal(s, "Blue.</s>");
+    free(s);
+    char *all;
+    assert_int_equal(ft_tok_decode(L2, ex.ids, ex.n, 1, &all), 0);
+    assert_non_null(strstr(all, "### Input:\nSky\n\n### Response:Blue."));
+    free(all);
+    free(ex.ids);
+    free(ex.labels);
+
+    /* the Llama-2 [INST] template (its tokenizer_config has none, so it is forced) */
+    assert_int_equal(ft_dataset_encode_record(&ex, rec, FT_DATA_AUTO, FT_CHAT_LLAMA2, 0, L2), 0);
+    s = trained_text(L2, &ex);
+    assert_string_equal(s, "Blue. </s>");
+    free(s);
+    free(ex.ids);
+    free(ex.labels);
+}
+
+/* Text and prompt/completion append EOS once (TRL); prompt tokens are not trained. */
+static void test_text_and_completion(void **state)
+{
+    ft_example ex;
+    assert_int_equal(ft_dataset_encode_record(&ex, "{\"prompt\":\"The sky is\",\"completion\":\" blue.\"}",
+                                              FT_DATA_AUTO, FT_CHAT_AUTO, 0, L2), 0);
+    char *s = trained_text(L2, &ex);
+    assert_string_equal(s, "blue.</s>");
+    free(s);
+    assert_int_equal(ex.labels[0], FT_IGNORE_INDEX);
+    free(ex.ids);
+    free(ex.labels);
+    assert_int_equal(ft_dataset_encode_record(&ex, "{\"text\":\"Hello world</s>\"}", FT_DATA_AUTO,
+                                              FT_CHAT_AUTO, 0, L2), 0);
+    int eos = 0;
+    for (int64_t i = 0; i < ex.n; i++) eos += ex.ids[i] == ft_tok_eos(L2);
+    assert_int_equal(eos, 1);
+    assert_int_equal(ex.labels[ex.n - 1], ft_tok_eos(L2));
+    free(ex.ids);
+    free(ex.labels);
+}
+
+static void expect_error_t(const char *name, const char *content, const ft_tokenizer *t,
+                           int tmpl, const char *needle)
+{
+    char *p = write_str(name, content);
+    ft_data_cfg c = cfg_plain();
+    c.chat_template = tmpl;
+    ft_dataset ds;
+    int rc = ft_dataset_load(&ds, p, &c, t);
+    printf("  %-12s -> %s\n", name, ft_errmsg());
+    assert_true(rc < 0);
+    assert_non_null(strstr(ft_errmsg(), p));
+    if (!strstr(ft_errmsg(), needle)) fail_msg("'%s' not in '%s'", needle, ft_errmsg());
+    free(p);
+}
+
+static void expect_error(const char *name, const char *content, const ft_tokenizer *t,
+                         const char *needle)
+{
+    expect_error_t(name, content, t, FT_CHAT_AUTO, needle);
+}
+
+static void test_errors_name_file_and_line(void **state)
+{
+    const char *good = "{\"instruction\":\"a\",\"input\":\"\",\"output\":\"b\"}\n";
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s%s{\"instruction\": \"a\", \"output\": \n%s", good, good, good);
+    expect_error("bad3.jsonl", buf, L3, "line 3: malformed JSON");
+    expect_error("empty.jsonl", "", L3, "no records");
+    expect_error("blank.jsonl", "\n  \n", L3, "no records");
+    expect_error("schema.jsonl", "{\"foo\":1,\"bar\":2}\n", L3, "line 1: unknown data schema (keys 'foo', 'bar')");
+    snprintf(buf, sizeof buf, "%s{\"instruction\":\"a\",\"input\":\"\"}\n", good);
+    expect_error("field.jsonl", buf, L3, "line 2: alpaca record needs a string 'output'");
+    expect_error("role.jsonl", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}\n", L3,
+                 "line 1: message 0: unknown role 'wizard'");
+    expect_error("arr.json", "[{\"text\":\"a\"}, 5]", L3, "record 2: a record must be a JSON object");
+    expect_error("arr2.json", "[{\"text\":\"a\"},\n {\"text\": }]", L3, "line 2, column");
+    expect_error_t("alt.jsonl", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\"},{\"role\":\"assistant\",\"content\":\"c\"}]}",
+                   L2, FT_CHAT_LLAMA2, "line 1: message 1: the llama2 template needs roles that alternate");
+
+    ft_data_cfg c = cfg_plain();
+    ft_dataset ds;
+    assert_int_equal(ft_dataset_load(&ds, "/nonexistent/data.jsonl", &c, L3), -ENOENT);
+    assert_non_null(strstr(ft_errmsg(), "/nonexistent/data.jsonl"));
+}
+
+static void test_skip_bad_records(void **state)
+{
+    const char *good = "{\"instruction\":\"a\",\"input\":\"\",\"output\":\"b\"}\n";
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s{oops\n%s{\"instruction\":\"x\"}\n%s", good, good, good);
+    char *p = write_str("skip.jsonl", buf);
+    ft_data_cfg c = cfg_plain();
+    c.skip_bad_records = 1;
+    ft_dataset ds;
+    assert_int_equal(ft_dataset_load(&ds, p, &c, L3), 0);
+    assert_int_equal(ds.n_records, 5);
+    assert_int_equal(ds.n_skipped, 2);
+    assert_int_equal(ds.n_train, 3);
+    ft_dataset_free(&ds);
+    free(p);
+}
+
+/* The real data sets: every record loads; a JSON array file; truncation. */
+static void test_real_data(void **state)
+{
+    ft_data_cfg c = cfg_plain();
+    ft_dataset ds;
+    assert_int_equal(ft_dataset_load(&ds, SEED_JSONL, &c, L3), 0);
+    assert_int_equal(ds.n_records, 175);
+    assert_int_equal(ds.n_train, 175);
+    assert_int_equal(ds.format, FT_DATA_ALPACA);
+    assert_int_equal(ds.chat_template, FT_CHAT_LLAMA3);
+    ft_dataset_free(&ds);
+
+    assert_int_equal(ft_dataset_load(&ds, ZH_JSON, &c, L2), 0);
+    assert_int_equal(ds.n_records, 1000);
+    assert_int_equal(ds.chat_template, FT_CHAT_ALPACA);
+    int64_t longest = 0;
+    for (int64_t i = 0; i < ds.n_train; i++) longest = ds.train[i].n > longest ? ds.train[i].n : longest;
+    ft_dataset_free(&ds);
+
+    c.seq_len = 96;
+    assert_int_equal(ft_dataset_load(&ds, ZH_JSON, &c, L2), 0);
+    printf("  alpaca-zh: longest %lld tokens; at 96: %lld truncated, %lld dropped\n",
+           (long long)longest, (long long)ds.n_truncated, (long long)ds.n_dropped);
+    assert_true(longest > 96);
+    assert_true(ds.n_truncated > 0);
+    for (int64_t i = 0; i < ds.n_train; i++) assert_true(ds.train[i].n <= 96);
+    assert_int_equal(ds.n_skipped, 0);
+    assert_true(ds.n_dropped > 0);
+    assert_int_equal(ds.n_train + ds.n_dropped, 1000);
+    ft_dataset_free(&ds);
+}
+
+static void test_shuffle_and_split(void **state)
+{
+    ft_data_cfg c = cfg_plain();
+    c.no_shuffle = 0;
+    c.eval_fraction = 0.1;
+    c.seed = 7;
+    ft_dataset a, b, d;
+    assert_int_equal(ft_dataset_load(&a, SEED_JSONL, &c, L3), 0);
+    assert_int_equal(ft_dataset_load(&b, SEED_JSONL, &c, L3), 0);
+    c.seed = 8;
+    assert_int_equal(ft_dataset_load(&d, SEED_JSONL, &c, L3), 0);
+    assert_int_equal(a.n_eval, 18); /* round(0.1 * 175) */
+    assert_int_equal(a.n_train, 157);
+    int same_ab = 1, same_ad = 1;
+    for (int64_t i = 0; i < a.n_train; i++) {
+        same_ab &= a.train[i].n == b.train[i].n && !memcmp(a.train[i].ids, b.train[i].ids, (size_t)a.train[i].n * 4);
+        same_ad &= a.train[i].n == d.train[i].n && !memcmp(a.train[i].ids, d.train[i].ids, (size_t)a.train[i].n * 4);
+    }
+    assert_true(same_ab);
+    assert_false(same_ad);
+    ft_dataset_free(&a);
+    ft_dataset_free(&b);
+    ft_dataset_free(&d);
+    c.eval_max = 5;
+    assert_int_equal(ft_dataset_load(&a, SEED_JSONL, &c, L3), 0);
+    assert_int_equal(a.n_eval, 5);
+    ft_dataset_free(&a);
+    c.eval_fraction = 0.9;
+    assert_int_equal(ft_dataset_load(&a, SEED_JSONL, &c, L3), FT_E_RANGE);
+}
+
+/* Packing: every example exactly once, budget kept, positions/seq_start/targets right. */
+static void test_pack_invariants(void **state)
+{
+    ft_data_cfg c = cfg_plain();
+    c.seq_len = 128;
+    c.skip_bad_records = 1;
+    ft_dataset ds;
+    assert_int_equal(ft_dataset_load(&ds, ZH_JSON, &c, L2), 0);
+    const int64_t rows = 3, L = 128;
+    ft_batch *b, *b2;
+    int64_t nb, nb2;
+    assert_int_equal(ft_pack(&b, &nb, ds.train, ds.n_train, L, rows, 1), 0);
+    int64_t total = 0, want_targets = 0;
+    for (int64_t i = 0; i < ds.n_train; i++) {
+        total += ds.train[i].n;
+        for (int64_t k = 1; k < ds.train[i].n; k++) want_targets += ds.train[i].labels[k] != FT_IGNORE_INDEX;
+    }
+    int64_t got_T = 0, got_targets = 0, n_seq = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        assert_true(b[i].T <= rows * L && b[i].T > 0);
+        got_T += b[i].T;
+        int64_t nt = 0;
+        for (int64_t t = 0; t < b[i].T; t++) {
+            if (b[i].pos[t] == 0) {
+                assert_int_equal(b[i].seq_start[t], t);
+                n_seq++;
+            } else {
+                assert_int_equal(b[i].pos[t], b[i].pos[t - 1] + 1);
+                assert_int_equal(b[i].seq_start[t], b[i].seq_start[t - 1]);
+            }
+            assert_true(b[i].pos[t] < L);
+            int last = t + 1 == b[i].T || b[i].pos[t + 1] == 0;
+            if (last) assert_int_equal(b[i].targets[t], FT_IGNORE_INDEX);
+            else if (b[i].targets[t] != FT_IGNORE_INDEX) assert_int_equal(b[i].targets[t], b[i].ids[t + 1]);
+            nt += b[i].targets[t] != FT_IGNORE_INDEX;
+        }
+        assert_int_equal(nt, b[i].n_targets);
+        got_targets += nt;
+    }
+    assert_int_equal(got_T, total);
+    assert_int_equal(n_seq, ds.n_train);
+    assert_int_equal(got_targets, want_targets);
+    int64_t lower = (total + rows * L - 1) / (rows * L);
+    printf("  packed %lld examples (%lld tokens) into %lld micro-batches (lower bound %lld, fill %.1f%%)\n",
+           (long long)ds.n_train, (long long)total, (long long)nb, (long long)lower,
+           100.0 * (double)total / (double)(nb * rows * L));
+    /* first-fit-decreasing uses at most 11/9 OPT + 6/9 bins (Dosa 2007) */
+    assert_true(nb <= (11 * lower) / 9 + 1);
+
+    /* deterministic for a seed */
+    assert_int_equal(ft_pack(&b2, &nb2, ds.train, ds.n_train, L, rows, 1), 0);
+    assert_int_equal(nb, nb2);
+    for (int64_t i = 0; i < nb; i++) {
+        assert_int_equal(b[i].T, b2[i].T);
+        assert_memory_equal(b[i].ids, b2[i].ids, (size_t)b[i].T * 4);
+    }
+    ft_batches_free(b2, nb2);
+    ft_batches_free(b, nb);
+
+    /* an example longer than seq_len is refused */
+    assert_int_equal(ft_pack(&b, &nb, ds.train, ds.n_train, 16, 1, 1), FT_E_RANGE);
+    assert_int_equal(ft_pack(&b, &nb, ds.train, ds.n_train, 1, 1, 1), FT_E_INVALID);
+    ft_dataset_free(&ds);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_schemas_detected),
+        cmocka_unit_test(test_llama3_mask),
+        cmocka_unit_test(test_alpaca_prompt_mask),
+        cmocka_unit_test(test_text_and_completion),
+        cmocka_unit_test(test_errors_name_file_and_line),
+        cmocka_unit_test(test_skip_bad_records),
+        cmocka_unit_test(test_real_data),
+        cmocka_unit_test(test_shuffle_and_split),
+        cmocka_unit_test(test_pack_invariants),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
