@@ -21,7 +21,13 @@ import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 print("%.1f" % statistics.median(r["tokens_per_s"] for r in rows[2:]))
 PY
-){
+)
+# FLOPs per token, counted explicitly (bench/lora_flops.py), at the mean example length
+MEANLEN=$(build/ftune tokenize --model "$GGUF" --data examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl \
+    | python3 -c 'import json,sys; n=[min(256,len(json.loads(l)["ids"])) for l in sys.stdin]; print('%.1f' % (sum(n)/len(n)))')
+FLOPS=$(python3 bench/lora_flops.py "$GGUF" 16 "$MEANLEN")
+GFLOPS=$(python3 -c "print('%.1f' % ($TPS * $FLOPS / 1e9))")
+{
   echo "# CPU training benchmark, $DATE"
   echo
   echo "- machine: $HOST, $(nproc) cores, $CPU, $(free -g | awk '/Mem:/{print $2}') GiB"
@@ -31,6 +37,8 @@ PY
   echo "| measure | value |"
   echo "|---|---|"
   echo "| ftune training tokens/s (seq 256, batch 2; median of steps 3..$((STEPS + 2))) | $TPS |"
+  echo "| FLOPs per token (bench/lora_flops.py; mean example $MEANLEN tokens) | $FLOPS |"
+  echo "| achieved GFLOP/s (tokens/s x FLOPs per token) | $GFLOPS |"
   echo "$SGEMM" | python3 -c '
 import json, sys
 for l in sys.stdin:
