@@ -3,9 +3,10 @@
  *
  * Masks follow TRL SFTTrainer (formats.md 8.2): the rendered text is tokenized once, and each
  * boundary between untrained and trained text is mapped to a token index by tokenizing the
- * prefix before it (the prompt/prompt+completion method of TRL and Stanford Alpaca). Where the
- * prefix's tokens are not a prefix of the whole text's tokens (a merge across the boundary),
- * the boundary moves to the longest common prefix, so no prompt token is ever trained.
+ * prefix before it (the prompt/prompt+completion method of TRL and Stanford Alpaca). Where a
+ * token straddles a boundary (the prefix's last token merges with the text after it, e.g.
+ * "\n" + " Paris" -> "\n " in byte-level BPE), it is trained: a token is trained when it
+ * overlaps trained text, as transformers' return_assistant_tokens_mask decides.
  */
 #include "src/data/dataset.h"
 
@@ -303,6 +304,11 @@ static int encode_text(ft_example *ex, const ft_chat_text *t, int add_special, i
                 if (rc < 0) break;
                 int64_t k = 0;
                 while (k < np && k < n && pre[k] == ids[k]) k++;
+                /* a token straddling the boundary (k < np: the prefix's last token merged
+                 * with text after it) overlaps trained text on one side: it is trained,
+                 * as in transformers' assistant mask (every token overlapping a trained
+                 * character span) */
+                if (k < np && k < n && t->seg[s].train) k++;
                 free(pre);
                 pre = NULL;
                 end = k;
