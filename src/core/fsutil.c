@@ -6,12 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "src/core/err.h"
 
-int ft_read_file(const char *path, char **data, size_t *len)
+/* Opens path read-only and checks that it is a regular file; *fd and *size on success. */
+static int open_regular(const char *path, const char *what, int *fd_out, size_t *size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -22,11 +24,44 @@ int ft_read_file(const char *path, char **data, size_t *len)
         close(fd);
         return ft_err(-e, "%s: cannot stat: %s", path, strerror(e));
     }
-    if (S_ISDIR(st.st_mode)) {
+    if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return ft_err(-EISDIR, "%s: is a directory, expected a file", path);
+        return ft_err(S_ISDIR(st.st_mode) ? -EISDIR : FT_E_INVALID, "%s: %s, expected %s", path,
+                      S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file", what);
     }
-    size_t n = (size_t)st.st_size;
+    *fd_out = fd;
+    *size = (size_t)st.st_size;
+    return 0;
+}
+
+int ft_map_file(const char *path, const char *what, const void **map, size_t *size)
+{
+    int fd;
+    *map = NULL;
+    FT_TRY(open_regular(path, what, &fd, size));
+    if (*size == 0) {
+        close(fd);
+        return 0;
+    }
+    void *m = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (m == MAP_FAILED)
+        return ft_err(-e, "%s: mmap of %zu bytes failed: %s", path, *size, strerror(e));
+    *map = m;
+    return 0;
+}
+
+void ft_unmap_file(const void *map, size_t size)
+{
+    if (map && size) munmap((void *)map, size);
+}
+
+int ft_read_file(const char *path, char **data, size_t *len)
+{
+    int fd;
+    size_t n;
+    FT_TRY(open_regular(path, "a file", &fd, &n));
     char *buf = malloc(n + 1);
     if (!buf) {
         close(fd);

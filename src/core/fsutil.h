@@ -8,6 +8,13 @@
  * message naming the path. */
 int ft_read_file(const char *path, char **data, size_t *len);
 
+/* Maps a whole regular file read-only (MAP_PRIVATE). *map is NULL for an empty file.
+ * `what` names the expected kind in messages ("a .safetensors file"). Returns 0, -errno
+ * (cannot open / stat / mmap; -EISDIR for a directory) or FT_E_INVALID (not a regular
+ * file), each with a message naming the path. Release with ft_unmap_file. */
+int ft_map_file(const char *path, const char *what, const void **map, size_t *size);
+void ft_unmap_file(const void *map, size_t size); /* NULL-safe */
+
 /* Writes len bytes to "<path>.tmp.<pid>", fsyncs, renames to path, fsyncs the directory.
  * On any failure the temporary is removed and `path` is untouched. Returns 0 or -errno. */
 int ft_write_file_atomic(const char *path, const void *data, size_t len);

@@ -3,15 +3,13 @@
  * against the bytes left, so a truncated or hostile file yields FT_E_CORRUPT, not a crash. */
 #include "src/model/gguf.h"
 
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "src/core/err.h"
+#include "src/core/fsutil.h"
 #include "src/model/quant.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -20,7 +18,7 @@
 
 struct ft_gguf {
     char *path;
-    uint8_t *map;
+    const uint8_t *map;
     size_t size;
     uint32_t version, alignment;
     int64_t data_off;
@@ -373,41 +371,22 @@ static int parse(ft_gguf *g)
 int ft_gguf_open(ft_gguf **out, const char *path)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return ft_err(-errno, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int e = errno;
-        close(fd);
-        return ft_err(-e, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ft_err(FT_E_INVALID, "%s: not a regular file", path);
-    }
-    if (st.st_size < 24) {
-        close(fd);
-        return ft_err(FT_E_CORRUPT, "%s: file is %lld bytes, shorter than the 24-byte GGUF "
-                      "header", path, (long long)st.st_size);
+    const void *map;
+    size_t size;
+    FT_TRY(ft_map_file(path, "a .gguf file", &map, &size));
+    if (size < 24) {
+        ft_unmap_file(map, size);
+        return ft_err(FT_E_CORRUPT, "%s: file is %zu bytes, shorter than the 24-byte GGUF "
+                      "header", path, size);
     }
     ft_gguf *g = calloc(1, sizeof *g);
     if (!g || !(g->path = strdup(path))) {
         free(g);
-        close(fd);
+        ft_unmap_file(map, size);
         return ft_err(-ENOMEM, "%s: out of memory", path);
     }
-    g->size = (size_t)st.st_size;
-    void *m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (m == MAP_FAILED) {
-        free(g->path);
-        free(g);
-        return ft_err(-e, "%s: mmap of %lld bytes failed: %s", path, (long long)st.st_size,
-                      strerror(e));
-    }
-    g->map = m;
+    g->map = map;
+    g->size = size;
     int rc = parse(g);
     if (rc < 0) {
         ft_gguf_close(g);
@@ -433,7 +412,7 @@ void ft_gguf_close(ft_gguf *g)
     free(g->t);
     free(g->kv_by_name);
     free(g->t_by_name);
-    if (g->map) munmap(g->map, g->size);
+    ft_unmap_file(g->map, g->size);
     free(g->path);
     free(g);
 }

@@ -5,11 +5,9 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,7 +26,7 @@ typedef struct {
 
 struct ft_st_file {
     char *path;
-    uint8_t *map;
+    const uint8_t *map;
     size_t size;
     int64_t n;
     st_entry *e;          /* sorted by data offset */
@@ -291,39 +289,17 @@ done:
 int ft_st_open(ft_st_file **out, const char *path)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return ft_err(-errno, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int e = errno;
-        close(fd);
-        return ft_err(-e, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ft_err(S_ISDIR(st.st_mode) ? -EISDIR : FT_E_INVALID, "%s: not a regular file, "
-                      "expected a .safetensors file", path);
-    }
+    const void *map;
+    size_t size;
+    FT_TRY(ft_map_file(path, "a .safetensors file", &map, &size));
     ft_st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
-        close(fd);
+        ft_unmap_file(map, size);
         return ft_err(-ENOMEM, "%s: out of memory", path);
     }
-    f->size = (size_t)st.st_size;
-    if (f->size > 0) {
-        void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            int e = errno;
-            close(fd);
-            ft_st_close(f);
-            return ft_err(-e, "%s: mmap of %zu bytes failed: %s", path, (size_t)st.st_size,
-                          strerror(e));
-        }
-        f->map = m;
-    }
-    close(fd);
+    f->map = map;
+    f->size = size;
     int rc = parse_header(f);
     if (rc < 0) {
         ft_st_close(f);
@@ -345,7 +321,7 @@ void ft_st_close(ft_st_file *f)
     free(f->meta_v);
     free(f->e);
     free(f->by_name);
-    if (f->map) munmap(f->map, f->size);
+    ft_unmap_file(f->map, f->size);
     free(f->path);
     free(f);
 }
