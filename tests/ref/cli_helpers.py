@@ -1,0 +1,84 @@
+"""Helpers for the CLI-level reference tests (test_cli_errors.py, test_train_e2e.py,
+test_chat_ref.py): locating and running the ftune binary, copying the tiny-llama fixture, and
+checking the bad-input contract (one "ftune: " line naming the file and the position, a
+non-zero exit that is not a signal, no adapter under the final name).
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests" / "fixtures" / "tiny-llama"
+TINY_GGUF = ROOT / "tests" / "fixtures" / "gguf" / "tiny-llama.gguf"
+TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"
+SEED_DATA = ROOT / "examples" / "data" / "alpaca-seed-tasks" / "alpaca_seed_175.jsonl"
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+# stderr lines the trainer prints before it can fail (progress, not errors; --quiet drops them)
+INFO_PREFIXES = ("ftune: model ", "ftune: data ", "ftune: plan: ")
+
+
+def ftune_bin():
+    """FTUNE_BIN (a relative path is taken from the repository root) or build/ftune."""
+    b = Path(os.environ.get("FTUNE_BIN") or "build/ftune")
+    if not b.is_absolute():
+        b = ROOT / b
+    assert b.exists(), f"ftune binary not found at {b} (build it, or set FTUNE_BIN)"
+    return str(b)
+
+
+def run_ftune(args, cwd=None, timeout=300):
+    """Runs ftune with args (converted to str); returns the CompletedProcess (text mode)."""
+    return subprocess.run([ftune_bin()] + [str(a) for a in args], cwd=cwd, capture_output=True,
+                          text=True, encoding="utf-8", errors="replace", timeout=timeout)
+
+
+def model_copy(tmp, src=TINY, name="model"):
+    """A private copy of a model folder with symlinks (the tokenizer files) resolved."""
+    dst = Path(tmp) / name
+    shutil.copytree(src, dst, symlinks=False)
+    return dst
+
+
+def stderr_lines(r):
+    return [l for l in r.stderr.splitlines() if l.strip()]
+
+
+def assert_clean_error(r, out, *needles):
+    """The bad-input contract for one run: exit 0 < rc < 128 (an error, not a signal such as
+    SIGSEGV = -11 from subprocess or 128+n from a shell), exactly one non-progress stderr
+    line, starting "ftune: " and containing every needle, and no adapter file in `out`.
+    Returns the error line."""
+    lines = stderr_lines(r)
+    print("stderr:", r.stderr.strip())
+    assert 0 < r.returncode < 128, f"exit status {r.returncode} (negative: killed by a signal)"
+    errs = [l for l in lines if not l.startswith(INFO_PREFIXES)]
+    assert len(errs) == 1, f"expected one error line on stderr, got {lines}"
+    assert lines[-1] == errs[0], f"the error is not the last stderr line: {lines}"
+    line = errs[0]
+    assert line.startswith("ftune: "), line
+    assert "(null)" not in line and not line.rstrip().endswith(":"), f"incomplete message: {line}"
+    for n in needles:
+        assert str(n) in line, f"{n!r} not in {line!r}"
+    if out is not None:
+        for f in ADAPTER_FILES:
+            assert not (Path(out) / f).exists(), f"{f} written to {out} despite the error"
+    return line
+
+
+def st_read(path):
+    """(header length, header dict, data bytes) of a safetensors file."""
+    b = Path(path).read_bytes()
+    n = struct.unpack("<Q", b[:8])[0]
+    return n, json.loads(b[8:8 + n]), b[8 + n:]
+
+
+def st_write(path, header, data):
+    """Writes a safetensors file: u64 LE header length, the JSON header padded with spaces to
+    a multiple of 8 (safetensors' own writer does the same), the data bytes."""
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * ((8 - len(hb) % 8) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(hb)) + hb + data)
+    return len(hb)

@@ -1,0 +1,435 @@
+"""Chat rendering and loss masks of `ftune tokenize --data` against an independent reference.
+
+Reference text: the Jinja chat template rendered as transformers' apply_chat_template does
+(formats.md 7.1): jinja2 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+with the loopcontrols extension, a json.dumps `tojson` filter, the `raise_exception` global,
+`bos_token`/`eos_token` and add_generation_prompt=False. Reference ids: the `tokenizers`
+package on that text with add_special_tokens=False (chat templates write BOS themselves,
+formats.md 8.2), or add_special_tokens=True for the Stanford Alpaca prompt and the plain
+text / prompt-completion schemas (TRL, Stanford Alpaca train.py).
+
+Reference mask (computed from the rendered text, not from ftune's segments): for every trained
+assistant turn i, the trained characters are the assistant content as the template writes it
+(trimmed where the template trims it) followed by its end-of-turn token; the turn's text is
+render(messages[:i+1]) minus render(messages[:i]), and the trained string must be its end
+(before the template's untrained tail: "\n" after <|im_end|> in ChatML). A token is trained
+when its `tokenizers` character offsets overlap a trained span (transformers'
+return_assistant_tokens_mask rule); labels are the token id there and -100 elsewhere.
+
+Templates: Llama-3 (tests/fixtures/tokenizers/llama3, the Instruct form of its template),
+Llama-2-chat (tests/fixtures/tokenizers/llama2 has no chat_template: --chat-template llama2,
+and auto-detected from a copy whose tokenizer_config carries the meta-llama template), Mistral
+(auto-detected), ChatML with template markers that are plain text for the tokenizer (mask
+boundaries inside tokens), the Stanford Alpaca prompt (formats.md 8.1) and SmolLM2's ChatML
+with its default system turn from the example GGUF (skipped if it cannot be fetched).
+"""
+import json
+import shutil
+
+import pytest
+
+jinja2 = pytest.importorskip("jinja2")
+tokenizers = pytest.importorskip("tokenizers")
+from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
+
+from cli_helpers import ROOT, SEED_DATA, TOKENIZERS, run_ftune  # noqa: E402
+
+LLAMA3 = TOKENIZERS / "llama3"
+LLAMA2 = TOKENIZERS / "llama2"
+ZH_DATA = ROOT / "examples" / "data" / "alpaca-zh" / "alpaca_zh_1000.json"
+
+# ---- templates (verbatim sources) --------------------------------------------------------------
+
+# Meta-Llama-3-8B-Instruct (formats.md 7.2). The fixture's tokenizer_config.json (base model
+# repository) holds the same template except that it appends the assistant header without the
+# add_generation_prompt guard; test_llama3_fixture_template_is_instruct_form checks that.
+LLAMA3_INSTRUCT = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim "
+    "+ '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+# meta-llama/Llama-2-{7,13}b-chat-hf tokenizer_config.json (as quoted in llama.cpp's chat template
+# tests); the backslash-n inside the Jinja string literals are Jinja escapes.
+LLAMA2_CHAT = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set "
+    "system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set "
+    "system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] "
+    "== 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != "
+    "false %}{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + "
+    "message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if "
+    "message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif "
+    "message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}"
+    "{% endfor %}")
+# Mistral-7B-Instruct v0.1/v0.2 (formats.md 7.2)
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant "
+    "roles are supported!') }}{% endif %}{% endfor %}")
+# ChatML (formats.md 7.2)
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}")
+# Stanford Alpaca prompts (formats.md 8.1)
+PROMPT_INPUT = ("Below is an instruction that describes a task, paired with an input that provides "
+                "further context. Write a response that appropriately completes the request.\n\n"
+                "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:")
+PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that "
+                   "appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n"
+                   "### Response:")
+
+# How each template writes a trained assistant turn: (trained string, untrained tail after it)
+TRAINED = {
+    "llama3": lambda c, eos: (c.strip() + "<|eot_id|>", ""),
+    "llama2": lambda c, eos: (" " + c.strip() + " " + eos, ""),
+    "mistral": lambda c, eos: (c + eos, ""),
+    "chatml": lambda c, eos: (c + "<|im_end|>", "\n"),
+}
+
+# ---- conversations ----------------------------------------------------------------------------
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}],
+    [{"role": "system", "content": "You answer in one word."},
+     {"role": "user", "content": "  Capital of France?  "},
+     {"role": "assistant", "content": "  Paris.\n"},
+     {"role": "user", "content": "And of Japan?"},
+     {"role": "assistant", "content": "Tokyo — 東京 😀"}],
+    [{"role": "user", "content": "Write a haiku about tabs\tand\nnewlines."},
+     {"role": "assistant", "content": "Tabs\tline up\nnewlines fall\nspaces  wait"},
+     {"role": "user", "content": "Again, in French."},
+     {"role": "assistant", "content": "Les tabulations s'alignent, naïves à l'été."},
+     {"role": "user", "content": "Und auf Deutsch?\r\n"},
+     {"role": "assistant", "content": "\n\nTabulatoren — Größe ß.\n\n"}],
+    [{"role": "system", "content": "\t Be terse. \n"},
+     {"role": "user", "content": "مرحبا! Привет! 你好！"},
+     {"role": "assistant", "content": "Hello in three scripts: مرحبا, Привет, 你好."}],
+    # a turn with "weight": 0 (OpenAI) is rendered but not trained
+    [{"role": "user", "content": "Say A."},
+     {"role": "assistant", "content": "B", "weight": 0},
+     {"role": "user", "content": "No, say A."},
+     {"role": "assistant", "content": "A", "weight": 1}],
+    # special-token text inside a user turn; an answer of digits and code
+    [{"role": "user", "content": "What do </s>, <s> and <|eot_id|> mean in 123 tokens?"},
+     {"role": "assistant", "content": "def f(x):\n    return x ** 2  # 12345"}],
+    # whitespace-only assistant content: trimmed to nothing by llama3/llama2
+    [{"role": "user", "content": "Reply with spaces only."},
+     {"role": "assistant", "content": "   "}],
+]
+HAS_SYSTEM = [any(m["role"] == "system" for m in c) for c in CONVERSATIONS]
+
+
+def make_env():
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+ENV = make_env()
+
+
+def render(template, messages, bos, eos):
+    return ENV.from_string(template).render(messages=messages, bos_token=bos, eos_token=eos,
+                                            add_generation_prompt=False)
+
+
+def label_by_overlap(enc, spans):
+    return [t if any(s < b and a < e for a, b in spans) else -100
+            for t, (s, e) in zip(enc.ids, enc.offsets)]
+
+
+def expected_chat(tok, template, kind, messages, bos, eos):
+    """(ids, labels, text) of one conversation by the reference rules above."""
+    text = render(template, messages, bos, eos)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant" or m.get("weight", 1) == 0:
+            continue
+        pre = render(template, messages[:i], bos, eos)
+        upto = render(template, messages[:i + 1], bos, eos)
+        assert upto.startswith(pre) and text.startswith(upto), "template output is not incremental"
+        trained, tail = TRAINED[kind](m["content"], eos)
+        turn = upto[len(pre):]
+        assert turn.endswith(trained + tail), (turn, trained, tail)
+        end = len(upto) - len(tail)
+        spans.append((end - len(trained), end))
+    enc = tok.encode(text, add_special_tokens=False)
+    return enc.ids, label_by_overlap(enc, spans), text
+
+
+def expected_alpaca_prompt(tok, rec, eos):
+    """Stanford Alpaca: prompt + output + eos, BOS from the post-processor, output + eos trained."""
+    p = PROMPT_INPUT if rec.get("input") else PROMPT_NO_INPUT
+    prompt = p.format(instruction=rec["instruction"], input=rec.get("input", ""))
+    text = prompt + rec["output"] + eos
+    enc = tok.encode(text, add_special_tokens=True)
+    return enc.ids, label_by_overlap(enc, [(len(prompt), len(text))]), text
+
+
+# ---- running ftune and comparing ----------------------------------------------------------------
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+                    encoding="utf-8")
+    return path
+
+
+def ftune_rows(model, data, *extra):
+    r = run_ftune(["tokenize", "--model", model, "--data", data, *extra], timeout=300)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(l) for l in r.stdout.splitlines()]
+
+
+def compare(name, tok, rows, expected):
+    """rows: ftune's; expected: [(ids, labels, text)]. Asserts identity, reports the first
+    difference of each kind."""
+    assert len(rows) == len(expected), f"{name}: ftune gave {len(rows)} rows for {len(expected)}"
+    n_ids = n_trained = 0
+    for k, (row, (ids, labels, text)) in enumerate(zip(rows, expected)):
+        n_ids += len(ids)
+        n_trained += sum(l != -100 for l in labels)
+        if row["ids"] != ids:
+            j = next((j for j in range(min(len(ids), len(row["ids"])))
+                      if ids[j] != row["ids"][j]), min(len(ids), len(row["ids"])))
+            pytest.fail(f"{name}: example {k}: ids differ at token {j}: ftune "
+                        f"{row['ids'][j:j + 6]} vs reference {ids[j:j + 6]} "
+                        f"({tok.decode(ids[max(0, j - 3):j + 3], skip_special_tokens=False)!r}); "
+                        f"text {text!r}")
+        assert any(l != -100 for l in labels), f"{name}: example {k}: nothing trained"
+        if row["labels"] != labels:
+            bad = [j for j in range(len(ids)) if row["labels"][j] != labels[j]]
+            show = ", ".join(f"token {j} {tok.id_to_token(ids[j])!r}: ftune {row['labels'][j]} "
+                             f"ref {labels[j]}" for j in bad[:6])
+            pytest.fail(f"{name}: example {k}: {len(bad)} labels differ: {show}; text {text!r}")
+    print(f"{name}: {len(rows)} examples, {n_ids} ids and labels identical, {n_trained} trained")
+
+
+def tokenizer_dir(tmp, src, template=None, name="tok"):
+    """A copy of a tokenizer folder, with tokenizer_config.json's chat_template replaced
+    (or removed when template is None)."""
+    d = tmp / name
+    d.mkdir()
+    shutil.copyfile(src / "tokenizer.json", d / "tokenizer.json")
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    if template is not None:
+        cfg["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def special_strings(model_dir):
+    cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    tok_str = lambda v: v["content"] if isinstance(v, dict) else v  # noqa: E731
+    return tok_str(cfg["bos_token"]), tok_str(cfg["eos_token"])
+
+
+def sharegpt(conv, system_field=False):
+    role = {"user": "human", "assistant": "gpt", "system": "system"}
+    rec = {"conversations": [{"from": role[m["role"]], "value": m["content"]} for m in conv
+                             if not (system_field and m["role"] == "system")]}
+    if system_field:
+        sys = [m["content"] for m in conv if m["role"] == "system"]
+        if sys:
+            rec["system"] = sys[0]
+    return rec
+
+
+def check_conversations(tmp, model, tok, template, kind, bos, eos, convs, extra=()):
+    """messages schema and sharegpt schema (system as a turn and as the top-level field)."""
+    exp = [expected_chat(tok, template, kind, c, bos, eos) for c in convs]
+    rows = ftune_rows(model, write_jsonl(tmp / f"{kind}-messages.jsonl",
+                                         [{"messages": c} for c in convs]), *extra)
+    compare(f"{kind} messages", tok, rows, exp)
+    # ShareGPT has no per-turn weight: those turns are trained there
+    plain = [[{k: v for k, v in m.items() if k != "weight"} for m in c] for c in convs]
+    exp = [expected_chat(tok, template, kind, c, bos, eos) for c in plain]
+    for sysf in (False, True):
+        rows = ftune_rows(model, write_jsonl(tmp / f"{kind}-sharegpt{int(sysf)}.jsonl",
+                                             [sharegpt(c, sysf) for c in plain]), *extra)
+        compare(f"{kind} sharegpt (system {'field' if sysf else 'turn'})", tok, rows, exp)
+
+
+# ---- tests ------------------------------------------------------------------------------------
+
+def test_llama3_fixture_template_is_instruct_form():
+    cfg = json.loads((LLAMA3 / "tokenizer_config.json").read_text())
+    gen = "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    guarded = "{% if add_generation_prompt %}" + gen + "{% endif %}"
+    assert cfg["chat_template"].endswith(gen)
+    assert cfg["chat_template"][: -len(gen)] + guarded == LLAMA3_INSTRUCT
+
+
+def test_llama3_messages_sharegpt(tmp_path):
+    tok = tokenizers.Tokenizer.from_file(str(LLAMA3 / "tokenizer.json"))
+    bos, eos = special_strings(LLAMA3)
+    check_conversations(tmp_path, LLAMA3, tok, LLAMA3_INSTRUCT, "llama3", bos, eos, CONVERSATIONS)
+
+
+def alpaca_to_messages(rec):
+    """ftune's (and LLaMA-Factory's) alpaca -> chat conversion: system, history pairs, then
+    user "instruction\\n\\ninput" (just the instruction when input is empty) and assistant
+    "output"."""
+    msgs = [{"role": "system", "content": rec["system"]}] if rec.get("system") else []
+    for q, a in rec.get("history") or []:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    user = rec["instruction"] + ("\n\n" + rec["input"] if rec.get("input") else "")
+    return msgs + [{"role": "user", "content": user}, {"role": "assistant", "content": rec["output"]}]
+
+
+def seed_records(n_seed, n_zh):
+    seed = [json.loads(l) for l in SEED_DATA.read_text(encoding="utf-8").splitlines() if l.strip()]
+    zh = json.loads(ZH_DATA.read_text(encoding="utf-8"))
+    return seed[:n_seed] + zh[:n_zh]
+
+
+HANDMADE_ALPACA = [
+    {"instruction": "  Translate to German.  ", "input": "  Good morning \n", "output": " Guten Morgen "},
+    {"instruction": "Continue.", "input": "", "output": "Done.", "system": "You are concise.",
+     "history": [["Hi", "Hello!"], ["How are you?", " Fine, thanks. "]]},
+]
+
+
+def test_llama3_alpaca_records(tmp_path):
+    """Alpaca records with a tokenizer that has a chat template: rendered as a user turn and
+    an assistant turn (real seed and Chinese records, plus system/history/whitespace cases)."""
+    tok = tokenizers.Tokenizer.from_file(str(LLAMA3 / "tokenizer.json"))
+    bos, eos = special_strings(LLAMA3)
+    recs = seed_records(40, 20) + HANDMADE_ALPACA
+    exp = [expected_chat(tok, LLAMA3_INSTRUCT, "llama3", alpaca_to_messages(r), bos, eos)
+           for r in recs]
+    rows = ftune_rows(LLAMA3, write_jsonl(tmp_path / "alpaca.jsonl", recs))
+    compare("llama3 alpaca records", tok, rows, exp)
+
+
+def test_llama2_chat_forced(tmp_path):
+    """The Llama-2 fixture has no chat_template: --chat-template llama2 against the
+    meta-llama Llama-2-chat template."""
+    cfg = json.loads((LLAMA2 / "tokenizer_config.json").read_text())
+    assert "chat_template" not in cfg
+    tok = tokenizers.Tokenizer.from_file(str(LLAMA2 / "tokenizer.json"))
+    bos, eos = special_strings(LLAMA2)
+    check_conversations(tmp_path, LLAMA2, tok, LLAMA2_CHAT, "llama2", bos, eos, CONVERSATIONS,
+                        extra=("--chat-template", "llama2"))
+
+
+def test_llama2_chat_detected(tmp_path):
+    """The same with the meta-llama template in tokenizer_config.json and no flag."""
+    d = tokenizer_dir(tmp_path, LLAMA2, LLAMA2_CHAT)
+    tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    bos, eos = special_strings(d)
+    exp = [expected_chat(tok, LLAMA2_CHAT, "llama2", c, bos, eos) for c in CONVERSATIONS]
+    compare("llama2 detected", tok, ftune_rows(d, write_jsonl(
+        tmp_path / "m.jsonl", [{"messages": c} for c in CONVERSATIONS])), exp)
+
+
+def test_mistral_detected(tmp_path):
+    """Mistral's template (no system role, content not stripped) in tokenizer_config.json."""
+    d = tokenizer_dir(tmp_path, LLAMA2, MISTRAL)
+    tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    bos, eos = special_strings(d)
+    convs = [c for c, s in zip(CONVERSATIONS, HAS_SYSTEM) if not s]
+    exp = [expected_chat(tok, MISTRAL, "mistral", c, bos, eos) for c in convs]
+    compare("mistral detected", tok, ftune_rows(d, write_jsonl(
+        tmp_path / "m.jsonl", [{"messages": c} for c in convs])), exp)
+
+
+@pytest.mark.parametrize("src", ["llama3", "llama2"])
+def test_chatml_markers_as_text(tmp_path, src):
+    """ChatML detected from tokenizer_config.json with tokenizers for which <|im_start|> and
+    <|im_end|> are ordinary text: mask boundaries fall inside tokens, which are trained when
+    they overlap trained text."""
+    d = tokenizer_dir(tmp_path, TOKENIZERS / src, CHATML)
+    tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    bos, eos = special_strings(d)
+    exp = [expected_chat(tok, CHATML, "chatml", c, bos, eos) for c in CONVERSATIONS]
+    compare(f"chatml on {src}", tok, ftune_rows(d, write_jsonl(
+        tmp_path / "m.jsonl", [{"messages": c} for c in CONVERSATIONS])), exp)
+
+
+@pytest.mark.parametrize("src,extra", [("llama2", ()), ("llama3", ("--chat-template", "alpaca"))],
+                         ids=["llama2-auto", "llama3-forced"])
+def test_alpaca_prompt(tmp_path, src, extra):
+    """The Stanford Alpaca prompt: chosen automatically for the Llama-2 fixture (no chat
+    template) and forced for Llama-3. Prompt + output + eos with BOS; output + eos trained."""
+    model = TOKENIZERS / src
+    tok = tokenizers.Tokenizer.from_file(str(model / "tokenizer.json"))
+    _, eos = special_strings(model)
+    recs = seed_records(60, 30) + HANDMADE_ALPACA[:1]
+    exp = [expected_alpaca_prompt(tok, r, eos) for r in recs]
+    rows = ftune_rows(model, write_jsonl(tmp_path / "alpaca.jsonl", recs), *extra)
+    compare(f"alpaca prompt ({src})", tok, rows, exp)
+
+
+def test_text_and_prompt_completion(tmp_path):
+    """TRL's non-conversational schemas (formats.md 8.2) on the Llama-2 fixture: text + eos,
+    every token trained; prompt + completion + eos with the completion and eos trained; BOS
+    from the post-processor; eos not appended twice."""
+    tok = tokenizers.Tokenizer.from_file(str(LLAMA2 / "tokenizer.json"))
+    _, eos = special_strings(LLAMA2)
+    texts = ["The sky is blue.", "  Two spaces, 東京 and 😀.\n", "Already ends with eos" + eos]
+    exp = []
+    for t in texts:
+        full = t if t.endswith(eos) else t + eos
+        enc = tok.encode(full, add_special_tokens=True)
+        exp.append((enc.ids, list(enc.ids), full))
+    rows = ftune_rows(LLAMA2, write_jsonl(tmp_path / "text.jsonl", [{"text": t} for t in texts]))
+    compare("text", tok, rows, exp)
+
+    pcs = [("The sky is", " blue."), ("Q: 2+2?\nA:", " 4"), ("Say hi in Chinese:", " 你好")]
+    exp = []
+    for p, c in pcs:
+        full = p + c + eos
+        enc = tok.encode(full, add_special_tokens=True)
+        exp.append((enc.ids, label_by_overlap(enc, [(len(p), len(full))]), full))
+    rows = ftune_rows(LLAMA2, write_jsonl(tmp_path / "pc.jsonl",
+                                          [{"prompt": p, "completion": c} for p, c in pcs]))
+    compare("prompt-completion", tok, rows, exp)
+
+
+@pytest.fixture(scope="module")
+def example_gguf():
+    from tok_helpers import fetch_example
+    path, why = fetch_example()
+    if path is None:
+        pytest.skip("example model unavailable: " + why)
+    return path
+
+
+def test_smollm2_chatml_default_system(tmp_path, example_gguf):
+    """SmolLM2's ChatML template from the example GGUF (its default system turn appears when
+    the first message is not a system one), the `tokenizers` BPE built from the GGUF vocab."""
+    gguf = pytest.importorskip("gguf")
+    from tok_helpers import gguf_hf_tokenizer
+    reader = gguf.GGUFReader(example_gguf)
+    f = reader.fields["tokenizer.chat_template"]
+    template = bytes(f.parts[f.data[0]]).decode()
+    assert "You are a helpful AI assistant named SmolLM" in template
+    toks = reader.fields["tokenizer.ggml.tokens"]
+
+    def tok_str(key):
+        i = int(reader.fields[key].parts[reader.fields[key].data[0]][0])
+        return bytes(toks.parts[toks.data[i]]).decode()
+
+    bos, eos = tok_str("tokenizer.ggml.bos_token_id"), tok_str("tokenizer.ggml.eos_token_id")
+    tok = gguf_hf_tokenizer(example_gguf)
+    check_conversations(tmp_path, example_gguf, tok, template, "chatml", bos, eos, CONVERSATIONS)
+    recs = seed_records(20, 10) + HANDMADE_ALPACA
+    exp = [expected_chat(tok, template, "chatml", alpaca_to_messages(r), bos, eos) for r in recs]
+    compare("smollm2 alpaca records", tok,
+            ftune_rows(example_gguf, write_jsonl(tmp_path / "alpaca.jsonl", recs)), exp)
