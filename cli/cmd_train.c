@@ -1,4 +1,7 @@
-/* cmd_train.c - `ftune [train] --model M --data F [options]`. */
+/* cmd_train.c - `ftune [train] --model M --data F [options]`: flags, the signal handling
+ * of a run (cli/session.c), the resume hint and exit statuses: 0 done, 1 error, 2 usage,
+ * 128 + signo when stopped by SIGINT (130) or SIGTERM (143) after saving a checkpoint. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,7 +10,9 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/session.h"
 #include "src/core/err.h"
+#include "src/train/checkpoint.h"
 #include "src/train/schedule.h"
 #include "src/train/trainer.h"
 
@@ -65,6 +70,55 @@ static int opt_u64(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
+/* --resume [DIR]: a bare --resume (last argument, or followed by another flag) becomes
+ * "--resume=" before parsing; the empty value means "the latest checkpoint in --out". */
+static int opt_resume(const char *v, void *dst, char *err, size_t n)
+{
+    *(const char **)dst = v;
+    return 0;
+}
+
+/* Writes `a` to f quoted for a POSIX shell where needed. */
+static void put_shell_word(FILE *f, const char *a)
+{
+    int plain = *a != 0;
+    for (const char *p = a; *p; p++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./=:,+-@%", *p))
+            plain = 0;
+    if (plain) {
+        fputs(a, f);
+        return;
+    }
+    fputc('\'', f);
+    for (const char *p = a; *p; p++) {
+        if (*p == '\'') fputs("'\\''", f);
+        else fputc(*p, f);
+    }
+    fputc('\'', f);
+}
+
+/* The command that continues this run: the same flags, --resume CKPT instead of any
+ * earlier --resume. */
+static void print_resume_hint(const char *lead, int argc, char **argv, const char *ckpt)
+{
+    extern char *program_invocation_name;
+    fprintf(stderr, "%s", lead);
+    put_shell_word(stderr, program_invocation_name);
+    fputs(" train", stderr);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--resume")) {
+            if (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) i++;
+            continue;
+        }
+        if (!strncmp(argv[i], "--resume=", 9)) continue;
+        fputc(' ', stderr);
+        put_shell_word(stderr, argv[i]);
+    }
+    fputs(" --resume ", stderr);
+    put_shell_word(stderr, ckpt);
+    fputc('\n', stderr);
+}
+
 int ft_cmd_train(int argc, char **argv)
 {
     ft_train_cfg c;
@@ -72,6 +126,7 @@ int ft_cmd_train(int argc, char **argv)
     int quiet = 0;
     int64_t log_every = 0;
     int64_t threads = 0;
+    const char *resume = NULL;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &c.model, "model folder (config.json + safetensors) or .gguf file", 0, "PATH"},
         {"data", FT_OPT_STR, &c.data, "training data: JSON array or JSONL", 0, "FILE"},
@@ -105,13 +160,28 @@ int ft_cmd_train(int argc, char **argv)
         {"eval-max", FT_OPT_INT, &c.data_cfg.eval_max, "cap on held-out examples (default 200)"},
         {"eval-every", FT_OPT_INT, &c.eval_every, "evaluate every N steps (default: start and end)"},
         {"seed", FT_OPT_FN, &c.seed, "seed for shuffling, LoRA init and dropout (default 42)", opt_u64, "N"},
+        {"save-every", FT_OPT_INT, &c.save_every, "checkpoint OUT/checkpoint-<step>/ every N steps (default 200; 0: only at the end); also at the end and on SIGINT/SIGTERM"},
+        {"keep", FT_OPT_INT, &c.keep, "keep the newest N checkpoints (default 2; 0: all)"},
+        {"resume", FT_OPT_FN, &resume, "continue a run from checkpoint DIR (default: the latest in --out), bit-identical to an uninterrupted run; flags that shape the run (seq-len, batch, grad-accum, steps, schedule, optimizer, LoRA, seed, data) must not change; --threads, eval, log and checkpoint flags may", opt_resume, "[DIR]"},
+        {"max-bad-steps", FT_OPT_INT, &c.max_bad_steps, "a step with a NaN/Inf loss or gradient norm is skipped (no update, counted as bad_steps); stop after N in a row (default 5)"},
         {"threads", FT_OPT_INT, &threads, "CPU threads (default: all cores)"},
         {"log-every", FT_OPT_INT, &log_every, "plain-output log line every N steps"},
         {"quiet", FT_OPT_FLAG, &quiet, "print only errors"},
         {NULL},
     };
+    /* a bare --resume takes no value: make it --resume= for the table parser */
+    char **av = malloc((size_t)(argc + 1) * sizeof *av);
+    if (!av) {
+        fprintf(stderr, "ftune: out of memory\n");
+        return 1;
+    }
+    for (int i = 0; i < argc; i++)
+        av[i] = !strcmp(argv[i], "--resume") && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))
+                    ? "--resume=" : argv[i];
+    av[argc] = NULL;
     char err[1024];
-    int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
+    int rc = ft_args_parse(opts, argc, av, err, sizeof err);
+    free(av);
     if (rc == 1) return 0;
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", err);
@@ -122,15 +192,47 @@ int ft_cmd_train(int argc, char **argv)
         return 2;
     }
     c.threads = (int)threads;
+    char latest[4200];
+    if (resume && !*resume) {
+        int64_t step;
+        int found = ft_ckpt_find_latest(c.out, latest, sizeof latest, &step);
+        if (found <= 0) {
+            fprintf(stderr, "ftune: --resume: no complete checkpoint in %s (looked for %s/" FT_CKPT_PREFIX "<step>/%s%s); run without --resume to start, or name one with --resume DIR\n",
+                    c.out, c.out, found < 0 ? ": " : "", found < 0 ? ft_errmsg() : "");
+            return 2;
+        }
+        resume = latest;
+    }
+    c.resume = resume;
+    /* test hook (fault injection): checkpoint writes fail with ENOSPC after N bytes */
+    const char *fail = getenv("FTUNE_FAIL_WRITE_AFTER");
+    if (fail && *fail) ft_ckpt_fail_writes_after(strtoll(fail, NULL, 10));
     ft_progress prog;
     ft_progress_init(&prog, quiet);
     prog.log_every = log_every;
     ft_train_result res;
+    c.stop = ft_session_signals_install();
     rc = ft_train_run(&c, ft_progress_cb, &prog, &res);
+    int sig = *c.stop;
+    ft_session_signals_restore();
     ft_progress_flush(&prog);
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        if (res.checkpoint[0] && rc != FT_E_NUMERIC)
+            print_resume_hint("ftune: to continue from the last checkpoint: ", argc, argv, res.checkpoint);
         return 1;
+    }
+    if (res.stopped) {
+        const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+        if (res.checkpoint[0]) {
+            char lead[4600];
+            snprintf(lead, sizeof lead, "ftune: stopped by %s after step %lld/%lld, checkpoint %s; resume with: ",
+                     name, (long long)res.steps, (long long)res.total_steps, res.checkpoint);
+            print_resume_hint(lead, argc, argv, res.checkpoint);
+        } else {
+            fprintf(stderr, "ftune: stopped by %s before the first step; nothing to save: run the same command to start\n", name);
+        }
+        return 128 + (sig ? sig : SIGINT);
     }
     if (!quiet)
         fprintf(stderr, "ftune: done: %lld steps, %lld tokens (%lld with a loss target) in %.1f s (%.0f tok/s); eval loss %.4f -> %.4f\n",

@@ -36,6 +36,17 @@ void ft_progress_cb(const ft_train_event *ev, void *user)
         fprintf(stderr, "ftune: %s\n", ev->text);
         return;
     }
+    if (ev->kind == FT_EV_WARN) {
+        ft_progress_flush(p);
+        fprintf(stderr, "ftune: warning: %s\n", ev->text);
+        return;
+    }
+    if (ev->kind == FT_EV_CKPT) {
+        ft_progress_flush(p);
+        fprintf(stderr, "ftune: checkpoint at step %lld/%lld: %s\n", (long long)ev->step,
+                (long long)ev->total_steps, ev->text);
+        return;
+    }
     if (ev->kind == FT_EV_EVAL) {
         ft_progress_flush(p);
         fprintf(stderr, "ftune: eval at step %lld/%lld: loss %.4f (ppl %.2f)\n", (long long)ev->step,

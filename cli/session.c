@@ -1,7 +1,8 @@
-/* session.c - shared set-up for eval and logits (see session.h). */
+/* session.c - shared set-up for eval and logits, training signals (see session.h). */
 #include "cli/session.h"
 
 #include <string.h>
+#include <unistd.h>
 
 #include "adapters/peft.h"
 #include "src/core/err.h"
@@ -40,4 +41,50 @@ void ft_session_close(ft_session *s)
     ft_backend_free(s->be);
     ft_model_free(s->model);
     memset(s, 0, sizeof *s);
+}
+
+/* ---- training signals ------------------------------------------------------------------ */
+
+static volatile sig_atomic_t g_stop;
+static struct sigaction g_old_int, g_old_term;
+static int g_installed;
+
+/* Async-signal-safe: only write(2), _exit(2) and the flag. */
+static void on_stop_signal(int sig)
+{
+    static const char first[] =
+        "\nftune: stop requested: finishing the current step, then saving a checkpoint "
+        "(signal again to quit at once)\n";
+    static const char second[] = "\nftune: second stop signal: exiting now; the last complete "
+        "checkpoint is intact\n";
+    if (g_stop) {
+        ssize_t w = write(2, second, sizeof second - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    g_stop = sig;
+    ssize_t w = write(2, first, sizeof first - 1);
+    (void)w;
+}
+
+volatile sig_atomic_t *ft_session_signals_install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    g_stop = 0;
+    sigaction(SIGINT, &sa, &g_old_int);
+    sigaction(SIGTERM, &sa, &g_old_term);
+    g_installed = 1;
+    return &g_stop;
+}
+
+void ft_session_signals_restore(void)
+{
+    if (!g_installed) return;
+    sigaction(SIGINT, &g_old_int, NULL);
+    sigaction(SIGTERM, &g_old_term, NULL);
+    g_installed = 0;
 }

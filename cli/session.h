@@ -1,7 +1,10 @@
 /* session.h - what eval, logits (and later generate) share: a model, an optional adapter,
- * a backend and an executor sized for one micro-batch. */
+ * a backend and an executor sized for one micro-batch; and the signal handling of a
+ * training run (library code installs no handlers). */
 #ifndef FT_SESSION_H
 #define FT_SESSION_H
+
+#include <signal.h>
 
 #include "adapters/lora.h"
 #include "offload/exec.h"
@@ -23,5 +26,14 @@ int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, i
 /* Re-plans the executor for up to T tokens per micro-batch. */
 int ft_session_plan(ft_session *s, int64_t T);
 void ft_session_close(ft_session *s);
+
+/* Stop requests for a training run. Installs SIGINT and SIGTERM handlers (SA_RESTART):
+ * the first signal stores its number in the returned flag and prints one line (the
+ * trainer, given the flag as ft_train_cfg.stop, finishes its step, saves a checkpoint
+ * and returns); a second one exits at once with status 128 + signo, which cannot damage
+ * the last checkpoint (checkpoints are renamed into place whole). */
+volatile sig_atomic_t *ft_session_signals_install(void);
+/* Puts back the handlers found by ft_session_signals_install. */
+void ft_session_signals_restore(void);
 
 #endif

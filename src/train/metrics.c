@@ -1,10 +1,13 @@
 /* metrics.c - metrics JSONL writer (see metrics.h). */
 #include "src/train/metrics.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "src/core/err.h"
+#include "src/core/fsutil.h"
 
 int ft_metrics_open(ft_metrics *m, const char *path)
 {
@@ -12,6 +15,50 @@ int ft_metrics_open(ft_metrics *m, const char *path)
     snprintf(m->path, sizeof m->path, "%s", path);
     m->f = fopen(path, "w");
     if (!m->f) return ft_err(-errno, "%s: cannot create: %s", path, strerror(errno));
+    return 0;
+}
+
+/* 1 if the JSONL line (len bytes, no newline) belongs to the run up to `step`. */
+static int keep_line(const char *line, size_t len, int64_t step, int keep_eval)
+{
+    cJSON *o = cJSON_ParseWithLength(line, len);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
+    int keep = 0;
+    if (cJSON_IsObject(o) && cJSON_IsNumber(s)) {
+        int is_eval = cJSON_HasObjectItem(o, "eval_loss");
+        keep = s->valuedouble < (double)step ||
+               (s->valuedouble == (double)step && (!is_eval || keep_eval));
+    }
+    cJSON_Delete(o);
+    return keep;
+}
+
+int ft_metrics_open_resume(ft_metrics *m, const char *path, int64_t step, int keep_eval_at_step)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    char *txt = NULL;
+    size_t len = 0;
+    int rc = ft_read_file(path, &txt, &len);
+    if (rc == -ENOENT) return ft_metrics_open(m, path);
+    FT_TRY(rc);
+    /* filter in place: kept lines move to the front */
+    size_t out = 0;
+    for (size_t i = 0; i < len;) {
+        size_t j = i;
+        while (j < len && txt[j] != '\n') j++;
+        int complete = j < len; /* a last line without '\n' was torn by a crash */
+        if (complete && keep_line(txt + i, j - i, step, keep_eval_at_step)) {
+            memmove(txt + out, txt + i, j - i + 1);
+            out += j - i + 1;
+        }
+        i = j + 1;
+    }
+    rc = ft_write_file_atomic(path, txt, out);
+    free(txt);
+    FT_TRY(rc);
+    m->f = fopen(path, "a");
+    if (!m->f) return ft_err(-errno, "%s: cannot open for appending: %s", path, strerror(errno));
     return 0;
 }
 
@@ -37,7 +84,8 @@ static int done(ft_metrics *m)
 }
 
 int ft_metrics_step(ft_metrics *m, int64_t step, double loss, double lr, double grad_norm,
-                    int64_t tokens, double tokens_per_s, double elapsed_s)
+                    int64_t tokens, double tokens_per_s, double elapsed_s, int64_t bad_steps,
+                    int skipped)
 {
     if (!m->f) return 0;
     fprintf(m->f, "{\"step\": %lld, ", (long long)step);
@@ -46,7 +94,9 @@ int ft_metrics_step(ft_metrics *m, int64_t step, double loss, double lr, double 
     num(m->f, "grad_norm", grad_norm, 0);
     fprintf(m->f, "\"tokens\": %lld, ", (long long)tokens);
     num(m->f, "tokens_per_s", tokens_per_s, 0);
-    num(m->f, "elapsed_s", elapsed_s, 1);
+    num(m->f, "elapsed_s", elapsed_s, 0);
+    if (skipped) fputs("\"skipped\": true, ", m->f);
+    fprintf(m->f, "\"bad_steps\": %lld", (long long)bad_steps);
     return done(m);
 }
 

@@ -10,11 +10,22 @@ typedef struct ft_metrics { FILE *f; char path[4096]; } ft_metrics;
 
 /* Creates/truncates path. Returns 0 or -errno (message names the path). */
 int ft_metrics_open(ft_metrics *m, const char *path);
+
+/* Continues the metrics of a run resumed after optimizer step `step`: the lines of path
+ * (if it exists) that belong to steps up to `step` are kept (rewritten atomically), the
+ * rest (steps run after the checkpoint, a line torn by a crash) dropped, and the file is
+ * opened for appending. An eval line at exactly `step` is kept only if keep_eval_at_step
+ * (the trainer evaluates mid-run before a checkpoint, but the final eval after the last
+ * one). Returns 0 or -errno. */
+int ft_metrics_open_resume(ft_metrics *m, const char *path, int64_t step, int keep_eval_at_step);
 void ft_metrics_close(ft_metrics *m);
 
-/* One training step: {"step","loss","lr","grad_norm","tokens","tokens_per_s","elapsed_s"}. */
+/* One training step: {"step","loss","lr","grad_norm","tokens","tokens_per_s","elapsed_s",
+ * "bad_steps"} and "skipped": true for a step skipped for a non-finite loss or gradient
+ * norm (no update); non-finite numbers are written as null. bad_steps is cumulative. */
 int ft_metrics_step(ft_metrics *m, int64_t step, double loss, double lr, double grad_norm,
-                    int64_t tokens, double tokens_per_s, double elapsed_s);
+                    int64_t tokens, double tokens_per_s, double elapsed_s, int64_t bad_steps,
+                    int skipped);
 /* One evaluation: {"step","eval_loss","eval_tokens","elapsed_s"}. */
 int ft_metrics_eval(ft_metrics *m, int64_t step, double eval_loss, int64_t eval_tokens,
                     double elapsed_s);

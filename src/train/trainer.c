@@ -8,13 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "adapters/peft.h"
 #include "kernels/kernels.h"
 #include "offload/exec.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/rng.h"
 #include "src/model/model.h"
+#include "src/train/checkpoint.h"
 #include "src/train/metrics.h"
 #include "src/train/schedule.h"
 
@@ -39,6 +42,9 @@ void ft_train_defaults(ft_train_cfg *c)
     c->seed = 42;
     c->data_cfg.eval_fraction = 0.05;
     c->data_cfg.eval_max = 200;
+    c->save_every = 200;
+    c->keep = 2;
+    c->max_bad_steps = 5;
 }
 
 static double now_s(void)
@@ -97,6 +103,7 @@ typedef struct run {
     ft_exec ex;
     int ex_ok;
     ft_metrics met;
+    char *cfg_json;             /* the run config stored in checkpoints */
 } run;
 
 static void run_free(run *r)
@@ -110,6 +117,7 @@ static void run_free(run *r)
     ft_dataset_free(&r->ds);
     ft_tok_free(r->tok);
     ft_model_free(r->model);
+    free(r->cfg_json);
 }
 
 static int check_finite_cfg(const ft_train_cfg *c)
@@ -120,6 +128,153 @@ static int check_finite_cfg(const ft_train_cfg *c)
     if (c->max_steps < 0) return ft_err(FT_E_INVALID, "--max-steps must be >= 0");
     if (c->max_steps == 0 && !(c->epochs > 0)) return ft_err(FT_E_INVALID, "--epochs must be > 0");
     if (c->seq_len < 0 || c->seq_len == 1) return ft_err(FT_E_INVALID, "--seq-len must be >= 2");
+    if (c->save_every < 0) return ft_err(FT_E_INVALID, "--save-every must be >= 0");
+    if (c->keep < 0) return ft_err(FT_E_INVALID, "--keep must be >= 0");
+    if (c->max_bad_steps < 1) return ft_err(FT_E_INVALID, "--max-bad-steps must be >= 1");
+    return 0;
+}
+
+/* Fingerprint of the tokenized data as training sees it: order, lengths, ids and labels
+ * of the train and eval examples (covers the file, schema, template, tokenizer, split). */
+static uint64_t data_fingerprint(const ft_dataset *ds)
+{
+    uint64_t h = FT_CKPT_HASH_INIT;
+    const ft_example *sets[2] = {ds->train, ds->eval};
+    int64_t ns[2] = {ds->n_train, ds->n_eval};
+    for (int k = 0; k < 2; k++) {
+        h = ft_ckpt_hash(h, &ns[k], sizeof ns[k]);
+        for (int64_t i = 0; i < ns[k]; i++) {
+            const ft_example *e = &sets[k][i];
+            h = ft_ckpt_hash(h, &e->n, sizeof e->n);
+            h = ft_ckpt_hash(h, e->ids, (size_t)e->n * sizeof *e->ids);
+            h = ft_ckpt_hash(h, e->labels, (size_t)e->n * sizeof *e->labels);
+        }
+    }
+    return h;
+}
+
+/* The run config stored in checkpoints (JSON text, malloc'ed): every key outside "info"
+ * changes the training trajectory and must match on --resume (ft_ckpt_config_diff). */
+static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_model *m,
+                        const ft_dataset *ds, int64_t seq_len, int64_t total, int64_t warmup,
+                        int64_t n_params)
+{
+    const ft_model_config *mc = &m->cfg;
+    char buf[64];
+    cJSON *o = cJSON_CreateObject();
+    snprintf(buf, sizeof buf, "%s L%lld C%lld F%lld H%lld/%lld V%lld", mc->model_type,
+             (long long)mc->num_hidden_layers, (long long)mc->hidden_size,
+             (long long)mc->intermediate_size, (long long)mc->num_attention_heads,
+             (long long)mc->num_key_value_heads, (long long)mc->vocab_size);
+    cJSON_AddStringToObject(o, "model_shape", buf);
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)data_fingerprint(ds));
+    cJSON_AddStringToObject(o, "data_fingerprint", buf);
+    cJSON_AddNumberToObject(o, "n_train", (double)ds->n_train);
+    cJSON_AddNumberToObject(o, "n_eval", (double)ds->n_eval);
+    cJSON_AddNumberToObject(o, "seq_len", (double)seq_len);
+    cJSON_AddNumberToObject(o, "batch_size", (double)c->batch_size);
+    cJSON_AddNumberToObject(o, "grad_accum", (double)c->grad_accum);
+    cJSON_AddNumberToObject(o, "total_steps", (double)total);
+    cJSON_AddNumberToObject(o, "warmup_steps", (double)warmup);
+    cJSON_AddStringToObject(o, "schedule", ft_schedule_name(c->schedule));
+    cJSON_AddNumberToObject(o, "lr", c->lr);
+    cJSON_AddNumberToObject(o, "min_lr_ratio", c->min_lr_ratio);
+    cJSON_AddNumberToObject(o, "weight_decay", c->weight_decay);
+    cJSON_AddNumberToObject(o, "adam_beta1", c->adam_beta1);
+    cJSON_AddNumberToObject(o, "adam_beta2", c->adam_beta2);
+    cJSON_AddNumberToObject(o, "adam_eps", c->adam_eps);
+    cJSON_AddNumberToObject(o, "max_grad_norm", c->max_grad_norm);
+    cJSON_AddNumberToObject(o, "lora_r", (double)lc->r);
+    cJSON_AddNumberToObject(o, "lora_alpha", lc->alpha);
+    cJSON_AddNumberToObject(o, "lora_dropout", lc->dropout);
+    cJSON_AddBoolToObject(o, "use_rslora", lc->use_rslora);
+    cJSON *t = cJSON_AddArrayToObject(o, "lora_targets");
+    for (int p = 0; p < FT_N_PROJ; p++)
+        if (lc->targets & (1u << p)) cJSON_AddItemToArray(t, cJSON_CreateString(ft_proj_name[p]));
+    cJSON_AddNumberToObject(o, "n_params", (double)n_params);
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)c->seed); /* > 2^53 as a string */
+    cJSON_AddStringToObject(o, "seed", buf);
+    /* "info": recorded, free to change on resume */
+    cJSON *info = cJSON_AddObjectToObject(o, "info");
+    cJSON_AddStringToObject(info, "model", c->model);
+    cJSON_AddStringToObject(info, "data", c->data);
+    if (c->init_adapter) cJSON_AddStringToObject(info, "init_adapter", c->init_adapter);
+    cJSON_AddNumberToObject(info, "max_steps", (double)c->max_steps);
+    cJSON_AddNumberToObject(info, "epochs", c->epochs);
+    cJSON_AddNumberToObject(info, "threads", c->threads);
+    cJSON_AddNumberToObject(info, "eval_every", (double)c->eval_every);
+    char *s = ft_ckpt_json_print(o, 0); /* numbers exact: they are compared on resume */
+    cJSON_Delete(o);
+    return s;
+}
+
+/* A run id for a fresh start: time and pid, mixed (identifies the run's checkpoints). */
+static void new_run_id(char *out, size_t n)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^
+                 ((uint64_t)getpid() << 40);
+    snprintf(out, n, "%016llx", (unsigned long long)ft_splitmix64(&x));
+}
+
+/* Writes checkpoint st->step, prunes old ones, reports it. */
+static int save_checkpoint(run *r, const ft_train_cfg *c, ft_ckpt_state *st, double elapsed,
+                           ft_train_cb cb, void *user, ft_train_result *res)
+{
+    char path[4200];
+    st->elapsed_s = elapsed;
+    int rc = ft_ckpt_save(c->out, st, r->cfg_json, &r->lora, r->model, c->model, path, sizeof path);
+    if (rc < 0) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", ft_errmsg());
+        if (res->checkpoint[0])
+            return ft_err(rc, "%s; the previous checkpoint %s is intact", msg, res->checkpoint);
+        return ft_err(rc, "%s; no earlier checkpoint of this run exists", msg);
+    }
+    snprintf(res->checkpoint, sizeof res->checkpoint, "%s", path);
+    ft_ckpt_prune(c->out, st->step, st->run_id, c->keep); /* best effort */
+    ft_train_event ev = {.kind = FT_EV_CKPT, .text = path, .step = st->step,
+                         .total_steps = st->total_steps};
+    emit(cb, user, &ev);
+    return 0;
+}
+
+/* Packs the training micro-batches of `epoch` (epoch 0 uses the seed itself). */
+static int pack_epoch(run *r, const ft_train_cfg *c, int64_t seq_len, int64_t epoch)
+{
+    ft_batches_free(r->train_b, r->n_train_b);
+    r->train_b = NULL;
+    r->n_train_b = 0;
+    return ft_pack(&r->train_b, &r->n_train_b, r->ds.train, r->ds.n_train, seq_len,
+                   c->batch_size, c->seed + (uint64_t)epoch);
+}
+
+/* Loads the checkpoint c->resume into r and st after checking its config against ours. */
+static int resume_from(run *r, const ft_train_cfg *c, ft_ckpt_state *st, int64_t seq_len)
+{
+    char *saved = NULL;
+    ft_ckpt_state want = *st;
+    int rc = ft_ckpt_load(c->resume, st, &saved, NULL);
+    if (rc < 0) return ft_err_prefix(rc, "--resume %s", c->resume);
+    rc = ft_ckpt_config_diff(saved, r->cfg_json);
+    free(saved);
+    if (rc < 0) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", ft_errmsg());
+        return ft_err(rc, "--resume %s: %s. Resume with the flags of the original run (--threads, eval, logging and checkpoint flags may change); to train on with other settings, start a new run with --init-adapter %s",
+                      c->resume, msg, c->resume);
+    }
+    rc = ft_ckpt_load(c->resume, st, NULL, &r->lora);
+    if (rc < 0) return ft_err_prefix(rc, "--resume %s", c->resume);
+    if (st->total_steps != want.total_steps || st->warmup_steps != want.warmup_steps)
+        return ft_err(FT_E_INVALID, "--resume %s: schedule of %lld steps (warmup %lld), this run has %lld (%lld)",
+                      c->resume, (long long)st->total_steps, (long long)st->warmup_steps,
+                      (long long)want.total_steps, (long long)want.warmup_steps);
+    if (st->epoch > 0) FT_TRY(pack_epoch(r, c, seq_len, st->epoch));
+    if (st->cursor > r->n_train_b)
+        return ft_err(FT_E_CORRUPT, "%s/" FT_CKPT_STATE_FILE ": \"cursor\" %lld beyond the %lld micro-batches of epoch %lld",
+                      c->resume, (long long)st->cursor, (long long)r->n_train_b, (long long)st->epoch);
     return 0;
 }
 
@@ -153,8 +308,7 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
          (long long)r->ds.n_eval, (long long)r->ds.n_skipped, (long long)r->ds.n_truncated,
          (long long)seq_len, (long long)r->ds.n_dropped);
 
-    FT_TRY(ft_pack(&r->train_b, &r->n_train_b, r->ds.train, r->ds.n_train, seq_len,
-                   c->batch_size, c->seed));
+    FT_TRY(pack_epoch(r, c, seq_len, 0));
     if (r->ds.n_eval)
         FT_TRY(ft_pack(&r->eval_b, &r->n_eval_b, r->ds.eval, r->ds.n_eval, seq_len,
                        c->batch_size, c->seed));
@@ -172,7 +326,7 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     }
     FT_TRY(ft_lora_init(&r->lora, r->model, &lc, r->be));
     r->lora_ok = 1;
-    if (c->init_adapter) FT_TRY(ft_peft_load_weights(c->init_adapter, &r->lora));
+    if (c->init_adapter && !c->resume) FT_TRY(ft_peft_load_weights(c->init_adapter, &r->lora));
 
     int64_t T = c->batch_size * seq_len;
     FT_TRY(ft_exec_init(&r->ex, r->be, r->model, &r->lora, T, c->grad_accum, seq_len));
@@ -188,17 +342,43 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
          (long long)c->batch_size, (long long)seq_len, (long long)c->grad_accum, (long long)total,
          (long long)warmup, ft_schedule_name(c->schedule), r->ex.arena_bytes / 1048576.0);
 
+    r->cfg_json = run_config(c, &lc, r->model, &r->ds, seq_len, total, warmup, r->lora.n_params);
+    if (!r->cfg_json) return ft_err(-ENOMEM, "out of memory");
+    ft_ckpt_state st;
+    memset(&st, 0, sizeof st);
+    res->total_steps = st.total_steps = total;
+    st.warmup_steps = warmup;
+    st.initial_eval_loss = st.last_eval_loss = st.last_loss = NAN;
+
     char path[4200];
     FT_TRY(ft_mkdir_p(c->out));
     FT_TRY(ft_path_join(path, sizeof path, c->out, "metrics.jsonl"));
-    FT_TRY(ft_metrics_open(&r->met, path));
+    int64_t latest = -1;
+    int n_old = ft_ckpt_count(c->out, &latest);
+    if (c->resume) {
+        FT_TRY(resume_from(r, c, &st, seq_len));
+        res->resumed_from = st.step;
+        snprintf(res->checkpoint, sizeof res->checkpoint, "%s", c->resume);
+        info(cb, user, FT_EV_INFO, "resuming from %s: step %lld/%lld, epoch %lld, micro-batch %lld/%lld, %lld bad steps so far",
+             c->resume, (long long)st.step, (long long)total, (long long)st.epoch,
+             (long long)st.cursor, (long long)r->n_train_b, (long long)st.bad_steps);
+        if (latest > st.step)
+            info(cb, user, FT_EV_INFO, "note: %s holds checkpoints after step %lld (up to %s%lld); they are removed at this run's next checkpoint",
+                 c->out, (long long)st.step, FT_CKPT_PREFIX, (long long)latest);
+        FT_TRY(ft_metrics_open_resume(&r->met, path, st.step, st.step < total));
+    } else {
+        new_run_id(st.run_id, sizeof st.run_id);
+        if (n_old > 0)
+            info(cb, user, FT_EV_INFO, "note: %s holds %d checkpoint(s) of an earlier run (latest %s%lld); this run starts over and removes them at its first checkpoint (stop now and add --resume to continue that run instead)",
+                 c->out, n_old, FT_CKPT_PREFIX, (long long)latest);
+        FT_TRY(ft_metrics_open(&r->met, path));
+    }
 
     double eval_loss = NAN;
     int64_t eval_tok = 0;
-    res->initial_eval_loss = NAN;
-    if (r->n_eval_b) {
+    if (!c->resume && r->n_eval_b) {
         FT_TRY(evaluate(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, &eval_loss, &eval_tok));
-        res->initial_eval_loss = eval_loss;
+        st.initial_eval_loss = st.last_eval_loss = eval_loss;
         FT_TRY(ft_metrics_eval(&r->met, 0, eval_loss, eval_tok, now_s() - t0));
         ft_train_event ev = {.kind = FT_EV_EVAL, .step = 0, .total_steps = total, .eval_loss = eval_loss};
         emit(cb, user, &ev);
@@ -206,84 +386,137 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
 
     size_t pbytes = (size_t)r->lora.n_params * sizeof(float);
     const ft_backend_ops *o = r->be->ops;
-    int64_t cursor = 0, epoch = 0, tokens = 0, positions = 0;
-    double train_t0 = now_s(), last_loss = NAN;
-    for (int64_t step = 0; step < total; step++) {
-        /* the next grad_accum micro-batches; a new epoch re-packs with a new seed */
-        if (cursor >= r->n_train_b) {
-            epoch++;
-            cursor = 0;
-            ft_batches_free(r->train_b, r->n_train_b);
-            r->train_b = NULL;
-            FT_TRY(ft_pack(&r->train_b, &r->n_train_b, r->ds.train, r->ds.n_train, seq_len,
-                           c->batch_size, c->seed + (uint64_t)epoch));
+    const int64_t start = st.step;
+    int64_t saved_step = c->resume ? st.step : -1, positions0 = st.positions;
+    double base_s = st.elapsed_s; /* run time of earlier sessions */
+    double train_t0 = now_s();
+    int stopped = 0;
+    for (int64_t step = st.step; step < total; step++) {
+        if (c->stop && *c->stop) {
+            stopped = 1;
+            break;
         }
-        int64_t n_mb = r->n_train_b - cursor < c->grad_accum ? r->n_train_b - cursor : c->grad_accum;
-        const ft_batch *mbs = &r->train_b[cursor];
-        cursor += n_mb;
+        /* the next grad_accum micro-batches; a new epoch re-packs with a new seed */
+        if (st.cursor >= r->n_train_b) {
+            st.epoch++;
+            st.cursor = 0;
+            FT_TRY(pack_epoch(r, c, seq_len, st.epoch));
+        }
+        int64_t n_mb = r->n_train_b - st.cursor < c->grad_accum ? r->n_train_b - st.cursor : c->grad_accum;
+        const ft_batch *mbs = &r->train_b[st.cursor];
+        st.cursor += n_mb;
         int64_t n_targets = 0, step_positions = 0;
         double step_t0 = now_s();
         for (int64_t i = 0; i < n_mb; i++) {
             step_positions += mbs[i].T;
             n_targets += mbs[i].n_targets;
-            positions += mbs[i].T;
         }
         FT_TRY(o->zero(r->be, r->lora.grads, pbytes));
         double loss_sum;
         int64_t nv;
+        /* dropout masks: a pure function of (seed, step), so a resumed run needs no RNG state */
         uint64_t dseed = lc.dropout > 0 ? (c->seed * 0x9e3779b97f4a7c15ull) ^ (uint64_t)(step + 1) : 0;
         FT_TRY(ft_exec_train_step(&r->ex, mbs, n_mb, n_targets, dseed, &loss_sum, &nv));
         double loss = nv ? loss_sum / (double)nv : NAN;
         double sq;
         FT_TRY(o->sumsq(r->be, &sq, r->lora.grads, r->lora.n_params));
         double gnorm = sqrt(sq);
-        if (!isfinite(loss) && nv) return ft_err(FT_E_NUMERIC, "step %lld: loss is not finite", (long long)step + 1);
-        if (!isfinite(gnorm)) return ft_err(FT_E_NUMERIC, "step %lld: gradient norm is not finite", (long long)step + 1);
-        if (c->max_grad_norm > 0 && gnorm > c->max_grad_norm)
-            FT_TRY(o->scale(r->be, r->lora.grads, (float)(c->max_grad_norm / (gnorm + 1e-6)), r->lora.n_params));
         double lr = ft_schedule_lr(c->schedule, c->lr, step, warmup, total, c->min_lr_ratio);
-        FT_TRY(o->adamw(r->be, r->lora.params, r->lora.grads, r->lora.m, r->lora.v, r->lora.n_params,
-                        (float)lr, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
-                        (float)c->weight_decay, step + 1));
-        tokens += nv;
-        last_loss = loss;
-        double el = now_s() - train_t0, st = now_s() - step_t0;
-        double tps = st > 0 ? step_positions / st : 0; /* this step's token positions per second */
-        FT_TRY(ft_metrics_step(&r->met, step + 1, loss, lr, gnorm, tokens, tps, now_s() - t0));
-        ft_train_event ev = {.kind = FT_EV_STEP, .step = step + 1, .total_steps = total,
+        int bad = (nv && !isfinite(loss)) || !isfinite(gnorm);
+        if (bad) {
+            /* skip: no update, gradients dropped; the schedule position still advances */
+            FT_TRY(o->zero(r->be, r->lora.grads, pbytes));
+            st.bad_steps++;
+            st.bad_run++;
+            char ls[32], gs[32];
+            snprintf(ls, sizeof ls, isnan(loss) ? "NaN" : "%g", loss);
+            snprintf(gs, sizeof gs, isnan(gnorm) ? "NaN" : "%g", gnorm);
+            info(cb, user, FT_EV_WARN, "step %lld: %s is not finite (loss %s, gradient norm %s); step skipped, no update (%lld bad steps, %lld in a row, --max-bad-steps %lld)",
+                 (long long)step + 1, !isfinite(loss) ? "the loss" : "the gradient norm", ls, gs,
+                 (long long)st.bad_steps, (long long)st.bad_run, (long long)c->max_bad_steps);
+        } else {
+            st.bad_run = 0;
+            if (c->max_grad_norm > 0 && gnorm > c->max_grad_norm)
+                FT_TRY(o->scale(r->be, r->lora.grads, (float)(c->max_grad_norm / (gnorm + 1e-6)), r->lora.n_params));
+            FT_TRY(o->adamw(r->be, r->lora.params, r->lora.grads, r->lora.m, r->lora.v, r->lora.n_params,
+                            (float)lr, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
+                            (float)c->weight_decay, st.adam_step + 1));
+            st.adam_step++;
+            st.tokens += nv;
+            st.last_loss = loss;
+        }
+        st.positions += step_positions;
+        st.step = step + 1;
+        double el = now_s() - train_t0, sd = now_s() - step_t0;
+        double tps = sd > 0 ? step_positions / sd : 0; /* this step's token positions per second */
+        FT_TRY(ft_metrics_step(&r->met, st.step, loss, lr, gnorm, st.tokens, tps,
+                               base_s + now_s() - t0, st.bad_steps, bad));
+        ft_train_event ev = {.kind = FT_EV_STEP, .step = st.step, .total_steps = total,
                              .loss = loss, .lr = lr, .grad_norm = gnorm, .tokens_per_s = tps,
-                             .elapsed_s = el, .tokens = tokens,
-                             .eta_s = el / (step + 1) * (total - step - 1)};
+                             .elapsed_s = el, .tokens = st.tokens,
+                             .eta_s = el / (double)(st.step - start) * (double)(total - st.step)};
         emit(cb, user, &ev);
-        int last = step + 1 == total;
-        if (r->n_eval_b && (last || (c->eval_every > 0 && (step + 1) % c->eval_every == 0))) {
+        if (bad && st.bad_run >= c->max_bad_steps)
+            return ft_err(FT_E_NUMERIC, "stopped at step %lld/%lld after %lld consecutive steps with a non-finite loss or gradient norm (--max-bad-steps %lld): the model diverged (try a lower --lr or --max-grad-norm) or the data or base weights produce Inf/NaN; no adapter written",
+                          (long long)st.step, (long long)total, (long long)st.bad_run,
+                          (long long)c->max_bad_steps);
+        /* a scheduled mid-run eval runs even when stopping, so the metrics of a resumed
+         * run are those of an uninterrupted one (it precedes the step's checkpoint) */
+        if (r->n_eval_b && st.step < total && c->eval_every > 0 && st.step % c->eval_every == 0) {
             FT_TRY(evaluate(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, &eval_loss, &eval_tok));
-            FT_TRY(ft_metrics_eval(&r->met, step + 1, eval_loss, eval_tok, now_s() - t0));
-            ft_train_event e2 = {.kind = FT_EV_EVAL, .step = step + 1, .total_steps = total, .eval_loss = eval_loss};
+            st.last_eval_loss = eval_loss;
+            FT_TRY(ft_metrics_eval(&r->met, st.step, eval_loss, eval_tok, base_s + now_s() - t0));
+            ft_train_event e2 = {.kind = FT_EV_EVAL, .step = st.step, .total_steps = total, .eval_loss = eval_loss};
             emit(cb, user, &e2);
         }
-        res->steps = step + 1;
-        res->tokens_per_s = el > 0 ? positions / el : 0;
+        int stopping = c->stop && *c->stop; /* then the save below the loop */
+        if (!stopping && c->save_every > 0 && st.step % c->save_every == 0 && st.step < total) {
+            FT_TRY(save_checkpoint(r, c, &st, base_s + now_s() - t0, cb, user, res));
+            saved_step = st.step;
+        }
     }
-    res->time_s = now_s() - t0;
-    res->final_eval_loss = eval_loss;
-    res->final_train_loss = last_loss;
-    res->tokens = positions;
-    res->trained_tokens = tokens;
+    if (c->stop && *c->stop) stopped = 1;
+    double sess = now_s() - train_t0;
+    res->steps = st.step;
+    res->tokens = st.positions;
+    res->trained_tokens = st.tokens;
+    res->bad_steps = st.bad_steps;
+    res->initial_eval_loss = st.initial_eval_loss;
+    res->final_train_loss = st.last_loss;
+    res->tokens_per_s = sess > 0 ? (double)(st.positions - positions0) / sess : 0;
     res->n_train = r->ds.n_train;
     res->n_eval = r->ds.n_eval;
     res->n_skipped = r->ds.n_skipped;
     res->n_truncated = r->ds.n_truncated;
     res->n_dropped = r->ds.n_dropped;
     res->layer_fetches = r->ex.layer_fetches;
+    if (saved_step != st.step && (st.step > 0 || !stopped))
+        FT_TRY(save_checkpoint(r, c, &st, base_s + now_s() - t0, cb, user, res));
+    if (stopped) {
+        res->stopped = 1;
+        res->final_eval_loss = st.last_eval_loss;
+        res->time_s = base_s + now_s() - t0;
+        return 0;
+    }
+
+    /* the final evaluation comes after the last checkpoint (a resume from it redoes it) */
+    if (r->n_eval_b) {
+        FT_TRY(evaluate(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, &eval_loss, &eval_tok));
+        st.last_eval_loss = eval_loss;
+        FT_TRY(ft_metrics_eval(&r->met, st.step, eval_loss, eval_tok, base_s + now_s() - t0));
+        ft_train_event e2 = {.kind = FT_EV_EVAL, .step = st.step, .total_steps = total, .eval_loss = eval_loss};
+        emit(cb, user, &e2);
+    }
+    res->final_eval_loss = st.last_eval_loss;
+    res->time_s = base_s + now_s() - t0;
     FT_TRY(ft_peft_save(c->out, &r->lora, r->model, c->model));
 
     /* summary.json (null for a loss that was not measured, e.g. no eval split) */
     cJSON *js = cJSON_CreateObject();
     cJSON_AddStringToObject(js, "adapter", c->out);
     cJSON_AddNumberToObject(js, "steps", (double)res->steps);
-    cJSON_AddNumberToObject(js, "tokens", (double)positions);
-    cJSON_AddNumberToObject(js, "trained_tokens", (double)tokens);
+    cJSON_AddNumberToObject(js, "tokens", (double)res->tokens);
+    cJSON_AddNumberToObject(js, "trained_tokens", (double)res->trained_tokens);
     cJSON_AddNumberToObject(js, "time_s", res->time_s);
     cJSON_AddNumberToObject(js, "tokens_per_s", res->tokens_per_s);
     const char *keys[3] = {"final_train_loss", "initial_eval_loss", "final_eval_loss"};
@@ -297,6 +530,9 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     cJSON_AddNumberToObject(js, "n_skipped", (double)res->n_skipped);
     cJSON_AddNumberToObject(js, "n_truncated", (double)res->n_truncated);
     cJSON_AddNumberToObject(js, "n_dropped", (double)res->n_dropped);
+    cJSON_AddNumberToObject(js, "bad_steps", (double)res->bad_steps);
+    cJSON_AddNumberToObject(js, "resumed_from_step", (double)res->resumed_from);
+    cJSON_AddStringToObject(js, "checkpoint", res->checkpoint);
     char *out = cJSON_Print(js);
     cJSON_Delete(js);
     if (!out) return ft_err(-ENOMEM, "out of memory writing summary.json");

@@ -6,10 +6,28 @@
  * as torch.nn.utils.clip_grad_norm_, AdamW, warmup + schedule), evaluates on the held-out
  * split, writes metrics JSONL, the PEFT adapter and a summary JSON under cfg->out.
  * Progress is reported through a callback; the library prints nothing.
+ *
+ * Reliability (checkpoint.h):
+ *   - checkpoints OUT/checkpoint-<step>/ every save_every steps, at the end and when
+ *     stopped, the last `keep` kept; cfg->resume continues a run from one so that the
+ *     final adapter is bit-identical to that of an uninterrupted run (same seed; any
+ *     --threads, the CPU ops being thread-count independent, kernels.h). The run config
+ *     (every setting that changes the trajectory: sequence length, batch, grad-accum,
+ *     schedule length and warmup, optimizer and LoRA settings, seed, the tokenized data)
+ *     must match the checkpoint's, else FT_E_INVALID lists the differences.
+ *   - cfg->stop: set asynchronously (a signal handler in cli/); checked between steps: the
+ *     trainer finishes the step (and its scheduled mid-run eval, so that the metrics of
+ *     the resumed run match; the final eval is left to the resumed run), saves a
+ *     checkpoint and returns 0 with res->stopped = 1.
+ *   - a step whose loss or gradient norm is not finite is skipped (gradients zeroed, no
+ *     AdamW update, the schedule still advances), reported as FT_EV_WARN and counted in
+ *     metrics.jsonl / summary.json ("bad_steps"); max_bad_steps consecutive ones stop the
+ *     run with FT_E_NUMERIC.
  */
 #ifndef FT_TRAINER_H
 #define FT_TRAINER_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "adapters/lora.h"
@@ -35,17 +53,26 @@ typedef struct ft_train_cfg {
     int64_t eval_max_batches;   /* cap per evaluation (0: all) */
     int threads;
     uint64_t seed;
+    const char *resume;         /* checkpoint folder to continue from, or NULL: fresh run */
+    int64_t save_every;         /* checkpoint every N steps (0: only at the end / on stop) */
+    int64_t keep;               /* checkpoints kept in out (0: all) */
+    int64_t max_bad_steps;      /* consecutive non-finite steps that stop the run (>= 1) */
+    volatile sig_atomic_t *stop;/* if non-NULL and non-zero: stop after the current step */
 } ft_train_cfg;
 
 /* Fills the defaults a user expects (r 16, alpha 32, all linear targets, lr 2e-4, one epoch,
- * batch 1, grad-accum 1, cosine with 3% warmup, clip 1.0, AdamW (0.9, 0.999, 1e-8), wd 0). */
+ * batch 1, grad-accum 1, cosine with 3% warmup, clip 1.0, AdamW (0.9, 0.999, 1e-8), wd 0;
+ * a checkpoint every 200 steps, 2 kept, stop after 5 consecutive non-finite steps). */
 void ft_train_defaults(ft_train_cfg *c);
 
-enum ft_train_event_kind { FT_EV_INFO = 0, FT_EV_PLAN, FT_EV_STEP, FT_EV_EVAL, FT_EV_DONE };
+/* FT_EV_WARN: a recoverable problem (a skipped step), text = one line.
+ * FT_EV_CKPT: a checkpoint was written, text = its folder, step = its step. */
+enum ft_train_event_kind { FT_EV_INFO = 0, FT_EV_PLAN, FT_EV_STEP, FT_EV_EVAL, FT_EV_DONE,
+                           FT_EV_WARN, FT_EV_CKPT };
 
 typedef struct ft_train_event {
     int kind;
-    const char *text;           /* FT_EV_INFO/PLAN: one line */
+    const char *text;           /* FT_EV_INFO/PLAN/DONE/WARN: one line; FT_EV_CKPT: folder */
     int64_t step, total_steps;
     double loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s;
     int64_t tokens;             /* cumulative trained target tokens */
@@ -56,16 +83,22 @@ typedef void (*ft_train_cb)(const ft_train_event *ev, void *user);
 
 typedef struct ft_train_result {
     double initial_eval_loss, final_eval_loss, final_train_loss;
-    int64_t steps;
+    int64_t steps;              /* optimizer steps done (of total_steps) */
+    int64_t total_steps;        /* the schedule's length (0 if training did not start) */
     int64_t tokens;             /* token positions processed (input tokens, no padding) */
     int64_t trained_tokens;     /* positions with a loss target */
     int64_t n_train, n_eval, n_skipped, n_truncated, n_dropped;
     double time_s, tokens_per_s;
     int64_t layer_fetches;      /* executor base-weight fetches */
+    int64_t bad_steps;          /* steps skipped for a non-finite loss / gradient norm */
+    int64_t resumed_from;       /* step the run resumed from (0: fresh start) */
+    int stopped;                /* 1: stopped through cfg->stop before completing */
+    char checkpoint[4200];      /* the last checkpoint written or resumed from ("" if none);
+                                 * set on error too, for the resume hint */
 } ft_train_result;
 
-/* Runs training. Returns 0 or the first error (message names file and position). No
- * adapter is written unless training completes. */
+/* Runs training. Returns 0 (completed, or res->stopped) or the first error (message names
+ * file and position). No adapter is written to cfg->out unless training completes. */
 int ft_train_run(const ft_train_cfg *cfg, ft_train_cb cb, void *user, ft_train_result *res);
 
 #endif

@@ -1,0 +1,369 @@
+"""Checkpoints and resume on tests/fixtures/tiny-llama (issue 8, points 1-4):
+
+- a run killed with SIGKILL at three random steps and resumed each time ends with an
+  adapter whose bytes equal those of an uninterrupted run with the same seed, and the same
+  per-step metrics;
+- one SIGINT: the step finishes, a checkpoint is saved, exit status 130 and one line with
+  the exact command to resume, which completes identically; a second signal exits at once;
+- a write failure while saving (injected ENOSPC; a real full tmpfs where `unshare -rm` is
+  allowed) leaves the previous checkpoint intact, the error names the file, and resuming
+  from it completes identically;
+- a step with a non-finite loss (a base model whose embedding row of one token is +Inf)
+  is skipped without an update and counted; a diverged run (huge --lr) stops after
+  --max-bad-steps consecutive bad steps; a resume with a changed config is refused.
+"""
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FTUNE = os.environ.get("FTUNE_BIN", str(ROOT / "build" / "ftune"))
+TINY = ROOT / "tests" / "fixtures" / "tiny-llama"
+DATA = ROOT / "examples" / "data" / "alpaca-seed-tasks" / "alpaca_seed_175.jsonl"
+STEPS = 24
+# 30 train examples -> 30 micro-batches, grad-accum 2: 15 steps per epoch, so the run crosses
+# an epoch boundary (re-packing with seed + epoch) and has a one-micro-batch last step
+ARGS = ["--seq-len", "64", "--max-steps", str(STEPS), "--save-every", "1", "--threads", "2",
+        "--seed", "5", "--lr", "1e-3", "--grad-accum", "2", "--eval-fraction", "0.5",
+        "--eval-every", "8"]
+TIMEOUT = 300  # seconds for one ftune run (2 shared cores)
+POLL = 0.02    # seconds between looks at metrics.jsonl
+
+
+def cmd(out, *extra, model=TINY):
+    return [FTUNE, "train", "--model", str(model), "--data", str(DATA), "--out", str(out)] + \
+        ARGS + list(extra)
+
+
+def run(args, env=None, ok=True):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    if ok:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def metrics(out):
+    rows = [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
+
+
+def last_step(out):
+    """Highest step in metrics.jsonl so far (0 if none); tolerates a line being written."""
+    try:
+        txt = (Path(out) / "metrics.jsonl").read_text()
+    except FileNotFoundError:
+        return 0
+    best = 0
+    for line in txt.splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if "loss" in r:
+            best = max(best, r["step"])
+    return best
+
+
+def max_ckpt(out):
+    """Highest step of the checkpoint-N folders of out (0 if none)."""
+    try:
+        return max([int(d.name.split("-")[1]) for d in Path(out).iterdir()
+                    if d.name.startswith("checkpoint-")] or [0])
+    except FileNotFoundError:
+        return 0
+
+
+def start(args):
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(p, out, step, probe=last_step):
+    t0 = time.time()
+    while probe(out) < step:
+        assert p.poll() is None, f"ftune ended (status {p.returncode}) before step {step}: " + \
+            p.stderr.read()
+        assert time.time() - t0 < TIMEOUT, f"step {step} not reached in {TIMEOUT} s"
+        time.sleep(POLL)
+
+
+def adapter(out):
+    return (Path(out) / "adapter_model.safetensors").read_bytes()
+
+
+def assert_same_run(out, ref):
+    """Bit-identical adapter and the same per-step metrics as the uninterrupted run."""
+    a, b = adapter(out), adapter(ref)
+    assert len(a) == len(b)
+    n_diff = sum(x != y for x, y in zip(a, b))
+    print(f"adapter: {len(a)} bytes, {n_diff} differ from the uninterrupted run")
+    assert n_diff == 0
+    steps, evals = metrics(out)
+    rsteps, revals = metrics(ref)
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))  # each step exactly once
+    keys = ("loss", "lr", "grad_norm", "tokens", "bad_steps")
+    assert [[r[k] for k in keys] for r in steps] == [[r[k] for k in keys] for r in rsteps]
+    assert [r["step"] for r in evals] == [r["step"] for r in revals] == [0, 8, 16, 24]
+    assert [r["eval_loss"] for r in evals] == [r["eval_loss"] for r in revals]
+    assert not [p.name for p in Path(out).iterdir() if p.name.startswith(".")], \
+        "leftover temporary folders"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    t0 = time.time()
+    run(cmd(out))
+    print(f"uninterrupted run: {time.time() - t0:.1f} s")
+    summ = json.loads((out / "summary.json").read_text())
+    assert summ["steps"] == STEPS and summ["bad_steps"] == 0 and summ["resumed_from_step"] == 0
+    ckpts = sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-"))
+    assert ckpts == ["checkpoint-23", "checkpoint-24"]  # --keep 2
+    st = json.loads((out / "checkpoint-24" / "trainer_state.json").read_text())
+    assert st["epoch"] == 1, st  # the run crosses an epoch boundary
+    return out
+
+
+def test_sigkill_three_times_then_resume_is_bit_identical(tmp_path, reference):
+    seed = int(os.environ.get("FTUNE_TEST_SEED", random.randrange(1 << 30)))
+    kills = sorted(random.Random(seed).sample(range(2, STEPS - 2), 3))
+    print(f"FTUNE_TEST_SEED={seed}: SIGKILL at steps {kills}")
+    out = tmp_path / "run"
+    resumed_from = []
+    for i, k in enumerate(kills):
+        # the checkpoints this process writes are those above the latest present now
+        target = max(k, max_ckpt(out) + 1)
+        p = start(cmd(out, *(["--resume"] if i else [])))
+        wait_for_step(p, out, target, probe=max_ckpt)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        p.stderr.close()
+        assert p.returncode == -signal.SIGKILL
+        ck = sorted(int(d.name.split("-")[1]) for d in out.iterdir() if d.name.startswith("checkpoint-"))
+        print(f"killed after checkpoint {target} (asked {k}), at step {last_step(out)}; "
+              f"checkpoints {ck}, hidden {[d.name for d in out.iterdir() if d.name[0] == '.']}")
+        assert ck and max(ck) >= target
+        resumed_from.append(max(ck))
+    r = run(cmd(out, "--resume"))
+    assert f"resuming from {out}/checkpoint-{resumed_from[-1]}" in r.stderr, r.stderr
+    summ = json.loads((out / "summary.json").read_text())
+    assert summ["resumed_from_step"] == resumed_from[-1]
+    assert_same_run(out, reference)
+
+
+def test_sigint_saves_and_prints_resume_command(tmp_path, reference):
+    out = tmp_path / "run"
+    p = start(cmd(out))
+    wait_for_step(p, out, 5)
+    p.send_signal(signal.SIGINT)
+    err = p.communicate(timeout=TIMEOUT)[1]
+    print(err.strip().splitlines()[-1])
+    assert p.returncode == 130, err
+    hint = [l for l in err.splitlines() if "resume with: " in l]
+    assert len(hint) == 1, err
+    stopped = last_step(out)
+    assert f"stopped by SIGINT after step {stopped}/{STEPS}, checkpoint {out}/checkpoint-{stopped};" in hint[0]
+    assert (out / f"checkpoint-{stopped}" / "trainer_state.json").exists()
+    assert not (out / "adapter_model.safetensors").exists()  # only a finished run writes it
+    again = shlex.split(hint[0].split("resume with: ", 1)[1])
+    assert again[0] == FTUNE and again[-2:] == ["--resume", f"{out}/checkpoint-{stopped}"]
+    run(again)
+    assert_same_run(out, reference)
+
+
+def test_second_signal_exits_at_once(tmp_path, reference):
+    out = tmp_path / "run"
+    p = start(cmd(out))
+    wait_for_step(p, out, 4)
+    p.send_signal(signal.SIGTERM)
+    seen = []
+    while not seen or "stop requested" not in seen[-1]:  # the handler ran: flag set
+        seen.append(p.stderr.readline())
+        assert seen[-1], "".join(seen)
+    p.send_signal(signal.SIGTERM)  # (sent together, two signals would coalesce into one)
+    err = "".join(seen) + p.communicate(timeout=TIMEOUT)[1]
+    assert p.returncode == 143, err  # 128 + SIGTERM, from the handler's _exit
+    assert "exiting now" in err
+    run(cmd(out, "--resume"))
+    assert_same_run(out, reference)
+
+
+def test_injected_write_failure_keeps_previous_checkpoint(tmp_path, reference):
+    out = tmp_path / "run"
+    # bytes the checkpoint writer produces per checkpoint: optimizer.safetensors +
+    # trainer_state.json (the adapter files go through fsutil, not the hook)
+    ck = reference / f"checkpoint-{STEPS}"
+    per = (ck / "optimizer.safetensors").stat().st_size + (ck / "trainer_state.json").stat().st_size
+    fail_at = 5 * per + per // 2  # inside checkpoint 6
+    env = dict(os.environ, FTUNE_FAIL_WRITE_AFTER=str(fail_at))
+    r = run(cmd(out), env=env, ok=False)
+    print(r.stderr.strip().splitlines()[-2])
+    assert r.returncode == 1, r.stderr
+    assert "checkpoint-6" in r.stderr and "No space left on device" in r.stderr, r.stderr
+    assert f"the previous checkpoint {out}/checkpoint-5 is intact" in r.stderr, r.stderr
+    assert "--resume" in r.stderr.strip().splitlines()[-1]
+    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == \
+        ["checkpoint-4", "checkpoint-5"]  # no checkpoint-6, no temporary folder
+    r = run(cmd(out, "--resume"))
+    assert f"resuming from {out}/checkpoint-5" in r.stderr
+    assert_same_run(out, reference)
+
+
+def unshare_works():
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_full_tmpfs_keeps_previous_checkpoint(tmp_path, reference):
+    """A real full disk: --out on a 1.1 MB tmpfs (user + mount namespace). Each checkpoint
+    takes ~410 kB of pages, so with --keep 0 the third one fails; the mount is then grown
+    and the run resumed inside the same namespace (the tmpfs dies with it)."""
+    if not shutil.which("unshare") or not unshare_works():
+        pytest.skip("unshare -rm (user + mount namespaces) not permitted here")
+    mnt, res = tmp_path / "mnt", tmp_path / "res"
+    mnt.mkdir()
+    res.mkdir()
+    q = shlex.join
+    script = f"""
+set -u
+mount -t tmpfs -o size=1100k tmpfs {q([str(mnt)])} || exit 77
+{q(cmd(mnt, "--keep", "0"))} 2>{q([str(res / "err1")])}; echo $? >{q([str(res / "rc1")])}
+ls -a {q([str(mnt)])} >{q([str(res / "ls1")])}
+mount -o remount,size=64m {q([str(mnt)])}
+{q(cmd(mnt, "--keep", "0", "--resume"))} 2>{q([str(res / "err2")])}; echo $? >{q([str(res / "rc2")])}
+cp -a {q([str(mnt)])}/. {q([str(res / "out")])}
+"""
+    r = subprocess.run(["unshare", "-rm", "bash", "-c", script], capture_output=True, text=True,
+                       timeout=2 * TIMEOUT)
+    if r.returncode == 77:
+        pytest.skip("mounting a tmpfs is not permitted here: " + r.stderr)
+    assert r.returncode == 0, r.stderr
+    err1 = (res / "err1").read_text()
+    print(err1.strip().splitlines()[-2])
+    assert (res / "rc1").read_text().strip() == "1", err1
+    assert "No space left on device" in err1, err1
+    listing = (res / "ls1").read_text().split()
+    ck = sorted(int(n.split("-")[1]) for n in listing if n.startswith("checkpoint-"))
+    print("on the full disk:", listing)
+    assert len(ck) >= 1 and f"the previous checkpoint {mnt}/checkpoint-{ck[-1]} is intact" in err1
+    assert not [n for n in listing if n.startswith(".checkpoint")]  # temporary folder removed
+    assert (res / "rc2").read_text().strip() == "0", (res / "err2").read_text()
+    assert f"resuming from {mnt}/checkpoint-{ck[-1]}" in (res / "err2").read_text()
+    assert_same_run(res / "out", reference)
+
+
+def poisoned_model(dst, target_share=0.12):
+    """A copy of the tiny model, untied (lm_head = the original embedding), whose input
+    embedding row of one token is +Inf: a micro-batch holding that token yields NaN
+    activations, loss and gradients, the others are unaffected. The token is one that
+    appears in about `target_share` of the examples the trainer keeps at --seq-len 64
+    (found with `ftune tokenize`), so some steps are bad and most are not."""
+    sys.path.insert(0, str(ROOT / "tests" / "ref"))
+    from llama_ref import read_safetensors
+    from safetensors.numpy import save_file
+
+    toks = run([FTUNE, "tokenize", "--model", str(TINY), "--data", str(DATA)]).stdout
+    df, kept = {}, 0
+    for line in toks.splitlines():
+        r = json.loads(line)
+        ids, lab = r["ids"][:64], r["labels"][:64]
+        if all(l == -100 for l in lab[1:]):
+            continue  # dropped: no trained token within the first 64
+        kept += 1
+        for t in set(ids):
+            df[t] = df.get(t, 0) + 1
+    tok = min((t for t in df if t > 2), key=lambda t: (abs(df[t] - target_share * kept), t))
+    w, _ = read_safetensors(str(TINY / "model.safetensors"))
+    dst.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY / f, dst / f)
+    cfg = json.loads((TINY / "config.json").read_text())
+    cfg.update(tie_word_embeddings=False, torch_dtype="float32")
+    (dst / "config.json").write_text(json.dumps(cfg))
+    w["lm_head.weight"] = w["model.embed_tokens.weight"].copy()
+    emb = w["model.embed_tokens.weight"].copy()
+    emb[tok, :] = np.inf
+    w["model.embed_tokens.weight"] = emb
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()},
+              str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return tok, df[tok], kept
+
+
+def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
+    model = tmp_path / "model"
+    tok, n, kept = poisoned_model(model)
+    print(f"token {tok} (+Inf embedding) is in {n} of {kept} kept examples")
+    out = tmp_path / "run"
+    r = run(cmd(out, "--keep", "0", "--max-bad-steps", str(STEPS), model=model))
+    steps, _ = metrics(out)
+    bad = [s["step"] for s in steps if s.get("skipped")]
+    summ = json.loads((out / "summary.json").read_text())
+    print(f"skipped steps {bad}; summary bad_steps {summ['bad_steps']}")
+    assert 1 <= len(bad) < STEPS
+    assert summ["bad_steps"] == len(bad) == steps[-1]["bad_steps"]
+    assert r.stderr.count("warning: step ") == len(bad)
+    for s in steps:
+        assert (s["loss"] is None) == (s["step"] in bad)
+    # a skipped step changes neither the adapter nor the AdamW moments; a good one does
+    for s in bad:
+        if s == 1:
+            continue
+        for f in ("adapter_model.safetensors", "optimizer.safetensors"):
+            a = (out / f"checkpoint-{s - 1}" / f).read_bytes()
+            b = (out / f"checkpoint-{s}" / f).read_bytes()
+            assert a == b, f"step {s} was skipped but {f} changed"
+    good = [s["step"] for s in steps if not s.get("skipped") and s["step"] > 1]
+    g = good[-1]
+    assert (out / f"checkpoint-{g - 1}" / "optimizer.safetensors").read_bytes() != \
+        (out / f"checkpoint-{g}" / "optimizer.safetensors").read_bytes()
+    st = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    assert st["adam_step"] == STEPS - len(bad) and st["bad_steps"] == len(bad)
+
+
+def test_diverged_run_stops_after_max_bad_steps(tmp_path):
+    out = tmp_path / "run"
+    # lr 1e30: the first real update makes the LoRA weights ~1e30, the next forward
+    # overflows fp32 and every later step is NaN
+    args = cmd(out, "--save-every", "0")
+    args[args.index("--lr") + 1] = "1e30"
+    r = run(args, ok=False)
+    last = r.stderr.strip().splitlines()[-1]
+    print(last)
+    assert r.returncode == 1
+    assert "consecutive steps with a non-finite loss or gradient norm (--max-bad-steps 5)" in last
+    assert "resume" not in last
+    steps, _ = metrics(out)
+    assert [s.get("skipped", False) for s in steps[-5:]] == [True] * 5
+    assert steps[-1]["bad_steps"] == 5 and len(steps) < STEPS
+    assert not (out / "adapter_model.safetensors").exists()
+
+
+def test_resume_refuses_changed_config(tmp_path, reference):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "checkpoint-23", out / "checkpoint-23")
+    args = cmd(out, "--resume")
+    args[args.index("--seq-len") + 1] = "128"
+    args[args.index("--lr") + 1] = "2e-3"
+    r = run(args, ok=False)
+    print(r.stderr.strip().splitlines()[-1])
+    assert r.returncode == 1
+    assert "seq_len: 64 -> 128" in r.stderr and "lr: 0.001 -> 0.002" in r.stderr, r.stderr
+    # --threads, eval and checkpoint flags may change: the resumed run still matches
+    args = cmd(out, "--resume", f"{out}/checkpoint-23")
+    args[args.index("--threads") + 1] = "1"
+    run(args)
+    a, b = adapter(out), adapter(reference)
+    assert a == b
+    r = run(cmd(tmp_path / "empty", "--resume"), ok=False)
+    assert r.returncode == 2 and "no complete checkpoint" in r.stderr
