@@ -9,6 +9,7 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/model/quant.h"
 #include "src/model/safetensors.h"
 
 void ft_peft_key(char *out, size_t n, int64_t layer, int p, char which)
@@ -96,7 +97,18 @@ int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *bas
     return write_config(path, l, base_name);
 }
 
-int ft_peft_read_config(const char *dir, ft_lora_cfg *cfg)
+/* A key that must be absent, null, false or an empty list/object for ftune to apply the
+ * adapter as plain LoRA on every layer. */
+static int must_be_empty(const cJSON *o, const char *key, const char *path, const char *why)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return 0;
+    if ((cJSON_IsArray(v) || cJSON_IsObject(v)) && cJSON_GetArraySize(v) == 0) return 0;
+    return ft_err(FT_E_UNSUPPORTED, "%s: \"%s\" is set: %s", path, key, why);
+}
+
+/* Reads adapter_config.json into cfg and base_model_name_or_path into base (may be NULL). */
+static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t base_n)
 {
     char path[4200];
     FT_TRY(ft_path_join(path, sizeof path, dir, "adapter_config.json"));
@@ -119,17 +131,27 @@ int ft_peft_read_config(const char *dir, ft_lora_cfg *cfg)
     const cJSON *bias = cJSON_GetObjectItemCaseSensitive(o, "bias");
     const cJSON *fifo = cJSON_GetObjectItemCaseSensitive(o, "fan_in_fan_out");
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
+    const cJSON *bn = cJSON_GetObjectItemCaseSensitive(o, "base_model_name_or_path");
     memset(cfg, 0, sizeof *cfg);
+    if (base && base_n) {
+        base[0] = 0;
+        if (cJSON_IsString(bn)) snprintf(base, base_n, "%s", bn->valuestring);
+    }
     if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "LORA"))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: \"peft_type\" must be \"LORA\"", path);
     else if (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble != floor(r->valuedouble))
         rc = ft_err(FT_E_INVALID, "%s: \"r\" must be a positive integer", path);
     else if (cJSON_IsTrue(dora))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: \"use_dora\": DoRA adapters are not supported", path);
-    else if (bias && !(cJSON_IsString(bias) && !strcmp(bias->valuestring, "none")))
+    else if (bias && !cJSON_IsNull(bias) && !(cJSON_IsString(bias) && !strcmp(bias->valuestring, "none")))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: \"bias\" must be \"none\"", path);
     else if (cJSON_IsTrue(fifo))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: \"fan_in_fan_out\" true is not a Llama layout", path);
+    if (!rc) rc = must_be_empty(o, "lora_bias", path, "LoRA biases are not supported");
+    if (!rc) rc = must_be_empty(o, "modules_to_save", path, "fully trained modules besides LoRA are not supported");
+    if (!rc) rc = must_be_empty(o, "layers_to_transform", path, "ftune adapts every layer");
+    if (!rc) rc = must_be_empty(o, "rank_pattern", path, "per-module ranks are not supported");
+    if (!rc) rc = must_be_empty(o, "alpha_pattern", path, "per-module alphas are not supported");
     if (!rc) {
         cfg->r = (int64_t)r->valuedouble;
         cfg->alpha = cJSON_IsNumber(a) ? (float)a->valuedouble : 8.0f; /* PEFT default */
@@ -141,12 +163,12 @@ int ft_peft_read_config(const char *dir, ft_lora_cfg *cfg)
             const cJSON *it;
             cJSON_ArrayForEach(it, tm) {
                 unsigned bit;
-                if (!cJSON_IsString(it)) { rc = ft_err(FT_E_INVALID, "%s: \"target_modules\" entries must be strings", path); break; }
+                if (!cJSON_IsString(it)) { rc = ft_err(FT_E_INVALID, "\"target_modules\" entries must be strings"); break; }
                 if ((rc = ft_lora_parse_targets(it->valuestring, &bit)) < 0) break;
                 cfg->targets |= bit;
             }
         } else {
-            rc = ft_err(FT_E_INVALID, "%s: missing \"target_modules\"", path);
+            rc = ft_err(FT_E_INVALID, "missing \"target_modules\"");
         }
         if (rc < 0) ft_err_prefix(rc, "%s", path);
     }
@@ -154,40 +176,232 @@ int ft_peft_read_config(const char *dir, ft_lora_cfg *cfg)
     return rc;
 }
 
+int ft_peft_read_config(const char *dir, ft_lora_cfg *cfg)
+{
+    return read_config(dir, cfg, NULL, 0);
+}
+
+void ft_peft_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
+{
+    const int64_t C = c->hidden_size, F = c->intermediate_size;
+    const int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
+    switch (p) {
+    case FT_Q: *out = qd; *in = C; break;
+    case FT_K: case FT_V: *out = kd; *in = C; break;
+    case FT_O: *out = C; *in = qd; break;
+    case FT_GATE: case FT_UP: *out = F; *in = C; break;
+    default: *out = C; *in = F; break;
+    }
+}
+
+/* Parses "base_model.model.model.layers.{i}.{parent}.{proj}.lora_{A|B}.weight". Returns 1
+ * with layer, proj, which (0 = A, 1 = B) set, or 0 if the key has another form. */
+static int parse_key(const char *k, int64_t *layer, int *proj, int *which)
+{
+    static const char pre[] = "base_model.model.model.layers.";
+    if (strncmp(k, pre, sizeof pre - 1)) return 0;
+    const char *p = k + sizeof pre - 1;
+    if (*p < '0' || *p > '9') return 0;
+    char *end;
+    long long i = strtoll(p, &end, 10);
+    if (*end != '.' || i < 0 || i > 1000000) return 0;
+    p = end + 1;
+    for (int j = 0; j < FT_N_PROJ; j++) {
+        char want[96];
+        snprintf(want, sizeof want, "%s.%s.lora_", ft_proj_parent[j], ft_proj_name[j]);
+        size_t n = strlen(want);
+        if (strncmp(p, want, n)) continue;
+        const char *q = p + n;
+        if ((q[0] == 'A' || q[0] == 'B') && !strcmp(q + 1, ".weight")) {
+            *layer = i;
+            *proj = j;
+            *which = q[0] == 'B';
+            return 1;
+        }
+        return 0;
+    }
+    return 0;
+}
+
+/* Why a key that is not a plain LoRA A/B of a projection cannot be used. */
+static int bad_key(const char *path, const char *k)
+{
+    if (strstr(k, "lora_embedding") || strstr(k, "embed_tokens"))
+        return ft_err(FT_E_UNSUPPORTED, "%s: tensor %s: LoRA on the token embeddings is not "
+                      "supported", path, k);
+    if (strstr(k, "lm_head"))
+        return ft_err(FT_E_UNSUPPORTED, "%s: tensor %s: LoRA on lm_head is not supported", path, k);
+    if (strstr(k, "modules_to_save") || !strstr(k, "lora_"))
+        return ft_err(FT_E_UNSUPPORTED, "%s: tensor %s is not a LoRA A/B matrix (a fully trained "
+                      "module, modules_to_save): not supported", path, k);
+    if (strstr(k, ".bias"))
+        return ft_err(FT_E_UNSUPPORTED, "%s: tensor %s: LoRA biases are not supported", path, k);
+    return ft_err(FT_E_UNSUPPORTED, "%s: tensor %s is not a LoRA A/B of a Llama projection "
+                  "(base_model.model.model.layers.N.{self_attn|mlp}.{q,k,v,o,gate,up,down}_proj"
+                  ".lora_{A,B}.weight)", path, k);
+}
+
+void ft_peft_close(ft_peft_file *a)
+{
+    if (!a) return;
+    ft_st_close(a->st);
+    free(a->t);
+    a->st = NULL;
+    a->t = NULL;
+}
+
+static int open_checks(ft_peft_file *a)
+{
+    const char *path = a->path;
+    int64_t n = ft_st_count(a->st), max_layer = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const ft_st_tensor *t = ft_st_at(a->st, i);
+        int64_t layer;
+        int p, w;
+        if (!parse_key(t->name, &layer, &p, &w)) return bad_key(path, t->name);
+        if (!(a->cfg.targets & (1u << p)))
+            return ft_err(FT_E_INVALID, "%s: tensor %s: %s is not in target_modules of "
+                          "adapter_config.json", path, t->name, ft_proj_name[p]);
+        if (layer > max_layer) max_layer = layer;
+    }
+    if (max_layer < 0)
+        return ft_err(FT_E_INVALID, "%s: no LoRA tensors (expected base_model.model.model.layers.N"
+                      ".<module>.lora_A.weight / lora_B.weight)", path);
+    a->n_layers = max_layer + 1;
+    a->t = calloc((size_t)a->n_layers, sizeof *a->t);
+    if (!a->t) return ft_err(-ENOMEM, "%s: out of memory", path);
+    for (int64_t i = 0; i < n; i++) {
+        const ft_st_tensor *t = ft_st_at(a->st, i);
+        int64_t layer;
+        int p, w;
+        parse_key(t->name, &layer, &p, &w);
+        if (t->dtype != FT_ST_F32 && t->dtype != FT_ST_F16 && t->dtype != FT_ST_BF16)
+            return ft_err(FT_E_UNSUPPORTED, "%s: tensor %s has dtype %s (F32, F16 or BF16 expected)",
+                          path, t->name, ft_st_dtype_name(t->dtype));
+        if (t->n_dims != 2)
+            return ft_err(FT_E_INVALID, "%s: tensor %s has %d dims, expected 2", path, t->name,
+                          t->n_dims);
+        int64_t rank = w ? t->shape[1] : t->shape[0];
+        if (rank != a->cfg.r)
+            return ft_err(FT_E_INVALID, "%s: tensor %s has shape [%lld, %lld]: rank %lld, but "
+                          "adapter_config.json has r = %lld", path, t->name, (long long)t->shape[0],
+                          (long long)t->shape[1], (long long)rank, (long long)a->cfg.r);
+        int64_t dim = w ? t->shape[0] : t->shape[1], *ref = w ? &a->out_n[p] : &a->in_n[p];
+        if (*ref == 0) *ref = dim;
+        if (dim != *ref)
+            return ft_err(FT_E_INVALID, "%s: tensor %s has shape [%lld, %lld], but other layers' "
+                          "%s has %s %lld", path, t->name, (long long)t->shape[0],
+                          (long long)t->shape[1], ft_proj_name[p], w ? "out" : "in", (long long)*ref);
+        a->t[layer][p][w] = t;
+    }
+    for (int64_t l = 0; l < a->n_layers; l++)
+        for (int p = 0; p < FT_N_PROJ; p++)
+            for (int w = 0; w < 2 && (a->cfg.targets & (1u << p)); w++)
+                if (!a->t[l][p][w]) {
+                    char key[160];
+                    ft_peft_key(key, sizeof key, l, p, w ? 'B' : 'A');
+                    return ft_err(FT_E_NOTFOUND, "%s: missing tensor %s (the file has layers up to "
+                                  "%lld and target_modules includes %s)", path, key,
+                                  (long long)(a->n_layers - 1), ft_proj_name[p]);
+                }
+    return 0;
+}
+
+int ft_peft_open(ft_peft_file *a, const char *dir)
+{
+    memset(a, 0, sizeof *a);
+    FT_TRY(read_config(dir, &a->cfg, a->base_name, sizeof a->base_name));
+    a->scale = a->cfg.use_rslora ? a->cfg.alpha / sqrtf((float)a->cfg.r)
+                                 : a->cfg.alpha / (float)a->cfg.r;
+    FT_TRY(ft_path_join(a->path, sizeof a->path, dir, "adapter_model.safetensors"));
+    FT_TRY(ft_st_open(&a->st, a->path));
+    int rc = open_checks(a);
+    if (rc < 0) ft_peft_close(a);
+    return rc;
+}
+
+int ft_peft_check_base(const ft_peft_file *a, const ft_model_config *mc, const char *model)
+{
+    const char *bn = a->base_name[0] ? a->base_name : "(not recorded)";
+    if (a->n_layers != mc->num_hidden_layers)
+        return ft_err(FT_E_INVALID, "%s: the adapter has %lld layers but the model %s has %lld: the "
+                      "adapter was trained on another base model (base_model_name_or_path %s)",
+                      a->path, (long long)a->n_layers, model, (long long)mc->num_hidden_layers, bn);
+    for (int p = 0; p < FT_N_PROJ; p++) {
+        if (!(a->cfg.targets & (1u << p))) continue;
+        int64_t out, in;
+        ft_peft_proj_dims(mc, p, &out, &in);
+        if (out != a->out_n[p] || in != a->in_n[p]) {
+            const ft_st_tensor *A = a->t[0][p][0];
+            return ft_err(FT_E_INVALID, "%s: tensor %s has shape [%lld, %lld] and its B %lld rows: "
+                          "%s is (%lld x %lld) in the adapter but (%lld x %lld) in the model %s: the "
+                          "adapter was trained on another base model (base_model_name_or_path %s)",
+                          a->path, A->name, (long long)A->shape[0], (long long)A->shape[1],
+                          (long long)a->out_n[p], ft_proj_name[p], (long long)a->out_n[p],
+                          (long long)a->in_n[p], (long long)out, (long long)in, model, bn);
+        }
+    }
+    return 0;
+}
+
+int ft_peft_tensor_f64(const ft_peft_file *a, int64_t layer, int p, int which, double *dst)
+{
+    const ft_st_tensor *t = a->t[layer][p][which];
+    int64_t n = t->shape[0] * t->shape[1];
+    const uint8_t *s = t->data;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        float f;
+        switch (t->dtype) {
+        case FT_ST_F32: memcpy(&f, s + 4 * i, 4); break;
+        case FT_ST_F16: memcpy(&h, s + 2 * i, 2); f = ft_quant_f16_to_f32(h); break;
+        case FT_ST_BF16: memcpy(&h, s + 2 * i, 2); f = ft_quant_bf16_to_f32(h); break;
+        default: return ft_err(FT_E_UNSUPPORTED, "%s: tensor %s: dtype %s", a->path, t->name,
+                               ft_st_dtype_name(t->dtype));
+        }
+        dst[i] = f;
+    }
+    return 0;
+}
+
 int ft_peft_load_weights(const char *dir, ft_lora *l)
 {
-    char path[4200];
-    FT_TRY(ft_path_join(path, sizeof path, dir, "adapter_model.safetensors"));
-    ft_st_file *f;
-    FT_TRY(ft_st_open(&f, path));
+    ft_peft_file a;
+    FT_TRY(ft_peft_open(&a, dir));
     int rc = 0;
+    if (a.cfg.r != l->cfg.r || a.cfg.targets != l->cfg.targets)
+        rc = ft_err(FT_E_INVALID, "%s: the adapter has r = %lld and targets 0x%x, the LoRA it is "
+                    "loaded into r = %lld and targets 0x%x", a.path, (long long)a.cfg.r,
+                    a.cfg.targets, (long long)l->cfg.r, l->cfg.targets);
+    else if (a.n_layers != l->n_layers)
+        rc = ft_err(FT_E_INVALID, "%s: the adapter has %lld layers but the model has %lld: the "
+                    "adapter was trained on another base model (base_model_name_or_path %s)",
+                    a.path, (long long)a.n_layers, (long long)l->n_layers,
+                    a.base_name[0] ? a.base_name : "(not recorded)");
     for (int64_t i = 0; i < l->n_layers && !rc; i++) {
         for (int p = 0; p < FT_N_PROJ && !rc; p++) {
             const ft_lora_linear *ll = &l->lin[i][p];
             if (!ll->A) continue;
             for (int w = 0; w < 2 && !rc; w++) {
-                char key[160];
-                ft_peft_key(key, sizeof key, i, p, w ? 'B' : 'A');
+                const ft_st_tensor *t = a.t[i][p][w];
                 int64_t rows = w ? ll->out_n : l->cfg.r, cols = w ? l->cfg.r : ll->in_n;
-                const ft_st_tensor *t = ft_st_find(f, key);
-                if (!t) {
-                    rc = ft_err(FT_E_NOTFOUND, "%s: missing tensor %s", path, key);
-                    break;
-                }
-                if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols) {
-                    rc = ft_err(FT_E_INVALID, "%s: tensor %s has shape [%lld, %lld], expected [%lld, %lld]",
-                                path, key, (long long)(t->n_dims > 0 ? t->shape[0] : -1),
-                                (long long)(t->n_dims > 1 ? t->shape[1] : -1), (long long)rows,
-                                (long long)cols);
+                if (t->shape[0] != rows || t->shape[1] != cols) {
+                    rc = ft_err(FT_E_INVALID, "%s: tensor %s has shape [%lld, %lld], the model "
+                                "needs [%lld, %lld] (%s is %lld x %lld in the model): the adapter "
+                                "was trained on another base model (base_model_name_or_path %s)",
+                                a.path, t->name, (long long)t->shape[0], (long long)t->shape[1],
+                                (long long)rows, (long long)cols, ft_proj_name[p],
+                                (long long)ll->out_n, (long long)ll->in_n,
+                                a.base_name[0] ? a.base_name : "(not recorded)");
                     break;
                 }
                 float *dst = l->host + ((w ? ll->B : ll->A) - l->params);
                 rc = ft_st_to_f32(t, dst, rows * cols);
-                if (rc < 0) ft_err_prefix(rc, "%s: %s", path, key);
+                if (rc < 0) ft_err_prefix(rc, "%s: %s", a.path, t->name);
             }
         }
     }
-    ft_st_close(f);
+    ft_peft_close(&a);
     FT_TRY(rc);
     return ft_lora_push(l);
 }

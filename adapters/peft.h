@@ -7,6 +7,7 @@
 
 #include "adapters/lora.h"
 #include "src/model/model.h"
+#include "src/model/safetensors.h"
 
 /* Writes DIR/adapter_model.safetensors then DIR/adapter_config.json, each to a temporary
  * name, fsynced and renamed (a failure leaves no partial file under the final names).
@@ -19,11 +20,48 @@ int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *bas
 int ft_peft_read_config(const char *dir, ft_lora_cfg *cfg);
 
 /* Loads DIR/adapter_model.safetensors into an adapter initialised with the same config
- * (ft_lora_init): every targeted A/B must be present with the right shape (F32, F16 or
- * BF16). Errors name the file and tensor. */
+ * (ft_lora_init). The file is validated by ft_peft_open, then checked against the adapter
+ * `l` (the model it was sized for): same rank and targets as l->cfg, the same number of
+ * layers, and each projection's A (r, in) / B (out, r) equal to the model's; so a PEFT
+ * adapter made for another base (other layer count, hidden size, heads) is refused with a
+ * message naming the file, the tensor and both shapes. F32, F16 or BF16. */
 int ft_peft_load_weights(const char *dir, ft_lora *l);
 
 /* The PEFT key of layer i, projection p, which = 'A' or 'B', into out. */
 void ft_peft_key(char *out, size_t n, int64_t layer, int p, char which);
+
+/* An adapter folder opened without a model (export, merge, and the checks behind
+ * ft_peft_load_weights): the config, and adapter_model.safetensors mapped read-only.
+ * ft_peft_open validates the file on its own: every tensor is a LoRA A or B of a known
+ * projection (q/k/v/o/gate/up/down) under model.layers.{i}, in target_modules, 2-D,
+ * F32/F16/BF16, A (r, in) and B (out, r) with r from adapter_config.json, the same in/out
+ * for a projection in every layer, and every layer 0..n_layers-1 has every targeted A and
+ * B. Errors name the file and the tensor (FT_E_INVALID, FT_E_UNSUPPORTED for embedding,
+ * lm_head or modules_to_save tensors, FT_E_NOTFOUND for a missing one, -errno). */
+typedef struct ft_peft_file {
+    ft_lora_cfg cfg;                 /* r, alpha, use_rslora, targets (dropout, seed unused) */
+    float scale;                     /* alpha / r, or alpha / sqrt(r) with rsLoRA (fp32) */
+    char base_name[1024];            /* base_model_name_or_path ("" if absent or null) */
+    char path[4200];                 /* DIR/adapter_model.safetensors */
+    int64_t n_layers;
+    int64_t in_n[FT_N_PROJ], out_n[FT_N_PROJ]; /* per targeted projection */
+    struct ft_st_file *st;
+    const struct ft_st_tensor *(*t)[FT_N_PROJ][2]; /* [n_layers][proj][0 = A, 1 = B] */
+} ft_peft_file;
+
+int ft_peft_open(ft_peft_file *a, const char *dir);
+void ft_peft_close(ft_peft_file *a); /* NULL-safe, idempotent */
+
+/* Checks an opened adapter against a base model's config: the number of layers and every
+ * targeted projection's (out, in) (formats.md 2.3). `model` names the base in messages.
+ * Returns 0 or FT_E_INVALID ("... the adapter was trained on another base model"). */
+int ft_peft_check_base(const ft_peft_file *a, const ft_model_config *mc, const char *model);
+
+/* (out, in) of projection p of a Llama-family layer from its config. */
+void ft_peft_proj_dims(const ft_model_config *mc, int p, int64_t *out, int64_t *in);
+
+/* Converts the A (which = 0) or B (which = 1) of layer i, projection p to fp64 in dst
+ * (r*in or out*r values, row-major). Returns 0 or FT_E_UNSUPPORTED (dtype). */
+int ft_peft_tensor_f64(const ft_peft_file *a, int64_t layer, int p, int which, double *dst);
 
 #endif

@@ -7,5 +7,8 @@ int ft_cmd_train(int argc, char **argv);    /* ftune [train] --model DIR --data 
 int ft_cmd_eval(int argc, char **argv);     /* ftune eval --model DIR --adapter DIR --data FILE */
 int ft_cmd_tokenize(int argc, char **argv); /* ftune tokenize --model DIR (--text S | --texts F | --data F) */
 int ft_cmd_logits(int argc, char **argv);   /* ftune logits --model DIR --ids 1,2,3 --out F */
+int ft_cmd_generate(int argc, char **argv); /* ftune generate --model DIR --prompt S ... */
+int ft_cmd_export(int argc, char **argv);   /* ftune export --adapter DIR --format gguf --out FILE */
+int ft_cmd_merge(int argc, char **argv);    /* ftune merge --model M --adapter DIR --out DIR */
 
 #endif

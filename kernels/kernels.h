@@ -123,6 +123,19 @@ typedef struct ft_backend_ops {
      * p -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). step >= 1. */
     int (*adamw)(ft_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                  float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+    /* ---- attention against a KV cache (generation, forward only) ------------------- */
+    /* n_q new query tokens of one sequence at absolute positions [p, p + n_q), against
+     * the keys/values of positions [0, p + n_q) held in a cache whose rows p .. p+n_q-1
+     * already hold the new tokens' own (RoPE-rotated) k and v. Query row i attends to
+     * key rows j <= p + i (causal). out (n_q, H, D) = softmax(scale * q k^T) v with
+     * q (n_q, H, D), k and v (p + n_q, Hkv, D) (rows contiguous); query head h uses kv
+     * head h / (H / Hkv). With p = 0 the result is attention_fwd's on one sequence of n_q
+     * tokens (up to rounding: the summation order differs). No lse, no backward.
+     * p < 0, n_q < 0, H % Hkv != 0, D outside 1..1024 -> FT_E_INVALID. */
+    int (*attention_kv_fwd)(ft_backend *be, float *out, const float *q, const float *k,
+                            const float *v, int64_t p, int64_t n_q, int64_t H, int64_t Hkv,
+                            int64_t D, float scale);
 } ft_backend_ops;
 
 struct ft_backend {

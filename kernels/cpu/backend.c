@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_f32.h"
+#include "kernels/cpu/decode.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 
@@ -222,6 +223,14 @@ static int cpu_adamw(ft_backend *be, float *p, const float *g, float *m, float *
     return ft_cpu_adamw_f32(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 
+static int cpu_attention_kv_fwd(ft_backend *be, float *out, const float *q, const float *k,
+                                const float *v, int64_t p, int64_t n_q, int64_t H, int64_t Hkv,
+                                int64_t D, float scale)
+{
+    (void)be;
+    return ft_cpu_attention_kv_fwd_f32(out, q, k, v, p, n_q, H, Hkv, D, scale);
+}
+
 static const ft_backend_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -246,6 +255,7 @@ static const ft_backend_ops cpu_ops = {
     .lm_head_ce = cpu_lm_head_ce,
     .lm_head_logits = cpu_lm_head_logits,
     .adamw = cpu_adamw,
+    .attention_kv_fwd = cpu_attention_kv_fwd,
 };
 
 /* ---- init / free ------------------------------------------------------------------------ */

@@ -353,6 +353,32 @@ int ft_chat_render(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int64_t n,
     return rc;
 }
 
+/* ---- generation prompt ------------------------------------------------------------------- */
+
+int ft_chat_render_prompt(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int64_t n,
+                          const ft_chat_ctx *ctx)
+{
+    if (n < 1) return ft_err(FT_E_INVALID, "generation prompt: no messages");
+    if (m[n - 1].role == FT_ROLE_ASSISTANT)
+        return ft_err(FT_E_INVALID, "generation prompt: message %lld is an assistant turn; the "
+                      "prompt must end with a user (or tool) message", (long long)(n - 1));
+    FT_TRY(ft_chat_render(out, tmpl, m, n, ctx));
+    switch (tmpl) {
+    case FT_CHAT_LLAMA3: return put_str(out, "<|start_header_id|>assistant<|end_header_id|>\n\n", 0);
+    case FT_CHAT_CHATML: return put_str(out, "<|im_start|>assistant\n", 0);
+    default: return 0; /* llama2/mistral: "... [/INST]"; alpaca: "### Response:" */
+    }
+}
+
+const char *ft_chat_end_of_turn(int tmpl)
+{
+    switch (tmpl) {
+    case FT_CHAT_LLAMA3: return "<|eot_id|>";
+    case FT_CHAT_CHATML: return "<|im_end|>";
+    default: return NULL;
+    }
+}
+
 /* ---- names and detection ------------------------------------------------------------------ */
 
 static const char *const TEMPLATE_NAME[] = {"auto", "llama3", "chatml", "llama2", "alpaca"};

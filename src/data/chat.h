@@ -57,6 +57,21 @@ void ft_chat_text_free(ft_chat_text *t);  /* NULL-safe; leaves t zeroed */
 int ft_chat_render(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int64_t n,
                    const ft_chat_ctx *ctx);
 
+/* Renders messages m[0..n) as ft_chat_render does, then the template's generation prompt
+ * (transformers add_generation_prompt=True, formats.md 7.2): the assistant header
+ * "<|start_header_id|>assistant<|end_header_id|>\n\n" (llama3), "<|im_start|>assistant\n"
+ * (chatml); nothing for llama2/mistral (the user turn ends with " [/INST]") and alpaca
+ * (it ends with "### Response:"). All of it is one untrained segment.
+ * Returns 0, -ENOMEM, FT_E_INVALID (as ft_chat_render, or n == 0, or the last message is
+ * an assistant turn). */
+int ft_chat_render_prompt(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int64_t n,
+                          const ft_chat_ctx *ctx);
+
+/* The token string that closes an assistant turn of template tmpl: "<|eot_id|>" (llama3),
+ * "<|im_end|>" (chatml); NULL for llama2 and alpaca, whose turns end with the tokenizer's
+ * EOS. Generation stops there. */
+const char *ft_chat_end_of_turn(int tmpl);
+
 /* FT_CHAT_* for a chat_template source string by substring (llama.cpp
  * llm_chat_detect_template): "<|im_start|>" -> CHATML, "<|start_header_id|>" -> LLAMA3,
  * "[INST]" -> LLAMA2, NULL or none of these -> ALPACA. */

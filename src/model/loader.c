@@ -334,7 +334,7 @@ done:
     return rc;
 }
 
-static int gguf_config(ft_model_config *c, const ft_gguf *g, const char **arch_out)
+int ft_gguf_model_config(const ft_gguf *g, ft_model_config *c, const char **arch_out)
 {
     const char *path = ft_gguf_path(g), *arch = NULL;
     int rc = ft_gguf_get_str(g, "general.architecture", &arch);
@@ -464,7 +464,7 @@ static int load_gguf(ft_model *m, const char *path)
     ft_gguf *g;
     FT_TRY(ft_gguf_open(&g, path));
     const char *arch = NULL;
-    int rc = gguf_config(&m->cfg, g, &arch);
+    int rc = ft_gguf_model_config(g, &m->cfg, &arch);
     const ft_model_config *c = &m->cfg;
     int permute = !rc && !strcmp(arch, "llama"); /* NORM rope in llama.cpp: rows interleaved */
     int o_bias = !rc && strcmp(arch, "qwen2") && ft_gguf_find_tensor(g, "blk.0.attn_output.bias");

@@ -51,6 +51,14 @@ typedef struct ft_model {
 int ft_model_load(ft_model **out, const char *path);
 void ft_model_free(ft_model *m); /* NULL-safe */
 
+/* The model config of a GGUF file from its {arch}.* metadata (llama.cpp keys; formats.md
+ * 4.3), without reading any weight: rope scaling from rope.scaling.* or rope_freqs.weight
+ * (llama3), special ids from tokenizer.ggml.*. *arch points into g ("llama", "qwen2").
+ * Returns 0, FT_E_INVALID (a missing required key, naming it and the file),
+ * FT_E_UNSUPPORTED (architecture, rope type, partial rotary). */
+struct ft_gguf;
+int ft_gguf_model_config(const struct ft_gguf *g, ft_model_config *c, const char **arch);
+
 /* The model's tokenizer: DIR/tokenizer.json (+ tokenizer_config.json) for a folder, the
  * tokenizer.ggml.* metadata for a GGUF file (ft_tok_from_spec). Returns 0 or an error
  * naming the file. */

@@ -1,0 +1,367 @@
+/* generate.c - KV-cache inference, generation prompts and streaming detokenization (see
+ * generate.h). */
+#include "src/model/generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/core/err.h"
+#include "src/data/chat.h"
+#include "src/data/dataset.h"
+
+#define GEN_MAX_HALF_D 1024 /* head_dim / 2 bound of the inv_freq staging array */
+
+/* ---- plan ------------------------------------------------------------------------------- */
+
+/* Floats of every region, in carving order (each rounded up to 16 floats = 64 bytes). */
+typedef struct gen_layout {
+    int64_t kv, x, y, xn, rstd, q, att, lse, h, gate, up, act, u, logits, inv, ints;
+} gen_layout;
+
+static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int64_t chunk,
+                       int64_t rows)
+{
+    const ft_model_config *c = &m->cfg;
+    const int64_t C = c->hidden_size, HD = c->num_attention_heads * c->head_dim;
+    gen_layout L;
+    L.kv = c->num_hidden_layers * ctx * c->num_key_value_heads * c->head_dim;
+    L.x = L.y = L.xn = L.h = chunk * C;
+    L.rstd = chunk;
+    L.q = L.att = chunk * HD;
+    L.lse = chunk * c->num_attention_heads;
+    L.gate = L.up = L.act = chunk * c->intermediate_size;
+    L.u = chunk * (lora ? lora->cfg.r : 1);
+    L.logits = rows * c->vocab_size;
+    L.inv = c->head_dim / 2 + 1;
+    L.ints = 3 * chunk; /* ids, pos, seq_start: int32 in float-sized slots */
+    return L;
+}
+
+static int64_t up16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+static int64_t plan_floats(const gen_layout *L)
+{
+    return 2 * up16(L->kv) + up16(L->x) + up16(L->y) + up16(L->xn) + up16(L->rstd) +
+           up16(L->q) + up16(L->att) + up16(L->lse) + up16(L->h) + up16(L->gate) +
+           up16(L->up) + up16(L->act) + up16(L->u) + up16(L->logits) + up16(L->inv) +
+           up16(L->ints);
+}
+
+size_t ft_gen_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max, int64_t chunk_max,
+                    int64_t logit_rows_max)
+{
+    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max);
+    return (size_t)plan_floats(&L) * sizeof(float);
+}
+
+static float *carve(float **p, int64_t n)
+{
+    float *r = *p;
+    *p += up16(n);
+    return r;
+}
+
+int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+                int64_t ctx_max, int64_t chunk_max, int64_t logit_rows_max)
+{
+    memset(g, 0, sizeof *g);
+    if (!be || !m) return ft_err(FT_E_INVALID, "generate: no backend or model");
+    if (ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 || chunk_max > ctx_max ||
+        logit_rows_max > chunk_max)
+        return ft_err(FT_E_INVALID,
+                      "generate: sizes context %lld, chunk %lld, logit rows %lld; expected "
+                      "1 <= logit rows <= chunk <= context",
+                      (long long)ctx_max, (long long)chunk_max, (long long)logit_rows_max);
+    const ft_model_config *c = &m->cfg;
+    if (c->head_dim / 2 > GEN_MAX_HALF_D)
+        return ft_err(FT_E_UNSUPPORTED, "generate: head_dim %lld, at most %d supported",
+                      (long long)c->head_dim, 2 * GEN_MAX_HALF_D);
+    if (lora && lora->n_layers != c->num_hidden_layers)
+        return ft_err(FT_E_INVALID, "generate: the adapter has %lld layers, the model %lld",
+                      (long long)lora->n_layers, (long long)c->num_hidden_layers);
+    /* the largest region must fit int64 floats with room for the sum */
+    const double per_tok = (double)c->num_hidden_layers * (double)c->num_key_value_heads *
+                           (double)c->head_dim;
+    if ((double)ctx_max * per_tok > 1e15 || (double)logit_rows_max * (double)c->vocab_size > 1e15)
+        return ft_err(FT_E_RANGE, "generate: a context of %lld tokens is too large",
+                      (long long)ctx_max);
+    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max);
+    g->arena_bytes = (size_t)plan_floats(&L) * sizeof(float);
+    g->arena = be->ops->alloc(be, g->arena_bytes);
+    if (!g->arena)
+        return ft_err(-ENOMEM, "out of memory: generation needs %.1f MiB (KV cache of %lld "
+                      "tokens: %.1f MiB; try fewer --max-new-tokens or a shorter prompt)",
+                      g->arena_bytes / 1048576.0, (long long)ctx_max,
+                      2.0 * (double)L.kv * sizeof(float) / 1048576.0);
+    g->be = be;
+    g->m = m;
+    g->lora = lora;
+    g->ctx_max = ctx_max;
+    g->chunk_max = chunk_max;
+    g->logit_rows_max = logit_rows_max;
+    float *p = g->arena;
+    g->kc = carve(&p, L.kv);
+    g->vc = carve(&p, L.kv);
+    g->x = carve(&p, L.x);
+    g->y = carve(&p, L.y);
+    g->xn = carve(&p, L.xn);
+    g->rstd = carve(&p, L.rstd);
+    g->q = carve(&p, L.q);
+    g->att = carve(&p, L.att);
+    g->lse = carve(&p, L.lse);
+    g->h = carve(&p, L.h);
+    g->gate = carve(&p, L.gate);
+    g->up = carve(&p, L.up);
+    g->act = carve(&p, L.act);
+    g->u = carve(&p, L.u);
+    g->logits = carve(&p, L.logits);
+    g->inv_freq = carve(&p, L.inv);
+    int32_t *ip = (int32_t *)carve(&p, L.ints);
+    g->ids = ip;
+    g->pos = ip + chunk_max;
+    g->seq_start = ip + 2 * chunk_max;
+
+    int rc = be->ops->zero(be, g->seq_start, (size_t)chunk_max * sizeof(int32_t));
+    float inv[GEN_MAX_HALF_D];
+    ft_rope_inv_freq(c, ctx_max, inv);
+    if (!rc)
+        rc = be->ops->copy(be, g->inv_freq, inv, (size_t)(c->head_dim / 2) * sizeof(float));
+    if (rc) ft_gen_free(g);
+    return rc;
+}
+
+void ft_gen_free(ft_gen *g)
+{
+    if (!g) return;
+    if (g->be) g->be->ops->free(g->be, g->arena);
+    memset(g, 0, sizeof *g);
+}
+
+void ft_gen_reset(ft_gen *g) { g->n_past = 0; }
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+/* As llama.c: 1/sqrt(D) times the square of RoPE's attention factor (yarn). */
+static float attn_scale(const ft_model_config *cfg, int64_t D)
+{
+    float m = (float)cfg->rope_attention_factor;
+    if (!(m > 0)) m = 1.0f;
+    return m * m / sqrtf((float)D);
+}
+
+/* y (n, out) = x W^T (+ b) (+ scale * (x A^T) B^T): llama.c lin_fwd without dropout, the
+ * same gemm calls in the same order. */
+static int lin(ft_gen *g, int64_t layer, int pj, const float *x, float *y, int64_t n)
+{
+    ft_backend *be = g->be;
+    const ft_backend_ops *o = be->ops;
+    const ft_linear *w = &g->m->layers[layer].proj[pj];
+    const int64_t in = w->in_n, out = w->out_n;
+    FT_TRY(o->gemm(be, 0, 1, n, out, in, 1.0f, x, in, w->w, in, 0.0f, y, out));
+    if (w->b) FT_TRY(o->bias_add(be, y, w->b, n, out));
+    const ft_lora *l = g->lora;
+    if (!l || !l->lin[layer][pj].A) return 0;
+    const ft_lora_linear *ll = &l->lin[layer][pj];
+    const int64_t r = l->cfg.r;
+    FT_TRY(o->gemm(be, 0, 1, n, r, in, 1.0f, x, in, ll->A, in, 0.0f, g->u, r));
+    return o->gemm(be, 0, 1, n, out, r, l->scale, g->u, r, ll->B, r, 1.0f, y, out);
+}
+
+/* One decoder block on the n tokens at positions [n_past, n_past + n): out (n, C) from
+ * x (n, C); writes the tokens' k and v into the layer's cache rows. */
+static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
+{
+    ft_backend *be = g->be;
+    const ft_backend_ops *o = be->ops;
+    const ft_model_config *c = &g->m->cfg;
+    const ft_layer_weights *w = &g->m->layers[l];
+    const int64_t C = c->hidden_size, H = c->num_attention_heads, Hkv = c->num_key_value_heads,
+                  D = c->head_dim, F = c->intermediate_size, KD = Hkv * D, p = g->n_past;
+    float *kl = g->kc + l * g->ctx_max * KD, *vl = g->vc + l * g->ctx_max * KD;
+    float *kn = kl + p * KD, *vn = vl + p * KD; /* the new tokens' rows */
+
+    FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x, w->attn_norm, n, C, c->rms_norm_eps));
+    FT_TRY(lin(g, l, FT_Q, g->xn, g->q, n));
+    FT_TRY(lin(g, l, FT_K, g->xn, kn, n));
+    FT_TRY(lin(g, l, FT_V, g->xn, vn, n));
+    FT_TRY(o->rope_fwd(be, g->q, g->pos, g->inv_freq, n, H, D));
+    FT_TRY(o->rope_fwd(be, kn, g->pos, g->inv_freq, n, Hkv, D));
+    const float sc = attn_scale(c, D);
+    if (p == 0) /* an empty cache: the training kernel on one sequence */
+        FT_TRY(o->attention_fwd(be, g->att, g->lse, g->q, kn, vn, g->seq_start, n, H, Hkv, D, sc));
+    else
+        FT_TRY(o->attention_kv_fwd(be, g->att, g->q, kl, vl, p, n, H, Hkv, D, sc));
+    FT_TRY(lin(g, l, FT_O, g->att, g->h, n));
+    FT_TRY(o->axpy(be, 1.0f, x, g->h, n * C));
+
+    FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, g->h, w->ffn_norm, n, C, c->rms_norm_eps));
+    FT_TRY(lin(g, l, FT_GATE, g->xn, g->gate, n));
+    FT_TRY(lin(g, l, FT_UP, g->xn, g->up, n));
+    FT_TRY(o->swiglu_fwd(be, g->act, g->gate, g->up, n * F));
+    FT_TRY(lin(g, l, FT_DOWN, g->act, out, n));
+    return o->axpy(be, 1.0f, g->h, out, n * C);
+}
+
+static int forward_rows(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows)
+{
+    ft_backend *be = g->be;
+    const ft_backend_ops *o = be->ops;
+    const ft_model *m = g->m;
+    const ft_model_config *c = &m->cfg;
+    const int64_t C = c->hidden_size, V = c->vocab_size;
+    int32_t pos[256];
+    FT_TRY(o->copy(be, g->ids, ids, (size_t)n * sizeof(int32_t)));
+    for (int64_t i0 = 0; i0 < n; i0 += 256) { /* positions, staged through the stack */
+        const int64_t k = n - i0 < 256 ? n - i0 : 256;
+        for (int64_t i = 0; i < k; i++) pos[i] = (int32_t)(g->n_past + i0 + i);
+        FT_TRY(o->copy(be, g->pos + i0, pos, (size_t)k * sizeof(int32_t)));
+    }
+    FT_TRY(o->embedding_fwd(be, g->x, g->ids, m->embed, n, C, V));
+    float *x = g->x, *y = g->y;
+    for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+        FT_TRY(block(g, l, n, x, y));
+        float *t = x;
+        x = y;
+        y = t;
+    }
+    FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x + (n - rows) * C, m->final_norm, rows, C,
+                          c->rms_norm_eps));
+    FT_TRY(o->lm_head_logits(be, g->logits, g->xn, m->lm_head, rows, C, V));
+    return o->copy(be, logits, g->logits, (size_t)(rows * V) * sizeof(float));
+}
+
+int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows)
+{
+    if (!g || !g->arena) return ft_err(FT_E_INVALID, "generate: not initialised");
+    if (n < 1 || n > g->chunk_max)
+        return ft_err(FT_E_RANGE, "generate: %lld tokens in one forward, expected 1..%lld",
+                      (long long)n, (long long)g->chunk_max);
+    const int64_t rmax = n < g->logit_rows_max ? n : g->logit_rows_max;
+    if (rows < 1 || rows > rmax)
+        return ft_err(FT_E_RANGE, "generate: %lld logits rows, expected 1..%lld", (long long)rows,
+                      (long long)rmax);
+    if (g->n_past + n > g->ctx_max)
+        return ft_err(FT_E_RANGE, "generate: context full: %lld cached + %lld new tokens exceed "
+                      "the %lld planned", (long long)g->n_past, (long long)n,
+                      (long long)g->ctx_max);
+    if (!ids || !logits) return ft_err(FT_E_INVALID, "generate: NULL ids or logits");
+    const int64_t V = g->m->cfg.vocab_size;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return ft_err(FT_E_INVALID, "generate: token %lld has id %d, expected 0..%lld",
+                          (long long)i, ids[i], (long long)V - 1);
+    int rc = forward_rows(g, ids, n, logits, rows);
+    if (rc) {
+        g->n_past = 0; /* the cache rows of this forward are partly written */
+        return rc;
+    }
+    g->n_past += n;
+    return 0;
+}
+
+/* ---- prompt ------------------------------------------------------------------------------ */
+
+int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, const char *prompt,
+                      int raw, int32_t **ids, int64_t *n, int *tmpl_out)
+{
+    *ids = NULL;
+    *n = 0;
+    if (!tok || !prompt) return ft_err(FT_E_INVALID, "generate: no tokenizer or prompt");
+    if (tmpl == FT_CHAT_AUTO) tmpl = ft_chat_template_detect(tok);
+    if (tmpl_out) *tmpl_out = tmpl;
+    if (raw) return ft_tok_encode(tok, prompt, strlen(prompt), 1, ids, n);
+    ft_chat_msg m[2];
+    int64_t k = 0;
+    memset(m, 0, sizeof m);
+    if (system) m[k++] = (ft_chat_msg){FT_ROLE_SYSTEM, system, strlen(system), NULL, 0, 0};
+    m[k++] = (ft_chat_msg){FT_ROLE_USER, prompt, strlen(prompt), NULL, 0, 0};
+    ft_chat_ctx ctx = {ft_tok_bos_str(tok), ft_tok_eos_str(tok), ft_tok_chat_template(tok)};
+    ft_chat_text t = {0};
+    int rc = ft_chat_render_prompt(&t, tmpl, m, k, &ctx);
+    /* chat templates write BOS themselves; the Alpaca prompt relies on the tokenizer's
+     * post-processor, as in training (dataset.c) */
+    if (!rc) rc = ft_tok_encode(tok, t.text ? t.text : "", t.n, tmpl == FT_CHAT_ALPACA, ids, n);
+    ft_chat_text_free(&t);
+    return rc;
+}
+
+/* ---- streaming detokenization ------------------------------------------------------------ */
+
+void ft_detok_init(ft_detok *d, const ft_tokenizer *tok)
+{
+    memset(d, 0, sizeof *d);
+    d->tok = tok;
+}
+
+void ft_detok_free(ft_detok *d)
+{
+    if (!d) return;
+    free(d->ids);
+    free(d->piece);
+    memset(d, 0, sizeof *d);
+}
+
+/* Decodes ids[a..b) (skip_special) into a malloc'ed string; *len its length. */
+static int decode_range(const ft_detok *d, int64_t a, int64_t b, char **s, size_t *len)
+{
+    FT_TRY(ft_tok_decode(d->tok, d->ids + a, b - a, 1, s));
+    if (!*s && !(*s = calloc(1, 1))) return ft_err(-ENOMEM, "detokenizer: out of memory");
+    *len = strlen(*s);
+    return 0;
+}
+
+static int ends_replacement(const char *s, size_t n)
+{
+    return n >= 3 && (unsigned char)s[n - 3] == 0xEF && (unsigned char)s[n - 2] == 0xBF &&
+           (unsigned char)s[n - 1] == 0xBD;
+}
+
+/* Emits the text of ids[prefix_off..n) beyond that of ids[prefix_off..read_off); with
+ * final = 0 only when it is longer and does not end in U+FFFD. */
+static int detok_step(ft_detok *d, int final, const char **piece, size_t *n)
+{
+    *piece = "";
+    *n = 0;
+    char *pre = NULL, *all = NULL;
+    size_t pn = 0, an = 0;
+    int rc = decode_range(d, d->prefix_off, d->read_off, &pre, &pn);
+    if (!rc) rc = decode_range(d, d->prefix_off, d->n, &all, &an);
+    if (!rc && an > pn && (final || !ends_replacement(all, an))) {
+        free(d->piece);
+        d->piece = malloc(an - pn + 1);
+        if (!d->piece) {
+            rc = ft_err(-ENOMEM, "detokenizer: out of memory");
+        } else {
+            memcpy(d->piece, all + pn, an - pn);
+            d->piece[an - pn] = 0;
+            *piece = d->piece;
+            *n = an - pn;
+            d->prefix_off = d->read_off;
+            d->read_off = d->n;
+        }
+    }
+    free(pre);
+    free(all);
+    return rc;
+}
+
+int ft_detok_push(ft_detok *d, int32_t id, const char **piece, size_t *n)
+{
+    *piece = "";
+    *n = 0;
+    if (d->n == d->cap) {
+        int64_t cap = d->cap ? 2 * d->cap : 64;
+        int32_t *p = realloc(d->ids, (size_t)cap * sizeof *p);
+        if (!p) return ft_err(-ENOMEM, "detokenizer: out of memory");
+        d->ids = p;
+        d->cap = cap;
+    }
+    d->ids[d->n++] = id;
+    return detok_step(d, 0, piece, n);
+}
+
+int ft_detok_flush(ft_detok *d, const char **piece, size_t *n)
+{
+    return detok_step(d, 1, piece, n);
+}

@@ -1,0 +1,103 @@
+/* generate.h - inference with a KV cache: batched prefill of a prompt, then one token per
+ * forward, through the op table (backend-neutral); plus the chat prompt of a generation
+ * and an incremental detokenizer for streaming.
+ *
+ * The forward of each block is the op sequence of ft_block_fwd (src/model/llama.c) with
+ * train = 0: RMSNorm, q/k/v projections (+ bias, + LoRA as x A^T B^T * scale, unmerged),
+ * RoPE at the absolute positions, attention, o projection + residual, RMSNorm, SwiGLU MLP
+ * + residual. The new tokens' k (after RoPE) and v are written straight into the cache,
+ * per layer K and V (ctx_max, Hkv, D) fp32 in backend memory. Attention of a forward that
+ * starts an empty cache is attention_fwd over the chunk (so a prompt prefilled in one
+ * forward gives bit for bit the logits of ft_exec_logits, tested); later forwards use
+ * attention_kv_fwd against the cache. RoPE inverse frequencies are computed once with
+ * seq_len = ctx_max (only FT_ROPE_DYNAMIC depends on it).
+ */
+#ifndef FT_GENERATE_H
+#define FT_GENERATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "adapters/lora.h"
+#include "kernels/kernels.h"
+#include "src/data/tokenizer.h"
+#include "src/model/model.h"
+
+/* Tokens per forward when a prompt is longer than this (prefill in chunks). */
+#define FT_GEN_CHUNK_DEFAULT 1024
+
+typedef struct ft_gen {
+    ft_backend *be;
+    const ft_model *m;
+    const ft_lora *lora;        /* NULL: the base model */
+    int64_t ctx_max;            /* KV cache capacity in tokens */
+    int64_t chunk_max;          /* most tokens per ft_gen_forward */
+    int64_t logit_rows_max;     /* most logits rows per ft_gen_forward */
+    int64_t n_past;             /* tokens in the cache (the next position) */
+    void *arena;                /* the one backend allocation */
+    size_t arena_bytes;
+    float *kc, *vc;             /* (L, ctx_max, Hkv, D) each */
+    float *x, *y, *xn, *rstd, *q, *att, *lse, *h, *gate, *up, *act, *u;
+                                /* chunk_max * {C, C, C, 1, H*D, H*D, H, C, F, F, F, r} */
+    float *logits;              /* (logit_rows_max, V) */
+    float *inv_freq;            /* (D/2) */
+    int32_t *ids, *pos, *seq_start; /* (chunk_max) each */
+} ft_gen;
+
+/* Plans and allocates (one backend allocation) a cache of ctx_max tokens and buffers for
+ * forwards of up to chunk_max tokens returning up to logit_rows_max rows of logits.
+ * lora may be NULL. Returns 0, -ENOMEM (the message gives the bytes), FT_E_INVALID
+ * (unless 1 <= logit_rows_max <= chunk_max <= ctx_max; an adapter of another depth),
+ * FT_E_UNSUPPORTED (head_dim > 2048), FT_E_RANGE (a cache too large to address). */
+int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+                int64_t ctx_max, int64_t chunk_max, int64_t logit_rows_max);
+void ft_gen_free(ft_gen *g); /* NULL-safe; leaves g zeroed */
+
+/* Bytes ft_gen_init allocates for these sizes. */
+size_t ft_gen_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max, int64_t chunk_max,
+                    int64_t logit_rows_max);
+
+/* Empties the cache (the next forward starts at position 0). */
+void ft_gen_reset(ft_gen *g);
+
+/* Runs the n tokens ids (host memory) at positions [n_past, n_past + n), appends their
+ * k/v to the cache and advances n_past. logits (host memory) receives the logits of the
+ * last `rows` tokens, (rows, V) fp32: rows = 1 for generation, rows = n for all of them.
+ * Returns 0, FT_E_RANGE (n > chunk_max, rows outside 1..min(n, logit_rows_max), the
+ * cache would exceed ctx_max; nothing changes), FT_E_INVALID (an id outside the
+ * vocabulary), or a kernel error (the cache is then reset). */
+int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows);
+
+/* Token ids of a generation prompt: with raw = 0 the messages [system,] user are rendered
+ * with chat template tmpl (enum ft_chat_template; FT_CHAT_AUTO detects it from the
+ * tokenizer's chat_template) followed by its generation prompt (ft_chat_render_prompt),
+ * and encoded as training does (BOS only through the template, except for alpaca); with
+ * raw = 1, `prompt` is encoded as is with the tokenizer's special tokens (BOS).
+ * system may be NULL. *ids is malloc'ed (caller frees). *tmpl_out (may be NULL) receives
+ * the resolved template. Returns 0, -ENOMEM, FT_E_INVALID (template or tokenizer error). */
+int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, const char *prompt,
+                      int raw, int32_t **ids, int64_t *n, int *tmpl_out);
+
+/* Incremental detokenization for streaming (the prefix/read offsets of text-generation-
+ * inference and vLLM's detokenize_incrementally): after each token, the text of the
+ * window ids[prefix_off..] is decoded and what extends the text of ids[prefix_off..
+ * read_off) is emitted, unless it ends in U+FFFD (a character whose bytes are split
+ * across tokens, still incomplete). So only whole UTF-8 characters are printed, and the
+ * pieces concatenate to ft_tok_decode(all ids, skip_special = 1). */
+typedef struct ft_detok {
+    const ft_tokenizer *tok;
+    int32_t *ids;
+    int64_t n, cap;
+    int64_t prefix_off, read_off;
+    char *piece;                /* the last emitted piece (malloc'ed, NUL-terminated) */
+} ft_detok;
+
+void ft_detok_init(ft_detok *d, const ft_tokenizer *tok);
+/* Appends token id. *piece (valid until the next call) receives the newly completed
+ * text, *n its length in bytes (0: nothing complete yet). Returns 0, -ENOMEM. */
+int ft_detok_push(ft_detok *d, int32_t id, const char **piece, size_t *n);
+/* The text still held back at the end (an incomplete character decodes as U+FFFD). */
+int ft_detok_flush(ft_detok *d, const char **piece, size_t *n);
+void ft_detok_free(ft_detok *d); /* NULL-safe */
+
+#endif

@@ -1,0 +1,718 @@
+/* test_generate.c - generation: the KV-cache attention op, cached decoding against full
+ * recomputation, prefill against the training executor's logits, sampling (greedy,
+ * temperature, top-k, top-p) with a fixed seed, stop tokens, generation prompts and the
+ * streaming detokenizer. Model: tests/fixtures/tiny-llama (2 layers, GQA 4/2 heads). */
+#include "tests/unit/harness.h"
+
+#include "adapters/lora.h"
+#include "kernels/kernels.h"
+#include "offload/exec.h"
+#include "src/core/err.h"
+#include "src/core/rng.h"
+#include "src/data/chat.h"
+#include "src/data/dataset.h"
+#include "src/model/generate.h"
+#include "src/model/model.h"
+#include "src/model/sample.h"
+
+#define TINY "tests/fixtures/tiny-llama"
+#define TOK_LLAMA3 "tests/fixtures/tokenizers/llama3"
+#define TOK_LLAMA2 "tests/fixtures/tokenizers/llama2"
+
+/* attention_kv_fwd (fp32, online softmax) vs a float64 reference: fp32 rounding of dot
+ * products over D <= 64 and sums over <= 400 keys, a few 1e-7 relative in practice. */
+#define FT_TOL_KV_ATTN_ABS 2e-6
+#define FT_TOL_KV_ATTN_REL 1e-5
+/* Cached decoding vs full recomputation of the same tokens: the same math with the
+ * attention summed in another order (attention_kv_fwd vs attention_fwd's BLAS tiles), so
+ * fp32 reassociation only; relative to the largest |logit|. */
+#define FT_TOL_KV_DECODE_REL 1e-5
+/* Empirical frequencies of N draws vs the distribution: |f - p| <= Z * sqrt(p(1-p)/N). */
+#define FT_SAMPLE_Z 5.0
+#define FT_SAMPLE_N 40000
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static double max_abs(const float *x, int64_t n)
+{
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)x[i]));
+    return m;
+}
+
+static double max_diff(const float *a, const float *b, int64_t n)
+{
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
+    return m;
+}
+
+static void fill(float *x, int64_t n, ft_rng *r, float amp)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = (2.0f * ft_rng_uniform(r) - 1.0f) * amp;
+}
+
+/* float64 causal attention of queries at positions p..p+nq-1 against keys 0..p+i. */
+static void attn_ref(double *out, const float *q, const float *k, const float *v, int64_t p,
+                     int64_t nq, int64_t H, int64_t Hkv, int64_t D, double scale)
+{
+    const int64_t G = H / Hkv;
+    double *s = malloc((size_t)(p + nq) * sizeof *s);
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t g = h / G, nk = p + i + 1;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < nk; j++) {
+                double d = 0;
+                for (int64_t e = 0; e < D; e++)
+                    d += (double)q[(i * H + h) * D + e] * (double)k[(j * Hkv + g) * D + e];
+                s[j] = d * scale;
+                mx = fmax(mx, s[j]);
+            }
+            for (int64_t j = 0; j < nk; j++) sum += (s[j] = exp(s[j] - mx));
+            for (int64_t e = 0; e < D; e++) {
+                double o = 0;
+                for (int64_t j = 0; j < nk; j++) o += s[j] * (double)v[(j * Hkv + g) * D + e];
+                out[(i * H + h) * D + e] = o / sum;
+            }
+        }
+    free(s);
+}
+
+/* ---- attention_kv_fwd --------------------------------------------------------------------- */
+
+static void check_kv_case(ft_backend *be, int64_t p, int64_t nq, int64_t H, int64_t Hkv,
+                          int64_t D, uint64_t seed)
+{
+    const int64_t nk = p + nq;
+    float *q = malloc((size_t)(nq * H * D) * 4), *k = malloc((size_t)(nk * Hkv * D) * 4),
+          *v = malloc((size_t)(nk * Hkv * D) * 4), *o = malloc((size_t)(nq * H * D) * 4);
+    double *ref = malloc((size_t)(nq * H * D) * 8);
+    ft_rng r;
+    ft_rng_seed(&r, seed);
+    fill(q, nq * H * D, &r, 2.0f); /* scores of a few units: a peaked softmax */
+    fill(k, nk * Hkv * D, &r, 2.0f);
+    fill(v, nk * Hkv * D, &r, 1.0f);
+    const float scale = 1.0f / sqrtf((float)D);
+    assert_int_equal(be->ops->attention_kv_fwd(be, o, q, k, v, p, nq, H, Hkv, D, scale), 0);
+    attn_ref(ref, q, k, v, p, nq, H, Hkv, D, scale);
+    double err = 0;
+    int bad = 0;
+    for (int64_t i = 0; i < nq * H * D; i++) {
+        double d = fabs((double)o[i] - ref[i]);
+        err = fmax(err, d);
+        if (d > FT_TOL_KV_ATTN_ABS + FT_TOL_KV_ATTN_REL * fabs(ref[i]) && bad++ < 3)
+            printf("  mismatch at %lld: %.9g vs %.9g\n", (long long)i, o[i], ref[i]);
+    }
+    printf("attention_kv_fwd p=%lld n_q=%lld H=%lld Hkv=%lld D=%lld: max abs err %.3e vs fp64\n",
+           (long long)p, (long long)nq, (long long)H, (long long)Hkv, (long long)D, err);
+    assert_int_equal(bad, 0);
+    free(q); free(k); free(v); free(o); free(ref);
+}
+
+static void test_attention_kv_vs_fp64(void **state)
+{
+    ft_backend *be;
+    assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
+    check_kv_case(be, 0, 1, 4, 2, 16, 1);     /* first token: attends to itself only */
+    check_kv_case(be, 37, 1, 4, 2, 16, 2);    /* one decode step */
+    check_kv_case(be, 300, 1, 9, 3, 64, 3);   /* SmolLM2 heads, > 2 key tiles of 128 */
+    check_kv_case(be, 21, 7, 4, 1, 32, 4);    /* a chunk after a cached prefix, MQA */
+    check_kv_case(be, 250, 40, 8, 8, 8, 5);   /* MHA, chunk crossing a tile boundary */
+    ft_backend_free(be);
+}
+
+/* With p = 0 the op computes what attention_fwd does on one sequence. */
+static void test_attention_kv_matches_attention_fwd(void **state)
+{
+    ft_backend *be;
+    assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
+    const int64_t T = 200, H = 6, Hkv = 2, D = 32;
+    float *q = malloc((size_t)(T * H * D) * 4), *k = malloc((size_t)(T * Hkv * D) * 4),
+          *v = malloc((size_t)(T * Hkv * D) * 4), *o1 = malloc((size_t)(T * H * D) * 4),
+          *o2 = malloc((size_t)(T * H * D) * 4), *lse = malloc((size_t)(T * H) * 4),
+          *o3 = malloc((size_t)(T * H * D) * 4);
+    int32_t *ss = calloc((size_t)T, 4);
+    ft_rng r;
+    ft_rng_seed(&r, 11);
+    fill(q, T * H * D, &r, 1.5f);
+    fill(k, T * Hkv * D, &r, 1.5f);
+    fill(v, T * Hkv * D, &r, 1.0f);
+    const float sc = 1.0f / sqrtf((float)D);
+    assert_int_equal(be->ops->attention_fwd(be, o1, lse, q, k, v, ss, T, H, Hkv, D, sc), 0);
+    assert_int_equal(be->ops->attention_kv_fwd(be, o2, q, k, v, 0, T, H, Hkv, D, sc), 0);
+    /* the last 50 rows as a chunk after 150 cached ones */
+    const int64_t p = 150;
+    assert_int_equal(be->ops->attention_kv_fwd(be, o3, q + p * H * D, k, v, p, T - p, H, Hkv,
+                                               D, sc), 0);
+    double e2 = max_diff(o1, o2, T * H * D), e3 = max_diff(o1 + p * H * D, o3, (T - p) * H * D);
+    printf("attention_kv_fwd vs attention_fwd (T=%lld): max abs diff %.3e (p=0), %.3e (p=%lld)\n",
+           (long long)T, e2, e3, (long long)p);
+    assert_true(e2 <= FT_TOL_KV_ATTN_ABS + FT_TOL_KV_ATTN_REL * max_abs(o1, T * H * D));
+    assert_true(e3 <= FT_TOL_KV_ATTN_ABS + FT_TOL_KV_ATTN_REL * max_abs(o1, T * H * D));
+    /* bad arguments are errors, not crashes */
+    assert_int_equal(be->ops->attention_kv_fwd(be, o2, q, k, v, -1, 1, H, Hkv, D, sc), FT_E_INVALID);
+    assert_int_equal(be->ops->attention_kv_fwd(be, o2, q, k, v, 0, 1, 5, 2, D, sc), FT_E_INVALID);
+    assert_int_equal(be->ops->attention_kv_fwd(be, o2, q, k, v, 0, 1, H, Hkv, 0, sc), FT_E_INVALID);
+    assert_int_equal(be->ops->attention_kv_fwd(be, o2, NULL, k, v, 0, 1, H, Hkv, D, sc), FT_E_INVALID);
+    assert_int_equal(be->ops->attention_kv_fwd(be, o2, q, k, v, 3, 0, H, Hkv, D, sc), 0);
+    free(q); free(k); free(v); free(o1); free(o2); free(o3); free(lse); free(ss);
+    ft_backend_free(be);
+}
+
+/* ---- the model with a KV cache ----------------------------------------------------------- */
+
+typedef struct fix { ft_model *m; ft_backend *be; ft_lora lora; } fix;
+
+static int setup(void **state)
+{
+    fix *f = calloc(1, sizeof *f);
+    if (ft_model_load(&f->m, TINY) < 0) {
+        fprintf(stderr, "load %s: %s\n", TINY, ft_errmsg());
+        free(f);
+        return -1;
+    }
+    if (ft_backend_cpu_init(&f->be, 2) < 0) return -1;
+    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
+    if (ft_lora_init(&f->lora, f->m, &lc, f->be) < 0) return -1;
+    /* B = 0 at init would make the adapter a no-op: random A and B, large enough to move
+     * the logits well beyond the tolerances */
+    ft_rng rng;
+    ft_rng_seed(&rng, 99);
+    for (int64_t i = 0; i < f->lora.n_params; i++)
+        f->lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.4f;
+    ft_lora_push(&f->lora);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fix *f = *state;
+    ft_lora_free(&f->lora);
+    ft_backend_free(f->be);
+    ft_model_free(f->m);
+    free(f);
+    return 0;
+}
+
+#define N_SEQ 24
+/* "The quick brown fox jumps over the lazy dog near the river." (Llama-2 ids, with BOS),
+ * then 8 more ids */
+static const int32_t SEQ[N_SEQ] = {1, 415, 2936, 9060, 285, 1142, 461, 10575, 754, 272, 17898,
+                                   3914, 3065, 272, 7782, 28723, 13, 1014, 4242, 349, 2,
+                                   31999, 0, 12};
+
+/* Cached decoding (prefill n0 tokens, then one token per forward, plus one multi-token
+ * chunk) against a full recomputation of every prefix. */
+static void decode_vs_recompute(fix *f, const ft_lora *lora, const char *label)
+{
+    const int64_t V = f->m->cfg.vocab_size, n0 = 6;
+    ft_gen inc, full;
+    assert_int_equal(ft_gen_init(&inc, f->be, f->m, lora, N_SEQ, N_SEQ, N_SEQ), 0);
+    assert_int_equal(ft_gen_init(&full, f->be, f->m, lora, N_SEQ, N_SEQ, N_SEQ), 0);
+    float *li = malloc((size_t)(N_SEQ * V) * 4), *lf = malloc((size_t)(N_SEQ * V) * 4);
+    double worst = 0, scale = 0;
+
+    assert_int_equal(ft_gen_forward(&inc, SEQ, n0, li, 1), 0);
+    for (int64_t t = n0; t <= N_SEQ; t++) {
+        /* inc holds t tokens and li the logits of token t-1 */
+        ft_gen_reset(&full);
+        assert_int_equal(ft_gen_forward(&full, SEQ, t, lf, 1), 0);
+        assert_int_equal(full.n_past, t);
+        assert_int_equal(inc.n_past, t);
+        double d = max_diff(li, lf, V), s = max_abs(lf, V);
+        worst = fmax(worst, d / s);
+        scale = fmax(scale, s);
+        if (d > FT_TOL_KV_DECODE_REL * s) printf("  step %lld: max diff %.3e (|logit| %.3g)\n", (long long)t, d, s);
+        assert_true(d <= FT_TOL_KV_DECODE_REL * s);
+        if (t < N_SEQ) assert_int_equal(ft_gen_forward(&inc, SEQ + t, 1, li, 1), 0);
+    }
+    /* a full cache refuses more tokens and stays as it was */
+    assert_int_equal(ft_gen_forward(&inc, SEQ, 1, li, 1), FT_E_RANGE);
+    assert_int_equal(inc.n_past, N_SEQ);
+
+    /* chunk: 5 tokens, then 11 at once (every row's logits), then decode */
+    const int64_t a = 5, b = 11;
+    ft_gen_reset(&inc);
+    assert_int_equal(ft_gen_forward(&inc, SEQ, a, li, 1), 0);
+    assert_int_equal(ft_gen_forward(&inc, SEQ + a, b, li, b), 0);
+    ft_gen_reset(&full);
+    assert_int_equal(ft_gen_forward(&full, SEQ, a + b, lf, a + b), 0);
+    double dc = max_diff(li, lf + a * V, b * V), sc = max_abs(lf + a * V, b * V);
+    printf("[%s] cached decode vs recompute, %d steps: max diff %.3e of max |logit| (bound %.0e); "
+           "chunk of %lld after %lld cached: %.3e\n", label, (int)(N_SEQ - n0 + 1), worst,
+           FT_TOL_KV_DECODE_REL, (long long)b, (long long)a, dc / sc);
+    assert_true(dc <= FT_TOL_KV_DECODE_REL * sc);
+    /* the comparison can fail: logits of a different prefix are far off */
+    ft_gen_reset(&full);
+    assert_int_equal(ft_gen_forward(&full, SEQ + 1, a + b - 1, lf, 1), 0);
+    assert_true(max_diff(li + (b - 1) * V, lf, V) > 100 * FT_TOL_KV_DECODE_REL * sc);
+    free(li);
+    free(lf);
+    ft_gen_free(&inc);
+    ft_gen_free(&full);
+}
+
+static void test_kv_decode_matches_recompute(void **state)
+{
+    fix *f = *state;
+    decode_vs_recompute(f, NULL, "tiny-llama");
+    decode_vs_recompute(f, &f->lora, "tiny-llama + LoRA r4");
+}
+
+/* A prompt prefilled in one forward gives the logits of the training executor (ftune
+ * logits) bit for bit: the same ops on the same shapes in the same order. */
+static void prefill_vs_exec(fix *f, ft_lora *lora, const char *label)
+{
+    const int64_t T = N_SEQ, V = f->m->cfg.vocab_size;
+    ft_exec ex;
+    assert_int_equal(ft_exec_init(&ex, f->be, f->m, lora, T, 1, T), 0);
+    int32_t ids[N_SEQ], tg[N_SEQ], pos[N_SEQ], ss[N_SEQ] = {0};
+    for (int64_t t = 0; t < T; t++) {
+        ids[t] = SEQ[t];
+        pos[t] = (int32_t)t;
+        tg[t] = t + 1 < T ? SEQ[t + 1] : -100;
+    }
+    ft_batch b = {1, T, T, ids, tg, pos, ss, T - 1};
+    float *le = malloc((size_t)(T * V) * 4), *lg = malloc((size_t)(T * V) * 4);
+    assert_int_equal(ft_exec_logits(&ex, &b, le), 0);
+    ft_gen g;
+    assert_int_equal(ft_gen_init(&g, f->be, f->m, lora, T, T, T), 0);
+    assert_int_equal(ft_gen_forward(&g, ids, T, lg, T), 0);
+    double d = max_diff(le, lg, T * V);
+    printf("[%s] prefill logits vs ft_exec_logits (T=%lld): max abs diff %.3e (%s)\n", label,
+           (long long)T, d, memcmp(le, lg, (size_t)(T * V) * 4) ? "not bit-identical" : "bit-identical");
+    assert_memory_equal(le, lg, (size_t)(T * V) * 4);
+    /* the last row alone (what generation asks for) */
+    ft_gen_reset(&g);
+    assert_int_equal(ft_gen_forward(&g, ids, T, lg, 1), 0);
+    d = max_diff(le + (T - 1) * V, lg, V);
+    printf("[%s] prefill last row only: max abs diff %.3e\n", label, d);
+    assert_true(d <= FT_TOL_KV_DECODE_REL * max_abs(le + (T - 1) * V, V));
+    ft_gen_free(&g);
+    ft_exec_free(&ex);
+    free(le);
+    free(lg);
+}
+
+static void test_prefill_equals_exec_logits(void **state)
+{
+    fix *f = *state;
+    prefill_vs_exec(f, NULL, "tiny-llama");
+    prefill_vs_exec(f, &f->lora, "tiny-llama + LoRA r4");
+}
+
+static void test_gen_bad_input(void **state)
+{
+    fix *f = *state;
+    ft_gen g;
+    float lg[32000];
+    int32_t bad[2] = {1, 32000};
+    assert_int_equal(ft_gen_init(&g, f->be, f->m, NULL, 4, 8, 1), FT_E_INVALID); /* chunk > ctx */
+    assert_int_equal(ft_gen_init(&g, f->be, f->m, NULL, 0, 0, 0), FT_E_INVALID);
+    assert_int_equal(ft_gen_init(&g, f->be, f->m, NULL, 8, 4, 2), 0);
+    assert_int_equal(ft_gen_forward(&g, bad, 2, lg, 1), FT_E_INVALID); /* id >= V */
+    assert_int_equal(g.n_past, 0);
+    assert_int_equal(ft_gen_forward(&g, SEQ, 5, lg, 1), FT_E_RANGE);   /* > chunk */
+    assert_int_equal(ft_gen_forward(&g, SEQ, 2, lg, 3), FT_E_RANGE);   /* rows > n */
+    assert_int_equal(ft_gen_forward(&g, SEQ, 4, lg, 1), 0);
+    assert_int_equal(ft_gen_forward(&g, SEQ, 4, lg, 1), 0);
+    assert_int_equal(ft_gen_forward(&g, SEQ, 1, lg, 1), FT_E_RANGE);   /* cache full */
+    assert_true(strstr(ft_errmsg(), "context full") != NULL);
+    ft_gen_free(&g);
+    ft_gen_free(&g); /* twice: zeroed, harmless */
+}
+
+/* ---- sampling ------------------------------------------------------------------------------ */
+
+static void test_sample_greedy(void **state)
+{
+    ft_sampler s;
+    ft_sample_cfg c = {0.0f, 0, 1.0f, 1};
+    float x[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f, -INFINITY};
+    assert_int_equal(ft_sampler_init(&s, &c, 6), 0);
+    int32_t t = -1;
+    assert_int_equal(ft_sample_next(&s, x, &t), 0);
+    assert_int_equal(t, 1); /* tie 1 and 3: the lower id */
+    assert_int_equal(s.n_cand, 1);
+    x[2] = NAN;
+    assert_int_equal(ft_sample_next(&s, x, &t), FT_E_NUMERIC);
+    x[2] = INFINITY;
+    assert_int_equal(ft_sample_next(&s, x, &t), FT_E_NUMERIC);
+    ft_sampler_free(&s);
+    /* settings are checked */
+    ft_sample_cfg b1 = {-0.5f, 0, 1.0f, 0}, b2 = {1.0f, -1, 1.0f, 0}, b3 = {1.0f, 0, 0.0f, 0},
+                  b4 = {1.0f, 0, 1.5f, 0};
+    assert_int_equal(ft_sampler_init(&s, &b1, 6), FT_E_INVALID);
+    assert_int_equal(ft_sampler_init(&s, &b2, 6), FT_E_INVALID);
+    assert_int_equal(ft_sampler_init(&s, &b3, 6), FT_E_INVALID);
+    assert_int_equal(ft_sampler_init(&s, &b4, 6), FT_E_INVALID);
+    assert_int_equal(ft_sampler_init(&s, &c, 0), FT_E_INVALID);
+}
+
+/* Draws FT_SAMPLE_N tokens and checks every frequency against s->cand_p; returns the
+ * largest z-score. Tokens outside the candidates must never appear. */
+static double check_draws(ft_sampler *s, const float *x, int64_t V)
+{
+    assert_int_equal(ft_sample_dist(s, x), 0);
+    double *want = calloc((size_t)V, sizeof *want), sum = 0;
+    for (int64_t i = 0; i < s->n_cand; i++) {
+        want[s->cand_id[i]] = s->cand_p[i];
+        sum += s->cand_p[i];
+    }
+    assert_true(fabs(sum - 1.0) < 1e-12);
+    int64_t *cnt = calloc((size_t)V, sizeof *cnt);
+    for (int i = 0; i < FT_SAMPLE_N; i++) {
+        int32_t t;
+        assert_int_equal(ft_sample_next(s, x, &t), 0);
+        assert_true(t >= 0 && t < V);
+        cnt[t]++;
+    }
+    double zmax = 0;
+    for (int64_t i = 0; i < V; i++) {
+        double p = want[i], f = (double)cnt[i] / FT_SAMPLE_N;
+        if (p == 0) {
+            assert_int_equal(cnt[i], 0);
+            continue;
+        }
+        double z = fabs(f - p) / sqrt(p * (1 - p) / FT_SAMPLE_N + 1e-300);
+        zmax = fmax(zmax, z);
+    }
+    free(want);
+    free(cnt);
+    assert_true(zmax <= FT_SAMPLE_Z);
+    return zmax;
+}
+
+/* probabilities 0.4 0.25 0.15 0.1 0.06 0.04 as logits (log p) */
+static void probs_logits(float *x)
+{
+    const double p[6] = {0.4, 0.25, 0.15, 0.1, 0.06, 0.04};
+    const int perm[6] = {3, 0, 5, 1, 4, 2}; /* token ids not in probability order */
+    for (int i = 0; i < 6; i++) x[perm[i]] = (float)log(p[i]);
+}
+
+static void test_sample_temperature(void **state)
+{
+    float x[6];
+    probs_logits(x);
+    const float T = 0.7f;
+    ft_sampler s;
+    ft_sample_cfg c = {T, 0, 1.0f, 42};
+    assert_int_equal(ft_sampler_init(&s, &c, 6), 0);
+    assert_int_equal(ft_sample_dist(&s, x), 0);
+    assert_int_equal(s.n_cand, 6);
+    /* p_i = softmax(x / T) */
+    double Z = 0;
+    for (int i = 0; i < 6; i++) Z += exp((double)(x[i] / T));
+    double err = 0;
+    for (int64_t i = 0; i < s.n_cand; i++)
+        err = fmax(err, fabs(s.cand_p[i] - exp((double)(x[s.cand_id[i]] / T)) / Z));
+    assert_true(err < 1e-12);
+    double z = check_draws(&s, x, 6);
+    printf("temperature %.1f: softmax(x/T) max err %.1e; %d draws, max z-score %.2f (bound %.0f)\n",
+           T, err, FT_SAMPLE_N, z, FT_SAMPLE_Z);
+    ft_sampler_free(&s);
+    /* a higher temperature flattens: the top probability drops */
+    ft_sample_cfg hot = {2.0f, 0, 1.0f, 42}, cold = {0.25f, 0, 1.0f, 42};
+    double ptop[2];
+    ft_sample_cfg *cs[2] = {&hot, &cold};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(ft_sampler_init(&s, cs[k], 6), 0);
+        assert_int_equal(ft_sample_dist(&s, x), 0);
+        ptop[k] = 0;
+        for (int64_t i = 0; i < s.n_cand; i++)
+            if (s.cand_id[i] == 3) ptop[k] = s.cand_p[i];
+        ft_sampler_free(&s);
+    }
+    assert_true(ptop[0] < 0.4 && ptop[1] > 0.8);
+}
+
+static void test_sample_top_k_top_p(void **state)
+{
+    float x[6];
+    probs_logits(x); /* ids by probability: 3 (0.4), 0 (.25), 5 (.15), 1 (.1), 4 (.06), 2 (.04) */
+    ft_sampler s;
+    /* top-k 3: ids 3, 0, 5 with 0.4, 0.25, 0.15 renormalised by 0.8 */
+    ft_sample_cfg ck = {1.0f, 3, 1.0f, 5};
+    assert_int_equal(ft_sampler_init(&s, &ck, 6), 0);
+    assert_int_equal(ft_sample_dist(&s, x), 0);
+    assert_int_equal(s.n_cand, 3);
+    const int32_t want_k[3] = {3, 0, 5};
+    const double pk[3] = {0.5, 0.3125, 0.1875};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(s.cand_id[i], want_k[i]);
+        assert_true(fabs(s.cand_p[i] - pk[i]) < 1e-6);
+    }
+    double zk = check_draws(&s, x, 6);
+    ft_sampler_free(&s);
+    /* top-p: the shortest head reaching p (the crossing token kept) */
+    const float tp[4] = {0.3f, 0.6f, 0.85f, 1.0f};
+    const int64_t nk[4] = {1, 2, 4, 6};
+    double zp = 0;
+    for (int k = 0; k < 4; k++) {
+        ft_sample_cfg cp = {1.0f, 0, tp[k], 6};
+        assert_int_equal(ft_sampler_init(&s, &cp, 6), 0);
+        assert_int_equal(ft_sample_dist(&s, x), 0);
+        assert_int_equal(s.n_cand, nk[k]);
+        if (tp[k] < 1) {
+            double mass = 0;
+            const double p[6] = {0.4, 0.25, 0.15, 0.1, 0.06, 0.04};
+            for (int i = 0; i < nk[k]; i++) mass += p[i];
+            for (int i = 0; i < nk[k]; i++) assert_true(fabs(s.cand_p[i] - p[i] / mass) < 1e-6);
+        }
+        if (nk[k] > 1) zp = fmax(zp, check_draws(&s, x, 6));
+        ft_sampler_free(&s);
+    }
+    /* both: top-k 4 (mass 0.9) then top-p 0.7 of that: 0.4/0.9 = .44, +.25/.9 = .72 >= .7 */
+    ft_sample_cfg cb = {1.0f, 4, 0.7f, 8};
+    assert_int_equal(ft_sampler_init(&s, &cb, 6), 0);
+    assert_int_equal(ft_sample_dist(&s, x), 0);
+    assert_int_equal(s.n_cand, 2);
+    assert_int_equal(s.cand_id[0], 3);
+    assert_int_equal(s.cand_id[1], 0);
+    ft_sampler_free(&s);
+    printf("top-k 3 and top-p 0.3/0.6/0.85/1: kept sets exact; max z-score %.2f / %.2f (bound %.0f)\n",
+           zk, zp, FT_SAMPLE_Z);
+}
+
+/* Large vocabularies: the sorted head (and the prefilter shortcut of top-p) against a full
+ * sort done here. */
+static int cmp_desc(const void *a, const void *b)
+{
+    const float *x = a, *y = b;
+    return x[0] > y[0] ? -1 : x[0] < y[0] ? 1 : (x[1] < y[1] ? -1 : x[1] > y[1]);
+}
+
+static void brute_top_p(const float *x, int64_t V, float T, int64_t k, float top_p, int64_t *n,
+                        int32_t *ids)
+{
+    float (*pr)[2] = malloc((size_t)V * sizeof *pr);
+    for (int64_t i = 0; i < V; i++) {
+        pr[i][0] = x[i] / T;
+        pr[i][1] = (float)i;
+    }
+    qsort(pr, (size_t)V, sizeof *pr, cmp_desc);
+    int64_t m = k > 0 && k < V ? k : V;
+    double tot = 0, cum = 0;
+    for (int64_t i = 0; i < m; i++) tot += exp((double)pr[i][0] - (double)pr[0][0]);
+    int64_t c = 0;
+    for (; c < m; c++) {
+        ids[c] = (int32_t)pr[c][1];
+        cum += exp((double)pr[c][0] - (double)pr[0][0]);
+        if (top_p < 1 && cum >= top_p * tot) { c++; break; }
+    }
+    *n = c;
+    free(pr);
+}
+
+static void test_sample_large_vocab(void **state)
+{
+    const int64_t V = 50000;
+    float *x = malloc((size_t)V * 4);
+    int32_t *ids = malloc((size_t)V * 4);
+    ft_rng r;
+    ft_rng_seed(&r, 3);
+    /* logits spread over 40 units: with T <= 1 most fall below the prefilter cut (25 under
+     * the top), with T = 2 none do; a tie at the top */
+    for (int64_t i = 0; i < V; i++) x[i] = 40.0f * ft_rng_uniform(&r);
+    x[777] = x[778] = 41.0f;
+    struct { float T, top_p; int64_t k; } cases[] = {
+        {1.0f, 0.9f, 0}, {0.5f, 0.5f, 0}, {0.8f, 0.95f, 40}, {1.0f, 1.0f, 1000}, {2.0f, 0.3f, 0},
+    };
+    ft_sampler s;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ft_sample_cfg sc = {cases[c].T, cases[c].k, cases[c].top_p, 1};
+        assert_int_equal(ft_sampler_init(&s, &sc, V), 0);
+        assert_int_equal(ft_sample_dist(&s, x), 0);
+        int64_t n;
+        brute_top_p(x, V, cases[c].T, cases[c].k, cases[c].top_p, &n, ids);
+        assert_int_equal(s.n_cand, n);
+        for (int64_t i = 0; i < n; i++) assert_int_equal(s.cand_id[i], ids[i]);
+        assert_int_equal(s.cand_id[0], 777); /* the tie: lower id first */
+        ft_sampler_free(&s);
+    }
+    /* one dominant token 26 above the rest: the prefilter head (within 25 of the top)
+     * misses 50000 e^-26 = 2.6e-7 of the mass, so top-p = 1 - 2^-24 must fall back to
+     * sorting everything */
+    for (int64_t i = 0; i < V; i++) x[i] = 0.0f;
+    x[5] = 26.0f;
+    ft_sample_cfg sc = {1.0f, 0, 0.99999994f, 1};
+    assert_true(sc.top_p < 1.0f);
+    assert_int_equal(ft_sampler_init(&s, &sc, V), 0);
+    assert_int_equal(ft_sample_dist(&s, x), 0);
+    int64_t n;
+    brute_top_p(x, V, 1.0f, 0, sc.top_p, &n, ids);
+    assert_true(n > 1);
+    assert_int_equal(s.n_cand, n);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(s.cand_id[i], ids[i]);
+    ft_sampler_free(&s);
+    printf("V=%lld: top-k/top-p candidate lists equal a full sort in 6 cases (fallback: %lld kept)\n",
+           (long long)V, (long long)n);
+    free(x);
+    free(ids);
+}
+
+static void test_sample_seeded(void **state)
+{
+    const int64_t V = 1000;
+    float *x = malloc((size_t)V * 4);
+    ft_rng r;
+    ft_rng_seed(&r, 9);
+    for (int64_t i = 0; i < V; i++) x[i] = 3.0f * ft_rng_uniform(&r);
+    int32_t a[64], b[64], c[64];
+    uint64_t seeds[3] = {1234, 1234, 1235};
+    int32_t *outs[3] = {a, b, c};
+    for (int k = 0; k < 3; k++) {
+        ft_sampler s;
+        ft_sample_cfg sc = {1.0f, 50, 0.9f, seeds[k]};
+        assert_int_equal(ft_sampler_init(&s, &sc, V), 0);
+        for (int i = 0; i < 64; i++) assert_int_equal(ft_sample_next(&s, x, &outs[k][i]), 0);
+        ft_sampler_free(&s);
+    }
+    assert_memory_equal(a, b, sizeof a);
+    int same = 0;
+    for (int i = 0; i < 64; i++) same += a[i] == c[i];
+    assert_true(same < 32); /* another seed, another sequence */
+    free(x);
+}
+
+/* ---- stop tokens, prompts, streaming ------------------------------------------------------ */
+
+static void test_stop_ids_and_prompt(void **state)
+{
+    fix *f = *state;
+    ft_tokenizer *t2, *t3;
+    assert_int_equal(ft_tok_load_dir(&t2, TOK_LLAMA2), 0);
+    assert_int_equal(ft_tok_load_dir(&t3, TOK_LLAMA3), 0);
+    int32_t st[8];
+    /* tiny-llama: config eos 2, tokenizer </s> = 2; "<|im_end|>" is not in the vocabulary */
+    int n = ft_sample_stop_ids(&f->m->cfg, t2, "<|im_end|>", st, 8);
+    assert_int_equal(n, 1);
+    assert_int_equal(st[0], 2);
+    n = ft_sample_stop_ids(NULL, t3, ft_chat_end_of_turn(FT_CHAT_LLAMA3), st, 8);
+    int has_eot = 0;
+    for (int i = 0; i < n; i++) has_eot |= st[i] == ft_tok_id(t3, "<|eot_id|>");
+    assert_true(has_eot && ft_tok_id(t3, "<|eot_id|>") == 128009);
+
+    /* llama3 template with the generation prompt */
+    int32_t *ids;
+    int64_t k;
+    int tm;
+    char *text;
+    assert_int_equal(ft_gen_prompt_ids(t3, FT_CHAT_AUTO, "Be brief.", "Hi there", 0, &ids, &k, &tm), 0);
+    assert_int_equal(tm, FT_CHAT_LLAMA3);
+    assert_int_equal(ft_tok_decode(t3, ids, k, 0, &text), 0);
+    assert_string_equal(text, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                              "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+                              "Hi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(ids);
+    free(text);
+    /* chatml forced on the same tokenizer */
+    assert_int_equal(ft_gen_prompt_ids(t3, FT_CHAT_CHATML, NULL, "Hi", 0, &ids, &k, &tm), 0);
+    assert_int_equal(ft_tok_decode(t3, ids, k, 0, &text), 0);
+    assert_string_equal(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    free(ids);
+    free(text);
+    /* llama2 (tiny-llama's tokenizer has no template: alpaca by detection; force llama2) */
+    assert_int_equal(ft_gen_prompt_ids(t2, FT_CHAT_LLAMA2, NULL, "Hi", 0, &ids, &k, &tm), 0);
+    assert_int_equal(ids[0], 1); /* BOS from the template */
+    assert_int_equal(ft_tok_decode(t2, ids, k, 1, &text), 0);
+    assert_string_equal(text, "[INST] Hi [/INST]");
+    free(ids);
+    free(text);
+    /* raw: BOS from the post-processor, then the text */
+    assert_int_equal(ft_gen_prompt_ids(t2, FT_CHAT_AUTO, NULL, "Hello", 1, &ids, &k, &tm), 0);
+    assert_int_equal(ids[0], 1);
+    assert_true(k >= 2);
+    free(ids);
+    /* a prompt ending with an assistant turn has no generation prompt */
+    ft_chat_msg m = {FT_ROLE_ASSISTANT, "x", 1, NULL, 0, 0};
+    ft_chat_text ct = {0};
+    assert_int_equal(ft_chat_render_prompt(&ct, FT_CHAT_CHATML, &m, 1, NULL), FT_E_INVALID);
+    ft_chat_text_free(&ct);
+    ft_tok_free(t2);
+    ft_tok_free(t3);
+}
+
+static int valid_utf8(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned c = (unsigned char)s[i];
+        size_t L = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!L || i + L > n) return 0;
+        for (size_t k = 1; k < L; k++)
+            if (((unsigned char)s[i + k] & 0xC0) != 0x80) return 0;
+        i += L;
+    }
+    return 1;
+}
+
+static void stream_check(const char *dir, const char *text)
+{
+    ft_tokenizer *t;
+    assert_int_equal(ft_tok_load_dir(&t, dir), 0);
+    int32_t *ids;
+    int64_t n;
+    assert_int_equal(ft_tok_encode(t, text, strlen(text), 0, &ids, &n), 0);
+    char *full;
+    assert_int_equal(ft_tok_decode(t, ids, n, 1, &full), 0);
+    ft_detok d;
+    ft_detok_init(&d, t);
+    char *acc = calloc(strlen(full) + 64, 1);
+    size_t an = 0;
+    int held = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *p;
+        size_t pn;
+        assert_int_equal(ft_detok_push(&d, ids[i], &p, &pn), 0);
+        if (pn == 0) held++;
+        assert_true(valid_utf8(p, pn));          /* whole characters only */
+        assert_null(strstr(p, "\xEF\xBF\xBD")); /* never a replacement character */
+        assert_true(an + pn <= strlen(full));
+        memcpy(acc + an, p, pn);
+        an += pn;
+    }
+    const char *p;
+    size_t pn;
+    assert_int_equal(ft_detok_flush(&d, &p, &pn), 0);
+    memcpy(acc + an, p, pn);
+    an += pn;
+    acc[an] = 0;
+    printf("stream %s: %lld tokens, %d held back (split characters), %zu bytes\n", dir,
+           (long long)n, held, an);
+    assert_string_equal(acc, full);
+    assert_true(held > 0); /* the text has characters split over several tokens */
+    ft_detok_free(&d);
+    free(acc);
+    free(full);
+    free(ids);
+    ft_tok_free(t);
+}
+
+static void test_stream_utf8(void **state)
+{
+    const char *text = " Tokyo — 東京 😀 café 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ꧁꧂ and 🇺🇸!\nNext line  ok";
+    stream_check(TOK_LLAMA3, text); /* byte-level BPE */
+    stream_check(TOK_LLAMA2, text); /* SentencePiece with <0xHH> byte fallback */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_kv_vs_fp64),
+        cmocka_unit_test(test_attention_kv_matches_attention_fwd),
+        cmocka_unit_test_setup_teardown(test_kv_decode_matches_recompute, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prefill_equals_exec_logits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gen_bad_input, setup, teardown),
+        cmocka_unit_test(test_sample_greedy),
+        cmocka_unit_test(test_sample_temperature),
+        cmocka_unit_test(test_sample_top_k_top_p),
+        cmocka_unit_test(test_sample_large_vocab),
+        cmocka_unit_test(test_sample_seeded),
+        cmocka_unit_test_setup_teardown(test_stop_ids_and_prompt, setup, teardown),
+        cmocka_unit_test(test_stream_utf8),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
