@@ -50,7 +50,7 @@ static int jint(const cJSON *v, int64_t *out)
 {
     if (!cJSON_IsNumber(v)) return 0;
     double d = v->valuedouble;
-    if (d != (double)(int64_t)d || d < -1e15 || d > 1e15) return 0;
+    if (!(d >= -1e15 && d <= 1e15) || d != (double)(int64_t)d) return 0; /* range first: the cast of a larger d is undefined */
     *out = (int64_t)d;
     return 1;
 }

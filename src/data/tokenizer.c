@@ -183,6 +183,8 @@ int tk_finalize(ft_tokenizer *t, const char *where)
     if (t->eos < 0 && t->eos_str[0]) t->eos = ft_tok_id(t, t->eos_str);
     if (t->bos >= t->n_ids) t->bos = -1;
     if (t->eos >= t->n_ids) t->eos = -1;
+    if (t->bos >= 0 && !ft_tok_str(t, t->bos)) t->bos = -1; /* an id in range that no token has */
+    if (t->eos >= 0 && !ft_tok_str(t, t->eos)) t->eos = -1;
     if (t->bos < 0) t->bos_str = ""; /* a configured token missing from the vocabulary */
     if (t->eos < 0) t->eos_str = "";
     if (t->bos >= 0 && !t->bos_str[0]) FT_TRY(tk_set_str(t, &t->bos_str, ft_tok_str(t, t->bos)));

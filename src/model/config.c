@@ -174,11 +174,17 @@ static int parse_special_ids(ft_model_config *c, const cJSON *root, const char *
         for (const cJSON *x = e->child; x; x = x->next) {
             if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble))
                 return type_err(name, "", "eos_token_id", "an integer or a list of integers", x);
+            if (fabs(x->valuedouble) > 9007199254740992.0) /* (int64_t) of more is undefined */
+                return ft_err(FT_E_INVALID, "%s: key \"eos_token_id\": %g is not a token id", name,
+                              x->valuedouble);
             c->eos_token_id[c->n_eos++] = (int64_t)x->valuedouble;
         }
     } else if (!cJSON_IsNull(e)) {
         if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble))
             return type_err(name, "", "eos_token_id", "an integer or a list of integers", e);
+        if (fabs(e->valuedouble) > 9007199254740992.0)
+            return ft_err(FT_E_INVALID, "%s: key \"eos_token_id\": %g is not a token id", name,
+                          e->valuedouble);
         c->eos_token_id[c->n_eos++] = (int64_t)e->valuedouble;
     }
     return 0;
