@@ -6,6 +6,17 @@ OPT     ?= -O2 -march=x86-64-v2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Werror=implicit-function-declaration -I. -fopenmp
 LDFLAGS += -fopenmp
+
+# SANITIZE=1: ASan + UBSan build of everything (library, ftune, unit tests, corpus replays)
+# in its own folder, default build-asan: `make SANITIZE=1 test-c` (what .ci/run does).
+# float-cast-overflow is named because gcc's -fsanitize=undefined leaves it out (clang's
+# includes it). SAN_FLAGS is also how `make fuzz` instruments the library for libFuzzer.
+ifeq ($(SANITIZE),1)
+BUILD     ?= build-asan
+SAN_FLAGS ?= -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=all
+endif
+CFLAGS  += $(SAN_FLAGS)
+LDFLAGS += $(SAN_FLAGS)
 BUILD   ?= build
 
 PKG     := pkg-config
@@ -30,8 +41,12 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+# libFuzzer targets tests/fuzz/fuzz_NAME.c; each is also linked with tests/fuzz/replay.c
+# into $(BUILD)/tests/fuzz/replay_NAME, which tests/run_tests.sh runs on corpus/NAME/.
+FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+REPLAY_BIN := $(FUZZ_NAMES:%=$(BUILD)/tests/fuzz/replay_%)
 
-.PHONY: all deps demo test test-gpu clean example tests bench
+.PHONY: all deps demo test test-c test-gpu clean example tests bench fuzz fuzz-build
 all: $(BUILD)/ftune
 
 $(BUILD)/%.o: %.c
@@ -49,7 +64,11 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/harness.h $(BUILD)/libftune.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LIBS) $(CMOCKA_LIBS) $(LDFLAGS)
 
-tests: $(BUILD)/ftune $(UNIT_BIN)
+$(BUILD)/tests/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz_util.h $(BUILD)/libftune.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ tests/fuzz/fuzz_$*.c tests/fuzz/replay.c $(BUILD)/libftune.a $(LIBS) $(LDFLAGS)
+
+tests: $(BUILD)/ftune $(UNIT_BIN) $(REPLAY_BIN)
 
 # Installs missing Debian -dev packages and Python test packages (idempotent).
 deps:
@@ -67,6 +86,47 @@ demo: deps
 test: deps
 	@$(MAKE) --no-print-directory tests
 	@bash tests/run_tests.sh $(BUILD)
+
+# C unit tests and corpus replays only (no pytest): with SANITIZE=1 this is the sanitizer
+# step of .ci/run.
+test-c:
+	@$(MAKE) --no-print-directory tests
+	@FTUNE_TEST_PYTEST=0 bash tests/run_tests.sh $(BUILD)
+
+# Fuzzing (clang + libFuzzer; Debian: clang, libclang-rt-dev). Builds every target with
+# -fsanitize=fuzzer,address,undefined in $(FUZZ_BUILD), then runs each for FUZZ_SECONDS
+# on a copy of its seed corpus (new inputs go to $(FUZZ_BUILD)/corpus/NAME, crashes to
+# $(FUZZ_BUILD)/crashes/NAME/). One job, one target at a time. `make fuzz FUZZ_TARGETS=gguf`.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= $(FUZZ_NAMES)
+FUZZ_ARGS    ?= -timeout=30 -rss_limit_mb=2048 -print_final_stats=1
+FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+
+fuzz-build:
+	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: $(FUZZ_CC) not found (apt-get install clang libclang-rt-dev)"; exit 1; }
+	@$(MAKE) --no-print-directory CC=$(FUZZ_CC) BUILD=$(FUZZ_BUILD) SAN_FLAGS="$(FUZZ_SAN)" \
+	    OPT="-O1 -g -Wno-pass-failed" $(FUZZ_BUILD)/libftune.a
+	@mkdir -p $(FUZZ_BUILD)/fuzz
+	@for t in $(FUZZ_TARGETS); do \
+	    echo "fuzz: building $(FUZZ_BUILD)/fuzz/fuzz_$$t"; \
+	    $(FUZZ_CC) -O1 -g -std=c11 -D_GNU_SOURCE -I. $(BLAS_CFLAGS) $(CJSON_CFLAGS) -fopenmp \
+	        -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all \
+	        -o $(FUZZ_BUILD)/fuzz/fuzz_$$t tests/fuzz/fuzz_$$t.c $(FUZZ_BUILD)/libftune.a $(LIBS) \
+	        || exit 1; \
+	done
+
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ_BUILD)/corpus/$$t $(FUZZ_BUILD)/crashes/$$t; \
+	    echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(FUZZ_BUILD)/fuzz/fuzz_$$t $(FUZZ_ARGS) \
+	        -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=$(FUZZ_BUILD)/crashes/$$t/ \
+	        $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t >$(FUZZ_BUILD)/fuzz_$$t.log 2>&1; rc=$$?; \
+	    grep -E '^#[0-9]+.*(INITED|DONE)|^stat::|ERROR|SUMMARY|Test unit written' $(FUZZ_BUILD)/fuzz_$$t.log; \
+	    [ $$rc -eq 0 ] || { echo "fuzz: $$t FAILED (log: $(FUZZ_BUILD)/fuzz_$$t.log)"; exit 1; }; \
+	done; echo "fuzz: all targets ran $(FUZZ_SECONDS) s with no crash"
 
 test-gpu:
 	@echo "test-gpu: no CUDA backend yet (issue: CUDA backend); 0 passed, 0 failed, 0 skipped"

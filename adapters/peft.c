@@ -139,7 +139,8 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
     }
     if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "LORA"))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: \"peft_type\" must be \"LORA\"", path);
-    else if (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble != floor(r->valuedouble))
+    else if (!cJSON_IsNumber(r) || !(r->valuedouble >= 1 && r->valuedouble <= 9007199254740992.0) ||
+             r->valuedouble != floor(r->valuedouble)) /* bounded: the int64 cast below */
         rc = ft_err(FT_E_INVALID, "%s: \"r\" must be a positive integer", path);
     else if (cJSON_IsTrue(dora))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: \"use_dora\": DoRA adapters are not supported", path);
@@ -171,6 +172,8 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
             rc = ft_err(FT_E_INVALID, "missing \"target_modules\"");
         }
         if (rc < 0) ft_err_prefix(rc, "%s", path);
+        else if (!cfg->targets)
+            rc = ft_err(FT_E_INVALID, "%s: \"target_modules\" is empty", path);
     }
     cJSON_Delete(o);
     return rc;

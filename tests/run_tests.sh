@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every C unit test binary (cmocka) and the Python reference tests (pytest), then
-# prints one closing line: "N passed, N failed, N skipped". Exit 0 only if nothing failed.
+# Runs every C unit test binary (cmocka), the fuzz corpus replays and the Python reference
+# tests (pytest), then prints one closing line: "N passed, N failed, N skipped". Exit 0 only if nothing failed.
 # Usage: tests/run_tests.sh [BUILD_DIR]
 set -u
 BUILD=${1:-build}
@@ -25,7 +25,23 @@ for t in "$BUILD"/tests/test_*; do
     echo "$name: $p passed, $f failed, $s skipped"
     pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
 done
-if command -v python3 >/dev/null && [ -d tests/ref ]; then
+# Fuzz seed corpora (tests/fuzz/corpus/NAME) replayed through each libFuzzer target built
+# with the normal compiler (tests/fuzz/replay.c): one pass or fail per corpus.
+for r in "$BUILD"/tests/fuzz/replay_*; do
+    [ -x "$r" ] || continue
+    name=${r##*/replay_}
+    out=$(timeout "$TIMEOUT" "$r" "tests/fuzz/corpus/$name" 2>&1); rc=$?
+    if [ "$rc" -eq 0 ]; then
+        pass=$((pass + 1))
+        echo "fuzz replay $name: $(echo "$out" | tail -1 | sed 's/^replay: //')"
+    else
+        fail=$((fail + 1)); failed_list+=("replay_$name")
+        echo "$out" | tail -25 | sed "s|^|  replay_$name: |"
+        echo "fuzz replay $name: FAILED (exit status $rc; the last 'running' line names the input)"
+    fi
+done
+# FTUNE_TEST_PYTEST=0: C tests and replays only (the sanitizer step of .ci/run).
+if [ "${FTUNE_TEST_PYTEST:-1}" != 0 ] && command -v python3 >/dev/null && [ -d tests/ref ]; then
     out=$(timeout "$TIMEOUT" python3 -m pytest -q -rs tests/ref 2>&1); rc=$?
     echo "$out" | tail -40
     summary=$(echo "$out" | tail -1)

@@ -1,0 +1,694 @@
+#!/usr/bin/env python3
+"""Runs ftune on every bad input we know of and writes docs/bad-input.md: what was wrong, the
+command, the exit status and exactly what the user saw on stderr (nothing here is typed by
+hand: each message is the binary's own output).
+
+    python3 tests/fuzz/bad_input_table.py [--ftune build/ftune] [--out docs/bad-input.md]
+
+Sources of the cases: tests/ref/test_bad_input.py (CLI bad input), the error cases of the C
+unit tests (test_config.c, test_safetensors.c, test_gguf.c, test_dataset.c, test_tokenizer.c,
+test_exec.c) made reachable through the CLI, and the fuzzers' findings (tests/fuzz/RESULTS.md).
+Each case runs in a fresh folder; paths in messages are relative to it. Needs the tiny model
+(tests/fixtures/tiny-llama) and the fuzz corpus GGUF (tests/fuzz/corpus/gguf).
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests" / "fixtures" / "tiny-llama"
+GGUF_TOK = ROOT / "tests" / "fuzz" / "corpus" / "gguf" / "tiny_llama_tok_gpt2.gguf"
+GGUF_NOTOK = ROOT / "tests" / "fixtures" / "gguf" / "tiny-llama.gguf"
+ALPACA = ROOT / "examples" / "data" / "alpaca-seed-tasks" / "alpaca_seed_175.jsonl"
+GOOD = '{"instruction": "Add 2 and 3.", "input": "", "output": "5"}\n'
+TRAIN = ["--max-steps", "1", "--seq-len", "64", "--quiet", "--threads", "1", "--eval-fraction", "0"]
+
+CASES = []  # (group, what, source, setup(dir) -> argv)
+
+
+def case(group, what, source):
+    def deco(fn):
+        CASES.append((group, what, source, fn))
+        return fn
+    return deco
+
+
+def model(d, name="model"):
+    dst = d / name
+    shutil.copytree(TINY, dst, symlinks=False)
+    return dst
+
+
+def data(d, text, name="data.jsonl"):
+    p = d / name
+    p.write_text(text) if isinstance(text, str) else p.write_bytes(text)
+    return p
+
+
+def st_read(path):
+    b = path.read_bytes()
+    n = struct.unpack("<Q", b[:8])[0]
+    return b, n, json.loads(b[8:8 + n])
+
+
+def st_write(path, header, blob):
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    path.write_bytes(struct.pack("<Q", len(hb)) + hb + blob)
+
+
+def edit_config(m, **kv):
+    c = json.loads((m / "config.json").read_text())
+    for k, v in kv.items():
+        if v is ...:
+            c.pop(k, None)
+        else:
+            c[k] = v
+    (m / "config.json").write_text(json.dumps(c, indent=1))
+
+
+def train(m, d, *extra):
+    return ["train", "--model", m, "--data", d, "--out", "out", *TRAIN, *extra]
+
+
+# ---- model folder: config.json ------------------------------------------------------------
+
+@case("config.json", "`hidden_size` missing", "test_bad_input.py, test_config.c")
+def _(d):
+    m = model(d); edit_config(m, hidden_size=...)
+    return train("model", ALPACA)
+
+
+@case("config.json", "`hidden_size` is a string", "test_config.c test_type_errors")
+def _(d):
+    m = model(d); edit_config(m, hidden_size="64")
+    return train("model", ALPACA)
+
+
+@case("config.json", "not valid JSON", "test_config.c test_type_errors")
+def _(d):
+    m = model(d); (m / "config.json").write_text('{"model_type": "llama", oops}')
+    return train("model", ALPACA)
+
+
+@case("config.json", "`model_type` \"phi3\"", "test_config.c test_unsupported")
+def _(d):
+    m = model(d); edit_config(m, model_type="phi3")
+    return train("model", ALPACA)
+
+
+@case("config.json", "`rope_scaling` type \"longrope\"", "test_config.c test_unsupported")
+def _(d):
+    m = model(d); edit_config(m, rope_scaling={"rope_type": "longrope", "factor": 4})
+    return train("model", ALPACA)
+
+
+@case("config.json", "`hidden_act` \"gelu\"", "test_config.c test_unsupported")
+def _(d):
+    m = model(d); edit_config(m, hidden_act="gelu")
+    return train("model", ALPACA)
+
+
+@case("config.json", "`num_key_value_heads` does not divide the heads", "test_config.c")
+def _(d):
+    m = model(d); edit_config(m, num_key_value_heads=3)
+    return train("model", ALPACA)
+
+
+@case("config.json", "`eos_token_id` 2.2e27 (a float that does not fit int64)",
+      "fuzz_config (UBSan float-cast-overflow, fixed)")
+def _(d):
+    m = model(d); edit_config(m, eos_token_id=[2222222222222222222222222209])
+    return train("model", ALPACA)
+
+
+@case("config.json", "file missing", "test_safetensors.c test_load_errors")
+def _(d):
+    m = model(d); (m / "config.json").unlink()
+    return train("model", ALPACA)
+
+
+# ---- model folder: safetensors ------------------------------------------------------------
+
+@case("model.safetensors", "truncated to half its size", "test_bad_input.py")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    os.truncate(st, st.stat().st_size // 2)
+    return train("model", ALPACA)
+
+
+def _st_cut(label, keep_fn):
+    @case("model.safetensors", f"truncated {label}", "test_cli_errors.py test_truncated_safetensors")
+    def _(d):
+        m = model(d); st = m / "model.safetensors"
+        b = st.read_bytes()
+        n = struct.unpack("<Q", b[:8])[0]
+        st.write_bytes(b[:keep_fn(n, len(b))])
+        return train("model", ALPACA)
+
+
+_st_cut("to 0 bytes", lambda n, size: 0)
+_st_cut("inside the 8-byte length", lambda n, size: 4)
+_st_cut("right after the length", lambda n, size: 8)
+_st_cut("inside the JSON header", lambda n, size: 8 + n // 2)
+
+
+@case("model.safetensors", "header length 2^64-1", "test_cli_errors.py")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b = bytearray(st.read_bytes()); b[:8] = struct.pack("<Q", 2**64 - 1)
+    st.write_bytes(bytes(b))
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "the last tensor's end offset alone enlarged", "test_cli_errors.py")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b, n, h = st_read(st)
+    name = max((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][1])
+    h[name]["data_offsets"][1] += 1000
+    st_write(st, h, b[8 + n:])
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "a tensor's data_offsets moved past the end", "test_bad_input.py")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b, n, h = st_read(st)
+    name = max((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][1])
+    a, e = h[name]["data_offsets"]
+    h[name]["data_offsets"] = [a + 4096, e + 4096]
+    st_write(st, h, b[8 + n:])
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "header length larger than the file", "test_bad_input.py")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b = bytearray(st.read_bytes()); b[:8] = struct.pack("<Q", len(b) * 2)
+    st.write_bytes(bytes(b))
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "5-byte file", "test_safetensors.c test_bad_files")
+def _(d):
+    m = model(d); (m / "model.safetensors").write_bytes(b"\x10\0\0\0\0")
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "header is not JSON", "test_safetensors.c test_bad_files")
+def _(d):
+    m = model(d); hb = b'{"w": oops}     '
+    (m / "model.safetensors").write_bytes(struct.pack("<Q", len(hb)) + hb)
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "unknown dtype \"F17\"", "test_safetensors.c test_bad_files")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b, n, h = st_read(st)
+    h["model.norm.weight"]["dtype"] = "F17"
+    st_write(st, h, b[8 + n:])
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "a tensor's size disagrees with shape x dtype", "test_safetensors.c test_bad_files")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b, n, h = st_read(st)
+    h["model.norm.weight"]["shape"] = [h["model.norm.weight"]["shape"][0] + 1]
+    st_write(st, h, b[8 + n:])
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "two tensors overlap (not contiguous)", "test_safetensors.c test_bad_files")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b, n, h = st_read(st)
+    ks = sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])
+    k = ks[1]
+    a, e = h[k]["data_offsets"]
+    h[k]["data_offsets"] = [a - 2, e - 2]
+    st_write(st, h, b[8 + n:])
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "a required tensor renamed", "test_safetensors.c test_load_errors")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b, n, h = st_read(st)
+    h["model.layers.1.mlp.up_proj.wxxxxx"] = h.pop("model.layers.1.mlp.up_proj.weight")
+    st_write(st, h, b[8 + n:])
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "a tensor with the wrong shape (same bytes)", "test_safetensors.c test_load_errors")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b, n, h = st_read(st)
+    s = h["model.layers.0.mlp.up_proj.weight"]["shape"]
+    h["model.layers.0.mlp.up_proj.weight"]["shape"] = [s[1], s[0]]
+    st_write(st, h, b[8 + n:])
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "a weight stored as I16 (unsupported dtype)", "test_safetensors.c test_load_errors")
+def _(d):
+    m = model(d); st = m / "model.safetensors"
+    b, n, h = st_read(st)
+    t = h["model.norm.weight"]
+    t["dtype"] = "I16"
+    st_write(st, h, b[8 + n:])
+    return train("model", ALPACA)
+
+
+@case("model folder", "only pytorch_model.bin", "test_safetensors.c test_sets")
+def _(d):
+    m = model(d); (m / "model.safetensors").unlink(); (m / "pytorch_model.bin").write_bytes(b"PK")
+    return train("model", ALPACA)
+
+
+@case("model folder", "sharded index names a missing shard", "test_safetensors.c test_sets")
+def _(d):
+    m = model(d); (m / "model.safetensors").rename(m / "model-00001-of-00002.safetensors")
+    _, _, h = st_read(m / "model-00001-of-00002.safetensors")
+    wm = {k: "model-00001-of-00002.safetensors" for k in h if k != "__metadata__"}
+    wm["model.norm.weight"] = "model-00002-of-00002.safetensors"
+    (m / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    return train("model", ALPACA)
+
+
+@case("model folder", "path does not exist", "test_bad_input.py")
+def _(d):
+    return train("no-such-model", ALPACA)
+
+
+# ---- tokenizer ----------------------------------------------------------------------------
+
+@case("tokenizer.json", "model type Unigram", "test_tokenizer.c")
+def _(d):
+    m = model(d); (m / "tokenizer.json").write_text('{"model":{"type":"Unigram","vocab":[]}}')
+    return train("model", ALPACA)
+
+
+@case("tokenizer.json", "truncated JSON", "test_tokenizer.c")
+def _(d):
+    m = model(d); t = (m / "tokenizer.json").read_bytes()
+    (m / "tokenizer.json").write_bytes(t[: len(t) // 2])
+    return train("model", ALPACA)
+
+
+@case("tokenizer.json", "a merge names a token not in the vocabulary", "test_tokenizer.c")
+def _(d):
+    m = model(d); (m / "tokenizer.json").write_text(
+        '{"model":{"type":"BPE","vocab":{"a":0},"merges":["a b"]}}')
+    return train("model", ALPACA)
+
+
+@case("tokenizer.json", "Split pre-tokenizer with an invalid regex", "test_tokenizer.c")
+def _(d):
+    m = model(d); (m / "tokenizer.json").write_text(
+        '{"pre_tokenizer":{"type":"Split","pattern":{"Regex":"("},"behavior":"Isolated",'
+        '"invert":false},"model":{"type":"BPE","vocab":{},"merges":[]}}')
+    return train("model", ALPACA)
+
+
+@case("tokenizer.json", "a vocabulary id of 2.2e69", "fuzz_tokenizer (UBSan float-cast-overflow, fixed)")
+def _(d):
+    m = model(d); j = json.loads((m / "tokenizer.json").read_text())
+    j["model"]["vocab"]["<unk>"] = 2.2222e69
+    (m / "tokenizer.json").write_text(json.dumps(j))
+    return train("model", ALPACA)
+
+
+@case("tokenizer.json", "the post-processor's BOS id (1) has no token; no tokenizer_config.json", "fuzz_tokenizer (NULL strlen crash, fixed)")
+def _(d):
+    m = model(d); j = json.loads((m / "tokenizer.json").read_text())
+    del j["model"]["vocab"]["<s>"]
+    j["added_tokens"] = [a for a in j["added_tokens"] if a["content"] != "<s>"]
+    (m / "tokenizer.json").write_text(json.dumps(j))
+    (m / "tokenizer_config.json").unlink()  # no bos_token: BOS comes from the post-processor
+    return train("model", ALPACA)
+
+
+@case("tokenizer.json", "missing from the model folder", "test_tokenizer.c")
+def _(d):
+    m = model(d); (m / "tokenizer.json").unlink()
+    return train("model", ALPACA)
+
+
+# ---- GGUF ---------------------------------------------------------------------------------
+
+def gguf_patch(d, fn):
+    b = bytearray(GGUF_TOK.read_bytes())
+    fn(b)
+    (d / "m.gguf").write_bytes(bytes(b))
+    return train("m.gguf", ALPACA)
+
+
+@case("GGUF", "truncated to a third", "test_bad_input.py")
+def _(d):
+    b = GGUF_NOTOK.read_bytes()
+    (d / "t.gguf").write_bytes(b[: len(b) // 3])
+    return train("t.gguf", ALPACA)
+
+
+def _gguf_cut(keep):
+    @case("GGUF", f"cut to {keep} bytes", "test_cli_errors.py test_truncated_gguf")
+    def _(d):
+        (d / "t.gguf").write_bytes(GGUF_NOTOK.read_bytes()[:keep])
+        return train("t.gguf", ALPACA)
+
+
+for _k in (0, 3, 24, 100, 600, 1000):
+    _gguf_cut(_k)
+
+
+@case("GGUF", "magic \"GGML\" instead of \"GGUF\"", "test_gguf.c test_bad_files")
+def _(d):
+    return gguf_patch(d, lambda b: b.__setitem__(slice(0, 4), b"GGML"))
+
+
+@case("GGUF", "version 4", "test_gguf.c test_bad_files")
+def _(d):
+    return gguf_patch(d, lambda b: b.__setitem__(slice(4, 8), struct.pack("<I", 4)))
+
+
+@case("GGUF", "key/value count 2^60", "test_gguf.c test_bad_files")
+def _(d):
+    return gguf_patch(d, lambda b: b.__setitem__(slice(16, 24), struct.pack("<Q", 1 << 60)))
+
+
+@case("GGUF", "general.architecture \"bloom\"", "test_gguf.c test_model_errors")
+def _(d):
+    def f(b):
+        i = b.find(b"general.architecture") + len("general.architecture") + 4 + 8
+        b[i:i + 5] = b"bloom"
+    return gguf_patch(d, f)
+
+
+@case("GGUF", "a tensor of unknown ggml type 99", "test_gguf.c test_bad_files")
+def _(d):
+    def f(b):
+        i = b.find(b"blk.0.attn_v.weight") + len("blk.0.attn_v.weight") + 4 + 16
+        b[i:i + 4] = struct.pack("<I", 99)
+    return gguf_patch(d, f)
+
+
+@case("GGUF", "llama.block_count missing (key renamed)", "test_gguf.c test_model_errors")
+def _(d):
+    def f(b):
+        i = b.find(b"llama.block_count")
+        b[i:i + 17] = b"llama.block_cnxxx"
+    return gguf_patch(d, f)
+
+
+@case("GGUF", "no tokenizer metadata", "test_gguf.c test_tiny_model_equals_safetensors")
+def _(d):
+    shutil.copy(GGUF_NOTOK, d / "m.gguf")
+    return train("m.gguf", ALPACA)
+
+
+# ---- data ---------------------------------------------------------------------------------
+
+@case("data", "malformed JSONL line 3", "test_bad_input.py, test_dataset.c")
+def _(d):
+    data(d, GOOD + GOOD + '{"instruction": "a", oops}\n' + GOOD)
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "malformed line 5 after blank lines", "test_cli_errors.py")
+def _(d):
+    data(d, GOOD + "\n" + GOOD + "\n" + '{"instruction": oops}\n')
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "every record bad, with --skip-bad-records", "test_cli_errors.py")
+def _(d):
+    data(d, '{"instruction": oops}\n{"instruction": "x"}\n')
+    return train(TINY, "data.jsonl", "--skip-bad-records")
+
+
+@case("config.json", "truncated JSON", "test_cli_errors.py")
+def _(d):
+    m = model(d); t = (m / "config.json").read_text()
+    (m / "config.json").write_text(t[: len(t) // 2])
+    return train("model", ALPACA)
+
+
+@case("data", "empty file", "test_bad_input.py, test_dataset.c")
+def _(d):
+    data(d, "")
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "blank lines only", "test_dataset.c")
+def _(d):
+    data(d, "\n  \n")
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "unknown schema (keys question/answer)", "test_bad_input.py, test_dataset.c")
+def _(d):
+    data(d, '{"question": "a", "answer": "b"}\n')
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "alpaca record without `output` in a JSON array", "test_bad_input.py")
+def _(d):
+    data(d, '[{"instruction": "a", "input": "", "output": "b"}, {"instruction": "c"}]', "arr.json")
+    return train(TINY, "arr.json")
+
+
+@case("data", "JSON array element is not an object", "test_dataset.c")
+def _(d):
+    data(d, '[{"text": "a"}, 5]', "arr.json")
+    return train(TINY, "arr.json")
+
+
+@case("data", "JSON array cut off", "test_dataset.c")
+def _(d):
+    data(d, '[{"text": "a"},\n {"text": }]', "arr.json")
+    return train(TINY, "arr.json")
+
+
+@case("data", "messages with role \"wizard\"", "test_dataset.c")
+def _(d):
+    data(d, '{"messages":[{"role":"wizard","content":"x"}]}\n')
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "messages: two user turns in a row", "test_dataset.c")
+def _(d):
+    data(d, '{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},'
+            '{"role":"assistant","content":"c"}]}\n')
+    return train(TINY, "data.jsonl", "--chat-template", "llama2")
+
+
+@case("data", "`--data-format sharegpt` on alpaca records", "fuzz_dataset seeds")
+def _(d):
+    data(d, GOOD)
+    return train(TINY, "data.jsonl", "--data-format", "sharegpt")
+
+
+@case("data", "every response starts after --seq-len 16", "fuzz_dataset seeds")
+def _(d):
+    data(d, '{"instruction": "' + "word " * 40 + '", "input": "", "output": "5"}\n')
+    return ["train", "--model", TINY, "--data", "data.jsonl", "--out", "out", "--max-steps", "1",
+            "--seq-len", "16", "--quiet", "--threads", "1", "--eval-fraction", "0"]
+
+
+@case("data", "bad records with --skip-bad-records (trains; counts them)", "test_bad_input.py")
+def _(d):
+    data(d, GOOD * 4 + '{"instruction": "a", oops}\n' + '{"instruction": "x"}\n' + GOOD * 4)
+    return train(TINY, "data.jsonl", "--skip-bad-records")
+
+
+@case("data", "invalid UTF-8 bytes inside a string (not an error: byte fallback)", "fuzz_dataset")
+def _(d):
+    data(d, b'{"instruction": "caf\xe9 \xff", "input": "", "output": "ok \xc3"}\n' * 2)
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "file does not exist", "test_bad_input.py")
+def _(d):
+    return train(TINY, "no-such-data.jsonl")
+
+
+@case("data", "a folder instead of a file", "fsutil (open_regular)")
+def _(d):
+    (d / "dir.jsonl").mkdir()
+    return train(TINY, "dir.jsonl")
+
+
+# ---- adapters -----------------------------------------------------------------------------
+
+def adapter(d):
+    """A real adapter trained by ftune itself (1 step), then copied for each edit."""
+    r = subprocess.run([FTUNE, "train", "--model", str(TINY), "--data", str(ALPACA), "--out",
+                        str(d / "good"), *TRAIN], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise SystemExit("cannot train the reference adapter: " + r.stderr)
+    return d / "good"
+
+
+@case("adapter", "`eval --adapter` folder does not exist", "test_bad_input.py")
+def _(d):
+    return ["eval", "--model", TINY, "--adapter", "no-adapter", "--data", ALPACA, "--seq-len", "64"]
+
+
+@case("adapter", "adapter_config.json with use_dora true", "peft.c; fuzz_peft seeds")
+def _(d):
+    a = adapter(d)
+    c = json.loads((a / "adapter_config.json").read_text()); c["use_dora"] = True
+    (a / "adapter_config.json").write_text(json.dumps(c))
+    return ["eval", "--model", TINY, "--adapter", "good", "--data", ALPACA, "--seq-len", "64"]
+
+
+@case("adapter", "adapter_config.json with an unknown target module", "peft.c; fuzz_peft seeds")
+def _(d):
+    a = adapter(d)
+    c = json.loads((a / "adapter_config.json").read_text()); c["target_modules"] = ["qkv_proj"]
+    (a / "adapter_config.json").write_text(json.dumps(c))
+    return ["eval", "--model", TINY, "--adapter", "good", "--data", ALPACA, "--seq-len", "64"]
+
+
+@case("adapter", "adapter_config.json with `target_modules` []", "fuzz_peft (fixed: was accepted)")
+def _(d):
+    a = adapter(d)
+    c = json.loads((a / "adapter_config.json").read_text()); c["target_modules"] = []
+    (a / "adapter_config.json").write_text(json.dumps(c))
+    return ["eval", "--model", TINY, "--adapter", "good", "--data", ALPACA, "--seq-len", "64"]
+
+
+@case("adapter", "adapter_config.json with r 1e300", "fuzz_peft (UBSan float-cast-overflow, fixed)")
+def _(d):
+    a = adapter(d)
+    c = json.loads((a / "adapter_config.json").read_text()); c["r"] = 1e300
+    (a / "adapter_config.json").write_text(json.dumps(c))
+    return ["eval", "--model", TINY, "--adapter", "good", "--data", ALPACA, "--seq-len", "64"]
+
+
+@case("adapter", "adapter rank differs from its weights (r 16 -> 8)", "test_exec.c; fuzz_peft")
+def _(d):
+    a = adapter(d)
+    c = json.loads((a / "adapter_config.json").read_text()); c["r"] = 8
+    (a / "adapter_config.json").write_text(json.dumps(c))
+    return ["eval", "--model", TINY, "--adapter", "good", "--data", ALPACA, "--seq-len", "64"]
+
+
+@case("adapter", "adapter_model.safetensors truncated", "fuzz_peft")
+def _(d):
+    a = adapter(d)
+    st = a / "adapter_model.safetensors"
+    os.truncate(st, st.stat().st_size - 100)
+    return train(TINY, ALPACA, "--init-adapter", "good")
+
+
+# ---- options ------------------------------------------------------------------------------
+
+@case("options", "unknown option", "cli/args.c")
+def _(d):
+    return train(TINY, ALPACA, "--learning-rate", "1e-4")
+
+
+@case("options", "`--lora-r 0`", "lora.c")
+def _(d):
+    return train(TINY, ALPACA, "--lora-r", "0")
+
+
+@case("options", "`--lora-target qkv`", "lora.c ft_lora_parse_targets")
+def _(d):
+    return train(TINY, ALPACA, "--lora-target", "qkv")
+
+
+@case("options", "`--eval-fraction 0.9`", "dataset.c")
+def _(d):
+    return train(TINY, ALPACA, "--eval-fraction", "0.9")
+
+
+@case("options", "`--seq-len abc`", "cli/args.c")
+def _(d):
+    return train(TINY, ALPACA, "--seq-len", "abc")
+
+
+@case("options", "`--config` file that is not JSON", "cli/args.c")
+def _(d):
+    (d / "opts.json").write_text("{lr: 1}")
+    return ["train", "--config", "opts.json", "--model", TINY, "--data", ALPACA]
+
+
+def md(s):
+    return s.strip().replace("|", "\\|").replace("\n", "<br>") or "(nothing)"
+
+
+def main():
+    global FTUNE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ftune", default=os.environ.get("FTUNE_BIN", str(ROOT / "build" / "ftune")))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "bad-input.md"))
+    a = ap.parse_args()
+    FTUNE = os.path.abspath(a.ftune)
+    rows = []
+    crashes = 0
+    for group, what, source, fn in CASES:
+        with tempfile.TemporaryDirectory(prefix="ftune-bad-") as td:
+            d = Path(td)
+            argv = [str(x) for x in fn(d)]  # repository files absolute, the rest relative to d
+            r = subprocess.run([FTUNE] + argv, cwd=d, capture_output=True,
+                               text=True, timeout=600, errors="replace")
+            adapter_written = (d / "out" / "adapter_model.safetensors").exists()
+            err = r.stderr.replace(td + "/", "").replace(str(ROOT) + "/", "")
+            if r.returncode < 0 or r.returncode >= 128:
+                crashes += 1
+            shown = " ".join(argv).replace(str(ROOT) + "/", "")
+            rows.append((group, what, source, "ftune " + shown, r.returncode, err, adapter_written))
+            print(f"[{r.returncode:3d}] {group}: {what}: {err.strip()[:150]}")
+    out = [
+        "# Bad input: what the user sees",
+        "",
+        "Every row was produced by running `ftune` on the input described (generated by",
+        "`python3 tests/fuzz/bad_input_table.py --ftune build/ftune`; nothing in the message",
+        "column is typed by hand). Paths are relative to the folder the command ran in; the",
+        "model is `tests/fixtures/tiny-llama` (copied into `model/` and edited where the row",
+        "says so), the data `examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl`, and",
+        "training runs use `--max-steps 1 --seq-len 64 --quiet --threads 1 --eval-fraction 0`",
+        "(shortened to `...` below). The contract (err.h, STYLE C2): one line `ftune: ...`",
+        "naming the file and the offset, line, record, key or tensor; exit status 1 or 2,",
+        "never a signal; no adapter written. Exit status 0 marks an input that is accepted on",
+        "purpose (skipped records, byte fallback).",
+        "",
+        f"{len(rows)} cases, {crashes} crashes (exit by a signal). Rows whose source names a",
+        "fuzz target are the fuzzers' findings: before the fix, the `eos_token_id`, vocabulary",
+        "id and `r` rows were undefined behaviour (a double cast to int64 out of range; UBSan),",
+        "the BOS-id row crashed `ftune train` with SIGSEGV (exit 139, strlen(NULL) in",
+        "src/data/tokenizer.c tk_finalize) and the empty `target_modules` row was accepted and",
+        "failed later without naming the file.",
+        "",
+        "| # | file | bad input | source | exit | what the user sees (stderr) | adapter |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, (g, what, src, cmd, rc, err, aw) in enumerate(rows, 1):
+        out.append(f"| {i} | {g} | {md(what)} | {md(src)} | {rc} | `{md(err)}` | "
+                   f"{'written' if aw else 'none'} |")
+    out += ["", "## Commands", ""]
+    for i, (g, what, src, cmd, rc, err, aw) in enumerate(rows, 1):
+        cmd = cmd.replace(" ".join(TRAIN), "...")
+        out.append(f"{i}. `{cmd}`")
+    out += ["", "## Fuzzing", "",
+            "The parsers behind these files are fuzzed by `make fuzz` (tests/fuzz/, libFuzzer with",
+            "ASan + UBSan); their seed corpora are replayed by `make test`. Inputs that crashed",
+            "a target are kept in `tests/fuzz/corpus/<target>/regress-*` once fixed, and listed",
+            "with exec counts in `tests/fuzz/RESULTS.md`.", ""]
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text("\n".join(out))
+    print(f"wrote {a.out}: {len(rows)} cases, {crashes} crashes")
+
+
+if __name__ == "__main__":
+    main()
