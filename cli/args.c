@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -181,4 +182,32 @@ void ft_args_usage(FILE *f, const ft_opt *opts)
         fprintf(f, "  %-28s %s\n", left, o->help);
     }
     fprintf(f, "  %-28s %s\n", "--config FILE", "JSON object of options (keys as above, '-' or '_'); flags override it");
+}
+
+int ft_opt_bytes(const char *v, void *dst, char *err, size_t n)
+{
+    static const struct { const char *suffix; double mul; } units[] = {
+        {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"M", 1048576.0}, {"MiB", 1048576.0},
+        {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0},
+        {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+    };
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v) {
+        snprintf(err, n, "bad size '%s' (e.g. 24G, 512M, 24GB)", v);
+        return -1;
+    }
+    while (*end == ' ') end++;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcasecmp(end, units[i].suffix)) {
+            double b = x * units[i].mul;
+            if (!(b >= 1) || b > 9e18) {
+                snprintf(err, n, "size '%s' out of range", v);
+                return -1;
+            }
+            *(int64_t *)dst = (int64_t)b;
+            return 0;
+        }
+    snprintf(err, n, "bad size '%s' (e.g. 24G, 512M, 24GB)", v);
+    return -1;
 }

@@ -23,6 +23,11 @@ typedef struct ft_opt {
  * (usage printed to stdout), 0 otherwise. */
 int ft_args_parse(const ft_opt *opts, int argc, char **argv, char *err, size_t err_n);
 
+/* FT_OPT_FN parser for memory sizes into an int64_t of bytes: "24G", "24GiB", "512M",
+ * "1.5T" (K/M/G/T and KiB..TiB are binary, as nvidia-smi and the --gpu-mem of other tools),
+ * "24GB" (decimal), or plain bytes. */
+int ft_opt_bytes(const char *v, void *dst, char *err, size_t n);
+
 /* Prints the option table. */
 void ft_args_usage(FILE *f, const ft_opt *opts);
 

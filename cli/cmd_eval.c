@@ -28,7 +28,7 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
 }
 
 static int run_eval(const char *model, const char *adapter, const char *data, ft_data_cfg *dc,
-                    int64_t batch, int threads, double *loss, int64_t *tokens)
+                    int64_t batch, const char *device, int threads, double *loss, int64_t *tokens)
 {
     ft_session s;
     ft_tokenizer *tok = NULL;
@@ -36,7 +36,7 @@ static int run_eval(const char *model, const char *adapter, const char *data, ft
     ft_batch *b = NULL;
     int64_t nb = 0;
     memset(&ds, 0, sizeof ds);
-    int rc = ft_session_open(&s, model, adapter, 2, threads);
+    int rc = ft_session_open(&s, model, adapter, 2, device, threads);
     if (!rc) rc = ft_model_tokenizer(s.model, &tok);
     if (!rc && dc->seq_len == 0)
         dc->seq_len = s.model->cfg.max_position_embeddings < 2048 ? s.model->cfg.max_position_embeddings : 2048;
@@ -64,7 +64,7 @@ static int run_eval(const char *model, const char *adapter, const char *data, ft
 
 int ft_cmd_eval(int argc, char **argv)
 {
-    const char *model = NULL, *adapter = NULL, *data = NULL;
+    const char *model = NULL, *adapter = NULL, *data = NULL, *device = NULL;
     int64_t threads = 0, batch = 1;
     ft_data_cfg dc;
     memset(&dc, 0, sizeof dc);
@@ -80,6 +80,7 @@ int ft_cmd_eval(int argc, char **argv)
         {"train-on-prompt", FT_OPT_FLAG, &dc.train_on_prompt, "score prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &dc.skip_bad_records, "skip bad records"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
+        {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
         {NULL},
     };
     char err[1024];
@@ -92,7 +93,7 @@ int ft_cmd_eval(int argc, char **argv)
     }
     double loss;
     int64_t tokens;
-    rc = run_eval(model, adapter, data, &dc, batch < 1 ? 1 : batch, (int)threads, &loss, &tokens);
+    rc = run_eval(model, adapter, data, &dc, batch < 1 ? 1 : batch, device, (int)threads, &loss, &tokens);
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         return 1;

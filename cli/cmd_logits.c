@@ -43,7 +43,7 @@ static int parse_ids(const char *s, int32_t **ids, int64_t *n)
 
 int ft_cmd_logits(int argc, char **argv)
 {
-    const char *model = NULL, *adapter = NULL, *ids_s = NULL, *out = NULL;
+    const char *model = NULL, *adapter = NULL, *ids_s = NULL, *out = NULL, *device = NULL;
     int64_t threads = 0;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &model, "model folder or .gguf", 0, "PATH"},
@@ -51,6 +51,7 @@ int ft_cmd_logits(int argc, char **argv)
         {"ids", FT_OPT_STR, &ids_s, "comma-separated token ids", 0, "LIST"},
         {"out", FT_OPT_STR, &out, "write (T, V) float32 logits here", 0, "FILE"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
+        {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
         {NULL},
     };
     char err[1024];
@@ -74,7 +75,7 @@ int ft_cmd_logits(int argc, char **argv)
     float *logits = NULL;
     double loss = 0;
     int64_t nv = 0;
-    rc = ft_session_open(&s, model, adapter, T, (int)threads);
+    rc = ft_session_open(&s, model, adapter, T, device, (int)threads);
     int64_t V = s.model ? s.model->cfg.vocab_size : 0;
     if (!rc) {
         logits = malloc((size_t)(T * V) * sizeof(float));

@@ -126,6 +126,7 @@ int ft_cmd_train(int argc, char **argv)
     int quiet = 0;
     int64_t log_every = 0;
     int64_t threads = 0;
+    const char *device = NULL;
     const char *resume = NULL;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &c.model, "model folder (config.json + safetensors) or .gguf file", 0, "PATH"},
@@ -165,6 +166,9 @@ int ft_cmd_train(int argc, char **argv)
         {"resume", FT_OPT_FN, &resume, "continue a run from checkpoint DIR (default: the latest in --out), bit-identical to an uninterrupted run; flags that shape the run (seq-len, batch, grad-accum, steps, schedule, optimizer, LoRA, seed, data) must not change; --threads, eval, log and checkpoint flags may", opt_resume, "[DIR]"},
         {"max-bad-steps", FT_OPT_INT, &c.max_bad_steps, "a step with a NaN/Inf loss or gradient norm is skipped (no update, counted as bad_steps); stop after N in a row (default 5)"},
         {"threads", FT_OPT_INT, &threads, "CPU threads (default: all cores)"},
+        {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
+        {"gpu-mem", FT_OPT_FN, &c.gpu_mem, "GPU memory the run may use, e.g. 24G (default: all that is free); the run is refused up front, naming the smallest budget that works, if it cannot fit", ft_opt_bytes, "SIZE"},
+        {"profile", FT_OPT_FLAG, &c.profile, "time every GPU op after the first step and print the per-op table at the end"},
         {"log-every", FT_OPT_INT, &log_every, "plain-output log line every N steps"},
         {"quiet", FT_OPT_FLAG, &quiet, "print only errors"},
         {NULL},
@@ -192,6 +196,7 @@ int ft_cmd_train(int argc, char **argv)
         return 2;
     }
     c.threads = (int)threads;
+    c.device = ft_session_device(device);
     char latest[4200];
     if (resume && !*resume) {
         int64_t step;

@@ -10,5 +10,7 @@ int ft_cmd_logits(int argc, char **argv);   /* ftune logits --model DIR --ids 1,
 int ft_cmd_generate(int argc, char **argv); /* ftune generate --model DIR --prompt S ... */
 int ft_cmd_export(int argc, char **argv);   /* ftune export --adapter DIR --format gguf --out FILE */
 int ft_cmd_merge(int argc, char **argv);    /* ftune merge --model M --adapter DIR --out DIR */
+int ft_cmd_pack(int argc, char **argv);     /* ftune pack --model M [--quant nf4|bf16] [--cache-dir D] */
+int ft_cmd_init_model(int argc, char **argv); /* ftune init-model --config FILE --out DIR [--pack] */
 
 #endif

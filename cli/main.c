@@ -14,10 +14,10 @@ static void usage(FILE *f)
         "usage: ftune [train] --model DIR|FILE.gguf --data FILE [options]   train a LoRA adapter\n"
         "       ftune eval --model M --data FILE [--adapter DIR]           loss and perplexity\n"
         "       ftune tokenize --model M (--text S | --texts FILE | --data FILE)\n"
-        "       ftune logits --model M --ids 1,2,3 [--out FILE]            debug: raw logits\n"
         "       ftune generate --model M [--adapter DIR] --prompt S        reply (chat template)\n"
         "       ftune export --adapter DIR --format gguf --out FILE        GGUF LoRA for llama.cpp\n"
         "       ftune merge --model M --adapter DIR --out DIR [--format gguf]  merged model\n"
+        "       ftune logits --model M --ids 1,2,3 [--out FILE]            debug: raw logits\n"
         "       ftune --version | --help\n\n"
         "`ftune train --help` lists the training options.\n", FTUNE_VERSION);
 }
@@ -44,6 +44,8 @@ int main(int argc, char **argv)
     if (!strcmp(c, "generate")) return ft_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(c, "export")) return ft_cmd_export(argc - 1, argv + 1);
     if (!strcmp(c, "merge")) return ft_cmd_merge(argc - 1, argv + 1);
+    if (!strcmp(c, "pack")) return ft_cmd_pack(argc - 1, argv + 1);
+    if (!strcmp(c, "init-model")) return ft_cmd_init_model(argc - 1, argv + 1);
     if (c[0] == '-') return ft_cmd_train(argc, argv); /* flags only: train */
     fprintf(stderr, "ftune: unknown command '%s' (try ftune --help)\n", c);
     return 2;

@@ -1,18 +1,25 @@
 /* session.c - shared set-up for eval and logits, training signals (see session.h). */
 #include "cli/session.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "adapters/peft.h"
 #include "src/core/err.h"
 
+const char *ft_session_device(const char *opt)
+{
+    const char *env = getenv("FTUNE_DEVICE");
+    return opt ? opt : env && *env ? env : "auto";
+}
+
 int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
-                    int threads)
+                    const char *device, int threads)
 {
     memset(s, 0, sizeof *s);
     FT_TRY(ft_model_load(&s->model, model));
-    FT_TRY(ft_backend_cpu_init(&s->be, threads));
+    FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
     if (adapter_dir) {
         ft_lora_cfg lc;
         FT_TRY(ft_peft_read_config(adapter_dir, &lc));

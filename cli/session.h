@@ -22,7 +22,11 @@ typedef struct ft_session {
 /* Loads the model and (if adapter_dir) the PEFT adapter; plans an executor for T tokens.
  * Returns 0 or an error (ft_errmsg() names the file). */
 int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
-                    int threads);
+                    const char *device, int threads);
+
+/* The device a command runs on: --device when given, else the FTUNE_DEVICE environment
+ * variable, else "auto" (CUDA when a GPU is visible, else the CPU). */
+const char *ft_session_device(const char *opt);
 /* Re-plans the executor for up to T tokens per micro-batch. */
 int ft_session_plan(ft_session *s, int64_t T);
 void ft_session_close(ft_session *s);

@@ -26,10 +26,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct ft_backend ft_backend;
+
+/* Storage of a frozen weight matrix W (out_n, in_n), row-major. */
+enum ft_wtype {
+    FT_W_F32 = 0,  /* float */
+    FT_W_BF16 = 1, /* bfloat16 as uint16_t (the upper half of the fp32 bits, rounded to nearest even) */
+};
+#define FT_WTYPE_BIT(t) (1u << (t))
 
 typedef struct ft_backend_ops {
     const char *name; /* "cpu", "cuda" */
+    /* 1 when backend pointers are host pointers (the CPU backend): host data such as the
+     * model's weights can be used in place; 0 (CUDA) means they must be copied in. */
+    int host_memory;
+    /* FT_WTYPE_BIT of each weight storage linear_fwd/linear_bwd_x accept. */
+    unsigned weight_types;
+    /* Releases the backend's context (called by ft_backend_free). */
+    void (*destroy)(ft_backend *be);
+    /* Called once at setup with the largest attention shape the ops will see (T tokens): the
+     * backend allocates what its ops need (CUDA: the attention workspace), so the step loop
+     * allocates nothing. NULL: nothing to prepare. Returns 0 or -ENOMEM. */
+    int (*prepare)(ft_backend *be, int64_t T_max, int64_t H, int64_t Hkv, int64_t D);
 
     /* ---- memory ------------------------------------------------------------------- */
     /* One allocation of `bytes` bytes, 64-byte aligned, in backend memory; NULL on
@@ -46,6 +68,16 @@ typedef struct ft_backend_ops {
     int (*gemm)(ft_backend *be, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                 float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                 float beta, float *c, int64_t ldc);
+    /* Frozen-weight products, W (out, in) stored as wtype (a type in weight_types):
+     *   linear_fwd:   y (T, out) = x (T, in) W^T + beta * y
+     *   linear_bwd_x: dx (T, in) = dy (T, out) W + beta * dx   (no gradient for W)
+     * x, dy, y, dx are fp32. scratch holds at least T * max(in, out) floats; a backend may use
+     * it to hold a lower-precision copy of the activation (CUDA: bf16 for the tensor cores).
+     * An unsupported wtype -> FT_E_UNSUPPORTED. */
+    int (*linear_fwd)(ft_backend *be, float *y, const float *x, const void *W, int wtype,
+                      int64_t T, int64_t out, int64_t in, float beta, float *scratch);
+    int (*linear_bwd_x)(ft_backend *be, float *dx, const float *dy, const void *W, int wtype,
+                        int64_t T, int64_t out, int64_t in, float beta, float *scratch);
     /* y (n) += alpha * x (n). */
     int (*axpy)(ft_backend *be, float alpha, const float *x, float *y, int64_t n);
     /* x (n) *= alpha. */
@@ -148,6 +180,34 @@ struct ft_backend {
  * are bit-identical for any thread count).
  * Returns 0 or -ENOMEM. */
 int ft_backend_cpu_init(ft_backend **out, int n_threads);
+
+/* CUDA backend (kernels/cuda) on GPU `device`: one stream, one cuBLAS handle and a 96 MiB
+ * workspace, all created here (the ops never allocate). GEMMs use bf16 tensor cores with
+ * fp32 accumulation unless set precise. Returns 0, FT_E_UNSUPPORTED (no GPU visible, or
+ * ftune built without nvcc), FT_E_INVALID (no such device), -ENOMEM, -EIO (CUDA errors). */
+int ft_backend_cuda_init(ft_backend **out, int device);
+/* precise = 1: fp32 GEMMs in full fp32 (CUBLAS_COMPUTE_32F) instead of bf16 tensor cores. */
+int ft_backend_cuda_set_precise(ft_backend *be, int precise);
+/* Bytes of backend memory free now (CUDA: cudaMemGetInfo; CPU: available physical memory
+ * from sysconf). Returns 0 or -EIO. */
+int ft_backend_mem_free(ft_backend *be, size_t *free_bytes, size_t *total_bytes);
+/* Per-op GPU timing (CUDA only): on = 1 routes every op through event-timed wrappers (no
+ * synchronization per op), on = 0 restores the plain table. The report is a text table of
+ * GPU milliseconds per op, largest first, written into buf; reset = 1 zeroes the sums.
+ * FT_E_UNSUPPORTED on the CPU backend. */
+int ft_backend_profile(ft_backend *be, int on);
+int ft_backend_profile_report(ft_backend *be, char *buf, size_t n, int reset);
+/* Waits for the backend's queued work (no-op on the CPU). Returns 0 or -EIO. */
+int ft_backend_sync(ft_backend *be);
+
+/* The backend named by `device`: "cpu", "cuda" (GPU 0), "cuda:N", or "auto"/NULL (CUDA
+ * when a GPU is visible, else CPU). n_threads is the CPU thread count (cpu_init's rule).
+ * Returns 0 or the chosen backend's init error (FT_E_INVALID for an unknown name). */
+int ft_backend_init(ft_backend **out, const char *device, int n_threads);
 void ft_backend_free(ft_backend *be); /* NULL-safe */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

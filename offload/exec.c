@@ -1,6 +1,7 @@
 /* exec.c - the per-layer executor (see exec.h). */
 #include "offload/exec.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "src/core/err.h"
@@ -43,19 +44,140 @@ static int64_t total(const layout *L)
     return t + 16 * 11; /* 64-byte alignment slack per region */
 }
 
-#define CE_CHUNK 64
-
-size_t ft_exec_bytes(const ft_model *m, const ft_lora *lora, int64_t T_max, int64_t n_micro)
-{
-    layout L = plan(m, lora, T_max, n_micro, CE_CHUNK);
-    return (size_t)total(&L) * sizeof(float);
-}
-
 static float *carve(float **p, int64_t n)
 {
     float *r = *p;
     *p += (n + 15) & ~(int64_t)15;
     return r;
+}
+
+/* LM-head rows per chunk: small on the CPU (the chunk's logits stay in cache), large on a
+ * GPU (a (chunk, V) GEMM needs many rows to fill the tensor cores; 1024 x 128256 fp32 is
+ * 0.5 GB of scratch). */
+static int64_t ce_chunk_for(const ft_backend *be, int64_t T_max)
+{
+    int64_t c = be->ops->host_memory ? 64 : 1024;
+    return c < T_max ? c : T_max;
+}
+
+/* bf16 for the projections when the backend takes it and its memory is not the host's (a
+ * device copy is being made anyway: half the bytes, twice the tensor-core rate); fp32 else. */
+static int proj_wtype(const ft_backend *be)
+{
+    return !be->ops->host_memory && (be->ops->weight_types & FT_WTYPE_BIT(FT_W_BF16)) ? FT_W_BF16
+                                                                                         : FT_W_F32;
+}
+
+static size_t floats_for(int64_t n, int wtype)
+{
+    int64_t f = wtype == FT_W_BF16 ? (n + 1) / 2 : n;
+    return (size_t)((f + 15) & ~(int64_t)15);
+}
+
+size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m)
+{
+    const ft_model_config *c = &m->cfg;
+    int wt = proj_wtype(be);
+    size_t n = floats_for(c->vocab_size * c->hidden_size, FT_W_F32) * (m->lm_head != m->embed ? 2 : 1) +
+               floats_for(c->hidden_size, FT_W_F32);
+    for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+        const ft_layer_weights *w = &m->layers[l];
+        n += 2 * floats_for(c->hidden_size, FT_W_F32);
+        for (int p = 0; p < FT_N_PROJ; p++)
+            n += floats_for(w->proj[p].out_n * w->proj[p].in_n, wt) +
+                 (w->proj[p].b ? floats_for(w->proj[p].out_n, FT_W_F32) : 0);
+    }
+    return (n + 64) * sizeof(float);
+}
+
+size_t ft_exec_bytes(const ft_backend *be, const ft_model *m, const ft_lora *lora, int64_t T_max,
+                     int64_t n_micro)
+{
+    layout L = plan(m, lora, T_max, n_micro, ce_chunk_for(be, T_max));
+    return (size_t)total(&L) * sizeof(float) + (be->ops->host_memory ? 0 : ft_exec_weight_bytes(be, m));
+}
+
+/* fp32 -> bf16, round to nearest even (NaN kept quiet). */
+static void to_bf16_host(uint16_t *dst, const float *src, int64_t n)
+{
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            dst[i] = (uint16_t)((u >> 16) | 0x40);
+        else
+            dst[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+    }
+}
+
+/* Points the executor at the base weights: in place on a host-memory backend; otherwise one
+ * device allocation holding every tensor (projections in bf16 when the backend takes it),
+ * filled by one copy each. */
+static int place_weights(ft_exec *e)
+{
+    ft_backend *be = e->be;
+    const ft_model *m = e->m;
+    const ft_model_config *c = &m->cfg;
+    if (be->ops->host_memory) {
+        e->layers = m->layers;
+        e->embed = m->embed;
+        e->final_norm = m->final_norm;
+        e->lm_head = m->lm_head;
+        return 0;
+    }
+    int wt = proj_wtype(be);
+    e->layers = calloc((size_t)c->num_hidden_layers, sizeof *e->layers);
+    e->weights_bytes = ft_exec_weight_bytes(be, m);
+    e->weights = e->layers ? be->ops->alloc(be, e->weights_bytes) : NULL;
+    if (!e->weights)
+        return ft_err(-ENOMEM, "out of memory: the base weights need %.1f GiB of %s memory",
+                      e->weights_bytes / 1073741824.0, be->ops->name);
+    int64_t biggest = 0;
+    for (int64_t l = 0; l < c->num_hidden_layers; l++)
+        for (int q = 0; q < FT_N_PROJ; q++) {
+            int64_t n = m->layers[l].proj[q].out_n * m->layers[l].proj[q].in_n;
+            biggest = n > biggest ? n : biggest;
+        }
+    uint16_t *stage = wt == FT_W_BF16 ? malloc((size_t)biggest * sizeof(uint16_t)) : NULL;
+    if (wt == FT_W_BF16 && !stage)
+        return ft_err(-ENOMEM, "out of memory converting weights to bf16 (%lld values)", (long long)biggest);
+    float *p = e->weights;
+    int64_t VC = c->vocab_size * c->hidden_size;
+    int rc = 0;
+#define PUT(dst, src, n) do { float *d_ = carve(&p, (n)); \
+        if (!rc) { rc = be->ops->copy(be, d_, (src), (size_t)(n) * sizeof(float)); } \
+        (dst) = d_; } while (0)
+    PUT(e->embed, m->embed, VC);
+    if (m->lm_head == m->embed)
+        e->lm_head = e->embed;
+    else
+        PUT(e->lm_head, m->lm_head, VC);
+    PUT(e->final_norm, m->final_norm, c->hidden_size);
+    for (int64_t l = 0; l < c->num_hidden_layers && !rc; l++) {
+        const ft_layer_weights *src = &m->layers[l];
+        ft_layer_weights *dst = &e->layers[l];
+        *dst = *src;
+        PUT(dst->attn_norm, src->attn_norm, c->hidden_size);
+        PUT(dst->ffn_norm, src->ffn_norm, c->hidden_size);
+        for (int q = 0; q < FT_N_PROJ && !rc; q++) {
+            const ft_linear *s = &src->proj[q];
+            int64_t n = s->out_n * s->in_n;
+            if (wt == FT_W_BF16) {
+                float *d = carve(&p, (int64_t)floats_for(n, FT_W_BF16));
+                to_bf16_host(stage, s->w, n);
+                rc = be->ops->copy(be, d, stage, (size_t)n * sizeof(uint16_t));
+                dst->proj[q].w = d;
+                dst->proj[q].wtype = FT_W_BF16;
+            } else {
+                PUT(dst->proj[q].w, s->w, n);
+            }
+            if (s->b) PUT(dst->proj[q].b, s->b, s->out_n);
+        }
+    }
+#undef PUT
+    free(stage);
+    return rc;
 }
 
 int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
@@ -70,7 +192,7 @@ int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, i
     e->lora = lora;
     e->T_max = T_max;
     e->n_micro_max = n_micro;
-    e->ce_chunk = CE_CHUNK;
+    e->ce_chunk = ce_chunk_for(be, T_max);
     layout L = plan(m, lora, T_max, n_micro, e->ce_chunk);
     e->arena_bytes = (size_t)total(&L) * sizeof(float);
     e->arena = be->ops->alloc(be, e->arena_bytes);
@@ -99,21 +221,119 @@ int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, i
     if (m->cfg.head_dim / 2 > 1024)
         return ft_err(FT_E_UNSUPPORTED, "head_dim %lld too large", (long long)m->cfg.head_dim);
     ft_rope_inv_freq(&m->cfg, rope_seq_len, inv);
-    return be->ops->copy(be, e->inv_freq, inv, (size_t)(m->cfg.head_dim / 2) * sizeof(float));
+    FT_TRY(be->ops->copy(be, e->inv_freq, inv, (size_t)(m->cfg.head_dim / 2) * sizeof(float)));
+    if (be->ops->prepare)
+        FT_TRY(be->ops->prepare(be, T_max, m->cfg.num_attention_heads, m->cfg.num_key_value_heads,
+                                m->cfg.head_dim));
+    return place_weights(e);
 }
 
 void ft_exec_free(ft_exec *e)
 {
-    if (e && e->be) e->be->ops->free(e->be, e->arena);
+    if (e && e->be) {
+        e->be->ops->free(e->be, e->arena);
+        e->be->ops->free(e->be, e->layer_f32);
+        e->be->ops->free(e->be, e->weights);
+        e->be->ops->free(e->be, e->kept_mem);
+        free(e->kept);
+        if (e->layers && e->layers != e->m->layers) free(e->layers);
+    }
+    if (e) free(e->pack_raw);
     if (e) memset(e, 0, sizeof *e);
 }
 
-/* The base weights of layer l, ready for compute. Resident in host memory for now: the
- * offload issue turns this into a prefetched fetch from pinned memory or the pack file. */
-static const ft_layer_weights *fetch_layer(ft_exec *e, int64_t l)
+size_t ft_exec_kept_bytes(const ft_exec *e)
+{
+    ft_block_dims d = dims_of(e, e->T_max);
+    int64_t per = (ft_block_acts_floats(&d) + 15) & ~(int64_t)15;
+    return (size_t)(per * e->m->cfg.num_hidden_layers * e->n_micro_max) * sizeof(float);
+}
+
+int ft_exec_keep_activations(ft_exec *e, size_t budget_bytes)
+{
+    size_t need = ft_exec_kept_bytes(e);
+    if (e->kept || !e->lora) return e->kept != NULL;
+    if (need > budget_bytes) return 0;
+    int64_t n = e->m->cfg.num_hidden_layers * e->n_micro_max;
+    e->kept = calloc((size_t)n, sizeof *e->kept);
+    e->kept_mem = e->kept ? e->be->ops->alloc(e->be, need) : NULL;
+    if (!e->kept_mem) {
+        free(e->kept);
+        e->kept = NULL;
+        return ft_err(-ENOMEM, "out of memory keeping activations (%.1f GiB)", need / 1073741824.0);
+    }
+    e->kept_bytes = need;
+    ft_block_dims d = dims_of(e, e->T_max);
+    int64_t per = (ft_block_acts_floats(&d) + 15) & ~(int64_t)15;
+    for (int64_t i = 0; i < n; i++)
+        ft_block_acts_carve(&e->kept[i], e->kept_mem + i * per, &d, e->lora->cfg.targets);
+    return 1;
+}
+
+size_t ft_exec_pack_bytes(const ft_pack_file *pack)
+{
+    return ft_pack_max_layer_bytes(pack) +
+           (size_t)ft_pack_layer_floats(ft_pack_config(pack)) * sizeof(float);
+}
+
+int ft_exec_use_pack(ft_exec *e, ft_pack_file *pack)
+{
+    const ft_model_config *a = &e->m->cfg, *b = ft_pack_config(pack);
+    if (a->num_hidden_layers != b->num_hidden_layers || a->hidden_size != b->hidden_size ||
+        a->intermediate_size != b->intermediate_size || a->head_dim != b->head_dim ||
+        a->num_attention_heads != b->num_attention_heads ||
+        a->num_key_value_heads != b->num_key_value_heads ||
+        a->attention_bias != b->attention_bias || strcmp(a->model_type, b->model_type))
+        return ft_err(FT_E_INVALID, "%s: the pack is of another architecture (%lld layers, hidden "
+                      "%lld, intermediate %lld) than the model (%lld, %lld, %lld)",
+                      ft_pack_path(pack), (long long)b->num_hidden_layers, (long long)b->hidden_size,
+                      (long long)b->intermediate_size, (long long)a->num_hidden_layers,
+                      (long long)a->hidden_size, (long long)a->intermediate_size);
+    if (!e->be->ops->host_memory)
+        return ft_err(FT_E_UNSUPPORTED, "%s: a packed (NF4) base on the %s backend is not "
+                      "supported yet; use --device cpu or --quant bf16", ft_pack_path(pack),
+                      e->be->ops->name);
+    size_t raw = ft_pack_max_layer_bytes(pack);
+    size_t f32 = (size_t)ft_pack_layer_floats(b) * sizeof(float);
+    void *r = NULL;
+    if (posix_memalign(&r, FT_PACK_ALIGN, raw)) r = NULL;
+    float *w = r ? e->be->ops->alloc(e->be, f32) : NULL;
+    if (!w) {
+        free(r);
+        return ft_err(-ENOMEM, "out of memory: the packed base needs %.1f MiB (one layer block "
+                      "and one layer in fp32)", (raw + f32) / 1048576.0);
+    }
+    e->be->ops->free(e->be, e->layer_f32);
+    free(e->pack_raw);
+    e->pack = pack;
+    e->pack_raw = r;
+    e->pack_raw_bytes = raw;
+    e->layer_f32 = w;
+    e->fetched_layer = -1;
+    return 0;
+}
+
+/* The base weights of layer l, ready for compute: the model's resident fp32 arrays, or
+ * (ft_exec_use_pack) the layer's pack block read and dequantized into layer_f32 - kept when
+ * the same layer is fetched again right away (the last layer of the forward pass is the
+ * first of the backward pass). The CPU backend's memory is host memory, so the block is
+ * dequantized in place; a device backend will fuse dequantization into its GEMMs. */
+static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
 {
     e->layer_fetches++;
-    return &e->m->layers[l];
+    if (!e->pack) {
+        *w = &e->layers[l];
+        return 0;
+    }
+    if (e->fetched_layer != l) {
+        e->fetched_layer = -1;
+        FT_TRY(ft_pack_read_block(e->pack, l, e->pack_raw, e->pack_raw_bytes, 1));
+        FT_TRY(ft_pack_layer_weights(e->pack, l, e->pack_raw, e->layer_f32, &e->fetched));
+        e->fetched_layer = l;
+        e->pack_reads++;
+    }
+    *w = &e->fetched;
+    return 0;
 }
 
 static float *ckpt_at(ft_exec *e, int64_t l, int64_t mb)
@@ -150,16 +370,18 @@ static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t s
     const ft_model_config *c = &e->m->cfg;
     for (int64_t mb = 0; mb < n_mb; mb++) {
         FT_TRY(upload(e, &mbs[mb], mb));
-        FT_TRY(be->ops->embedding_fwd(be, ckpt_at(e, 0, mb), e->ids + mb * e->T_max, e->m->embed,
+        FT_TRY(be->ops->embedding_fwd(be, ckpt_at(e, 0, mb), e->ids + mb * e->T_max, e->embed,
                                       mbs[mb].T, c->hidden_size, c->vocab_size));
     }
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
-        const ft_layer_weights *w = fetch_layer(e, l);
+        const ft_layer_weights *w;
+        FT_TRY(fetch_layer(e, l, &w));
         for (int64_t mb = 0; mb < n_mb; mb++) {
             ft_block_dims d = dims_of(e, mbs[mb].T);
             ft_block_io io = io_of(e, mb, seed);
+            ft_block_acts *a = train && e->kept ? &e->kept[l * e->n_micro_max + mb] : &e->acts;
             FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, ckpt_at(e, l, mb),
-                                ckpt_at(e, l + 1, mb), &e->acts, &e->scr, train));
+                                ckpt_at(e, l + 1, mb), a, &e->scr, train));
         }
     }
     return 0;
@@ -173,13 +395,13 @@ static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, flo
     const ft_model_config *c = &e->m->cfg;
     int64_t T = b->T, C = c->hidden_size;
     const float *xL = ckpt_at(e, c->num_hidden_layers, mb);
-    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->m->final_norm, T, C, c->rms_norm_eps));
-    FT_TRY(be->ops->lm_head_ce(be, loss, n, dx ? e->dxf : NULL, e->xf, e->m->lm_head,
+    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->final_norm, T, C, c->rms_norm_eps));
+    FT_TRY(be->ops->lm_head_ce(be, loss, n, dx ? e->dxf : NULL, e->xf, e->lm_head,
                                e->targets + mb * e->T_max, T, C, c->vocab_size, grad_scale,
                                e->ce_scratch, e->ce_chunk));
     if (!dx) return 0;
     FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
-    return be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->m->final_norm, e->rstdf, T, C);
+    return be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->final_norm, e->rstdf, T, C);
 }
 
 int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
@@ -204,16 +426,20 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
         *n_tokens += nv;
     }
     for (int64_t l = c->num_hidden_layers - 1; l >= 0; l--) {
-        const ft_layer_weights *w = fetch_layer(e, l);
+        const ft_layer_weights *w;
+        FT_TRY(fetch_layer(e, l, &w));
         for (int64_t mb = 0; mb < n_mb; mb++) {
             ft_block_dims d = dims_of(e, mbs[mb].T);
             ft_block_io io = io_of(e, mb, dropout_seed);
             const float *x = ckpt_at(e, l, mb);
             float *dx = e->dx + mb * e->T_max * C;
-            /* recompute: the block output goes to ckpt[l+1], which is no longer needed */
-            FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, x, ckpt_at(e, l + 1, mb),
-                                &e->acts, &e->scr, 1));
-            FT_TRY(ft_block_bwd(be, c, w, e->lora, l, &d, &io, x, dx, dx, &e->acts, &e->scr));
+            ft_block_acts *a = &e->acts;
+            if (e->kept)
+                a = &e->kept[l * e->n_micro_max + mb];
+            else /* recompute: the block output goes to ckpt[l+1], which is no longer needed */
+                FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, x, ckpt_at(e, l + 1, mb),
+                                    a, &e->scr, 1));
+            FT_TRY(ft_block_bwd(be, c, w, e->lora, l, &d, &io, x, dx, dx, a, &e->scr));
         }
     }
     return 0;
@@ -232,10 +458,10 @@ int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits)
     int64_t T = mb->T, C = c->hidden_size, V = c->vocab_size;
     FT_TRY(forward_all(e, mb, 1, 0, 0));
     FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, ckpt_at(e, c->num_hidden_layers, 0),
-                                e->m->final_norm, T, C, c->rms_norm_eps));
+                                e->final_norm, T, C, c->rms_norm_eps));
     float *out = be->ops->alloc(be, (size_t)(T * V) * sizeof(float));
     if (!out) return ft_err(-ENOMEM, "out of memory for (%lld, %lld) logits", (long long)T, (long long)V);
-    int rc = be->ops->lm_head_logits(be, out, e->xf, e->m->lm_head, T, C, V);
+    int rc = be->ops->lm_head_logits(be, out, e->xf, e->lm_head, T, C, V);
     if (!rc) rc = be->ops->copy(be, logits, out, (size_t)(T * V) * sizeof(float));
     be->ops->free(be, out);
     return rc;

@@ -20,6 +20,7 @@
 
 #include "adapters/lora.h"
 #include "kernels/kernels.h"
+#include "offload/pack.h"
 #include "src/data/dataset.h"
 #include "src/model/llama.h"
 #include "src/model/model.h"
@@ -42,6 +43,31 @@ typedef struct ft_exec {
     float *inv_freq;            /* D / 2 */
     int32_t *ids, *targets, *pos, *seq_start; /* n_micro * T each */
     int64_t layer_fetches;      /* base-weight fetches since init (test hook) */
+    /* The base weights as the backend reads them: the model's own host arrays on a host-memory
+     * backend (CPU); on a device backend (CUDA), copies in one device allocation made at init
+     * (every layer resident: the streaming tiers are the offload issue's), the projections in
+ * bf16 when the backend takes bf16 weights (CUDA), everything else in fp32. */
+    ft_layer_weights *layers;   /* num_hidden_layers; == m->layers on the CPU */
+    const float *embed, *final_norm, *lm_head;
+    float *weights;             /* the device copy (NULL on the CPU) */
+    size_t weights_bytes;
+    /* Activations kept from the forward for the backward, per layer and micro-batch
+     * ([l * n_micro_max + mb]), when memory allows (ft_exec_keep_activations): the backward
+     * then skips the recompute (one forward of the base less per step, a quarter to a third
+     * of the step's FLOPs). NULL: recompute from the layer-input checkpoints. */
+    ft_block_acts *kept;
+    float *kept_mem;
+    size_t kept_bytes;
+    /* Packed base (ft_exec_use_pack; QLoRA with NF4): each fetch reads the layer's block
+     * from the pack into pack_raw and dequantizes it into layer_f32; NULL: the model's
+     * resident fp32 weights are used. */
+    ft_pack_file *pack;
+    void *pack_raw;             /* host, 4096-aligned, the largest layer block */
+    size_t pack_raw_bytes;
+    float *layer_f32;           /* backend memory, ft_pack_layer_floats floats */
+    ft_layer_weights fetched;   /* points into layer_f32 */
+    int64_t fetched_layer;      /* the layer layer_f32 holds, -1 if none */
+    int64_t pack_reads;         /* blocks read from the pack (test hook) */
 } ft_exec;
 
 /* Plans and allocates everything for micro-batches of up to T_max tokens and up to
@@ -51,8 +77,36 @@ int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, i
                  int64_t n_micro, int64_t rope_seq_len);
 void ft_exec_free(ft_exec *e);
 
-/* Bytes ft_exec_init would allocate for these sizes (for the plan printed before training). */
-size_t ft_exec_bytes(const ft_model *m, const ft_lora *lora, int64_t T_max, int64_t n_micro);
+/* Makes the executor take the base model's layer weights (norms, projections, biases) from
+ * a pack instead of the model's fp32 arrays: at every layer fetch the block is read (pread,
+ * checksum verified) and dequantized to fp32 (NF4 with bitsandbytes arithmetic, nf4.h), so
+ * the block math is unchanged and only one layer is ever held in fp32. Embeddings, final
+ * norm and LM head still come from the model. The pack must describe the same architecture
+ * as e->m (FT_E_INVALID otherwise); it stays owned by the caller and must outlive e.
+ * Allocates once (the largest block + one layer in fp32); returns 0, -ENOMEM, FT_E_INVALID. */
+int ft_exec_use_pack(ft_exec *e, ft_pack_file *pack);
+
+/* Bytes ft_exec_keep_activations would allocate (every layer's activations for every
+ * micro-batch of T_max tokens). */
+size_t ft_exec_kept_bytes(const ft_exec *e);
+/* Keeps every layer's forward activations for the backward instead of recomputing them,
+ * if ft_exec_kept_bytes(e) fits in budget_bytes: one allocation. Results are bit-identical
+ * to the recompute schedule (the recompute repeats the same ops on the same inputs).
+ * Returns 1 when kept, 0 when it does not fit (nothing allocated), -ENOMEM when the
+ * allocation itself fails. */
+int ft_exec_keep_activations(ft_exec *e, size_t budget_bytes);
+
+/* Bytes ft_exec_use_pack allocates for this pack. */
+size_t ft_exec_pack_bytes(const ft_pack_file *pack);
+
+/* Bytes ft_exec_init would allocate for these sizes on backend be (for the plan printed
+ * before training and the --gpu-mem check): the arena, plus on a device backend the resident
+ * copy of the base weights (ft_exec_weight_bytes). */
+size_t ft_exec_bytes(const ft_backend *be, const ft_model *m, const ft_lora *lora, int64_t T_max,
+                     int64_t n_micro);
+/* Bytes of the device copy of the base model's weights on backend be (embeddings counted
+ * once when tied; projections in bf16 where the backend takes bf16 weights, else fp32). */
+size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m);
 
 /* Forward + backward of one optimizer step over n_mb micro-batches. LoRA gradients
  * accumulate into lora->grads (the caller zeroes them per step); the loss is normalised

@@ -6,6 +6,9 @@ set -u
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 export FTUNE_BIN="$PWD/$BUILD/ftune"
+# The suite checks the CPU backend against its references; the GPU tests (make test-gpu)
+# choose their device themselves.
+export FTUNE_DEVICE=cpu
 pass=0 fail=0 skip=0
 failed_list=()
 TIMEOUT=${FTUNE_TEST_TIMEOUT:-900}

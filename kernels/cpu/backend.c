@@ -100,6 +100,24 @@ static int cpu_gemm(ft_backend *be, int ta, int tb, int64_t m, int64_t n, int64_
     return ft_cpu_gemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+static int cpu_linear_fwd(ft_backend *be, float *y, const float *x, const void *W, int wtype,
+                          int64_t T, int64_t out, int64_t in, float beta, float *scratch)
+{
+    (void)scratch;
+    if (wtype != FT_W_F32)
+        return ft_err(FT_E_UNSUPPORTED, "cpu linear_fwd: weight type %d (the CPU backend takes fp32 weights)", wtype);
+    return cpu_gemm(be, 0, 1, T, out, in, 1.0f, x, in, (const float *)W, in, beta, y, out);
+}
+
+static int cpu_linear_bwd_x(ft_backend *be, float *dx, const float *dy, const void *W, int wtype,
+                            int64_t T, int64_t out, int64_t in, float beta, float *scratch)
+{
+    (void)scratch;
+    if (wtype != FT_W_F32)
+        return ft_err(FT_E_UNSUPPORTED, "cpu linear_bwd_x: weight type %d (the CPU backend takes fp32 weights)", wtype);
+    return cpu_gemm(be, 0, 0, T, in, out, 1.0f, dy, out, (const float *)W, in, beta, dx, in);
+}
+
 static int cpu_axpy(ft_backend *be, float alpha, const float *x, float *y, int64_t n)
 {
     (void)be;
@@ -231,13 +249,24 @@ static int cpu_attention_kv_fwd(ft_backend *be, float *out, const float *q, cons
     return ft_cpu_attention_kv_fwd_f32(out, q, k, v, p, n_q, H, Hkv, D, scale);
 }
 
+static void cpu_destroy(ft_backend *be)
+{
+    free(be->ctx); /* CPU context: plain struct */
+    be->ctx = NULL;
+}
+
 static const ft_backend_ops cpu_ops = {
     .name = "cpu",
+    .host_memory = 1,
+    .weight_types = FT_WTYPE_BIT(FT_W_F32),
+    .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .copy = cpu_copy,
     .zero = cpu_zero,
     .gemm = cpu_gemm,
+    .linear_fwd = cpu_linear_fwd,
+    .linear_bwd_x = cpu_linear_bwd_x,
     .axpy = cpu_axpy,
     .scale = cpu_scale,
     .sumsq = cpu_sumsq,
@@ -287,11 +316,4 @@ int ft_backend_cpu_init(ft_backend **out, int n_threads)
     be->ctx = ctx;
     *out = be;
     return 0;
-}
-
-void ft_backend_free(ft_backend *be)
-{
-    if (!be) return;
-    free(be->ctx); /* CPU context: plain struct */
-    free(be);
 }

@@ -11,6 +11,10 @@
 
 #include <errno.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum {
     FT_E_INVALID     = -4096, /* malformed input: bad JSON, bad header, bad record */
     FT_E_CORRUPT     = -4097, /* a file fails its own consistency checks (offsets, sizes) */
@@ -39,5 +43,9 @@ void ft_err_clear(void);
 
 /* Propagate a non-zero status. */
 #define FT_TRY(x) do { int ft_rc_ = (x); if (ft_rc_ < 0) return ft_rc_; } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

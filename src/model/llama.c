@@ -100,7 +100,7 @@ static int lin_fwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll,
 {
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
-    FT_TRY(o->gemm(be, 0, 1, T, out, in, 1.0f, x, in, w->w, in, 0.0f, y, out));
+    FT_TRY(o->linear_fwd(be, y, x, w->w, w->wtype, T, out, in, 0.0f, xd));
     if (w->b) FT_TRY(o->bias_add(be, y, w->b, T, out));
     if (!ll) return 0;
     const float *xin = x;
@@ -119,7 +119,7 @@ static int lin_bwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll,
 {
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
-    FT_TRY(o->gemm(be, 0, 0, T, in, out, 1.0f, dy, out, w->w, in, beta, dx, in));
+    FT_TRY(o->linear_bwd_x(be, dx, dy, w->w, w->wtype, T, out, in, beta, xd));
     if (!ll) return 0;
     /* dB (out, r) += scale * dy^T u;  du (T, r) = scale * dy B */
     FT_TRY(o->gemm(be, 1, 0, out, r, T, scale, dy, out, u, r, 1.0f, ll->dB, r));

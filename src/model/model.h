@@ -22,7 +22,9 @@ extern const char *const ft_proj_name[FT_N_PROJ];
 extern const char *const ft_proj_parent[FT_N_PROJ];
 
 typedef struct ft_linear {
-    float *w;        /* (out_n, in_n) fp32, frozen */
+    float *w;        /* (out_n, in_n) fp32, frozen; with wtype FT_W_BF16 (an executor's device
+                      * copy, kernels.h) the same pointer holds bf16 values */
+    int wtype;       /* enum ft_wtype; 0 (fp32) for every loaded model */
     float *b;        /* (out_n) or NULL */
     int64_t out_n, in_n;
 } ft_linear;

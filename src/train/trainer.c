@@ -278,6 +278,47 @@ static int resume_from(run *r, const ft_train_cfg *c, ft_ckpt_state *st, int64_t
     return 0;
 }
 
+/* GiB, for messages. */
+static double gib(double bytes) { return bytes / 1073741824.0; }
+
+/* Sizes the executor against the device memory budget (--gpu-mem, else what is free) and
+ * creates it: refuses up front, naming the smallest budget that would work, rather than
+ * failing mid-run; then keeps every layer's activations (no recompute in the backward) when
+ * they fit too, with 1 GiB to spare for cuBLAS and the CUDA context's growth. Host-memory
+ * backends (CPU) skip the budget and keep the recompute schedule. */
+static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_len)
+{
+    ft_backend *be = r->be;
+    size_t free_b = 0, total_b = 0, need = ft_exec_bytes(be, r->model, &r->lora, T, c->grad_accum);
+    if (be->ops->host_memory) {
+        FT_TRY(ft_exec_init(&r->ex, be, r->model, &r->lora, T, c->grad_accum, seq_len));
+        r->ex_ok = 1;
+        return 0;
+    }
+    FT_TRY(ft_backend_mem_free(be, &free_b, &total_b));
+    size_t used = total_b - free_b; /* CUDA context, workspace, the adapter and its moments */
+    size_t budget = c->gpu_mem > 0 ? (size_t)c->gpu_mem : total_b;
+    size_t avail = budget > used ? budget - used : 0;
+    if (avail > free_b) avail = free_b;
+    const size_t spare = (size_t)1 << 30;
+    size_t wb = ft_exec_weight_bytes(be, r->model);
+    if (need + spare > avail)
+        return ft_err(FT_E_RANGE, "the run needs at least %.2f GiB of GPU memory (%.2f GiB in use "
+                      "by the CUDA context and the adapter, %.2f GiB of base weights, "
+                      "%.2f GiB of activation checkpoints and workspace, 1 GiB spare) but %s "
+                      "allows %.2f GiB: use --gpu-mem %.0fG or more, or a smaller --batch-size, "
+                      "--seq-len or --grad-accum",
+                      gib((double)(used + need + spare)), gib((double)used), gib((double)wb),
+                      gib((double)(need - wb)),
+                      c->gpu_mem > 0 ? "--gpu-mem" : "the GPU's free memory",
+                      gib((double)(c->gpu_mem > 0 ? budget : used + free_b)),
+                      ceil(gib((double)(used + need + spare))));
+    FT_TRY(ft_exec_init(&r->ex, be, r->model, &r->lora, T, c->grad_accum, seq_len));
+    r->ex_ok = 1;
+    int rc = ft_exec_keep_activations(&r->ex, avail - need - spare);
+    return rc < 0 ? rc : 0;
+}
+
 static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user,
                        ft_train_result *res)
 {
@@ -313,7 +354,7 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
         FT_TRY(ft_pack(&r->eval_b, &r->n_eval_b, r->ds.eval, r->ds.n_eval, seq_len,
                        c->batch_size, c->seed));
 
-    FT_TRY(ft_backend_cpu_init(&r->be, c->threads));
+    FT_TRY(ft_backend_init(&r->be, c->device, c->threads));
     ft_lora_cfg lc = c->lora;
     lc.seed = c->seed;
     if (c->init_adapter) {
@@ -329,18 +370,19 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     if (c->init_adapter && !c->resume) FT_TRY(ft_peft_load_weights(c->init_adapter, &r->lora));
 
     int64_t T = c->batch_size * seq_len;
-    FT_TRY(ft_exec_init(&r->ex, r->be, r->model, &r->lora, T, c->grad_accum, seq_len));
-    r->ex_ok = 1;
+    FT_TRY(plan_device_memory(r, c, T, seq_len));
 
     int64_t steps_per_epoch = (r->n_train_b + c->grad_accum - 1) / c->grad_accum;
     int64_t total = c->max_steps > 0 ? c->max_steps : (int64_t)ceil(c->epochs * steps_per_epoch);
     if (total < 1) total = 1;
     int64_t warmup = c->warmup_steps > 0 ? c->warmup_steps : (int64_t)ceil(c->warmup_ratio * total);
-    info(cb, user, FT_EV_PLAN, "plan: backend %s, LoRA r=%lld alpha=%g%s on %d modules (%.2fM trainable), %lld micro-batches of %lld x %lld tokens, grad-accum %lld, %lld steps (warmup %lld, %s), executor memory %.1f MiB",
+    info(cb, user, FT_EV_PLAN, "plan: backend %s, LoRA r=%lld alpha=%g%s on %d modules (%.2fM trainable), %lld micro-batches of %lld x %lld tokens, grad-accum %lld, %lld steps (warmup %lld, %s), executor memory %.1f MiB%s",
          r->be->ops->name, (long long)lc.r, lc.alpha, lc.use_rslora ? " (rsLoRA)" : "",
          __builtin_popcount(lc.targets), r->lora.n_params / 1e6, (long long)r->n_train_b,
          (long long)c->batch_size, (long long)seq_len, (long long)c->grad_accum, (long long)total,
-         (long long)warmup, ft_schedule_name(c->schedule), r->ex.arena_bytes / 1048576.0);
+         (long long)warmup, ft_schedule_name(c->schedule),
+         (r->ex.arena_bytes + r->ex.weights_bytes + r->ex.kept_bytes) / 1048576.0,
+         r->ex.kept ? " (activations kept: no recompute)" : r->be->ops->host_memory ? "" : " (activations recomputed in the backward)");
 
     r->cfg_json = run_config(c, &lc, r->model, &r->ds, seq_len, total, warmup, r->lora.n_params);
     if (!r->cfg_json) return ft_err(-ENOMEM, "out of memory");
@@ -391,6 +433,8 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     double base_s = st.elapsed_s; /* run time of earlier sessions */
     double train_t0 = now_s();
     int stopped = 0;
+    double prof_t0 = 0;
+    int64_t prof_step0 = -1;
     for (int64_t step = st.step; step < total; step++) {
         if (c->stop && *c->stop) {
             stopped = 1;
@@ -456,6 +500,14 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
                              .elapsed_s = el, .tokens = st.tokens,
                              .eta_s = el / (double)(st.step - start) * (double)(total - st.step)};
         emit(cb, user, &ev);
+        if (c->profile && st.step == start + 1) { /* the first step warms up; time the rest */
+            if (ft_backend_profile(r->be, 1) == 0) {
+                prof_t0 = now_s();
+                prof_step0 = st.step;
+            } else {
+                info(cb, user, FT_EV_WARN, "--profile: %s", ft_errmsg());
+            }
+        }
         if (bad && st.bad_run >= c->max_bad_steps)
             return ft_err(FT_E_NUMERIC, "stopped at step %lld/%lld after %lld consecutive steps with a non-finite loss or gradient norm (--max-bad-steps %lld): the model diverged (try a lower --lr or --max-grad-norm) or the data or base weights produce Inf/NaN; no adapter written",
                           (long long)st.step, (long long)total, (long long)st.bad_run,
@@ -476,6 +528,17 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
         }
     }
     if (c->stop && *c->stop) stopped = 1;
+    if (prof_step0 >= 0) {
+        char tab[4096];
+        double wall = now_s() - prof_t0;
+        FT_TRY(ft_backend_profile_report(r->be, tab, sizeof tab, 1));
+        FT_TRY(ft_backend_profile(r->be, 0));
+        info(cb, user, FT_EV_INFO, "profile: GPU time per op over steps %lld-%lld (%.1f ms of wall time per step):",
+             (long long)prof_step0 + 1, (long long)st.step,
+             st.step > prof_step0 ? 1e3 * wall / (double)(st.step - prof_step0) : 0.0);
+        for (char *line = strtok(tab, "\n"); line; line = strtok(NULL, "\n"))
+            info(cb, user, FT_EV_INFO, "profile: %s", line);
+    }
     double sess = now_s() - train_t0;
     res->steps = st.step;
     res->tokens = st.positions;

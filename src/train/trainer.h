@@ -52,6 +52,10 @@ typedef struct ft_train_cfg {
     int64_t eval_every;         /* steps; 0: only at start and end */
     int64_t eval_max_batches;   /* cap per evaluation (0: all) */
     int threads;
+    const char *device;         /* "cpu", "cuda", "cuda:N", "auto" or NULL (= auto) */
+    int64_t gpu_mem;            /* bytes of GPU memory the run may use (0: what is free) */
+    int profile;                /* time every op on the GPU after the first step; the table is
+                                 * reported (FT_EV_INFO) at the end */
     uint64_t seed;
     const char *resume;         /* checkpoint folder to continue from, or NULL: fresh run */
     int64_t save_every;         /* checkpoint every N steps (0: only at the end / on stop) */

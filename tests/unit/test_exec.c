@@ -152,6 +152,36 @@ static void test_accum_equals_big_batch(void **state)
     free(g1); free(g2); free(r0.seq_start); free(r1.seq_start); free_batch(&big);
 }
 
+/* Keeping every layer's activations (no recompute in the backward) gives the same bits as
+ * the recompute schedule, with dropout on and two micro-batches. */
+static void test_kept_activations_bit_identical(void **state)
+{
+    fix *f = *state;
+    int64_t S = 12, n = f->lora.n_params;
+    ft_batch big = make_batch(2, S, f->m->cfg.vocab_size, 8);
+    ft_batch two[2] = {row_of(&big, 0), row_of(&big, 1)};
+    float *g[2] = {malloc(n * 4), malloc(n * 4)};
+    double l[2];
+    int64_t nt[2];
+    for (int keep = 0; keep <= 1; keep++) {
+        ft_exec ex;
+        assert_int_equal(ft_exec_init(&ex, f->be, f->m, &f->lora, S, 2, S), 0);
+        assert_null(ex.kept); /* the CPU recomputes by default */
+        if (keep) {
+            assert_int_equal(ft_exec_keep_activations(&ex, 0), 0); /* no budget: not kept */
+            assert_int_equal(ft_exec_keep_activations(&ex, ft_exec_kept_bytes(&ex)), 1);
+        }
+        f->be->ops->zero(f->be, f->lora.grads, n * 4);
+        assert_int_equal(ft_exec_train_step(&ex, two, 2, big.n_targets, 0xfeed, &l[keep], &nt[keep]), 0);
+        memcpy(g[keep], f->lora.grads, n * 4);
+        ft_exec_free(&ex);
+    }
+    printf("kept activations vs recompute: loss %.9g vs %.9g\n", l[1], l[0]);
+    assert_true(l[0] == l[1]);
+    assert_memory_equal(g[0], g[1], n * 4);
+    free(g[0]); free(g[1]); free(two[0].seq_start); free(two[1].seq_start); free_batch(&big);
+}
+
 static double mean_loss(ft_exec *ex, const ft_batch *b)
 {
     double ls;
@@ -230,6 +260,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fetch_count),
         cmocka_unit_test(test_accum_equals_big_batch),
+        cmocka_unit_test(test_kept_activations_bit_identical),
         cmocka_unit_test(test_lora_grad_fd),
         cmocka_unit_test(test_peft_roundtrip),
     };

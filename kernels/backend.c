@@ -1,0 +1,98 @@
+/* backend.c - choosing a backend by name, and freeing any backend (kernels.h). */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/kernels.h"
+#include "src/core/err.h"
+
+#ifndef FT_HAVE_CUDA
+/* Built without nvcc: the CUDA entry points exist and say so. */
+int ft_backend_cuda_init(ft_backend **out, int device)
+{
+    (void)device;
+    if (out) *out = NULL;
+    return ft_err(FT_E_UNSUPPORTED, "cuda: this ftune was built without the CUDA backend (nvcc "
+                  "was not found at build time; install the CUDA toolkit and rebuild)");
+}
+
+int ft_backend_cuda_set_precise(ft_backend *be, int precise)
+{
+    (void)be;
+    (void)precise;
+    return ft_err(FT_E_UNSUPPORTED, "cuda: built without the CUDA backend");
+}
+#else
+int ft_backend_cuda_sync(ft_backend *be); /* kernels/cuda/backend.cu */
+int ft_backend_cuda_mem(ft_backend *be, size_t *free_bytes, size_t *total_bytes);
+int ft_backend_cuda_profile(ft_backend *be, int on);
+int ft_backend_cuda_profile_report(ft_backend *be, char *buf, size_t n, int reset);
+#endif
+
+int ft_backend_profile(ft_backend *be, int on)
+{
+#ifdef FT_HAVE_CUDA
+    if (be && !strcmp(be->ops->name, "cuda")) return ft_backend_cuda_profile(be, on);
+#endif
+    (void)on;
+    return ft_err(FT_E_UNSUPPORTED, "per-op profiling needs the CUDA backend (device %s)",
+                  be ? be->ops->name : "none");
+}
+
+int ft_backend_profile_report(ft_backend *be, char *buf, size_t n, int reset)
+{
+#ifdef FT_HAVE_CUDA
+    if (be && !strcmp(be->ops->name, "cuda")) return ft_backend_cuda_profile_report(be, buf, n, reset);
+#endif
+    (void)buf;
+    (void)n;
+    (void)reset;
+    return ft_err(FT_E_UNSUPPORTED, "per-op profiling needs the CUDA backend");
+}
+
+int ft_backend_mem_free(ft_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+#ifdef FT_HAVE_CUDA
+    if (be && !strcmp(be->ops->name, "cuda")) return ft_backend_cuda_mem(be, free_bytes, total_bytes);
+#endif
+    (void)be;
+    long pg = sysconf(_SC_PAGESIZE), av = sysconf(_SC_AVPHYS_PAGES), ph = sysconf(_SC_PHYS_PAGES);
+    if (pg <= 0 || av < 0 || ph < 0) return ft_err(-EIO, "sysconf: cannot read the memory size");
+    *free_bytes = (size_t)av * (size_t)pg;
+    if (total_bytes) *total_bytes = (size_t)ph * (size_t)pg;
+    return 0;
+}
+
+int ft_backend_sync(ft_backend *be)
+{
+#ifdef FT_HAVE_CUDA
+    if (be && !strcmp(be->ops->name, "cuda")) return ft_backend_cuda_sync(be);
+#endif
+    (void)be;
+    return 0;
+}
+
+int ft_backend_init(ft_backend **out, const char *device, int n_threads)
+{
+    if (!device || !strcmp(device, "auto")) {
+        int rc = ft_backend_cuda_init(out, 0);
+        if (rc != FT_E_UNSUPPORTED) return rc;
+        ft_err_clear();
+        return ft_backend_cpu_init(out, n_threads);
+    }
+    if (!strcmp(device, "cpu")) return ft_backend_cpu_init(out, n_threads);
+    if (!strcmp(device, "cuda")) return ft_backend_cuda_init(out, 0);
+    if (!strncmp(device, "cuda:", 5)) {
+        char *end;
+        long d = strtol(device + 5, &end, 10);
+        if (end != device + 5 && !*end && d >= 0 && d < 1024) return ft_backend_cuda_init(out, (int)d);
+    }
+    return ft_err(FT_E_INVALID, "unknown device '%s' (expected cpu, cuda, cuda:N or auto)", device);
+}
+
+void ft_backend_free(ft_backend *be)
+{
+    if (!be) return;
+    if (be->ops && be->ops->destroy) be->ops->destroy(be);
+    free(be);
+}

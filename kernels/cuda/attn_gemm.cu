@@ -1,0 +1,323 @@
+/* attn_gemm.cu - causal GQA attention over packed sequences on the tensor cores, forward and
+ * backward (kernels.h attention_fwd / attention_bwd), built from cuBLAS batched GEMMs over
+ * query tiles plus three small kernels.
+ *
+ * Formulas as the CPU twin (kernels/cpu/attn_impl.h; FlashAttention-2, Dao 2023, Alg. 1/2):
+ *   forward   S_ij = scale q_i.k_j for seq_start[i] <= j <= i;  lse_i = log sum_j exp(S_ij);
+ *             P_ij = exp(S_ij - lse_i);  o_i = sum_j P_ij v_j
+ *   backward  dP_ij = do_i.v_j;  Delta_i = do_i.o_i;  dS_ij = P_ij (dP_ij - Delta_i);
+ *             dq_i = scale sum_j dS_ij k_j;  dk_j = scale sum_i dS_ij q_i;  dv_j = sum_i P_ij do_i
+ *
+ * Layout: q, k, v are first copied head-major, (H, T, D), with k and v expanded from Hkv to H
+ * heads (query head h reads kv head h / (H / Hkv)), so every product below is one strided
+ * batched GEMM over the H heads. Queries are processed in tiles of Bq rows [i0, i1); a tile
+ * only meets keys [seq_start[i0], i1) (seq_start is non-decreasing), so a packed row of short
+ * sequences costs about sum(len^2) and one long sequence about T^2 / 2 (+ T Bq / 2 for the
+ * diagonal tiles). Per tile the (H, Bq, Lk) scores live in the workspace (Bq is chosen so two
+ * such tiles fit), never a (T, T) matrix. The backward accumulates dk, dv per query head over
+ * the tiles in order (beta = 1) and sums the H / Hkv heads of each group at the end: no
+ * atomics, the same bits on every run.
+ * GEMMs follow the context's precision (bf16 tensor cores with fp32 accumulation, or fp32
+ * when set precise); softmax, lse and Delta are fp32/fp64 on CUDA cores.
+ *
+ * Workspace (ft_cuda_attn_prepare, once at setup): 7 head-major copies of T*H*D floats plus
+ * two score tiles, plus Delta (T*H); seq_start is copied to the host once per call (T int32)
+ * to plan the tiles.
+ */
+#include "kernels/cuda/cuda_common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TILE_MAX 512      /* query rows per tile, at most */
+#define SM_THREADS 256
+
+/* out (H, T, D)[h][t][:] = in (T, Hin, D)[t][h / rep][:] */
+__global__ void k_to_heads(float *out, const float *in, int64_t T, int64_t H, int64_t Hin,
+                           int64_t D)
+{
+    int64_t n = H * T * D, rep = H / Hin;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t d = i % D, t = (i / D) % T, h = i / (D * T);
+        out[i] = in[(t * Hin + h / rep) * D + d];
+    }
+}
+
+/* out (T, Hout, D)[t][g][:] = sum_{r < rep} in (H, T, D)[g * rep + r][t][:], rep = H / Hout */
+__global__ void k_from_heads(float *out, const float *in, int64_t T, int64_t H, int64_t Hout,
+                             int64_t D)
+{
+    int64_t n = T * Hout * D, rep = H / Hout;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t d = i % D, g = (i / D) % Hout, t = i / (D * Hout);
+        float s = 0.f;
+        for (int64_t r = 0; r < rep; r++) s += in[((g * rep + r) * T + t) * D + d];
+        out[i] = s;
+    }
+}
+
+/* Delta (T, H)[t][h] = sum_d dout[t][h][d] * out[t][h][d]; one warp per (t, h). */
+__global__ void k_delta(float *delta, const float *dout, const float *out, int64_t n, int64_t D)
+{
+    int lane = threadIdx.x & 31;
+    int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= n) return;
+    float s = 0.f;
+    for (int64_t d = lane; d < D; d += 32) s += dout[r * D + d] * out[r * D + d];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) delta[r] = s;
+}
+
+__device__ float blk_max(float v, float *sh)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x / 32] = v;
+    __syncthreads();
+    float r = sh[0];
+    for (int w = 1; w < SM_THREADS / 32; w++) r = fmaxf(r, sh[w]);
+    __syncthreads();
+    return r;
+}
+
+__device__ float blk_sum(float v, float *sh)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x / 32] = v;
+    __syncthreads();
+    float r = 0.f;
+    for (int w = 0; w < SM_THREADS / 32; w++) r += sh[w];
+    __syncthreads();
+    return r;
+}
+
+/* Forward softmax of one tile: block (row r of the tile, head h). S (H, nb, Lk) holds
+ * scale q.k for keys s0 .. s0 + Lk - 1; keys outside [seq_start[i], i] get P = 0. Writes
+ * P in place and lse (T, H). */
+__global__ void k_softmax_fwd(float *S, float *lse, const int32_t *ss, int64_t i0, int64_t nb,
+                              int64_t Lk, int64_t s0, int64_t H)
+{
+    __shared__ float sh[SM_THREADS / 32];
+    int64_t r = blockIdx.x, h = blockIdx.y, i = i0 + r;
+    float *row = S + (h * nb + r) * Lk;
+    int64_t lo = ss[i] - s0, hi = i - s0; /* valid key columns [lo, hi] */
+    float m = -INFINITY;
+    for (int64_t j = lo + threadIdx.x; j <= hi; j += SM_THREADS) m = fmaxf(m, row[j]);
+    m = blk_max(m, sh);
+    float s = 0.f;
+    for (int64_t j = lo + threadIdx.x; j <= hi; j += SM_THREADS) s += expf(row[j] - m);
+    s = blk_sum(s, sh);
+    float l = m + logf(s);
+    for (int64_t j = threadIdx.x; j < Lk; j += SM_THREADS)
+        row[j] = (j >= lo && j <= hi) ? expf(row[j] - l) : 0.f;
+    if (threadIdx.x == 0) lse[i * H + h] = l;
+}
+
+/* Backward of one tile: P = exp(S - lse) (masked) into S, dS = P (dP - Delta) into dP. */
+__global__ void k_softmax_bwd(float *S, float *dP, const float *lse, const float *delta,
+                              const int32_t *ss, int64_t i0, int64_t nb, int64_t Lk, int64_t s0,
+                              int64_t H)
+{
+    int64_t r = blockIdx.x, h = blockIdx.y, i = i0 + r;
+    float *srow = S + (h * nb + r) * Lk, *drow = dP + (h * nb + r) * Lk;
+    int64_t lo = ss[i] - s0, hi = i - s0;
+    float l = lse[i * H + h], dl = delta[i * H + h];
+    for (int64_t j = threadIdx.x; j < Lk; j += SM_THREADS) {
+        float p = (j >= lo && j <= hi) ? expf(srow[j] - l) : 0.f;
+        srow[j] = p;
+        drow[j] = p * (drow[j] - dl);
+    }
+}
+
+/* Row-major strided-batched C[b] (m, n) = alpha op(A[b]) op(B[b]) + beta C[b] over `batch`
+ * matrices (the cu_gemm mapping: cuBLAS sees B first). */
+static int gemm_sb(ft_cuda_ctx *cx, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float *a, int64_t lda, int64_t sa, const float *b, int64_t ldb, int64_t sb,
+                   float beta, float *c, int64_t ldc, int64_t sc, int64_t batch)
+{
+    cublasComputeType_t ct = cx->gemm_bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+    FT_BLAS_TRY(cx->bl.GemmStridedBatchedEx(cx->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k,
+                                           &alpha, b, CUDA_R_32F, (int)ldb, sb, a, CUDA_R_32F,
+                                           (int)lda, sa, &beta, c, CUDA_R_32F, (int)ldc, sc,
+                                           (int)batch, ct, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+typedef struct attn_ws {
+    float *qh, *kx, *vx, *oh, *dkx, *dvx, *dqh; /* (H, T, D) each */
+    float *s, *dp;                              /* (H, Bq, T) each */
+    float *delta;                               /* (T, H) */
+    int64_t Bq;
+} attn_ws;
+
+static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Bytes of workspace for T tokens: 7 head-major copies, Delta, and two tiles of Bq rows. */
+static size_t ws_bytes(int64_t T, int64_t H, int64_t D, int64_t Bq)
+{
+    size_t hd = round_up((size_t)(H * T * D) * 4), tile = round_up((size_t)(H * Bq * T) * 4);
+    return 7 * hd + 2 * tile + round_up((size_t)(T * H) * 4);
+}
+
+static int64_t pick_bq(int64_t T)
+{
+    int64_t bq = TILE_MAX;
+    /* keep one tile of scores near 64 MiB per head-row budget: long sequences, smaller tiles */
+    while (bq > 64 && (int64_t)bq * T > ((int64_t)1 << 20)) bq /= 2;
+    return bq < T ? bq : (T < 1 ? 1 : T);
+}
+
+static int ft_cuda_attn_prepare_bytes(ft_cuda_ctx *cx, size_t need)
+{
+    if (cx->attn_bytes >= need) return 0;
+    if (cx->attn) cudaFree(cx->attn);
+    cx->attn = NULL;
+    cx->attn_bytes = 0;
+    FT_CUDA_TRY(cudaMalloc(&cx->attn, need));
+    cx->attn_bytes = need;
+    return 0;
+}
+
+extern "C" int ft_cuda_attn_prepare(ft_backend *be, int64_t T, int64_t H, int64_t Hkv, int64_t D)
+{
+    (void)Hkv;
+    if (T < 1 || H < 1 || D < 1) return 0;
+    return ft_cuda_attn_prepare_bytes(FT_CUDA_CTX(be), ws_bytes(T, H, D, pick_bq(T)));
+}
+
+static int carve_ws(ft_cuda_ctx *cx, attn_ws *w, const char *op, int64_t T, int64_t H, int64_t D)
+{
+    w->Bq = pick_bq(T);
+    size_t need = ws_bytes(T, H, D, w->Bq);
+    /* The executor prepares the largest shape at setup; a direct caller (tests) that did not
+     * gets the workspace grown here, once. */
+    if (need > cx->attn_bytes && ft_cuda_attn_prepare_bytes(cx, need) < 0)
+        return ft_err(-ENOMEM, "cuda %s: out of memory for %.1f MiB of attention workspace (T = %lld, "
+                      "H = %lld, D = %lld)", op, need / 1048576.0, (long long)T, (long long)H, (long long)D);
+    char *p = (char *)cx->attn;
+    size_t hd = round_up((size_t)(H * T * D) * 4), tile = round_up((size_t)(H * w->Bq * T) * 4);
+    float **heads[7] = {&w->qh, &w->kx, &w->vx, &w->oh, &w->dkx, &w->dvx, &w->dqh};
+    for (int i = 0; i < 7; i++, p += hd) *heads[i] = (float *)p;
+    w->s = (float *)p;
+    p += tile;
+    w->dp = (float *)p;
+    p += tile;
+    w->delta = (float *)p;
+    return 0;
+}
+
+/* seq_start to the host (the tile plan) and its contract check, as the CPU twin's. */
+static int plan_host(ft_cuda_ctx *cx, const char *op, const int32_t *seq_start, int64_t T)
+{
+    if (cx->ss_cap < T) {
+        int32_t *p = (int32_t *)realloc(cx->ss_host, (size_t)T * sizeof(int32_t));
+        if (!p) return ft_err(-ENOMEM, "cuda %s: out of host memory", op);
+        cx->ss_host = p;
+        cx->ss_cap = T;
+    }
+    FT_CUDA_TRY(cudaMemcpyAsync(cx->ss_host, seq_start, (size_t)T * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, cx->stream));
+    FT_CUDA_TRY(cudaStreamSynchronize(cx->stream));
+    for (int64_t t = 0; t < T; t++) {
+        int32_t s = cx->ss_host[t];
+        int ok = t == 0 ? s == 0 : ((int64_t)s == t || s == cx->ss_host[t - 1]);
+        if (!ok)
+            return ft_err(FT_E_INVALID, "cuda %s: seq_start[%lld] = %d, expected %lld or seq_start[%lld] = %d",
+                          op, (long long)t, s, (long long)t, (long long)t - 1, t ? cx->ss_host[t - 1] : 0);
+    }
+    return 0;
+}
+
+static int check_shape(const char *op, int64_t T, int64_t H, int64_t Hkv, int64_t D)
+{
+    if (T < 0 || H < 0 || Hkv < 1 || (H % Hkv) || D < 1 || D > 1024 || T > INT32_MAX)
+        return ft_err(FT_E_INVALID, "cuda %s: T = %lld, H = %lld, Hkv = %lld, D = %lld (expected "
+                      "H a multiple of Hkv, 1 <= D <= 1024)", op, (long long)T, (long long)H,
+                      (long long)Hkv, (long long)D);
+    return 0;
+}
+
+#define LAUNCH_N(n) ft_cuda_blocks((n), 256), 256, 0, cx->stream
+
+extern "C" int ft_cuda_attention_fwd(ft_backend *be, float *out, float *lse, const float *q,
+                                     const float *k, const float *v, const int32_t *seq_start,
+                                     int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale)
+{
+    ft_cuda_ctx *cx = FT_CUDA_CTX(be);
+    FT_TRY(check_shape("attention_fwd", T, H, Hkv, D));
+    if (!T || !H) return 0;
+    attn_ws w;
+    FT_TRY(carve_ws(cx, &w, "attention_fwd", T, H, D));
+    FT_TRY(plan_host(cx, "attention_fwd", seq_start, T));
+    int64_t n = H * T * D;
+    k_to_heads<<<LAUNCH_N(n)>>>(w.qh, q, T, H, H, D);
+    k_to_heads<<<LAUNCH_N(n)>>>(w.kx, k, T, H, Hkv, D);
+    k_to_heads<<<LAUNCH_N(n)>>>(w.vx, v, T, H, Hkv, D);
+    FT_CUDA_LAUNCH("attention_fwd");
+    for (int64_t i0 = 0; i0 < T; i0 += w.Bq) {
+        int64_t nb = T - i0 < w.Bq ? T - i0 : w.Bq, i1 = i0 + nb, s0 = cx->ss_host[i0], Lk = i1 - s0;
+        /* S[h] (nb, Lk) = scale Qh[h][i0:i1] Kx[h][s0:i1]^T */
+        FT_TRY(gemm_sb(cx, 0, 1, nb, Lk, D, scale, w.qh + i0 * D, D, T * D, w.kx + s0 * D, D, T * D,
+                       0.0f, w.s, Lk, nb * Lk, H));
+        k_softmax_fwd<<<dim3((unsigned)nb, (unsigned)H), SM_THREADS, 0, cx->stream>>>(
+            w.s, lse, seq_start, i0, nb, Lk, s0, H);
+        FT_CUDA_LAUNCH("attention_fwd");
+        /* Oh[h][i0:i1] = P[h] Vx[h][s0:i1] */
+        FT_TRY(gemm_sb(cx, 0, 0, nb, D, Lk, 1.0f, w.s, Lk, nb * Lk, w.vx + s0 * D, D, T * D, 0.0f,
+                       w.oh + i0 * D, D, T * D, H));
+    }
+    k_from_heads<<<LAUNCH_N(n)>>>(out, w.oh, T, H, H, D);
+    FT_CUDA_LAUNCH("attention_fwd");
+    return 0;
+}
+
+extern "C" int ft_cuda_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv,
+                                     const float *dout, const float *q, const float *k,
+                                     const float *v, const float *out, const float *lse,
+                                     const int32_t *seq_start, int64_t T, int64_t H, int64_t Hkv,
+                                     int64_t D, float scale)
+{
+    ft_cuda_ctx *cx = FT_CUDA_CTX(be);
+    FT_TRY(check_shape("attention_bwd", T, H, Hkv, D));
+    if (!T || !H) return 0;
+    attn_ws w;
+    FT_TRY(carve_ws(cx, &w, "attention_bwd", T, H, D));
+    FT_TRY(plan_host(cx, "attention_bwd", seq_start, T));
+    int64_t n = H * T * D;
+    k_delta<<<(unsigned)((T * H + 7) / 8), 256, 0, cx->stream>>>(w.delta, dout, out, T * H, D);
+    k_to_heads<<<LAUNCH_N(n)>>>(w.qh, q, T, H, H, D);
+    k_to_heads<<<LAUNCH_N(n)>>>(w.kx, k, T, H, Hkv, D);
+    k_to_heads<<<LAUNCH_N(n)>>>(w.vx, v, T, H, Hkv, D);
+    k_to_heads<<<LAUNCH_N(n)>>>(w.oh, dout, T, H, H, D); /* oh holds dO head-major here */
+    FT_CUDA_LAUNCH("attention_bwd");
+    FT_CUDA_TRY(cudaMemsetAsync(w.dkx, 0, (size_t)n * sizeof(float), cx->stream));
+    FT_CUDA_TRY(cudaMemsetAsync(w.dvx, 0, (size_t)n * sizeof(float), cx->stream));
+    for (int64_t i0 = 0; i0 < T; i0 += w.Bq) {
+        int64_t nb = T - i0 < w.Bq ? T - i0 : w.Bq, i1 = i0 + nb, s0 = cx->ss_host[i0], Lk = i1 - s0;
+        const float *qt = w.qh + i0 * D, *dot = w.oh + i0 * D;
+        /* S = scale Q K^T, dP = dO V^T, then P and dS in place */
+        FT_TRY(gemm_sb(cx, 0, 1, nb, Lk, D, scale, qt, D, T * D, w.kx + s0 * D, D, T * D, 0.0f,
+                       w.s, Lk, nb * Lk, H));
+        FT_TRY(gemm_sb(cx, 0, 1, nb, Lk, D, 1.0f, dot, D, T * D, w.vx + s0 * D, D, T * D, 0.0f,
+                       w.dp, Lk, nb * Lk, H));
+        k_softmax_bwd<<<dim3((unsigned)nb, (unsigned)H), SM_THREADS, 0, cx->stream>>>(
+            w.s, w.dp, lse, w.delta, seq_start, i0, nb, Lk, s0, H);
+        FT_CUDA_LAUNCH("attention_bwd");
+        /* dV[h][s0:i1] += P^T dO;  dK[h][s0:i1] += scale dS^T Q;  dQ[h][i0:i1] = scale dS K */
+        FT_TRY(gemm_sb(cx, 1, 0, Lk, D, nb, 1.0f, w.s, Lk, nb * Lk, dot, D, T * D, 1.0f,
+                       w.dvx + s0 * D, D, T * D, H));
+        FT_TRY(gemm_sb(cx, 1, 0, Lk, D, nb, scale, w.dp, Lk, nb * Lk, qt, D, T * D, 1.0f,
+                       w.dkx + s0 * D, D, T * D, H));
+        FT_TRY(gemm_sb(cx, 0, 0, nb, D, Lk, scale, w.dp, Lk, nb * Lk, w.kx + s0 * D, D, T * D,
+                       0.0f, w.dqh + i0 * D, D, T * D, H));
+    }
+    k_from_heads<<<LAUNCH_N(n)>>>(dq, w.dqh, T, H, H, D);
+    k_from_heads<<<LAUNCH_N(T * Hkv * D)>>>(dk, w.dkx, T, H, Hkv, D);
+    k_from_heads<<<LAUNCH_N(T * Hkv * D)>>>(dv, w.dvx, T, H, Hkv, D);
+    FT_CUDA_LAUNCH("attention_bwd");
+    return 0;
+}

@@ -1,0 +1,105 @@
+/* cuda_common.h - the CUDA backend's private context and helpers (kernels/cuda only).
+ *
+ * Everything a CUDA op needs (stream, cuBLAS handle, a preallocated workspace) lives in one
+ * ft_cuda_ctx passed explicitly (be->ctx); there are no globals. Ops enqueue work on
+ * cx->stream and return without synchronizing; copies to host memory synchronize.
+ * Launch errors are checked after every launch (FT_CUDA_LAUNCH) and reported through ft_err.
+ */
+#ifndef FT_CUDA_COMMON_H
+#define FT_CUDA_COMMON_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "src/core/err.h"
+
+/* cuBLAS entry points, resolved with dlopen/dlsym when a CUDA backend is created (blas_dl in
+ * backend.cu), so a CPU-only run never loads the library (hundreds of MB of mappings) and a
+ * machine without it still runs ftune on the CPU. */
+typedef struct ft_cublas {
+    void *lib;
+    cublasStatus_t (*Create)(cublasHandle_t *);
+    cublasStatus_t (*Destroy)(cublasHandle_t);
+    cublasStatus_t (*SetStream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*SetMathMode)(cublasHandle_t, cublasMath_t);
+    cublasStatus_t (*SetWorkspace)(cublasHandle_t, void *, size_t);
+    const char *(*GetStatusString)(cublasStatus_t);
+    cublasStatus_t (*GemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                             const void *, const void *, cudaDataType, int, const void *,
+                             cudaDataType, int, const void *, void *, cudaDataType, int,
+                             cublasComputeType_t, cublasGemmAlgo_t);
+    cublasStatus_t (*GemmStridedBatchedEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                                           int, int, int, const void *, const void *,
+                                           cudaDataType, int, long long int, const void *,
+                                           cudaDataType, int, long long int, const void *, void *,
+                                           cudaDataType, int, long long int, int,
+                                           cublasComputeType_t, cublasGemmAlgo_t);
+} ft_cublas;
+
+typedef struct ft_cuda_ctx {
+    ft_cublas bl;
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    /* Workspace for ops that need temporaries (attention backward's row sums, reductions):
+     * allocated once at init, never in the step loop. */
+    void *work;
+    size_t work_bytes;
+    double *d_sum;          /* one double in device memory (sumsq, lm_head_ce loss) */
+    int64_t *d_count;       /* one int64 in device memory (lm_head_ce valid rows) */
+    int n_sm;               /* multiprocessor count */
+    int gemm_bf16;          /* 1: fp32 GEMMs use bf16 tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF) */
+    void *prof;             /* per-op timing state (profile.cu), NULL when never enabled */
+    void *attn;             /* attention workspace (attn_gemm.cu), sized by prepare */
+    size_t attn_bytes;
+    int32_t *ss_host;       /* host copy of seq_start (attention tile plan) */
+    int64_t ss_cap;
+} ft_cuda_ctx;
+
+#define FT_CUDA_CTX(be) ((ft_cuda_ctx *)(be)->ctx)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Turns a CUDA runtime status into -EIO (or -ENOMEM for cudaErrorMemoryAllocation) with one ft_err line naming `what`. */
+int ft_cuda_status(cudaError_t st, const char *what, const char *file, int line);
+int ft_cuda_blas_status(const ft_cublas *bl, cublasStatus_t st, const char *what, const char *file,
+                        int line);
+
+void ft_cuda_profile_free(ft_cuda_ctx *cx);
+/* Sizes the attention workspace for up to T tokens (the op table's prepare). */
+int ft_cuda_attn_prepare(ft_backend *be, int64_t T, int64_t H, int64_t Hkv, int64_t D);
+
+/* Attention (kernels/cuda/attn.cu): the op-table entries of kernels.h, same contracts. */
+int ft_cuda_attention_fwd(ft_backend *be, float *out, float *lse, const float *q, const float *k,
+                          const float *v, const int32_t *seq_start, int64_t T, int64_t H,
+                          int64_t Hkv, int64_t D, float scale);
+int ft_cuda_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                          const float *q, const float *k, const float *v, const float *out,
+                          const float *lse, const int32_t *seq_start, int64_t T, int64_t H,
+                          int64_t Hkv, int64_t D, float scale);
+int ft_cuda_attention_kv_fwd(ft_backend *be, float *out, const float *q, const float *k,
+                             const float *v, int64_t p, int64_t n_q, int64_t H, int64_t Hkv,
+                             int64_t D, float scale);
+#ifdef __cplusplus
+}
+#endif
+
+#define FT_CUDA_TRY(call) do { cudaError_t st_ = (call); \
+    if (st_ != cudaSuccess) return ft_cuda_status(st_, #call, __FILE__, __LINE__); } while (0)
+/* cx->bl.NAME(...) with the status checked; needs a ft_cuda_ctx *cx in scope. */
+#define FT_BLAS_TRY(call) do { cublasStatus_t st_ = (call); \
+    if (st_ != CUBLAS_STATUS_SUCCESS) return ft_cuda_blas_status(&cx->bl, st_, #call, __FILE__, __LINE__); } while (0)
+/* After a <<<>>> launch: a bad configuration or an earlier asynchronous fault. */
+#define FT_CUDA_LAUNCH(name) FT_CUDA_TRY(cudaGetLastError())
+
+static inline unsigned ft_cuda_blocks(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+#endif

@@ -1,0 +1,599 @@
+/* pack.c - the pack file: XXH64, the block layout, the streaming builder and the reader
+ * (see pack.h for the format). */
+#include "offload/pack.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "src/core/err.h"
+#include "src/core/fsutil.h"
+#include "offload/pack_internal.h"
+#include "src/model/quant.h"
+
+/* ---- XXH64 (xxHash spec, "XXH64 algorithm description") ------------------------------ */
+
+#define P1 0x9E3779B185EBCA87ull
+#define P2 0xC2B2AE3D27D4EB4Full
+#define P3 0x165667B19E3779F9ull
+#define P4 0x85EBCA77C2B2AE63ull
+#define P5 0x27D4EB2F165667C5ull
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t xround(uint64_t acc, uint64_t in) { return rotl64(acc + in * P2, 31) * P1; }
+static inline uint64_t xmerge(uint64_t h, uint64_t v) { return (h ^ xround(0, v)) * P1 + P4; }
+
+void ft_xxh64_init(ft_xxh64 *h, uint64_t seed)
+{
+    memset(h, 0, sizeof *h);
+    h->seed = seed;
+    h->v[0] = seed + P1 + P2;
+    h->v[1] = seed + P2;
+    h->v[2] = seed;
+    h->v[3] = seed - P1;
+}
+
+static void stripe(uint64_t *v, const uint8_t *p)
+{
+    v[0] = xround(v[0], rd64(p));
+    v[1] = xround(v[1], rd64(p + 8));
+    v[2] = xround(v[2], rd64(p + 16));
+    v[3] = xround(v[3], rd64(p + 24));
+}
+
+void ft_xxh64_update(ft_xxh64 *h, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    h->total += len;
+    if (h->buf_n) {
+        size_t k = 32 - h->buf_n < len ? 32 - h->buf_n : len;
+        memcpy(h->buf + h->buf_n, p, k);
+        h->buf_n += (uint32_t)k;
+        p += k;
+        len -= k;
+        if (h->buf_n < 32) return;
+        stripe(h->v, h->buf);
+        h->buf_n = 0;
+    }
+    for (; len >= 32; p += 32, len -= 32) stripe(h->v, p);
+    memcpy(h->buf, p, len);
+    h->buf_n = (uint32_t)len;
+}
+
+uint64_t ft_xxh64_digest(const ft_xxh64 *h)
+{
+    uint64_t r;
+    if (h->total >= 32) {
+        r = rotl64(h->v[0], 1) + rotl64(h->v[1], 7) + rotl64(h->v[2], 12) + rotl64(h->v[3], 18);
+        for (int i = 0; i < 4; i++) r = xmerge(r, h->v[i]);
+    } else {
+        r = h->seed + P5;
+    }
+    r += h->total;
+    const uint8_t *p = h->buf;
+    size_t n = h->buf_n;
+    for (; n >= 8; p += 8, n -= 8) r = rotl64(r ^ xround(0, rd64(p)), 27) * P1 + P4;
+    if (n >= 4) {
+        r = rotl64(r ^ (uint64_t)rd32(p) * P1, 23) * P2 + P3;
+        p += 4;
+        n -= 4;
+    }
+    for (; n; p++, n--) r = rotl64(r ^ (uint64_t)*p * P5, 11) * P1;
+    r ^= r >> 33;
+    r *= P2;
+    r ^= r >> 29;
+    r *= P3;
+    r ^= r >> 32;
+    return r;
+}
+
+uint64_t ft_pack_xxh64(const void *data, size_t len, uint64_t seed)
+{
+    ft_xxh64 h;
+    ft_xxh64_init(&h, seed);
+    ft_xxh64_update(&h, data, len);
+    return ft_xxh64_digest(&h);
+}
+
+/* ---- settings ---------------------------------------------------------------------------- */
+
+void ft_pack_settings_default(ft_pack_settings *s, int quant)
+{
+    s->quant = quant;
+    s->blocksize = quant == FT_PACK_QUANT_NF4 ? FT_NF4_BLOCK : 0;
+    s->nested_blocksize = quant == FT_PACK_QUANT_NF4 ? FT_NF4_NESTED_BLOCK : 0;
+}
+
+int ft_pack_quant_parse(const char *name, int *quant)
+{
+    if (name && !strcmp(name, "nf4")) *quant = FT_PACK_QUANT_NF4;
+    else if (name && !strcmp(name, "bf16")) *quant = FT_PACK_QUANT_BF16;
+    else return ft_err(FT_E_INVALID, "unknown quantization '%s' (nf4, bf16)", name ? name : "");
+    return 0;
+}
+
+const char *ft_pack_quant_name(int quant)
+{
+    return quant == FT_PACK_QUANT_NF4 ? "nf4" : quant == FT_PACK_QUANT_BF16 ? "bf16" : "unknown";
+}
+
+uint64_t ft_pack_settings_hash(const ft_pack_settings *s)
+{
+    /* everything that changes the bytes: format version, quant type, block sizes, and the
+     * dynamic map the nested absmax codes index */
+    char buf[160];
+    float map[256];
+    ft_nf4_dynamic_map(map);
+    int k = snprintf(buf, sizeof buf, "ftune-pack v%u quant=%s bs=%lld nbs=%lld map=%016llx",
+                     FT_PACK_VERSION, ft_pack_quant_name(s->quant), (long long)s->blocksize,
+                     (long long)s->nested_blocksize,
+                     (unsigned long long)ft_pack_xxh64(map, sizeof map, 0));
+    return ft_pack_xxh64(buf, (size_t)k, 0);
+}
+
+static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* ---- layout ---------------------------------------------------------------------------- */
+
+
+/* Shapes of the projections (loader.c's proj_dims, formats.md 2.3). */
+void ft_pack_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
+{
+    const int64_t C = c->hidden_size, F = c->intermediate_size;
+    const int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
+    switch (p) {
+    case FT_Q: *out = qd; *in = C; break;
+    case FT_K: case FT_V: *out = kd; *in = C; break;
+    case FT_O: *out = C; *in = qd; break;
+    case FT_GATE: case FT_UP: *out = F; *in = C; break;
+    default: *out = C; *in = F; break;
+    }
+}
+
+/* q/k/v carry a bias with attention_bias; o too for llama-type models (not qwen2). */
+int ft_pack_has_bias(const ft_model_config *c, int p)
+{
+    if (!c->attention_bias) return 0;
+    return p == FT_Q || p == FT_K || p == FT_V || (p == FT_O && strcmp(c->model_type, "qwen2"));
+}
+
+/* The tensors of block l (l = -1: global) in directory order: role, rows, cols, and
+ * whether it is a quantizable linear weight. Returns the count. */
+int ft_pack_block_slots(const ft_model_config *c, int64_t l, ft_pack_slot *out)
+{
+    int n = 0;
+    const int64_t C = c->hidden_size;
+    if (l < 0) {
+        out[n++] = (ft_pack_slot){FT_PACK_ROLE_EMBED, c->vocab_size, C, 0};
+        out[n++] = (ft_pack_slot){FT_PACK_ROLE_FINAL_NORM, C, 1, 0};
+        if (!c->tie_word_embeddings) out[n++] = (ft_pack_slot){FT_PACK_ROLE_LM_HEAD, c->vocab_size, C, 0};
+        return n;
+    }
+    out[n++] = (ft_pack_slot){FT_PACK_ROLE_ATTN_NORM, C, 1, 0};
+    out[n++] = (ft_pack_slot){FT_PACK_ROLE_FFN_NORM, C, 1, 0};
+    for (int p = 0; p < FT_N_PROJ; p++) {
+        int64_t o, i;
+        ft_pack_proj_dims(c, p, &o, &i);
+        out[n++] = (ft_pack_slot){FT_PACK_ROLE_W0 + p, o, i, 1};
+        if (ft_pack_has_bias(c, p)) out[n++] = (ft_pack_slot){FT_PACK_ROLE_B0 + p, o, 1, 0};
+    }
+    return n;
+}
+
+/* Fills the record of one tensor (offsets from *pos, advanced) for its storage dtype. */
+int ft_pack_place(ft_pack_tensor *r, const ft_pack_slot *sl, int dtype, int64_t bs, int64_t nbs,
+                 int64_t *pos)
+{
+    memset(r, 0, sizeof *r);
+    r->role = (uint32_t)sl->role;
+    r->dtype = (uint32_t)dtype;
+    r->rows = sl->rows;
+    r->cols = sl->cols;
+    int64_t n = sl->rows * sl->cols;
+    r->data_off = *pos = align_up(*pos, 64);
+    if (dtype != FT_PACK_DT_NF4) {
+        r->data_bytes = n * (dtype == FT_PACK_DT_BF16 ? 2 : 4);
+        *pos += r->data_bytes;
+        return 0;
+    }
+    ft_nf4_layout lay;
+    FT_TRY(ft_nf4_layout_init(&lay, n, bs, nbs));
+    r->blocksize = (uint32_t)bs;
+    r->nested_blocksize = (uint32_t)nbs;
+    r->data_bytes = lay.code_bytes;
+    *pos += lay.code_bytes;
+    r->absmax_off = *pos = align_up(*pos, 64);
+    *pos += nbs ? lay.n_blocks : 4 * lay.n_blocks;
+    if (nbs) {
+        r->nested_off = *pos = align_up(*pos, 64);
+        *pos += 4 * lay.n_nested;
+        r->map_off = *pos = align_up(*pos, 64);
+        *pos += 4 * 256;
+    }
+    r->code_off = *pos = align_up(*pos, 64);
+    *pos += 4 * 16;
+    return 0;
+}
+
+/* Plans block l: records (with pre-quantized sources taking their own block sizes) and
+ * the block's padded size. */
+int ft_pack_plan_block(const ft_model_config *c, const ft_pack_settings *s, const ft_pack_src *src,
+                      int64_t l, ft_pack_tensor *rec, int *n_rec, int64_t *bytes, int *pre)
+{
+    ft_pack_slot sl[FT_PACK_MAX_SLOTS];
+    int n = ft_pack_block_slots(c, l, sl);
+    int64_t pos = (int64_t)n * (int64_t)sizeof(ft_pack_tensor);
+    for (int i = 0; i < n; i++) {
+        int dt = sl[i].linear ? (s->quant == FT_PACK_QUANT_NF4 ? FT_PACK_DT_NF4 : FT_PACK_DT_BF16)
+                              : sl[i].cols == 1 ? FT_PACK_DT_F32 : FT_PACK_DT_BF16;
+        int64_t bs = s->blocksize, nbs = s->nested_blocksize;
+        pre[i] = 0;
+        if (sl[i].linear && src->read_nf4) {
+            ft_nf4_view v;
+            int k = src->read_nf4(src->user, l, sl[i].role, &v);
+            if (k < 0) return k;
+            if (k > 0) {
+                if (v.lay.n != sl[i].rows * sl[i].cols)
+                    return ft_err(FT_E_INVALID, "layer %lld %s: pre-quantized weight has %lld "
+                                  "elements, expected %lld", (long long)l,
+                                  ft_proj_name[sl[i].role - FT_PACK_ROLE_W0], (long long)v.lay.n,
+                                  (long long)(sl[i].rows * sl[i].cols));
+                pre[i] = 1;
+                if (dt == FT_PACK_DT_NF4) {
+                    bs = v.lay.blocksize;
+                    nbs = v.lay.nested_blocksize;
+                }
+            }
+        }
+        FT_TRY(ft_pack_place(&rec[i], &sl[i], dt, bs, nbs, &pos));
+    }
+    *n_rec = n;
+    *bytes = align_up(pos, FT_PACK_ALIGN);
+    return 0;
+}
+
+/* ---- reading ---------------------------------------------------------------------------- */
+
+struct ft_pack_file {
+    char path[4200];
+    int fd;
+    ft_pack_hdr hdr;
+    ft_pack_block *blocks;     /* n_blocks */
+    ft_model_config cfg;
+};
+
+static int pread_all(int fd, void *buf, size_t n, int64_t off, const char *path)
+{
+    char *p = buf;
+    while (n) {
+        size_t k = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t r = pread(fd, p, k, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return ft_err(-errno, "%s: read failed at offset %lld: %s", path, (long long)off,
+                                 strerror(errno));
+        if (r == 0) return ft_err(FT_E_CORRUPT, "%s: unexpected end of file at offset %lld "
+                                  "(truncated pack)", path, (long long)off);
+        p += r;
+        n -= (size_t)r;
+        off += r;
+    }
+    return 0;
+}
+
+static int check_header(ft_pack_file *p, const uint8_t *raw, int64_t size)
+{
+    const ft_pack_hdr *h = &p->hdr;
+    const char *path = p->path;
+    ft_pack_hdr z = *h;
+    z.complete = 0;
+    z.header_sum = 0;
+    uint8_t *tmp = malloc(h->header_bytes);
+    if (!tmp) return ft_err(-ENOMEM, "%s: out of memory", path);
+    memcpy(tmp, raw, h->header_bytes);
+    memcpy(tmp, &z, sizeof z);
+    uint32_t sum = (uint32_t)ft_pack_xxh64(tmp, h->header_bytes, 0);
+    free(tmp);
+    if (sum != h->header_sum)
+        return ft_err(FT_E_CORRUPT, "%s: offset 0: header checksum %08x, expected %08x (corrupt "
+                      "header)", path, sum, h->header_sum);
+    if (h->complete != FT_PACK_COMPLETE)
+        return ft_err(FT_E_CORRUPT, "%s: offset %zu: complete flag is %08x, expected %08x (the "
+                      "build did not finish)", path, offsetof(ft_pack_hdr, complete), h->complete,
+                      FT_PACK_COMPLETE);
+    if ((int64_t)h->file_bytes != size)
+        return ft_err(FT_E_CORRUPT, "%s: file is %lld bytes, the header says %llu (truncated or "
+                      "extended)", path, (long long)size, (unsigned long long)h->file_bytes);
+    if (h->quant != FT_PACK_QUANT_NF4 && h->quant != FT_PACK_QUANT_BF16)
+        return ft_err(FT_E_CORRUPT, "%s: offset %zu: quant %u unknown", path,
+                      offsetof(ft_pack_hdr, quant), h->quant);
+    if (h->n_blocks != h->n_layers + 1 || h->n_layers < 1 ||
+        h->block_table_off < (int64_t)sizeof *h || h->config_off < (int64_t)sizeof *h ||
+        h->config_off + (int64_t)h->config_bytes > (int64_t)h->header_bytes ||
+        h->block_table_off + (int64_t)h->n_blocks * 32 > (int64_t)h->header_bytes)
+        return ft_err(FT_E_CORRUPT, "%s: header fields out of range (n_layers %u, n_blocks %u, "
+                      "config at %lld+%u, block table at %lld, header %u bytes)", path, h->n_layers,
+                      h->n_blocks, (long long)h->config_off, h->config_bytes,
+                      (long long)h->block_table_off, h->header_bytes);
+    FT_TRY(ft_config_parse(&p->cfg, (const char *)raw + h->config_off, h->config_bytes, path));
+    if (p->cfg.num_hidden_layers != h->n_layers)
+        return ft_err(FT_E_CORRUPT, "%s: %u layers in the header, %lld in the stored config", path,
+                      h->n_layers, (long long)p->cfg.num_hidden_layers);
+    p->blocks = malloc(sizeof *p->blocks * h->n_blocks);
+    if (!p->blocks) return ft_err(-ENOMEM, "%s: out of memory", path);
+    memcpy(p->blocks, raw + h->block_table_off, sizeof *p->blocks * h->n_blocks);
+    uint64_t pos = h->header_bytes;
+    for (uint32_t i = 0; i < h->n_blocks; i++) {
+        const ft_pack_block *b = &p->blocks[i];
+        uint32_t want = i < h->n_layers ? i : FT_PACK_GLOBAL;
+        if (b->offset != pos || b->offset % FT_PACK_ALIGN || b->bytes % FT_PACK_ALIGN ||
+            b->bytes < FT_PACK_ALIGN || b->bytes > h->file_bytes - b->offset || b->layer != want ||
+            b->n_tensors < 1 || b->n_tensors > FT_PACK_MAX_SLOTS ||
+            b->n_tensors * sizeof(ft_pack_tensor) > b->bytes)
+            return ft_err(FT_E_CORRUPT, "%s: block table entry %u (offset %llu, %llu bytes, layer "
+                          "%u, %u tensors): expected the block of layer %u at offset %llu", path, i,
+                          (unsigned long long)b->offset, (unsigned long long)b->bytes, b->layer,
+                          b->n_tensors, want, (unsigned long long)pos);
+        pos += b->bytes;
+    }
+    if (pos != h->file_bytes)
+        return ft_err(FT_E_CORRUPT, "%s: blocks end at %llu, the file at %llu", path,
+                      (unsigned long long)pos, (unsigned long long)h->file_bytes);
+    return 0;
+}
+
+int ft_pack_open(ft_pack_file **out, const char *path, int verify)
+{
+    *out = NULL;
+    ft_pack_file *p = calloc(1, sizeof *p);
+    if (!p) return ft_err(-ENOMEM, "%s: out of memory", path);
+    snprintf(p->path, sizeof p->path, "%s", path);
+    p->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (p->fd < 0) {
+        int e = errno;
+        free(p);
+        return ft_err(-e, "%s: cannot open pack: %s", path, strerror(e));
+    }
+    struct stat sb;
+    int rc = fstat(p->fd, &sb) < 0 ? ft_err(-errno, "%s: stat: %s", path, strerror(errno)) : 0;
+    if (!rc && (int64_t)sb.st_size < (int64_t)sizeof p->hdr)
+        rc = ft_err(FT_E_CORRUPT, "%s: %lld bytes, too short for a pack header (%zu)", path,
+                    (long long)sb.st_size, sizeof p->hdr);
+    if (!rc) rc = pread_all(p->fd, &p->hdr, sizeof p->hdr, 0, path);
+    if (!rc && memcmp(p->hdr.magic, FT_PACK_MAGIC, 8))
+        rc = ft_err(FT_E_CORRUPT, "%s: offset 0: not an ftune pack (bad magic)", path);
+    if (!rc && p->hdr.version != FT_PACK_VERSION)
+        rc = ft_err(FT_E_UNSUPPORTED, "%s: offset 8: pack version %u, this ftune reads %u", path,
+                    p->hdr.version, FT_PACK_VERSION);
+    if (!rc && (p->hdr.header_bytes % FT_PACK_ALIGN || p->hdr.header_bytes == 0 ||
+                p->hdr.header_bytes > (64u << 20) || (int64_t)p->hdr.header_bytes > sb.st_size))
+        rc = ft_err(FT_E_CORRUPT, "%s: offset 12: header size %u (expected a multiple of %d within "
+                    "the file)", path, p->hdr.header_bytes, FT_PACK_ALIGN);
+    uint8_t *raw = NULL;
+    if (!rc && !(raw = malloc(p->hdr.header_bytes))) rc = ft_err(-ENOMEM, "%s: out of memory", path);
+    if (!rc) rc = pread_all(p->fd, raw, p->hdr.header_bytes, 0, path);
+    if (!rc) rc = check_header(p, raw, (int64_t)sb.st_size);
+    free(raw);
+    if (!rc && verify) rc = ft_pack_verify(p);
+    if (rc < 0) {
+        ft_pack_close(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+void ft_pack_close(ft_pack_file *p)
+{
+    if (!p) return;
+    if (p->fd >= 0) close(p->fd);
+    free(p->blocks);
+    free(p);
+}
+
+const ft_pack_hdr *ft_pack_header(const ft_pack_file *p) { return &p->hdr; }
+const ft_model_config *ft_pack_config(const ft_pack_file *p) { return &p->cfg; }
+const char *ft_pack_path(const ft_pack_file *p) { return p->path; }
+
+static const ft_pack_block *block_of(const ft_pack_file *p, int64_t l)
+{
+    if (l < -1 || l >= (int64_t)p->hdr.n_layers) return NULL;
+    return &p->blocks[l < 0 ? p->hdr.n_layers : (uint32_t)l];
+}
+
+size_t ft_pack_block_bytes(const ft_pack_file *p, int64_t l)
+{
+    const ft_pack_block *b = block_of(p, l);
+    return b ? (size_t)b->bytes : 0;
+}
+
+size_t ft_pack_max_layer_bytes(const ft_pack_file *p)
+{
+    size_t m = 0;
+    for (uint32_t i = 0; i < p->hdr.n_layers; i++)
+        if (p->blocks[i].bytes > m) m = (size_t)p->blocks[i].bytes;
+    return m;
+}
+
+int ft_pack_read_block(ft_pack_file *p, int64_t l, void *buf, size_t buf_bytes, int verify)
+{
+    const ft_pack_block *b = block_of(p, l);
+    if (!b) return ft_err(FT_E_RANGE, "%s: no layer %lld", p->path, (long long)l);
+    if (buf_bytes < b->bytes)
+        return ft_err(FT_E_RANGE, "%s: layer %lld block is %llu bytes, buffer %zu", p->path,
+                      (long long)l, (unsigned long long)b->bytes, buf_bytes);
+    FT_TRY(pread_all(p->fd, buf, (size_t)b->bytes, (int64_t)b->offset, p->path));
+    if (verify) {
+        uint64_t h = ft_pack_xxh64(buf, (size_t)b->bytes, 0);
+        if (h != b->checksum)
+            return ft_err(FT_E_CORRUPT, "%s: block of layer %lld (offset %llu, %llu bytes): checksum "
+                          "%016llx, expected %016llx (corrupt pack)", p->path, (long long)l,
+                          (unsigned long long)b->offset, (unsigned long long)b->bytes,
+                          (unsigned long long)h, (unsigned long long)b->checksum);
+    }
+    return 0;
+}
+
+int ft_pack_verify(ft_pack_file *p)
+{
+    const size_t chunk = (size_t)8 << 20;
+    uint8_t *buf = malloc(chunk);
+    if (!buf) return ft_err(-ENOMEM, "%s: out of memory", p->path);
+    int rc = 0;
+    for (uint32_t i = 0; i < p->hdr.n_blocks && !rc; i++) {
+        const ft_pack_block *b = &p->blocks[i];
+        ft_xxh64 h;
+        ft_xxh64_init(&h, 0);
+        for (uint64_t o = 0; o < b->bytes && !rc; o += chunk) {
+            size_t k = b->bytes - o < chunk ? (size_t)(b->bytes - o) : chunk;
+            rc = pread_all(p->fd, buf, k, (int64_t)(b->offset + o), p->path);
+            if (!rc) ft_xxh64_update(&h, buf, k);
+        }
+        uint64_t d = ft_xxh64_digest(&h);
+        if (!rc && d != b->checksum)
+            rc = ft_err(FT_E_CORRUPT, "%s: block %u (%s %d, offset %llu, %llu bytes): checksum "
+                        "%016llx, expected %016llx (corrupt pack)", p->path, i,
+                        b->layer == FT_PACK_GLOBAL ? "embeddings/head" : "layer",
+                        b->layer == FT_PACK_GLOBAL ? -1 : (int)b->layer,
+                        (unsigned long long)b->offset, (unsigned long long)b->bytes,
+                        (unsigned long long)d, (unsigned long long)b->checksum);
+    }
+    free(buf);
+    return rc;
+}
+
+int64_t ft_pack_layer_floats(const ft_model_config *cfg)
+{
+    int64_t n = 2 * pad16(cfg->hidden_size);
+    for (int p = 0; p < FT_N_PROJ; p++) {
+        int64_t o, i;
+        ft_pack_proj_dims(cfg, p, &o, &i);
+        n += pad16(o * i) + (ft_pack_has_bias(cfg, p) ? pad16(o) : 0);
+    }
+    return n;
+}
+
+/* Checks one record against its expected slot and the block bounds. */
+static int check_record(const ft_pack_file *p, int64_t l, const ft_pack_tensor *r, const ft_pack_slot *sl,
+                        uint64_t blk_bytes)
+{
+    const char *path = p->path;
+    int ok = r->role == (uint32_t)sl->role && r->rows == sl->rows && r->cols == sl->cols;
+    int64_t n = sl->rows * sl->cols, end = 0;
+    if (ok && r->dtype == FT_PACK_DT_BF16) ok = r->data_bytes == 2 * n;
+    else if (ok && r->dtype == FT_PACK_DT_F32) ok = r->data_bytes == 4 * n;
+    else if (ok && r->dtype == FT_PACK_DT_NF4 && sl->linear) {
+        ft_nf4_layout lay;
+        ok = ft_nf4_layout_init(&lay, n, r->blocksize, r->nested_blocksize) == 0 &&
+             r->data_bytes == lay.code_bytes;
+        int64_t ends[4] = {r->absmax_off + (lay.nested_blocksize ? lay.n_blocks : 4 * lay.n_blocks),
+                           r->nested_off + 4 * lay.n_nested, r->map_off + 4 * 256, r->code_off + 64};
+        int64_t starts[4] = {r->absmax_off, r->nested_off, r->map_off, r->code_off};
+        for (int k = 0; ok && k < 4; k++) {
+            if (k >= 1 && k <= 2 && !lay.nested_blocksize) continue;
+            ok = starts[k] >= 0 && starts[k] % 4 == 0 && ends[k] <= (int64_t)blk_bytes;
+        }
+    } else {
+        ok = 0;
+    }
+    end = r->data_off + r->data_bytes;
+    if (ok) ok = r->data_off >= 0 && r->data_off % 4 == 0 && end <= (int64_t)blk_bytes;
+    if (!ok)
+        return ft_err(FT_E_CORRUPT, "%s: layer %lld: tensor record (role %u, dtype %u, %lld x %lld, "
+                      "data %lld+%lld) does not match the expected role %d of shape %lld x %lld "
+                      "within a %llu-byte block", path, (long long)l, r->role, r->dtype,
+                      (long long)r->rows, (long long)r->cols, (long long)r->data_off,
+                      (long long)r->data_bytes, sl->role, (long long)sl->rows, (long long)sl->cols,
+                      (unsigned long long)blk_bytes);
+    return 0;
+}
+
+int ft_pack_block_dir(const ft_pack_file *p, int64_t l, const void *buf, const ft_pack_tensor **dir,
+                      int64_t *n)
+{
+    const ft_pack_block *b = block_of(p, l);
+    if (!b) return ft_err(FT_E_RANGE, "%s: no layer %lld", p->path, (long long)l);
+    ft_pack_slot sl[FT_PACK_MAX_SLOTS];
+    int ns = ft_pack_block_slots(&p->cfg, l, sl);
+    if ((int)b->n_tensors != ns)
+        return ft_err(FT_E_CORRUPT, "%s: layer %lld block has %u tensors, expected %d", p->path,
+                      (long long)l, b->n_tensors, ns);
+    const ft_pack_tensor *d = buf;
+    for (int i = 0; i < ns; i++) FT_TRY(check_record(p, l, &d[i], &sl[i], b->bytes));
+    *dir = d;
+    *n = ns;
+    return 0;
+}
+
+/* fp32 values of one record into dst. */
+static int record_f32(const ft_pack_tensor *r, const uint8_t *blk, float *dst)
+{
+    int64_t n = r->rows * r->cols;
+    if (r->dtype == FT_PACK_DT_F32) {
+        memcpy(dst, blk + r->data_off, (size_t)n * 4);
+        return 0;
+    }
+    if (r->dtype == FT_PACK_DT_BF16) {
+        const uint8_t *s = blk + r->data_off;
+#pragma omp parallel for schedule(static) if (n > 262144)
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            uint32_t u = (uint32_t)h << 16;
+            memcpy(&dst[i], &u, 4);
+        }
+        return 0;
+    }
+    ft_nf4_view v;
+    FT_TRY(ft_nf4_layout_init(&v.lay, n, r->blocksize, r->nested_blocksize));
+    v.codes = blk + r->data_off;
+    v.qabsmax = r->nested_blocksize ? blk + r->absmax_off : NULL;
+    v.absmax = r->nested_blocksize ? NULL : (const float *)(blk + r->absmax_off);
+    v.nested_absmax = r->nested_blocksize ? (const float *)(blk + r->nested_off) : NULL;
+    v.nested_map = r->nested_blocksize ? (const float *)(blk + r->map_off) : NULL;
+    v.code = (const float *)(blk + r->code_off);
+    v.offset = r->offset;
+    return ft_nf4_dequant(&v, dst);
+}
+
+int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, float *dst,
+                          ft_layer_weights *w)
+{
+    if (l < 0 || l >= (int64_t)p->hdr.n_layers)
+        return ft_err(FT_E_RANGE, "%s: no layer %lld", p->path, (long long)l);
+    const ft_pack_tensor *d;
+    int64_t n;
+    FT_TRY(ft_pack_block_dir(p, l, buf, &d, &n));
+    const ft_model_config *c = &p->cfg;
+    memset(w, 0, sizeof *w);
+    float *q = dst;
+    w->attn_norm = q;
+    q += pad16(c->hidden_size);
+    w->ffn_norm = q;
+    q += pad16(c->hidden_size);
+    for (int k = 0; k < FT_N_PROJ; k++) {
+        ft_linear *li = &w->proj[k];
+        ft_pack_proj_dims(c, k, &li->out_n, &li->in_n);
+        li->w = q;
+        q += pad16(li->out_n * li->in_n);
+        if (ft_pack_has_bias(c, k)) {
+            li->b = q;
+            q += pad16(li->out_n);
+        }
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const ft_pack_tensor *r = &d[i];
+        float *to = r->role == FT_PACK_ROLE_ATTN_NORM ? w->attn_norm
+                  : r->role == FT_PACK_ROLE_FFN_NORM  ? w->ffn_norm
+                  : r->role < FT_PACK_ROLE_B0         ? w->proj[r->role - FT_PACK_ROLE_W0].w
+                                                      : w->proj[r->role - FT_PACK_ROLE_B0].b;
+        FT_TRY(record_f32(r, buf, to));
+    }
+    return 0;
+}

@@ -1,0 +1,243 @@
+/* pack.h - the packed base-weight file: one contiguous 4 KiB-aligned block per layer.
+ *
+ * File layout (all little-endian; DESIGN.md "Memory and I/O", STYLE C15):
+ *   [0, header_bytes)   ft_pack_hdr, then the config.json text (config_off, config_bytes),
+ *                       then n_blocks ft_pack_block entries (block_table_off); zero padding
+ *                       to a multiple of 4096.
+ *   block i < n_layers  layer i: the tensor directory (n_tensors ft_pack_tensor records),
+ *                       then each tensor's data at 64-byte aligned block-relative offsets:
+ *                       input/post-attention RMSNorm weights (F32), the seven projection
+ *                       weights (NF4 with its quant state, or BF16), biases if any (F32).
+ *   block n_layers      embed_tokens (BF16), the final norm (F32), lm_head (BF16, untied only).
+ *   Each block starts at a multiple of 4096 and is zero-padded to one (O_DIRECT reads).
+ * NF4 tensors are bnb's layout (src/model/nf4.h): codes (rows*cols+1)/2 bytes, high nibble
+ * first; nested: qabsmax U8 [n_blocks], nested_absmax F32, the 256-entry dynamic map, the
+ * fp32 offset (in the record); not nested: absmax F32 [n_blocks]; plus the 16-entry code.
+ * Integrity: each block's xxh64 (seed 0) is in the table; the header carries the model
+ * identity (hash of config.json and every tensor header of the source), a hash of the
+ * quantization settings, the file size, a header checksum, and the complete flag, which is
+ * written last (after the blocks are fsynced); files are written under a temporary name
+ * and renamed. Readers reject anything that does not check out (FT_E_CORRUPT with the
+ * offset and what was expected).
+ */
+#ifndef FT_PACK_H
+#define FT_PACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/model/config.h"
+#include "src/model/model.h"
+#include "src/model/nf4.h"
+
+#define FT_PACK_MAGIC "FTPACK\0\1"
+#define FT_PACK_VERSION 1u
+#define FT_PACK_ALIGN 4096
+#define FT_PACK_COMPLETE 0x454c504du /* "MPLE" */
+#define FT_PACK_GLOBAL 0xFFFFFFFFu   /* ft_pack_block.layer of the embeddings/head block */
+
+enum ft_pack_quant { FT_PACK_QUANT_BF16 = 1, FT_PACK_QUANT_NF4 = 2 };
+enum ft_pack_dtype { FT_PACK_DT_BF16 = 1, FT_PACK_DT_F32 = 2, FT_PACK_DT_NF4 = 3 };
+/* Tensor roles: per layer ATTN_NORM, FFN_NORM, W0 + p and B0 + p (p = enum ft_proj);
+ * global block EMBED, FINAL_NORM, LM_HEAD. */
+enum ft_pack_role {
+    FT_PACK_ROLE_ATTN_NORM = 1, FT_PACK_ROLE_FFN_NORM = 2,
+    FT_PACK_ROLE_W0 = 16, FT_PACK_ROLE_B0 = 32,
+    FT_PACK_ROLE_EMBED = 48, FT_PACK_ROLE_FINAL_NORM = 49, FT_PACK_ROLE_LM_HEAD = 50,
+};
+
+typedef struct ft_pack_hdr {
+    char magic[8];             /* FT_PACK_MAGIC */
+    uint32_t version;          /* FT_PACK_VERSION */
+    uint32_t header_bytes;     /* bytes before block 0, a multiple of FT_PACK_ALIGN */
+    uint32_t quant;            /* enum ft_pack_quant */
+    uint32_t blocksize;        /* NF4 elements per absmax (64); 0 for BF16 packs */
+    uint32_t nested_blocksize; /* 256; 0 = no double quantization */
+    uint32_t n_layers;
+    uint32_t n_blocks;         /* n_layers + 1 */
+    uint32_t config_bytes;     /* config.json text length */
+    int64_t config_off;
+    int64_t block_table_off;
+    uint64_t identity;         /* model identity (ft_pack_model_identity) */
+    uint64_t settings;         /* hash of the quantization settings (ft_pack_settings_hash) */
+    uint64_t file_bytes;       /* total file size */
+    int64_t reserved0, reserved1;
+    uint32_t complete;         /* FT_PACK_COMPLETE, written last */
+    uint32_t header_sum;       /* low 32 bits of xxh64([0, header_bytes) with complete and
+                                * header_sum read as 0) */
+} ft_pack_hdr;
+_Static_assert(sizeof(ft_pack_hdr) == 104, "ft_pack_hdr must have no padding");
+
+typedef struct ft_pack_block {
+    uint64_t offset;           /* file offset, a multiple of FT_PACK_ALIGN */
+    uint64_t bytes;            /* a multiple of FT_PACK_ALIGN (zero padding included) */
+    uint64_t checksum;         /* xxh64 of the block's bytes, seed 0 */
+    uint32_t layer;            /* 0..n_layers-1, or FT_PACK_GLOBAL */
+    uint32_t n_tensors;
+} ft_pack_block;
+_Static_assert(sizeof(ft_pack_block) == 32, "ft_pack_block must have no padding");
+
+typedef struct ft_pack_tensor {
+    uint32_t role;             /* enum ft_pack_role */
+    uint32_t dtype;            /* enum ft_pack_dtype */
+    int64_t rows, cols;        /* (out, in) for linears and embeddings; (n, 1) for vectors */
+    int64_t data_off;          /* block-relative: the values (BF16/F32) or NF4 codes */
+    int64_t data_bytes;
+    int64_t absmax_off;        /* NF4: qabsmax U8 (nested) or absmax F32 */
+    int64_t nested_off;        /* NF4 nested: nested_absmax F32 */
+    int64_t map_off;           /* NF4 nested: the 256-entry dynamic map F32 */
+    int64_t code_off;          /* NF4: the 16-entry code F32 */
+    uint32_t blocksize, nested_blocksize;
+    float offset;              /* NF4 nested: mean of the absmax values */
+    uint32_t pad;
+} ft_pack_tensor;
+_Static_assert(sizeof(ft_pack_tensor) == 88, "ft_pack_tensor must have no padding");
+
+/* ---- hashing ------------------------------------------------------------------------ */
+
+/* XXH64 (Yann Collet's xxHash, 64-bit variant), one shot. */
+uint64_t ft_pack_xxh64(const void *data, size_t len, uint64_t seed);
+
+/* Streaming XXH64: init, update any number of times, digest. */
+typedef struct ft_xxh64 {
+    uint64_t v[4], total;
+    uint8_t buf[32];
+    uint32_t buf_n;
+    uint64_t seed;
+} ft_xxh64;
+void ft_xxh64_init(ft_xxh64 *h, uint64_t seed);
+void ft_xxh64_update(ft_xxh64 *h, const void *data, size_t len);
+uint64_t ft_xxh64_digest(const ft_xxh64 *h);
+
+/* ---- settings ------------------------------------------------------------------------ */
+
+typedef struct ft_pack_settings {
+    int quant;                 /* enum ft_pack_quant */
+    int64_t blocksize;         /* NF4: 64 */
+    int64_t nested_blocksize;  /* NF4: 256 (0 = absmax kept as fp32) */
+} ft_pack_settings;
+
+/* Defaults for a quant type: NF4 blocksize 64 with double quantization in blocks of 256. */
+void ft_pack_settings_default(ft_pack_settings *s, int quant);
+/* Parses "nf4" / "bf16" into *quant; FT_E_INVALID (message lists the choices) otherwise. */
+int ft_pack_quant_parse(const char *name, int *quant);
+const char *ft_pack_quant_name(int quant);
+/* Hash of everything that changes the bytes of a pack besides the model. */
+uint64_t ft_pack_settings_hash(const ft_pack_settings *s);
+
+/* ---- building -------------------------------------------------------------------------- */
+
+/* Where the builder gets tensors from. Rows are the outer dimension (out for linears, V for
+ * embeddings, n for vectors with cols = 1). */
+typedef struct ft_pack_src {
+    void *user;
+    /* Writes rows [row0, row0 + n_rows) of tensor `role` of `layer` (-1 for the global
+     * block) as fp32 into dst (n_rows * cols floats). Returns 0 or an error. */
+    int (*read_f32)(void *user, int64_t layer, int role, int64_t row0, int64_t n_rows,
+                    int64_t cols, float *dst);
+    /* Optional (may be NULL): when the source holds this tensor already in NF4 (a
+     * bitsandbytes checkpoint), fills *v and returns 1; returns 0 if it does not. */
+    int (*read_nf4)(void *user, int64_t layer, int role, ft_nf4_view *v);
+    /* Optional: the builder is done with the source bytes of (layer, role). */
+    void (*release)(void *user, int64_t layer, int role);
+} ft_pack_src;
+
+typedef struct ft_pack_stats {
+    double seconds;
+    uint64_t file_bytes;
+    int64_t peak_rss_bytes;    /* getrusage ru_maxrss after the build (whole process) */
+    int64_t buffer_bytes;      /* the builder's own largest allocation set */
+    int64_t max_layer_bytes;   /* largest layer block in the pack */
+    int64_t max_layer_src_bf16_bytes; /* largest layer as bf16 in the source */
+} ft_pack_stats;
+
+/* Builds a pack at `path` from src, tensor by tensor: layer blocks are assembled in one
+ * buffer of the largest layer block (sources converted in row chunks of at most 16 Mi
+ * floats), the global block is streamed in chunks. Written to "<path>.tmp.<pid>", fsynced,
+ * the complete flag written last, fsynced, renamed. cfg: the model (layer count and
+ * shapes); config_json: its text (stored in the pack); identity: the model identity.
+ * Returns 0 or an error (-errno, FT_E_NUMERIC for a non-finite weight, source errors);
+ * on error nothing is left under path. */
+int ft_pack_build(const char *path, const ft_model_config *cfg, const char *config_json,
+                  size_t config_len, uint64_t identity, const ft_pack_settings *s,
+                  const ft_pack_src *src, ft_pack_stats *st);
+
+/* ---- reading --------------------------------------------------------------------------- */
+
+typedef struct ft_pack_file ft_pack_file;
+
+/* Opens and validates a pack: magic, version, header checksum, complete flag, file size,
+ * block table (aligned, in bounds, in order, one block per layer and the global block),
+ * the stored config.json, and with verify != 0 every block's checksum (reads the file).
+ * Errors name the path and the offset: FT_E_CORRUPT, FT_E_UNSUPPORTED (version), -errno. */
+int ft_pack_open(ft_pack_file **out, const char *path, int verify);
+void ft_pack_close(ft_pack_file *p); /* NULL-safe */
+
+const ft_pack_hdr *ft_pack_header(const ft_pack_file *p);
+const ft_model_config *ft_pack_config(const ft_pack_file *p);
+const char *ft_pack_path(const ft_pack_file *p);
+/* Bytes of layer l's block (l = -1: the global block); 0 if out of range. */
+size_t ft_pack_block_bytes(const ft_pack_file *p, int64_t l);
+/* The largest layer block (not counting the global block). */
+size_t ft_pack_max_layer_bytes(const ft_pack_file *p);
+
+/* Reads layer l's block (l = -1: the global block) into buf (buf_bytes >= its size; 4096-
+ * aligned buffers are ready for O_DIRECT later) with pread; with verify != 0 checks its
+ * xxh64. Returns 0, -errno or FT_E_CORRUPT (short read, checksum). */
+int ft_pack_read_block(ft_pack_file *p, int64_t l, void *buf, size_t buf_bytes, int verify);
+
+/* Checks every block's checksum. Returns 0 or FT_E_CORRUPT naming the first bad block. */
+int ft_pack_verify(ft_pack_file *p);
+
+/* Floats a layer needs in fp32 (norms, the seven weights, biases; each 16-float aligned). */
+int64_t ft_pack_layer_floats(const ft_model_config *cfg);
+
+/* Turns layer l's block (read into buf) into fp32 weights: dequantizes NF4 (bitsandbytes
+ * arithmetic, nf4.h), widens BF16, copies F32 into dst (ft_pack_layer_floats floats, 64-byte
+ * aligned) and points w's arrays into dst. Checks every record against the pack's config
+ * (roles, shapes, offsets within the block). Returns 0 or FT_E_CORRUPT. */
+int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, float *dst,
+                          ft_layer_weights *w);
+
+/* The tensor directory of a block read into buf: *n entries; FT_E_CORRUPT if malformed. */
+int ft_pack_block_dir(const ft_pack_file *p, int64_t l, const void *buf, const ft_pack_tensor **dir,
+                      int64_t *n);
+
+/* ---- the cache (pack_src.c) ------------------------------------------------------------ */
+
+/* Identity of a model folder (config.json + every safetensors header, with file names and
+ * sizes) or a GGUF file (its bytes before the tensor data, and its size). */
+int ft_pack_model_identity(const char *model, uint64_t *identity);
+
+/* Default cache directory: $XDG_CACHE_HOME/ftune/packs, else $HOME/.cache/ftune/packs. */
+int ft_pack_default_cache_dir(char *out, size_t n);
+
+/* The cache file name for (identity, settings) under dir. */
+int ft_pack_cache_path(char *out, size_t n, const char *dir, uint64_t identity,
+                       const ft_pack_settings *s);
+
+enum ft_pack_action { FT_PACK_REUSED = 1, FT_PACK_BUILT, FT_PACK_REBUILT };
+
+typedef struct ft_pack_ensure_info {
+    int action;                /* enum ft_pack_action */
+    char path[4200];
+    char reason[512];          /* why an existing file was rebuilt ("" otherwise) */
+    ft_pack_stats stats;       /* when built */
+    uint64_t identity;
+} ft_pack_ensure_info;
+
+/* Finds or makes the pack of `model` (a HF folder, possibly a bitsandbytes 4-bit
+ * checkpoint, or a GGUF file) for settings s under cache_dir (NULL: the default): a pack
+ * written by `ftune init-model --pack` inside the folder is used when its settings match;
+ * else the cached file is reused when it opens, its identity and settings match and every
+ * checksum verifies; otherwise it is (re)built, with the reason in info->reason ("block 3:
+ * checksum ..."). force != 0 always rebuilds. Safetensors are streamed tensor by tensor;
+ * a GGUF file is loaded (dequantized) first. Returns 0 or an error. */
+int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_settings *s,
+                   int force, ft_pack_ensure_info *info);
+
+/* The file name init-model gives a pack it writes into a model folder. */
+#define FT_PACK_LOCAL_NF4 "model-nf4.ftpack"
+#define FT_PACK_LOCAL_BF16 "model-bf16.ftpack"
+
+#endif

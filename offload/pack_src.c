@@ -1,0 +1,478 @@
+/* pack_src.c - where packs come from and where they are kept: the model sources for the
+ * builder (a HF folder streamed tensor by tensor, bitsandbytes 4-bit weights copied as they
+ * are, a GGUF file through the loader), the model identity, the cache directory and
+ * ft_pack_ensure (see pack.h). */
+#include "offload/pack.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "offload/pack_internal.h"
+#include "src/core/err.h"
+#include "src/core/fsutil.h"
+#include "src/model/bnb4.h"
+#include "src/model/gguf.h"
+#include "src/model/safetensors.h"
+
+/* ---- HF folder source --------------------------------------------------------------------- */
+
+typedef struct hf_src {
+    const char *dir;
+    const ft_model_config *cfg;
+    ft_st_set *set;
+    ft_bnb4_tensor bnb;        /* the bnb weight being packed (one at a time) */
+    char bnb_name[256];
+} hf_src;
+
+static int hf_name(const ft_model_config *c, int64_t l, int role, char *out, size_t n)
+{
+    (void)c;
+    int k;
+    if (l < 0) {
+        const char *s = role == FT_PACK_ROLE_EMBED ? "model.embed_tokens.weight"
+                      : role == FT_PACK_ROLE_FINAL_NORM ? "model.norm.weight" : "lm_head.weight";
+        k = snprintf(out, n, "%s", s);
+    } else if (role == FT_PACK_ROLE_ATTN_NORM || role == FT_PACK_ROLE_FFN_NORM) {
+        k = snprintf(out, n, "model.layers.%lld.%s.weight", (long long)l,
+                     role == FT_PACK_ROLE_ATTN_NORM ? "input_layernorm" : "post_attention_layernorm");
+    } else {
+        int p = role >= FT_PACK_ROLE_B0 ? role - FT_PACK_ROLE_B0 : role - FT_PACK_ROLE_W0;
+        k = snprintf(out, n, "model.layers.%lld.%s.%s.%s", (long long)l, ft_proj_parent[p],
+                     ft_proj_name[p], role >= FT_PACK_ROLE_B0 ? "bias" : "weight");
+    }
+    return k < (int)n ? 0 : ft_err(FT_E_RANGE, "tensor name too long");
+}
+
+/* Opens (or keeps) the bnb state of weight `name` of shape rows x cols. */
+static int hf_bnb(hf_src *h, const char *name, int64_t rows, int64_t cols)
+{
+    if (h->bnb.owned && !strcmp(h->bnb_name, name)) return 0;
+    ft_bnb4_free(&h->bnb);
+    h->bnb_name[0] = 0;
+    FT_TRY(ft_bnb4_open(h->set, name, rows, cols, &h->bnb));
+    snprintf(h->bnb_name, sizeof h->bnb_name, "%s", name);
+    return 0;
+}
+
+static void role_shape(const ft_model_config *c, int role, int64_t *rows, int64_t *cols)
+{
+    if (role >= FT_PACK_ROLE_W0 && role < FT_PACK_ROLE_W0 + FT_N_PROJ) {
+        ft_pack_proj_dims(c, role - FT_PACK_ROLE_W0, rows, cols);
+    } else if (role >= FT_PACK_ROLE_B0 && role < FT_PACK_ROLE_B0 + FT_N_PROJ) {
+        ft_pack_proj_dims(c, role - FT_PACK_ROLE_B0, rows, cols);
+        *cols = 1;
+    } else if (role == FT_PACK_ROLE_EMBED || role == FT_PACK_ROLE_LM_HEAD) {
+        *rows = c->vocab_size;
+        *cols = c->hidden_size;
+    } else {
+        *rows = c->hidden_size;
+        *cols = 1;
+    }
+}
+
+/* Drops the mapped pages of a tensor once packed, so the resident set stays near one layer
+ * (madvise on a read-only private file mapping: the pages are re-read if touched again). */
+static void drop_pages(const void *data, size_t n)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t e = ((uintptr_t)data + n) & ~((uintptr_t)pg - 1);
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+static int hf_read_f32(void *user, int64_t l, int role, int64_t row0, int64_t n_rows, int64_t cols,
+                       float *dst)
+{
+    hf_src *h = user;
+    char name[256];
+    FT_TRY(hf_name(h->cfg, l, role, name, sizeof name));
+    int64_t rows, cc;
+    role_shape(h->cfg, role, &rows, &cc);
+    if (ft_bnb4_detect(h->set, name)) {
+        FT_TRY(hf_bnb(h, name, rows, cols));
+        return ft_nf4_dequant_range(&h->bnb.v, row0 * cols, n_rows * cols, dst);
+    }
+    const ft_st_file *f = NULL;
+    const ft_st_tensor *t = ft_st_set_find(h->set, name, &f);
+    if (!t)
+        return ft_err(FT_E_INVALID, "%s: tensor \"%s\" not found in the model's safetensors",
+                      h->dir, name);
+    int ok = cols == 1 ? t->n_dims == 1 && t->shape[0] == rows
+                       : t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols;
+    if (!ok) {
+        char want[64], got[64] = "[";
+        if (cols == 1) snprintf(want, sizeof want, "[%lld]", (long long)rows);
+        else snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
+        for (int d = 0; d < t->n_dims && d < 4; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), d ? ", %lld" : "%lld",
+                     (long long)t->shape[d]);
+        snprintf(got + strlen(got), sizeof got - strlen(got), "]");
+        return ft_err(FT_E_INVALID, "%s: tensor \"%s\" has shape %s, expected %s (from "
+                      "config.json)", ft_st_path(f), name, got, want);
+    }
+    if (t->dtype != FT_ST_F32 && t->dtype != FT_ST_F16 && t->dtype != FT_ST_BF16)
+        return ft_err(FT_E_UNSUPPORTED, "%s: tensor \"%s\": dtype %s cannot be converted to fp32 "
+                      "(F32, F16 and BF16 can)", ft_st_path(f), name, ft_st_dtype_name(t->dtype));
+    ft_st_tensor sub = *t; /* the row range as a tensor of its own */
+    size_t es = ft_st_dtype_size(t->dtype);
+    sub.data = (const uint8_t *)t->data + (size_t)(row0 * cols) * es;
+    sub.nbytes = (size_t)(n_rows * cols) * es;
+    int rc = ft_st_to_f32(&sub, dst, n_rows * cols);
+    if (rc < 0) return ft_err_prefix(rc, "%s", ft_st_path(f));
+    drop_pages(sub.data, sub.nbytes); /* chunks come in order: these rows are done */
+    return 0;
+}
+
+static int hf_read_nf4(void *user, int64_t l, int role, ft_nf4_view *v)
+{
+    hf_src *h = user;
+    char name[256];
+    FT_TRY(hf_name(h->cfg, l, role, name, sizeof name));
+    if (!ft_bnb4_detect(h->set, name)) return 0;
+    int64_t rows, cols;
+    role_shape(h->cfg, role, &rows, &cols);
+    FT_TRY(hf_bnb(h, name, rows, cols));
+    *v = h->bnb.v;
+    return 1;
+}
+
+static void hf_release(void *user, int64_t l, int role)
+{
+    hf_src *h = user;
+    char name[256];
+    if (hf_name(h->cfg, l, role, name, sizeof name) < 0) return;
+    const ft_st_tensor *t = ft_st_set_find(h->set, name, NULL);
+    if (t) drop_pages(t->data, t->nbytes);
+    if (h->bnb.owned && !strcmp(h->bnb_name, name)) {
+        static const char *const sfx[] = {".absmax", ".nested_absmax"};
+        for (int k = 0; k < 2; k++) {
+            char c[300];
+            snprintf(c, sizeof c, "%s%s", name, sfx[k]);
+            const ft_st_tensor *ct = ft_st_set_find(h->set, c, NULL);
+            if (ct) drop_pages(ct->data, ct->nbytes);
+        }
+        ft_bnb4_free(&h->bnb);
+        h->bnb_name[0] = 0;
+    }
+}
+
+/* ---- GGUF source (through the loader: dequantized, q/k unpermuted) ------------------------ */
+
+static const float *gguf_base(const ft_model *m, int64_t l, int role)
+{
+    if (l < 0)
+        return role == FT_PACK_ROLE_EMBED ? m->embed : role == FT_PACK_ROLE_FINAL_NORM ? m->final_norm
+                                                                                      : m->lm_head;
+    const ft_layer_weights *w = &m->layers[l];
+    if (role == FT_PACK_ROLE_ATTN_NORM) return w->attn_norm;
+    if (role == FT_PACK_ROLE_FFN_NORM) return w->ffn_norm;
+    if (role >= FT_PACK_ROLE_B0) return w->proj[role - FT_PACK_ROLE_B0].b;
+    return w->proj[role - FT_PACK_ROLE_W0].w;
+}
+
+static int gguf_read_f32(void *user, int64_t l, int role, int64_t row0, int64_t n_rows,
+                         int64_t cols, float *dst)
+{
+    const float *b = gguf_base(user, l, role);
+    if (!b) return ft_err(FT_E_INVALID, "layer %lld: tensor role %d missing", (long long)l, role);
+    memcpy(dst, b + row0 * cols, (size_t)(n_rows * cols) * sizeof *dst);
+    return 0;
+}
+
+/* A config.json text for a model whose config came from GGUF metadata. */
+static char *config_json_of(const ft_model_config *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "model_type", c->model_type);
+    cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
+    cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
+    cJSON_AddNumberToObject(o, "intermediate_size", (double)c->intermediate_size);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", (double)c->num_hidden_layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", (double)c->num_attention_heads);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->num_key_value_heads);
+    cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->max_position_embeddings);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", (double)c->rms_norm_eps);
+    cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
+    cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
+    if (c->rope_type != FT_ROPE_DEFAULT) {
+        static const char *const names[] = {"default", "linear", "llama3", "dynamic", "yarn"};
+        cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
+        cJSON_AddStringToObject(r, "rope_type", names[c->rope_type]);
+        cJSON_AddNumberToObject(r, "factor", c->rope_factor);
+        if (c->rope_type == FT_ROPE_LLAMA3) {
+            cJSON_AddNumberToObject(r, "low_freq_factor", c->rope_low_freq_factor);
+            cJSON_AddNumberToObject(r, "high_freq_factor", c->rope_high_freq_factor);
+        }
+        if (c->rope_original_max_position_embeddings > 0)
+            cJSON_AddNumberToObject(r, "original_max_position_embeddings",
+                                    (double)c->rope_original_max_position_embeddings);
+        if (c->rope_type == FT_ROPE_YARN) {
+            cJSON_AddNumberToObject(r, "beta_fast", c->rope_beta_fast);
+            cJSON_AddNumberToObject(r, "beta_slow", c->rope_beta_slow);
+            cJSON_AddNumberToObject(r, "attention_factor", c->rope_attention_factor);
+        }
+    }
+    if (c->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", (double)c->bos_token_id);
+    if (c->n_eos > 0) {
+        cJSON *e = cJSON_AddArrayToObject(o, "eos_token_id");
+        for (int i = 0; i < c->n_eos; i++) cJSON_AddItemToArray(e, cJSON_CreateNumber((double)c->eos_token_id[i]));
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+/* ---- identity ---------------------------------------------------------------------------- */
+
+/* Hashes a file's name, size and first `n` bytes (n < 0: the safetensors header). */
+static int hash_file_head(ft_xxh64 *h, const char *dir, const char *name, int64_t n)
+{
+    char p[4200];
+    FT_TRY(ft_path_join(p, sizeof p, dir, name));
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ft_err(-errno, "%s: cannot open: %s", p, strerror(errno));
+    struct stat sb;
+    int rc = fstat(fd, &sb) < 0 ? ft_err(-errno, "%s: stat: %s", p, strerror(errno)) : 0;
+    uint64_t hl = 0;
+    if (!rc && n < 0) {
+        if (pread(fd, &hl, 8, 0) != 8 || hl > 100000000u || (int64_t)hl + 8 > (int64_t)sb.st_size)
+            rc = ft_err(FT_E_CORRUPT, "%s: offset 0: bad safetensors header length", p);
+        n = (int64_t)hl + 8;
+    }
+    if (!rc && n > (int64_t)sb.st_size) n = (int64_t)sb.st_size;
+    char *buf = rc ? NULL : malloc((size_t)(n > 0 ? n : 1));
+    if (!rc && !buf) rc = ft_err(-ENOMEM, "%s: out of memory", p);
+    if (!rc && n > 0 && pread(fd, buf, (size_t)n, 0) != (ssize_t)n)
+        rc = ft_err(-EIO, "%s: short read of its header", p);
+    if (!rc) {
+        int64_t size = (int64_t)sb.st_size;
+        ft_xxh64_update(h, name, strlen(name) + 1);
+        ft_xxh64_update(h, &size, 8);
+        ft_xxh64_update(h, buf, (size_t)n);
+    }
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The safetensors files of a folder, sorted (index.json shards, model.safetensors, or the
+ * *.safetensors files). */
+static int st_files(const char *dir, char ***out, int *n)
+{
+    char p[4200], **v = NULL;
+    int k = 0, cap = 0, rc = 0;
+    FT_TRY(ft_path_join(p, sizeof p, dir, "model.safetensors.index.json"));
+    DIR *d = opendir(dir);
+    if (!d) return ft_err(-errno, "%s: cannot list: %s", dir, strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t L = strlen(e->d_name);
+        if (L < 12 || strcmp(e->d_name + L - 12, ".safetensors")) continue;
+        if (k == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **nv = realloc(v, sizeof *v * (size_t)cap);
+            if (!nv) { rc = ft_err(-ENOMEM, "out of memory"); break; }
+            v = nv;
+        }
+        if (!(v[k] = strdup(e->d_name))) { rc = ft_err(-ENOMEM, "out of memory"); break; }
+        k++;
+    }
+    closedir(d);
+    if (!rc && k == 0) rc = ft_err(-ENOENT, "%s: no *.safetensors files", dir);
+    if (rc) {
+        for (int i = 0; i < k; i++) free(v[i]);
+        free(v);
+        return rc;
+    }
+    qsort(v, (size_t)k, sizeof *v, cmp_str);
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+int ft_pack_model_identity(const char *model, uint64_t *identity)
+{
+    ft_xxh64 h;
+    ft_xxh64_init(&h, 0);
+    static const char tag[] = "ftune-model-identity v1";
+    ft_xxh64_update(&h, tag, sizeof tag);
+    int isdir = ft_is_dir(model);
+    if (isdir < 0) return ft_err(isdir, "%s: cannot open model: %s", model, strerror(-isdir));
+    if (!isdir) {
+        ft_gguf *g;
+        FT_TRY(ft_gguf_open(&g, model));
+        int64_t n = ft_gguf_data_offset(g);
+        ft_gguf_close(g);
+        char dir[4200], *slash;
+        snprintf(dir, sizeof dir, "%s", model);
+        slash = strrchr(dir, '/');
+        const char *base = slash ? slash + 1 : model;
+        if (slash) *slash = 0;
+        FT_TRY(hash_file_head(&h, slash ? dir : ".", base, n));
+        *identity = ft_xxh64_digest(&h);
+        return 0;
+    }
+    FT_TRY(hash_file_head(&h, model, "config.json", INT32_MAX));
+    char p[4200];
+    FT_TRY(ft_path_join(p, sizeof p, model, "model.safetensors.index.json"));
+    if (access(p, R_OK) == 0) FT_TRY(hash_file_head(&h, model, "model.safetensors.index.json", INT32_MAX));
+    char **files;
+    int n, rc = 0;
+    FT_TRY(st_files(model, &files, &n));
+    for (int i = 0; i < n; i++) {
+        if (!rc) rc = hash_file_head(&h, model, files[i], -1);
+        free(files[i]);
+    }
+    free(files);
+    if (!rc) *identity = ft_xxh64_digest(&h);
+    return rc;
+}
+
+/* ---- cache -------------------------------------------------------------------------------- */
+
+int ft_pack_default_cache_dir(char *out, size_t n)
+{
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int k;
+    if (x && x[0]) k = snprintf(out, n, "%s/ftune/packs", x);
+    else if (home && home[0]) k = snprintf(out, n, "%s/.cache/ftune/packs", home);
+    else return ft_err(FT_E_INVALID, "neither XDG_CACHE_HOME nor HOME is set: pass --cache-dir");
+    return k < (int)n ? 0 : ft_err(FT_E_RANGE, "cache directory path too long");
+}
+
+int ft_pack_cache_path(char *out, size_t n, const char *dir, uint64_t identity,
+                       const ft_pack_settings *s)
+{
+    int k = s->quant == FT_PACK_QUANT_NF4
+                ? snprintf(out, n, "%s/%016llx-nf4-b%lld-n%lld.ftpack", dir,
+                           (unsigned long long)identity, (long long)s->blocksize,
+                           (long long)s->nested_blocksize)
+                : snprintf(out, n, "%s/%016llx-%s.ftpack", dir, (unsigned long long)identity,
+                           ft_pack_quant_name(s->quant));
+    return k < (int)n ? 0 : ft_err(FT_E_RANGE, "%s: pack path too long", dir);
+}
+
+/* 0 when path is a complete, verified pack of identity (0: any) with settings s; else the
+ * error (message says why). */
+static int usable(const char *path, uint64_t identity, const ft_pack_settings *s, uint64_t *found)
+{
+    ft_pack_file *p;
+    FT_TRY(ft_pack_open(&p, path, 1));
+    const ft_pack_hdr *h = ft_pack_header(p);
+    if (found) *found = h->identity;
+    int rc = 0;
+    if (identity && h->identity != identity)
+        rc = ft_err(FT_E_INVALID, "%s: made for another model (identity %016llx, the model is "
+                    "%016llx)", path, (unsigned long long)h->identity, (unsigned long long)identity);
+    else if (h->settings != ft_pack_settings_hash(s))
+        rc = ft_err(FT_E_INVALID, "%s: made with other quantization settings", path);
+    ft_pack_close(p);
+    return rc;
+}
+
+static int build_from(const char *model, const char *path, uint64_t identity,
+                      const ft_pack_settings *s, ft_pack_stats *st)
+{
+    int isdir = ft_is_dir(model);
+    if (isdir < 0) return ft_err(isdir, "%s: cannot open model: %s", model, strerror(-isdir));
+    if (!isdir) {
+        ft_model *m;
+        FT_TRY(ft_model_load(&m, model));
+        char *js = config_json_of(&m->cfg);
+        int rc = js ? 0 : ft_err(-ENOMEM, "out of memory");
+        ft_pack_src src = {m, gguf_read_f32, NULL, NULL};
+        if (!rc) rc = ft_pack_build(path, &m->cfg, js, strlen(js), identity, s, &src, st);
+        cJSON_free(js);
+        ft_model_free(m);
+        return rc;
+    }
+    char p[4200], *json = NULL;
+    size_t len = 0;
+    ft_model_config cfg;
+    FT_TRY(ft_path_join(p, sizeof p, model, "config.json"));
+    FT_TRY(ft_config_load(&cfg, p));
+    FT_TRY(ft_read_file(p, &json, &len));
+    hf_src h = {model, &cfg, NULL};
+    int rc = ft_st_set_open(&h.set, model);
+    ft_pack_src src = {&h, hf_read_f32, hf_read_nf4, hf_release};
+    if (!rc) rc = ft_pack_build(path, &cfg, json, len, identity, s, &src, st);
+    ft_bnb4_free(&h.bnb);
+    ft_st_set_close(h.set);
+    free(json);
+    return rc;
+}
+
+int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_settings *s,
+                   int force, ft_pack_ensure_info *info)
+{
+    memset(info, 0, sizeof *info);
+    char dir[4200];
+    if (cache_dir) snprintf(dir, sizeof dir, "%s", cache_dir);
+    else FT_TRY(ft_pack_default_cache_dir(dir, sizeof dir));
+    int isdir = ft_is_dir(model);
+    if (isdir < 0) return ft_err(isdir, "%s: cannot open model: %s", model, strerror(-isdir));
+    if (isdir && !force) { /* a pack written into the folder by init-model --pack */
+        char lp[4200];
+        FT_TRY(ft_path_join(lp, sizeof lp, model, s->quant == FT_PACK_QUANT_NF4 ? FT_PACK_LOCAL_NF4
+                                                                                : FT_PACK_LOCAL_BF16));
+        if (access(lp, F_OK) == 0) {
+            int rc = usable(lp, 0, s, &info->identity);
+            if (!rc) {
+                info->action = FT_PACK_REUSED;
+                snprintf(info->path, sizeof info->path, "%s", lp);
+                return 0;
+            }
+            snprintf(info->reason, sizeof info->reason, "%s", ft_errmsg());
+            char **files;
+            int n;
+            if (st_files(model, &files, &n) < 0) /* nothing to rebuild it from */
+                return ft_err(rc, "%s (no safetensors to rebuild it from: run ftune init-model "
+                              "again)", info->reason);
+            for (int i = 0; i < n; i++) free(files[i]);
+            free(files);
+        }
+    }
+    if (isdir) {
+        char **files;
+        int n;
+        if (st_files(model, &files, &n) < 0)
+            return ft_err(-ENOENT, "%s: no *.safetensors files to pack%s", model,
+                          info->reason[0] ? "" : " (a folder from `ftune init-model --pack` holds "
+                          "only the pack of the quantization it was made with)");
+        for (int i = 0; i < n; i++) free(files[i]);
+        free(files);
+    }
+    FT_TRY(ft_pack_model_identity(model, &info->identity));
+    FT_TRY(ft_pack_cache_path(info->path, sizeof info->path, dir, info->identity, s));
+    if (!force && access(info->path, F_OK) == 0) {
+        int rc = usable(info->path, info->identity, s, NULL);
+        if (!rc) {
+            info->action = FT_PACK_REUSED;
+            return 0;
+        }
+        snprintf(info->reason, sizeof info->reason, "%s", ft_errmsg());
+        info->action = FT_PACK_REBUILT;
+    } else {
+        info->action = force && access(info->path, F_OK) == 0 ? FT_PACK_REBUILT : FT_PACK_BUILT;
+        if (force && info->action == FT_PACK_REBUILT) snprintf(info->reason, sizeof info->reason, "--force");
+    }
+    if (info->reason[0] && info->action != FT_PACK_REBUILT) info->action = FT_PACK_REBUILT;
+    FT_TRY(ft_mkdir_p(dir));
+    int rc = build_from(model, info->path, info->identity, s, &info->stats);
+    return rc < 0 ? ft_err_prefix(rc, "building the pack of %s", model) : 0;
+}

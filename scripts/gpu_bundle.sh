@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds ftune and the GPU test binaries for the lent GPU machine, which has the CUDA
+# toolkit but not libopenblas/pcre2/cjson/cmocka: OpenBLAS and PCRE2 are linked statically,
+# the small remaining shared libraries are copied beside the binaries. Output: .gpu/bin,
+# .gpu/lib (git-ignored), carried to the machine; run there with LD_LIBRARY_PATH=.gpu/lib.
+# Usage: scripts/gpu_bundle.sh [BUILD_DIR]   (default build-gpu)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build-gpu}
+A=/usr/lib/x86_64-linux-gnu
+make -j2 --no-print-directory BUILD="$B" CUDA=1 ${CU_EXTRA:+CU_EXTRA=$CU_EXTRA} \
+    BLAS_LIBS="$A/openblas-pthread/libopenblas.a -lgfortran" PCRE2_LIBS="$A/libpcre2-8.a" \
+    "$B/ftune" $(ls tests/gpu/test_*.c | sed "s|tests/gpu/\(.*\)\.c|$B/tests/gpu/\1|") >/dev/null
+mkdir -p .gpu/bin .gpu/lib
+cp "$B/ftune" .gpu/bin/
+cp "$B"/tests/gpu/test_* .gpu/bin/
+for l in libcjson.so.1 libcmocka.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0; do
+    cp -L "$A/$l" .gpu/lib/
+done
+strip --strip-debug .gpu/bin/* 2>/dev/null || true
+du -sh .gpu/bin .gpu/lib
+# One compressed archive travels (the two statically linked binaries share most bytes):
+# on the machine, python3 -c "import tarfile; tarfile.open('.gpu/bundle.tar.xz').extractall('/tmp/g')"
+tar cf - -C .gpu bin lib | xz -T2 -6 > .gpu/bundle.tar.xz
+ls -la .gpu/bundle.tar.xz

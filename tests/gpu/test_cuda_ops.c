@@ -1,0 +1,488 @@
+/* test_cuda_ops.c - every CUDA op of the op table (except attention: test_cuda_attn.c)
+ * against its CPU twin on random inputs over a sweep of shapes, and one full training step
+ * (forward + backward through the executor) CUDA vs CPU on a real tiny model.
+ * Skips cleanly when no GPU is visible (or ftune was built without CUDA).
+ *
+ * Tolerances are relative errors ||cuda - cpu|| / ||cpu|| over the whole output. */
+#include "tests/unit/harness.h"
+
+#include "adapters/lora.h"
+#include "offload/exec.h"
+#include "src/core/err.h"
+#include "src/core/rng.h"
+#include "src/model/model.h"
+
+/* fp32 arithmetic in another order (reductions, fused multiply-add, expf vs Cephes). */
+#define TOL_F32 1e-5
+/* GEMMs with bf16 operands (8 significant bits, rel. rounding 2^-9 per operand) and fp32
+ * accumulation: relative error of a k-term dot product of random data ~ 2^-9 / sqrt(3)
+ * per product, averaging down; 1e-2 is the METHOD.md band for bf16 operands. */
+#define TOL_BF16_GEMM 1e-2
+/* The same GEMMs in full fp32 (set precise): cuBLAS vs OpenBLAS summation order. */
+#define TOL_F32_GEMM 1e-5
+/* A whole training step with bf16 GEMMs: loss and LoRA gradients. */
+#define TOL_STEP_LOSS 2e-3
+#define TOL_STEP_GRAD 3e-2
+
+typedef struct fix { ft_backend *cpu, *gpu; ft_rng rng; } fix;
+
+static int setup(void **state)
+{
+    fix *f = calloc(1, sizeof *f);
+    if (ft_backend_cuda_init(&f->gpu, 0) < 0) {
+        fprintf(stderr, "no CUDA backend: %s\n", ft_errmsg());
+        f->gpu = NULL;
+    }
+    if (ft_backend_cpu_init(&f->cpu, 0) < 0) return -1;
+    ft_rng_seed(&f->rng, 1234);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fix *f = *state;
+    ft_backend_free(f->gpu);
+    ft_backend_free(f->cpu);
+    free(f);
+    return 0;
+}
+
+#define NEED_GPU(f) do { if (!(f)->gpu) { skip(); } } while (0)
+
+static float *rnd(fix *f, int64_t n, float lo, float hi)
+{
+    float *x = malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * ft_rng_uniform(&f->rng);
+    return x;
+}
+
+/* Device copy of host data. */
+static void *up(fix *f, const void *h, size_t bytes)
+{
+    void *d = f->gpu->ops->alloc(f->gpu, bytes ? bytes : 1);
+    assert_non_null(d);
+    if (bytes) assert_int_equal(f->gpu->ops->copy(f->gpu, d, h, bytes), 0);
+    return d;
+}
+
+/* Device buffer filled with NaN (0xff bytes), so unwritten outputs fail. */
+static float *poisoned(fix *f, int64_t n)
+{
+    float *d = f->gpu->ops->alloc(f->gpu, (size_t)(n ? n : 1) * sizeof(float));
+    assert_non_null(d);
+    float *h = malloc((size_t)(n ? n : 1) * sizeof(float));
+    memset(h, 0xff, (size_t)(n ? n : 1) * sizeof(float));
+    assert_int_equal(f->gpu->ops->copy(f->gpu, d, h, (size_t)n * sizeof(float)), 0);
+    free(h);
+    return d;
+}
+
+static float *down(fix *f, const float *d, int64_t n)
+{
+    float *h = malloc((size_t)(n ? n : 1) * sizeof(float));
+    assert_int_equal(f->gpu->ops->copy(f->gpu, h, d, (size_t)n * sizeof(float)), 0);
+    return h;
+}
+
+/* ||a - b|| / ||b|| (NaN anywhere -> inf). */
+static double relerr(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void check(const char *what, const float *gpu_d, const float *cpu_h, int64_t n, double tol,
+                  fix *f)
+{
+    float *g = down(f, gpu_d, n);
+    double e = relerr(g, cpu_h, n);
+    printf("  %-40s n=%-9lld rel err %.3g (tol %.0e)\n", what, (long long)n, e, tol);
+    free(g);
+    assert_true(e <= tol);
+}
+
+static void test_gemm(void **state)
+{
+    fix *f = *state;
+    NEED_GPU(f);
+    const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 576, 576}, {300, 1536, 576},
+                                 {257, 192, 1000}, {2048, 256, 512}};
+    for (int precise = 0; precise <= 1; precise++) {
+        assert_int_equal(ft_backend_cuda_set_precise(f->gpu, precise), 0);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int ta = 0; ta <= 1; ta++)
+                for (int tb = 0; tb <= 1; tb++) {
+                    int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+                    float *a = rnd(f, m * k, -1, 1), *b = rnd(f, k * n, -1, 1), *c = rnd(f, m * n, -1, 1);
+                    int64_t lda = ta ? m : k, ldb = tb ? k : n;
+                    float *da = up(f, a, m * k * 4), *db = up(f, b, k * n * 4), *dc = up(f, c, m * n * 4);
+                    assert_int_equal(f->cpu->ops->gemm(f->cpu, ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 0.25f, c, n), 0);
+                    assert_int_equal(f->gpu->ops->gemm(f->gpu, ta, tb, m, n, k, 0.5f, da, lda, db, ldb, 0.25f, dc, n), 0);
+                    char what[96];
+                    snprintf(what, sizeof what, "gemm %s %lldx%lldx%lld ta%d tb%d",
+                             precise ? "fp32" : "bf16", (long long)m, (long long)n, (long long)k, ta, tb);
+                    check(what, dc, c, m * n, precise ? TOL_F32_GEMM : TOL_BF16_GEMM, f);
+                    f->gpu->ops->free(f->gpu, da);
+                    f->gpu->ops->free(f->gpu, db);
+                    f->gpu->ops->free(f->gpu, dc);
+                    free(a);
+                    free(b);
+                    free(c);
+                }
+    }
+    assert_int_equal(ft_backend_cuda_set_precise(f->gpu, 0), 0);
+}
+
+/* fp32 -> bf16 bits (round to nearest even) and back. */
+static uint16_t bf16_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static float bf16_val(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* linear_fwd / linear_bwd_x with bf16 weights against the CPU on the same bf16-rounded
+ * operands (so only the summation order differs), and with fp32 weights. */
+static void test_linear(void **state)
+{
+    fix *f = *state;
+    NEED_GPU(f);
+    const int64_t shapes[][3] = {{1, 8, 8}, {37, 576, 192}, {300, 1536, 576}, {2048, 1024, 4096}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t T = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
+        float *x = rnd(f, T * in, -1, 1), *W = rnd(f, out * in, -0.1f, 0.1f), *dy = rnd(f, T * out, -1, 1);
+        float *y0 = rnd(f, T * out, -1, 1), *dx0 = rnd(f, T * in, -1, 1);
+        uint16_t *Wb = malloc(out * in * 2);
+        float *Wr = malloc(out * in * 4), *xr = malloc(T * in * 4), *dyr = malloc(T * out * 4);
+        for (int64_t i = 0; i < out * in; i++) Wr[i] = bf16_val(Wb[i] = bf16_bits(W[i]));
+        for (int64_t i = 0; i < T * in; i++) xr[i] = bf16_val(bf16_bits(x[i]));
+        for (int64_t i = 0; i < T * out; i++) dyr[i] = bf16_val(bf16_bits(dy[i]));
+        float *y = malloc(T * out * 4), *dxc = malloc(T * in * 4);
+        memcpy(y, y0, T * out * 4);
+        memcpy(dxc, dx0, T * in * 4);
+        assert_int_equal(f->cpu->ops->linear_fwd(f->cpu, y, xr, Wr, FT_W_F32, T, out, in, 0.5f, NULL), 0);
+        assert_int_equal(f->cpu->ops->linear_bwd_x(f->cpu, dxc, dyr, Wr, FT_W_F32, T, out, in, 1.0f, NULL), 0);
+        int64_t wide = out > in ? out : in;
+        float *dx_ = up(f, x, T * in * 4), *dW = up(f, Wb, out * in * 2), *ddy = up(f, dy, T * out * 4);
+        float *dyo = up(f, y0, T * out * 4), *ddx = up(f, dx0, T * in * 4), *scr = poisoned(f, T * wide);
+        assert_int_equal(f->gpu->ops->linear_fwd(f->gpu, dyo, dx_, dW, FT_W_BF16, T, out, in, 0.5f, scr), 0);
+        assert_int_equal(f->gpu->ops->linear_bwd_x(f->gpu, ddx, ddy, dW, FT_W_BF16, T, out, in, 1.0f, scr), 0);
+        char what[96];
+        snprintf(what, sizeof what, "linear_fwd bf16 W %lldx%lldx%lld", (long long)T, (long long)out, (long long)in);
+        check(what, dyo, y, T * out, TOL_F32_GEMM * 10, f);
+        snprintf(what, sizeof what, "linear_bwd_x bf16 W %lldx%lldx%lld", (long long)T, (long long)out, (long long)in);
+        check(what, ddx, dxc, T * in, TOL_F32_GEMM * 10, f);
+        void *bufs[] = {dx_, dW, ddy, dyo, ddx, scr};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) f->gpu->ops->free(f->gpu, bufs[i]);
+        free(x); free(W); free(dy); free(y0); free(dx0); free(Wb); free(Wr); free(xr); free(dyr);
+        free(y); free(dxc);
+    }
+    /* an unknown weight type is refused */
+    assert_int_equal(f->gpu->ops->linear_fwd(f->gpu, NULL, NULL, NULL, 7, 1, 1, 1, 0.0f, NULL), FT_E_UNSUPPORTED);
+}
+
+static void test_elementwise(void **state)
+{
+    fix *f = *state;
+    NEED_GPU(f);
+    const int64_t ns[] = {1, 1000, 1 << 20, 3000001};
+    for (size_t s = 0; s < sizeof ns / sizeof ns[0]; s++) {
+        int64_t n = ns[s];
+        float *x = rnd(f, n, -4, 4), *y = rnd(f, n, -4, 4), *g = rnd(f, n, -1, 1);
+        float *dx = up(f, x, n * 4), *dy = up(f, y, n * 4), *dg = up(f, g, n * 4);
+        /* axpy, scale */
+        float *yc = malloc(n * 4);
+        memcpy(yc, y, n * 4);
+        f->cpu->ops->axpy(f->cpu, 0.3f, x, yc, n);
+        float *dyc = up(f, y, n * 4);
+        assert_int_equal(f->gpu->ops->axpy(f->gpu, 0.3f, dx, dyc, n), 0);
+        check("axpy", dyc, yc, n, TOL_F32, f);
+        f->cpu->ops->scale(f->cpu, yc, -1.7f, n);
+        assert_int_equal(f->gpu->ops->scale(f->gpu, dyc, -1.7f, n), 0);
+        check("scale", dyc, yc, n, TOL_F32, f);
+        /* sumsq */
+        double s_cpu, s_gpu;
+        f->cpu->ops->sumsq(f->cpu, &s_cpu, x, n);
+        assert_int_equal(f->gpu->ops->sumsq(f->gpu, &s_gpu, dx, n), 0);
+        printf("  sumsq n=%lld rel err %.3g\n", (long long)n, fabs(s_gpu - s_cpu) / s_cpu);
+        assert_true(fabs(s_gpu - s_cpu) <= 1e-12 * s_cpu);
+        /* swiglu fwd / bwd */
+        float *h = malloc(n * 4), *dgc = malloc(n * 4), *duc = malloc(n * 4);
+        f->cpu->ops->swiglu_fwd(f->cpu, h, x, y, n);
+        float *dh = poisoned(f, n);
+        assert_int_equal(f->gpu->ops->swiglu_fwd(f->gpu, dh, dx, dy, n), 0);
+        check("swiglu_fwd", dh, h, n, TOL_F32, f);
+        f->cpu->ops->swiglu_bwd(f->cpu, dgc, duc, g, x, y, n);
+        float *ddg = poisoned(f, n), *ddu = poisoned(f, n);
+        assert_int_equal(f->gpu->ops->swiglu_bwd(f->gpu, ddg, ddu, dg, dx, dy, n), 0);
+        check("swiglu_bwd dgate", ddg, dgc, n, TOL_F32, f);
+        check("swiglu_bwd dup", ddu, duc, n, TOL_F32, f);
+        /* dropout: the same mask on both (exact up to the 1/(1-p) product) */
+        f->cpu->ops->dropout(f->cpu, h, x, n, 0.1f, 77);
+        assert_int_equal(f->gpu->ops->dropout(f->gpu, dh, dx, n, 0.1f, 77), 0);
+        check("dropout p=0.1", dh, h, n, 0.0, f);
+        /* adamw */
+        float *p = rnd(f, n, -1, 1), *m = rnd(f, n, -0.1f, 0.1f), *v = rnd(f, n, 0, 0.01f);
+        float *dp = up(f, p, n * 4), *dm = up(f, m, n * 4), *dv = up(f, v, n * 4);
+        f->cpu->ops->adamw(f->cpu, p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3);
+        assert_int_equal(f->gpu->ops->adamw(f->gpu, dp, dg, dm, dv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3), 0);
+        check("adamw p", dp, p, n, TOL_F32, f);
+        check("adamw m", dm, m, n, TOL_F32, f);
+        check("adamw v", dv, v, n, TOL_F32, f);
+        void *bufs[] = {dx, dy, dg, dyc, dh, ddg, ddu, dp, dm, dv};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) f->gpu->ops->free(f->gpu, bufs[i]);
+        free(x); free(y); free(g); free(yc); free(h); free(dgc); free(duc); free(p); free(m); free(v);
+    }
+}
+
+static void test_rows(void **state)
+{
+    fix *f = *state;
+    NEED_GPU(f);
+    /* (T, C) for rmsnorm / bias / embedding; (T, H, D) for rope */
+    const int64_t shapes[][4] = {{1, 64, 1, 64}, {37, 576, 9, 64}, {512, 4096, 32, 128}, {300, 1000, 5, 128}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t T = shapes[s][0], C = shapes[s][1], H = shapes[s][2], D = shapes[s][3], V = 1000;
+        float *x = rnd(f, T * C, -2, 2), *w = rnd(f, C, 0.5f, 1.5f), *dy = rnd(f, T * C, -1, 1);
+        float *dxx = up(f, x, T * C * 4), *dw = up(f, w, C * 4), *ddy = up(f, dy, T * C * 4);
+        float *y = malloc(T * C * 4), *r = malloc(T * 4);
+        f->cpu->ops->rmsnorm_fwd(f->cpu, y, r, x, w, T, C, 1e-5f);
+        float *dyo = poisoned(f, T * C), *dr = poisoned(f, T);
+        assert_int_equal(f->gpu->ops->rmsnorm_fwd(f->gpu, dyo, dr, dxx, dw, T, C, 1e-5f), 0);
+        check("rmsnorm_fwd y", dyo, y, T * C, TOL_F32, f);
+        check("rmsnorm_fwd rstd", dr, r, T, TOL_F32, f);
+        float *gx = rnd(f, T * C, -1, 1);
+        float *dgx = up(f, gx, T * C * 4);
+        f->cpu->ops->rmsnorm_bwd(f->cpu, gx, dy, x, w, r, T, C);
+        assert_int_equal(f->gpu->ops->rmsnorm_bwd(f->gpu, dgx, ddy, dxx, dw, dr, T, C), 0);
+        check("rmsnorm_bwd (accumulating)", dgx, gx, T * C, TOL_F32, f);
+        /* bias_add */
+        float *yb = malloc(T * C * 4);
+        memcpy(yb, x, T * C * 4);
+        f->cpu->ops->bias_add(f->cpu, yb, w, T, C);
+        float *dyb = up(f, x, T * C * 4);
+        assert_int_equal(f->gpu->ops->bias_add(f->gpu, dyb, dw, T, C), 0);
+        check("bias_add", dyb, yb, T * C, TOL_F32, f);
+        /* embedding */
+        int32_t *ids = malloc(T * 4);
+        for (int64_t t = 0; t < T; t++) ids[t] = (int32_t)(ft_rng_uniform(&f->rng) * V) % V;
+        float *table = rnd(f, V * C, -1, 1);
+        float *dtable = up(f, table, V * C * 4);
+        int32_t *dids = up(f, ids, T * 4);
+        f->cpu->ops->embedding_fwd(f->cpu, y, ids, table, T, C, V);
+        float *de = poisoned(f, T * C);
+        assert_int_equal(f->gpu->ops->embedding_fwd(f->gpu, de, dids, dtable, T, C, V), 0);
+        check("embedding_fwd", de, y, T * C, 0.0, f);
+        ids[T / 2] = (int32_t)V; /* out of range: an error naming the index, not a crash */
+        f->gpu->ops->copy(f->gpu, dids, ids, T * 4);
+        assert_int_equal(f->gpu->ops->embedding_fwd(f->gpu, de, dids, dtable, T, C, V), FT_E_INVALID);
+        printf("  embedding bad id: %s\n", ft_errmsg());
+        /* rope fwd / bwd (x reinterpreted as (T, H, D) over the first T*H*D floats) */
+        int64_t n = T * H * D;
+        float *q = rnd(f, n, -1, 1);
+        int32_t *pos = malloc(T * 4);
+        for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)((t * 37) % 8000);
+        float inv[512];
+        for (int64_t i = 0; i < D / 2; i++) inv[i] = (float)pow(500000.0, -2.0 * i / D);
+        float *dq = up(f, q, n * 4), *dinv = up(f, inv, D / 2 * 4);
+        int32_t *dpos = up(f, pos, T * 4);
+        f->cpu->ops->rope_fwd(f->cpu, q, pos, inv, T, H, D);
+        assert_int_equal(f->gpu->ops->rope_fwd(f->gpu, dq, dpos, dinv, T, H, D), 0);
+        check("rope_fwd", dq, q, n, TOL_F32, f);
+        f->cpu->ops->rope_bwd(f->cpu, q, pos, inv, T, H, D);
+        assert_int_equal(f->gpu->ops->rope_bwd(f->gpu, dq, dpos, dinv, T, H, D), 0);
+        check("rope_bwd", dq, q, n, TOL_F32, f);
+        void *bufs[] = {dxx, dw, ddy, dyo, dr, dgx, dyb, dtable, dids, de, dq, dinv, dpos};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) f->gpu->ops->free(f->gpu, bufs[i]);
+        free(x); free(w); free(dy); free(y); free(r); free(gx); free(yb); free(ids); free(table);
+        free(q); free(pos);
+    }
+}
+
+/* attention_fwd / attention_bwd against the CPU twin: packed rows (several sequences, one
+ * long one), GQA, D 64 and 128, fp32 GEMMs (precise) and bf16 GEMMs. */
+static void test_attention(void **state)
+{
+    fix *f = *state;
+    NEED_GPU(f);
+    /* (T = 1 is left out: one key per query makes dq exactly 0, a relative error of noise) */
+    const int64_t shapes[][4] = {{2, 4, 4, 64}, {17, 4, 4, 64}, {300, 8, 2, 64}, {1024, 32, 8, 128},
+                                 {2100, 8, 2, 128}};
+    for (int precise = 1; precise >= 0; precise--) {
+        ft_backend_cuda_set_precise(f->gpu, precise);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int64_t T = shapes[s][0], H = shapes[s][1], Hkv = shapes[s][2], D = shapes[s][3];
+            int64_t nq = T * H * D, nk = T * Hkv * D;
+            int32_t *ss = malloc(T * 4);
+            /* sequences of varying length (1 .. 700 tokens), the last one long */
+            int64_t start = 0, len = 1 + (int64_t)(ft_rng_uniform(&f->rng) * 40);
+            for (int64_t t = 0; t < T; t++) {
+                if (t - start >= len && t < T - T / 3) {
+                    start = t;
+                    len = 1 + (int64_t)(ft_rng_uniform(&f->rng) * 700);
+                }
+                ss[t] = (int32_t)start;
+            }
+            float *q = rnd(f, nq, -1, 1), *k = rnd(f, nk, -1, 1), *v = rnd(f, nk, -1, 1), *dout = rnd(f, nq, -1, 1);
+            float *o = malloc(nq * 4), *lse = malloc(T * H * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
+            float sc = 1.0f / sqrtf((float)D);
+            assert_int_equal(f->cpu->ops->attention_fwd(f->cpu, o, lse, q, k, v, ss, T, H, Hkv, D, sc), 0);
+            assert_int_equal(f->cpu->ops->attention_bwd(f->cpu, dq, dk, dv, dout, q, k, v, o, lse, ss, T, H, Hkv, D, sc), 0);
+            float *gq = up(f, q, nq * 4), *gk = up(f, k, nk * 4), *gv = up(f, v, nk * 4), *gdo = up(f, dout, nq * 4);
+            int32_t *gss = up(f, ss, T * 4);
+            float *go = poisoned(f, nq), *glse = poisoned(f, T * H), *gdq = poisoned(f, nq), *gdk = poisoned(f, nk), *gdv = poisoned(f, nk);
+            assert_int_equal(f->gpu->ops->attention_fwd(f->gpu, go, glse, gq, gk, gv, gss, T, H, Hkv, D, sc), 0);
+            assert_int_equal(f->gpu->ops->attention_bwd(f->gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, glse, gss, T, H, Hkv, D, sc), 0);
+            double tol = precise ? 1e-5 : TOL_BF16_GEMM;
+            char what[96];
+            const char *nm[5] = {"out", "lse", "dq", "dk", "dv"};
+            float *gp[5] = {go, glse, gdq, gdk, gdv}, *cp[5] = {o, lse, dq, dk, dv};
+            int64_t nn[5] = {nq, T * H, nq, nk, nk};
+            for (int i = 0; i < 5; i++) {
+                snprintf(what, sizeof what, "attention %s %s T=%lld H=%lld/%lld D=%lld", precise ? "fp32" : "bf16",
+                         nm[i], (long long)T, (long long)H, (long long)Hkv, (long long)D);
+                check(what, gp[i], cp[i], nn[i], tol, f);
+            }
+            void *bufs[] = {gq, gk, gv, gdo, gss, go, glse, gdq, gdk, gdv};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) f->gpu->ops->free(f->gpu, bufs[i]);
+            free(ss); free(q); free(k); free(v); free(dout); free(o); free(lse); free(dq); free(dk); free(dv);
+        }
+    }
+    ft_backend_cuda_set_precise(f->gpu, 0);
+}
+
+static void test_lm_head(void **state)
+{
+    fix *f = *state;
+    NEED_GPU(f);
+    const int64_t shapes[][3] = {{5, 64, 100}, {300, 576, 4999}, {1100, 256, 32000}};
+    for (int precise = 0; precise <= 1; precise++) {
+        ft_backend_cuda_set_precise(f->gpu, precise);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int64_t T = shapes[s][0], C = shapes[s][1], V = shapes[s][2], chunk = 256;
+            float *x = rnd(f, T * C, -1, 1), *W = rnd(f, V * C, -0.2f, 0.2f);
+            int32_t *tg = malloc(T * 4);
+            for (int64_t t = 0; t < T; t++)
+                tg[t] = ft_rng_uniform(&f->rng) < 0.2f ? -100 : (int32_t)(ft_rng_uniform(&f->rng) * V) % V;
+            float *dxc = malloc(T * C * 4), *scr = malloc(chunk * V * 4);
+            double lc, lg;
+            int64_t nc, ng;
+            assert_int_equal(f->cpu->ops->lm_head_ce(f->cpu, &lc, &nc, dxc, x, W, tg, T, C, V, 0.01f, scr, 64), 0);
+            float *dx = up(f, x, T * C * 4), *dW = up(f, W, V * C * 4), *ddx = poisoned(f, T * C);
+            float *dscr = poisoned(f, chunk * V);
+            int32_t *dtg = up(f, tg, T * 4);
+            assert_int_equal(f->gpu->ops->lm_head_ce(f->gpu, &lg, &ng, ddx, dx, dW, dtg, T, C, V, 0.01f, dscr, chunk), 0);
+            printf("  lm_head_ce %s T=%lld C=%lld V=%lld: loss %.6f vs %.6f (rel %.2g), n %lld/%lld\n",
+                   precise ? "fp32" : "bf16", (long long)T, (long long)C, (long long)V, lg, lc,
+                   fabs(lg - lc) / lc, (long long)ng, (long long)nc);
+            assert_int_equal(ng, nc);
+            assert_true(fabs(lg - lc) <= (precise ? 1e-5 : 2e-3) * fabs(lc));
+            check("lm_head_ce dx", ddx, dxc, T * C, precise ? TOL_F32_GEMM * 10 : TOL_BF16_GEMM, f);
+            tg[T - 1] = (int32_t)V;
+            f->gpu->ops->copy(f->gpu, dtg, tg, T * 4);
+            assert_int_equal(f->gpu->ops->lm_head_ce(f->gpu, &lg, &ng, ddx, dx, dW, dtg, T, C, V, 0.01f, dscr, chunk), FT_E_INVALID);
+            void *bufs[] = {dx, dW, ddx, dscr, dtg};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) f->gpu->ops->free(f->gpu, bufs[i]);
+            free(x); free(W); free(tg); free(dxc); free(scr);
+        }
+    }
+    ft_backend_cuda_set_precise(f->gpu, 0);
+}
+
+/* One optimizer step's forward + backward through the executor on the tiny real model
+ * (tests/fixtures/tiny-llama), CUDA vs CPU, same adapter, same packed batch. */
+#define TINY "tests/fixtures/tiny-llama"
+
+static void step_on(ft_backend *be, const ft_model *m, const ft_batch *b, int64_t n_mb,
+                    double *loss, float *grads, int64_t *n_params)
+{
+    ft_lora lora;
+    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
+    assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
+    ft_rng rng;
+    ft_rng_seed(&rng, 99);
+    for (int64_t i = 0; i < lora.n_params; i++) lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.2f;
+    assert_int_equal(ft_lora_push(&lora), 0);
+    ft_exec e;
+    assert_int_equal(ft_exec_init(&e, be, m, &lora, b[0].T, n_mb, b[0].seq_len), 0);
+    int64_t ntok = 0;
+    for (int64_t i = 0; i < n_mb; i++)
+        for (int64_t t = 0; t < b[i].T; t++) ntok += b[i].targets[t] >= 0;
+    int64_t nt;
+    assert_int_equal(ft_exec_train_step(&e, b, n_mb, ntok, 0, loss, &nt), 0);
+    assert_int_equal(be->ops->copy(be, grads, lora.grads, (size_t)lora.n_params * 4), 0);
+    *n_params = lora.n_params;
+    ft_exec_free(&e);
+    ft_lora_free(&lora);
+}
+
+static void test_train_step(void **state)
+{
+    fix *f = *state;
+    NEED_GPU(f);
+    ft_model *m;
+    assert_int_equal(ft_model_load(&m, TINY), 0);
+    const int64_t rows = 2, S = 64, n_mb = 2;
+    ft_batch b[2];
+    for (int64_t i = 0; i < n_mb; i++) {
+        ft_batch *x = &b[i];
+        *x = (ft_batch){rows, S, rows * S};
+        x->ids = malloc(x->T * 4);
+        x->targets = malloc(x->T * 4);
+        x->pos = malloc(x->T * 4);
+        x->seq_start = malloc(x->T * 4);
+        for (int64_t t = 0; t < x->T; t++) {
+            int64_t r = t / S, j = t % S, half = S / 3;
+            int64_t s0 = r * S + (j < half ? 0 : half);
+            x->ids[t] = (int32_t)((t * 7919 + i * 31) % m->cfg.vocab_size);
+            x->targets[t] = j % 5 == 0 ? -100 : (int32_t)((t * 104729 + 3) % m->cfg.vocab_size);
+            x->pos[t] = (int32_t)(t - s0);
+            x->seq_start[t] = (int32_t)s0;
+        }
+    }
+    int64_t np = 0;
+    float *gc = malloc(1 << 24), *gg = malloc(1 << 24);
+    double lc, lg;
+    step_on(f->cpu, m, b, n_mb, &lc, gc, &np);
+    step_on(f->gpu, m, b, n_mb, &lg, gg, &np);
+    double e = relerr(gg, gc, np);
+    printf("  train step (tiny-llama, 2 micro-batches of 2x64, packed): loss %.6f vs %.6f (rel %.2g), "
+           "LoRA grads rel err %.3g over %lld params\n", lg, lc, fabs(lg - lc) / lc, e, (long long)np);
+    assert_true(fabs(lg - lc) <= TOL_STEP_LOSS * fabs(lc));
+    assert_true(e <= TOL_STEP_GRAD);
+    for (int64_t i = 0; i < n_mb; i++) {
+        free(b[i].ids); free(b[i].targets); free(b[i].pos); free(b[i].seq_start);
+    }
+    free(gc);
+    free(gg);
+    ft_model_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_lm_head),
+        cmocka_unit_test(test_train_step),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
