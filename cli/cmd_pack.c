@@ -84,7 +84,8 @@ int ft_cmd_pack(int argc, char **argv)
     double mbs = dt > 0 ? bytes / 1e6 / dt : 0;
     if (!quiet) {
         if (info.action == FT_PACK_REBUILT)
-            fprintf(stderr, "ftune: pack: rebuilding %s: %s\n", info.path, info.reason);
+            fprintf(stderr, "ftune: pack: the cached pack is not usable, rebuilding it: %s\n",
+                    info.reason);
         fprintf(stderr, "ftune: pack: %s %s\n", act, info.path);
         fprintf(stderr, "ftune: pack: %s, %lld layers, %.1f MB (largest layer block %.1f MB) in "
                 "%.2f s: %.1f MB/s %s; peak RSS %.1f MiB\n", ft_pack_quant_name(quant),

@@ -39,6 +39,22 @@ enum ft_wtype {
 };
 #define FT_WTYPE_BIT(t) (1u << (t))
 
+/* An NF4 tensor with double quantization in backend memory: bitsandbytes' layout and
+ * arithmetic (src/model/nf4.h, formats.md 5): codes (n + 1) / 2 bytes, first element in the
+ * high nibble; block b of blocksize elements has absmax = nested_map[qabsmax[b]] *
+ * nested_absmax[b / nested_blocksize] + offset (two fp32 roundings), or absmax[b] (fp32)
+ * when nested_blocksize is 0; element = code[q] * absmax (fp32). */
+typedef struct ft_nf4_tensor {
+    int64_t n, blocksize, nested_blocksize;
+    const uint8_t *codes;
+    const uint8_t *qabsmax;       /* nested */
+    const float *absmax;          /* not nested */
+    const float *nested_absmax;   /* nested */
+    const float *nested_map;      /* nested: 256 entries */
+    const float *code;            /* 16 entries */
+    float offset;                 /* nested */
+} ft_nf4_tensor;
+
 typedef struct ft_backend_ops {
     const char *name; /* "cpu", "cuda" */
     /* 1 when backend pointers are host pointers (the CPU backend): host data such as the
@@ -78,6 +94,10 @@ typedef struct ft_backend_ops {
                       int64_t T, int64_t out, int64_t in, float beta, float *scratch);
     int (*linear_bwd_x)(ft_backend *be, float *dx, const float *dy, const void *W, int wtype,
                         int64_t T, int64_t out, int64_t in, float beta, float *scratch);
+    /* dst (n) = t dequantized with bitsandbytes' fp32 arithmetic, then rounded to bf16 (to
+     * nearest even), for linear_fwd/linear_bwd_x with FT_W_BF16. NULL on backends that take
+     * fp32 weights only (the CPU dequantizes NF4 to fp32 when it reads a pack). */
+    int (*dequant_nf4)(ft_backend *be, uint16_t *dst, const ft_nf4_tensor *t);
     /* y (n) += alpha * x (n). */
     int (*axpy)(ft_backend *be, float alpha, const float *x, float *y, int64_t n);
     /* x (n) *= alpha. */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "offload/exec_internal.h"
 #include "src/core/err.h"
 
 static ft_block_dims dims_of(const ft_exec *e, int64_t T)
@@ -44,12 +45,7 @@ static int64_t total(const layout *L)
     return t + 16 * 11; /* 64-byte alignment slack per region */
 }
 
-static float *carve(float **p, int64_t n)
-{
-    float *r = *p;
-    *p += (n + 15) & ~(int64_t)15;
-    return r;
-}
+static float *carve(float **p, int64_t n) { return ft_exec_carve(p, n); }
 
 /* LM-head rows per chunk: small on the CPU (the chunk's logits stay in cache), large on a
  * GPU (a (chunk, V) GEMM needs many rows to fill the tensor cores; 1024 x 128256 fp32 is
@@ -60,36 +56,6 @@ static int64_t ce_chunk_for(const ft_backend *be, int64_t T_max)
     return c < T_max ? c : T_max;
 }
 
-/* bf16 for the projections when the backend takes it and its memory is not the host's (a
- * device copy is being made anyway: half the bytes, twice the tensor-core rate); fp32 else. */
-static int proj_wtype(const ft_backend *be)
-{
-    return !be->ops->host_memory && (be->ops->weight_types & FT_WTYPE_BIT(FT_W_BF16)) ? FT_W_BF16
-                                                                                         : FT_W_F32;
-}
-
-static size_t floats_for(int64_t n, int wtype)
-{
-    int64_t f = wtype == FT_W_BF16 ? (n + 1) / 2 : n;
-    return (size_t)((f + 15) & ~(int64_t)15);
-}
-
-size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m)
-{
-    const ft_model_config *c = &m->cfg;
-    int wt = proj_wtype(be);
-    size_t n = floats_for(c->vocab_size * c->hidden_size, FT_W_F32) * (m->lm_head != m->embed ? 2 : 1) +
-               floats_for(c->hidden_size, FT_W_F32);
-    for (int64_t l = 0; l < c->num_hidden_layers; l++) {
-        const ft_layer_weights *w = &m->layers[l];
-        n += 2 * floats_for(c->hidden_size, FT_W_F32);
-        for (int p = 0; p < FT_N_PROJ; p++)
-            n += floats_for(w->proj[p].out_n * w->proj[p].in_n, wt) +
-                 (w->proj[p].b ? floats_for(w->proj[p].out_n, FT_W_F32) : 0);
-    }
-    return (n + 64) * sizeof(float);
-}
-
 size_t ft_exec_bytes(const ft_backend *be, const ft_model *m, const ft_lora *lora, int64_t T_max,
                      int64_t n_micro)
 {
@@ -97,91 +63,14 @@ size_t ft_exec_bytes(const ft_backend *be, const ft_model *m, const ft_lora *lor
     return (size_t)total(&L) * sizeof(float) + (be->ops->host_memory ? 0 : ft_exec_weight_bytes(be, m));
 }
 
-/* fp32 -> bf16, round to nearest even (NaN kept quiet). */
-static void to_bf16_host(uint16_t *dst, const float *src, int64_t n)
-{
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &src[i], 4);
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            dst[i] = (uint16_t)((u >> 16) | 0x40);
-        else
-            dst[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-    }
-}
-
-/* Points the executor at the base weights: in place on a host-memory backend; otherwise one
- * device allocation holding every tensor (projections in bf16 when the backend takes it),
- * filled by one copy each. */
-static int place_weights(ft_exec *e)
-{
-    ft_backend *be = e->be;
-    const ft_model *m = e->m;
-    const ft_model_config *c = &m->cfg;
-    if (be->ops->host_memory) {
-        e->layers = m->layers;
-        e->embed = m->embed;
-        e->final_norm = m->final_norm;
-        e->lm_head = m->lm_head;
-        return 0;
-    }
-    int wt = proj_wtype(be);
-    e->layers = calloc((size_t)c->num_hidden_layers, sizeof *e->layers);
-    e->weights_bytes = ft_exec_weight_bytes(be, m);
-    e->weights = e->layers ? be->ops->alloc(be, e->weights_bytes) : NULL;
-    if (!e->weights)
-        return ft_err(-ENOMEM, "out of memory: the base weights need %.1f GiB of %s memory",
-                      e->weights_bytes / 1073741824.0, be->ops->name);
-    int64_t biggest = 0;
-    for (int64_t l = 0; l < c->num_hidden_layers; l++)
-        for (int q = 0; q < FT_N_PROJ; q++) {
-            int64_t n = m->layers[l].proj[q].out_n * m->layers[l].proj[q].in_n;
-            biggest = n > biggest ? n : biggest;
-        }
-    uint16_t *stage = wt == FT_W_BF16 ? malloc((size_t)biggest * sizeof(uint16_t)) : NULL;
-    if (wt == FT_W_BF16 && !stage)
-        return ft_err(-ENOMEM, "out of memory converting weights to bf16 (%lld values)", (long long)biggest);
-    float *p = e->weights;
-    int64_t VC = c->vocab_size * c->hidden_size;
-    int rc = 0;
-#define PUT(dst, src, n) do { float *d_ = carve(&p, (n)); \
-        if (!rc) { rc = be->ops->copy(be, d_, (src), (size_t)(n) * sizeof(float)); } \
-        (dst) = d_; } while (0)
-    PUT(e->embed, m->embed, VC);
-    if (m->lm_head == m->embed)
-        e->lm_head = e->embed;
-    else
-        PUT(e->lm_head, m->lm_head, VC);
-    PUT(e->final_norm, m->final_norm, c->hidden_size);
-    for (int64_t l = 0; l < c->num_hidden_layers && !rc; l++) {
-        const ft_layer_weights *src = &m->layers[l];
-        ft_layer_weights *dst = &e->layers[l];
-        *dst = *src;
-        PUT(dst->attn_norm, src->attn_norm, c->hidden_size);
-        PUT(dst->ffn_norm, src->ffn_norm, c->hidden_size);
-        for (int q = 0; q < FT_N_PROJ && !rc; q++) {
-            const ft_linear *s = &src->proj[q];
-            int64_t n = s->out_n * s->in_n;
-            if (wt == FT_W_BF16) {
-                float *d = carve(&p, (int64_t)floats_for(n, FT_W_BF16));
-                to_bf16_host(stage, s->w, n);
-                rc = be->ops->copy(be, d, stage, (size_t)n * sizeof(uint16_t));
-                dst->proj[q].w = d;
-                dst->proj[q].wtype = FT_W_BF16;
-            } else {
-                PUT(dst->proj[q].w, s->w, n);
-            }
-            if (s->b) PUT(dst->proj[q].b, s->b, s->out_n);
-        }
-    }
-#undef PUT
-    free(stage);
-    return rc;
-}
-
 int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
                  int64_t n_micro, int64_t rope_seq_len)
+{
+    return ft_exec_init_ex(e, be, m, lora, T_max, n_micro, rope_seq_len, 1);
+}
+
+int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
+                    int64_t n_micro, int64_t rope_seq_len, int place_layers)
 {
     memset(e, 0, sizeof *e);
     if (T_max < 1 || n_micro < 1)
@@ -225,7 +114,7 @@ int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, i
     if (be->ops->prepare)
         FT_TRY(be->ops->prepare(be, T_max, m->cfg.num_attention_heads, m->cfg.num_key_value_heads,
                                 m->cfg.head_dim));
-    return place_weights(e);
+    return ft_exec_place_weights(e, place_layers);
 }
 
 void ft_exec_free(ft_exec *e)
@@ -234,6 +123,11 @@ void ft_exec_free(ft_exec *e)
         e->be->ops->free(e->be, e->arena);
         e->be->ops->free(e->be, e->layer_f32);
         e->be->ops->free(e->be, e->weights);
+        e->be->ops->free(e->be, e->pack_dev);
+        for (int64_t l = 0; e->pack_dir && l < e->m->cfg.num_hidden_layers; l++) free(e->pack_dir[l]);
+        free(e->pack_dir);
+        free(e->pack_dir_n);
+        free(e->pack_dev_off);
         e->be->ops->free(e->be, e->kept_mem);
         free(e->kept);
         if (e->layers && e->layers != e->m->layers) free(e->layers);
@@ -289,10 +183,7 @@ int ft_exec_use_pack(ft_exec *e, ft_pack_file *pack)
                       ft_pack_path(pack), (long long)b->num_hidden_layers, (long long)b->hidden_size,
                       (long long)b->intermediate_size, (long long)a->num_hidden_layers,
                       (long long)a->hidden_size, (long long)a->intermediate_size);
-    if (!e->be->ops->host_memory)
-        return ft_err(FT_E_UNSUPPORTED, "%s: a packed (NF4) base on the %s backend is not "
-                      "supported yet; use --device cpu or --quant bf16", ft_pack_path(pack),
-                      e->be->ops->name);
+    if (!e->be->ops->host_memory) return ft_exec_pack_to_device(e, pack);
     size_t raw = ft_pack_max_layer_bytes(pack);
     size_t f32 = (size_t)ft_pack_layer_floats(b) * sizeof(float);
     void *r = NULL;
@@ -325,6 +216,7 @@ static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
         *w = &e->layers[l];
         return 0;
     }
+    if (e->pack_dev) return ft_exec_fetch_device(e, l, w);
     if (e->fetched_layer != l) {
         e->fetched_layer = -1;
         FT_TRY(ft_pack_read_block(e->pack, l, e->pack_raw, e->pack_raw_bytes, 1));

@@ -50,6 +50,7 @@ typedef struct ft_exec {
     ft_layer_weights *layers;   /* num_hidden_layers; == m->layers on the CPU */
     const float *embed, *final_norm, *lm_head;
     float *weights;             /* the device copy (NULL on the CPU) */
+    int weights_with_layers;    /* 1: weights holds the layers too, 0: the global tensors only */
     size_t weights_bytes;
     /* Activations kept from the forward for the backward, per layer and micro-batch
      * ([l * n_micro_max + mb]), when memory allows (ft_exec_keep_activations): the backward
@@ -68,6 +69,12 @@ typedef struct ft_exec {
     ft_layer_weights fetched;   /* points into layer_f32 */
     int64_t fetched_layer;      /* the layer layer_f32 holds, -1 if none */
     int64_t pack_reads;         /* blocks read from the pack (test hook) */
+    /* Device backends (resident.c): every layer block of the pack in device memory. */
+    uint8_t *pack_dev;
+    size_t pack_dev_bytes;
+    int64_t *pack_dev_off;      /* per layer: offset of its block in pack_dev */
+    ft_pack_tensor **pack_dir;  /* per layer: a host copy of its tensor directory */
+    int64_t *pack_dir_n;
 } ft_exec;
 
 /* Plans and allocates everything for micro-batches of up to T_max tokens and up to
@@ -75,12 +82,20 @@ typedef struct ft_exec {
  * Returns 0, -ENOMEM (message gives the bytes asked for), FT_E_INVALID. */
 int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
                  int64_t n_micro, int64_t rope_seq_len);
+/* As ft_exec_init; place_layers = 0 leaves the layers' weights out of a device backend's
+ * copy (the caller follows with ft_exec_use_pack), so a packed base never has a full copy of
+ * the layers in device memory, not even for a moment. */
+int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
+                    int64_t n_micro, int64_t rope_seq_len, int place_layers);
 void ft_exec_free(ft_exec *e);
 
 /* Makes the executor take the base model's layer weights (norms, projections, biases) from
- * a pack instead of the model's fp32 arrays: at every layer fetch the block is read (pread,
- * checksum verified) and dequantized to fp32 (NF4 with bitsandbytes arithmetic, nf4.h), so
- * the block math is unchanged and only one layer is ever held in fp32. Embeddings, final
+ * a pack instead of the model's fp32 arrays. Host-memory backend (CPU): at every layer fetch
+ * the block is read (pread, checksum verified) and dequantized to fp32 (NF4 with bitsandbytes
+ * arithmetic, nf4.h), so the block math is unchanged and only one layer is ever held in fp32.
+ * Device backend (CUDA): every block is read and checksummed once and kept in device memory
+ * (4-bit), the layers' copied weights are freed, and each layer visit dequantizes its NF4
+ * projections to bf16 in one staging buffer (resident.c). Embeddings, final
  * norm and LM head still come from the model. The pack must describe the same architecture
  * as e->m (FT_E_INVALID otherwise); it stays owned by the caller and must outlive e.
  * Allocates once (the largest block + one layer in fp32); returns 0, -ENOMEM, FT_E_INVALID. */
@@ -104,6 +119,9 @@ size_t ft_exec_pack_bytes(const ft_pack_file *pack);
  * copy of the base weights (ft_exec_weight_bytes). */
 size_t ft_exec_bytes(const ft_backend *be, const ft_model *m, const ft_lora *lora, int64_t T_max,
                      int64_t n_micro);
+/* Bytes a device backend holds for a packed base (resident.c): the global tensors in fp32,
+ * every layer block of the pack, and one layer's projections in bf16 (the staging). */
+size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack);
 /* Bytes of the device copy of the base model's weights on backend be (embeddings counted
  * once when tied; projections in bf16 where the backend takes bf16 weights, else fp32). */
 size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m);

@@ -287,6 +287,23 @@ static int pread_all(int fd, void *buf, size_t n, int64_t off, const char *path)
     return 0;
 }
 
+uint64_t ft_pack_min_block_bytes(const ft_model_config *c, int64_t l, uint32_t quant)
+{
+    ft_pack_slot sl[FT_PACK_MAX_SLOTS];
+    int n = ft_pack_block_slots(c, l, sl);
+    uint64_t sum = (uint64_t)n * sizeof(ft_pack_tensor);
+    for (int i = 0; i < n; i++) {
+        uint64_t e; /* heads * head_dim can reach 2^60 within config.c's bounds: check */
+        if (__builtin_mul_overflow((uint64_t)sl[i].rows, (uint64_t)sl[i].cols, &e) ||
+            e > UINT64_MAX / 4)
+            return UINT64_MAX;
+        uint64_t b = sl[i].linear ? (quant == FT_PACK_QUANT_NF4 ? (e + 1) / 2 : 2 * e)
+                                  : sl[i].cols == 1 ? 4 * e : 2 * e;
+        sum = sum > UINT64_MAX - b ? UINT64_MAX : sum + b;
+    }
+    return sum;
+}
+
 static int check_header(ft_pack_file *p, const uint8_t *raw, int64_t size)
 {
     const ft_pack_hdr *h = &p->hdr;
@@ -313,10 +330,12 @@ static int check_header(ft_pack_file *p, const uint8_t *raw, int64_t size)
     if (h->quant != FT_PACK_QUANT_NF4 && h->quant != FT_PACK_QUANT_BF16)
         return ft_err(FT_E_CORRUPT, "%s: offset %zu: quant %u unknown", path,
                       offsetof(ft_pack_hdr, quant), h->quant);
-    if (h->n_blocks != h->n_layers + 1 || h->n_layers < 1 ||
+    if (h->n_layers < 1 || h->n_layers > 100000 || (uint64_t)h->n_blocks != (uint64_t)h->n_layers + 1 ||
         h->block_table_off < (int64_t)sizeof *h || h->config_off < (int64_t)sizeof *h ||
-        h->config_off + (int64_t)h->config_bytes > (int64_t)h->header_bytes ||
-        h->block_table_off + (int64_t)h->n_blocks * 32 > (int64_t)h->header_bytes)
+        h->config_off > (int64_t)h->header_bytes ||
+        (int64_t)h->config_bytes > (int64_t)h->header_bytes - h->config_off ||
+        h->block_table_off > (int64_t)h->header_bytes ||
+        (int64_t)h->n_blocks * 32 > (int64_t)h->header_bytes - h->block_table_off)
         return ft_err(FT_E_CORRUPT, "%s: header fields out of range (n_layers %u, n_blocks %u, "
                       "config at %lld+%u, block table at %lld, header %u bytes)", path, h->n_layers,
                       h->n_blocks, (long long)h->config_off, h->config_bytes,
@@ -340,6 +359,13 @@ static int check_header(ft_pack_file *p, const uint8_t *raw, int64_t size)
                           "%u, %u tensors): expected the block of layer %u at offset %llu", path, i,
                           (unsigned long long)b->offset, (unsigned long long)b->bytes, b->layer,
                           b->n_tensors, want, (unsigned long long)pos);
+        uint64_t need = ft_pack_min_block_bytes(&p->cfg, i < h->n_layers ? (int64_t)i : -1, h->quant);
+        if (b->bytes < need)
+            return ft_err(FT_E_CORRUPT, "%s: block table entry %u (%s %d): %llu bytes, but the "
+                          "stored config's tensors need at least %llu", path, i,
+                          i < h->n_layers ? "layer" : "embeddings/head",
+                          i < h->n_layers ? (int)i : -1, (unsigned long long)b->bytes,
+                          (unsigned long long)need);
         pos += b->bytes;
     }
     if (pos != h->file_bytes)
@@ -456,11 +482,12 @@ int ft_pack_verify(ft_pack_file *p)
             if (!rc) ft_xxh64_update(&h, buf, k);
         }
         uint64_t d = ft_xxh64_digest(&h);
+        char what[40];
+        if (b->layer == FT_PACK_GLOBAL) snprintf(what, sizeof what, "embeddings and LM head");
+        else snprintf(what, sizeof what, "layer %u", b->layer);
         if (!rc && d != b->checksum)
-            rc = ft_err(FT_E_CORRUPT, "%s: block %u (%s %d, offset %llu, %llu bytes): checksum "
-                        "%016llx, expected %016llx (corrupt pack)", p->path, i,
-                        b->layer == FT_PACK_GLOBAL ? "embeddings/head" : "layer",
-                        b->layer == FT_PACK_GLOBAL ? -1 : (int)b->layer,
+            rc = ft_err(FT_E_CORRUPT, "%s: block %u (%s, offset %llu, %llu bytes): checksum "
+                        "%016llx, expected %016llx (corrupt pack)", p->path, i, what,
                         (unsigned long long)b->offset, (unsigned long long)b->bytes,
                         (unsigned long long)d, (unsigned long long)b->checksum);
     }
@@ -479,31 +506,38 @@ int64_t ft_pack_layer_floats(const ft_model_config *cfg)
     return n;
 }
 
+/* 1 if [start, start + len) lies inside a block of blk bytes and start is 4-aligned
+ * (written without an addition that could overflow: the offsets come from the file). */
+static int in_block(int64_t start, int64_t len, uint64_t blk)
+{
+    return start >= 0 && start % 4 == 0 && len >= 0 && (uint64_t)start <= blk &&
+           (uint64_t)len <= blk - (uint64_t)start;
+}
+
 /* Checks one record against its expected slot and the block bounds. */
 static int check_record(const ft_pack_file *p, int64_t l, const ft_pack_tensor *r, const ft_pack_slot *sl,
                         uint64_t blk_bytes)
 {
     const char *path = p->path;
     int ok = r->role == (uint32_t)sl->role && r->rows == sl->rows && r->cols == sl->cols;
-    int64_t n = sl->rows * sl->cols, end = 0;
+    int64_t n = sl->rows * sl->cols; /* bounded by the block size (check_header) */
     if (ok && r->dtype == FT_PACK_DT_BF16) ok = r->data_bytes == 2 * n;
     else if (ok && r->dtype == FT_PACK_DT_F32) ok = r->data_bytes == 4 * n;
     else if (ok && r->dtype == FT_PACK_DT_NF4 && sl->linear) {
         ft_nf4_layout lay;
         ok = ft_nf4_layout_init(&lay, n, r->blocksize, r->nested_blocksize) == 0 &&
              r->data_bytes == lay.code_bytes;
-        int64_t ends[4] = {r->absmax_off + (lay.nested_blocksize ? lay.n_blocks : 4 * lay.n_blocks),
-                           r->nested_off + 4 * lay.n_nested, r->map_off + 4 * 256, r->code_off + 64};
-        int64_t starts[4] = {r->absmax_off, r->nested_off, r->map_off, r->code_off};
-        for (int k = 0; ok && k < 4; k++) {
-            if (k >= 1 && k <= 2 && !lay.nested_blocksize) continue;
-            ok = starts[k] >= 0 && starts[k] % 4 == 0 && ends[k] <= (int64_t)blk_bytes;
+        if (ok) {
+            int nested = lay.nested_blocksize != 0;
+            ok = in_block(r->absmax_off, nested ? lay.n_blocks : 4 * lay.n_blocks, blk_bytes) &&
+                 in_block(r->code_off, 4 * 16, blk_bytes) &&
+                 (!nested || (in_block(r->nested_off, 4 * lay.n_nested, blk_bytes) &&
+                              in_block(r->map_off, 4 * 256, blk_bytes)));
         }
     } else {
         ok = 0;
     }
-    end = r->data_off + r->data_bytes;
-    if (ok) ok = r->data_off >= 0 && r->data_off % 4 == 0 && end <= (int64_t)blk_bytes;
+    if (ok) ok = in_block(r->data_off, r->data_bytes, blk_bytes);
     if (!ok)
         return ft_err(FT_E_CORRUPT, "%s: layer %lld: tensor record (role %u, dtype %u, %lld x %lld, "
                       "data %lld+%lld) does not match the expected role %d of shape %lld x %lld "

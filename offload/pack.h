@@ -236,6 +236,13 @@ typedef struct ft_pack_ensure_info {
 int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_settings *s,
                    int force, ft_pack_ensure_info *info);
 
+/* ft_pack_ensure for a model the caller has loaded already (ft_model_load of the same
+ * path): a GGUF file is then packed from `loaded`'s fp32 weights instead of being loaded a
+ * second time. loaded may be NULL (same as ft_pack_ensure); a folder is always streamed
+ * from its safetensors. */
+int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
+                          const ft_pack_settings *s, int force, ft_pack_ensure_info *info);
+
 /* The file name init-model gives a pack it writes into a model folder. */
 #define FT_PACK_LOCAL_NF4 "model-nf4.ftpack"
 #define FT_PACK_LOCAL_BF16 "model-bf16.ftpack"

@@ -212,6 +212,9 @@ static int plan_all(builder *b, int64_t *blk_bytes, int64_t *max_layer, int64_t 
     *max_layer = 0;
     *max_src = 0;
     for (int64_t l = -1; l < L; l++) {
+        if (ft_pack_min_block_bytes(c, l, (uint32_t)b->s->quant) > ((uint64_t)1 << 50))
+            return ft_err(FT_E_INVALID, "%s: the config's %s tensors are too large to pack "
+                          "(over 1 PiB)", b->path, l < 0 ? "embedding/head" : "layer");
         ft_pack_tensor rec[FT_PACK_MAX_SLOTS];
         int pre[FT_PACK_MAX_SLOTS], n;
         FT_TRY(ft_pack_plan_block(c, b->s, b->src, l, rec, &n, &blk_bytes[l < 0 ? L : l], pre));

@@ -24,6 +24,11 @@ int ft_pack_block_slots(const ft_model_config *c, int64_t l, ft_pack_slot *out);
 /* Fills record r for slot sl stored as dtype, data placed from *pos (advanced). */
 int ft_pack_place(ft_pack_tensor *r, const ft_pack_slot *sl, int dtype, int64_t bs, int64_t nbs,
                   int64_t *pos);
+/* The fewest bytes block l (-1: global) of a pack of quant `quant` can have for config c:
+ * its directory and every tensor's values (NF4 codes only; no alignment). UINT64_MAX when a
+ * tensor's element count or the sum would overflow (heads * head_dim * hidden can, within
+ * config.c's per-field bounds). */
+uint64_t ft_pack_min_block_bytes(const ft_model_config *c, int64_t l, uint32_t quant);
 /* Plans block l: records, count, padded size, and which slots come pre-quantized. */
 int ft_pack_plan_block(const ft_model_config *c, const ft_pack_settings *s, const ft_pack_src *src,
                        int64_t l, ft_pack_tensor *rec, int *n_rec, int64_t *bytes, int *pre);

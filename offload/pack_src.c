@@ -385,18 +385,19 @@ static int usable(const char *path, uint64_t identity, const ft_pack_settings *s
     return rc;
 }
 
-static int build_from(const char *model, const char *path, uint64_t identity,
-                      const ft_pack_settings *s, ft_pack_stats *st)
+static int build_from(const char *model, const ft_model *loaded, const char *path,
+                      uint64_t identity, const ft_pack_settings *s, ft_pack_stats *st)
 {
     int isdir = ft_is_dir(model);
     if (isdir < 0) return ft_err(isdir, "%s: cannot open model: %s", model, strerror(-isdir));
     if (!isdir) {
-        ft_model *m;
-        FT_TRY(ft_model_load(&m, model));
-        char *js = config_json_of(&m->cfg);
+        ft_model *m = NULL;
+        if (!loaded) FT_TRY(ft_model_load(&m, model));
+        const ft_model *use = loaded ? loaded : m;
+        char *js = config_json_of(&use->cfg);
         int rc = js ? 0 : ft_err(-ENOMEM, "out of memory");
-        ft_pack_src src = {m, gguf_read_f32, NULL, NULL};
-        if (!rc) rc = ft_pack_build(path, &m->cfg, js, strlen(js), identity, s, &src, st);
+        ft_pack_src src = {(void *)use, gguf_read_f32, NULL, NULL};
+        if (!rc) rc = ft_pack_build(path, &use->cfg, js, strlen(js), identity, s, &src, st);
         cJSON_free(js);
         ft_model_free(m);
         return rc;
@@ -419,6 +420,12 @@ static int build_from(const char *model, const char *path, uint64_t identity,
 
 int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_settings *s,
                    int force, ft_pack_ensure_info *info)
+{
+    return ft_pack_ensure_loaded(model, NULL, cache_dir, s, force, info);
+}
+
+int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
+                          const ft_pack_settings *s, int force, ft_pack_ensure_info *info)
 {
     memset(info, 0, sizeof *info);
     char dir[4200];
@@ -473,6 +480,6 @@ int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_setti
     }
     if (info->reason[0] && info->action != FT_PACK_REBUILT) info->action = FT_PACK_REBUILT;
     FT_TRY(ft_mkdir_p(dir));
-    int rc = build_from(model, info->path, info->identity, s, &info->stats);
+    int rc = build_from(model, loaded, info->path, info->identity, s, &info->stats);
     return rc < 0 ? ft_err_prefix(rc, "building the pack of %s", model) : 0;
 }

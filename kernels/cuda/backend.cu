@@ -551,6 +551,7 @@ extern "C" int ft_cuda_lm_head_ce(ft_backend *be, double *loss_sum, int64_t *n_v
                                   const float *x, const float *W, const int32_t *targets,
                                   int64_t T, int64_t C, int64_t V, float grad_scale,
                                   float *scratch, int64_t chunk);
+extern "C" int ft_cuda_dequant_nf4(ft_backend *be, uint16_t *dst, const ft_nf4_tensor *t);
 extern "C" int ft_cuda_lm_head_logits(ft_backend *be, float *logits, const float *x,
                                       const float *W, int64_t T, int64_t C, int64_t V);
 
@@ -585,6 +586,7 @@ static const ft_backend_ops cuda_ops = {
     .gemm = cu_gemm,
     .linear_fwd = cu_linear_fwd,
     .linear_bwd_x = cu_linear_bwd_x,
+    .dequant_nf4 = ft_cuda_dequant_nf4,
     .axpy = cu_axpy,
     .scale = cu_scale,
     .sumsq = cu_sumsq,
@@ -602,7 +604,7 @@ static const ft_backend_ops cuda_ops = {
     .lm_head_ce = ft_cuda_lm_head_ce,
     .lm_head_logits = ft_cuda_lm_head_logits,
     .adamw = cu_adamw,
-    .attention_kv_fwd = ft_cuda_attention_kv_fwd,
+    .attention_kv_fwd = ft_cuda_flash_attention_kv_fwd,
 };
 
 static int cuda_setup(ft_cuda_ctx *cx, int device)

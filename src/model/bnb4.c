@@ -1,6 +1,7 @@
 /* bnb4.c - bitsandbytes 4-bit safetensors weights (see bnb4.h; formats.md 5.5). */
 #include "src/model/bnb4.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,9 +40,13 @@ static int need(const ft_st_set *s, const char *weight, const char *suffix, int 
 {
     const ft_st_file *f = NULL;
     const ft_st_tensor *t = companion(s, weight, suffix, &f);
-    if (!t)
-        return ft_err(FT_E_INVALID, "tensor \"%s%s\" not found: the bitsandbytes 4-bit weight "
-                      "\"%s\" needs it", weight, suffix, weight);
+    if (!t) {
+        const ft_st_file *wf = NULL;
+        ft_st_set_find(s, weight, &wf);
+        return ft_err(FT_E_INVALID, "%s: tensor \"%s%s\" not found: the bitsandbytes 4-bit "
+                      "weight \"%s\" needs it", wf ? ft_st_path(wf) : "model", weight, suffix,
+                      weight);
+    }
     if (t->dtype != dtype || numel(t) != n)
         return ft_err(FT_E_INVALID, "%s: tensor \"%s%s\" is %s with %lld elements, expected %s "
                       "with %lld", ft_st_path(f), weight, suffix, ft_st_dtype_name(t->dtype),
@@ -89,12 +94,16 @@ static int parse_state(const ft_st_tensor *qs, const char *where, int64_t rows, 
         int64_t d[2] = {0, 0};
         for (int k = 0; ok && k < 2; k++) {
             const cJSON *e = cJSON_GetArrayItem(sh, k);
-            ok = cJSON_IsNumber(e);
+            ok = cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) &&
+                 fabs(e->valuedouble) <= 9e15; /* range first: the cast is UB outside int64 */
             if (ok) d[k] = (int64_t)e->valuedouble;
         }
-        if (!ok || d[0] != rows || d[1] != cols)
-            rc = ft_err(FT_E_INVALID, "%s: quant state shape %s, expected [%lld, %lld] (from "
-                        "config.json)", where, ok ? "differs" : "is not [out, in]",
+        if (!ok)
+            rc = ft_err(FT_E_INVALID, "%s: quant state \"shape\" is not [out, in], expected "
+                        "[%lld, %lld] (from config.json)", where, (long long)rows, (long long)cols);
+        else if (d[0] != rows || d[1] != cols)
+            rc = ft_err(FT_E_INVALID, "%s: quant state \"shape\" is [%lld, %lld], expected "
+                        "[%lld, %lld] (from config.json)", where, (long long)d[0], (long long)d[1],
                         (long long)rows, (long long)cols);
     }
     if (!rc && cJSON_IsString(dt)) snprintf(t->dtype, sizeof t->dtype, "%s", dt->valuestring);
@@ -107,6 +116,9 @@ static int parse_state(const ft_st_tensor *qs, const char *where, int64_t rows, 
         if (!rc && !cJSON_IsNumber(no))
             rc = ft_err(FT_E_INVALID, "%s: quant state has nested_blocksize but no numeric "
                         "nested_offset", where);
+        else if (!rc && !(fabs(no->valuedouble) <= FLT_MAX)) /* the float cast would be UB */
+            rc = ft_err(FT_E_INVALID, "%s: quant state nested_offset %g is not a float32 value",
+                        where, no->valuedouble);
         if (!rc) *offset = no->valuedouble;
     }
     cJSON_Delete(o);

@@ -100,16 +100,23 @@ static int lin_fwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll,
 {
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
-    FT_TRY(o->linear_fwd(be, y, x, w->w, w->wtype, T, out, in, 0.0f, xd));
-    if (w->b) FT_TRY(o->bias_add(be, y, w->b, T, out));
-    if (!ll) return 0;
-    const float *xin = x;
-    if (p > 0 && seed) {
-        FT_TRY(o->dropout(be, xd, x, T * in, p, seed));
-        xin = xd;
+    float beta = 0.0f;
+    if (ll) {
+        /* The adapter first: y = scale u B^T is written once, and the frozen GEMM then adds
+         * into it in its epilogue (beta = 1) instead of a second pass reading and rewriting
+         * y (T x out) after it. */
+        const float *xin = x;
+        if (p > 0 && seed) {
+            FT_TRY(o->dropout(be, xd, x, T * in, p, seed));
+            xin = xd;
+        }
+        FT_TRY(o->gemm(be, 0, 1, T, r, in, 1.0f, xin, in, ll->A, in, 0.0f, u, r));
+        FT_TRY(o->gemm(be, 0, 1, T, out, r, scale, u, r, ll->B, r, 0.0f, y, out));
+        beta = 1.0f;
     }
-    FT_TRY(o->gemm(be, 0, 1, T, r, in, 1.0f, xin, in, ll->A, in, 0.0f, u, r));
-    return o->gemm(be, 0, 1, T, out, r, scale, u, r, ll->B, r, 1.0f, y, out);
+    FT_TRY(o->linear_fwd(be, y, x, w->w, w->wtype, T, out, in, beta, xd));
+    if (w->b) FT_TRY(o->bias_add(be, y, w->b, T, out));
+    return 0;
 }
 
 /* dx (T, in) = beta * dx + dy W (+ the LoRA path); dA, dB accumulate. xd holds 2*T*in. */
@@ -119,21 +126,22 @@ static int lin_bwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll,
 {
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
-    FT_TRY(o->linear_bwd_x(be, dx, dy, w->w, w->wtype, T, out, in, beta, xd));
-    if (!ll) return 0;
+    if (!ll) return o->linear_bwd_x(be, dx, dy, w->w, w->wtype, T, out, in, beta, xd);
     /* dB (out, r) += scale * dy^T u;  du (T, r) = scale * dy B */
     FT_TRY(o->gemm(be, 1, 0, out, r, T, scale, dy, out, u, r, 1.0f, ll->dB, r));
     FT_TRY(o->gemm(be, 0, 0, T, r, out, scale, dy, out, ll->B, r, 0.0f, du, r));
     int drop = p > 0 && seed;
-    const float *xin = x;
-    if (drop) {
-        FT_TRY(o->dropout(be, xd, x, T * in, p, seed));
-        xin = xd;
+    if (!drop) {
+        /* dA (r, in) += du^T x; then the adapter's share of dx first (dx = du A + beta dx) and
+         * the frozen GEMM adding into it in its epilogue (one pass over dx less). */
+        FT_TRY(o->gemm(be, 1, 0, r, in, T, 1.0f, du, r, x, in, 1.0f, ll->dA, in));
+        FT_TRY(o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A, in, beta, dx, in));
+        return o->linear_bwd_x(be, dx, dy, w->w, w->wtype, T, out, in, 1.0f, xd);
     }
+    FT_TRY(o->linear_bwd_x(be, dx, dy, w->w, w->wtype, T, out, in, beta, xd));
     /* dA (r, in) += du^T dropout(x) */
-    FT_TRY(o->gemm(be, 1, 0, r, in, T, 1.0f, du, r, xin, in, 1.0f, ll->dA, in));
-    if (!drop)
-        return o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A, in, 1.0f, dx, in);
+    FT_TRY(o->dropout(be, xd, x, T * in, p, seed));
+    FT_TRY(o->gemm(be, 1, 0, r, in, T, 1.0f, du, r, xd, in, 1.0f, ll->dA, in));
     float *dxin = xd + T * in;
     FT_TRY(o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A, in, 0.0f, dxin, in));
     FT_TRY(o->dropout(be, xd, dxin, T * in, p, seed));

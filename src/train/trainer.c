@@ -13,6 +13,7 @@
 #include "adapters/peft.h"
 #include "kernels/kernels.h"
 #include "offload/exec.h"
+#include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
@@ -102,6 +103,7 @@ typedef struct run {
     int lora_ok;
     ft_exec ex;
     int ex_ok;
+    ft_pack_file *pack;         /* the NF4 base (--quant nf4), or NULL */
     ft_metrics met;
     char *cfg_json;             /* the run config stored in checkpoints */
 } run;
@@ -110,6 +112,7 @@ static void run_free(run *r)
 {
     ft_metrics_close(&r->met);
     if (r->ex_ok) ft_exec_free(&r->ex);
+    ft_pack_close(r->pack);
     if (r->lora_ok) ft_lora_free(&r->lora);
     ft_backend_free(r->be);
     ft_batches_free(r->train_b, r->n_train_b);
@@ -157,7 +160,7 @@ static uint64_t data_fingerprint(const ft_dataset *ds)
  * changes the training trajectory and must match on --resume (ft_ckpt_config_diff). */
 static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_model *m,
                         const ft_dataset *ds, int64_t seq_len, int64_t total, int64_t warmup,
-                        int64_t n_params)
+                        int64_t n_params, int quant)
 {
     const ft_model_config *mc = &m->cfg;
     char buf[64];
@@ -192,6 +195,9 @@ static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_m
     for (int p = 0; p < FT_N_PROJ; p++)
         if (lc->targets & (1u << p)) cJSON_AddItemToArray(t, cJSON_CreateString(ft_proj_name[p]));
     cJSON_AddNumberToObject(o, "n_params", (double)n_params);
+    /* the base's quantization shapes the trajectory; recorded only for NF4 so that
+     * checkpoints written before --quant existed (all bf16) still resume */
+    if (quant == FT_PACK_QUANT_NF4) cJSON_AddStringToObject(o, "base_quant", "nf4");
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)c->seed); /* > 2^53 as a string */
     cJSON_AddStringToObject(o, "seed", buf);
     /* "info": recorded, free to change on resume */
@@ -281,6 +287,81 @@ static int resume_from(run *r, const ft_train_cfg *c, ft_ckpt_state *st, int64_t
 /* GiB, for messages. */
 static double gib(double bytes) { return bytes / 1073741824.0; }
 
+/* The device memory a run may use: what is in use already (CUDA context, workspace, the
+ * adapter and its moments), the budget (--gpu-mem, else the GPU's total), and what is left
+ * of it (never more than is free). */
+static int device_budget(run *r, const ft_train_cfg *c, size_t *used, size_t *budget,
+                         size_t *avail, size_t *total)
+{
+    size_t free_b = 0, total_b = 0;
+    FT_TRY(ft_backend_mem_free(r->be, &free_b, &total_b));
+    *used = total_b - free_b;
+    *budget = c->gpu_mem > 0 ? (size_t)c->gpu_mem : total_b;
+    *avail = *budget > *used ? *budget - *used : 0;
+    if (*avail > free_b) *avail = free_b;
+    *total = total_b;
+    return 0;
+}
+
+/* Chooses the base's quantization (--quant, or auto: bf16 unless a device backend's budget
+ * cannot hold the bf16 base, then nf4) and says why in `why`. NF4 needs a host-memory
+ * backend for now (the executor dequantizes each fetched layer on the host): FT_E_UNSUPPORTED
+ * on another backend, naming the way out. */
+static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, char *why, size_t n)
+{
+    const size_t spare = (size_t)1 << 30;
+    why[0] = 0;
+    if (c->quant == FT_PACK_QUANT_NF4 || c->quant == FT_PACK_QUANT_BF16) {
+        *quant = c->quant;
+    } else if (c->quant != FT_TRAIN_QUANT_AUTO) {
+        return ft_err(FT_E_INVALID, "unknown base quantization %d (nf4, bf16)", c->quant);
+    } else if (r->be->ops->host_memory) {
+        *quant = FT_PACK_QUANT_BF16;
+        snprintf(why, n, "auto: the %s backend holds the base in host memory", r->be->ops->name);
+    } else {
+        size_t used, budget, avail, total;
+        FT_TRY(device_budget(r, c, &used, &budget, &avail, &total));
+        size_t need = ft_exec_bytes(r->be, r->model, &r->lora, T, c->grad_accum);
+        *quant = need + spare <= avail ? FT_PACK_QUANT_BF16 : FT_PACK_QUANT_NF4;
+        snprintf(why, n, "auto: the bf16 base run needs %.2f GiB, %s allows %.2f GiB",
+                 gib((double)(need + spare)), c->gpu_mem > 0 ? "--gpu-mem" : "the GPU",
+                 gib((double)avail));
+    }
+    if (*quant == FT_PACK_QUANT_NF4 && !r->be->ops->host_memory && !r->be->ops->dequant_nf4)
+        return ft_err(FT_E_UNSUPPORTED, "QLoRA (--quant nf4%s%s) runs on the CPU backend only so "
+                      "far: the %s backend has no NF4 kernels yet; use --device cpu%s",
+                      why[0] ? "; " : "", why, r->be->ops->name,
+                      c->quant == FT_TRAIN_QUANT_AUTO
+                          ? ", a larger --gpu-mem, or a smaller --batch-size, --seq-len or --grad-accum"
+                          : " or --quant bf16");
+    return 0;
+}
+
+/* Finds or builds the NF4 pack of the model under --cache-dir and opens it (checksums were
+ * verified by ft_pack_ensure when it was reused); reports what happened: a rebuilt pack
+ * (truncated, corrupted, other settings) as a warning naming the reason. */
+static int open_pack(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user)
+{
+    ft_pack_settings ps;
+    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
+    ft_pack_ensure_info *pi = malloc(sizeof *pi);
+    if (!pi) return ft_err(-ENOMEM, "out of memory");
+    int rc = ft_pack_ensure_loaded(c->model, r->model, c->cache_dir, &ps, 0, pi);
+    if (!rc && pi->action == FT_PACK_REBUILT)
+        info(cb, user, FT_EV_WARN, "the cached pack was not usable, rebuilt it: %s", pi->reason);
+    if (!rc && pi->action == FT_PACK_REUSED)
+        info(cb, user, FT_EV_INFO, "pack: reusing %s (identity and settings match, checksums verified)",
+             pi->path);
+    else if (!rc)
+        info(cb, user, FT_EV_INFO, "pack: built %s: %.1f MB in %.1f s (%.1f MB/s), largest layer block %.1f MB",
+             pi->path, pi->stats.file_bytes / 1e6, pi->stats.seconds,
+             pi->stats.seconds > 0 ? pi->stats.file_bytes / 1e6 / pi->stats.seconds : 0.0,
+             pi->stats.max_layer_bytes / 1e6);
+    if (!rc) rc = ft_pack_open(&r->pack, pi->path, 0);
+    free(pi);
+    return rc;
+}
+
 /* Sizes the executor against the device memory budget (--gpu-mem, else what is free) and
  * creates it: refuses up front, naming the smallest budget that would work, rather than
  * failing mid-run; then keeps every layer's activations (no recompute in the backward) when
@@ -289,19 +370,22 @@ static double gib(double bytes) { return bytes / 1073741824.0; }
 static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_len)
 {
     ft_backend *be = r->be;
-    size_t free_b = 0, total_b = 0, need = ft_exec_bytes(be, r->model, &r->lora, T, c->grad_accum);
+    size_t need = ft_exec_bytes(be, r->model, &r->lora, T, c->grad_accum);
+    size_t wb = ft_exec_weight_bytes(be, r->model);
+    if (r->pack && !be->ops->host_memory) { /* the 4-bit blocks replace the layers' copy */
+        size_t pb = ft_exec_packed_weight_bytes(be, r->model, r->pack);
+        need = need - wb + pb;
+        wb = pb;
+    }
     if (be->ops->host_memory) {
         FT_TRY(ft_exec_init(&r->ex, be, r->model, &r->lora, T, c->grad_accum, seq_len));
         r->ex_ok = 1;
         return 0;
     }
-    FT_TRY(ft_backend_mem_free(be, &free_b, &total_b));
-    size_t used = total_b - free_b; /* CUDA context, workspace, the adapter and its moments */
-    size_t budget = c->gpu_mem > 0 ? (size_t)c->gpu_mem : total_b;
-    size_t avail = budget > used ? budget - used : 0;
-    if (avail > free_b) avail = free_b;
+    size_t used, budget, avail, total_b;
+    FT_TRY(device_budget(r, c, &used, &budget, &avail, &total_b));
+    size_t free_b = total_b - used;
     const size_t spare = (size_t)1 << 30;
-    size_t wb = ft_exec_weight_bytes(be, r->model);
     if (need + spare > avail)
         return ft_err(FT_E_RANGE, "the run needs at least %.2f GiB of GPU memory (%.2f GiB in use "
                       "by the CUDA context and the adapter, %.2f GiB of base weights, "
@@ -313,8 +397,9 @@ static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t 
                       c->gpu_mem > 0 ? "--gpu-mem" : "the GPU's free memory",
                       gib((double)(c->gpu_mem > 0 ? budget : used + free_b)),
                       ceil(gib((double)(used + need + spare))));
-    FT_TRY(ft_exec_init(&r->ex, be, r->model, &r->lora, T, c->grad_accum, seq_len));
+    FT_TRY(ft_exec_init_ex(&r->ex, be, r->model, &r->lora, T, c->grad_accum, seq_len, !r->pack));
     r->ex_ok = 1;
+    if (r->pack) FT_TRY(ft_exec_use_pack(&r->ex, r->pack));
     int rc = ft_exec_keep_activations(&r->ex, avail - need - spare);
     return rc < 0 ? rc : 0;
 }
@@ -370,21 +455,32 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     if (c->init_adapter && !c->resume) FT_TRY(ft_peft_load_weights(c->init_adapter, &r->lora));
 
     int64_t T = c->batch_size * seq_len;
+    int quant = FT_PACK_QUANT_BF16;
+    char why[256];
+    FT_TRY(choose_quant(r, c, T, &quant, why, sizeof why));
+    res->quant = quant;
+    if (quant == FT_PACK_QUANT_NF4) FT_TRY(open_pack(r, c, cb, user));
     FT_TRY(plan_device_memory(r, c, T, seq_len));
+    if (r->pack && !r->ex.pack) FT_TRY(ft_exec_use_pack(&r->ex, r->pack));
+    size_t pack_bytes = r->pack ? ft_exec_pack_bytes(r->pack) : 0;
 
     int64_t steps_per_epoch = (r->n_train_b + c->grad_accum - 1) / c->grad_accum;
     int64_t total = c->max_steps > 0 ? c->max_steps : (int64_t)ceil(c->epochs * steps_per_epoch);
     if (total < 1) total = 1;
     int64_t warmup = c->warmup_steps > 0 ? c->warmup_steps : (int64_t)ceil(c->warmup_ratio * total);
-    info(cb, user, FT_EV_PLAN, "plan: backend %s, LoRA r=%lld alpha=%g%s on %d modules (%.2fM trainable), %lld micro-batches of %lld x %lld tokens, grad-accum %lld, %lld steps (warmup %lld, %s), executor memory %.1f MiB%s",
-         r->be->ops->name, (long long)lc.r, lc.alpha, lc.use_rslora ? " (rsLoRA)" : "",
+    info(cb, user, FT_EV_PLAN, "plan: backend %s, base %s%s%s), LoRA r=%lld alpha=%g%s on %d modules (%.2fM trainable), %lld micro-batches of %lld x %lld tokens, grad-accum %lld, %lld steps (warmup %lld, %s), executor memory %.1f MiB%s",
+         r->be->ops->name,
+         quant == FT_PACK_QUANT_NF4 ? "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized per layer from the pack"
+                                    : "bf16 (unquantized",
+         why[0] ? "; " : "", why, (long long)lc.r, lc.alpha, lc.use_rslora ? " (rsLoRA)" : "",
          __builtin_popcount(lc.targets), r->lora.n_params / 1e6, (long long)r->n_train_b,
          (long long)c->batch_size, (long long)seq_len, (long long)c->grad_accum, (long long)total,
          (long long)warmup, ft_schedule_name(c->schedule),
-         (r->ex.arena_bytes + r->ex.weights_bytes + r->ex.kept_bytes) / 1048576.0,
+         (r->ex.arena_bytes + r->ex.weights_bytes + r->ex.kept_bytes + pack_bytes) / 1048576.0,
          r->ex.kept ? " (activations kept: no recompute)" : r->be->ops->host_memory ? "" : " (activations recomputed in the backward)");
 
-    r->cfg_json = run_config(c, &lc, r->model, &r->ds, seq_len, total, warmup, r->lora.n_params);
+    r->cfg_json = run_config(c, &lc, r->model, &r->ds, seq_len, total, warmup, r->lora.n_params,
+                             quant);
     if (!r->cfg_json) return ft_err(-ENOMEM, "out of memory");
     ft_ckpt_state st;
     memset(&st, 0, sizeof st);
@@ -596,6 +692,8 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     cJSON_AddNumberToObject(js, "bad_steps", (double)res->bad_steps);
     cJSON_AddNumberToObject(js, "resumed_from_step", (double)res->resumed_from);
     cJSON_AddStringToObject(js, "checkpoint", res->checkpoint);
+    cJSON_AddStringToObject(js, "base_quant", ft_pack_quant_name(res->quant));
+    if (r->pack) cJSON_AddStringToObject(js, "pack", ft_pack_path(r->pack));
     char *out = cJSON_Print(js);
     cJSON_Delete(js);
     if (!out) return ft_err(-ENOMEM, "out of memory writing summary.json");

@@ -33,6 +33,8 @@
 #include "adapters/lora.h"
 #include "src/data/dataset.h"
 
+#define FT_TRAIN_QUANT_AUTO 0
+
 typedef struct ft_train_cfg {
     const char *model;          /* folder or .gguf */
     const char *data;           /* JSON/JSONL */
@@ -56,6 +58,14 @@ typedef struct ft_train_cfg {
     int64_t gpu_mem;            /* bytes of GPU memory the run may use (0: what is free) */
     int profile;                /* time every op on the GPU after the first step; the table is
                                  * reported (FT_EV_INFO) at the end */
+    int quant;                  /* the frozen base's linear weights: FT_TRAIN_QUANT_AUTO, or
+                                 * enum ft_pack_quant (offload/pack.h): FT_PACK_QUANT_NF4 = QLoRA,
+                                 * bitsandbytes NF4 with double quantization, read per layer
+                                 * from a pack file and dequantized at each fetch;
+                                 * FT_PACK_QUANT_BF16 = the weights as loaded (bf16 on the GPU,
+                                 * fp32 on the CPU). Auto: bf16, or nf4 when a device backend's
+                                 * budget cannot hold the bf16 base. */
+    const char *cache_dir;      /* where nf4 packs are kept (NULL: ft_pack_default_cache_dir) */
     uint64_t seed;
     const char *resume;         /* checkpoint folder to continue from, or NULL: fresh run */
     int64_t save_every;         /* checkpoint every N steps (0: only at the end / on stop) */
@@ -97,6 +107,8 @@ typedef struct ft_train_result {
     int64_t bad_steps;          /* steps skipped for a non-finite loss / gradient norm */
     int64_t resumed_from;       /* step the run resumed from (0: fresh start) */
     int stopped;                /* 1: stopped through cfg->stop before completing */
+    int quant;                  /* the base's quantization used (enum ft_pack_quant); 0 if
+                                 * training did not get that far */
     char checkpoint[4200];      /* the last checkpoint written or resumed from ("" if none);
                                  * set on error too, for the resume hint */
 } ft_train_result;

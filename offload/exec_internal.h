@@ -1,0 +1,27 @@
+/* exec_internal.h - shared by the executor's files (exec.c: the schedule; resident.c: where
+ * the base weights live on a device backend). Not a public interface. */
+#ifndef FT_EXEC_INTERNAL_H
+#define FT_EXEC_INTERNAL_H
+
+#include "offload/exec.h"
+
+/* Returns *p and advances it by n floats rounded up to 16 (64-byte alignment). */
+static inline float *ft_exec_carve(float **p, int64_t n)
+{
+    float *r = *p;
+    *p += (n + 15) & ~(int64_t)15;
+    return r;
+}
+
+/* Points e at the base weights (resident.c): in place on a host-memory backend; on a device
+ * backend one allocation with the embeddings, final norm and LM head in fp32 and, when
+ * with_layers, every layer (projections in bf16 where the backend takes it). */
+int ft_exec_place_weights(ft_exec *e, int with_layers);
+
+/* Device backends: makes every layer block of the pack resident in device memory (read and
+ * checksummed once) and replaces the copied layer weights by it; fetches then dequantize a
+ * layer's NF4 projections to bf16 in one staging buffer (resident.c). */
+int ft_exec_pack_to_device(ft_exec *e, ft_pack_file *pack);
+int ft_exec_fetch_device(ft_exec *e, int64_t l, const ft_layer_weights **w);
+
+#endif
