@@ -408,3 +408,21 @@ int ft_peft_load_weights(const char *dir, ft_lora *l)
     FT_TRY(rc);
     return ft_lora_push(l);
 }
+
+int ft_peft_serving_hints(const ft_lora_cfg *c, char *buf, size_t n)
+{
+    static const int64_t vllm_ranks[] = {1, 8, 16, 32, 64, 128, 256, 320, 512};
+    if (n) buf[0] = 0;
+    if (c->r <= 16) return 0;
+    for (size_t i = 0; i < sizeof vllm_ranks / sizeof vllm_ranks[0]; i++)
+        if (vllm_ranks[i] >= c->r) {
+            snprintf(buf, n, "rank %lld is above vLLM's default --max-lora-rank 16: serve it with "
+                     "--max-lora-rank %lld (or merge it into the base with ftune merge)",
+                     (long long)c->r, (long long)vllm_ranks[i]);
+            return 1;
+        }
+    snprintf(buf, n, "rank %lld is above vLLM's largest --max-lora-rank (512): vLLM cannot load "
+             "this adapter; merge it into the base with ftune merge, or use llama.cpp (ftune export)",
+             (long long)c->r);
+    return 1;
+}

@@ -19,6 +19,14 @@ int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *bas
  * fan_in_fan_out, unknown target modules) with FT_E_UNSUPPORTED naming the file and key. */
 int ft_peft_read_config(const char *dir, ft_lora_cfg *cfg);
 
+/* Serving hints for an adapter of config c, one line per hint into buf ("" when there is
+ * nothing to say); returns the number of hints. vLLM loads a LoRA only up to its
+ * --max-lora-rank, default 16, one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (vllm/config/lora.py
+ * MaxLoRARanks): a larger rank needs the flag, and a rank above 512 cannot be served by vLLM at
+ * all (merge it instead). Targets outside the seven linear projections are refused by ftune
+ * itself, so no target hint applies to its adapters. */
+int ft_peft_serving_hints(const ft_lora_cfg *c, char *buf, size_t n);
+
 /* Loads DIR/adapter_model.safetensors into an adapter initialised with the same config
  * (ft_lora_init). The file is validated by ft_peft_open, then checked against the adapter
  * `l` (the model it was sized for): same rank and targets as l->cfg, the same number of

@@ -83,7 +83,9 @@ int ft_cmd_pack(int argc, char **argv)
     const char *act = info.action == FT_PACK_REUSED ? "reused" : info.action == FT_PACK_REBUILT ? "rebuilt" : "built";
     double mbs = dt > 0 ? bytes / 1e6 / dt : 0;
     if (!quiet) {
-        if (info.action == FT_PACK_REBUILT)
+        if (info.action == FT_PACK_REBUILT && force)
+            fprintf(stderr, "ftune: pack: rebuilding the cached pack (--force)\n");
+        else if (info.action == FT_PACK_REBUILT)
             fprintf(stderr, "ftune: pack: the cached pack is not usable, rebuilding it: %s\n",
                     info.reason);
         fprintf(stderr, "ftune: pack: %s %s\n", act, info.path);

@@ -181,7 +181,7 @@ int ft_cmd_train(int argc, char **argv)
         {"max-bad-steps", FT_OPT_INT, &c.max_bad_steps, "a step with a NaN/Inf loss or gradient norm is skipped (no update, counted as bad_steps); stop after N in a row (default 5)"},
         {"threads", FT_OPT_INT, &threads, "CPU threads (default: all cores)"},
         {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
-        {"quant", FT_OPT_FN, &c.quant, "base linear weights: nf4 (QLoRA: bitsandbytes NF4 with double quantization, kept in a pack file and dequantized per layer; CPU backend) | bf16 (unquantized) | auto (default: bf16, nf4 when the bf16 base does not fit the GPU budget); the plan line says which was chosen", opt_quant, "TYPE"},
+        {"quant", FT_OPT_FN, &c.quant, "base linear weights: nf4 (QLoRA: bitsandbytes NF4 with double quantization, kept in a pack file and dequantized per layer) | bf16 (unquantized) | auto (default: bf16, nf4 when the bf16 base does not fit the GPU budget); the plan line says which was chosen", opt_quant, "TYPE"},
         {"cache-dir", FT_OPT_STR, &c.cache_dir, "where --quant nf4 keeps pack files, reused while the model is unchanged (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {"gpu-mem", FT_OPT_FN, &c.gpu_mem, "GPU memory the run may use, e.g. 24G (default: all that is free); the run is refused up front, naming the smallest budget that works, if it cannot fit", ft_opt_bytes, "SIZE"},
         {"profile", FT_OPT_FLAG, &c.profile, "time every GPU op after the first step and print the per-op table at the end"},

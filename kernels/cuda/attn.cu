@@ -59,22 +59,6 @@
 #define FA_THREADS 256  /* 8 threads per tile row */
 #define FA_MAX_D 256
 
-/* Entry points (same contracts as the op table's attention_fwd / attention_bwd /
- * attention_kv_fwd in kernels/kernels.h). */
-extern "C" {
-int ft_cuda_flash_attention_fwd(ft_backend *be, float *out, float *lse, const float *q,
-                                const float *k, const float *v, const int32_t *seq_start,
-                                int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale);
-int ft_cuda_flash_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv,
-                                const float *dout, const float *q, const float *k,
-                                const float *v, const float *out, const float *lse,
-                                const int32_t *seq_start, int64_t T, int64_t H, int64_t Hkv,
-                                int64_t D, float scale);
-int ft_cuda_flash_attention_kv_fwd(ft_backend *be, float *out, const float *q, const float *k,
-                                   const float *v, int64_t p, int64_t n_q, int64_t H,
-                                   int64_t Hkv, int64_t D, float scale);
-}
-
 /* ---- device helpers ------------------------------------------------------------------ */
 
 /* Max / sum over the 8 consecutive lanes that share a tile row. */

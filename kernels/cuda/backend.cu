@@ -237,19 +237,9 @@ static int cu_scale(ft_backend *be, float *x, float alpha, int64_t n)
 #define SUMSQ_BLOCKS 1024
 #define RED_THREADS 256
 
-/* Block-wide sum of v (double) in a fixed tree order; every thread gets the result. */
-__device__ double block_sum_d(double v, double *sh)
+static __device__ __forceinline__ double block_sum_d(double v, double *sh)
 {
-    int t = threadIdx.x;
-    sh[t] = v;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (t < s) sh[t] += sh[t + s];
-        __syncthreads();
-    }
-    double r = sh[0];
-    __syncthreads();
-    return r;
+    return ft_block_reduce(v, sh, ft_op_add());
 }
 
 __global__ void k_sumsq_part(double *part, const float *x, int64_t n)

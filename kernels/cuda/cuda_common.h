@@ -107,6 +107,27 @@ int ft_cuda_flash_attention_kv_fwd(ft_backend *be, float *out, const float *q, c
 /* After a <<<>>> launch: a bad configuration or an earlier asynchronous fault. */
 #define FT_CUDA_LAUNCH(name) FT_CUDA_TRY(cudaGetLastError())
 
+#ifdef __CUDACC__
+/* Block-wide reductions in a fixed tree order over sh (blockDim.x entries, a power of two);
+ * every thread gets the result. Used by row-wise kernels (RMSNorm, cross-entropy, sums). */
+template <typename V, typename Op>
+__device__ __forceinline__ V ft_block_reduce(V v, V *sh, Op op)
+{
+    int t = threadIdx.x;
+    sh[t] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) sh[t] = op(sh[t], sh[t + s]);
+        __syncthreads();
+    }
+    V r = sh[0];
+    __syncthreads();
+    return r;
+}
+struct ft_op_add { template <typename V> __device__ V operator()(V a, V b) const { return a + b; } };
+struct ft_op_max { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
+#endif
+
 static inline unsigned ft_cuda_blocks(int64_t n, int threads)
 {
     int64_t b = (n + threads - 1) / threads;

@@ -15,32 +15,14 @@
 
 #define CE_THREADS 512
 
-__device__ float block_max_f(float v, float *sh)
+static __device__ __forceinline__ float block_max_f(float v, float *sh)
 {
-    int t = threadIdx.x;
-    sh[t] = v;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (t < s) sh[t] = fmaxf(sh[t], sh[t + s]);
-        __syncthreads();
-    }
-    float r = sh[0];
-    __syncthreads();
-    return r;
+    return ft_block_reduce(v, sh, ft_op_max());
 }
 
-__device__ double block_sum_d2(double v, double *sh)
+static __device__ __forceinline__ double block_sum_d2(double v, double *sh)
 {
-    int t = threadIdx.x;
-    sh[t] = v;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (t < s) sh[t] += sh[t + s];
-        __syncthreads();
-    }
-    double r = sh[0];
-    __syncthreads();
-    return r;
+    return ft_block_reduce(v, sh, ft_op_add());
 }
 
 /* First row index whose target is >= V (or INT64_MAX) into *bad. */

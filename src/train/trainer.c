@@ -304,9 +304,9 @@ static int device_budget(run *r, const ft_train_cfg *c, size_t *used, size_t *bu
 }
 
 /* Chooses the base's quantization (--quant, or auto: bf16 unless a device backend's budget
- * cannot hold the bf16 base, then nf4) and says why in `why`. NF4 needs a host-memory
- * backend for now (the executor dequantizes each fetched layer on the host): FT_E_UNSUPPORTED
- * on another backend, naming the way out. */
+ * cannot hold the bf16 base, then nf4) and says why in `why`. NF4 needs a backend that
+ * dequantizes it (the CPU on the host, CUDA with dequant_nf4): FT_E_UNSUPPORTED on another,
+ * naming the way out. */
 static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, char *why, size_t n)
 {
     const size_t spare = (size_t)1 << 30;
@@ -328,8 +328,8 @@ static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, ch
                  gib((double)avail));
     }
     if (*quant == FT_PACK_QUANT_NF4 && !r->be->ops->host_memory && !r->be->ops->dequant_nf4)
-        return ft_err(FT_E_UNSUPPORTED, "QLoRA (--quant nf4%s%s) runs on the CPU backend only so "
-                      "far: the %s backend has no NF4 kernels yet; use --device cpu%s",
+        return ft_err(FT_E_UNSUPPORTED, "QLoRA (--quant nf4%s%s) needs NF4 kernels, which the %s "
+                      "backend lacks; use --device cpu%s",
                       why[0] ? "; " : "", why, r->be->ops->name,
                       c->quant == FT_TRAIN_QUANT_AUTO
                           ? ", a larger --gpu-mem, or a smaller --batch-size, --seq-len or --grad-accum"
@@ -669,6 +669,9 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     res->final_eval_loss = st.last_eval_loss;
     res->time_s = base_s + now_s() - t0;
     FT_TRY(ft_peft_save(c->out, &r->lora, r->model, c->model));
+    char hint[512];
+    if (ft_peft_serving_hints(&r->lora.cfg, hint, sizeof hint) > 0)
+        info(cb, user, FT_EV_WARN, "serving: %s", hint);
 
     /* summary.json (null for a loss that was not measured, e.g. no eval split) */
     cJSON *js = cJSON_CreateObject();

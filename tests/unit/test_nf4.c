@@ -105,6 +105,54 @@ static void test_nf4_codes(void **state)
     }
 }
 
+/* ft_nf4_quantize_part (four lanes at a time, then a scalar tail) gives exactly the codes of
+ * the scalar definition, ft_nf4_quant4(x * (1 / absmax)), for every length 1..300 (odd
+ * lengths, partial blocks, tails of 1-3) on random values with the thresholds and the tie
+ * inputs of test_nf4_codes planted, at block sizes 64 and 32. */
+static void test_quantize_matches_scalar(void **state)
+{
+    (void)state;
+    static const uint32_t ties[] = {0xbf591cd8u, 0xbf591cd9u, 0x3df64862u, 0x3df64863u,
+                                    0x3df64864u, 0x3f006d03u, 0x3f006d04u, 0x3f5c89d9u,
+                                    0x3f5c89dau};
+    /* dQuantizeNF4's thresholds themselves (nf4.c k_thr): x == t must take the lower code */
+    static const float thr[15] = {
+        -0x1.b239b2p-1f, -0x1.38a4e0p-1f, -0x1.d70900p-2f, -0x1.5bd4ecp-2f, -0x1.e079d8p-3f,
+        -0x1.1a7178p-3f, -0x1.74f0e2p-5f, 0x1.45f5fep-5f,  0x1.ec90c6p-4f,  0x1.a0cfc0p-3f,
+        0x1.2b05a8p-2f,  0x1.8ea7f2p-2f,  0x1.00da06p-1f,  0x1.491b5ep-1f,  0x1.b913b2p-1f,
+    };
+    for (int k = 0; k < 15; k++) assert_int_equal(ft_nf4_quant4(thr[k]), k);
+    ft_rng r;
+    ft_rng_seed(&r, 11);
+    float x[300];
+    uint8_t codes[150];
+    float am[10];
+    int64_t checked = 0, bad = 0;
+    for (int bs = 32; bs <= 64; bs *= 2)
+        for (int n = 1; n <= 300; n++) {
+            for (int i = 0; i < n; i++) x[i] = (ft_rng_uniform(&r) * 2.0f - 1.0f) * 0.05f;
+            /* a block whose absmax is 1 holds the tie values unscaled */
+            if (n >= bs) {
+                x[0] = 1.0f;
+                for (int i = 1; i < 10; i++) x[i] = from_bits(ties[i - 1]);
+                for (int i = 10; i < 25; i++) x[i] = thr[i - 10];
+            }
+            ft_nf4_layout l;
+            assert_int_equal(ft_nf4_layout_init(&l, n, bs, 0), 0);
+            assert_int_equal(ft_nf4_quantize_part(x, &l, 0, n, codes, am), 0);
+            for (int i = 0; i < n; i++) {
+                float inv = 1.0f / am[i / bs];
+                int want = ft_nf4_quant4(x[i] * inv);
+                int got = i & 1 ? codes[i / 2] & 15 : codes[i / 2] >> 4;
+                bad += got != want;
+                checked++;
+            }
+            if (n & 1) bad += (codes[n / 2] & 15) != 0; /* the padding nibble */
+        }
+    fprintf(stderr, "quantize vs scalar: %lld of %lld codes differ\n", (long long)bad, (long long)checked);
+    assert_int_equal(bad, 0);
+}
+
 static void test_quant8_nearest(void **state)
 {
     (void)state;
@@ -396,6 +444,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dynamic_map_matches_bnb),
         cmocka_unit_test(test_nf4_codes),
+        cmocka_unit_test(test_quantize_matches_scalar),
         cmocka_unit_test(test_quant8_nearest),
         cmocka_unit_test(test_roundtrip_error),
         cmocka_unit_test(test_edge_cases),
