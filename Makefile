@@ -48,8 +48,15 @@ endif
 
 $(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
 
+# liburing (offload/uring.c, the NVMe reader): used when found; without it the reader falls
+# back to pread and says so. URING_LIBS can name the static archive for the GPU bundle.
+ifeq ($(URING),1)
+CFLAGS     += -DFT_HAVE_URING
+URING_LIBS ?= $(shell $(PKG) --libs liburing 2>/dev/null)
+endif
+
 CFLAGS += $(BLAS_CFLAGS) $(CJSON_CFLAGS)
-LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(CJSON_LIBS) $(CUDA_LIBS) -lm -lpthread
+LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(CUDA_LIBS) -lm -lpthread
 
 LIB_SRC := $(wildcard src/*/*.c kernels/*.c kernels/cpu/*.c offload/*.c adapters/*.c)
 CU_SRC  := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu) $(CU_EXTRA))
@@ -135,7 +142,7 @@ FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-poin
 
 fuzz-build:
 	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: $(FUZZ_CC) not found (apt-get install clang libclang-rt-dev)"; exit 1; }
-	@$(MAKE) --no-print-directory CC=$(FUZZ_CC) BUILD=$(FUZZ_BUILD) SAN_FLAGS="$(FUZZ_SAN)" \
+	@$(MAKE) --no-print-directory CC=$(FUZZ_CC) BUILD=$(FUZZ_BUILD) SAN_FLAGS="$(FUZZ_SAN)" CUDA=0 \
 	    OPT="-O1 -g -Wno-pass-failed" $(FUZZ_BUILD)/libftune.a
 	@mkdir -p $(FUZZ_BUILD)/fuzz
 	@for t in $(FUZZ_TARGETS); do \

@@ -132,7 +132,10 @@ void ft_exec_free(ft_exec *e)
         free(e->kept);
         if (e->layers && e->layers != e->m->layers) free(e->layers);
     }
-    if (e) free(e->pack_raw);
+    if (e) {
+        free(e->pack_raw);
+        free(e->pack_host);
+    }
     if (e) memset(e, 0, sizeof *e);
 }
 
@@ -172,6 +175,11 @@ size_t ft_exec_pack_bytes(const ft_pack_file *pack)
 
 int ft_exec_use_pack(ft_exec *e, ft_pack_file *pack)
 {
+    return ft_exec_use_pack_ex(e, pack, 0);
+}
+
+int ft_exec_use_pack_ex(ft_exec *e, ft_pack_file *pack, int resident)
+{
     const ft_model_config *a = &e->m->cfg, *b = ft_pack_config(pack);
     if (a->num_hidden_layers != b->num_hidden_layers || a->hidden_size != b->hidden_size ||
         a->intermediate_size != b->intermediate_size || a->head_dim != b->head_dim ||
@@ -201,6 +209,24 @@ int ft_exec_use_pack(ft_exec *e, ft_pack_file *pack)
     e->pack_raw_bytes = raw;
     e->layer_f32 = w;
     e->fetched_layer = -1;
+    if (resident) { /* every block once, back to back; pack_dev_off holds their offsets */
+        int64_t L = b->num_hidden_layers;
+        size_t total = 0;
+        for (int64_t l = 0; l < L; l++) total += ft_pack_block_bytes(pack, l);
+        void *h = NULL;
+        e->pack_dev_off = calloc((size_t)L, sizeof *e->pack_dev_off);
+        if (!e->pack_dev_off || posix_memalign(&h, FT_PACK_ALIGN, total ? total : 1))
+            return ft_err(-ENOMEM, "out of memory: the resident pack needs %.1f MiB of host memory",
+                          total / 1048576.0);
+        e->pack_host = h;
+        size_t off = 0;
+        for (int64_t l = 0; l < L; l++) {
+            FT_TRY(ft_pack_read_block(pack, l, e->pack_host + off, ft_pack_block_bytes(pack, l), 1));
+            e->pack_dev_off[l] = (int64_t)off;
+            e->pack_reads++;
+            off += ft_pack_block_bytes(pack, l);
+        }
+    }
     return 0;
 }
 
@@ -219,10 +245,15 @@ static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
     if (e->pack_dev) return ft_exec_fetch_device(e, l, w);
     if (e->fetched_layer != l) {
         e->fetched_layer = -1;
-        FT_TRY(ft_pack_read_block(e->pack, l, e->pack_raw, e->pack_raw_bytes, 1));
-        FT_TRY(ft_pack_layer_weights(e->pack, l, e->pack_raw, e->layer_f32, &e->fetched));
+        const void *blk = e->pack_raw;
+        if (e->pack_host) {
+            blk = e->pack_host + e->pack_dev_off[l];
+        } else {
+            FT_TRY(ft_pack_read_block(e->pack, l, e->pack_raw, e->pack_raw_bytes, 1));
+            e->pack_reads++;
+        }
+        FT_TRY(ft_pack_layer_weights(e->pack, l, blk, e->layer_f32, &e->fetched));
         e->fetched_layer = l;
-        e->pack_reads++;
     }
     *w = &e->fetched;
     return 0;

@@ -69,6 +69,7 @@ typedef struct ft_exec {
     ft_layer_weights fetched;   /* points into layer_f32 */
     int64_t fetched_layer;      /* the layer layer_f32 holds, -1 if none */
     int64_t pack_reads;         /* blocks read from the pack (test hook) */
+    uint8_t *pack_host;         /* host-resident blocks (ft_exec_use_pack_ex resident), or NULL */
     /* Device backends (resident.c): every layer block of the pack in device memory. */
     uint8_t *pack_dev;
     size_t pack_dev_bytes;
@@ -110,6 +111,13 @@ size_t ft_exec_kept_bytes(const ft_exec *e);
  * Returns 1 when kept, 0 when it does not fit (nothing allocated), -ENOMEM when the
  * allocation itself fails. */
 int ft_exec_keep_activations(ft_exec *e, size_t budget_bytes);
+
+/* As ft_exec_use_pack; on a host-memory backend, resident = 1 reads every layer block once
+ * into host memory (the "everything resident" tier) and each fetch dequantizes from there,
+ * resident = 0 streams: every layer visit reads the block from the file (io_uring + O_DIRECT
+ * where possible, offload/uring.h). Both give the same bits. Device backends are always
+ * resident (in device memory). */
+int ft_exec_use_pack_ex(ft_exec *e, ft_pack_file *pack, int resident);
 
 /* Bytes ft_exec_use_pack allocates for this pack. */
 size_t ft_exec_pack_bytes(const ft_pack_file *pack);

@@ -14,6 +14,7 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "offload/pack_internal.h"
+#include "offload/uring.h"
 #include "src/model/quant.h"
 
 /* ---- XXH64 (xxHash spec, "XXH64 algorithm description") ------------------------------ */
@@ -264,6 +265,7 @@ int ft_pack_plan_block(const ft_model_config *c, const ft_pack_settings *s, cons
 struct ft_pack_file {
     char path[4200];
     int fd;
+    ft_reader *rd;             /* layer blocks: io_uring + O_DIRECT where possible (uring.h) */
     ft_pack_hdr hdr;
     ft_pack_block *blocks;     /* n_blocks */
     ft_model_config cfg;
@@ -407,6 +409,7 @@ int ft_pack_open(ft_pack_file **out, const char *path, int verify)
     if (!rc) rc = check_header(p, raw, (int64_t)sb.st_size);
     free(raw);
     if (!rc && verify) rc = ft_pack_verify(p);
+    if (!rc) rc = ft_reader_open(&p->rd, path, 8, (size_t)1 << 20, 1);
     if (rc < 0) {
         ft_pack_close(p);
         return rc;
@@ -415,9 +418,13 @@ int ft_pack_open(ft_pack_file **out, const char *path, int verify)
     return 0;
 }
 
+const char *ft_pack_read_mode(const ft_pack_file *p) { return ft_reader_mode(p->rd); }
+uint64_t ft_pack_bytes_read(const ft_pack_file *p) { return ft_reader_bytes(p->rd); }
+
 void ft_pack_close(ft_pack_file *p)
 {
     if (!p) return;
+    ft_reader_close(p->rd);
     if (p->fd >= 0) close(p->fd);
     free(p->blocks);
     free(p);
@@ -454,7 +461,7 @@ int ft_pack_read_block(ft_pack_file *p, int64_t l, void *buf, size_t buf_bytes, 
     if (buf_bytes < b->bytes)
         return ft_err(FT_E_RANGE, "%s: layer %lld block is %llu bytes, buffer %zu", p->path,
                       (long long)l, (unsigned long long)b->bytes, buf_bytes);
-    FT_TRY(pread_all(p->fd, buf, (size_t)b->bytes, (int64_t)b->offset, p->path));
+    FT_TRY(ft_reader_read(p->rd, buf, (size_t)b->bytes, b->offset));
     if (verify) {
         uint64_t h = ft_pack_xxh64(buf, (size_t)b->bytes, 0);
         if (h != b->checksum)

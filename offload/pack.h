@@ -181,10 +181,16 @@ size_t ft_pack_block_bytes(const ft_pack_file *p, int64_t l);
 /* The largest layer block (not counting the global block). */
 size_t ft_pack_max_layer_bytes(const ft_pack_file *p);
 
-/* Reads layer l's block (l = -1: the global block) into buf (buf_bytes >= its size; 4096-
- * aligned buffers are ready for O_DIRECT later) with pread; with verify != 0 checks its
- * xxh64. Returns 0, -errno or FT_E_CORRUPT (short read, checksum). */
+/* Reads layer l's block (l = -1: the global block) into buf (buf_bytes >= its size) through
+ * the pack's reader: io_uring with O_DIRECT when the buffer is 4096-aligned and the file system
+ * allows it, else pread (offload/uring.h); with verify != 0 checks its xxh64. Returns 0,
+ * -errno or FT_E_CORRUPT (short read, checksum). */
 int ft_pack_read_block(ft_pack_file *p, int64_t l, void *buf, size_t buf_bytes, int verify);
+
+/* How ft_pack_read_block reads ("io_uring + O_DIRECT (...)" or "pread (reason)", uring.h) and
+ * the bytes it has read since open. */
+const char *ft_pack_read_mode(const ft_pack_file *p);
+uint64_t ft_pack_bytes_read(const ft_pack_file *p);
 
 /* Checks every block's checksum. Returns 0 or FT_E_CORRUPT naming the first bad block. */
 int ft_pack_verify(ft_pack_file *p);

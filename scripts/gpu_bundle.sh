@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 B=${1:-build-gpu}
 A=/usr/lib/x86_64-linux-gnu
 make -j2 --no-print-directory BUILD="$B" CUDA=1 ${CU_EXTRA:+CU_EXTRA=$CU_EXTRA} \
-    BLAS_LIBS="$A/openblas-pthread/libopenblas.a -lgfortran" PCRE2_LIBS="$A/libpcre2-8.a" \
+    BLAS_LIBS="$A/openblas-pthread/libopenblas.a -lgfortran" PCRE2_LIBS="$A/libpcre2-8.a" URING_LIBS="$A/liburing.a" \
     "$B/ftune" $(ls tests/gpu/test_*.c | sed "s|tests/gpu/\(.*\)\.c|$B/tests/gpu/\1|") >/dev/null
 mkdir -p .gpu/bin .gpu/lib
 cp "$B/ftune" .gpu/bin/

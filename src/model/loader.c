@@ -13,6 +13,7 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/model/bnb4.h"
 #include "src/model/gguf.h"
 #include "src/model/quant.h"
 #include "src/model/safetensors.h"
@@ -166,6 +167,13 @@ static int hf_tensor(const ft_st_set *s, const char *dir, const char *name, int 
     if (!t)
         return ft_err(FT_E_INVALID, "%s: tensor \"%s\" not found in the model's safetensors", dir,
                       name);
+    if (nd == 2 && ft_bnb4_detect(s, name)) { /* a bitsandbytes 4-bit weight (formats.md 5.5) */
+        if (dst) return ft_bnb4_dequant(s, name, rows, cols, dst);
+        ft_bnb4_tensor b;
+        int rc = ft_bnb4_open(s, name, rows, cols, &b);
+        ft_bnb4_free(&b);
+        return rc;
+    }
     int64_t want[2] = {rows, cols};
     int ok = t->n_dims == nd;
     for (int d = 0; ok && d < nd; d++) ok = t->shape[d] == want[d];
