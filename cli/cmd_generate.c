@@ -26,6 +26,7 @@
 #include "adapters/peft.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/session.h"
 #include "src/core/err.h"
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
@@ -53,6 +54,7 @@ typedef struct gen_opts {
     const char *model, *adapter, *prompt, *system;
     int raw, json, tmpl;
     int64_t max_new, top_k, seed, threads;
+    const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
     float temperature, top_p;
 } gen_opts;
 
@@ -91,7 +93,7 @@ static int run(const gen_opts *o, gen_result *r)
     ft_detok_init(&dt, NULL);
 
     int rc = ft_model_load(&m, o->model);
-    if (!rc) rc = ft_backend_cpu_init(&be, (int)o->threads);
+    if (!rc) rc = ft_backend_init(&be, ft_session_device(o->device), (int)o->threads);
     if (!rc && o->adapter) {
         ft_lora_cfg lc;
         rc = ft_peft_read_config(o->adapter, &lc);
@@ -230,6 +232,7 @@ int ft_cmd_generate(int argc, char **argv)
         {"seed", FT_OPT_INT, &o.seed, "sampling seed (default: from the clock, printed)"},
         {"json", FT_OPT_FLAG, &o.json, "print one JSON object (ids, text, timings), no streaming"},
         {"threads", FT_OPT_INT, &o.threads, "CPU threads"},
+        {"device", FT_OPT_STR, &o.device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
         {NULL},
     };
     char err[1024];

@@ -3,6 +3,7 @@
  * 128 + signo when stopped by SIGINT (130) or SIGTERM (143) after saving a checkpoint. */
 #include <errno.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,10 +134,37 @@ static void print_resume_hint(const char *lead, int argc, char **argv, const cha
     fputc('\n', stderr);
 }
 
+static int opt_grad_accum(const char *v, void *dst, char *err, size_t n)
+{
+    if (!strcmp(v, "auto")) {
+        *(int64_t *)dst = 0;
+        return 0;
+    }
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || x < 1) {
+        snprintf(err, n, "expected a positive integer or auto, got '%s'", v);
+        return -1;
+    }
+    *(int64_t *)dst = x;
+    return 0;
+}
+
 int ft_cmd_train(int argc, char **argv)
+{
+    return ft_cmd_train_ex(argc, argv, 0);
+}
+
+int ft_cmd_plan(int argc, char **argv)
+{
+    return ft_cmd_train_ex(argc, argv, 1);
+}
+
+int ft_cmd_train_ex(int argc, char **argv, int plan_only)
 {
     ft_train_cfg c;
     ft_train_defaults(&c);
+    c.plan_only = plan_only;
     int quiet = 0;
     int64_t log_every = 0;
     int64_t threads = 0;
@@ -149,7 +177,7 @@ int ft_cmd_train(int argc, char **argv)
         {"init-adapter", FT_OPT_STR, &c.init_adapter, "start from this PEFT LoRA adapter folder", 0, "DIR"},
         {"seq-len", FT_OPT_INT, &c.seq_len, "tokens per packed row (default min(2048, model max))"},
         {"batch-size", FT_OPT_INT, &c.batch_size, "rows per micro-batch (default 1)"},
-        {"grad-accum", FT_OPT_INT, &c.grad_accum, "micro-batches per optimizer step (default 1)"},
+        {"grad-accum", FT_OPT_FN, &c.grad_accum, "micro-batches per optimizer step (default 1); auto: the offload planner picks the fewest that keep the GPU busy (QLoRA on a GPU)", opt_grad_accum, "N|auto"},
         {"max-steps", FT_OPT_INT, &c.max_steps, "optimizer steps (overrides --epochs)"},
         {"epochs", FT_OPT_DBL, &c.epochs, "passes over the training data (default 1)"},
         {"lr", FT_OPT_DBL, &c.lr, "peak learning rate (default 2e-4)"},
@@ -184,6 +212,8 @@ int ft_cmd_train(int argc, char **argv)
         {"quant", FT_OPT_FN, &c.quant, "base linear weights: nf4 (QLoRA: bitsandbytes NF4 with double quantization, kept in a pack file and dequantized per layer) | bf16 (unquantized) | auto (default: bf16, nf4 when the bf16 base does not fit the GPU budget); the plan line says which was chosen", opt_quant, "TYPE"},
         {"cache-dir", FT_OPT_STR, &c.cache_dir, "where --quant nf4 keeps pack files, reused while the model is unchanged (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {"gpu-mem", FT_OPT_FN, &c.gpu_mem, "GPU memory the run may use, e.g. 24G (default: all that is free); the run is refused up front, naming the smallest budget that works, if it cannot fit", ft_opt_bytes, "SIZE"},
+        {"host-mem", FT_OPT_FN, &c.host_mem, "host memory for the offload tiers (pinned pool of base layers and staging), e.g. 48G (default: available memory less 4 GiB); layers beyond it are read from the pack file (NVMe, io_uring) at each visit", ft_opt_bytes, "SIZE"},
+        {"timeline", FT_OPT_STR, &c.timeline, "draw the second step's timeline (compute, H2D copies, disk reads per layer) into this SVG file", 0, "FILE"},
         {"profile", FT_OPT_FLAG, &c.profile, "time every GPU op after the first step and print the per-op table at the end"},
         {"log-every", FT_OPT_INT, &log_every, "plain-output log line every N steps"},
         {"quiet", FT_OPT_FLAG, &quiet, "print only errors"},
@@ -255,9 +285,12 @@ int ft_cmd_train(int argc, char **argv)
         }
         return 128 + (sig ? sig : SIGINT);
     }
+    if (plan_only) return 0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
     if (!quiet)
-        fprintf(stderr, "ftune: done: %lld steps, %lld tokens (%lld with a loss target) in %.1f s (%.0f tok/s); eval loss %.4f -> %.4f\n",
+        fprintf(stderr, "ftune: done: %lld steps, %lld tokens (%lld with a loss target) in %.1f s (%.0f tok/s); eval loss %.4f -> %.4f; peak host RSS %.2f GiB\n",
                 (long long)res.steps, (long long)res.tokens, (long long)res.trained_tokens, res.time_s, res.tokens_per_s,
-                res.initial_eval_loss, res.final_eval_loss);
+                res.initial_eval_loss, res.final_eval_loss, ru.ru_maxrss / 1048576.0);
     return 0;
 }

@@ -12,5 +12,8 @@ int ft_cmd_export(int argc, char **argv);   /* ftune export --adapter DIR --form
 int ft_cmd_merge(int argc, char **argv);    /* ftune merge --model M --adapter DIR --out DIR */
 int ft_cmd_pack(int argc, char **argv);     /* ftune pack --model M [--quant nf4|bf16] [--cache-dir D] */
 int ft_cmd_init_model(int argc, char **argv); /* ftune init-model --config FILE --out DIR [--pack] */
+int ft_cmd_plan(int argc, char **argv);     /* ftune plan --model M [train options]: the offload plan */
+int ft_cmd_train_ex(int argc, char **argv, int plan_only); /* train, or with plan_only = 1 plan */
+int ft_cmd_bench(int argc, char **argv);    /* ftune bench io|step ...: I/O rates, one-step timeline */
 
 #endif

@@ -18,6 +18,8 @@ static void usage(FILE *f)
         "       ftune export --adapter DIR --format gguf --out FILE        GGUF LoRA for llama.cpp\n"
         "       ftune merge --model M --adapter DIR --out DIR [--format gguf]  merged model\n"
         "       ftune logits --model M --ids 1,2,3 [--out FILE]            debug: raw logits\n"
+        "       ftune plan --model M [train options]                       where weights and checkpoints go\n"
+        "       ftune bench io --path FILE | bench step --model M ...     disk/PCIe rates, step timeline\n"
         "       ftune --version | --help\n\n"
         "`ftune train --help` lists the training options.\n", FTUNE_VERSION);
 }
@@ -46,6 +48,8 @@ int main(int argc, char **argv)
     if (!strcmp(c, "merge")) return ft_cmd_merge(argc - 1, argv + 1);
     if (!strcmp(c, "pack")) return ft_cmd_pack(argc - 1, argv + 1);
     if (!strcmp(c, "init-model")) return ft_cmd_init_model(argc - 1, argv + 1);
+    if (!strcmp(c, "plan")) return ft_cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(c, "bench")) return ft_cmd_bench(argc - 1, argv + 1);
     if (c[0] == '-') return ft_cmd_train(argc, argv); /* flags only: train */
     fprintf(stderr, "ftune: unknown command '%s' (try ftune --help)\n", c);
     return 2;

@@ -55,6 +55,10 @@ typedef struct ft_nf4_tensor {
     float offset;                 /* nested */
 } ft_nf4_tensor;
 
+/* Lanes of work (CUDA streams): compute, host->device copies, device->host copies. */
+enum ft_lane { FT_LANE_COMPUTE = 0, FT_LANE_H2D = 1, FT_LANE_D2H = 2, FT_N_LANES = 3 };
+#define FT_MAX_EVENTS 1024
+
 typedef struct ft_backend_ops {
     const char *name; /* "cpu", "cuda" */
     /* 1 when backend pointers are host pointers (the CPU backend): host data such as the
@@ -77,6 +81,28 @@ typedef struct ft_backend_ops {
     /* Copies bytes between host and backend memory (either direction). */
     int (*copy)(ft_backend *be, void *dst, const void *src, size_t bytes);
     int (*zero)(ft_backend *be, void *p, size_t bytes);
+
+    /* ---- transfers (the offload executor's tiers; offload/exec.h) -------------------- */
+    /* Host memory the device copies at full bus speed: CUDA page-locks it (cudaHostAlloc,
+     * portable); a host-memory backend returns plain 4096-aligned memory. NULL on failure.
+     * Setup only, like alloc. */
+    void *(*host_alloc)(ft_backend *be, size_t bytes);
+    void (*host_free)(ft_backend *be, void *p); /* NULL-safe */
+    /* Queues a copy of bytes on lane FT_LANE_H2D (host -> backend memory) or FT_LANE_D2H
+     * (backend -> host), after the work already queued on that lane, and returns at once
+     * (host memory must be host_alloc'd for the copy to be asynchronous). A host-memory
+     * backend copies right away. Returns 0 or -EIO. */
+    int (*copy_async)(ft_backend *be, int lane, void *dst, const void *src, size_t bytes);
+    /* Events (ids 0 .. FT_MAX_EVENTS - 1, owned by the backend): record marks the point
+     * reached by the work queued so far on a lane; wait makes later work on `lane` wait for
+     * it (no host block); sync blocks the host until it has passed; elapsed gives the
+     * milliseconds between two recorded events (CUDA events; FT_E_UNSUPPORTED where the
+     * backend keeps no times). A host-memory backend runs everything in order at once:
+     * record/wait/sync return 0. Return 0 or -EIO. */
+    int (*event_record)(ft_backend *be, int ev, int lane);
+    int (*event_wait)(ft_backend *be, int lane, int ev);
+    int (*event_sync)(ft_backend *be, int ev);
+    int (*event_elapsed)(ft_backend *be, int ev0, int ev1, float *ms);
 
     /* ---- linear algebra ------------------------------------------------------------ */
     /* c (m, n) = alpha * op(a) (m, k) @ op(b) (k, n) + beta * c, row-major; op(x) = x^T

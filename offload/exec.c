@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "offload/exec_internal.h"
+#include "offload/timeline.h"
 #include "src/core/err.h"
 
 static ft_block_dims dims_of(const ft_exec *e, int64_t T)
@@ -82,6 +83,7 @@ int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora
     e->T_max = T_max;
     e->n_micro_max = n_micro;
     e->ce_chunk = ce_chunk_for(be, T_max);
+    e->tl_cur = -1;
     layout L = plan(m, lora, T_max, n_micro, e->ce_chunk);
     e->arena_bytes = (size_t)total(&L) * sizeof(float);
     e->arena = be->ops->alloc(be, e->arena_bytes);
@@ -129,6 +131,7 @@ void ft_exec_free(ft_exec *e)
         free(e->pack_dir_n);
         free(e->pack_dev_off);
         e->be->ops->free(e->be, e->kept_mem);
+        ft_exec_tiers_free(e);
         free(e->kept);
         if (e->layers && e->layers != e->m->layers) free(e->layers);
     }
@@ -209,6 +212,7 @@ int ft_exec_use_pack_ex(ft_exec *e, ft_pack_file *pack, int resident)
     e->pack_raw_bytes = raw;
     e->layer_f32 = w;
     e->fetched_layer = -1;
+    if (!e->m->embed) FT_TRY(ft_exec_globals_from_pack(e, pack));
     if (resident) { /* every block once, back to back; pack_dev_off holds their offsets */
         int64_t L = b->num_hidden_layers;
         size_t total = 0;
@@ -293,12 +297,17 @@ static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t s
     const ft_model_config *c = &e->m->cfg;
     for (int64_t mb = 0; mb < n_mb; mb++) {
         FT_TRY(upload(e, &mbs[mb], mb));
-        FT_TRY(be->ops->embedding_fwd(be, ckpt_at(e, 0, mb), e->ids + mb * e->T_max, e->embed,
-                                      mbs[mb].T, c->hidden_size, c->vocab_size));
+        if (!e->embed) /* a pack-only model on a device: rows gathered from the pack file */
+            FT_TRY(ft_exec_embed_from_pack(e, mbs[mb].ids, mbs[mb].T, ckpt_at(e, 0, mb)));
+        else
+            FT_TRY(be->ops->embedding_fwd(be, ckpt_at(e, 0, mb), e->ids + mb * e->T_max, e->embed,
+                                          mbs[mb].T, c->hidden_size, c->vocab_size));
     }
+    FT_TRY(ft_exec_begin_op(e, train)); /* the layer order, for prefetching and the timeline */
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
         const ft_layer_weights *w;
         FT_TRY(fetch_layer(e, l, &w));
+        int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_FWD, l);
         for (int64_t mb = 0; mb < n_mb; mb++) {
             ft_block_dims d = dims_of(e, mbs[mb].T);
             ft_block_io io = io_of(e, mb, seed);
@@ -306,6 +315,7 @@ static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t s
             FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, ckpt_at(e, l, mb),
                                 ckpt_at(e, l + 1, mb), a, &e->scr, train));
         }
+        ft_exec_tl_end(e, mk);
     }
     return 0;
 }
@@ -318,13 +328,17 @@ static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, flo
     const ft_model_config *c = &e->m->cfg;
     int64_t T = b->T, C = c->hidden_size;
     const float *xL = ckpt_at(e, c->num_hidden_layers, mb);
+    int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_HEAD, -1);
     FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->final_norm, T, C, c->rms_norm_eps));
     FT_TRY(be->ops->lm_head_ce(be, loss, n, dx ? e->dxf : NULL, e->xf, e->lm_head,
                                e->targets + mb * e->T_max, T, C, c->vocab_size, grad_scale,
                                e->ce_scratch, e->ce_chunk));
-    if (!dx) return 0;
-    FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
-    return be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->final_norm, e->rstdf, T, C);
+    if (dx) {
+        FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
+        FT_TRY(be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->final_norm, e->rstdf, T, C));
+    }
+    ft_exec_tl_end(e, mk);
+    return 0;
 }
 
 int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
@@ -351,6 +365,7 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
     for (int64_t l = c->num_hidden_layers - 1; l >= 0; l--) {
         const ft_layer_weights *w;
         FT_TRY(fetch_layer(e, l, &w));
+        int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_BWD, l);
         for (int64_t mb = 0; mb < n_mb; mb++) {
             ft_block_dims d = dims_of(e, mbs[mb].T);
             ft_block_io io = io_of(e, mb, dropout_seed);
@@ -364,14 +379,16 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
                                     a, &e->scr, 1));
             FT_TRY(ft_block_bwd(be, c, w, e->lora, l, &d, &io, x, dx, dx, a, &e->scr));
         }
+        ft_exec_tl_end(e, mk);
     }
-    return 0;
+    return ft_exec_op_end(e);
 }
 
 int ft_exec_eval(ft_exec *e, const ft_batch *mb, double *loss_sum, int64_t *n_tokens)
 {
     FT_TRY(forward_all(e, mb, 1, 0, 0));
-    return head(e, mb, 0, 0.0f, NULL, loss_sum, n_tokens);
+    FT_TRY(head(e, mb, 0, 0.0f, NULL, loss_sum, n_tokens));
+    return ft_exec_op_end(e);
 }
 
 int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits)

@@ -25,6 +25,9 @@
 #include "src/model/llama.h"
 #include "src/model/model.h"
 
+struct ft_timeline;
+struct ft_tl_mark;
+
 typedef struct ft_exec {
     ft_backend *be;
     const ft_model *m;
@@ -76,6 +79,36 @@ typedef struct ft_exec {
     int64_t *pack_dev_off;      /* per layer: offset of its block in pack_dev */
     ft_pack_tensor **pack_dir;  /* per layer: a host copy of its tensor directory */
     int64_t *pack_dir_n;
+    /* Device tiers (tiers.c; offload/plan.h enum ft_tier): a layer's block lives in device
+     * memory (pack_dev), in pinned host memory (pack_pinned) or only in the pack file; the
+     * last two reach the GPU through n_slots device slots, filled on the H2D lane ahead of
+     * compute (disk blocks first read into n_stage pinned staging buffers), in the order of
+     * the current operation's layer visits. */
+    uint8_t *tier;              /* per layer; NULL: every block in device memory */
+    uint8_t *pack_pinned;
+    size_t pack_pinned_bytes;
+    int64_t *pack_pin_off;      /* per layer: offset in pack_pinned, -1 if not there */
+    int n_slots, n_stage;
+    size_t slot_bytes;
+    uint8_t *slot_mem;          /* device, n_slots * slot_bytes */
+    uint8_t *stage_mem;         /* pinned host, n_stage * slot_bytes */
+    int64_t slot_layer[8];      /* layer issued into each slot, -1 */
+    int slot_busy[8];           /* 1 from issue until released after its layer's compute */
+    int64_t slot_ring, stage_ring;
+    int cur_slot;               /* slot of fetched_layer, -1 */
+    int64_t *visits;            /* the current operation's layer order (2 L entries max) */
+    int64_t n_visits, next_issue;
+    uint64_t h2d_bytes, disk_bytes; /* streamed since init */
+    double disk_seconds;        /* host time spent in disk reads */
+    int32_t *ids_host;          /* pack-only models: token ids for the host embedding gather */
+    float *embed_host;          /* pinned T_max * C floats */
+    struct ft_timeline *tl;     /* when set, spans of each operation are recorded (tiers.c) */
+    int tl_next_ev;             /* next free event id for the timeline */
+    double tl_host0;            /* host clock at the operation's origin event */
+    int64_t tl_n_marks;
+    int tl_cur;                 /* the open compute mark of fetched_layer, -1 */
+    int tl_kind;                /* FT_TL_FWD or FT_TL_BWD: the pass being queued */
+    struct ft_tl_mark *tl_marks;
 } ft_exec;
 
 /* Plans and allocates everything for micro-batches of up to T_max tokens and up to
@@ -127,6 +160,41 @@ size_t ft_exec_pack_bytes(const ft_pack_file *pack);
  * copy of the base weights (ft_exec_weight_bytes). */
 size_t ft_exec_bytes(const ft_backend *be, const ft_model *m, const ft_lora *lora, int64_t T_max,
                      int64_t n_micro);
+/* Device backends: places the pack's layer blocks by tier (tier[l] enum ft_tier; NULL: all
+ * in device memory): GPU blocks copied into device memory once, HOST blocks into one pinned
+ * host allocation, DISK blocks left in the file; n_slots (2..8) device slots and n_stage
+ * (1..8, used only with DISK layers) pinned staging buffers of the largest block carry the
+ * streamed ones. Every block is read once here with its checksum verified; streamed reads
+ * later skip it. For a pack-only model (no host weights) the global tensors are read from
+ * the pack too: final norm and LM head into device memory in row chunks, the embeddings
+ * gathered per token on the host from the pack file at each step. Called instead of
+ * ft_exec_use_pack (which places everything in device memory). Returns 0, -ENOMEM (naming
+ * the memory and bytes), FT_E_INVALID, FT_E_UNSUPPORTED, or a pack read error. */
+int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, int n_slots,
+                           int n_stage);
+
+/* The planner's probe (device backends, a packed base): times one layer of the pack (layer
+ * 0's block, read and copied once) for a micro-batch of T tokens of synthetic activations laid
+ * out in sequences as pos/seq_start say (host arrays of T, a real micro-batch's, since the
+ * attention cost depends on the sequence lengths; NULL: sequences of 512), on this executor's
+ * arena: the NF4 dequantization into bf16, the block's forward, and its backward (LoRA
+ * gradients are zeroed afterwards). Seconds, best of two after a warm-up. Call before
+ * ft_exec_use_pack_tiers. Returns 0, -ENOMEM, FT_E_INVALID, or a pack or kernel error. */
+int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t *pos,
+                        const int32_t *seq_start, double *t_dequant, double *t_fwd, double *t_bwd);
+
+/* Records the spans of the next operations (train step, eval) into tl until set to NULL:
+ * compute per layer visit, H2D copies, disk reads (see offload/timeline.h). Device times come
+ * from backend events resolved at the end of each operation. */
+void ft_exec_set_timeline(ft_exec *e, struct ft_timeline *tl);
+
+/* Bytes of the global tensors (embeddings, LM head when untied, final norm) in fp32. */
+size_t ft_exec_global_bytes(const ft_model *m);
+static inline int ft_exec_untied(const ft_model *m)
+{
+    return m->embed ? m->lm_head != m->embed : !m->cfg.tie_word_embeddings;
+}
+
 /* Bytes a device backend holds for a packed base (resident.c): the global tensors in fp32,
  * every layer block of the pack, and one layer's projections in bf16 (the staging). */
 size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack);

@@ -23,5 +23,22 @@ int ft_exec_place_weights(ft_exec *e, int with_layers);
  * layer's NF4 projections to bf16 in one staging buffer (resident.c). */
 int ft_exec_pack_to_device(ft_exec *e, ft_pack_file *pack);
 int ft_exec_fetch_device(ft_exec *e, int64_t l, const ft_layer_weights **w);
+/* An operation starts (tiers.c): a forward over layers 0..L-1, then with train = 1 the
+ * backward over L-1..0; streamed blocks are prefetched in that order, and with a timeline
+ * its origin is taken here. */
+int ft_exec_begin_op(ft_exec *e, int train);
+/* The operation's work is all queued: resolves its timeline marks (tiers.c). */
+int ft_exec_op_end(ft_exec *e);
+/* Pack-only models on a device backend: the embeddings of micro-batch mb gathered on the host
+ * from the pack into ckpt (device). */
+int ft_exec_embed_from_pack(ft_exec *e, const int32_t *ids, int64_t T, float *out);
+/* Timeline marks around queued work (no-ops without a timeline): begin returns a mark id
+ * (-1 when not recording), end closes it. */
+int ft_exec_tl_begin(ft_exec *e, int lane, int kind, int64_t layer);
+void ft_exec_tl_end(ft_exec *e, int mark);
+/* Pack-only models (no host weights): the global tensors from the pack (tiers.c). */
+int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack);
+/* Frees what tiers.c allocated. */
+void ft_exec_tiers_free(ft_exec *e);
 
 #endif

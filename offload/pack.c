@@ -269,6 +269,8 @@ struct ft_pack_file {
     ft_pack_hdr hdr;
     ft_pack_block *blocks;     /* n_blocks */
     ft_model_config cfg;
+    ft_pack_tensor gdir[FT_PACK_MAX_SLOTS]; /* the global block's directory, read at open */
+    int gdir_ok;               /* 1: gdir read and validated (else read_global reports why) */
 };
 
 static int pread_all(int fd, void *buf, size_t n, int64_t off, const char *path)
@@ -414,6 +416,14 @@ int ft_pack_open(ft_pack_file **out, const char *path, int verify)
         ft_pack_close(p);
         return rc;
     }
+    /* the global directory, for ft_pack_read_global (a bad one is reported there, not here) */
+    const ft_pack_tensor *d;
+    int64_t nd;
+    const ft_pack_block *g = &p->blocks[p->hdr.n_layers];
+    if (pread_all(p->fd, p->gdir, sizeof(ft_pack_tensor) * g->n_tensors, (int64_t)g->offset, path) == 0 &&
+        ft_pack_block_dir(p, -1, p->gdir, &d, &nd) == 0)
+        p->gdir_ok = 1;
+    ft_err_clear();
     *out = p;
     return 0;
 }
@@ -637,4 +647,123 @@ int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, flo
         FT_TRY(record_f32(r, buf, to));
     }
     return 0;
+}
+
+/* ---- the global block, row ranges ------------------------------------------------------- */
+
+static const char *global_role_name(int role)
+{
+    return role == FT_PACK_ROLE_EMBED ? "embed_tokens" : role == FT_PACK_ROLE_FINAL_NORM ? "norm"
+         : role == FT_PACK_ROLE_LM_HEAD ? "lm_head" : NULL;
+}
+
+/* Reads and checks the global block's directory; *rec = the record of `role` or NULL when
+ * the block has none (a tied LM head). */
+static int global_record(ft_pack_file *p, int role, ft_pack_tensor *out, int *found)
+{
+    if (!global_role_name(role))
+        return ft_err(FT_E_INVALID, "%s: role %d is not a global tensor (embed_tokens %d, norm %d, "
+                      "lm_head %d)", p->path, role, FT_PACK_ROLE_EMBED, FT_PACK_ROLE_FINAL_NORM,
+                      FT_PACK_ROLE_LM_HEAD);
+    const ft_pack_block *b = block_of(p, -1);
+    ft_pack_tensor dir[FT_PACK_MAX_SLOTS];
+    const ft_pack_tensor *d = p->gdir;
+    int64_t n = b->n_tensors;
+    if (!p->gdir_ok) { /* read again, to say what is wrong */
+        FT_TRY(pread_all(p->fd, dir, sizeof(ft_pack_tensor) * b->n_tensors, (int64_t)b->offset,
+                         p->path));
+        int rc = ft_pack_block_dir(p, -1, dir, &d, &n);
+        if (rc < 0)
+            return ft_err_prefix(rc, "global block at offset %llu", (unsigned long long)b->offset);
+    }
+    *found = 0;
+    for (int64_t i = 0; i < n; i++)
+        if ((int)d[i].role == role) {
+            *out = d[i];
+            *found = 1;
+        }
+    return 0;
+}
+
+int ft_pack_global_info(ft_pack_file *p, int role, int64_t *rows, int64_t *cols, int *present)
+{
+    ft_pack_tensor r;
+    int found;
+    FT_TRY(global_record(p, role, &r, &found));
+    *present = found;
+    if (found) {
+        *rows = r.rows;
+        *cols = r.cols;
+    } else { /* the tied head has the embedding's shape */
+        *rows = p->cfg.vocab_size;
+        *cols = p->cfg.hidden_size;
+    }
+    return 0;
+}
+
+int ft_pack_read_global(ft_pack_file *p, int role, int64_t row0, int64_t n_rows, float *dst)
+{
+    ft_pack_tensor r;
+    int found;
+    FT_TRY(global_record(p, role, &r, &found));
+    if (!found)
+        return ft_err(FT_E_INVALID, "%s: no lm_head in the pack: tied: use EMBED "
+                      "(tie_word_embeddings; the LM head is the embedding matrix)", p->path);
+    if (row0 < 0 || n_rows < 0 || row0 > r.rows || n_rows > r.rows - row0)
+        return ft_err(FT_E_RANGE, "%s: %s rows [%lld, %lld) outside its %lld rows", p->path,
+                      global_role_name(role), (long long)row0, (long long)(row0 + n_rows),
+                      (long long)r.rows);
+    const ft_pack_block *b = block_of(p, -1);
+    int64_t esz = r.dtype == FT_PACK_DT_BF16 ? 2 : 4;
+    int64_t pos = (int64_t)b->offset + r.data_off + row0 * r.cols * esz, n = n_rows * r.cols;
+    if (r.dtype == FT_PACK_DT_F32) return n ? pread_all(p->fd, dst, (size_t)n * 4, pos, p->path) : 0;
+    if (r.dtype != FT_PACK_DT_BF16)
+        return ft_err(FT_E_CORRUPT, "%s: %s has dtype %u (expected BF16)", p->path,
+                      global_role_name(role), r.dtype);
+    const int64_t chunk = (int64_t)4 << 20; /* values per read: 8 MiB of bf16 */
+    uint16_t small[8192];                   /* a row or a few: no allocation */
+    uint16_t *tmp = n <= 8192 ? small : malloc((size_t)(n < chunk ? n : chunk) * 2);
+    if (!tmp) return ft_err(-ENOMEM, "%s: out of memory", p->path);
+    int rc = 0;
+    for (int64_t e = 0; e < n && !rc; e += chunk) {
+        int64_t k = n - e < chunk ? n - e : chunk;
+        rc = pread_all(p->fd, tmp, (size_t)k * 2, pos + e * 2, p->path);
+        if (rc) break;
+        float *to = dst + e;
+#pragma omp parallel for schedule(static) if (k > 262144)
+        for (int64_t i = 0; i < k; i++) {
+            uint32_t u = (uint32_t)tmp[i] << 16;
+            memcpy(&to[i], &u, 4);
+        }
+    }
+    if (tmp != small) free(tmp);
+    return rc;
+}
+
+int ft_pack_gather_global(ft_pack_file *p, int role, const int32_t *rows, int64_t n, float *dst)
+{
+    int64_t R, C;
+    int present;
+    FT_TRY(ft_pack_global_info(p, role, &R, &C, &present));
+    if (!present) return ft_pack_read_global(p, role, 0, 1, dst); /* the tied-head error */
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= R)
+            return ft_err(FT_E_RANGE, "%s: row %d (index %lld) outside the %lld rows of %s", p->path,
+                          rows[i], (long long)i, (long long)R, global_role_name(role));
+    int rc = 0;
+    int64_t bad = n;
+    char msg[600] = "";
+#pragma omp parallel for schedule(dynamic, 16) if (n > 64)
+    for (int64_t i = 0; i < n; i++) {
+        int k = ft_pack_read_global(p, role, rows[i], 1, dst + i * C);
+        if (k < 0) {
+#pragma omp critical(ft_pack_gather_err)
+            if (i < bad) {
+                bad = i;
+                rc = k;
+                snprintf(msg, sizeof msg, "%s", ft_errmsg());
+            }
+        }
+    }
+    return rc ? ft_err(rc, "%s", msg) : 0;
 }

@@ -162,6 +162,43 @@ int ft_pack_build(const char *path, const ft_model_config *cfg, const char *conf
                   size_t config_len, uint64_t identity, const ft_pack_settings *s,
                   const ft_pack_src *src, ft_pack_stats *st);
 
+/* Options of ft_pack_build_ex. */
+typedef struct ft_pack_build_opts {
+    /* 1: src->read_f32 may be called from several threads at once for disjoint row ranges
+     * (a pure or internally locked source, e.g. init-model's generator): every OpenMP
+     * thread then reads and converts/quantizes its own small row chunk (chunk_floats
+     * values, cache-resident). 0: one caller at a time, large chunks, the conversion
+     * parallel inside (ft_pack_build). */
+    int concurrent_src;
+    /* Values per thread chunk with concurrent_src (0: 65536). The bytes written do not
+     * depend on it, nor on the thread count (tests check both). */
+    int64_t chunk_floats;
+    /* Bytes per write of the global block (0: 32 MiB; rounded up to a multiple of 4096).
+     * Does not change the bytes written either. */
+    int64_t stream_bytes;
+    /* 1: write the blocks with O_DIRECT where the file system allows (no copy into the page
+     * cache, no dirty pages; falls back to buffered writes by itself). 0 (default): buffered
+     * writes with writeback started after each block (sync_file_range), which leaves the
+     * pack in the page cache for the checksum pass of its first use. */
+    int direct_io;
+} ft_pack_build_opts;
+
+/* ft_pack_build with options (o may be NULL: the defaults, as ft_pack_build). In both modes
+ * a writer thread hashes and writes block l (one pwrite of the whole block) while block
+ * l + 1 is being made in a second buffer, and the global block is streamed through two
+ * chunk buffers the same way (32 MiB writes at aligned offsets); the NF4 offset (the mean
+ * of the absmax values) is an exact parallel sum (ft_pack_sum_nonneg). The file is
+ * byte-identical to ft_pack_build's whatever the options and thread count. Errors as
+ * ft_pack_build; a failed write in the writer thread is reported with its offset. */
+int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *config_json,
+                     size_t config_len, uint64_t identity, const ft_pack_settings *s,
+                     const ft_pack_src *src, const ft_pack_build_opts *o, ft_pack_stats *st);
+
+/* The sum of n non-negative finite floats, correctly rounded to double (round half to
+ * even): the value ft_nf4_fsum returns, computed in parallel from exact per-exponent
+ * integer bins. A negative or non-finite value makes it fall back to ft_nf4_fsum. */
+double ft_pack_sum_nonneg(const float *x, int64_t n);
+
 /* ---- reading --------------------------------------------------------------------------- */
 
 typedef struct ft_pack_file ft_pack_file;
@@ -208,6 +245,31 @@ int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, flo
 /* The tensor directory of a block read into buf: *n entries; FT_E_CORRUPT if malformed. */
 int ft_pack_block_dir(const ft_pack_file *p, int64_t l, const void *buf, const ft_pack_tensor **dir,
                       int64_t *n);
+
+/* Shape of global tensor `role` (FT_PACK_ROLE_EMBED, _FINAL_NORM or _LM_HEAD) as the pack
+ * stores it: *rows x *cols (V x C, or C x 1 for the norm) and *present (0 for LM_HEAD of a
+ * tied model, which has no copy: read EMBED). The directory is read from the global block's
+ * start (pread of its n_tensors records, once at ft_pack_open) and checked against the stored
+ * config. Returns 0,
+ * FT_E_INVALID (not a global role), FT_E_CORRUPT (directory), -errno. */
+int ft_pack_global_info(ft_pack_file *p, int role, int64_t *rows, int64_t *cols, int *present);
+
+/* Rows [row0, row0 + n_rows) of global tensor `role` as fp32 into dst (n_rows * cols floats):
+ * EMBED and LM_HEAD are stored BF16 (widened exactly), FINAL_NORM F32 (rows of one value).
+ * Reads only those bytes (pread in chunks of at most 8 MiB through a bounded buffer; up to
+ * 8192 values without allocating), not the whole global block, so the block's checksum is not
+ * checked here (ft_pack_verify or ft_pack_open(verify = 1) does); the directory is the one
+ * ft_pack_open read and validated (re-read to report the error when it was bad).
+ * Thread-safe (pread on a shared descriptor, no state changed).
+ * Returns 0, FT_E_INVALID (a tied model's LM_HEAD: "tied: use EMBED"; not a global role),
+ * FT_E_RANGE (rows outside [0, rows)), FT_E_CORRUPT, -errno, -ENOMEM. */
+int ft_pack_read_global(ft_pack_file *p, int role, int64_t row0, int64_t n_rows, float *dst);
+
+/* Rows rows[0..n) of global tensor `role` (e.g. the embeddings of a micro-batch's token
+ * ids) as fp32 into dst (n * cols floats, row i at dst + i * cols): one pread per row, in
+ * parallel (OpenMP) above 64 rows; the directory is the one read at open. Returns 0,
+ * FT_E_RANGE (a row outside the tensor, naming its index), or ft_pack_read_global's errors. */
+int ft_pack_gather_global(ft_pack_file *p, int role, const int32_t *rows, int64_t n, float *dst);
 
 /* ---- the cache (pack_src.c) ------------------------------------------------------------ */
 

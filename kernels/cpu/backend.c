@@ -249,6 +249,47 @@ static int cpu_attention_kv_fwd(ft_backend *be, float *out, const float *q, cons
     return ft_cpu_attention_kv_fwd_f32(out, q, k, v, p, n_q, H, Hkv, D, scale);
 }
 
+/* ---- transfers: a host-memory backend has one lane, run in order at once ------------- */
+
+static void *cpu_host_alloc(ft_backend *be, size_t bytes)
+{
+    (void)be;
+    if (bytes > SIZE_MAX - 4096) return NULL;
+    size_t n = bytes == 0 ? 4096 : (bytes + 4095) / 4096 * 4096;
+    return aligned_alloc(4096, n);
+}
+
+static int cpu_copy_async(ft_backend *be, int lane, void *dst, const void *src, size_t bytes)
+{
+    (void)lane;
+    return cpu_copy(be, dst, src, bytes);
+}
+
+static int cpu_event_record(ft_backend *be, int ev, int lane)
+{
+    (void)be, (void)ev, (void)lane;
+    return 0;
+}
+
+static int cpu_event_wait(ft_backend *be, int lane, int ev)
+{
+    (void)be, (void)ev, (void)lane;
+    return 0;
+}
+
+static int cpu_event_sync(ft_backend *be, int ev)
+{
+    (void)be, (void)ev;
+    return 0;
+}
+
+static int cpu_event_elapsed(ft_backend *be, int ev0, int ev1, float *ms)
+{
+    (void)be, (void)ev0, (void)ev1;
+    *ms = 0;
+    return ft_err(FT_E_UNSUPPORTED, "the CPU backend keeps no event times");
+}
+
 static void cpu_destroy(ft_backend *be)
 {
     free(be->ctx); /* CPU context: plain struct */
@@ -264,6 +305,13 @@ static const ft_backend_ops cpu_ops = {
     .free = cpu_free,
     .copy = cpu_copy,
     .zero = cpu_zero,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_free,
+    .copy_async = cpu_copy_async,
+    .event_record = cpu_event_record,
+    .event_wait = cpu_event_wait,
+    .event_sync = cpu_event_sync,
+    .event_elapsed = cpu_event_elapsed,
     .gemm = cpu_gemm,
     .linear_fwd = cpu_linear_fwd,
     .linear_bwd_x = cpu_linear_bwd_x,

@@ -98,6 +98,76 @@ static int cu_zero(ft_backend *be, void *p, size_t bytes)
     return 0;
 }
 
+/* ---- transfers: pinned host memory, copy lanes, events ----------------------------------- */
+
+static void *cu_host_alloc(ft_backend *be, size_t bytes)
+{
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(ft_backend *be, void *p)
+{
+    if (p) cudaFreeHost(p);
+}
+
+static int lane_ok(int lane)
+{
+    return lane >= 0 && lane < FT_N_LANES;
+}
+
+static int cu_copy_async(ft_backend *be, int lane, void *dst, const void *src, size_t bytes)
+{
+    ft_cuda_ctx *cx = FT_CUDA_CTX(be);
+    if (!lane_ok(lane)) return ft_err(FT_E_INVALID, "cuda copy_async: lane %d", lane);
+    if (!bytes) return 0;
+    FT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cx->lane[lane]));
+    return 0;
+}
+
+static int cu_event_record(ft_backend *be, int ev, int lane)
+{
+    ft_cuda_ctx *cx = FT_CUDA_CTX(be);
+    if (ev < 0 || ev >= FT_MAX_EVENTS || !lane_ok(lane))
+        return ft_err(FT_E_INVALID, "cuda event_record: event %d lane %d", ev, lane);
+    if (!cx->ev[ev]) FT_CUDA_TRY(cudaEventCreate(&cx->ev[ev]));
+    FT_CUDA_TRY(cudaEventRecord(cx->ev[ev], cx->lane[lane]));
+    return 0;
+}
+
+static int cu_event_wait(ft_backend *be, int lane, int ev)
+{
+    ft_cuda_ctx *cx = FT_CUDA_CTX(be);
+    if (ev < 0 || ev >= FT_MAX_EVENTS || !lane_ok(lane))
+        return ft_err(FT_E_INVALID, "cuda event_wait: event %d lane %d", ev, lane);
+    if (!cx->ev[ev]) return 0; /* never recorded: nothing to wait for */
+    FT_CUDA_TRY(cudaStreamWaitEvent(cx->lane[lane], cx->ev[ev], 0));
+    return 0;
+}
+
+static int cu_event_sync(ft_backend *be, int ev)
+{
+    ft_cuda_ctx *cx = FT_CUDA_CTX(be);
+    if (ev < 0 || ev >= FT_MAX_EVENTS) return ft_err(FT_E_INVALID, "cuda event_sync: event %d", ev);
+    if (!cx->ev[ev]) return 0;
+    FT_CUDA_TRY(cudaEventSynchronize(cx->ev[ev]));
+    return 0;
+}
+
+static int cu_event_elapsed(ft_backend *be, int ev0, int ev1, float *ms)
+{
+    ft_cuda_ctx *cx = FT_CUDA_CTX(be);
+    *ms = 0;
+    if (ev0 < 0 || ev0 >= FT_MAX_EVENTS || ev1 < 0 || ev1 >= FT_MAX_EVENTS || !cx->ev[ev0] || !cx->ev[ev1])
+        return ft_err(FT_E_INVALID, "cuda event_elapsed: events %d, %d not recorded", ev0, ev1);
+    FT_CUDA_TRY(cudaEventElapsedTime(ms, cx->ev[ev0], cx->ev[ev1]));
+    return 0;
+}
+
 /* ---- GEMM ------------------------------------------------------------------------------- */
 
 /* Row-major C (m, n) = alpha op(A) op(B) + beta C is column-major C^T = op(B)^T op(A)^T:
@@ -553,6 +623,13 @@ static void cu_destroy(ft_backend *be)
     ft_cuda_profile_free(cx);
     if (cx->blas) cx->bl.Destroy(cx->blas);
     if (cx->bl.lib) dlclose(cx->bl.lib);
+    for (int l = 1; l < FT_N_LANES; l++)
+        if (cx->lane[l]) {
+            cudaStreamSynchronize(cx->lane[l]);
+            cudaStreamDestroy(cx->lane[l]);
+        }
+    for (int i = 0; i < FT_MAX_EVENTS; i++)
+        if (cx->ev[i]) cudaEventDestroy(cx->ev[i]);
     if (cx->stream) cudaStreamDestroy(cx->stream);
     cudaFree(cx->work);
     cudaFree(cx->attn);
@@ -573,6 +650,13 @@ static const ft_backend_ops cuda_ops = {
     .free = cu_free,
     .copy = cu_copy,
     .zero = cu_zero,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .copy_async = cu_copy_async,
+    .event_record = cu_event_record,
+    .event_wait = cu_event_wait,
+    .event_sync = cu_event_sync,
+    .event_elapsed = cu_event_elapsed,
     .gemm = cu_gemm,
     .linear_fwd = cu_linear_fwd,
     .linear_bwd_x = cu_linear_bwd_x,
@@ -602,6 +686,9 @@ static int cuda_setup(ft_cuda_ctx *cx, int device)
     FT_CUDA_TRY(cudaSetDevice(device));
     FT_CUDA_TRY(cudaDeviceGetAttribute(&cx->n_sm, cudaDevAttrMultiProcessorCount, device));
     FT_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    cx->lane[FT_LANE_COMPUTE] = cx->stream;
+    for (int l = 1; l < FT_N_LANES; l++)
+        FT_CUDA_TRY(cudaStreamCreateWithFlags(&cx->lane[l], cudaStreamNonBlocking));
     FT_TRY(blas_dl(&cx->bl));
     FT_BLAS_TRY(cx->bl.Create(&cx->blas));
     FT_BLAS_TRY(cx->bl.SetStream(cx->blas, cx->stream));

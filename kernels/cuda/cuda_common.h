@@ -57,6 +57,11 @@ typedef struct ft_cuda_ctx {
     size_t attn_bytes;
     int32_t *ss_host;       /* host copy of seq_start (attention tile plan) */
     int64_t ss_cap;
+    /* Copy lanes (kernels.h enum ft_lane): lane[FT_LANE_COMPUTE] is `stream`; H2D and D2H
+     * copies run on their own streams so they overlap compute. Events are created on first
+     * record (timing enabled: event_elapsed). */
+    cudaStream_t lane[FT_N_LANES];
+    cudaEvent_t ev[FT_MAX_EVENTS];
 } ft_cuda_ctx;
 
 #define FT_CUDA_CTX(be) ((ft_cuda_ctx *)(be)->ctx)

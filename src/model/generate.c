@@ -62,6 +62,8 @@ static float *carve(float **p, int64_t n)
     return r;
 }
 
+static int place_weights(ft_gen *g);
+
 int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
                 int64_t ctx_max, int64_t chunk_max, int64_t logit_rows_max)
 {
@@ -122,7 +124,8 @@ int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lor
     g->pos = ip + chunk_max;
     g->seq_start = ip + 2 * chunk_max;
 
-    int rc = be->ops->zero(be, g->seq_start, (size_t)chunk_max * sizeof(int32_t));
+    int rc = place_weights(g);
+    if (!rc) rc = be->ops->zero(be, g->seq_start, (size_t)chunk_max * sizeof(int32_t));
     float inv[GEN_MAX_HALF_D];
     ft_rope_inv_freq(c, ctx_max, inv);
     if (!rc)
@@ -131,9 +134,66 @@ int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lor
     return rc;
 }
 
+/* The weights where the backend reads them (see ft_gen): in place on the host, else one fp32
+ * device copy of every tensor (norms, projections, biases, embeddings, LM head). */
+static int place_weights(ft_gen *g)
+{
+    const ft_model *m = g->m;
+    const ft_model_config *c = &m->cfg;
+    ft_backend *be = g->be;
+    if (!m->embed || !m->layers)
+        return ft_err(FT_E_UNSUPPORTED, "%s: generate needs the model's weights (a pack-only model "
+                      "has none outside its pack)", m->path);
+    if (be->ops->host_memory) {
+        g->layers = m->layers;
+        g->embed = m->embed;
+        g->final_norm = m->final_norm;
+        g->lm_head = m->lm_head;
+        return 0;
+    }
+    int64_t L = c->num_hidden_layers, C = c->hidden_size, VC = c->vocab_size * C;
+    int64_t n = up16(VC) + (m->lm_head != m->embed ? up16(VC) : 0) + up16(C);
+    for (int64_t l = 0; l < L; l++) {
+        n += 2 * up16(C);
+        for (int k = 0; k < FT_N_PROJ; k++) {
+            const ft_linear *li = &m->layers[l].proj[k];
+            n += up16(li->out_n * li->in_n) + (li->b ? up16(li->out_n) : 0);
+        }
+    }
+    g->layers = calloc((size_t)L, sizeof *g->layers);
+    g->wmem = g->layers ? be->ops->alloc(be, (size_t)n * sizeof(float)) : NULL;
+    if (!g->wmem)
+        return ft_err(-ENOMEM, "out of %s memory for the model's weights in fp32 (%.2f GiB)",
+                      be->ops->name, (double)n * 4 / 1073741824.0);
+    float *p = g->wmem;
+    int rc = 0;
+#define PUT(dst, src, cnt) do { float *d_ = carve(&p, (cnt)); \
+        if (!rc) { rc = be->ops->copy(be, d_, (src), (size_t)(cnt) * sizeof(float)); } \
+        (dst) = d_; } while (0)
+    PUT(g->embed, m->embed, VC);
+    if (m->lm_head != m->embed) PUT(g->lm_head, m->lm_head, VC);
+    else g->lm_head = g->embed;
+    PUT(g->final_norm, m->final_norm, C);
+    for (int64_t l = 0; l < L && !rc; l++) {
+        const ft_layer_weights *s = &m->layers[l];
+        ft_layer_weights *d = &g->layers[l];
+        *d = *s;
+        PUT(d->attn_norm, s->attn_norm, C);
+        PUT(d->ffn_norm, s->ffn_norm, C);
+        for (int k = 0; k < FT_N_PROJ; k++) {
+            PUT(d->proj[k].w, s->proj[k].w, s->proj[k].out_n * s->proj[k].in_n);
+            if (s->proj[k].b) PUT(d->proj[k].b, s->proj[k].b, s->proj[k].out_n);
+        }
+    }
+#undef PUT
+    return rc;
+}
+
 void ft_gen_free(ft_gen *g)
 {
     if (!g) return;
+    if (g->be) g->be->ops->free(g->be, g->wmem);
+    if (g->layers && g->m && g->layers != g->m->layers) free(g->layers);
     if (g->be) g->be->ops->free(g->be, g->arena);
     memset(g, 0, sizeof *g);
 }
@@ -156,7 +216,7 @@ static int lin(ft_gen *g, int64_t layer, int pj, const float *x, float *y, int64
 {
     ft_backend *be = g->be;
     const ft_backend_ops *o = be->ops;
-    const ft_linear *w = &g->m->layers[layer].proj[pj];
+    const ft_linear *w = &g->layers[layer].proj[pj];
     const int64_t in = w->in_n, out = w->out_n;
     FT_TRY(o->gemm(be, 0, 1, n, out, in, 1.0f, x, in, w->w, in, 0.0f, y, out));
     if (w->b) FT_TRY(o->bias_add(be, y, w->b, n, out));
@@ -175,7 +235,7 @@ static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
     ft_backend *be = g->be;
     const ft_backend_ops *o = be->ops;
     const ft_model_config *c = &g->m->cfg;
-    const ft_layer_weights *w = &g->m->layers[l];
+    const ft_layer_weights *w = &g->layers[l];
     const int64_t C = c->hidden_size, H = c->num_attention_heads, Hkv = c->num_key_value_heads,
                   D = c->head_dim, F = c->intermediate_size, KD = Hkv * D, p = g->n_past;
     float *kl = g->kc + l * g->ctx_max * KD, *vl = g->vc + l * g->ctx_max * KD;
@@ -217,7 +277,7 @@ static int forward_rows(ft_gen *g, const int32_t *ids, int64_t n, float *logits,
         for (int64_t i = 0; i < k; i++) pos[i] = (int32_t)(g->n_past + i0 + i);
         FT_TRY(o->copy(be, g->pos + i0, pos, (size_t)k * sizeof(int32_t)));
     }
-    FT_TRY(o->embedding_fwd(be, g->x, g->ids, m->embed, n, C, V));
+    FT_TRY(o->embedding_fwd(be, g->x, g->ids, g->embed, n, C, V));
     float *x = g->x, *y = g->y;
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
         FT_TRY(block(g, l, n, x, y));
@@ -225,9 +285,9 @@ static int forward_rows(ft_gen *g, const int32_t *ids, int64_t n, float *logits,
         x = y;
         y = t;
     }
-    FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x + (n - rows) * C, m->final_norm, rows, C,
+    FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x + (n - rows) * C, g->final_norm, rows, C,
                           c->rms_norm_eps));
-    FT_TRY(o->lm_head_logits(be, g->logits, g->xn, m->lm_head, rows, C, V));
+    FT_TRY(o->lm_head_logits(be, g->logits, g->xn, g->lm_head, rows, C, V));
     return o->copy(be, logits, g->logits, (size_t)(rows * V) * sizeof(float));
 }
 

@@ -42,6 +42,11 @@ typedef struct ft_gen {
     float *logits;              /* (logit_rows_max, V) */
     float *inv_freq;            /* (D/2) */
     int32_t *ids, *pos, *seq_start; /* (chunk_max) each */
+    /* The weights as the backend reads them: the model's host arrays on a host-memory backend
+     * (CPU); on a device backend (CUDA) an fp32 copy in one device allocation (wmem). */
+    ft_layer_weights *layers;
+    const float *embed, *final_norm, *lm_head;
+    float *wmem;
 } ft_gen;
 
 /* Plans and allocates (one backend allocation) a cache of ctx_max tokens and buffers for

@@ -10,7 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include <dirent.h>
+
+#include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/model/bnb4.h"
@@ -141,8 +145,12 @@ int64_t ft_model_n_params(const ft_model *m)
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
         const ft_layer_weights *w = &m->layers[l];
         n += 2 * c->hidden_size;
-        for (int p = 0; p < FT_N_PROJ; p++)
-            n += w->proj[p].out_n * w->proj[p].in_n + (w->proj[p].b ? w->proj[p].out_n : 0);
+        for (int p = 0; p < FT_N_PROJ; p++) {
+            /* a pack-only model has no bias arrays: the config says which exist */
+            int bias = m->pack_only[0] ? has_bias(c, p, strcmp(c->model_type, "qwen2") != 0)
+                                       : w->proj[p].b != NULL;
+            n += w->proj[p].out_n * w->proj[p].in_n + (bias ? w->proj[p].out_n : 0);
+        }
     }
     return n;
 }
@@ -193,12 +201,123 @@ static int hf_tensor(const ft_st_set *s, const char *dir, const char *name, int 
     return 0;
 }
 
+static int ends_with(const char *s, const char *suf);
+
+/* ---- pack-only folder -------------------------------------------------------------------- */
+
+/* 1 if dir has no model.safetensors, index or *.safetensors file (then a pack may stand in). */
+static int no_safetensors(const char *dir)
+{
+    DIR *dp = opendir(dir);
+    if (!dp) return 0; /* let the safetensors path report it */
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(dp)))
+        n += ends_with(de->d_name, ".safetensors") || !strcmp(de->d_name, "model.safetensors.index.json");
+    closedir(dp);
+    return n == 0;
+}
+
+/* The shapes that must agree between config.json and the pack's stored config. */
+static int same_shapes(const ft_model_config *a, const ft_model_config *b, char *what, size_t n)
+{
+#define CMP(f)                                                                                   \
+    if (a->f != b->f) {                                                                          \
+        snprintf(what, n, #f " %lld in config.json, %lld in the pack", (long long)a->f,          \
+                 (long long)b->f);                                                               \
+        return 0;                                                                                \
+    }
+    CMP(num_hidden_layers) CMP(hidden_size) CMP(intermediate_size) CMP(num_attention_heads)
+    CMP(num_key_value_heads) CMP(head_dim) CMP(vocab_size) CMP(tie_word_embeddings)
+    CMP(attention_bias)
+#undef CMP
+    if (strcmp(a->model_type, b->model_type)) {
+        snprintf(what, n, "model_type \"%s\" in config.json, \"%s\" in the pack", a->model_type,
+                 b->model_type);
+        return 0;
+    }
+    return 1;
+}
+
+/* A folder of config.json + a pack (m->cfg loaded already): checks the pack's header, block
+ * table and stored config, and gives the model shapes without weights (model.h). */
+static int load_pack_only(ft_model *m, const char *dir, const char *pack)
+{
+    ft_pack_file *p;
+    int rc = ft_pack_open(&p, pack, 0);
+    if (rc < 0)
+        return ft_err_prefix(rc, "%s: pack-only model (no safetensors)", dir);
+    char what[256];
+    if (!same_shapes(&m->cfg, ft_pack_config(p), what, sizeof what))
+        rc = ft_err(FT_E_INVALID, "%s: pack-only model: %s does not match config.json: %s", dir,
+                    pack, what);
+    ft_pack_close(p);
+    FT_TRY(rc);
+    const ft_model_config *c = &m->cfg;
+    model_priv *pv = calloc(1, sizeof *pv);
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    if (!pv || !m->layers) {
+        free(pv);
+        return ft_err(-ENOMEM, "%s: out of memory", dir);
+    }
+    m->priv = pv;
+    for (int64_t l = 0; l < c->num_hidden_layers; l++)
+        for (int q = 0; q < FT_N_PROJ; q++)
+            proj_dims(c, q, &m->layers[l].proj[q].out_n, &m->layers[l].proj[q].in_n);
+    if (snprintf(m->pack_only, sizeof m->pack_only, "%s", pack) >= (int)sizeof m->pack_only)
+        return ft_err(FT_E_RANGE, "%s: path too long", pack);
+    return 0;
+}
+
+int ft_model_require_weights(const ft_model *m, const char *what)
+{
+    if (!m->pack_only[0]) return 0;
+    return ft_err(FT_E_UNSUPPORTED, "%s: pack-only model (no safetensors, weights only in %s): "
+                  "%s needs the model's weights in memory; only training/eval through the "
+                  "executor reads it (write safetensors with `ftune init-model --pack "
+                  "--safetensors`)", m->path, m->pack_only, what ? what : "this command");
+}
+
+int ft_model_load_pack_globals(ft_model *m)
+{
+    if (!m->pack_only[0] || m->embed) return 0;
+    const ft_model_config *c = &m->cfg;
+    const int64_t C = c->hidden_size, V = c->vocab_size;
+    model_priv *pv = m->priv;
+    int64_t g = pad16(V * C) + pad16(C) + (c->tie_word_embeddings ? 0 : pad16(V * C));
+    float *buf = alloc_floats(g, m->path);
+    if (!buf) return -ENOMEM;
+    ft_pack_file *p;
+    int rc = ft_pack_open(&p, m->pack_only, 0);
+    float *emb = buf, *fn = buf + pad16(V * C), *head = c->tie_word_embeddings ? emb : fn + pad16(C);
+    if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_EMBED, 0, V, emb);
+    if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_FINAL_NORM, 0, C, fn);
+    if (!rc && !c->tie_word_embeddings) rc = ft_pack_read_global(p, FT_PACK_ROLE_LM_HEAD, 0, V, head);
+    ft_pack_close(p);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    pv->glob = buf;
+    m->embed = emb;
+    m->final_norm = fn;
+    m->lm_head = head;
+    return 0;
+}
+
 static int load_hf(ft_model *m, const char *dir)
 {
     char p[4200];
     FT_TRY(ft_path_join(p, sizeof p, dir, "config.json"));
     FT_TRY(ft_config_load(&m->cfg, p));
     const ft_model_config *c = &m->cfg;
+    if (no_safetensors(dir)) { /* `ftune init-model --pack`: config.json + the pack only */
+        static const char *const packs[] = {FT_PACK_LOCAL_NF4, FT_PACK_LOCAL_BF16};
+        for (int k = 0; k < 2; k++) {
+            FT_TRY(ft_path_join(p, sizeof p, dir, packs[k]));
+            if (access(p, F_OK) == 0) return load_pack_only(m, dir, p);
+        }
+    }
     ft_st_set *s;
     FT_TRY(ft_st_set_open(&s, dir));
     /* llama-type attention_bias also gives o_proj a bias; qwen2 never has one */

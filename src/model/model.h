@@ -44,14 +44,37 @@ typedef struct ft_model {
     float *lm_head;              /* (vocab_size, C); == embed when tie_word_embeddings */
     ft_layer_weights *layers;    /* num_hidden_layers */
     void *priv;                  /* loader-owned storage (buffers, the GGUF handle) */
+    /* A pack-only folder (config.json + model-nf4.ftpack or model-bf16.ftpack, no
+     * safetensors: `ftune init-model --pack`): the pack's path, "" otherwise. Then no host
+     * weights exist: layers[l] holds every projection's out_n/in_n with w = b = NULL (biases
+     * follow cfg), attn_norm/ffn_norm/embed/final_norm/lm_head are NULL until
+     * ft_model_load_pack_globals; the weights are read from the pack by the executor
+     * (ft_exec_use_pack) and ft_pack_read_global. */
+    char pack_only[4096];
 } ft_model;
 
 /* Loads a model folder or .gguf file. Errors name the file and offset/key:
  * -errno (missing path), FT_E_INVALID/FT_E_CORRUPT (bad header, offsets past the end,
  * missing tensors, shape mismatch), FT_E_UNSUPPORTED (dtype, architecture).
+ * A folder with no *.safetensors and no index but model-nf4.ftpack (preferred) or
+ * model-bf16.ftpack loads as a pack-only model (m->pack_only, above): the pack's header and
+ * block table are validated (not its checksums: ft_pack_ensure verifies them) and its stored
+ * config must match config.json's shapes (FT_E_INVALID naming both otherwise; a corrupt pack
+ * gives the pack's own FT_E_CORRUPT naming the file).
  * On success the caller owns *out and frees it with ft_model_free(). */
 int ft_model_load(ft_model **out, const char *path);
 void ft_model_free(ft_model *m); /* NULL-safe */
+
+/* 0 when m has host weights; for a pack-only model FT_E_UNSUPPORTED naming the folder and
+ * `what` ("generate", "merge", ...): only training/eval through the executor read it. */
+int ft_model_require_weights(const ft_model *m, const char *what);
+
+/* For a pack-only model: reads the embeddings, final norm and LM head (== embed when tied)
+ * from the pack's global block into fp32 host arrays owned by m (2 x vocab x hidden floats
+ * untied: 8.4 GB for Llama-3-70B), so code that reads m->embed/final_norm/lm_head works;
+ * the layers stay in the pack. No-op (0) if already loaded or not pack-only. Returns 0,
+ * -ENOMEM, or the pack's errors. */
+int ft_model_load_pack_globals(ft_model *m);
 
 /* The model config of a GGUF file from its {arch}.* metadata (llama.cpp keys; formats.md
  * 4.3), without reading any weight: rope scaling from rope.scaling.* or rope_freqs.weight

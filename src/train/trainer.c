@@ -14,6 +14,8 @@
 #include "kernels/kernels.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
+#include "offload/place.h"
+#include "offload/timeline.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
@@ -126,7 +128,7 @@ static void run_free(run *r)
 static int check_finite_cfg(const ft_train_cfg *c)
 {
     if (c->batch_size < 1) return ft_err(FT_E_INVALID, "--batch-size must be >= 1");
-    if (c->grad_accum < 1) return ft_err(FT_E_INVALID, "--grad-accum must be >= 1");
+    if (c->grad_accum < 0) return ft_err(FT_E_INVALID, "--grad-accum must be >= 1 (or auto)");
     if (!(c->lr > 0) || !isfinite(c->lr)) return ft_err(FT_E_INVALID, "--lr must be > 0");
     if (c->max_steps < 0) return ft_err(FT_E_INVALID, "--max-steps must be >= 0");
     if (c->max_steps == 0 && !(c->epochs > 0)) return ft_err(FT_E_INVALID, "--epochs must be > 0");
@@ -311,7 +313,20 @@ static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, ch
 {
     const size_t spare = (size_t)1 << 30;
     why[0] = 0;
-    if (c->quant == FT_PACK_QUANT_NF4 || c->quant == FT_PACK_QUANT_BF16) {
+    if (r->model->pack_only[0]) { /* only the pack exists: its quantization it is */
+        const char *nm = strrchr(r->model->pack_only, '/');
+        int pq = strstr(nm ? nm : r->model->pack_only, "bf16") ? FT_PACK_QUANT_BF16 : FT_PACK_QUANT_NF4;
+        if (c->quant != FT_TRAIN_QUANT_AUTO && c->quant != pq)
+            return ft_err(FT_E_INVALID, "%s holds only %s (a pack-only model): --quant %s cannot be "
+                          "served; drop --quant", c->model, r->model->pack_only,
+                          ft_pack_quant_name(c->quant));
+        if (pq != FT_PACK_QUANT_NF4)
+            return ft_err(FT_E_UNSUPPORTED, "%s: training from a pack-only bf16 base is not supported "
+                          "yet (write the model with ftune init-model --pack --quant nf4, or with "
+                          "--safetensors)", c->model);
+        *quant = pq;
+        snprintf(why, n, "the model folder holds only the pack %.160s", r->model->pack_only);
+    } else if (c->quant == FT_PACK_QUANT_NF4 || c->quant == FT_PACK_QUANT_BF16) {
         *quant = c->quant;
     } else if (c->quant != FT_TRAIN_QUANT_AUTO) {
         return ft_err(FT_E_INVALID, "unknown base quantization %d (nf4, bf16)", c->quant);
@@ -321,7 +336,7 @@ static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, ch
     } else {
         size_t used, budget, avail, total;
         FT_TRY(device_budget(r, c, &used, &budget, &avail, &total));
-        size_t need = ft_exec_bytes(r->be, r->model, &r->lora, T, c->grad_accum);
+        size_t need = ft_exec_bytes(r->be, r->model, &r->lora, T, c->grad_accum > 0 ? c->grad_accum : 1);
         *quant = need + spare <= avail ? FT_PACK_QUANT_BF16 : FT_PACK_QUANT_NF4;
         snprintf(why, n, "auto: the bf16 base run needs %.2f GiB, %s allows %.2f GiB",
                  gib((double)(need + spare)), c->gpu_mem > 0 ? "--gpu-mem" : "the GPU",
@@ -404,9 +419,56 @@ static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t 
     return rc < 0 ? rc : 0;
 }
 
-static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user,
+/* A packed base on a device backend: measured, planned (offload/place.h) and placed; the
+ * plan's lines are reported; *grad_accum gets the planned micro-batch count. */
+static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_len,
+                         int64_t *grad_accum, ft_train_cb cb, void *user)
+{
+    ft_place_opts po = {T, seq_len, c->grad_accum, (uint64_t)c->gpu_mem, (uint64_t)c->host_mem,
+                        NULL, NULL};
+    if (r->n_train_b > 0 && r->train_b[0].T == T) { /* the probe sees the data's sequence lengths */
+        po.pos = r->train_b[0].pos;
+        po.seq_start = r->train_b[0].seq_start;
+    }
+    ft_place_result *pr = calloc(1, sizeof *pr);
+    if (!pr) return ft_err(-ENOMEM, "out of memory");
+    int rc = ft_place_packed(r->be, r->model, &r->lora, r->pack, &po, !c->plan_only, &r->ex, pr);
+    if (!rc || pr->text[0]) {
+        char disk[512] = "";
+        if (pr->disk_rate > 0)
+            snprintf(disk, sizeof disk, "; disk %.2f GB/s (%s)", pr->disk_rate / 1e9, pr->disk_mode);
+        info(cb, user, FT_EV_INFO, "probe: one layer of %lld tokens: dequant %.2f ms, forward %.2f ms, "
+             "backward %.2f ms; PCIe H2D %.1f GB/s%s",
+             (long long)T, pr->t_dequant * 1e3, (pr->in.t_fwd_layer - pr->t_dequant) * 1e3,
+             pr->in.t_bwd_layer * 1e3, pr->in.rates.h2d / 1e9, disk);
+        char *line = pr->text, *nl;
+        while (line && *line) {
+            nl = strchr(line, '\n');
+            if (nl) *nl = 0;
+            info(cb, user, FT_EV_PLAN, "%s", line);
+            line = nl ? nl + 1 : NULL;
+        }
+    }
+    if (!rc && !c->plan_only) {
+        r->ex_ok = 1;
+        size_t fb = 0, tb = 0;
+        if (!ft_backend_mem_free(r->be, &fb, &tb))
+            info(cb, user, FT_EV_INFO, "placed: device memory in use %.2f GiB of %.2f GiB (budget %.2f GiB), "
+                 "host RSS %.2f GiB (budget %.2f GiB for the pinned pool and staging)",
+                 gib((double)(tb - fb)), gib((double)tb), gib((double)pr->in.gpu_budget),
+                 gib((double)ft_place_rss()), gib((double)pr->in.host_budget));
+    }
+    *grad_accum = pr->plan.micro_batches;
+    free(pr);
+    return rc;
+}
+
+static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *user,
                        ft_train_result *res)
 {
+    ft_train_cfg c_local = *c_in; /* grad_accum may be chosen by the planner */
+    ft_train_cfg *cm = &c_local;
+    const ft_train_cfg *c = cm;
     double t0 = now_s();
     FT_TRY(check_finite_cfg(c));
     if (!c->model) return ft_err(FT_E_INVALID, "missing --model");
@@ -460,7 +522,21 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     FT_TRY(choose_quant(r, c, T, &quant, why, sizeof why));
     res->quant = quant;
     if (quant == FT_PACK_QUANT_NF4) FT_TRY(open_pack(r, c, cb, user));
-    FT_TRY(plan_device_memory(r, c, T, seq_len));
+    if (r->pack && !r->be->ops->host_memory) {
+        FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user));
+        if (c->plan_only) return 0;
+    } else {
+        if (cm->grad_accum < 1) cm->grad_accum = 1;
+        if (c->plan_only) {
+            info(cb, user, FT_EV_PLAN, "plan: backend %s, base %s: every layer %s; %lld micro-batch%s of %lld tokens per step",
+                 r->be->ops->name, quant == FT_PACK_QUANT_NF4 ? "nf4" : "bf16",
+                 r->be->ops->host_memory ? (r->pack ? "streamed from the pack file per visit" : "in host memory")
+                                         : "in device memory",
+                 (long long)cm->grad_accum, cm->grad_accum == 1 ? "" : "es", (long long)T);
+            return 0;
+        }
+        FT_TRY(plan_device_memory(r, c, T, seq_len));
+    }
     if (r->pack && !r->ex.pack) FT_TRY(ft_exec_use_pack(&r->ex, r->pack));
     size_t pack_bytes = r->pack ? ft_exec_pack_bytes(r->pack) : 0;
 
@@ -531,6 +607,7 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
     int stopped = 0;
     double prof_t0 = 0;
     int64_t prof_step0 = -1;
+    ft_timeline tl = {0};
     for (int64_t step = st.step; step < total; step++) {
         if (c->stop && *c->stop) {
             stopped = 1;
@@ -556,7 +633,19 @@ static int train_inner(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user
         int64_t nv;
         /* dropout masks: a pure function of (seed, step), so a resumed run needs no RNG state */
         uint64_t dseed = lc.dropout > 0 ? (c->seed * 0x9e3779b97f4a7c15ull) ^ (uint64_t)(step + 1) : 0;
+        int tl_on = c->timeline && (step == start + 1 || (total - start == 1));
+        if (tl_on) ft_exec_set_timeline(&r->ex, &tl);
         FT_TRY(ft_exec_train_step(&r->ex, mbs, n_mb, n_targets, dseed, &loss_sum, &nv));
+        if (tl_on) {
+            ft_exec_set_timeline(&r->ex, NULL);
+            char title[512];
+            snprintf(title, sizeof title, "ftune step %lld: %lld micro-batches of %lld tokens, %s",
+                     (long long)step + 1, (long long)n_mb, (long long)mbs[0].T, c->model);
+            FT_TRY(ft_timeline_write_svg(&tl, c->timeline, title));
+            info(cb, user, FT_EV_INFO, "timeline: %s: step %.3f s, compute busy %.3f s, H2D %.3f s, disk %.3f s",
+                 c->timeline, ft_timeline_span(&tl), ft_timeline_busy(&tl, FT_TL_COMPUTE),
+                 ft_timeline_busy(&tl, FT_TL_H2D), ft_timeline_busy(&tl, FT_TL_DISK));
+        }
         double loss = nv ? loss_sum / (double)nv : NAN;
         double sq;
         FT_TRY(o->sumsq(r->be, &sq, r->lora.grads, r->lora.n_params));

@@ -42,7 +42,8 @@ typedef struct ft_train_cfg {
     const char *init_adapter;   /* PEFT folder to start from, or NULL */
     int64_t seq_len;            /* 0: min(2048, max_position_embeddings) */
     int64_t batch_size;         /* rows per micro-batch */
-    int64_t grad_accum;         /* micro-batches per optimizer step */
+    int64_t grad_accum;         /* micro-batches per optimizer step; 0: the offload planner
+                                 * picks (a packed base on a device), else 1 */
     int64_t max_steps;          /* > 0 overrides epochs */
     double epochs;
     double lr, min_lr_ratio, weight_decay, adam_beta1, adam_beta2, adam_eps, max_grad_norm;
@@ -56,6 +57,12 @@ typedef struct ft_train_cfg {
     int threads;
     const char *device;         /* "cpu", "cuda", "cuda:N", "auto" or NULL (= auto) */
     int64_t gpu_mem;            /* bytes of GPU memory the run may use (0: what is free) */
+    int64_t host_mem;           /* bytes of host memory for the offload tiers' pinned pool and
+                                 * staging (0: available memory less 4 GiB); layers beyond it
+                                 * are read from the pack file on NVMe at each visit */
+    const char *timeline;       /* if set: the second step's timeline (compute, copies, disk
+                                 * reads per layer) is drawn into this SVG file */
+    int plan_only;              /* 1: load, measure and print the plan, then return (ftune plan) */
     int profile;                /* time every op on the GPU after the first step; the table is
                                  * reported (FT_EV_INFO) at the end */
     int quant;                  /* the frozen base's linear weights: FT_TRAIN_QUANT_AUTO, or

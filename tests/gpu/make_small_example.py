@@ -10,9 +10,13 @@ layer. This script writes instead a GGUF file with the original tensors, byte fo
   (Q4_1 projections, F32 norms), with every metadata key of the source (tokenizer, chat
   template, hyper-parameters) and llama.block_count = K,
 i.e. SmolLM2-135M-Instruct truncated to its first K of 30 layers (default: the largest K that
-keeps the file under --max-mb; K = 8 for 50 MB). ftune reads it directly (tokenizer
-included); transformers gets the same dequantized weights through read_gguf/load_gguf_as_hf
-below, since the GPU machine has no `gguf` package.
+keeps the file under --max-mb; K = 8 for 50 MB). The 64 MiB limit counts the whole working tree
+that travels (tracked and untracked-not-ignored files, ~20 MB of them in the repository, plus
+the carried paths), so the default --max-mb is what is left of 64 MiB after the other files of
+`git ls-files -co --exclude-standard` and --reserve-mib (4) for carried paths: K = 4 (40.7 MB)
+with the tree of 2026-11-23 (each layer is 2.2 MB; the embedding 30 MB). ftune reads it
+directly (tokenizer included); transformers gets the same dequantized weights through
+read_gguf/load_gguf_as_hf below, since the GPU machine has no `gguf` package.
 
 Checks run after writing (here, where gguf-py and the CPU ftune exist):
   - every tensor of the small file, dequantized by this reader and by gguf-py, is bit-identical
@@ -23,8 +27,9 @@ Checks run after writing (here, where gguf-py and the CPU ftune exist):
   - `ftune tokenize` gives the same ids from the small file as from the source file.
 
 Usage: python3 tests/gpu/make_small_example.py [--out .gpu/smollm2-small] [--layers K]
-       [--max-mb 50] [--gguf SOURCE]   (default source: FTUNE_CACHE=/tmp/ftcache if that copy
-       exists, else ~/.cache/ftune, through scripts/fetch_example.sh)
+       [--max-mb MB | --reserve-mib MIB] [--gguf SOURCE]
+       (default source: FTUNE_CACHE=/tmp/ftcache if that copy exists, else ~/.cache/ftune,
+       through scripts/fetch_example.sh)
 Writes OUT/model.gguf and OUT/README.txt.
 """
 import struct
@@ -234,6 +239,28 @@ def tensor_bytes(t):
     return int(t.n_bytes)
 
 
+def tree_budget_mb(out_dir, margin_mib=4.0):
+    """MB (1e6) left for the small model under the 64 MiB that travel to the GPU machine: 64 MiB
+    minus the other files that travel with the working tree (git ls-files -co
+    --exclude-standard, i.e. tracked and untracked-not-ignored, outside out_dir) minus a margin."""
+    import os
+    import subprocess
+    p = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT,
+                       capture_output=True, timeout=60)
+    out_rel = os.path.relpath(os.path.abspath(out_dir), ROOT) + os.sep
+    other = 0
+    for f in p.stdout.decode("utf-8", "replace").split("\0"):
+        if f and not f.startswith(out_rel):
+            try:
+                other += os.path.getsize(ROOT / f)
+            except OSError:
+                pass
+    left = (64.0 - margin_mib) * 2**20 - other
+    print(f"tree: {other / 1e6:.1f} MB travel besides {out_rel} -> {left / 1e6:.1f} MB left for the model "
+          f"(64 MiB limit, {margin_mib:g} MiB margin)")
+    return left / 1e6
+
+
 def choose_layers(reader, max_mb):
     """Largest K whose file (all non-layer tensors + K layers + metadata) fits max_mb."""
     fixed = sum(tensor_bytes(t) for t in reader.tensors if not t.name.startswith("blk."))
@@ -346,13 +373,15 @@ def main():
     ap.add_argument("--gguf", help="source GGUF (default: scripts/fetch_example.sh)")
     ap.add_argument("--out", default=str(ROOT / ".gpu" / "smollm2-small"))
     ap.add_argument("--layers", type=int, help="K (default: the largest under --max-mb)")
-    ap.add_argument("--max-mb", type=float, default=50.0)
+    ap.add_argument("--max-mb", type=float, help="largest file (default: what the 64 MiB tree limit leaves)")
+    ap.add_argument("--reserve-mib", type=float, default=4.0,
+                    help="room kept free under the 64 MiB for carried paths (default 4)")
     ap.add_argument("--no-check", action="store_true", help="skip the checks")
     a = ap.parse_args()
     src = a.gguf or fetch_example()
     r = gguf.GGUFReader(src)
     n_layers = int(r.fields["llama.block_count"].contents())
-    K = a.layers or choose_layers(r, a.max_mb)
+    K = a.layers or choose_layers(r, a.max_mb or tree_budget_mb(a.out, a.reserve_mib))
     del r
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "model.gguf")

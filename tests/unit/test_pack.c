@@ -10,10 +10,19 @@
  *   pack a close one, and a training step reads each block once per pass;
  *   init-model: sharded safetensors with index that ft_model_load reads, norms 1, biases 0,
  *   weights ~ N(0, 0.02) in bf16, and a pack written directly from the random values that is
- *   byte-identical to the pack built from those safetensors. */
+ *   byte-identical to the pack built from those safetensors;
+ *   the builder's output does not depend on the thread count, the chunk size, a concurrent
+ *   or serial source, nor (init-model) the generator's SIMD kernel; the parallel exact sum
+ *   equals ft_nf4_fsum;
+ *   ft_pack_read_global / ft_pack_global_info: row ranges of the embeddings, final norm and
+ *   LM head equal the bf16 safetensors values widened, tied head and bad ranges refused. */
 #include "tests/unit/harness.h"
 
 #include <fcntl.h>
+#include <float.h>
+#include <omp.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "adapters/lora.h"
@@ -433,6 +442,332 @@ static void test_init_model(void **state)
     free(dir);
 }
 
+
+/* Writes a config.json text under dir; returns its path in out. */
+static void write_cfg(char *out, size_t n, const char *dir, const char *name, const char *js)
+{
+    snprintf(out, n, "%s/%s", dir, name);
+    FILE *f = fopen(out, "w");
+    assert_non_null(f);
+    fputs(js, f);
+    fclose(f);
+}
+
+static const char *k_untied_js =
+    "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96, "
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+    "\"vocab_size\": 500, \"tie_word_embeddings\": false, \"rms_norm_eps\": 1e-5}";
+static const char *k_tied_js =
+    "{\"model_type\": \"llama\", \"hidden_size\": 48, \"intermediate_size\": 80, "
+    "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, "
+    "\"vocab_size\": 333, \"tie_word_embeddings\": true, \"rms_norm_eps\": 1e-5}";
+
+static void test_read_global(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir(), cfgp[600], out[600];
+    for (int tied = 0; tied < 2; tied++)
+        for (int quant = FT_PACK_QUANT_BF16; quant <= FT_PACK_QUANT_NF4; quant++) {
+            write_cfg(cfgp, sizeof cfgp, dir, "arch.json", tied ? k_tied_js : k_untied_js);
+            snprintf(out, sizeof out, "%s/m%d%d", dir, tied, quant);
+            ft_init_cfg c = {cfgp, out, 5, 0, 1, quant, NULL};
+            ft_init_result res;
+            assert_int_equal(ft_init_model(&c, &res), 0);
+            ft_model *m; /* the reference: the bf16 safetensors through the loader */
+            assert_int_equal(ft_model_load(&m, out), 0);
+            assert_int_equal(m->pack_only[0], 0);
+            const int64_t V = m->cfg.vocab_size, C = m->cfg.hidden_size;
+            ft_pack_file *p;
+            assert_int_equal(ft_pack_open(&p, res.pack_path, 1), 0);
+            int64_t rows, cols;
+            int present;
+            assert_int_equal(ft_pack_global_info(p, FT_PACK_ROLE_EMBED, &rows, &cols, &present), 0);
+            assert_true(rows == V && cols == C && present == 1);
+            assert_int_equal(ft_pack_global_info(p, FT_PACK_ROLE_FINAL_NORM, &rows, &cols, &present), 0);
+            assert_true(rows == C && cols == 1 && present == 1);
+            assert_int_equal(ft_pack_global_info(p, FT_PACK_ROLE_LM_HEAD, &rows, &cols, &present), 0);
+            assert_true(rows == V && cols == C && present == !tied);
+            assert_int_equal(ft_pack_global_info(p, FT_PACK_ROLE_W0, &rows, &cols, &present), FT_E_INVALID);
+            float *buf = malloc((size_t)(V * C) * sizeof *buf);
+            /* row ranges: all, the first, the last, one in the middle, empty */
+            const int64_t rng[][2] = {{0, V}, {0, 1}, {V - 1, 1}, {V / 3, V / 4}, {7, 0}};
+            for (int head = 0; head < 2; head++) {
+                int role = head ? FT_PACK_ROLE_LM_HEAD : FT_PACK_ROLE_EMBED;
+                const float *ref = head ? m->lm_head : m->embed;
+                if (head && tied) {
+                    assert_int_equal(ft_pack_read_global(p, role, 0, 1, buf), FT_E_INVALID);
+                    assert_non_null(strstr(ft_errmsg(), "tied: use EMBED"));
+                    int32_t one = 0;
+                    assert_int_equal(ft_pack_gather_global(p, role, &one, 1, buf), FT_E_INVALID);
+                    continue;
+                }
+                for (size_t k = 0; k < sizeof rng / sizeof rng[0]; k++) {
+                    memset(buf, 0x7f, (size_t)(V * C) * sizeof *buf);
+                    assert_int_equal(ft_pack_read_global(p, role, rng[k][0], rng[k][1], buf), 0);
+                    assert_memory_equal(buf, ref + rng[k][0] * C, (size_t)(rng[k][1] * C) * sizeof *buf);
+                    if (rng[k][1] * C < V * C) { /* nothing written past the range */
+                        uint32_t u;
+                        memcpy(&u, &buf[rng[k][1] * C], 4);
+                        assert_true(u == 0x7f7f7f7fu);
+                    }
+                }
+                /* a gather of token rows (repeats, any order; > 64 rows: the parallel path) */
+                int32_t ids[100];
+                for (int i = 0; i < 100; i++) ids[i] = (int32_t)((i * 7919 + head) % V);
+                assert_int_equal(ft_pack_gather_global(p, role, ids, 100, buf), 0);
+                for (int i = 0; i < 100; i++)
+                    assert_memory_equal(buf + i * C, ref + ids[i] * C, (size_t)C * sizeof *buf);
+                ids[50] = (int32_t)V;
+                assert_int_equal(ft_pack_gather_global(p, role, ids, 100, buf), FT_E_RANGE);
+                assert_non_null(strstr(ft_errmsg(), "index 50"));
+                assert_int_equal(ft_pack_read_global(p, role, V, 1, buf), FT_E_RANGE);
+                assert_non_null(strstr(ft_errmsg(), res.pack_path));
+                assert_int_equal(ft_pack_read_global(p, role, -1, 2, buf), FT_E_RANGE);
+                assert_int_equal(ft_pack_read_global(p, role, 3, V, buf), FT_E_RANGE);
+            }
+            assert_int_equal(ft_pack_read_global(p, FT_PACK_ROLE_FINAL_NORM, 0, C, buf), 0);
+            assert_memory_equal(buf, m->final_norm, (size_t)C * sizeof *buf);
+            assert_int_equal(ft_pack_read_global(p, FT_PACK_ROLE_FINAL_NORM, C - 2, 3, buf), FT_E_RANGE);
+            ft_pack_close(p);
+            /* a corrupt global directory is refused: the embedding record's row count */
+            {
+                ft_pack_file *q;
+                assert_int_equal(ft_pack_open(&q, res.pack_path, 0), 0);
+                int64_t off = (int64_t)(ft_pack_header(q)->header_bytes);
+                for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) off += (int64_t)ft_pack_block_bytes(q, l);
+                ft_pack_close(q);
+                int64_t bad = V + 1;
+                poke(res.pack_path, off + (int64_t)offsetof(ft_pack_tensor, rows), &bad, sizeof bad);
+            }
+            assert_int_equal(ft_pack_open(&p, res.pack_path, 0), 0); /* checksums not read */
+            assert_int_equal(ft_pack_read_global(p, FT_PACK_ROLE_EMBED, 0, 1, buf), FT_E_CORRUPT);
+            assert_non_null(strstr(ft_errmsg(), res.pack_path));
+            ft_pack_close(p);
+            free(buf);
+            ft_model_free(m);
+        }
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
+/* A pure source for the builder: value of (layer, role, element) from a hash, with a few
+ * zero rows (all-zero NF4 blocks) and a wide spread of magnitudes. */
+typedef struct hsrc { const ft_model_config *c; } hsrc;
+
+static int hsrc_read(void *user, int64_t l, int role, int64_t row0, int64_t n_rows, int64_t cols,
+                     float *dst)
+{
+    (void)user;
+    for (int64_t i = 0; i < n_rows * cols; i++) {
+        int64_t e = row0 * cols + i;
+        uint64_t x = (uint64_t)(l + 2) * 0x9E3779B97F4A7C15ull ^ (uint64_t)role << 40 ^ (uint64_t)e;
+        uint64_t h = ft_splitmix64(&x);
+        float v = ((float)(h >> 40) / 16777216.0f - 0.5f) * ldexpf(1.0f, (int)(h & 15) - 8);
+        dst[i] = (e / cols) % 17 == 5 ? 0.0f : v;
+    }
+    return 0;
+}
+
+static void test_build_invariance(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir(), cfgp[600], path[700], ref[700];
+    write_cfg(cfgp, sizeof cfgp, dir, "arch.json", k_untied_js);
+    ft_model_config cfg;
+    assert_int_equal(ft_config_load(&cfg, cfgp), 0);
+    char *js;
+    size_t len;
+    assert_int_equal(ft_read_file(cfgp, &js, &len), 0);
+    hsrc h = {&cfg};
+    ft_pack_src src = {&h, hsrc_read, NULL, NULL};
+    int saved = omp_get_max_threads();
+    for (int quant = FT_PACK_QUANT_BF16; quant <= FT_PACK_QUANT_NF4; quant++) {
+        ft_pack_settings s;
+        ft_pack_settings_default(&s, quant);
+        snprintf(ref, sizeof ref, "%s/ref%d.ftpack", dir, quant);
+        ft_pack_stats st;
+        omp_set_num_threads(1);
+        assert_int_equal(ft_pack_build(ref, &cfg, js, len, 1, &s, &src, &st), 0);
+        /* serial/concurrent source x 1/2/3 threads x chunk sizes (64 = one NF4 block; 1000
+         * rows of 64 floats: not a multiple of any row count) x the global block written in
+         * one piece or in 4096/12288-byte pieces (its rows straddle them) x buffered or
+         * O_DIRECT writes */
+        const struct { int conc, threads; int64_t chunk, stream; int direct; } v[] = {
+            {0, 2, 0, 0, 0}, {1, 1, 0, 0, 0}, {1, 2, 0, 0, 0}, {1, 2, 64, 0, 0}, {1, 3, 1000, 0, 0},
+            {1, 2, 96 * 64 + 64, 0, 0}, {0, 2, 0, 4096, 0}, {1, 2, 0, 4096, 1}, {1, 3, 1000, 12000, 1},
+            {0, 1, 0, 0, 1}};
+        for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+            omp_set_num_threads(v[k].threads);
+            ft_pack_build_opts o = {v[k].conc, v[k].chunk, v[k].stream, v[k].direct};
+            snprintf(path, sizeof path, "%s/v%zu.ftpack", dir, k);
+            assert_int_equal(ft_pack_build_ex(path, &cfg, js, len, 1, &s, &src, &o, &st), 0);
+            if (!files_equal(ref, path))
+                fail_msg("quant %d: variant %zu (concurrent %d, %d threads, chunk %lld, stream %lld, "
+                         "direct %d) differs", quant, k, v[k].conc, v[k].threads,
+                         (long long)v[k].chunk, (long long)v[k].stream, v[k].direct);
+            ft_pack_file *p;
+            assert_int_equal(ft_pack_open(&p, path, 1), 0);
+            ft_pack_close(p);
+        }
+    }
+    omp_set_num_threads(saved);
+    free(js);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
+
+/* A write failing in the writer thread (file size limit: EFBIG, as a full disk would give
+ * ENOSPC) comes back as the build's error with the offset; nothing is left behind. */
+static void test_build_write_error(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir(), cfgp[600], path[700];
+    write_cfg(cfgp, sizeof cfgp, dir, "arch.json", k_untied_js);
+    ft_model_config cfg;
+    assert_int_equal(ft_config_load(&cfg, cfgp), 0);
+    char *js;
+    size_t len;
+    assert_int_equal(ft_read_file(cfgp, &js, &len), 0);
+    hsrc h = {&cfg};
+    ft_pack_src src = {&h, hsrc_read, NULL, NULL};
+    ft_pack_settings s;
+    ft_pack_settings_default(&s, FT_PACK_QUANT_BF16);
+    snprintf(path, sizeof path, "%s/p.ftpack", dir);
+    void (*old)(int) = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit was, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &was), 0);
+    /* limits inside the first layer block, the second, and the global block */
+    const rlim_t at[] = {10000, 100000, 200000};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++)
+        for (int conc = 0; conc < 2; conc++) { /* concurrent source with O_DIRECT writes */
+            lim = was;
+            lim.rlim_cur = at[k];
+            assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+            ft_pack_build_opts o = {conc, 0, 4096, conc};
+            ft_pack_stats st;
+            int rc = ft_pack_build_ex(path, &cfg, js, len, 1, &s, &src, &o, &st);
+            assert_int_equal(setrlimit(RLIMIT_FSIZE, &was), 0);
+            fprintf(stderr, "limit %llu: %s\n", (unsigned long long)at[k], ft_errmsg());
+            assert_int_equal(rc, -EFBIG);
+            assert_non_null(strstr(ft_errmsg(), "write failed at offset"));
+            assert_int_not_equal(access(path, F_OK), 0);
+        }
+    signal(SIGXFSZ, old);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q tmp", dir);
+    assert_int_not_equal(system(cmd), 0); /* no temporary file left (grep finds none: 1) */
+    free(js);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
+static void test_init_invariance(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir(), cfgp[600], out[700], ref[4200], path[4200];
+    write_cfg(cfgp, sizeof cfgp, dir, "arch.json", k_untied_js);
+    int saved = omp_get_max_threads();
+    int best = ft_init_set_simd(0);
+    assert_true(best >= 1 && best <= 3);
+    fprintf(stderr, "init-model: best SIMD level %d\n", best);
+    for (int k = 0; k < 2 + best; k++) {
+        /* k 0, 1: 1 and 2 threads at the best level; then each level on 2 threads */
+        int threads = k == 0 ? 1 : 2, level = k < 2 ? best : k - 1;
+        omp_set_num_threads(threads);
+        assert_int_equal(ft_init_set_simd(level), level);
+        snprintf(out, sizeof out, "%s/m%d", dir, k);
+        ft_init_cfg c = {cfgp, out, 11, 0, 0, FT_PACK_QUANT_NF4, NULL};
+        ft_init_result res;
+        assert_int_equal(ft_init_model(&c, &res), 0);
+        snprintf(path, sizeof path, "%s", res.pack_path);
+        if (k == 0) snprintf(ref, sizeof ref, "%s", path);
+        else if (!files_equal(ref, path))
+            fail_msg("init-model pack with %d threads at SIMD level %d differs from 1 thread at %d",
+                     threads, level, best);
+        /* the generator's values: each level gives the same bits, element by element */
+        uint64_t tid = ft_init_tensor_id("model.layers.1.mlp.up_proj.weight");
+        static float first[70];
+        for (int64_t i = 0; i < 70; i++) {
+            float x = ft_init_normal(11, tid, i * 37 + 5, 0.02f);
+            if (k == 0) first[i] = x;
+            else assert_true(memcmp(&x, &first[i], 4) == 0);
+        }
+    }
+    assert_int_equal(ft_init_set_simd(9), FT_E_INVALID);
+    ft_init_set_simd(0);
+    omp_set_num_threads(saved);
+    /* the generator's distribution over 2^20 values: mean 0, std 1, kurtosis 3, tails */
+    const int64_t n = (int64_t)1 << 20;
+    double s1 = 0, s2 = 0, s4 = 0;
+    int64_t beyond3 = 0;
+    uint64_t tid = ft_init_tensor_id("x");
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i += 4096)
+        for (int64_t j = 0; j < 4096; j++) v[i + j] = ft_init_normal(3, tid, i + j, 1.0f);
+    for (int64_t i = 0; i < n; i++) {
+        double x = v[i];
+        s1 += x;
+        s2 += x * x;
+        s4 += x * x * x * x;
+        beyond3 += fabs(x) > 3;
+    }
+    double mean = s1 / n, var = s2 / n - mean * mean, kurt = s4 / n / (var * var);
+    fprintf(stderr, "init-model: N(0,1) sample: mean %.5f var %.5f kurtosis %.4f P(|x|>3) %.5f\n",
+            mean, var, kurt, (double)beyond3 / n);
+    /* 5+ standard errors: mean 1/sqrt(n) ~ 0.001, var sqrt(2/n) ~ 0.0014 (bf16 rounding adds
+     * var ~ 1e-5), kurtosis sqrt(96/n) ~ 0.01; a bf16 value is > 3 when the normal value is
+     * above the midpoint 3 + 2^-7 to the next one (3 + 2^-6): P = erfc((3 + 2^-7) / sqrt 2)
+     * = 0.00263 +- 0.00005 */
+    double p3 = erfc((3.0 + 0x1p-7) / sqrt(2.0));
+    assert_true(fabs(mean) < 0.005 && fabs(var - 1) < 0.007 && fabs(kurt - 3) < 0.05);
+    assert_true(fabs((double)beyond3 / n - p3) < 0.0003);
+    free(v);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
+static void test_sum_nonneg(void **state)
+{
+    (void)state;
+    ft_rng r;
+    ft_rng_seed(&r, 21);
+    const int64_t nmax = 300000;
+    float *x = malloc((size_t)nmax * sizeof *x);
+    for (int t = 0; t < 40; t++) {
+        int64_t n = t < 20 ? 1 + (int64_t)(ft_rng_next(&r) % 2000) : 65537 + (int64_t)(ft_rng_next(&r) % 200000);
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t h = ft_rng_next(&r);
+            switch (t % 5) {
+            case 0: x[i] = ft_rng_uniform(&r); break;                        /* absmax-like */
+            case 1: x[i] = ldexpf(ft_rng_uniform(&r), (int)(h % 250) - 149); break; /* all exponents */
+            case 2: x[i] = (h & 1) ? FLT_MAX : FLT_TRUE_MIN; break;
+            case 3: x[i] = (h % 3) ? 0.0f : ldexpf(1.0f, (int)(h % 40)); break;
+            default: x[i] = (float)(h % 7) * 0x1p-126f + ((h >> 8) & 1 ? 0x1p-149f : 0.0f); break;
+            }
+        }
+        double a = ft_pack_sum_nonneg(x, n), b = ft_nf4_fsum(x, n);
+        if (memcmp(&a, &b, sizeof a)) fail_msg("case %d (n %lld): %a vs fsum %a", t, (long long)n, a, b);
+    }
+    /* ties: 2^53 + 1 rounds to even (down), 2^53 + 3 up, 2^53 + 1 + 2^-20 up */
+    float t1[] = {0x1p53f, 1.0f}, t2[] = {0x1p53f, 3.0f}, t3[] = {0x1p53f, 1.0f, 0x1p-20f};
+    assert_true(ft_pack_sum_nonneg(t1, 2) == 0x1p53 && ft_nf4_fsum(t1, 2) == 0x1p53);
+    assert_true(ft_pack_sum_nonneg(t2, 2) == 0x1p53 + 4 && ft_nf4_fsum(t2, 2) == 0x1p53 + 4);
+    assert_true(ft_pack_sum_nonneg(t3, 3) == 0x1p53 + 2 && ft_nf4_fsum(t3, 3) == 0x1p53 + 2);
+    /* a negative value: the fallback gives fsum's answer */
+    float neg[] = {1.0f, -0.25f, 3.5f};
+    assert_true(ft_pack_sum_nonneg(neg, 3) == 4.25);
+    assert_true(ft_pack_sum_nonneg(x, 0) == 0.0);
+    free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -441,6 +776,11 @@ int main(void)
         cmocka_unit_test(test_layer_weights),
         cmocka_unit_test(test_exec_with_pack),
         cmocka_unit_test(test_init_model),
+        cmocka_unit_test(test_read_global),
+        cmocka_unit_test(test_build_invariance),
+        cmocka_unit_test(test_build_write_error),
+        cmocka_unit_test(test_init_invariance),
+        cmocka_unit_test(test_sum_nonneg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

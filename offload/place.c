@@ -1,0 +1,147 @@
+/* place.c - measure, plan and place a packed base on a device backend (place.h). */
+#include "offload/place.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "offload/exec_internal.h"
+#include "offload/probe.h"
+#include "src/core/err.h"
+
+uint64_t ft_place_rss(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, res = 0;
+    if (!f) return 0;
+    if (fscanf(f, "%llu %llu", &size, &res) != 2) res = 0;
+    fclose(f);
+    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* MemAvailable of /proc/meminfo in bytes, 0 if unknown. */
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+static double layer_params(const ft_model *m)
+{
+    double p = 0;
+    for (int k = 0; k < FT_N_PROJ; k++)
+        p += (double)m->layers[0].proj[k].out_n * (double)m->layers[0].proj[k].in_n;
+    return p;
+}
+
+int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
+                    const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res)
+{
+    const ft_model_config *c = &m->cfg;
+    int64_t L = c->num_hidden_layers, T = o->T, C = c->hidden_size, V = c->vocab_size;
+    memset(res, 0, sizeof *res);
+    if (be->ops->host_memory)
+        return ft_err(FT_E_INVALID, "ft_place_packed: %s is a host-memory backend", be->ops->name);
+    if (L > FT_PLAN_MAX_LAYERS)
+        return ft_err(FT_E_UNSUPPORTED, "%lld layers: the planner takes at most %d",
+                      (long long)L, FT_PLAN_MAX_LAYERS);
+
+    /* 1. one layer on the device, timed on a one-micro-batch executor */
+    ft_exec probe;
+    double t_dq = 0, t_f = 0, t_b = 0;
+    FT_TRY(ft_exec_init_ex(&probe, be, m, lora, T, 1, o->rope_seq_len, 0));
+    int rc = ft_exec_probe_layer(&probe, pack, T, o->pos, o->seq_start, &t_dq, &t_f, &t_b);
+    size_t kept1 = ft_exec_kept_bytes(&probe) / (size_t)L;
+    size_t arena1 = probe.arena_bytes;
+    ft_exec_free(&probe);
+    if (rc) return rc;
+    res->t_dequant = t_dq;
+
+    /* 2. what the device holds already (context, adapter, workspaces prepared above) */
+    size_t free_b = 0, total_b = 0;
+    FT_TRY(ft_backend_mem_free(be, &free_b, &total_b));
+    size_t used = total_b - free_b;
+
+    /* 3. sizes */
+    size_t blocks = 0, biggest = ft_pack_max_layer_bytes(pack);
+    for (int64_t l = 0; l < L; l++) blocks += ft_pack_block_bytes(pack, l);
+    res->pack_bytes = blocks;
+    size_t globals = m->embed ? ft_exec_global_bytes(m)
+                              : (size_t)(C + 16 + (ft_exec_untied(m) ? V * C : 0)) * sizeof(float);
+    size_t staging = ft_exec_packed_weight_bytes(be, m, pack) - ft_exec_global_bytes(m) - blocks;
+    size_t ckpt = (size_t)(T * C) * sizeof(float), per_micro = ckpt + 16 * (size_t)T;
+    const size_t spare = (size_t)1 << 30;
+    ft_plan_in *in = &res->in;
+    in->n_layers = L;
+    in->layer_bytes = biggest;
+    in->packed = 1;
+    in->device = 1;
+    in->gpu_fixed = used + (arena1 - (size_t)(L + 1) * ckpt - per_micro) + globals + staging + spare;
+    in->slot_bytes = biggest;
+    in->ckpt_bytes = ckpt;
+    in->per_micro_bytes = per_micro;
+    in->kept_bytes = kept1;
+    in->host_fixed = ft_place_rss();
+    in->t_fwd_layer = t_f + t_dq;
+    in->t_bwd_layer = t_b;
+    double P = layer_params(m);
+    in->flops_fwd_layer = 2.0 * (double)T * P;
+    in->flops_bwd_layer = 2.0 * in->flops_fwd_layer;
+    in->flops_head = 4.0 * (double)T * (double)C * (double)V;
+    double rate = t_f > 0 ? in->flops_fwd_layer / t_f : 0;
+    in->t_head = rate > 0 ? in->flops_head / rate : 0;
+    in->tokens_per_micro = T;
+    in->micro_batches = o->grad_accum;
+    in->max_micro_batches = 16;
+    in->gpu_budget = o->gpu_budget ? o->gpu_budget : total_b;
+    uint64_t avail = mem_available();
+    in->host_budget = o->host_budget ? o->host_budget
+                                     : avail > ((uint64_t)4 << 30) ? avail - ((uint64_t)4 << 30) : 0;
+    in->rates.flops = rate;
+
+    /* 4. the bus, and the disk when some layers may have to stay there */
+    double h2d = 0, d2h = 0;
+    FT_TRY(ft_probe_pcie(be, 0, &h2d, &d2h));
+    in->rates.h2d = h2d;
+    in->rates.d2h = 0; /* checkpoints stay on the device: the executor does not offload them yet */
+    (void)d2h;
+    if (blocks + 3 * biggest > in->host_budget) {
+        ft_probe_disk_result *dr = calloc(1, sizeof *dr);
+        if (!dr) return ft_err(-ENOMEM, "out of memory");
+        /* 8 GiB: on the lent machine's virtual disk, 2 GiB samples ranged 1.44-1.82 GB/s */
+        rc = ft_probe_disk(ft_pack_path(pack), (uint64_t)8 << 30, dr);
+        if (!rc) {
+            res->disk_rate = in->rates.disk = dr->bytes_per_s;
+            snprintf(res->disk_mode, sizeof res->disk_mode, "%s", dr->mode);
+        }
+        free(dr);
+        if (rc) return rc;
+    }
+
+    /* 5. the plan */
+    FT_TRY(ft_plan_make(in, &res->plan));
+    ft_plan_format(in, &res->plan, res->text, sizeof res->text);
+    if (res->plan.ckpt_tier != FT_TIER_GPU) /* not chosen with d2h = 0; kept as a guard */
+        return ft_err(FT_E_UNSUPPORTED, "the plan puts activation checkpoints in host memory, which "
+                      "the executor does not do yet: use a larger --gpu-mem, or fewer tokens per "
+                      "micro-batch (--batch-size, --seq-len) or micro-batches (--grad-accum)");
+    if (!apply) return 0;
+
+    /* 6. the executor as planned */
+    FT_TRY(ft_exec_init_ex(ex, be, m, lora, T, res->plan.micro_batches, o->rope_seq_len, 0));
+    int slots = res->plan.prefetch_depth < 2 ? 2 : res->plan.prefetch_depth > 8 ? 8 : res->plan.prefetch_depth;
+    int stage = res->plan.host_slots < 1 ? 1 : res->plan.host_slots > 8 ? 8 : res->plan.host_slots;
+    FT_TRY(ft_exec_use_pack_tiers(ex, pack, res->plan.tier, slots, stage));
+    if (res->plan.keep_acts) {
+        int k = ft_exec_keep_activations(ex, (size_t)-1);
+        if (k < 0) return k;
+    }
+    return 0;
+}

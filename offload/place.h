@@ -1,0 +1,48 @@
+/* place.h - a packed base on a device backend: measure, plan, place (offload/plan.h,
+ * offload/probe.h, exec.h ft_exec_use_pack_tiers).
+ *
+ * Measures what the planner needs on this machine (one layer's dequantization, forward and
+ * backward on the device; pinned PCIe copy rates; the pack file's raw read rate when some
+ * layers may have to stay on disk), fills ft_plan_in from the model, the pack and the
+ * budgets, asks ft_plan_make, and (apply = 1) creates the executor with the planned tiers.
+ */
+#ifndef FT_PLACE_H
+#define FT_PLACE_H
+
+#include <stdint.h>
+
+#include "offload/exec.h"
+#include "offload/plan.h"
+
+typedef struct ft_place_opts {
+    int64_t T;                  /* tokens per micro-batch (rows * seq_len) */
+    int64_t rope_seq_len;       /* for the executor (ft_exec_init) */
+    int64_t grad_accum;         /* micro-batches per step; 0: the planner picks */
+    uint64_t gpu_budget;        /* device bytes the process may hold in all (0: the GPU's total) */
+    uint64_t host_budget;       /* host bytes for the pinned pool and staging (0: available
+                                 * physical memory less 4 GiB) */
+    const int32_t *pos, *seq_start; /* a real micro-batch's layout (T each) for the probe, or NULL */
+} ft_place_opts;
+
+typedef struct ft_place_result {
+    ft_plan_in in;
+    ft_plan plan;
+    double t_dequant;           /* seconds: one layer's NF4 -> bf16 (probe) */
+    double disk_rate;           /* bytes/s of the probe (0: not measured) */
+    char disk_mode[256];
+    uint64_t pack_bytes;        /* all layer blocks */
+    char text[2048];            /* ft_plan_format's lines */
+} ft_place_result;
+
+/* Measures, plans and (apply != 0) builds *ex (ft_exec_init_ex + ft_exec_use_pack_tiers with the
+ * plan's tiers, slots and micro-batches). lora must be allocated on be. With apply == 0 *ex is
+ * untouched (`ftune plan`). Returns 0, FT_E_RANGE when no plan fits the budgets (the message
+ * names the smallest --gpu-mem and --host-mem), FT_E_UNSUPPORTED (a plan that needs
+ * activation checkpoints in host memory: not built yet), or a probe/executor error. */
+int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
+                    const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res);
+
+/* Resident set size of this process in bytes (/proc/self/statm), 0 if unknown. */
+uint64_t ft_place_rss(void);
+
+#endif

@@ -1,0 +1,109 @@
+/* plan.h - the offload planner: where the base weights and activation checkpoints live, how
+ * many micro-batches run per layer visit, and the predicted step time with its bound.
+ *
+ * A pure function of sizes, budgets and measured rates (no I/O, no backend): the trainer and
+ * `ftune plan` fill ft_plan_in from the model, the pack and short probes, then print the plan.
+ * The cost model follows FlexGen's (Sheng et al. 2023, a linear program over tiers, here solved
+ * greedily) and the vertical schedule of GreedySnake/Fuyou (every micro-batch of a layer runs
+ * while its weights are resident, so a streamed layer is fetched twice per optimizer step):
+ *   per layer visit  t = max(compute(visit), transfer(layer)) once the pipeline is full,
+ *   transfer         bytes / h2d for the pinned-host tier, bytes / min(disk, h2d) for NVMe
+ *                    (disk reads and H2D copies overlap each other through pinned staging),
+ *   step             sum over the forward and backward visits + head + the pipeline fill.
+ * Units: bytes, seconds, FLOP/s, bytes/s.
+ */
+#ifndef FT_PLAN_H
+#define FT_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum ft_tier { FT_TIER_GPU = 0, FT_TIER_HOST = 1, FT_TIER_DISK = 2 };
+
+#define FT_PLAN_MAX_LAYERS 1024
+
+typedef struct ft_plan_rates {
+    double h2d;                 /* pinned host -> device copy, bytes/s (0: unknown) */
+    double d2h;                 /* device -> pinned host, bytes/s */
+    double disk;                /* raw io_uring O_DIRECT read of the pack's file, bytes/s */
+    double flops;               /* sustained FLOP/s of the step's math, used only when the
+                                 * measured per-layer times below are 0 */
+} ft_plan_rates;
+
+typedef struct ft_plan_in {
+    int64_t n_layers;           /* num_hidden_layers, <= FT_PLAN_MAX_LAYERS */
+    uint64_t layer_bytes;       /* one layer's base weights as stored and moved (the largest
+                                 * pack block; bf16 projections when not packed) */
+    int packed;                 /* 1: the base is in a pack file (the NVMe tier is possible) */
+    int device;                 /* 1: a device backend (GPU tiers and PCIe); 0: a host backend,
+                                 * where the "GPU" tier is host memory and nothing crosses PCIe */
+    /* Device memory (bytes) that does not depend on the tiers or the micro-batch count: the
+     * global tensors, the LoRA parameters with gradients and AdamW state, one micro-batch's
+     * working set, dequantization staging, library workspaces, a reserve for the context. */
+    uint64_t gpu_fixed;
+    uint64_t slot_bytes;        /* one device slot for a streamed layer (== layer_bytes, rounded) */
+    uint64_t ckpt_bytes;        /* one layer-input checkpoint of one micro-batch */
+    uint64_t per_micro_bytes;   /* per micro-batch besides checkpoints (input ids, dx) */
+    uint64_t kept_bytes;        /* one layer's forward activations of one micro-batch (kept
+                                 * instead of recomputed when they fit; 0 = never keep) */
+    uint64_t host_fixed;        /* host memory outside the pool: process, dataset, tokenizer */
+    /* Measured (or 0 = estimated from flops_* / rates.flops) seconds for one micro-batch: */
+    double t_fwd_layer;         /* one layer's forward */
+    double t_bwd_layer;         /* one layer's backward, without the recompute */
+    double t_head;              /* final norm + LM head + loss, forward and backward */
+    double flops_fwd_layer, flops_bwd_layer, flops_head; /* FLOPs of the same, one micro-batch */
+    int64_t tokens_per_micro;   /* rows * seq_len */
+    int64_t micro_batches;      /* gradient accumulation fixed by the user; 0 = the planner
+                                 * picks the smallest count that reaches >= 0.9 of the
+                                 * compute-bound rate, up to max_micro_batches */
+    int64_t max_micro_batches;  /* 0 = 16 */
+    uint64_t gpu_budget;        /* bytes the run may use on the device */
+    uint64_t host_budget;       /* bytes of host memory for the pinned pool (and staging) */
+    ft_plan_rates rates;
+} ft_plan_in;
+
+typedef struct ft_plan {
+    int64_t n_layers;
+    uint8_t tier[FT_PLAN_MAX_LAYERS]; /* enum ft_tier of each layer's base weights */
+    int64_t n_tier[3];          /* layers per tier */
+    int prefetch_depth;         /* device slots for streamed layers: 2 whenever a layer streams
+                                 * (the executor takes 2..8), 0 when all are resident */
+    int host_slots;             /* pinned staging buffers for NVMe reads (0 without NVMe layers) */
+    int64_t micro_batches;      /* per optimizer step, all run per layer visit */
+    int ckpt_tier;              /* FT_TIER_GPU or FT_TIER_HOST: where layer-input checkpoints live */
+    int keep_acts;              /* 1: forward activations kept, no recompute in the backward */
+    uint64_t gpu_bytes;         /* predicted device use, <= gpu_budget */
+    uint64_t host_bytes;        /* predicted pinned pool + staging, <= host_budget */
+    double t_compute;           /* seconds of compute per optimizer step */
+    double t_h2d;               /* seconds of host->device traffic per step (weights + ckpts) */
+    double t_disk;              /* seconds of disk reads per step */
+    double t_step;              /* predicted seconds per optimizer step */
+    double tokens_per_s;        /* micro_batches * tokens_per_micro / t_step */
+    const char *bound;          /* "compute", "PCIe" or "disk" */
+} ft_plan;
+
+/* Decides the plan. Greedy: layers go to the GPU tier while the device budget holds them
+ * (after gpu_fixed, the checkpoints and prefetch slots; the last layers first), then to the
+ * pinned-host pool while the host budget holds them, then to NVMe (packed bases only, spread
+ * evenly among the streamed layers). Checkpoints on the GPU with activations kept, on the GPU
+ * recomputed, or on the host are compared by predicted time (ties: fewer bytes moved);
+ * rates.d2h == 0 keeps checkpoints on the device.
+ * Returns 0, or FT_E_RANGE when nothing fits, with a message naming the smallest --gpu-mem and
+ * --host-mem that would work (ft_plan_min_budgets). */
+int ft_plan_make(const ft_plan_in *in, ft_plan *out);
+
+/* The smallest device and host budgets (bytes) under which ft_plan_make succeeds (the smallest
+ * device budget over the options, then the smallest host budget with it; for a tiny model
+ * that can be everything resident). */
+void ft_plan_min_budgets(const ft_plan_in *in, uint64_t *gpu_bytes, uint64_t *host_bytes);
+
+/* Predicted seconds of one optimizer step for a given plan (the model above); ft_plan_make
+ * fills t_* with it. */
+double ft_plan_step_seconds(const ft_plan_in *in, const ft_plan *p);
+
+/* A few human lines: tiers (with layer ranges), prefetch depth, micro-batches, checkpoint
+ * tier, memory against budgets, predicted step time and tokens/s, the bound. Returns the
+ * length written (truncated to n - 1). */
+int ft_plan_format(const ft_plan_in *in, const ft_plan *p, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,631 @@
+/* tiers.c - a packed base on a device backend, layer by layer in its tier (exec.h,
+ * offload/plan.h): blocks resident in device memory, in pinned host memory, or read from the
+ * pack file at each visit, the last two carried to the GPU through a ring of device slots.
+ *
+ * The schedule is known before an operation starts (ft_exec_visits: the forward visits
+ * layers 0..L-1, the backward L-1..0), so transfers are issued ahead of compute in that
+ * order, as far as free slots allow (n_slots - 1 visits ahead: the slot of the layer being
+ * computed is busy until its compute is queued). All ordering is on the device:
+ *   H2D lane:     wait free[s] -> copy block into slot s -> record ready[s]
+ *   compute lane: wait ready[s] -> dequantize the NF4 projections into the bf16 staging ->
+ *                 the layer's compute (norms and biases read from the slot) -> record free[s]
+ * Disk blocks are read (io_uring, O_DIRECT) on the calling thread into a pinned staging
+ * buffer first; the host waits for the staging buffer's previous H2D copy before reusing it.
+ * The host thread runs ahead of the GPU (nothing else blocks it), so disk reads overlap the
+ * compute already queued. Streamed blocks are not checksummed again: every block was read and
+ * verified once when placed (ft_exec_use_pack_tiers).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "offload/exec_internal.h"
+#include "offload/plan.h"
+#include "offload/timeline.h"
+#include "src/core/err.h"
+
+#define EV_FREE(s) (s)
+#define EV_READY(s) (8 + (s))
+#define EV_STAGE(h) (16 + (h))
+#define EV_TL0 32
+
+typedef struct ft_tl_mark {
+    int ev0, ev1;               /* device events (-1: host times h0/h1 instead) */
+    double h0, h1;
+    int lane, kind;
+    int64_t layer;
+} ft_tl_mark;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- timeline marks ------------------------------------------------------------------ */
+
+static int tl_mark(ft_exec *e, int lane, int kind, int64_t layer, int begin)
+{
+    if (!e->tl || !e->tl_marks) return -1;
+    if (begin) {
+        if (e->tl_n_marks >= 4 * (2 * e->m->cfg.num_hidden_layers + 8) ||
+            e->tl_next_ev + 2 > FT_MAX_EVENTS)
+            return -1;
+        ft_tl_mark *k = &e->tl_marks[e->tl_n_marks];
+        memset(k, 0, sizeof *k);
+        k->lane = lane;
+        k->kind = kind;
+        k->layer = layer;
+        if (e->be->ops->host_memory) { /* work runs as it is queued: host times */
+            k->ev0 = k->ev1 = -1;
+            k->h0 = k->h1 = now_s() - e->tl_host0;
+            return (int)e->tl_n_marks++;
+        }
+        k->ev0 = e->tl_next_ev++;
+        k->ev1 = e->tl_next_ev++;
+        int bl = lane == FT_TL_H2D ? FT_LANE_H2D : lane == FT_TL_D2H ? FT_LANE_D2H : FT_LANE_COMPUTE;
+        if (e->be->ops->event_record(e->be, k->ev0, bl)) return -1;
+        return (int)e->tl_n_marks++;
+    }
+    return -1;
+}
+
+static void tl_close(ft_exec *e, int mark)
+{
+    if (mark < 0 || !e->tl) return;
+    ft_tl_mark *k = &e->tl_marks[mark];
+    if (k->ev0 < 0) {
+        k->h1 = now_s() - e->tl_host0;
+        return;
+    }
+    int bl = k->lane == FT_TL_H2D ? FT_LANE_H2D : k->lane == FT_TL_D2H ? FT_LANE_D2H : FT_LANE_COMPUTE;
+    e->be->ops->event_record(e->be, k->ev1, bl);
+}
+
+static void tl_host(ft_exec *e, int lane, int kind, int64_t layer, double h0, double h1)
+{
+    if (!e->tl || !e->tl_marks || e->tl_n_marks >= 4 * (2 * e->m->cfg.num_hidden_layers + 8)) return;
+    ft_tl_mark *k = &e->tl_marks[e->tl_n_marks++];
+    k->ev0 = k->ev1 = -1;
+    k->h0 = h0 - e->tl_host0;
+    k->h1 = h1 - e->tl_host0;
+    k->lane = lane;
+    k->kind = kind;
+    k->layer = layer;
+}
+
+void ft_exec_set_timeline(ft_exec *e, struct ft_timeline *tl)
+{
+    e->tl = tl;
+    if (tl && !e->tl_marks)
+        e->tl_marks = calloc((size_t)(4 * (2 * e->m->cfg.num_hidden_layers + 8)), sizeof *e->tl_marks);
+}
+
+/* ---- placing the blocks -------------------------------------------------------------- */
+
+static int64_t staging_floats(const ft_model *m)
+{
+    int64_t n = 0;
+    for (int k = 0; k < FT_N_PROJ; k++)
+        n += (m->layers[0].proj[k].out_n * m->layers[0].proj[k].in_n + 1) / 2 + 16;
+    return n;
+}
+
+size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack)
+{
+    (void)be;
+    size_t total = ft_exec_global_bytes(m) + (size_t)staging_floats(m) * sizeof(float);
+    for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) total += ft_pack_block_bytes(pack, l);
+    return total;
+}
+
+/* The global tensors of a pack-only model: final norm and (untied) LM head into device
+ * memory in row chunks through one host buffer; the embeddings stay in the file (gathered
+ * per token, ft_exec_embed_from_pack). On a host-memory backend everything goes into host
+ * memory, embeddings included. */
+int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    int64_t C = c->hidden_size, V = c->vocab_size;
+    int host = be->ops->host_memory, untied = ft_exec_untied(e->m);
+    size_t n = (size_t)(C + 16) + (untied ? (size_t)(V * C) : 0) + (host ? (size_t)(V * C) : 0);
+    e->weights_bytes = n * sizeof(float);
+    e->weights = be->ops->alloc(be, e->weights_bytes);
+    if (!e->weights)
+        return ft_err(-ENOMEM, "out of %s memory for the LM head and final norm (%.2f GiB)",
+                      be->ops->name, e->weights_bytes / 1073741824.0);
+    float *p = e->weights;
+    float *fnorm = ft_exec_carve(&p, C);
+    e->final_norm = fnorm;
+    float *head = untied ? ft_exec_carve(&p, V * C) : NULL;
+    float *emb = host ? ft_exec_carve(&p, V * C) : NULL;
+    int64_t rows = (int64_t)((64u << 20) / (size_t)(C * 4));
+    if (rows < 1) rows = 1;
+    float *buf = host ? NULL : malloc((size_t)(rows * C) * sizeof(float));
+    if (!host && !buf) return ft_err(-ENOMEM, "out of host memory reading the pack's globals");
+    int rc = 0;
+    if (host) rc = ft_pack_read_global(pack, FT_PACK_ROLE_FINAL_NORM, 0, C, fnorm);
+    else rc = ft_pack_read_global(pack, FT_PACK_ROLE_FINAL_NORM, 0, C, buf);
+    if (!rc && !host) rc = be->ops->copy(be, fnorm, buf, (size_t)C * sizeof(float));
+    for (int which = 0; which < 2 && !rc; which++) {
+        float *dst = which ? emb : head;
+        int role = which ? FT_PACK_ROLE_EMBED : FT_PACK_ROLE_LM_HEAD;
+        if (!dst) continue;
+        for (int64_t r = 0; r < V && !rc; r += rows) {
+            int64_t k = V - r < rows ? V - r : rows;
+            if (host) {
+                rc = ft_pack_read_global(pack, role, r, k, dst + r * C);
+            } else {
+                rc = ft_pack_read_global(pack, role, r, k, buf);
+                if (!rc) rc = be->ops->copy(be, dst + r * C, buf, (size_t)(k * C) * sizeof(float));
+            }
+        }
+    }
+    free(buf);
+    if (rc) return rc;
+    e->embed = emb;
+    e->lm_head = untied ? head : emb;
+    if (!host) { /* tied on a device: the LM head is the embedding table, needed in full */
+        if (!untied) {
+            return ft_err(FT_E_UNSUPPORTED, "%s: a pack-only model with tied embeddings on %s is not "
+                          "supported yet (the LM head would need the embedding table in device "
+                          "memory)", ft_pack_path(pack), be->ops->name);
+        }
+        e->ids_host = malloc((size_t)e->T_max * sizeof(int32_t));
+        e->embed_host = be->ops->host_alloc(be, (size_t)(e->T_max * C) * sizeof(float));
+        if (!e->ids_host || !e->embed_host)
+            return ft_err(-ENOMEM, "out of host memory for the embedding gather");
+    }
+    return 0;
+}
+
+int ft_exec_embed_from_pack(ft_exec *e, const int32_t *ids, int64_t T, float *out)
+{
+    int64_t C = e->m->cfg.hidden_size, V = e->m->cfg.vocab_size;
+    for (int64_t t = 0; t < T; t++) {
+        if (ids[t] < 0 || ids[t] >= V)
+            return ft_err(FT_E_RANGE, "token id %d at position %lld is outside the vocabulary "
+                          "(%lld)", ids[t], (long long)t, (long long)V);
+        FT_TRY(ft_pack_read_global(e->pack, FT_PACK_ROLE_EMBED, ids[t], 1, e->embed_host + t * C));
+    }
+    return e->be->ops->copy(e->be, out, e->embed_host, (size_t)(T * C) * sizeof(float));
+}
+
+int ft_exec_pack_to_device(ft_exec *e, ft_pack_file *pack)
+{
+    return ft_exec_use_pack_tiers(e, pack, NULL, 2, 1);
+}
+
+int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, int n_slots,
+                           int n_stage)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = ft_pack_config(pack);
+    int64_t L = c->num_hidden_layers;
+    if (be->ops->host_memory)
+        return ft_err(FT_E_INVALID, "ft_exec_use_pack_tiers: %s is a host-memory backend (use "
+                      "ft_exec_use_pack_ex)", be->ops->name);
+    if (!be->ops->dequant_nf4 || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_BF16)) ||
+        !be->ops->copy_async || !be->ops->host_alloc)
+        return ft_err(FT_E_UNSUPPORTED, "%s: the %s backend cannot compute from a packed base",
+                      ft_pack_path(pack), be->ops->name);
+    if (n_slots < 2 || n_slots > 8 || n_stage < 1 || n_stage > 8)
+        return ft_err(FT_E_INVALID, "pack tiers: %d slots and %d staging buffers (2..8, 1..8)",
+                      n_slots, n_stage);
+    size_t raw = ft_pack_max_layer_bytes(pack), dev_total = 0, pin_total = 0;
+    int any_stream = 0, any_disk = 0;
+    for (int64_t l = 0; l < L; l++) {
+        int t = tier ? tier[l] : FT_TIER_GPU;
+        if (t == FT_TIER_GPU) dev_total += ft_pack_block_bytes(pack, l);
+        else if (t == FT_TIER_HOST) pin_total += ft_pack_block_bytes(pack, l);
+        else if (t != FT_TIER_DISK)
+            return ft_err(FT_E_INVALID, "pack tiers: layer %lld has tier %d", (long long)l, t);
+        any_stream |= t != FT_TIER_GPU;
+        any_disk |= t == FT_TIER_DISK;
+    }
+    int64_t stage_floats = staging_floats(e->m); /* one layer's projections in bf16 */
+    e->tier = malloc((size_t)L);
+    e->pack_dev_off = calloc((size_t)L, sizeof *e->pack_dev_off);
+    e->pack_pin_off = calloc((size_t)L, sizeof *e->pack_pin_off);
+    e->pack_dir = calloc((size_t)L, sizeof *e->pack_dir);
+    e->pack_dir_n = calloc((size_t)L, sizeof *e->pack_dir_n);
+    e->visits = malloc((size_t)(2 * L + 2) * sizeof *e->visits);
+    if (!e->tier || !e->pack_dev_off || !e->pack_pin_off || !e->pack_dir || !e->pack_dir_n || !e->visits)
+        return ft_err(-ENOMEM, "out of host memory placing the pack %s", ft_pack_path(pack));
+    for (int64_t l = 0; l < L; l++) e->tier[l] = tier ? tier[l] : FT_TIER_GPU;
+    e->pack = pack;
+    if (e->weights_with_layers) { /* a full copy of the layers (ft_exec_init) goes */
+        be->ops->free(be, e->weights);
+        e->weights = NULL;
+        FT_TRY(ft_exec_place_weights(e, 0));
+    }
+    if (!e->m->embed) FT_TRY(ft_exec_globals_from_pack(e, pack));
+    e->pack_dev = be->ops->alloc(be, dev_total ? dev_total : 1);
+    e->layer_f32 = be->ops->alloc(be, (size_t)stage_floats * sizeof(float));
+    if (!e->pack_dev || !e->layer_f32)
+        return ft_err(-ENOMEM, "out of %s memory for the packed base: %.2f GiB of layer blocks "
+                      "and %.1f MiB of bf16 staging", be->ops->name, dev_total / 1073741824.0,
+                      stage_floats * 4.0 / 1048576.0);
+    e->pack_dev_bytes = dev_total;
+    if (any_stream) {
+        e->n_slots = n_slots;
+        e->slot_bytes = raw;
+        e->slot_mem = be->ops->alloc(be, (size_t)n_slots * raw);
+        if (!e->slot_mem)
+            return ft_err(-ENOMEM, "out of %s memory for %d streaming slots of %.1f MiB",
+                          be->ops->name, n_slots, raw / 1048576.0);
+    }
+    if (pin_total) {
+        e->pack_pinned = be->ops->host_alloc(be, pin_total);
+        if (!e->pack_pinned)
+            return ft_err(-ENOMEM, "out of pinned host memory for %.2f GiB of layer blocks (lower "
+                          "--host-mem to put more layers on NVMe)", pin_total / 1073741824.0);
+        e->pack_pinned_bytes = pin_total;
+    }
+    /* Disk layers need staging; the one-time placement reads through staging too. */
+    e->n_stage = any_disk ? n_stage : 1;
+    e->stage_mem = be->ops->host_alloc(be, (size_t)e->n_stage * raw);
+    if (!e->stage_mem)
+        return ft_err(-ENOMEM, "out of pinned host memory for %d staging buffers of %.1f MiB",
+                      e->n_stage, raw / 1048576.0);
+    size_t doff = 0, poff = 0;
+    for (int64_t l = 0; l < L; l++) {
+        size_t nb = ft_pack_block_bytes(pack, l);
+        uint8_t *dst = e->tier[l] == FT_TIER_HOST ? e->pack_pinned + poff : e->stage_mem;
+        const ft_pack_tensor *dir;
+        int64_t n;
+        FT_TRY(ft_pack_read_block(pack, l, dst, nb, 1));
+        FT_TRY(ft_pack_block_dir(pack, l, dst, &dir, &n));
+        e->pack_dir[l] = malloc((size_t)n * sizeof *dir);
+        if (!e->pack_dir[l]) return ft_err(-ENOMEM, "out of host memory loading the pack");
+        memcpy(e->pack_dir[l], dir, (size_t)n * sizeof *dir);
+        e->pack_dir_n[l] = n;
+        e->pack_reads++;
+        e->pack_dev_off[l] = -1;
+        e->pack_pin_off[l] = -1;
+        if (e->tier[l] == FT_TIER_GPU) {
+            FT_TRY(be->ops->copy(be, e->pack_dev + doff, dst, nb));
+            e->pack_dev_off[l] = (int64_t)doff;
+            doff += nb;
+        } else if (e->tier[l] == FT_TIER_HOST) {
+            e->pack_pin_off[l] = (int64_t)poff;
+            poff += nb;
+        }
+    }
+    if (!any_disk) { /* staging served the placement only */
+        be->ops->host_free(be, e->stage_mem);
+        e->stage_mem = NULL;
+        e->n_stage = 0;
+    }
+    for (int s = 0; s < 8; s++) e->slot_layer[s] = -1;
+    e->cur_slot = -1;
+    e->tl_cur = -1;
+    e->fetched_layer = -1;
+    return 0;
+}
+
+void ft_exec_tiers_free(ft_exec *e)
+{
+    ft_backend *be = e->be;
+    if (!be) return;
+    if (be->ops->host_free) {
+        be->ops->host_free(be, e->pack_pinned);
+        be->ops->host_free(be, e->stage_mem);
+        be->ops->host_free(be, e->embed_host);
+    }
+    be->ops->free(be, e->slot_mem);
+    free(e->tier);
+    free(e->pack_pin_off);
+    free(e->visits);
+    free(e->ids_host);
+    free(e->tl_marks);
+}
+
+/* ---- streaming ----------------------------------------------------------------------- */
+
+/* Queues the transfer of layer l's block into slot s: for a disk block, a read into the next
+ * staging buffer first (waiting for that buffer's previous copy to finish). */
+static int issue(ft_exec *e, int64_t l, int s)
+{
+    ft_backend *be = e->be;
+    size_t nb = ft_pack_block_bytes(e->pack, l);
+    uint8_t *dst = e->slot_mem + (size_t)s * e->slot_bytes;
+    const uint8_t *src;
+    int h = -1;
+    if (e->tier[l] == FT_TIER_HOST) {
+        src = e->pack_pinned + e->pack_pin_off[l];
+    } else {
+        h = (int)(e->stage_ring++ % e->n_stage);
+        FT_TRY(be->ops->event_sync(be, EV_STAGE(h)));
+        uint8_t *st = e->stage_mem + (size_t)h * e->slot_bytes;
+        double t0 = now_s();
+        FT_TRY(ft_pack_read_block(e->pack, l, st, nb, 0));
+        double t1 = now_s();
+        tl_host(e, FT_TL_DISK, FT_TL_WEIGHTS, l, t0, t1);
+        e->disk_seconds += t1 - t0;
+        e->disk_bytes += nb;
+        e->pack_reads++;
+        src = st;
+    }
+    FT_TRY(be->ops->event_wait(be, FT_LANE_H2D, EV_FREE(s)));
+    int mk = tl_mark(e, FT_TL_H2D, FT_TL_WEIGHTS, l, 1);
+    FT_TRY(be->ops->copy_async(be, FT_LANE_H2D, dst, src, nb));
+    tl_close(e, mk);
+    FT_TRY(be->ops->event_record(be, EV_READY(s), FT_LANE_H2D));
+    if (h >= 0) FT_TRY(be->ops->event_record(be, EV_STAGE(h), FT_LANE_H2D));
+    e->h2d_bytes += nb;
+    e->slot_layer[s] = l;
+    e->slot_busy[s] = 1;
+    return 0;
+}
+
+/* Issues the operation's next streamed visits while a slot is free. */
+static int pump(ft_exec *e)
+{
+    while (e->next_issue < e->n_visits) {
+        int64_t l = e->visits[e->next_issue];
+        if (e->tier[l] == FT_TIER_GPU) {
+            e->next_issue++;
+            continue;
+        }
+        int s = (int)(e->slot_ring % e->n_slots);
+        if (e->slot_busy[s]) return 0;
+        FT_TRY(issue(e, l, s));
+        e->slot_ring++;
+        e->next_issue++;
+    }
+    return 0;
+}
+
+int ft_exec_begin_op(ft_exec *e, int train)
+{
+    if (e->tl) {
+        FT_TRY(ft_backend_sync(e->be));
+        e->tl_n_marks = 0;
+        e->tl_next_ev = EV_TL0 + 1;
+        FT_TRY(e->be->ops->event_record(e->be, EV_TL0, FT_LANE_COMPUTE));
+        e->tl_host0 = now_s();
+    }
+    if (!e->tier) return 0;
+    int64_t L = e->m->cfg.num_hidden_layers, n = 0;
+    /* the layer already fetched and a layer visited twice in a row need no transfer */
+    for (int64_t l = 0; l < L; l++)
+        if (l != e->fetched_layer || n > 0) e->visits[n++] = l;
+    for (int64_t l = L - 1; train && l >= 0; l--)
+        if (n == 0 ? l != e->fetched_layer : e->visits[n - 1] != l) e->visits[n++] = l;
+    e->n_visits = n;
+    e->next_issue = 0;
+    return pump(e);
+}
+
+/* The compute queued for the current layer is all there: its slot may be refilled once the
+ * GPU passes this point. */
+static int release_current(ft_exec *e)
+{
+    if (e->cur_slot < 0) return 0;
+    int s = e->cur_slot;
+    FT_TRY(e->be->ops->event_record(e->be, EV_FREE(s), FT_LANE_COMPUTE));
+    e->slot_busy[s] = 0;
+    e->cur_slot = -1;
+    return 0;
+}
+
+static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_tensor *dir,
+                      int64_t n_dir);
+
+int ft_exec_fetch_device(ft_exec *e, int64_t l, const ft_layer_weights **w)
+{
+    ft_backend *be = e->be;
+    *w = &e->fetched;
+    if (e->fetched_layer == l) return 0;
+    FT_TRY(release_current(e));
+    e->fetched_layer = -1;
+    const uint8_t *blk;
+    if (e->tier[l] == FT_TIER_GPU) {
+        blk = e->pack_dev + e->pack_dev_off[l];
+        FT_TRY(pump(e));
+    } else {
+        FT_TRY(pump(e));
+        int s = -1;
+        for (int i = 0; i < e->n_slots; i++)
+            if (e->slot_busy[i] && e->slot_layer[i] == l) s = i;
+        if (s < 0) { /* not in this operation's visit list: fetch it now */
+            s = (int)(e->slot_ring % e->n_slots);
+            if (e->slot_busy[s])
+                return ft_err(FT_E_INVALID, "executor: no free slot for layer %lld", (long long)l);
+            FT_TRY(issue(e, l, s));
+            e->slot_ring++;
+        }
+        FT_TRY(be->ops->event_wait(be, FT_LANE_COMPUTE, EV_READY(s)));
+        e->cur_slot = s;
+        blk = e->slot_mem + (size_t)s * e->slot_bytes;
+    }
+    FT_TRY(bind_block(e, l, blk, e->pack_dir[l], e->pack_dir_n[l]));
+    e->fetched_layer = l;
+    return 0;
+}
+
+/* Points e->fetched at layer l's weights in a block that is (or will be, in stream order) in
+ * device memory at blk: F32 norms and biases and BF16 projections in place, NF4 projections
+ * dequantized into the bf16 staging (layer_f32). */
+static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_tensor *dir,
+                      int64_t n_dir)
+{
+    ft_backend *be = e->be;
+    ft_layer_weights *f = &e->fetched;
+    memset(f, 0, sizeof *f);
+    for (int k = 0; k < FT_N_PROJ; k++) { /* shapes from the model; pointers from the block */
+        f->proj[k].out_n = e->m->layers[l].proj[k].out_n;
+        f->proj[k].in_n = e->m->layers[l].proj[k].in_n;
+    }
+    float *stage = e->layer_f32;
+    for (int64_t i = 0; i < n_dir; i++) {
+        const ft_pack_tensor *r = &dir[i];
+        const void *data = blk + r->data_off;
+        if (r->role == FT_PACK_ROLE_ATTN_NORM || r->role == FT_PACK_ROLE_FFN_NORM ||
+            r->role >= FT_PACK_ROLE_B0) {
+            if (r->dtype != FT_PACK_DT_F32)
+                return ft_err(FT_E_CORRUPT, "%s: layer %lld: tensor role %u is not F32",
+                              ft_pack_path(e->pack), (long long)l, r->role);
+            float *p = (float *)data;
+            if (r->role == FT_PACK_ROLE_ATTN_NORM) f->attn_norm = p;
+            else if (r->role == FT_PACK_ROLE_FFN_NORM) f->ffn_norm = p;
+            else f->proj[r->role - FT_PACK_ROLE_B0].b = p;
+            continue;
+        }
+        ft_linear *li = &f->proj[r->role - FT_PACK_ROLE_W0];
+        li->wtype = FT_W_BF16;
+        if (r->dtype == FT_PACK_DT_BF16) {
+            li->w = (float *)data;
+            continue;
+        }
+        if (r->dtype != FT_PACK_DT_NF4)
+            return ft_err(FT_E_CORRUPT, "%s: layer %lld: projection of dtype %u", ft_pack_path(e->pack),
+                          (long long)l, r->dtype);
+        if (r->rows != li->out_n || r->cols != li->in_n)
+            return ft_err(FT_E_CORRUPT, "%s: layer %lld: %s is %lld x %lld, the model's is %lld x %lld",
+                          ft_pack_path(e->pack), (long long)l, ft_proj_name[r->role - FT_PACK_ROLE_W0],
+                          (long long)r->rows, (long long)r->cols, (long long)li->out_n, (long long)li->in_n);
+        ft_nf4_tensor t = {r->rows * r->cols, r->blocksize, r->nested_blocksize, blk + r->data_off,
+                           r->nested_blocksize ? blk + r->absmax_off : NULL,
+                           r->nested_blocksize ? NULL : (const float *)(blk + r->absmax_off),
+                           r->nested_blocksize ? (const float *)(blk + r->nested_off) : NULL,
+                           r->nested_blocksize ? (const float *)(blk + r->map_off) : NULL,
+                           (const float *)(blk + r->code_off), r->offset};
+        FT_TRY(be->ops->dequant_nf4(be, (uint16_t *)stage, &t));
+        li->w = stage;
+        stage += (t.n + 1) / 2 + 16 - ((t.n + 1) / 2) % 16;
+    }
+    int complete = f->attn_norm && f->ffn_norm;
+    for (int k = 0; k < FT_N_PROJ; k++)
+        complete &= f->proj[k].w != NULL && (!e->m->layers[l].proj[k].b || f->proj[k].b);
+    if (!complete)
+        return ft_err(FT_E_CORRUPT, "%s: layer %lld: the block lacks a norm, projection or bias",
+                      ft_pack_path(e->pack), (long long)l);
+    return 0;
+}
+
+
+int ft_exec_op_end(ft_exec *e)
+{
+    if (!e->tl) return 0;
+    ft_backend *be = e->be;
+    FT_TRY(ft_backend_sync(be));
+    for (int l = 1; l < FT_N_LANES; l++) { /* the copy lanes' last events */
+        int ev = e->tl_next_ev < FT_MAX_EVENTS ? e->tl_next_ev : -1;
+        if (ev < 0) break;
+        FT_TRY(be->ops->event_record(be, ev, l));
+        FT_TRY(be->ops->event_sync(be, ev));
+    }
+    for (int64_t i = 0; i < e->tl_n_marks; i++) {
+        ft_tl_mark *k = &e->tl_marks[i];
+        double t0 = k->h0, t1 = k->h1;
+        if (k->ev0 >= 0) {
+            float a = 0, b = 0;
+            if (be->ops->event_elapsed(be, EV_TL0, k->ev0, &a) ||
+                be->ops->event_elapsed(be, EV_TL0, k->ev1, &b))
+                continue; /* an unrecorded end (a mark left open): skip it */
+            t0 = a * 1e-3;
+            t1 = b * 1e-3;
+        }
+        FT_TRY(ft_timeline_add(e->tl, k->lane, k->kind, k->layer, -1, t0, t1 > t0 ? t1 : t0));
+    }
+    e->tl_n_marks = 0;
+    return 0;
+}
+
+int ft_exec_tl_begin(ft_exec *e, int lane, int kind, int64_t layer)
+{
+    return tl_mark(e, lane, kind, layer, 1);
+}
+
+void ft_exec_tl_end(ft_exec *e, int mark)
+{
+    tl_close(e, mark);
+}
+
+/* ---- the planner's probe ------------------------------------------------------------- */
+
+int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t *pos_in,
+                        const int32_t *seq_start_in, double *t_dequant, double *t_fwd, double *t_bwd)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    *t_dequant = *t_fwd = *t_bwd = 0;
+    if (be->ops->host_memory || !e->lora || T > e->T_max || T < 1)
+        return ft_err(FT_E_INVALID, "probe: needs a device backend, an adapter and T <= %lld",
+                      (long long)e->T_max);
+    size_t nb = ft_pack_block_bytes(pack, 0);
+    int64_t C = c->hidden_size, stage_floats = staging_floats(e->m);
+    uint8_t *host = be->ops->host_alloc(be, nb);
+    uint8_t *dev = be->ops->alloc(be, nb);
+    float *stage = be->ops->alloc(be, (size_t)stage_floats * sizeof(float));
+    float *x = malloc((size_t)(T * C) * sizeof(float));
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t)), *ss = malloc((size_t)T * sizeof(int32_t));
+    int rc = host && dev && stage && x && pos && ss ? 0 : ft_err(-ENOMEM, "probe: out of memory");
+    const ft_pack_tensor *dir = NULL;
+    int64_t n_dir = 0;
+    if (!rc) rc = ft_pack_read_block(pack, 0, host, nb, 1);
+    if (!rc) rc = ft_pack_block_dir(pack, 0, host, &dir, &n_dir);
+    if (!rc) rc = be->ops->copy(be, dev, host, nb);
+    /* a realistic input: unit-variance values (never zeros) */
+    uint64_t z = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; !rc && i < T * C; i++) {
+        z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+        x[i] = (float)((int64_t)(z >> 40) - (1 << 23)) / (float)(1 << 23) * 1.7f;
+    }
+    for (int64_t t = 0; !rc && t < T; t++) { /* the data's sequence layout, else 512-token ones */
+        pos[t] = pos_in ? pos_in[t] : (int32_t)(t % 512);
+        ss[t] = seq_start_in ? seq_start_in[t] : (int32_t)(t - t % 512);
+    }
+    float *dx = e->dx, *x0 = e->ckpt, *x1 = e->ckpt + e->T_max * C;
+    if (!rc) rc = be->ops->copy(be, x0, x, (size_t)(T * C) * sizeof(float));
+    if (!rc) rc = be->ops->copy(be, dx, x, (size_t)(T * C) * sizeof(float));
+    if (!rc) rc = be->ops->copy(be, e->pos, pos, (size_t)T * sizeof(int32_t));
+    if (!rc) rc = be->ops->copy(be, e->seq_start, ss, (size_t)T * sizeof(int32_t));
+    float *saved = e->layer_f32;
+    ft_pack_file *saved_pack = e->pack;
+    e->layer_f32 = stage;
+    e->pack = pack;
+    ft_block_dims d = {T, C, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
+                       c->intermediate_size, e->lora->cfg.r};
+    ft_block_io io = {e->pos, e->seq_start, e->inv_freq, 0};
+    double best[3] = {1e30, 1e30, 1e30};
+    for (int rep = 0; rep < 3 && !rc; rep++) { /* the first is a warm-up; best of the others */
+        double t0 = now_s();
+        rc = bind_block(e, 0, dev, dir, n_dir);
+        if (!rc) rc = ft_backend_sync(be);
+        double t1 = now_s();
+        if (!rc) rc = ft_block_fwd(be, c, &e->fetched, e->lora, 0, &d, &io, x0, x1, &e->acts, &e->scr, 1);
+        if (!rc) rc = ft_backend_sync(be);
+        double t2 = now_s();
+        if (!rc) rc = ft_block_bwd(be, c, &e->fetched, e->lora, 0, &d, &io, x0, dx, dx, &e->acts, &e->scr);
+        if (!rc) rc = ft_backend_sync(be);
+        double t3 = now_s();
+        if (rep > 0) {
+            best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
+            best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
+            best[2] = t3 - t2 < best[2] ? t3 - t2 : best[2];
+        }
+    }
+    e->layer_f32 = saved;
+    e->pack = saved_pack;
+    memset(&e->fetched, 0, sizeof e->fetched);
+    e->fetched_layer = -1;
+    if (!rc) {
+        *t_dequant = best[0];
+        *t_fwd = best[1];
+        *t_bwd = best[2];
+    }
+    /* the probe's gradients must not reach the first step */
+    if (!rc) rc = be->ops->zero(be, e->lora->grads, (size_t)e->lora->n_params * sizeof(float));
+    be->ops->host_free(be, host);
+    be->ops->free(be, dev);
+    be->ops->free(be, stage);
+    free(x);
+    free(pos);
+    free(ss);
+    return rc;
+}
