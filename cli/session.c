@@ -36,15 +36,24 @@ int ft_session_plan(ft_session *s, int64_t T)
 {
     if (s->has_ex) ft_exec_free(&s->ex);
     s->has_ex = 0;
-    FT_TRY(ft_exec_init(&s->ex, s->be, s->model, s->has_lora ? &s->lora : NULL, T, 1, T));
+    if (!s->model->pack_only[0]) {
+        FT_TRY(ft_exec_init(&s->ex, s->be, s->model, s->has_lora ? &s->lora : NULL, T, 1, T));
+        s->has_ex = 1;
+        return 0;
+    }
+    /* a pack-only model: every weight comes from its pack (layers per visit, globals at setup) */
+    if (!s->pack) FT_TRY(ft_pack_open(&s->pack, s->model->pack_only, 0));
+    FT_TRY(ft_exec_init_ex(&s->ex, s->be, s->model, s->has_lora ? &s->lora : NULL, T, 1, T, 0));
     s->has_ex = 1;
-    return 0;
+    return s->be->ops->host_memory ? ft_exec_use_pack(&s->ex, s->pack)
+                                   : ft_exec_use_pack_tiers(&s->ex, s->pack, NULL, 2, 1);
 }
 
 void ft_session_close(ft_session *s)
 {
     if (s->has_ex) ft_exec_free(&s->ex);
     if (s->has_lora) ft_lora_free(&s->lora);
+    ft_pack_close(s->pack);
     ft_backend_free(s->be);
     ft_model_free(s->model);
     memset(s, 0, sizeof *s);

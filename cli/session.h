@@ -8,6 +8,7 @@
 
 #include "adapters/lora.h"
 #include "offload/exec.h"
+#include "offload/pack.h"
 #include "src/model/model.h"
 
 typedef struct ft_session {
@@ -17,6 +18,7 @@ typedef struct ft_session {
     int has_lora;
     ft_exec ex;
     int has_ex;
+    ft_pack_file *pack;         /* a pack-only model's pack (its weights are read from there) */
 } ft_session;
 
 /* Loads the model and (if adapter_dir) the PEFT adapter; plans an executor for T tokens.
