@@ -83,7 +83,6 @@ int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora
     e->T_max = T_max;
     e->n_micro_max = n_micro;
     e->ce_chunk = ce_chunk_for(be, T_max);
-    e->tl_cur = -1;
     layout L = plan(m, lora, T_max, n_micro, e->ce_chunk);
     e->arena_bytes = (size_t)total(&L) * sizeof(float);
     e->arena = be->ops->alloc(be, e->arena_bytes);

@@ -106,8 +106,6 @@ typedef struct ft_exec {
     int tl_next_ev;             /* next free event id for the timeline */
     double tl_host0;            /* host clock at the operation's origin event */
     int64_t tl_n_marks;
-    int tl_cur;                 /* the open compute mark of fetched_layer, -1 */
-    int tl_kind;                /* FT_TL_FWD or FT_TL_BWD: the pass being queued */
     struct ft_tl_mark *tl_marks;
 } ft_exec;
 

@@ -38,6 +38,8 @@ int ft_exec_tl_begin(ft_exec *e, int lane, int kind, int64_t layer);
 void ft_exec_tl_end(ft_exec *e, int mark);
 /* Pack-only models (no host weights): the global tensors from the pack (tiers.c). */
 int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack);
+/* Bytes of the bf16 staging one layer's projections are dequantized into (tiers.c). */
+size_t ft_exec_staging_bytes(const ft_model *m);
 /* Frees what tiers.c allocated. */
 void ft_exec_tiers_free(ft_exec *e);
 

@@ -112,10 +112,15 @@ static int64_t staging_floats(const ft_model *m)
     return n;
 }
 
+size_t ft_exec_staging_bytes(const ft_model *m)
+{
+    return (size_t)staging_floats(m) * sizeof(float);
+}
+
 size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack)
 {
     (void)be;
-    size_t total = ft_exec_global_bytes(m) + (size_t)staging_floats(m) * sizeof(float);
+    size_t total = ft_exec_global_bytes(m) + ft_exec_staging_bytes(m);
     for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) total += ft_pack_block_bytes(pack, l);
     return total;
 }
@@ -183,14 +188,9 @@ int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
 
 int ft_exec_embed_from_pack(ft_exec *e, const int32_t *ids, int64_t T, float *out)
 {
-    int64_t C = e->m->cfg.hidden_size, V = e->m->cfg.vocab_size;
-    for (int64_t t = 0; t < T; t++) {
-        if (ids[t] < 0 || ids[t] >= V)
-            return ft_err(FT_E_RANGE, "token id %d at position %lld is outside the vocabulary "
-                          "(%lld)", ids[t], (long long)t, (long long)V);
-        FT_TRY(ft_pack_read_global(e->pack, FT_PACK_ROLE_EMBED, ids[t], 1, e->embed_host + t * C));
-    }
-    return e->be->ops->copy(e->be, out, e->embed_host, (size_t)(T * C) * sizeof(float));
+    FT_TRY(ft_pack_gather_global(e->pack, FT_PACK_ROLE_EMBED, ids, T, e->embed_host));
+    return e->be->ops->copy(e->be, out, e->embed_host,
+                            (size_t)(T * e->m->cfg.hidden_size) * sizeof(float));
 }
 
 int ft_exec_pack_to_device(ft_exec *e, ft_pack_file *pack)
@@ -301,7 +301,6 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
     }
     for (int s = 0; s < 8; s++) e->slot_layer[s] = -1;
     e->cur_slot = -1;
-    e->tl_cur = -1;
     e->fetched_layer = -1;
     return 0;
 }
@@ -325,10 +324,13 @@ void ft_exec_tiers_free(ft_exec *e)
 
 /* ---- streaming ----------------------------------------------------------------------- */
 
-/* Queues the transfer of layer l's block into slot s: for a disk block, a read into the next
- * staging buffer first (waiting for that buffer's previous copy to finish). */
-static int issue(ft_exec *e, int64_t l, int s)
+/* Queues the transfer of layer l's block into the next slot of the ring: for a disk block, a
+ * read into the next staging buffer first (waiting for that buffer's previous copy to finish).
+ * Returns 1 (issued, *slot set), 0 (that slot is still busy: nothing done) or an error. */
+static int issue(ft_exec *e, int64_t l, int *slot)
 {
+    int s = (int)(e->slot_ring % e->n_slots);
+    if (e->slot_busy[s]) return 0;
     ft_backend *be = e->be;
     size_t nb = ft_pack_block_bytes(e->pack, l);
     uint8_t *dst = e->slot_mem + (size_t)s * e->slot_bytes;
@@ -358,7 +360,9 @@ static int issue(ft_exec *e, int64_t l, int s)
     e->h2d_bytes += nb;
     e->slot_layer[s] = l;
     e->slot_busy[s] = 1;
-    return 0;
+    e->slot_ring++;
+    *slot = s;
+    return 1;
 }
 
 /* Issues the operation's next streamed visits while a slot is free. */
@@ -370,10 +374,8 @@ static int pump(ft_exec *e)
             e->next_issue++;
             continue;
         }
-        int s = (int)(e->slot_ring % e->n_slots);
-        if (e->slot_busy[s]) return 0;
-        FT_TRY(issue(e, l, s));
-        e->slot_ring++;
+        int s, k = issue(e, l, &s);
+        if (k <= 0) return k;
         e->next_issue++;
     }
     return 0;
@@ -423,20 +425,18 @@ int ft_exec_fetch_device(ft_exec *e, int64_t l, const ft_layer_weights **w)
     FT_TRY(release_current(e));
     e->fetched_layer = -1;
     const uint8_t *blk;
+    FT_TRY(pump(e));
     if (e->tier[l] == FT_TIER_GPU) {
         blk = e->pack_dev + e->pack_dev_off[l];
-        FT_TRY(pump(e));
     } else {
-        FT_TRY(pump(e));
         int s = -1;
         for (int i = 0; i < e->n_slots; i++)
             if (e->slot_busy[i] && e->slot_layer[i] == l) s = i;
         if (s < 0) { /* not in this operation's visit list: fetch it now */
-            s = (int)(e->slot_ring % e->n_slots);
-            if (e->slot_busy[s])
+            int k = issue(e, l, &s);
+            if (k < 0) return k;
+            if (k == 0)
                 return ft_err(FT_E_INVALID, "executor: no free slot for layer %lld", (long long)l);
-            FT_TRY(issue(e, l, s));
-            e->slot_ring++;
         }
         FT_TRY(be->ops->event_wait(be, FT_LANE_COMPUTE, EV_READY(s)));
         e->cur_slot = s;

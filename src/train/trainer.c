@@ -381,17 +381,13 @@ static int open_pack(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user)
  * creates it: refuses up front, naming the smallest budget that would work, rather than
  * failing mid-run; then keeps every layer's activations (no recompute in the backward) when
  * they fit too, with 1 GiB to spare for cuBLAS and the CUDA context's growth. Host-memory
- * backends (CPU) skip the budget and keep the recompute schedule. */
+ * backends (CPU) skip the budget and keep the recompute schedule. A packed base on a device
+ * goes through place_offload instead. */
 static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_len)
 {
     ft_backend *be = r->be;
     size_t need = ft_exec_bytes(be, r->model, &r->lora, T, c->grad_accum);
     size_t wb = ft_exec_weight_bytes(be, r->model);
-    if (r->pack && !be->ops->host_memory) { /* the 4-bit blocks replace the layers' copy */
-        size_t pb = ft_exec_packed_weight_bytes(be, r->model, r->pack);
-        need = need - wb + pb;
-        wb = pb;
-    }
     if (be->ops->host_memory) {
         FT_TRY(ft_exec_init(&r->ex, be, r->model, &r->lora, T, c->grad_accum, seq_len));
         r->ex_ok = 1;
@@ -412,9 +408,8 @@ static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t 
                       c->gpu_mem > 0 ? "--gpu-mem" : "the GPU's free memory",
                       gib((double)(c->gpu_mem > 0 ? budget : used + free_b)),
                       ceil(gib((double)(used + need + spare))));
-    FT_TRY(ft_exec_init_ex(&r->ex, be, r->model, &r->lora, T, c->grad_accum, seq_len, !r->pack));
+    FT_TRY(ft_exec_init(&r->ex, be, r->model, &r->lora, T, c->grad_accum, seq_len));
     r->ex_ok = 1;
-    if (r->pack) FT_TRY(ft_exec_use_pack(&r->ex, r->pack));
     int rc = ft_exec_keep_activations(&r->ex, avail - need - spare);
     return rc < 0 ? rc : 0;
 }

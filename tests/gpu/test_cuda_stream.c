@@ -15,31 +15,11 @@
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"
+#include "tests/unit/stream_fixture.h"
 
 #define TINY "tests/fixtures/tiny-llama"
 #define N_MB 4
 #define STEPS 2
-
-static void make_batches(ft_batch *b, int64_t S, int64_t V)
-{
-    ft_rng rng;
-    ft_rng_seed(&rng, 31);
-    for (int i = 0; i < N_MB; i++) {
-        b[i] = (ft_batch){1, S, S};
-        b[i].ids = malloc(S * 4);
-        b[i].targets = malloc(S * 4);
-        b[i].pos = malloc(S * 4);
-        b[i].seq_start = malloc(S * 4);
-        for (int64_t t = 0; t < S; t++) b[i].ids[t] = (int32_t)(ft_rng_next(&rng) % (uint64_t)V);
-        for (int64_t t = 0; t < S; t++) {
-            int64_t start = t < S / 2 ? 0 : S / 2, end = t < S / 2 ? S / 2 : S;
-            b[i].pos[t] = (int32_t)(t - start);
-            b[i].seq_start[t] = (int32_t)start;
-            b[i].targets[t] = t + 1 < end ? b[i].ids[t + 1] : -100;
-            b[i].n_targets += b[i].targets[t] >= 0;
-        }
-    }
-}
 
 typedef struct result {
     double loss;
@@ -108,7 +88,7 @@ static void test_tiers_bit_identical(void **state)
     ft_pack_file *pack;
     assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
     ft_batch b[N_MB];
-    make_batches(b, 24, m->cfg.vocab_size);
+    stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
     int64_t L = m->cfg.num_hidden_layers;
     uint8_t host[64], disk[64], mix[64];
     for (int64_t l = 0; l < L; l++) {
@@ -136,9 +116,7 @@ static void test_tiers_bit_identical(void **state)
     assert_int_equal(rg.reads_step, 0);
     assert_int_equal(rd.tl_compute, 2 * L); /* one span per layer visit */
     free(rg.g); free(rh.g); free(rd.g); free(rm.g);
-    for (int i = 0; i < N_MB; i++) {
-        free(b[i].ids); free(b[i].targets); free(b[i].pos); free(b[i].seq_start);
-    }
+    stream_free_batches(b, N_MB);
     free(pi); free(dir);
     ft_pack_close(pack);
     ft_model_free(m);

@@ -13,32 +13,12 @@
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"
+#include "tests/unit/stream_fixture.h"
 
 #define TINY "tests/fixtures/tiny-llama"
 #define N_MB 4
 #define STEPS 2
 
-/* N_MB micro-batches of one row of S tokens, two packed sequences each. */
-static void make_batches(ft_batch *b, int64_t S, int64_t V)
-{
-    ft_rng rng;
-    ft_rng_seed(&rng, 31);
-    for (int i = 0; i < N_MB; i++) {
-        b[i] = (ft_batch){1, S, S};
-        b[i].ids = malloc(S * 4);
-        b[i].targets = malloc(S * 4);
-        b[i].pos = malloc(S * 4);
-        b[i].seq_start = malloc(S * 4);
-        for (int64_t t = 0; t < S; t++) b[i].ids[t] = (int32_t)(ft_rng_next(&rng) % (uint64_t)V);
-        for (int64_t t = 0; t < S; t++) {
-            int64_t start = t < S / 2 ? 0 : S / 2, end = t < S / 2 ? S / 2 : S;
-            b[i].pos[t] = (int32_t)(t - start);
-            b[i].seq_start[t] = (int32_t)start;
-            b[i].targets[t] = t + 1 < end ? b[i].ids[t + 1] : -100;
-            b[i].n_targets += b[i].targets[t] >= 0;
-        }
-    }
-}
 
 /* STEPS optimizer steps of N_MB micro-batches; returns the summed loss, the final LoRA
  * gradients in g, and the pack reads of the last step in *reads_step. */
@@ -91,7 +71,7 @@ static void test_streamed_equals_resident(void **state)
     ft_pack_file *pack;
     assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
     ft_batch b[N_MB];
-    make_batches(b, 24, m->cfg.vocab_size);
+    stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
     int64_t L = m->cfg.num_hidden_layers, n = 0, setup_r, first_r, step_r, setup_s, first_s, step_s;
     float *gr = malloc(1 << 22), *gs = malloc(1 << 22);
     uint64_t bytes0 = ft_pack_bytes_read(pack);
@@ -113,9 +93,7 @@ static void test_streamed_equals_resident(void **state)
     assert_int_equal(first_s, 2 * L - 1);
     assert_int_equal(step_s, 2 * L - 2);
     assert_int_equal(first_r + step_r, 0);
-    for (int i = 0; i < N_MB; i++) {
-        free(b[i].ids); free(b[i].targets); free(b[i].pos); free(b[i].seq_start);
-    }
+    stream_free_batches(b, N_MB);
     free(gr); free(gs); free(pi); free(dir);
     ft_pack_close(pack);
     ft_model_free(m);
