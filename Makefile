@@ -29,6 +29,13 @@ CMOCKA_LIBS  ?= $(shell $(PKG) --libs cmocka 2>/dev/null)
 URING        ?= $(shell $(PKG) --exists liburing 2>/dev/null && echo 1 || echo 0)
 NVCC         ?= $(shell command -v nvcc 2>/dev/null)
 
+# libnuma (offload/pinned.c: the pinned pool on the GPU's NUMA node): linked statically from
+# libnuma.a when it and numa.h are found (the lent GPU machine has no libnuma.so); without it
+# the pool has no node preference and says so. NUMA=0 leaves it out; NUMA_LIBS can name the
+# archive.
+NUMA_A       ?= $(firstword $(wildcard $(shell $(CC) -print-file-name=libnuma.a 2>/dev/null) /usr/lib/x86_64-linux-gnu/libnuma.a /usr/lib64/libnuma.a))
+NUMA         ?= $(if $(and $(NUMA_A),$(wildcard /usr/include/numa.h)),1,0)
+
 have = $(if $(1),yes,NO)
 # CUDA backend (kernels/cuda/*.cu): built whenever nvcc is found, unless CUDA=0. The
 # sanitizer build leaves it out (ASan's shadow memory and the CUDA driver do not mix).
@@ -46,7 +53,7 @@ CUDA_LIBS  := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart_static -ldl -l
 CFLAGS     += -DFT_HAVE_CUDA
 endif
 
-$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
+$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) libnuma=$(NUMA) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
 
 # liburing (offload/uring.c, the NVMe reader): used when found; without it the reader falls
 # back to pread and says so. URING_LIBS can name the static archive for the GPU bundle.
@@ -55,8 +62,13 @@ CFLAGS     += -DFT_HAVE_URING
 URING_LIBS ?= $(shell $(PKG) --libs liburing 2>/dev/null)
 endif
 
+ifeq ($(NUMA),1)
+CFLAGS     += -DFT_HAVE_NUMA
+NUMA_LIBS  ?= $(NUMA_A)
+endif
+
 CFLAGS += $(BLAS_CFLAGS) $(CJSON_CFLAGS)
-LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(CUDA_LIBS) -lm -lpthread
+LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(CUDA_LIBS) -lm -lpthread
 
 LIB_SRC := $(wildcard src/*/*.c kernels/*.c kernels/cpu/*.c offload/*.c adapters/*.c)
 CU_SRC  := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu) $(CU_EXTRA))

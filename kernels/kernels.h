@@ -214,6 +214,19 @@ typedef struct ft_backend_ops {
     int (*attention_kv_fwd)(ft_backend *be, float *out, const float *q, const float *k,
                             const float *v, int64_t p, int64_t n_q, int64_t H, int64_t Hkv,
                             int64_t D, float scale);
+
+    /* ---- host memory placement (offload/pinned.h; with the transfers above) ------------ */
+    /* Page-locks host memory allocated elsewhere (page-aligned, e.g. mmap'd on a chosen NUMA
+     * node: offload/pinned.h) so the device copies it at full bus speed, as host_alloc's
+     * (CUDA: cudaHostRegister, portable); host_unregister undoes it before the memory is
+     * unmapped. A host-memory backend does nothing (returns 0). Setup only. Returns 0,
+     * -ENOMEM or -EIO. */
+    int (*host_register)(ft_backend *be, void *p, size_t bytes);
+    void (*host_unregister)(ft_backend *be, void *p); /* NULL-safe */
+    /* The device's PCI address as /sys/bus/pci/devices names it ("0000:3b:00.0", lower case)
+     * into buf (n >= 16), for its NUMA node. Returns 0, or FT_E_UNSUPPORTED where there is no
+     * device (a host-memory backend) or -EIO. */
+    int (*device_pci_id)(ft_backend *be, char *buf, size_t n);
 } ft_backend_ops;
 
 struct ft_backend {
@@ -226,6 +239,14 @@ struct ft_backend {
  * are bit-identical for any thread count).
  * Returns 0 or -ENOMEM. */
 int ft_backend_cpu_init(ft_backend **out, int n_threads);
+/* The CPU backend in device mode ("cpu-device", kernels/cpu/backend.c): host_memory = 0, so
+ * the offload executor runs its device path on it (base weights copied in, packed bases by
+ * tier through slots and the disk read-ahead, host checkpoints over copy_async and events),
+ * with bf16 weights in linear_fwd/linear_bwd_x (the activation rounded to bf16 as the CUDA
+ * backend does, fp32 sums) and dequant_nf4 to bf16 (src/model/nf4.c's arithmetic). Copies run
+ * at once; events are host times. For tests of the device executor without a GPU. Returns 0
+ * or -ENOMEM. */
+int ft_backend_cpu_device_init(ft_backend **out, int n_threads);
 
 /* CUDA backend (kernels/cuda) on GPU `device`: one stream, one cuBLAS handle and a 96 MiB
  * workspace, all created here (the ops never allocate). GEMMs use bf16 tensor cores with

@@ -1,9 +1,12 @@
-/* exec.c - the per-layer executor (see exec.h). */
+/* exec.c - the per-layer executor (see exec.h). Checkpoints are addressed through ck_*()
+ * below: in the arena by default ((L + 1) * n_micro buffers), or through the host tier
+ * (offload/ckpt.h) when e->ckt is set. */
 #include "offload/exec.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "offload/ckpt.h"
 #include "offload/exec_internal.h"
 #include "offload/timeline.h"
 #include "src/core/err.h"
@@ -19,14 +22,16 @@ static ft_block_dims dims_of(const ft_exec *e, int64_t T)
 /* Floats of every region, in carving order. */
 typedef struct { int64_t ckpt, dx, acts, scr, xf, rstdf, dxf, ce, inv, ints; } layout;
 
+/* ckpt_bufs: device checkpoint buffers of T * C floats; < 0: all (L + 1) * n_micro. */
 static layout plan(const ft_model *m, const ft_lora *lora, int64_t T, int64_t n_micro,
-                   int64_t chunk)
+                   int64_t chunk, int64_t ckpt_bufs)
 {
     const ft_model_config *c = &m->cfg;
     ft_block_dims d = {T, c->hidden_size, c->num_attention_heads, c->num_key_value_heads,
                        c->head_dim, c->intermediate_size, lora ? lora->cfg.r : 1};
     layout L;
-    L.ckpt = (c->num_hidden_layers + 1) * n_micro * T * c->hidden_size;
+    if (ckpt_bufs < 0) ckpt_bufs = (c->num_hidden_layers + 1) * n_micro;
+    L.ckpt = ckpt_bufs * T * c->hidden_size;
     L.dx = n_micro * T * c->hidden_size;
     L.acts = ft_block_acts_floats(&d);
     L.scr = ft_block_scratch_floats(&d);
@@ -60,7 +65,7 @@ static int64_t ce_chunk_for(const ft_backend *be, int64_t T_max)
 size_t ft_exec_bytes(const ft_backend *be, const ft_model *m, const ft_lora *lora, int64_t T_max,
                      int64_t n_micro)
 {
-    layout L = plan(m, lora, T_max, n_micro, ce_chunk_for(be, T_max));
+    layout L = plan(m, lora, T_max, n_micro, ce_chunk_for(be, T_max), -1);
     return (size_t)total(&L) * sizeof(float) + (be->ops->host_memory ? 0 : ft_exec_weight_bytes(be, m));
 }
 
@@ -70,20 +75,12 @@ int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, i
     return ft_exec_init_ex(e, be, m, lora, T_max, n_micro, rope_seq_len, 1);
 }
 
-int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
-                    int64_t n_micro, int64_t rope_seq_len, int place_layers)
+/* Allocates the arena with ckpt_bufs checkpoint buffers (< 0: all) and carves it. */
+static int carve_arena(ft_exec *e, int64_t ckpt_bufs)
 {
-    memset(e, 0, sizeof *e);
-    if (T_max < 1 || n_micro < 1)
-        return ft_err(FT_E_INVALID, "executor: bad sizes T=%lld micro-batches=%lld",
-                      (long long)T_max, (long long)n_micro);
-    e->be = be;
-    e->m = m;
-    e->lora = lora;
-    e->T_max = T_max;
-    e->n_micro_max = n_micro;
-    e->ce_chunk = ce_chunk_for(be, T_max);
-    layout L = plan(m, lora, T_max, n_micro, e->ce_chunk);
+    ft_backend *be = e->be;
+    int64_t T_max = e->T_max, n_micro = e->n_micro_max;
+    layout L = plan(e->m, e->lora, T_max, n_micro, e->ce_chunk, ckpt_bufs);
     e->arena_bytes = (size_t)total(&L) * sizeof(float);
     e->arena = be->ops->alloc(be, e->arena_bytes);
     if (!e->arena)
@@ -94,7 +91,7 @@ int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora
     e->ckpt = carve(&p, L.ckpt);
     e->dx = carve(&p, L.dx);
     ft_block_dims d = dims_of(e, T_max);
-    ft_block_acts_carve(&e->acts, carve(&p, L.acts), &d, lora ? lora->cfg.targets : 0);
+    ft_block_acts_carve(&e->acts, carve(&p, L.acts), &d, e->lora ? e->lora->cfg.targets : 0);
     ft_block_scratch_carve(&e->scr, carve(&p, L.scr), &d);
     e->xf = carve(&p, L.xf);
     e->rstdf = carve(&p, L.rstdf);
@@ -106,6 +103,60 @@ int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora
     e->targets = ip + n_micro * T_max;
     e->pos = ip + 2 * n_micro * T_max;
     e->seq_start = ip + 3 * n_micro * T_max;
+    return 0;
+}
+
+static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
+                     int64_t n_micro, int64_t rope_seq_len, int place_layers, int64_t ckpt_bufs);
+
+int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
+                    int64_t n_micro, int64_t rope_seq_len, int place_layers)
+{
+    return init_impl(e, be, m, lora, T_max, n_micro, rope_seq_len, place_layers, -1);
+}
+
+int ft_exec_init_ckpt_host(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora,
+                           int64_t T_max, int64_t n_micro, int64_t rope_seq_len, int place_layers,
+                           int64_t dev_layers, int n_sets)
+{
+    memset(e, 0, sizeof *e);
+    FT_TRY(ft_ckpt_tier_check(m->cfg.num_hidden_layers, dev_layers, n_sets));
+    FT_TRY(init_impl(e, be, m, lora, T_max, n_micro, rope_seq_len, place_layers,
+                     ft_ckpt_tier_dev_buffers(n_micro, dev_layers, n_sets)));
+    return ft_ckpt_tier_init(e, dev_layers, n_sets);
+}
+
+int ft_exec_ckpt_to_host(ft_exec *e, int64_t dev_layers, int n_sets)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    if (e->ckt)
+        return ft_err(FT_E_INVALID, "ft_exec_ckpt_to_host: the checkpoints are in host memory already");
+    FT_TRY(ft_ckpt_tier_check(c->num_hidden_layers, dev_layers, n_sets));
+    float inv[1024]; /* the one arena content set at init (head_dim / 2 <= 1024 there) */
+    size_t inv_bytes = (size_t)(c->head_dim / 2) * sizeof(float);
+    FT_TRY(be->ops->copy(be, inv, e->inv_freq, inv_bytes));
+    be->ops->free(be, e->arena); /* first, so that the device never holds both */
+    e->arena = NULL;
+    FT_TRY(carve_arena(e, ft_ckpt_tier_dev_buffers(e->n_micro_max, dev_layers, n_sets)));
+    FT_TRY(be->ops->copy(be, e->inv_freq, inv, inv_bytes));
+    return ft_ckpt_tier_init(e, dev_layers, n_sets);
+}
+
+static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
+                     int64_t n_micro, int64_t rope_seq_len, int place_layers, int64_t ckpt_bufs)
+{
+    memset(e, 0, sizeof *e);
+    if (T_max < 1 || n_micro < 1)
+        return ft_err(FT_E_INVALID, "executor: bad sizes T=%lld micro-batches=%lld",
+                      (long long)T_max, (long long)n_micro);
+    e->be = be;
+    e->m = m;
+    e->lora = lora;
+    e->T_max = T_max;
+    e->n_micro_max = n_micro;
+    e->ce_chunk = ce_chunk_for(be, T_max);
+    FT_TRY(carve_arena(e, ckpt_bufs));
 
     float inv[1024];
     if (m->cfg.head_dim / 2 > 1024)
@@ -131,6 +182,7 @@ void ft_exec_free(ft_exec *e)
         free(e->pack_dev_off);
         e->be->ops->free(e->be, e->kept_mem);
         ft_exec_tiers_free(e);
+        ft_ckpt_tier_free(e);
         free(e->kept);
         if (e->layers && e->layers != e->m->layers) free(e->layers);
     }
@@ -262,10 +314,27 @@ static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
     return 0;
 }
 
-static float *ckpt_at(ft_exec *e, int64_t l, int64_t mb)
+/* Checkpoints: ck_*() give the device buffers of checkpoint j (micro-batch mb at
+ * + mb * ck_stride(e)): the arena's when every checkpoint stays on the device, the host
+ * tier's otherwise (offload/ckpt.h; its hooks order the copies around compute). */
+static int64_t ck_stride(const ft_exec *e) { return e->T_max * e->m->cfg.hidden_size; }
+
+static int ck_write(ft_exec *e, int64_t j, float **out)
 {
-    return e->ckpt + ((l * e->n_micro_max + mb) * e->T_max) * e->m->cfg.hidden_size;
+    if (e->ckt) return ft_ckpt_tier_write(e, j, out);
+    *out = e->ckpt + j * e->n_micro_max * ck_stride(e);
+    return 0;
 }
+
+static int ck_read(ft_exec *e, int64_t j, float **at)
+{
+    if (e->ckt) return ft_ckpt_tier_read(e, j, at);
+    *at = e->ckpt + j * e->n_micro_max * ck_stride(e);
+    return 0;
+}
+
+static int ck_written(ft_exec *e, int64_t j) { return e->ckt ? ft_ckpt_tier_written(e, j) : 0; }
+static int ck_used(ft_exec *e, int64_t j) { return e->ckt ? ft_ckpt_tier_used(e, j) : 0; }
 
 static int upload(ft_exec *e, const ft_batch *b, int64_t mb)
 {
@@ -288,33 +357,43 @@ static ft_block_io io_of(ft_exec *e, int64_t mb, uint64_t seed)
     return io;
 }
 
-/* Forward of all layers for micro-batches [0, n_mb), vertical order; ckpt[L][mb] holds
+/* Forward of all layers for micro-batches [0, n_mb), vertical order; checkpoint L holds
  * each final hidden state. */
 static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t seed, int train)
 {
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
+    int64_t st = ck_stride(e);
+    for (int64_t mb = 0; mb < n_mb; mb++) FT_TRY(upload(e, &mbs[mb], mb));
+    if (e->ckt) ft_ckpt_tier_begin(e, mbs, n_mb, train);
+    float *x0;
+    FT_TRY(ck_write(e, 0, &x0));
     for (int64_t mb = 0; mb < n_mb; mb++) {
-        FT_TRY(upload(e, &mbs[mb], mb));
         if (!e->embed) /* a pack-only model on a device: rows gathered from the pack file */
-            FT_TRY(ft_exec_embed_from_pack(e, mbs[mb].ids, mbs[mb].T, ckpt_at(e, 0, mb)));
+            FT_TRY(ft_exec_embed_from_pack(e, mbs[mb].ids, mbs[mb].T, x0 + mb * st));
         else
-            FT_TRY(be->ops->embedding_fwd(be, ckpt_at(e, 0, mb), e->ids + mb * e->T_max, e->embed,
+            FT_TRY(be->ops->embedding_fwd(be, x0 + mb * st, e->ids + mb * e->T_max, e->embed,
                                           mbs[mb].T, c->hidden_size, c->vocab_size));
     }
     FT_TRY(ft_exec_begin_op(e, train)); /* the layer order, for prefetching and the timeline */
+    FT_TRY(ck_written(e, 0)); /* its store: after the timeline's origin */
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
         const ft_layer_weights *w;
+        float *x, *y;
         FT_TRY(fetch_layer(e, l, &w));
+        FT_TRY(ck_read(e, l, &x));
+        FT_TRY(ck_write(e, l + 1, &y));
         int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_FWD, l);
         for (int64_t mb = 0; mb < n_mb; mb++) {
             ft_block_dims d = dims_of(e, mbs[mb].T);
             ft_block_io io = io_of(e, mb, seed);
             ft_block_acts *a = train && e->kept ? &e->kept[l * e->n_micro_max + mb] : &e->acts;
-            FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, ckpt_at(e, l, mb),
-                                ckpt_at(e, l + 1, mb), a, &e->scr, train));
+            FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, x + mb * st, y + mb * st, a, &e->scr,
+                                train));
         }
         ft_exec_tl_end(e, mk);
+        FT_TRY(ck_used(e, l));
+        FT_TRY(ck_written(e, l + 1));
     }
     return 0;
 }
@@ -326,7 +405,9 @@ static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, flo
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     int64_t T = b->T, C = c->hidden_size;
-    const float *xL = ckpt_at(e, c->num_hidden_layers, mb);
+    float *xL;
+    FT_TRY(ck_read(e, c->num_hidden_layers, &xL));
+    xL += mb * ck_stride(e);
     int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_HEAD, -1);
     FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->final_norm, T, C, c->rms_norm_eps));
     FT_TRY(be->ops->lm_head_ce(be, loss, n, dx ? e->dxf : NULL, e->xf, e->lm_head,
@@ -337,7 +418,7 @@ static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, flo
         FT_TRY(be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->final_norm, e->rstdf, T, C));
     }
     ft_exec_tl_end(e, mk);
-    return 0;
+    return ck_used(e, c->num_hidden_layers);
 }
 
 int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
@@ -361,24 +442,35 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
         *loss_sum += ls;
         *n_tokens += nv;
     }
+    if (e->ckt) FT_TRY(ft_ckpt_tier_bwd_begin(e));
+    int64_t st = ck_stride(e);
     for (int64_t l = c->num_hidden_layers - 1; l >= 0; l--) {
         const ft_layer_weights *w;
+        float *xl, *out;
         FT_TRY(fetch_layer(e, l, &w));
+        if (e->ckt) {
+            FT_TRY(ft_ckpt_tier_bwd_in(e, l, &xl));
+            out = e->xf; /* the recompute's output is not used: the head's scratch takes it */
+        } else {
+            FT_TRY(ck_read(e, l, &xl));
+            FT_TRY(ck_read(e, l + 1, &out)); /* checkpoint l+1 is no longer needed */
+        }
         int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_BWD, l);
         for (int64_t mb = 0; mb < n_mb; mb++) {
             ft_block_dims d = dims_of(e, mbs[mb].T);
             ft_block_io io = io_of(e, mb, dropout_seed);
-            const float *x = ckpt_at(e, l, mb);
+            const float *x = xl + mb * st;
             float *dx = e->dx + mb * e->T_max * C;
             ft_block_acts *a = &e->acts;
             if (e->kept)
                 a = &e->kept[l * e->n_micro_max + mb];
-            else /* recompute: the block output goes to ckpt[l+1], which is no longer needed */
-                FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, x, ckpt_at(e, l + 1, mb),
+            else /* recompute */
+                FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, x, e->ckt ? out : out + mb * st,
                                     a, &e->scr, 1));
             FT_TRY(ft_block_bwd(be, c, w, e->lora, l, &d, &io, x, dx, dx, a, &e->scr));
         }
         ft_exec_tl_end(e, mk);
+        if (e->ckt) FT_TRY(ft_ckpt_tier_bwd_done(e, l));
     }
     return ft_exec_op_end(e);
 }
@@ -395,9 +487,11 @@ int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits)
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     int64_t T = mb->T, C = c->hidden_size, V = c->vocab_size;
+    float *xL;
     FT_TRY(forward_all(e, mb, 1, 0, 0));
-    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, ckpt_at(e, c->num_hidden_layers, 0),
-                                e->final_norm, T, C, c->rms_norm_eps));
+    FT_TRY(ck_read(e, c->num_hidden_layers, &xL));
+    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->final_norm, T, C, c->rms_norm_eps));
+    FT_TRY(ck_used(e, c->num_hidden_layers));
     float *out = be->ops->alloc(be, (size_t)(T * V) * sizeof(float));
     if (!out) return ft_err(-ENOMEM, "out of memory for (%lld, %lld) logits", (long long)T, (long long)V);
     int rc = be->ops->lm_head_logits(be, out, e->xf, e->lm_head, T, C, V);

@@ -27,6 +27,8 @@
 
 struct ft_timeline;
 struct ft_tl_mark;
+struct ft_disk_prefetch;
+struct ft_ckpt_tier;
 
 typedef struct ft_exec {
     ft_backend *be;
@@ -99,9 +101,11 @@ typedef struct ft_exec {
     int64_t *visits;            /* the current operation's layer order (2 L entries max) */
     int64_t n_visits, next_issue;
     uint64_t h2d_bytes, disk_bytes; /* streamed since init */
-    double disk_seconds;        /* host time spent in disk reads */
+    double disk_seconds;        /* seconds the disk was busy reading streamed blocks (overlapping reads counted once) */
     int32_t *ids_host;          /* pack-only models: token ids for the host embedding gather */
     float *embed_host;          /* pinned T_max * C floats */
+    struct ft_disk_prefetch *dpf; /* disk tier read-ahead (offload/prefetch.c), NULL if unused */
+    struct ft_ckpt_tier *ckt;   /* layer-input checkpoints in host memory (offload/ckpt.c), NULL: on the device */
     struct ft_timeline *tl;     /* when set, spans of each operation are recorded (tiers.c) */
     int tl_next_ev;             /* next free event id for the timeline */
     double tl_host0;            /* host clock at the operation's origin event */
@@ -142,6 +146,20 @@ size_t ft_exec_kept_bytes(const ft_exec *e);
  * Returns 1 when kept, 0 when it does not fit (nothing allocated), -ENOMEM when the
  * allocation itself fails. */
 int ft_exec_keep_activations(ft_exec *e, size_t budget_bytes);
+
+/* Layer-input checkpoints in pinned host memory (offload/ckpt.h): the inputs of the last
+ * dev_layers layers stay on the device, the others are stored to the host after the forward
+ * computes them and loaded back ahead of the backward, through a ring of n_sets (2..4) device
+ * sets of n_micro buffers, on the checkpoint lane. Results are bit-identical to checkpoints
+ * on the device (the same ops on the same inputs). ft_exec_init_ckpt_host sizes the arena
+ * for it from the start (so the device never holds every checkpoint); ft_exec_ckpt_to_host
+ * turns an executor made by ft_exec_init(_ex) into one (before its first operation: the
+ * arena is freed and made again, smaller). Returns 0, -ENOMEM, FT_E_INVALID (bad counts, or
+ * already in host memory), FT_E_UNSUPPORTED (a backend without pinned copies). */
+int ft_exec_init_ckpt_host(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora,
+                           int64_t T_max, int64_t n_micro, int64_t rope_seq_len, int place_layers,
+                           int64_t dev_layers, int n_sets);
+int ft_exec_ckpt_to_host(ft_exec *e, int64_t dev_layers, int n_sets);
 
 /* As ft_exec_use_pack; on a host-memory backend, resident = 1 reads every layer block once
  * into host memory (the "everything resident" tier) and each fetch dequantizes from there,

@@ -271,6 +271,7 @@ struct ft_pack_file {
     ft_model_config cfg;
     ft_pack_tensor gdir[FT_PACK_MAX_SLOTS]; /* the global block's directory, read at open */
     int gdir_ok;               /* 1: gdir read and validated (else read_global reports why) */
+    uint64_t bytes_before;     /* read by readers replaced with ft_pack_set_reader */
 };
 
 static int pread_all(int fd, void *buf, size_t n, int64_t off, const char *path)
@@ -429,7 +430,23 @@ int ft_pack_open(ft_pack_file **out, const char *path, int verify)
 }
 
 const char *ft_pack_read_mode(const ft_pack_file *p) { return ft_reader_mode(p->rd); }
-uint64_t ft_pack_bytes_read(const ft_pack_file *p) { return ft_reader_bytes(p->rd); }
+uint64_t ft_pack_bytes_read(const ft_pack_file *p) { return p->bytes_before + ft_reader_bytes(p->rd); }
+
+int ft_pack_set_reader(ft_pack_file *p, int queue_depth, size_t chunk_bytes)
+{
+    ft_reader *r;
+    FT_TRY(ft_reader_open(&r, p->path, queue_depth, chunk_bytes, 1));
+    p->bytes_before += ft_reader_bytes(p->rd);
+    ft_reader_close(p->rd);
+    p->rd = r;
+    return 0;
+}
+
+void ft_pack_reader_params(const ft_pack_file *p, int *queue_depth, size_t *chunk_bytes)
+{
+    *queue_depth = ft_reader_depth(p->rd);
+    *chunk_bytes = ft_reader_chunk(p->rd);
+}
 
 void ft_pack_close(ft_pack_file *p)
 {
@@ -454,6 +471,15 @@ size_t ft_pack_block_bytes(const ft_pack_file *p, int64_t l)
 {
     const ft_pack_block *b = block_of(p, l);
     return b ? (size_t)b->bytes : 0;
+}
+
+int ft_pack_block_extent(const ft_pack_file *p, int64_t l, uint64_t *off, uint64_t *bytes)
+{
+    const ft_pack_block *b = block_of(p, l);
+    if (!b) return ft_err(FT_E_RANGE, "%s: no layer %lld", p->path, (long long)l);
+    *off = b->offset;
+    *bytes = b->bytes;
+    return 0;
 }
 
 size_t ft_pack_max_layer_bytes(const ft_pack_file *p)

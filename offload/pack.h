@@ -229,6 +229,19 @@ int ft_pack_read_block(ft_pack_file *p, int64_t l, void *buf, size_t buf_bytes, 
 const char *ft_pack_read_mode(const ft_pack_file *p);
 uint64_t ft_pack_bytes_read(const ft_pack_file *p);
 
+/* Reopens the pack's block reader with this queue depth and chunk size (ft_reader_open's
+ * rules; the defaults at open are 8 and 1 MiB), e.g. the best pair of a probe on this file
+ * (offload/probe.h ft_probe_pack_reader). Readers opened on the pack later (the disk
+ * read-ahead, offload/prefetch.h) take the same setting (ft_pack_reader_params). Not while
+ * another thread reads blocks. Returns 0 or the open's error (the old reader is kept). */
+int ft_pack_set_reader(ft_pack_file *p, int queue_depth, size_t chunk_bytes);
+/* The block reader's queue depth and chunk bytes. */
+void ft_pack_reader_params(const ft_pack_file *p, int *queue_depth, size_t *chunk_bytes);
+
+/* File offset and bytes of layer l's block (l = -1: the global block): both multiples of
+ * FT_PACK_ALIGN. Returns 0 or FT_E_RANGE. */
+int ft_pack_block_extent(const ft_pack_file *p, int64_t l, uint64_t *off, uint64_t *bytes);
+
 /* Checks every block's checksum. Returns 0 or FT_E_CORRUPT naming the first bad block. */
 int ft_pack_verify(ft_pack_file *p);
 

@@ -110,13 +110,20 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     double h2d = 0, d2h = 0;
     FT_TRY(ft_probe_pcie(be, 0, &h2d, &d2h));
     in->rates.h2d = h2d;
-    in->rates.d2h = 0; /* checkpoints stay on the device: the executor does not offload them yet */
-    (void)d2h;
+    in->rates.d2h = d2h; /* checkpoint stores (offload/ckpt.h) */
+    /* FTUNE_CKPT_HOST: 1 = checkpoints in host memory (tests), auto = where the predicted
+     * step is faster; unset = in host memory only when the run does not fit otherwise (the
+     * CUDA checkpoint offload is checked on the CPU twin but has not run on a GPU yet) */
+    const char *force = getenv("FTUNE_CKPT_HOST");
+    in->ckpt_host_only = force && atoi(force) > 0;
+    in->ckpt_host_last_resort = !(force && !strcmp(force, "auto"));
     if (blocks + 3 * biggest > in->host_budget) {
         ft_probe_disk_result *dr = calloc(1, sizeof *dr);
         if (!dr) return ft_err(-ENOMEM, "out of memory");
         /* 8 GiB: on the lent machine's virtual disk, 2 GiB samples ranged 1.44-1.82 GB/s */
-        rc = ft_probe_disk(ft_pack_path(pack), (uint64_t)8 << 30, dr);
+        /* the pack's own blocks, read as the executor reads them; the best queue depth and
+         * chunk of the grid are given to the pack's reader (and its read-ahead) */
+        rc = ft_probe_pack_reader(pack, (uint64_t)8 << 30, dr);
         if (!rc) {
             res->disk_rate = in->rates.disk = dr->bytes_per_s;
             snprintf(res->disk_mode, sizeof res->disk_mode, "%s", dr->mode);
@@ -128,14 +135,16 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     /* 5. the plan */
     FT_TRY(ft_plan_make(in, &res->plan));
     ft_plan_format(in, &res->plan, res->text, sizeof res->text);
-    if (res->plan.ckpt_tier != FT_TIER_GPU) /* not chosen with d2h = 0; kept as a guard */
-        return ft_err(FT_E_UNSUPPORTED, "the plan puts activation checkpoints in host memory, which "
-                      "the executor does not do yet: use a larger --gpu-mem, or fewer tokens per "
-                      "micro-batch (--batch-size, --seq-len) or micro-batches (--grad-accum)");
     if (!apply) return 0;
 
-    /* 6. the executor as planned */
-    FT_TRY(ft_exec_init_ex(ex, be, m, lora, T, res->plan.micro_batches, o->rope_seq_len, 0));
+    /* 6. the executor as planned: with host checkpoints, its arena has only the device sets
+     * and the last layers' checkpoints from the start */
+    const ft_plan *pl = &res->plan;
+    if (pl->ckpt_tier == FT_TIER_HOST)
+        FT_TRY(ft_exec_init_ckpt_host(ex, be, m, lora, T, pl->micro_batches, o->rope_seq_len, 0,
+                                      pl->ckpt_dev_layers, pl->ckpt_sets));
+    else
+        FT_TRY(ft_exec_init_ex(ex, be, m, lora, T, pl->micro_batches, o->rope_seq_len, 0));
     int slots = res->plan.prefetch_depth < 2 ? 2 : res->plan.prefetch_depth > 8 ? 8 : res->plan.prefetch_depth;
     int stage = res->plan.host_slots < 1 ? 1 : res->plan.host_slots > 8 ? 8 : res->plan.host_slots;
     FT_TRY(ft_exec_use_pack_tiers(ex, pack, res->plan.tier, slots, stage));

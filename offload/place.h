@@ -2,8 +2,8 @@
  * offload/probe.h, exec.h ft_exec_use_pack_tiers).
  *
  * Measures what the planner needs on this machine (one layer's dequantization, forward and
- * backward on the device; pinned PCIe copy rates; the pack file's raw read rate when some
- * layers may have to stay on disk), fills ft_plan_in from the model, the pack and the
+ * backward on the device; pinned PCIe copy rates, both ways; the pack file's raw read rate
+ * when some layers may have to stay on disk), fills ft_plan_in from the model, the pack and the
  * budgets, asks ft_plan_make, and (apply = 1) creates the executor with the planned tiers.
  */
 #ifndef FT_PLACE_H
@@ -34,11 +34,13 @@ typedef struct ft_place_result {
     char text[2048];            /* ft_plan_format's lines */
 } ft_place_result;
 
-/* Measures, plans and (apply != 0) builds *ex (ft_exec_init_ex + ft_exec_use_pack_tiers with the
- * plan's tiers, slots and micro-batches). lora must be allocated on be. With apply == 0 *ex is
- * untouched (`ftune plan`). Returns 0, FT_E_RANGE when no plan fits the budgets (the message
- * names the smallest --gpu-mem and --host-mem), FT_E_UNSUPPORTED (a plan that needs
- * activation checkpoints in host memory: not built yet), or a probe/executor error. */
+/* Measures, plans and (apply != 0) builds *ex (ft_exec_init_ex, or ft_exec_init_ckpt_host when
+ * the plan puts the activation checkpoints in pinned host memory, + ft_exec_use_pack_tiers with
+ * the plan's tiers, slots and micro-batches). The probed D2H rate lets the planner choose host
+ * checkpoints; FTUNE_CKPT_HOST=1 in the environment makes it (ft_plan_in.ckpt_host_only).
+ * lora must be allocated on be. With apply == 0 *ex is untouched (`ftune plan`). Returns 0,
+ * FT_E_RANGE when no plan fits the budgets (the message names the smallest --gpu-mem and
+ * --host-mem), or a probe/executor error. */
 int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
                     const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res);
 

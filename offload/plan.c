@@ -3,15 +3,20 @@
  * Memory (bytes; m = micro-batches, L = layers, k = GPU-resident layers, s = L - k streamed,
  * j of them in the pinned-host pool, d = s - j on NVMe):
  *   device = gpu_fixed + k * layer_bytes + depth(s) * slot_bytes
- *          + (checkpoints on the GPU ? (L + 1) * m * ckpt_bytes : 2 * m * ckpt_bytes staging)
+ *          + (checkpoints on the GPU ? (L + 1) * m * ckpt_bytes : (e + S) * m * ckpt_bytes)
  *          + m * per_micro_bytes + (keep_acts ? L * m * kept_bytes : 0)
  *   host   = j * layer_bytes + host_slots * layer_bytes
- *          + (checkpoints on the host ? (L + 1) * m * ckpt_bytes : 0)
+ *          + (checkpoints on the host ? max(0, L - e - (S - 1)) * m * ckpt_bytes : 0)
  * depth(s) = 2 when s > 0: two device slots (the copy of the next streamed layer overlaps
  * the compute of this one; the executor takes 2..8). host_slots = min(d, 3) pinned staging
- * buffers for io_uring reads. The checkpoint staging is two sets of m buffers (a layer's
- * inputs and outputs in the forward; this layer's checkpoints and the next one's load in the
- * backward). host_fixed (process, dataset,
+ * buffers for io_uring reads. Host checkpoints (offload/ckpt.h): S = 2 device sets of m
+ * buffers (a layer's inputs and outputs in the forward; this layer's checkpoints and the next
+ * one's load in the backward) and the inputs of the last e layers kept on the device, e being
+ * what the device budget holds after the layers are placed (at most L - S: the layers are
+ * worth more per byte, a resident layer saving 2 layer_bytes of H2D per step, a kept
+ * checkpoint layer m * ckpt_bytes each way); the last S - 1 checkpoints carried by the sets
+ * stay there from the forward to the backward, so only L - e - (S - 1) layers' go to the
+ * host. host_fixed (process, dataset,
  * tokenizer) is not charged to --host-mem, which bounds the pinned pool only: it is reported
  * by ft_plan_format and left to the caller to compare with the machine's memory.
  * On a host backend (device == 0) the "GPU" tier is host memory under gpu_budget, there is
@@ -29,8 +34,9 @@
  * (when kept_bytes > 0), on the GPU recomputed, on the host (device only); at equal times the
  * one with fewer busy seconds on the H2D, D2H and disk lanes wins (more slack for jitter),
  * then the first. rates.d2h == 0 (unknown) keeps the checkpoints on the device in every
- * plan and in ft_plan_min_budgets (a caller whose executor has no host checkpoints sets it
- * so); an unknown h2d or disk rate that a fitting plan needs is an error (FT_E_INVALID).
+ * plan and in ft_plan_min_budgets (a caller that cannot offload them sets it so);
+ * ckpt_host_only (with d2h > 0) considers host checkpoints only; an unknown h2d or disk rate
+ * that a fitting plan needs is an error (FT_E_INVALID).
  * Micro-batch count (when in->micro_batches is 0): the smallest m in 1..max_micro_batches
  * whose best option reaches t_compute / t_step >= 0.9, i.e. >= 0.9 of the compute-bound
  * tokens/s of the same m with every layer resident; if none does, the m with the best
@@ -44,18 +50,24 @@
  * full each visit costs
  *     t_visit = max(compute, x + ckpt_load, ckpt_store, r)
  * (ckpt_load = m * ckpt_bytes / h2d per backward visit and ckpt_store = m * ckpt_bytes / d2h
- * per forward visit when checkpoints are on the host), and
+ * per forward visit, for the layers whose checkpoints go to the host), and
  *     t_step ~= sum over the 2L + 1 visits of t_visit + pipeline fill.
  * The code computes this exactly as a max-plus recurrence over four in-order lanes (disk,
  * H2D, D2H, compute) with the slots as constraints: a copy waits for its lane, its read and a
  * free device slot (freed when the compute of the visit holding it ends); a read waits for a
  * free host slot (freed when its copy ends); a compute waits for the previous compute, its
- * weights and its checkpoints. A layer visited twice in a row (the last layer around the
- * head, layer 0 from one step's backward to the next forward) keeps its slot and is not
- * fetched again, as the executor does. Three steps are run and the last one's length is the
- * prediction (the steady state). t_compute, t_h2d and t_disk are the busy seconds of the
- * compute, H2D and disk lanes in one step; the bound is the lane whose per-visit maxima sum
- * largest (compute wins ties).
+ * weights and its checkpoints. Checkpoints follow the executor's sets: the forward visit of
+ * layer l writes checkpoint l + 1 into the next set (waiting until the set's previous store
+ * has ended) and its store starts on the D2H lane when the compute ends; the backward visit
+ * of layer l loads checkpoint l into the set freed longest ago (after the D2H lane has
+ * drained: on the device the loads share the checkpoint lane with the stores), on the H2D
+ * lane in turn with the weight copies (they share the bus's H2D direction; on the device
+ * they run on the checkpoint lane), and its compute waits for it. A layer visited twice in a
+ * row (the last layer around the head, layer 0 from one step's backward to the next forward)
+ * keeps its slot and is not fetched again, as the executor does. Three steps are run and the
+ * last one's length is the prediction (the steady state). t_compute, t_h2d, t_d2h and t_disk
+ * are the busy seconds of the compute, H2D, D2H and disk lanes in one step; the bound is the
+ * lane whose per-visit maxima sum largest (compute wins ties).
  */
 #include "offload/plan.h"
 
@@ -72,6 +84,8 @@
 #define PLAN_DEFAULT_MICRO 16
 #define PLAN_TARGET 0.9     /* fraction of the compute-bound rate the micro-batch pick aims at */
 #define PLAN_SIM_STEPS 3
+#define PLAN_CKPT_SETS 2    /* device checkpoint sets the planner asks for (executor: 2..4) */
+#define PLAN_MAX_CKPT_SETS 4
 
 /* Per-micro-batch compute seconds and per-transfer seconds (0 when the rate is unknown). */
 typedef struct {
@@ -136,6 +150,12 @@ static uint64_t slot_of(const ft_plan_in *in) { return in->slot_bytes ? in->slot
 static int depth_for(int64_t streamed) { return streamed <= 0 ? 0 : PLAN_DEPTH; }
 /* Checkpoints may go to the host: a device backend with a known d2h rate. */
 static int ckpt_host_ok(const ft_plan_in *in) { return in->device && in->rates.d2h > 0; }
+/* The checkpoint tiers to consider, ck_lo(in)..ck_hi(in). */
+static int ck_lo(const ft_plan_in *in)
+{
+    return in->ckpt_host_only && ckpt_host_ok(in) ? FT_TIER_HOST : FT_TIER_GPU;
+}
+static int ck_hi(const ft_plan_in *in) { return ckpt_host_ok(in) ? FT_TIER_HOST : FT_TIER_GPU; }
 static int hslots_for(const ft_plan_in *in, int64_t disk)
 {
     return in->device && disk > 0 ? (int)(disk < PLAN_HOST_SLOTS ? disk : PLAN_HOST_SLOTS) : 0;
@@ -146,24 +166,55 @@ static uint64_t ckpt_all(const ft_plan_in *in, int64_t m)
     return mul_u(mul_u((uint64_t)in->n_layers + 1, (uint64_t)m), in->ckpt_bytes);
 }
 
-/* Device bytes of a configuration (the formula at the top). */
-static uint64_t gpu_need(const ft_plan_in *in, int64_t m, int64_t k, int depth, int ck, int keep)
+/* Layers whose checkpoints go to the host with e of them kept on the device and S sets. */
+static int64_t ckpt_host_layers(int64_t L, int64_t e, int S)
+{
+    int64_t n = L - e - (S - 1);
+    return n > 0 ? n : 0;
+}
+
+/* Device bytes of the checkpoints (tier ck; e and S only for the host tier). */
+static uint64_t ckpt_gpu(const ft_plan_in *in, int64_t m, int ck, int64_t e, int S)
+{
+    if (ck == FT_TIER_GPU) return ckpt_all(in, m);
+    return mul_u(mul_u((uint64_t)(e + S), (uint64_t)m), in->ckpt_bytes);
+}
+
+static uint64_t ckpt_host(const ft_plan_in *in, int64_t m, int ck, int64_t e, int S)
+{
+    if (ck != FT_TIER_HOST) return 0;
+    return mul_u(mul_u((uint64_t)ckpt_host_layers(in->n_layers, e, S), (uint64_t)m), in->ckpt_bytes);
+}
+
+/* Device bytes of a configuration (the formula at the top); host checkpoints with e layers
+ * kept on the device and PLAN_CKPT_SETS sets. */
+static uint64_t gpu_need_e(const ft_plan_in *in, int64_t m, int64_t k, int depth, int ck, int keep,
+                           int64_t e)
 {
     uint64_t g = add_u(in->gpu_fixed, mul_u((uint64_t)k, in->layer_bytes));
     g = add_u(g, mul_u((uint64_t)depth, slot_of(in)));
-    g = add_u(g, ck == FT_TIER_GPU ? ckpt_all(in, m) : mul_u(2 * (uint64_t)m, in->ckpt_bytes));
+    g = add_u(g, ckpt_gpu(in, m, ck, e, PLAN_CKPT_SETS));
     g = add_u(g, mul_u((uint64_t)m, in->per_micro_bytes));
     if (keep) g = add_u(g, mul_u(mul_u((uint64_t)in->n_layers, (uint64_t)m), in->kept_bytes));
     return g;
 }
 
-/* Host (pinned pool) bytes: j pool layers, d NVMe layers. */
-static uint64_t host_need(const ft_plan_in *in, int64_t m, int64_t j, int64_t d, int ck)
+static uint64_t gpu_need(const ft_plan_in *in, int64_t m, int64_t k, int depth, int ck, int keep)
+{
+    return gpu_need_e(in, m, k, depth, ck, keep, 0);
+}
+
+/* Host (pinned pool) bytes: j pool layers, d NVMe layers, e checkpoint layers on the device. */
+static uint64_t host_need_e(const ft_plan_in *in, int64_t m, int64_t j, int64_t d, int ck, int64_t e)
 {
     if (!in->device) return 0;
     uint64_t h = mul_u((uint64_t)(j + hslots_for(in, d)), in->layer_bytes);
-    if (ck == FT_TIER_HOST) h = add_u(h, ckpt_all(in, m));
-    return h;
+    return add_u(h, ckpt_host(in, m, ck, e, PLAN_CKPT_SETS));
+}
+
+static uint64_t host_need(const ft_plan_in *in, int64_t m, int64_t j, int64_t d, int ck)
+{
+    return host_need_e(in, m, j, d, ck, 0);
 }
 
 /* The least host bytes with s streamed layers (placement aside), or UINT64_MAX when s layers
@@ -210,8 +261,23 @@ static int layout(const ft_plan_in *in, int64_t m, int ck, int keep, uint64_t G,
     p->micro_batches = m;
     p->ckpt_tier = ck;
     p->keep_acts = keep;
-    p->gpu_bytes = gpu_need(in, m, k, p->prefetch_depth, ck, keep);
-    p->host_bytes = host_need(in, m, s - d, d, ck);
+    int64_t e = 0;
+    if (ck == FT_TIER_HOST) { /* the device memory left keeps the last layers' checkpoints */
+        uint64_t per = mul_u((uint64_t)m, in->ckpt_bytes);
+        uint64_t used = gpu_need(in, m, k, p->prefetch_depth, ck, keep);
+        int64_t e_max = L - PLAN_CKPT_SETS > 0 ? L - PLAN_CKPT_SETS : 0;
+        e = per ? (int64_t)((G - used) / per) : e_max;
+        if (e > e_max) e = e_max;
+        p->ckpt_sets = PLAN_CKPT_SETS;
+        p->ckpt_dev_layers = e;
+        p->ckpt_host_layers = ckpt_host_layers(L, e, PLAN_CKPT_SETS);
+    }
+    p->ckpt_gpu_bytes = ckpt_gpu(in, m, ck, e, PLAN_CKPT_SETS);
+    p->ckpt_host_bytes = ckpt_host(in, m, ck, e, PLAN_CKPT_SETS);
+    p->ckpt_freed_bytes = ck == FT_TIER_HOST && ckpt_all(in, m) > p->ckpt_gpu_bytes
+                              ? ckpt_all(in, m) - p->ckpt_gpu_bytes : 0;
+    p->gpu_bytes = gpu_need_e(in, m, k, p->prefetch_depth, ck, keep, e);
+    p->host_bytes = host_need_e(in, m, s - d, d, ck, e);
     return 0;
 }
 
@@ -242,20 +308,28 @@ static void simulate(const ft_plan_in *in, const cost *c, const ft_plan *p, sim_
     const double xcl = ckh ? ckb / r->h2d : 0, xcs = ckh ? ckb / r->d2h : 0;
     const double cf = (double)m * c->f, cb = (double)m * ((p->keep_acts ? 0 : c->f) + c->b),
                  chd = (double)m * c->h;
+    /* host checkpoints: S sets; layers >= h keep theirs on the device; < n_st go to the host */
+    const int S = !ckh ? 1 : p->ckpt_sets >= 2 ? p->ckpt_sets : PLAN_CKPT_SETS;
+    const int64_t h = ckh ? L - p->ckpt_dev_layers : 0, n_st = ckh ? ckpt_host_layers(L, L - h, S) : 0;
 
     double comp = 0, h2d = 0, d2h = 0, disk = 0, prev_end = 0;
-    double slot_free[PLAN_MAX_SLOTS] = {0}, hs_free[PLAN_MAX_SLOTS] = {0}, set_free[2] = {0};
-    int slot_last = 0, set_next = 0;
-    int64_t last_layer = -1;
+    double slot_free[PLAN_MAX_SLOTS] = {0}, hs_free[PLAN_MAX_SLOTS] = {0};
+    double set_free[PLAN_MAX_CKPT_SETS] = {0};
+    int64_t set_hold[PLAN_MAX_CKPT_SETS];
+    int slot_last = 0;
+    int64_t last_layer = -1, ring = 0;
     for (int st = 0; st < PLAN_SIM_STEPS; st++) {
         int acc = st == PLAN_SIM_STEPS - 1;
         prev_end = comp;
+        ring = 0;
+        for (int i = 0; i < PLAN_MAX_CKPT_SETS; i++) set_hold[i] = -1;
         for (int64_t v = 0; v <= 2 * L; v++) {
             int fwd = v < L, head = v == L;
             int64_t l = fwd ? v : 2 * L - v;
             double dur = head ? chd : fwd ? cf : cb, ready = comp;
             double t_w = 0, t_r = 0, t_cl = 0, t_cs = 0;
-            int uses_slot = 0, set = -1;
+            int uses_slot = 0, s_in = -1, s_out = -1;
+            int64_t j_out = -1;
             if (!head) {
                 if (p->tier[l] != FT_TIER_GPU) {
                     uses_slot = 1;
@@ -290,27 +364,50 @@ static void simulate(const ft_plan_in *in, const cost *c, const ft_plan *p, sim_
                     }
                 }
                 last_layer = l;
-                if (ckh) {
-                    set = set_next;
-                    set_next ^= 1;
-                    if (fwd) {
-                        ready = fmax(ready, set_free[set]); /* its old outputs stored */
-                    } else {
-                        h2d = fmax(h2d, set_free[set]) + xcl;
-                        ready = fmax(ready, h2d);
-                        t_cl = xcl;
+                if (ckh && fwd && l == 0 && h > 0) { /* checkpoint 0: the embeddings' output */
+                    int s0 = (int)(ring++ % S);
+                    double emb = fmax(comp, set_free[s0]);
+                    ready = fmax(ready, emb);
+                    set_hold[s0] = 0;
+                    set_free[s0] = emb;
+                    if (n_st > 0) {
+                        d2h = fmax(d2h, emb) + xcs;
+                        set_free[s0] = d2h;
+                        t_cs += xcs;
                     }
                 }
+                if (ckh && l < h) /* the set holding this layer's input */
+                    for (int i = 0; i < S; i++)
+                        if (set_hold[i] == l) s_in = i;
+                if (ckh && fwd && (l + 1 < h || l + 1 == L)) { /* its output into the next set */
+                    s_out = (int)(ring++ % S);
+                    j_out = l + 1;
+                    ready = fmax(ready, set_free[s_out]); /* the set's previous store ended */
+                    set_hold[s_out] = j_out;
+                } else if (ckh && !fwd && l < h && s_in < 0) { /* load it, into the set freed first */
+                    for (int i = 0; i < S; i++)
+                        if ((set_hold[i] < 0 || set_hold[i] > l) &&
+                            (s_in < 0 || set_free[i] < set_free[s_in]))
+                            s_in = i;
+                    if (s_in < 0) s_in = 0; /* not reached: every set is free at a load */
+                    h2d = fmax(fmax(h2d, set_free[s_in]), d2h) + xcl;
+                    ready = fmax(ready, h2d);
+                    set_hold[s_in] = l;
+                    t_cl = xcl;
+                }
+            } else if (ckh) {
+                for (int i = 0; i < S; i++)
+                    if (set_hold[i] == L) s_in = i;
             }
             comp = ready + dur;
             if (uses_slot) slot_free[slot_last] = comp;
-            if (set >= 0) {
-                if (fwd) {
+            if (s_in >= 0) set_free[s_in] = fmax(set_free[s_in], comp);
+            if (s_out >= 0) {
+                set_free[s_out] = comp;
+                if (j_out < n_st) { /* stored once computed */
                     d2h = fmax(d2h, comp) + xcs;
-                    set_free[set] = d2h;
-                    t_cs = xcs;
-                } else {
-                    set_free[set] = comp;
+                    set_free[s_out] = d2h;
+                    t_cs += xcs;
                 }
             }
             if (acc) {
@@ -339,6 +436,7 @@ static void fill_times(const ft_plan_in *in, ft_plan *p, const sim_out *o)
     p->t_step = o->t_step;
     p->t_compute = o->t_compute;
     p->t_h2d = o->t_h2d;
+    p->t_d2h = o->t_d2h;
     p->t_disk = o->t_disk;
     p->tokens_per_s = o->t_step > 0 ? (double)p->micro_batches * (double)in->tokens_per_micro / o->t_step : 0;
     p->bound = bound_of(o);
@@ -353,15 +451,15 @@ static void min_pair(const ft_plan_in *in, int64_t m, uint64_t gpu_cap, uint64_t
     const int64_t L = in->n_layers;
     uint64_t gm = UINT64_MAX, hm = UINT64_MAX;
     int64_t kb = L;
-    int cb = FT_TIER_GPU;
-    for (int ck = FT_TIER_GPU; ck <= (ckpt_host_ok(in) ? FT_TIER_HOST : FT_TIER_GPU); ck++)
+    int cb = ck_lo(in);
+    for (int ck = ck_lo(in); ck <= ck_hi(in); ck++)
         for (int64_t k = 0; k <= L; k++) {
             if (host_min(in, m, L - k, ck) == UINT64_MAX) continue;
             uint64_t g = gpu_need(in, m, k, depth_for(L - k), ck, 0);
             if (g < gm) gm = g;
         }
     if (gpu_cap == 0) gpu_cap = gm;
-    for (int ck = FT_TIER_GPU; ck <= (ckpt_host_ok(in) ? FT_TIER_HOST : FT_TIER_GPU); ck++)
+    for (int ck = ck_lo(in); ck <= ck_hi(in); ck++)
         for (int64_t k = 0; k <= L; k++) {
             uint64_t h = host_min(in, m, L - k, ck);
             if (h == UINT64_MAX || gpu_need(in, m, k, depth_for(L - k), ck, 0) > gpu_cap) continue;
@@ -401,7 +499,7 @@ static void describe(const ft_plan_in *in, int64_t m, int64_t k, int ck, char *b
         PUT(", checkpoints %.2fG (%lld x %lld micro-batches)", gib(ckpt_all(in, m)), (long long)(L + 1),
             (long long)m);
     else
-        PUT(", checkpoint staging %.2fG", gib(mul_u(2 * (uint64_t)m, in->ckpt_bytes)));
+        PUT(", %d checkpoint sets %.2fG", PLAN_CKPT_SETS, gib(ckpt_gpu(in, m, ck, 0, PLAN_CKPT_SETS)));
     PUT(", %lld micro-batch buffers %.2fG", (long long)m, gib(mul_u((uint64_t)m, in->per_micro_bytes)));
     if (in->device) {
         PUT("; host pool:");
@@ -416,7 +514,7 @@ static void describe(const ft_plan_in *in, int64_t m, int64_t k, int ck, char *b
             any = 1;
         }
         if (ck == FT_TIER_HOST) {
-            PUT("%s checkpoints %.2fG", any ? "," : "", gib(ckpt_all(in, m)));
+            PUT("%s checkpoints %.2fG", any ? "," : "", gib(ckpt_host(in, m, ck, 0, PLAN_CKPT_SETS)));
             any = 1;
         }
         if (!any) PUT(" nothing");
@@ -452,6 +550,16 @@ static int refuse(const ft_plan_in *in)
 
 int ft_plan_make(const ft_plan_in *in, ft_plan *out)
 {
+    if (in && out && in->ckpt_host_last_resort && !in->ckpt_host_only && ckpt_host_ok(in)) {
+        ft_plan_in dev_only = *in;
+        dev_only.ckpt_host_last_resort = 0;
+        dev_only.rates.d2h = 0; /* checkpoints on the device */
+        if (ft_plan_make(&dev_only, out) == 0) return 0;
+        ft_err_clear();
+        dev_only = *in;
+        dev_only.ckpt_host_last_resort = 0;
+        return ft_plan_make(&dev_only, out);
+    }
     cost c;
     FT_TRY(check_in(in, &c));
     if (!out) return ft_err(FT_E_INVALID, "offload plan: no output");
@@ -466,7 +574,7 @@ int ft_plan_make(const ft_plan_in *in, ft_plan *out)
         for (int opt = 0; opt < 3; opt++) {
             int ck = opt == 2 ? FT_TIER_HOST : FT_TIER_GPU, keep = opt == 0;
             if (keep && !in->kept_bytes) continue;
-            if (ck == FT_TIER_HOST && !ckpt_host_ok(in)) continue;
+            if (ck < ck_lo(in) || ck > ck_hi(in)) continue;
             if (layout(in, m, ck, keep, in->gpu_budget, in->host_budget, &cand)) continue;
             fits = 1;
             sim_out o;
@@ -518,6 +626,10 @@ double ft_plan_step_seconds(const ft_plan_in *in, const ft_plan *p)
     if (p->prefetch_depth < (n[1] + n[2] ? 1 : 0) || p->prefetch_depth > PLAN_MAX_SLOTS) return NAN;
     if (p->host_slots < (in->device && n[2] ? 1 : 0) || p->host_slots > PLAN_MAX_SLOTS) return NAN;
     if (p->ckpt_tier != FT_TIER_GPU && !(p->ckpt_tier == FT_TIER_HOST && in->device)) return NAN;
+    if (p->ckpt_tier == FT_TIER_HOST &&
+        (p->ckpt_dev_layers < 0 || p->ckpt_dev_layers > in->n_layers || p->ckpt_sets == 1 ||
+         p->ckpt_sets < 0 || p->ckpt_sets > PLAN_MAX_CKPT_SETS))
+        return NAN;
     if (!in->device && n[1]) return NAN;
     sim_out o;
     simulate(in, &c, p, &o);
@@ -577,18 +689,36 @@ int ft_plan_format(const ft_plan_in *in, const ft_plan *p, char *buf, size_t n)
         (long long)p->n_layers, (long long)p->n_tier[0], dev ? "on the GPU" : "resident in memory", rg[0],
         (long long)p->n_tier[1], rg[1], (long long)p->n_tier[2], rg[2], p->prefetch_depth);
     if (p->host_slots) PUT(", %d NVMe staging buffers", p->host_slots);
-    PUT("; %lld micro-batch%s of %lld tokens per step; checkpoints %s; activations %s\n",
-        (long long)p->micro_batches, p->micro_batches == 1 ? "" : "es", (long long)in->tokens_per_micro,
-        p->ckpt_tier == FT_TIER_HOST ? "in host memory" : dev ? "on the GPU" : "in memory",
+    PUT("; %lld micro-batch%s of %lld tokens per step; activations %s\n", (long long)p->micro_batches,
+        p->micro_batches == 1 ? "" : "es", (long long)in->tokens_per_micro,
         p->keep_acts ? "kept" : "recomputed");
+    if (p->ckpt_tier == FT_TIER_HOST) {
+        char lay[48] = "no layer";
+        if (p->ckpt_host_layers == 1) snprintf(lay, sizeof lay, "layer 0");
+        else if (p->ckpt_host_layers > 1)
+            snprintf(lay, sizeof lay, "layers 0-%lld", (long long)p->ckpt_host_layers - 1);
+        PUT("plan: checkpoints in pinned host memory: %s x %lld micro-batch%s, %.2f GiB (stored after "
+            "the forward, loaded before the backward); on the GPU %.2f GiB (%d ring sets",
+            lay, (long long)p->micro_batches, p->micro_batches == 1 ? "" : "es", gib(p->ckpt_host_bytes),
+            gib(p->ckpt_gpu_bytes), p->ckpt_sets);
+        if (p->ckpt_dev_layers)
+            PUT(", the inputs of the last %lld layer%s", (long long)p->ckpt_dev_layers,
+                p->ckpt_dev_layers == 1 ? "" : "s");
+        PUT("); %.2f GiB of GPU memory freed\n", gib(p->ckpt_freed_bytes));
+    } else {
+        PUT("plan: checkpoints %s: %lld x %lld micro-batch%s, %.2f GiB\n", dev ? "on the GPU" : "in memory",
+            (long long)(p->n_layers + 1), (long long)p->micro_batches, p->micro_batches == 1 ? "" : "es",
+            gib(p->ckpt_gpu_bytes));
+    }
     if (dev)
         PUT("plan: GPU %.1f of %.1f GiB, host pool %.1f of %.1f GiB", gib(p->gpu_bytes), gib(in->gpu_budget),
             gib(p->host_bytes), gib(in->host_budget));
     else
         PUT("plan: memory %.1f of %.1f GiB", gib(p->gpu_bytes), gib(in->gpu_budget));
     if (in->host_fixed) PUT(" (+%.1f GiB of process memory outside the budget)", gib(in->host_fixed));
-    PUT("; predicted %.3g s/step (compute %.3g, PCIe %.3g, disk %.3g), %.0f tokens/s, %s-bound\n",
-        p->t_step, p->t_compute, p->t_h2d, p->t_disk, p->tokens_per_s, p->bound ? p->bound : "compute");
+    PUT("; predicted %.3g s/step (compute %.3g, PCIe H2D %.3g, D2H %.3g, disk %.3g), %.0f tokens/s, "
+        "%s-bound\n", p->t_step, p->t_compute, p->t_h2d, p->t_d2h, p->t_disk, p->tokens_per_s,
+        p->bound ? p->bound : "compute");
 #undef PUT
     return (int)(o < n ? o : n - 1);
 }

@@ -9,6 +9,9 @@
  *   per layer visit  t = max(compute(visit), transfer(layer)) once the pipeline is full,
  *   transfer         bytes / h2d for the pinned-host tier, bytes / min(disk, h2d) for NVMe
  *                    (disk reads and H2D copies overlap each other through pinned staging),
+ *   checkpoints      on the GPU, or in pinned host memory: stored D2H after the forward visit
+ *                    that computes them, loaded H2D ahead of the backward visit that needs
+ *                    them (offload/ckpt.h), both overlapped with compute,
  *   step             sum over the forward and backward visits + head + the pipeline fill.
  * Units: bytes, seconds, FLOP/s, bytes/s.
  */
@@ -57,6 +60,11 @@ typedef struct ft_plan_in {
                                  * picks the smallest count that reaches >= 0.9 of the
                                  * compute-bound rate, up to max_micro_batches */
     int64_t max_micro_batches;  /* 0 = 16 */
+    int ckpt_host_only;         /* 1: only plans with the checkpoints in host memory (a device
+                                 * backend with a d2h rate; FTUNE_CKPT_HOST=1 in place.c) */
+    int ckpt_host_last_resort;  /* 1: host checkpoints only when no plan with them on the device
+                                 * fits the budgets (place.c's default while the CUDA checkpoint
+                                 * offload awaits its first GPU run); 0: chosen by predicted time */
     uint64_t gpu_budget;        /* bytes the run may use on the device */
     uint64_t host_budget;       /* bytes of host memory for the pinned pool (and staging) */
     ft_plan_rates rates;
@@ -71,11 +79,23 @@ typedef struct ft_plan {
     int host_slots;             /* pinned staging buffers for NVMe reads (0 without NVMe layers) */
     int64_t micro_batches;      /* per optimizer step, all run per layer visit */
     int ckpt_tier;              /* FT_TIER_GPU or FT_TIER_HOST: where layer-input checkpoints live */
+    /* With ckpt_tier == FT_TIER_HOST (ft_exec_init_ckpt_host): the last ckpt_dev_layers layers
+     * keep their input checkpoints on the device, ckpt_sets (2..4) device sets of
+     * micro_batches buffers carry the others; the first ckpt_host_layers =
+     * max(0, L - ckpt_dev_layers - (ckpt_sets - 1)) layers' checkpoints have a home in pinned
+     * host memory (the rest stay in their sets from the forward to the backward). */
+    int64_t ckpt_dev_layers;
+    int ckpt_sets;
+    int64_t ckpt_host_layers;
+    uint64_t ckpt_gpu_bytes;    /* device bytes of the checkpoints (either tier) */
+    uint64_t ckpt_host_bytes;   /* pinned host bytes of the checkpoints */
+    uint64_t ckpt_freed_bytes;  /* device bytes the host tier frees against all on the GPU */
     int keep_acts;              /* 1: forward activations kept, no recompute in the backward */
     uint64_t gpu_bytes;         /* predicted device use, <= gpu_budget */
     uint64_t host_bytes;        /* predicted pinned pool + staging, <= host_budget */
     double t_compute;           /* seconds of compute per optimizer step */
     double t_h2d;               /* seconds of host->device traffic per step (weights + ckpts) */
+    double t_d2h;               /* seconds of device->host traffic per step (checkpoint stores) */
     double t_disk;              /* seconds of disk reads per step */
     double t_step;              /* predicted seconds per optimizer step */
     double tokens_per_s;        /* micro_batches * tokens_per_micro / t_step */
@@ -87,7 +107,8 @@ typedef struct ft_plan {
  * pinned-host pool while the host budget holds them, then to NVMe (packed bases only, spread
  * evenly among the streamed layers). Checkpoints on the GPU with activations kept, on the GPU
  * recomputed, or on the host are compared by predicted time (ties: fewer bytes moved);
- * rates.d2h == 0 keeps checkpoints on the device.
+ * rates.d2h == 0 keeps checkpoints on the device. With host checkpoints, the device memory
+ * left after the layers goes to keeping the last layers' checkpoints on the device.
  * Returns 0, or FT_E_RANGE when nothing fits, with a message naming the smallest --gpu-mem and
  * --host-mem that would work (ft_plan_min_budgets). */
 int ft_plan_make(const ft_plan_in *in, ft_plan *out);

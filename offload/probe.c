@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "offload/pack.h"
 #include "offload/uring.h"
 #include "src/core/err.h"
 
@@ -76,13 +77,18 @@ static int timed_read(ft_reader *rd, char *buf, uint64_t off, uint64_t len, uint
     return 0;
 }
 
-int ft_probe_disk(const char *path, uint64_t max_bytes, ft_probe_disk_result *r)
+/* ft_probe_disk over [base, end) of the file (end <= its size): the grid's slices and the
+ * final measurement read only there. */
+static int probe_range(const char *path, uint64_t base, uint64_t end, uint64_t max_bytes,
+                       ft_probe_disk_result *r)
 {
     memset(r, 0, sizeof *r);
     uint64_t size = 0;
     FT_TRY(file_size(path, &size));
+    if (end > size) end = size;
+    uint64_t avail = base < end ? end - base : 0;
     uint64_t range = max_bytes ? max_bytes : FT_PROBE_DISK_DEFAULT_BYTES;
-    if (range > size) range = size;
+    if (range > avail) range = avail;
     if (range == 0) return ft_err(FT_E_INVALID, "%s: the file is empty: nothing to read", path);
     r->file_bytes = size;
 
@@ -122,7 +128,7 @@ int ft_probe_disk(const char *path, uint64_t max_bytes, ft_probe_disk_result *r)
                 rc = ft_reader_open(&g, path, qd, ch, 1);
                 if (rc < 0) goto out;
                 double sec;
-                rc = timed_read(g, buf, cursor, slice, slice, &sec);
+                rc = timed_read(g, buf, base + cursor, slice, slice, &sec);
                 ft_reader_close(g);
                 if (rc < 0) goto out;
                 ft_probe_disk_point *p = &r->grid[r->n_grid++];
@@ -155,7 +161,7 @@ int ft_probe_disk(const char *path, uint64_t max_bytes, ft_probe_disk_result *r)
     uint64_t call = direct ? call_bytes(best_qd, best_chunk) : buf_n;
     if (call > buf_n) call = buf_n;
     double sec;
-    rc = timed_read(rd, buf, 0, range, call, &sec);
+    rc = timed_read(rd, buf, base, range, call, &sec);
     if (rc < 0) goto out;
     r->bytes = range;
     r->total_bytes += range;
@@ -174,6 +180,22 @@ out:
     ft_reader_close(rd);
     free(buf);
     return rc;
+}
+
+int ft_probe_disk(const char *path, uint64_t max_bytes, ft_probe_disk_result *r)
+{
+    return probe_range(path, 0, UINT64_MAX, max_bytes, r);
+}
+
+int ft_probe_pack_reader(ft_pack_file *pack, uint64_t max_bytes, ft_probe_disk_result *r)
+{
+    int64_t L = ft_pack_config(pack)->num_hidden_layers;
+    uint64_t off0 = 0, n0 = 0, off1 = 0, n1 = 0;
+    FT_TRY(ft_pack_block_extent(pack, 0, &off0, &n0));
+    FT_TRY(ft_pack_block_extent(pack, L - 1, &off1, &n1));
+    FT_TRY(probe_range(ft_pack_path(pack), off0, off1 + n1, max_bytes, r));
+    if (r->n_grid == 0) return 0; /* pread: depth and chunk do not apply */
+    return ft_pack_set_reader(pack, r->queue_depth, r->chunk_bytes);
 }
 
 /* ---- PCIe ------------------------------------------------------------------------------ */

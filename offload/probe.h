@@ -50,6 +50,15 @@ typedef struct ft_probe_disk_result {
  * -ENOMEM. */
 int ft_probe_disk(const char *path, uint64_t max_bytes, ft_probe_disk_result *r);
 
+struct ft_pack_file;
+/* ft_probe_disk on a pack's layer blocks (from layer 0's block to the end of the last layer's:
+ * what the disk tier streams), then the best grid point becomes the pack's reader setting
+ * (ft_pack_set_reader), which the disk read-ahead opened later takes too (offload/prefetch.h).
+ * r as ft_probe_disk's (r->bytes: min(max_bytes, the layer blocks' span)); in the pread
+ * fallback the reader is left as it is. Call before ft_exec_use_pack_tiers. Returns 0 or
+ * ft_probe_disk's and ft_pack_set_reader's errors. */
+int ft_probe_pack_reader(struct ft_pack_file *pack, uint64_t max_bytes, ft_probe_disk_result *r);
+
 /* Pinned host -> device and device -> host copy rates in bytes/s (decimal) of copies of
  * `bytes` (0: FT_PROBE_PCIE_DEFAULT_BYTES): one buffer from be->ops->alloc, one from
  * be->ops->host_alloc, one warm-up copy each way, then 5 timings of 4 back-to-back copies

@@ -9,24 +9,32 @@
  *   H2D lane:     wait free[s] -> copy block into slot s -> record ready[s]
  *   compute lane: wait ready[s] -> dequantize the NF4 projections into the bf16 staging ->
  *                 the layer's compute (norms and biases read from the slot) -> record free[s]
- * Disk blocks are read (io_uring, O_DIRECT) on the calling thread into a pinned staging
- * buffer first; the host waits for the staging buffer's previous H2D copy before reusing it.
- * The host thread runs ahead of the GPU (nothing else blocks it), so disk reads overlap the
- * compute already queued. Streamed blocks are not checksummed again: every block was read and
+ * Disk blocks are read into a ring of pinned staging buffers by the disk read-ahead thread
+ * (offload/prefetch.h), in the order of the operation's visits and on into the next
+ * operation's forward (speculatively: kept when the next operation starts as predicted), as
+ * soon as a buffer's previous H2D copy is done (the thread syncs on its event, EV_STAGE), with
+ * the io_uring queue kept full across blocks; issue() only waits for "block staged". The host
+ * thread runs ahead of the GPU (nothing else blocks it), so disk reads overlap the compute
+ * already queued. The pinned pool and the staging buffers are on the GPU's NUMA node
+ * (offload/pinned.h). Streamed blocks are not checksummed again: every block was read and
  * verified once when placed (ft_exec_use_pack_tiers).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "offload/exec_internal.h"
+#include "offload/pinned.h"
 #include "offload/plan.h"
+#include "offload/prefetch.h"
 #include "offload/timeline.h"
 #include "src/core/err.h"
 
 #define EV_FREE(s) (s)
 #define EV_READY(s) (8 + (s))
 #define EV_STAGE(h) (16 + (h))
+#define EV_DRAIN (FT_MAX_EVENTS - 3) /* at free time only (timeline ids may reach it during an op) */
 #define EV_TL0 32
 
 typedef struct ft_tl_mark {
@@ -103,6 +111,16 @@ void ft_exec_set_timeline(ft_exec *e, struct ft_timeline *tl)
 }
 
 /* ---- placing the blocks -------------------------------------------------------------- */
+
+static int dpf_start(ft_exec *e, int64_t from);
+
+/* The disk read-ahead's wait before refilling staging buffer h: its last H2D copy done. Runs
+ * on the read-ahead thread (user: the backend). */
+static int stage_wait(void *user, int h)
+{
+    ft_backend *be = user;
+    return be->ops->event_sync(be, EV_STAGE(h));
+}
 
 static int64_t staging_floats(const ft_model *m)
 {
@@ -257,19 +275,24 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
             return ft_err(-ENOMEM, "out of %s memory for %d streaming slots of %.1f MiB",
                           be->ops->name, n_slots, raw / 1048576.0);
     }
+    int node = ft_pinned_node(be); /* the GPU's NUMA node, -1 if unknown */
     if (pin_total) {
-        e->pack_pinned = be->ops->host_alloc(be, pin_total);
-        if (!e->pack_pinned)
-            return ft_err(-ENOMEM, "out of pinned host memory for %.2f GiB of layer blocks (lower "
-                          "--host-mem to put more layers on NVMe)", pin_total / 1073741824.0);
+        void *pp = NULL;
+        int rc = ft_pinned_alloc(be, pin_total, node, &pp);
+        if (rc < 0)
+            return ft_err_prefix(rc, "out of pinned host memory for %.2f GiB of layer blocks (lower "
+                                 "--host-mem to put more layers on NVMe)", pin_total / 1073741824.0);
+        e->pack_pinned = pp;
         e->pack_pinned_bytes = pin_total;
     }
     /* Disk layers need staging; the one-time placement reads through staging too. */
     e->n_stage = any_disk ? n_stage : 1;
-    e->stage_mem = be->ops->host_alloc(be, (size_t)e->n_stage * raw);
-    if (!e->stage_mem)
-        return ft_err(-ENOMEM, "out of pinned host memory for %d staging buffers of %.1f MiB",
-                      e->n_stage, raw / 1048576.0);
+    void *sp = NULL;
+    int src = ft_pinned_alloc(be, (size_t)e->n_stage * raw, node, &sp);
+    if (src < 0)
+        return ft_err_prefix(src, "out of pinned host memory for %d staging buffers of %.1f MiB",
+                             e->n_stage, raw / 1048576.0);
+    e->stage_mem = sp;
     size_t doff = 0, poff = 0;
     for (int64_t l = 0; l < L; l++) {
         size_t nb = ft_pack_block_bytes(pack, l);
@@ -295,13 +318,27 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
         }
     }
     if (!any_disk) { /* staging served the placement only */
-        be->ops->host_free(be, e->stage_mem);
+        ft_pinned_free(be, e->stage_mem);
         e->stage_mem = NULL;
         e->n_stage = 0;
+    } else { /* the disk read-ahead, with the pack reader's queue depth and chunk size */
+        ft_dpf_cfg dc = {0};
+        dc.path = ft_pack_path(pack);
+        ft_pack_reader_params(pack, &dc.queue_depth, &dc.chunk_bytes);
+        dc.stage = e->stage_mem;
+        dc.stage_bytes = e->slot_bytes;
+        dc.n_stage = e->n_stage;
+        dc.max_blocks = (int)(4 * L + 4); /* an operation's visits and the next forward */
+        dc.buffer_wait = stage_wait;
+        dc.user = be;
+        dc.register_buffers = 1;
+        FT_TRY(ft_disk_prefetch_init(&e->dpf, &dc));
     }
     for (int s = 0; s < 8; s++) e->slot_layer[s] = -1;
     e->cur_slot = -1;
     e->fetched_layer = -1;
+    e->n_visits = 0;
+    if (e->dpf) FT_TRY(dpf_start(e, 0)); /* the first operation's forward, read ahead from now */
     return 0;
 }
 
@@ -309,11 +346,15 @@ void ft_exec_tiers_free(ft_exec *e)
 {
     ft_backend *be = e->be;
     if (!be) return;
-    if (be->ops->host_free) {
-        be->ops->host_free(be, e->pack_pinned);
-        be->ops->host_free(be, e->stage_mem);
-        be->ops->host_free(be, e->embed_host);
-    }
+    ft_disk_prefetch_free(e->dpf); /* first: its reads land in stage_mem */
+    e->dpf = NULL;
+    if (!be->ops->host_memory && (e->pack_pinned || e->stage_mem) && /* copies out of them done */
+        be->ops->event_record(be, EV_DRAIN, FT_LANE_H2D) == 0)
+        (void)be->ops->event_sync(be, EV_DRAIN);
+    ft_pinned_free(be, e->pack_pinned);
+    ft_pinned_free(be, e->stage_mem);
+    e->pack_pinned = e->stage_mem = NULL;
+    if (be->ops->host_free) be->ops->host_free(be, e->embed_host);
     be->ops->free(be, e->slot_mem);
     free(e->tier);
     free(e->pack_pin_off);
@@ -324,10 +365,13 @@ void ft_exec_tiers_free(ft_exec *e)
 
 /* ---- streaming ----------------------------------------------------------------------- */
 
-/* Queues the transfer of layer l's block into the next slot of the ring: for a disk block, a
- * read into the next staging buffer first (waiting for that buffer's previous copy to finish).
- * Returns 1 (issued, *slot set), 0 (that slot is still busy: nothing done) or an error. */
-static int issue(ft_exec *e, int64_t l, int *slot)
+/* Queues the transfer of layer l's block into the next slot of the ring. A disk block comes
+ * from the read-ahead's staging buffer (waiting until it is there); one the read-ahead does
+ * not have next (a fetch outside the visit list) is read here into a staging buffer after
+ * the read-ahead is cancelled, which then restarts from visit `resume` on. Returns 1 (issued,
+ * *slot set), 0 (that slot is still busy: nothing done) or an error (a read error of the
+ * read-ahead names the file and offset). */
+static int issue(ft_exec *e, int64_t l, int64_t resume, int *slot)
 {
     int s = (int)(e->slot_ring % e->n_slots);
     if (e->slot_busy[s]) return 0;
@@ -335,21 +379,31 @@ static int issue(ft_exec *e, int64_t l, int *slot)
     size_t nb = ft_pack_block_bytes(e->pack, l);
     uint8_t *dst = e->slot_mem + (size_t)s * e->slot_bytes;
     const uint8_t *src;
-    int h = -1;
+    int h = -1, ahead = 0;
     if (e->tier[l] == FT_TIER_HOST) {
         src = e->pack_pinned + e->pack_pin_off[l];
     } else {
-        h = (int)(e->stage_ring++ % e->n_stage);
-        FT_TRY(be->ops->event_sync(be, EV_STAGE(h)));
-        uint8_t *st = e->stage_mem + (size_t)h * e->slot_bytes;
-        double t0 = now_s();
-        FT_TRY(ft_pack_read_block(e->pack, l, st, nb, 0));
-        double t1 = now_s();
-        tl_host(e, FT_TL_DISK, FT_TL_WEIGHTS, l, t0, t1);
-        e->disk_seconds += t1 - t0;
+        ft_dpf_read rd = {0};
+        if (e->dpf) {
+            ahead = ft_disk_prefetch_take(e->dpf, l, &h, &rd);
+            if (ahead < 0) return ahead;
+            if (!ahead) ft_disk_prefetch_cancel(e->dpf);
+        }
+        if (!ahead) { /* read here, into the buffer after the last one used */
+            h = (int)(e->stage_ring % e->n_stage);
+            FT_TRY(be->ops->event_sync(be, EV_STAGE(h)));
+            rd.t0 = now_s();
+            FT_TRY(ft_pack_read_block(e->pack, l, e->stage_mem + (size_t)h * e->slot_bytes, nb, 0));
+            rd.t1 = now_s();
+            rd.busy = rd.t1 - rd.t0;
+        }
+        e->stage_ring = h + 1;
+        double t0 = rd.t0 > e->tl_host0 ? rd.t0 : e->tl_host0; /* read ahead of the operation */
+        if (rd.t1 > t0) tl_host(e, FT_TL_DISK, FT_TL_WEIGHTS, l, t0, rd.t1);
+        e->disk_seconds += rd.busy;
         e->disk_bytes += nb;
         e->pack_reads++;
-        src = st;
+        src = e->stage_mem + (size_t)h * e->slot_bytes;
     }
     FT_TRY(be->ops->event_wait(be, FT_LANE_H2D, EV_FREE(s)));
     int mk = tl_mark(e, FT_TL_H2D, FT_TL_WEIGHTS, l, 1);
@@ -357,6 +411,8 @@ static int issue(ft_exec *e, int64_t l, int *slot)
     tl_close(e, mk);
     FT_TRY(be->ops->event_record(be, EV_READY(s), FT_LANE_H2D));
     if (h >= 0) FT_TRY(be->ops->event_record(be, EV_STAGE(h), FT_LANE_H2D));
+    if (ahead) ft_disk_prefetch_release(e->dpf, h);
+    else if (h >= 0 && e->dpf) FT_TRY(dpf_start(e, resume));
     e->h2d_bytes += nb;
     e->slot_layer[s] = l;
     e->slot_busy[s] = 1;
@@ -374,7 +430,7 @@ static int pump(ft_exec *e)
             e->next_issue++;
             continue;
         }
-        int s, k = issue(e, l, &s);
+        int s, k = issue(e, l, e->next_issue + 1, &s);
         if (k <= 0) return k;
         e->next_issue++;
     }
@@ -399,7 +455,52 @@ int ft_exec_begin_op(ft_exec *e, int train)
         if (n == 0 ? l != e->fetched_layer : e->visits[n - 1] != l) e->visits[n++] = l;
     e->n_visits = n;
     e->next_issue = 0;
+    if (e->dpf) FT_TRY(dpf_start(e, 0));
     return pump(e);
+}
+
+/* Gives the read-ahead the disk blocks of visits[from..n_visits), then those of the next
+ * operation's forward as ft_exec_begin_op will list them (0..L-1, less layer 0 when this
+ * operation ends on it): read ahead while this one ends, kept if it comes as predicted. */
+static int dpf_start(ft_exec *e, int64_t from)
+{
+    int64_t L = e->m->cfg.num_hidden_layers, n = 0;
+    ft_dpf_block *b = ft_disk_prefetch_scratch(e->dpf); /* 4 L + 4 entries: n <= 2 L + L */
+    for (int64_t i = from; i < e->n_visits; i++) {
+        int64_t l = e->visits[i];
+        if (e->tier[l] != FT_TIER_DISK) continue;
+        b[n].id = l;
+        FT_TRY(ft_pack_block_extent(e->pack, l, &b[n].off, &b[n].bytes));
+        n++;
+    }
+    int64_t last = e->n_visits > 0 ? e->visits[e->n_visits - 1] : e->fetched_layer;
+    for (int64_t l = 0; l < L; l++) {
+        if ((l == 0 && last == 0) || e->tier[l] != FT_TIER_DISK) continue;
+        b[n].id = l;
+        FT_TRY(ft_pack_block_extent(e->pack, l, &b[n].off, &b[n].bytes));
+        n++;
+    }
+    int k = ft_disk_prefetch_start(e->dpf, b, (int)n);
+    return k < 0 ? k : 0;
+}
+
+void ft_exec_io_describe(const ft_exec *e, char *buf, size_t n)
+{
+    size_t o = 0;
+    char where[256];
+    if (!n) return;
+    buf[0] = 0;
+    if (e->pack_pinned) {
+        ft_pinned_describe(e->pack_pinned, where, sizeof where);
+        o += (size_t)snprintf(buf + o, n - o, "pinned pool: %s", where);
+    }
+    if (e->stage_mem && o < n) {
+        ft_pinned_describe(e->stage_mem, where, sizeof where);
+        o += (size_t)snprintf(buf + o, n - o, "%sstaging: %d x %.1f MiB, %s", o ? "; " : "", e->n_stage,
+                              e->slot_bytes / 1048576.0, where);
+    }
+    if (e->dpf && o < n)
+        snprintf(buf + o, n - o, "%sdisk read-ahead: %s", o ? "; " : "", ft_disk_prefetch_mode(e->dpf));
 }
 
 /* The compute queued for the current layer is all there: its slot may be refilled once the
@@ -433,7 +534,7 @@ int ft_exec_fetch_device(ft_exec *e, int64_t l, const ft_layer_weights **w)
         for (int i = 0; i < e->n_slots; i++)
             if (e->slot_busy[i] && e->slot_layer[i] == l) s = i;
         if (s < 0) { /* not in this operation's visit list: fetch it now */
-            int k = issue(e, l, &s);
+            int k = issue(e, l, e->next_issue, &s);
             if (k < 0) return k;
             if (k == 0)
                 return ft_err(FT_E_INVALID, "executor: no free slot for layer %lld", (long long)l);

@@ -11,15 +11,21 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_f32.h"
 #include "kernels/cpu/decode.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
+#include "src/model/nf4.h"
 
 typedef struct ft_cpu_ctx {
     int n_threads; /* OpenMP team size (OpenBLAS itself runs single-threaded) */
+    /* device mode only (ft_backend_cpu_device_init; NULL / unused otherwise): */
+    ft_backend_ops dev_ops; /* this backend's table: cpu_ops with the device entries */
+    float *wtile;           /* DEV_TILE_FLOATS: bf16 weights widened to fp32, NF4 staging */
+    double *ev_t;           /* FT_MAX_EVENTS host times of the last record, < 0: none */
 } ft_cpu_ctx;
 
 /* ---- memory ---------------------------------------------------------------------------- */
@@ -259,6 +265,25 @@ static void *cpu_host_alloc(ft_backend *be, size_t bytes)
     return aligned_alloc(4096, n);
 }
 
+/* Host memory is host memory: nothing to lock, no device to locate. */
+static int cpu_host_register(ft_backend *be, void *p, size_t bytes)
+{
+    (void)be, (void)p, (void)bytes;
+    return 0;
+}
+
+static void cpu_host_unregister(ft_backend *be, void *p)
+{
+    (void)be, (void)p;
+}
+
+static int cpu_device_pci_id(ft_backend *be, char *buf, size_t n)
+{
+    (void)be;
+    if (n) buf[0] = 0;
+    return ft_err(FT_E_UNSUPPORTED, "the CPU backend has no PCI device");
+}
+
 static int cpu_copy_async(ft_backend *be, int lane, void *dst, const void *src, size_t bytes)
 {
     (void)lane;
@@ -292,6 +317,8 @@ static int cpu_event_elapsed(ft_backend *be, int ev0, int ev1, float *ms)
 
 static void cpu_destroy(ft_backend *be)
 {
+    ft_cpu_ctx *ctx = be->ctx;
+    if (ctx) free(ctx->wtile), free(ctx->ev_t); /* device mode's (NULL otherwise) */
     free(be->ctx); /* CPU context: plain struct */
     be->ctx = NULL;
 }
@@ -333,7 +360,169 @@ static const ft_backend_ops cpu_ops = {
     .lm_head_logits = cpu_lm_head_logits,
     .adamw = cpu_adamw,
     .attention_kv_fwd = cpu_attention_kv_fwd,
+    .host_register = cpu_host_register,
+    .host_unregister = cpu_host_unregister,
+    .device_pci_id = cpu_device_pci_id,
 };
+
+/* ---- device mode (ft_backend_cpu_device_init) ------------------------------------------ *
+ * The same numeric entries, but host_memory = 0, so the offload executor treats the CPU as a
+ * device: it copies the base weights in (projections in bf16), places a packed base by tier
+ * (offload/tiers.c: device / pinned host / disk through slots on the H2D lane, the disk
+ * read-ahead), and keeps checkpoints in "pinned" host memory (offload/ckpt.c), all through
+ * copy_async and the events, exactly as on CUDA. Copies run at once (in queue order), so the
+ * events are host times taken when recorded (event_elapsed works; the timeline gets spans).
+ *
+ * Numerics of the frozen products with bf16 weights follow the CUDA backend's
+ * (kernels/cuda/backend.cu cu_linear_fwd / cu_linear_bwd_x): the activation (x, or dy) is
+ * rounded to bf16 (nearest even) into scratch, the weight is bf16, the products are summed in
+ * fp32. Here the bf16 weight rows are widened to fp32 (exact) DEV_TILE_FLOATS at a time and
+ * multiplied by the same OpenBLAS sgemm as the fp32 path, so results are those of the bf16
+ * operands with fp32 accumulation (not bit-identical to cuBLAS: the summation order
+ * differs), and a weight too large for one tile is summed tile by tile over its input
+ * dimension (deterministic: the tiling depends only on the shape). */
+
+#define DEV_TILE_FLOATS ((int64_t)1 << 20) /* 4 MiB of fp32 weights per tile */
+
+static double dev_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* x (n) rounded to bf16 (nearest even, ft_quant_f32_to_bf16's rule), kept as fp32 in y. */
+static void dev_round_bf16(float *y, const float *x, int64_t n)
+{
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) u = (u | 0x400000u) & 0xffff0000u; /* quiet NaN */
+        else u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        memcpy(&y[i], &u, 4);
+    }
+}
+
+/* dst (rows, cols) fp32 = W[r0 + i][c0 + j] of a bf16 matrix with row stride ld. */
+static void dev_widen(float *dst, const uint16_t *w, int64_t ld, int64_t r0, int64_t rows,
+                      int64_t c0, int64_t cols)
+{
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+    for (int64_t i = 0; i < rows; i++) {
+        const uint16_t *s = w + (r0 + i) * ld + c0;
+        uint32_t *d = (uint32_t *)(dst + i * cols);
+        for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)s[j] << 16;
+    }
+}
+
+static int dev_linear_check(const char *op, int wtype, int64_t T, int64_t out, int64_t in,
+                            const void *W, const float *a, const float *scratch)
+{
+    if (wtype != FT_W_F32 && wtype != FT_W_BF16)
+        return ft_err(FT_E_UNSUPPORTED, "cpu-device %s: weight type %d", op, wtype);
+    if (T < 0 || out < 0 || in < 0)
+        return ft_err(FT_E_INVALID, "cpu-device %s: T = %lld, out = %lld, in = %lld", op,
+                      (long long)T, (long long)out, (long long)in);
+    if (wtype == FT_W_BF16 && T && out && in && (!W || !a || !scratch))
+        return ft_err(FT_E_INVALID, "cpu-device %s: NULL weight, activation or scratch", op);
+    return 0;
+}
+
+/* y (T, out) = bf16(x) W^T + beta y (see the section comment); fp32 W as cpu_linear_fwd. */
+static int cpu_dev_linear_fwd(ft_backend *be, float *y, const float *x, const void *W, int wtype,
+                              int64_t T, int64_t out, int64_t in, float beta, float *scratch)
+{
+    FT_TRY(dev_linear_check("linear_fwd", wtype, T, out, in, W, x, scratch));
+    if (wtype == FT_W_F32) return cpu_linear_fwd(be, y, x, W, wtype, T, out, in, beta, scratch);
+    if (!T || !out) return 0;
+    if (!in) return beta == 0.0f ? cpu_zero(be, y, (size_t)(T * out) * sizeof(float))
+                                 : ft_cpu_scale_f32(y, beta, T * out);
+    float *tile = ((ft_cpu_ctx *)be->ctx)->wtile;
+    dev_round_bf16(scratch, x, T * in);
+    int64_t kb = in < DEV_TILE_FLOATS ? in : DEV_TILE_FLOATS;
+    int64_t ob = DEV_TILE_FLOATS / kb;
+    for (int64_t o0 = 0; o0 < out; o0 += ob) {
+        int64_t on = out - o0 < ob ? out - o0 : ob;
+        for (int64_t k0 = 0; k0 < in; k0 += kb) {
+            int64_t kn = in - k0 < kb ? in - k0 : kb;
+            dev_widen(tile, W, in, o0, on, k0, kn);
+            FT_TRY(ft_cpu_gemm_f32(0, 1, T, on, kn, 1.0f, scratch + k0, in, tile, kn,
+                                   k0 ? 1.0f : beta, y + o0, out));
+        }
+    }
+    return 0;
+}
+
+/* dx (T, in) = bf16(dy) W + beta dx (see the section comment). */
+static int cpu_dev_linear_bwd_x(ft_backend *be, float *dx, const float *dy, const void *W,
+                                int wtype, int64_t T, int64_t out, int64_t in, float beta,
+                                float *scratch)
+{
+    FT_TRY(dev_linear_check("linear_bwd_x", wtype, T, out, in, W, dy, scratch));
+    if (wtype == FT_W_F32) return cpu_linear_bwd_x(be, dx, dy, W, wtype, T, out, in, beta, scratch);
+    if (!T || !in) return 0;
+    if (!out) return beta == 0.0f ? cpu_zero(be, dx, (size_t)(T * in) * sizeof(float))
+                                  : ft_cpu_scale_f32(dx, beta, T * in);
+    float *tile = ((ft_cpu_ctx *)be->ctx)->wtile;
+    dev_round_bf16(scratch, dy, T * out);
+    int64_t cb = in < DEV_TILE_FLOATS ? in : DEV_TILE_FLOATS;
+    int64_t ob = DEV_TILE_FLOATS / cb;
+    for (int64_t c0 = 0; c0 < in; c0 += cb) {
+        int64_t cn = in - c0 < cb ? in - c0 : cb;
+        for (int64_t o0 = 0; o0 < out; o0 += ob) {
+            int64_t on = out - o0 < ob ? out - o0 : ob;
+            dev_widen(tile, W, in, o0, on, c0, cn);
+            FT_TRY(ft_cpu_gemm_f32(0, 0, T, cn, on, 1.0f, scratch + o0, out, tile, cn,
+                                   o0 ? 1.0f : beta, dx + c0, in));
+        }
+    }
+    return 0;
+}
+
+/* dst (n bf16) = t dequantized by src/model/nf4.c (ft_nf4_dequant_range: bitsandbytes' fp32
+ * arithmetic, the same as kernels/cuda/nf4.cu), then rounded to bf16 to nearest even
+ * (ft_quant_f32_to_bf16's rule, as __floats2bfloat162_rn), DEV_TILE_FLOATS at a time. */
+static int cpu_dev_dequant_nf4(ft_backend *be, uint16_t *dst, const ft_nf4_tensor *t)
+{
+    if (!dst || !t) return ft_err(FT_E_INVALID, "cpu-device dequant_nf4: NULL argument");
+    ft_nf4_view v = {{0}, t->codes, t->qabsmax, t->absmax, t->nested_absmax, t->nested_map, t->code,
+                     t->offset};
+    FT_TRY(ft_nf4_layout_init(&v.lay, t->n, t->blocksize, t->nested_blocksize));
+    float *tile = ((ft_cpu_ctx *)be->ctx)->wtile;
+    for (int64_t e0 = 0; e0 < t->n; e0 += DEV_TILE_FLOATS) {
+        int64_t n = t->n - e0 < DEV_TILE_FLOATS ? t->n - e0 : DEV_TILE_FLOATS;
+        FT_TRY(ft_nf4_dequant_range(&v, e0, n, tile));
+        dev_round_bf16(tile, tile, n);
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &tile[i], 4);
+            dst[e0 + i] = (uint16_t)(u >> 16);
+        }
+    }
+    return 0;
+}
+
+/* Events: everything has run when it is queued, so an event is the host time of its record. */
+static int cpu_dev_event_record(ft_backend *be, int ev, int lane)
+{
+    (void)lane;
+    if (ev < 0 || ev >= FT_MAX_EVENTS) return ft_err(FT_E_INVALID, "cpu-device: event %d", ev);
+    ((ft_cpu_ctx *)be->ctx)->ev_t[ev] = dev_now();
+    return 0;
+}
+
+static int cpu_dev_event_elapsed(ft_backend *be, int ev0, int ev1, float *ms)
+{
+    const double *t = ((ft_cpu_ctx *)be->ctx)->ev_t;
+    *ms = 0;
+    if (ev0 < 0 || ev0 >= FT_MAX_EVENTS || ev1 < 0 || ev1 >= FT_MAX_EVENTS || t[ev0] < 0 || t[ev1] < 0)
+        return ft_err(FT_E_INVALID, "cpu-device: event %d or %d out of range or never recorded",
+                      ev0, ev1);
+    *ms = (float)((t[ev1] - t[ev0]) * 1e3);
+    return 0;
+}
 
 /* ---- init / free ------------------------------------------------------------------------ */
 
@@ -363,5 +552,32 @@ int ft_backend_cpu_init(ft_backend **out, int n_threads)
     be->ops = &cpu_ops;
     be->ctx = ctx;
     *out = be;
+    return 0;
+}
+
+int ft_backend_cpu_device_init(ft_backend **out, int n_threads)
+{
+    if (!out) return ft_err(FT_E_INVALID, "ft_backend_cpu_device_init: out is NULL");
+    FT_TRY(ft_backend_cpu_init(out, n_threads));
+    ft_backend *be = *out;
+    ft_cpu_ctx *ctx = be->ctx;
+    ctx->wtile = aligned_alloc(64, (size_t)DEV_TILE_FLOATS * sizeof(float));
+    ctx->ev_t = malloc(FT_MAX_EVENTS * sizeof(double));
+    if (!ctx->wtile || !ctx->ev_t) {
+        ft_backend_free(be);
+        *out = NULL;
+        return ft_err(-ENOMEM, "ft_backend_cpu_device_init: out of memory");
+    }
+    for (int i = 0; i < FT_MAX_EVENTS; i++) ctx->ev_t[i] = -1.0;
+    ctx->dev_ops = cpu_ops;
+    ctx->dev_ops.name = "cpu-device";
+    ctx->dev_ops.host_memory = 0;
+    ctx->dev_ops.weight_types = FT_WTYPE_BIT(FT_W_F32) | FT_WTYPE_BIT(FT_W_BF16);
+    ctx->dev_ops.linear_fwd = cpu_dev_linear_fwd;
+    ctx->dev_ops.linear_bwd_x = cpu_dev_linear_bwd_x;
+    ctx->dev_ops.dequant_nf4 = cpu_dev_dequant_nf4;
+    ctx->dev_ops.event_record = cpu_dev_event_record;
+    ctx->dev_ops.event_elapsed = cpu_dev_event_elapsed;
+    be->ops = &ctx->dev_ops;
     return 0;
 }

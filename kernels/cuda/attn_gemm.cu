@@ -26,6 +26,13 @@
  * Workspace (ft_cuda_attn_prepare, once at setup): 4 head-major inputs (bf16 or fp32) and 4
  * fp32 accumulators of T*H*D, two fp32 score tiles and two P/dS tiles, Delta (T*H);
  * seq_start is copied to the host once per call (T int32) to plan the tiles.
+ *
+ * Routing (attn_route): the environment variable FTUNE_ATTN picks the kernels: `gemm` (the
+ * default: this file, with attn.cu for packed short sequences), `flash` (attn.cu's fp32
+ * kernels, D <= 256), `mma` (the FlashAttention-2 tensor-core kernels of attn_mma.cu when the
+ * context is not precise and D is 64 or 128, else this file). attn_mma.cu is not the default
+ * yet: written and checked on the CPU (its self-check and an emulation of its fragments) but
+ * not yet run on a GPU; it becomes the default once tests/gpu/test_cuda_attn passes on one.
  */
 #include "kernels/cuda/cuda_common.h"
 
@@ -34,6 +41,29 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* attn_mma.cu (declared here: cuda_common.h does not list them yet) */
+extern "C" size_t ft_cuda_mma_attn_ws_bytes(int64_t T, int64_t H, int64_t Hkv, int64_t D);
+extern "C" int ft_cuda_mma_attention_fwd(ft_backend *be, float *out, float *lse, const float *q,
+                                         const float *k, const float *v, const int32_t *seq_start,
+                                         int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale);
+extern "C" int ft_cuda_mma_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv,
+                                         const float *dout, const float *q, const float *k,
+                                         const float *v, const float *out, const float *lse,
+                                         const int32_t *seq_start, int64_t T, int64_t H,
+                                         int64_t Hkv, int64_t D, float scale);
+
+enum { ROUTE_GEMM, ROUTE_FLASH, ROUTE_MMA };
+
+/* The kernels attention_fwd/bwd use for head dim D (see the file comment). */
+static int attn_route(const ft_cuda_ctx *cx, int64_t D)
+{
+    const char *e = getenv("FTUNE_ATTN");
+    if (e && !strcmp(e, "gemm")) return ROUTE_GEMM;
+    if (e && !strcmp(e, "flash") && D <= 256) return ROUTE_FLASH;
+    if (e && !strcmp(e, "mma")) return cx->gemm_bf16 && (D == 64 || D == 128) ? ROUTE_MMA : ROUTE_GEMM;
+    return ROUTE_GEMM;
+}
 
 #define TILE_MAX 512      /* query rows per tile, at most */
 #define SM_THREADS 256
@@ -203,11 +233,16 @@ static int ft_cuda_attn_prepare_bytes(ft_cuda_ctx *cx, size_t need)
     return 0;
 }
 
+/* Sizes the workspace of the path attention will take (attn_route) for up to T tokens. */
 extern "C" int ft_cuda_attn_prepare(ft_backend *be, int64_t T, int64_t H, int64_t Hkv, int64_t D)
 {
-    (void)Hkv;
     if (T < 1 || H < 1 || D < 1) return 0;
-    return ft_cuda_attn_prepare_bytes(FT_CUDA_CTX(be), ws_bytes(T, H, D, pick_bq(T), sizeof(float)));
+    ft_cuda_ctx *cx = FT_CUDA_CTX(be);
+    switch (attn_route(cx, D)) {
+    case ROUTE_MMA: return ft_cuda_attn_prepare_bytes(cx, ft_cuda_mma_attn_ws_bytes(T, H, Hkv, D));
+    case ROUTE_FLASH: return 0; /* Delta lives in cx->work */
+    default: return ft_cuda_attn_prepare_bytes(cx, ws_bytes(T, H, D, pick_bq(T), sizeof(float)));
+    }
 }
 
 template <typename ST>
@@ -367,6 +402,11 @@ extern "C" int ft_cuda_attention_fwd(ft_backend *be, float *out, float *lse, con
     ft_cuda_ctx *cx = FT_CUDA_CTX(be);
     FT_TRY(check_shape("attention_fwd", T, H, Hkv, D));
     if (!T || !H) return 0;
+    const int route = attn_route(cx, D);
+    if (route == ROUTE_MMA)
+        return ft_cuda_mma_attention_fwd(be, out, lse, q, k, v, seq_start, T, H, Hkv, D, scale);
+    if (route == ROUTE_FLASH)
+        return ft_cuda_flash_attention_fwd(be, out, lse, q, k, v, seq_start, T, H, Hkv, D, scale);
     int fl = use_flash(cx, "attention_fwd", seq_start, T);
     if (fl < 0) return fl;
     if (fl && D <= 256) return ft_cuda_flash_attention_fwd(be, out, lse, q, k, v, seq_start, T, H, Hkv, D, scale);
@@ -384,6 +424,13 @@ extern "C" int ft_cuda_attention_bwd(ft_backend *be, float *dq, float *dk, float
     ft_cuda_ctx *cx = FT_CUDA_CTX(be);
     FT_TRY(check_shape("attention_bwd", T, H, Hkv, D));
     if (!T || !H) return 0;
+    const int route = attn_route(cx, D);
+    if (route == ROUTE_MMA)
+        return ft_cuda_mma_attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, seq_start, T, H,
+                                         Hkv, D, scale);
+    if (route == ROUTE_FLASH)
+        return ft_cuda_flash_attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, seq_start, T, H,
+                                           Hkv, D, scale);
     int fl = use_flash(cx, "attention_bwd", seq_start, T);
     if (fl < 0) return fl;
     if (fl && D <= 256)

@@ -115,6 +115,32 @@ static void cu_host_free(ft_backend *be, void *p)
     if (p) cudaFreeHost(p);
 }
 
+static int cu_host_register(ft_backend *be, void *p, size_t bytes)
+{
+    if (!bytes) return 0;
+    cudaError_t st = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (st != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: keep it from the next launch check */
+        return ft_cuda_status(st, "cudaHostRegister", __FILE__, __LINE__);
+    }
+    return 0;
+}
+
+static void cu_host_unregister(ft_backend *be, void *p)
+{
+    if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
+static int cu_device_pci_id(ft_backend *be, char *buf, size_t n)
+{
+    char id[64] = "";
+    FT_CUDA_TRY(cudaDeviceGetPCIBusId(id, (int)sizeof id, FT_CUDA_CTX(be)->device));
+    size_t i = 0;
+    for (; id[i] && i + 1 < n; i++) buf[i] = (char)(id[i] >= 'A' && id[i] <= 'Z' ? id[i] - 'A' + 'a' : id[i]);
+    if (n) buf[i] = 0;
+    return 0;
+}
+
 static int lane_ok(int lane)
 {
     return lane >= 0 && lane < FT_N_LANES;
@@ -679,6 +705,9 @@ static const ft_backend_ops cuda_ops = {
     .lm_head_logits = ft_cuda_lm_head_logits,
     .adamw = cu_adamw,
     .attention_kv_fwd = ft_cuda_flash_attention_kv_fwd,
+    .host_register = cu_host_register,
+    .host_unregister = cu_host_unregister,
+    .device_pci_id = cu_device_pci_id,
 };
 
 static int cuda_setup(ft_cuda_ctx *cx, int device)

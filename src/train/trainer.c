@@ -15,6 +15,7 @@
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "offload/place.h"
+#include "offload/prefetch.h"
 #include "offload/timeline.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -452,6 +453,9 @@ static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_l
                  "host RSS %.2f GiB (budget %.2f GiB for the pinned pool and staging)",
                  gib((double)(tb - fb)), gib((double)tb), gib((double)pr->in.gpu_budget),
                  gib((double)ft_place_rss()), gib((double)pr->in.host_budget));
+        char io[1024];
+        ft_exec_io_describe(&r->ex, io, sizeof io);
+        if (io[0]) info(cb, user, FT_EV_INFO, "%s", io);
     }
     *grad_accum = pr->plan.micro_batches;
     free(pr);

@@ -48,13 +48,21 @@ static double compute_s(const ft_plan_in *in, int64_t m, int keep)
     return (double)m * ((double)in->n_layers * (f + (keep ? 0 : f) + b) + in->t_head);
 }
 
+/* Layers whose checkpoints have a host home in a plan (plan.h). */
+static uint64_t ckpt_host_layers(const ft_plan_in *in, const ft_plan *p)
+{
+    int64_t n = in->n_layers - p->ckpt_dev_layers - (p->ckpt_sets - 1);
+    return p->ckpt_tier == FT_TIER_HOST && n > 0 ? (uint64_t)n : 0;
+}
+
 /* Device bytes of a plan by the documented formula. */
 static uint64_t gpu_formula(const ft_plan_in *in, const ft_plan *p)
 {
     uint64_t L = (uint64_t)in->n_layers, m = (uint64_t)p->micro_batches;
     uint64_t g = in->gpu_fixed + (uint64_t)p->n_tier[FT_TIER_GPU] * in->layer_bytes +
                  (uint64_t)p->prefetch_depth * in->slot_bytes + m * in->per_micro_bytes;
-    g += p->ckpt_tier == FT_TIER_GPU ? (L + 1) * m * in->ckpt_bytes : 2 * m * in->ckpt_bytes;
+    g += p->ckpt_tier == FT_TIER_GPU ? (L + 1) * m * in->ckpt_bytes
+                                     : (uint64_t)(p->ckpt_dev_layers + p->ckpt_sets) * m * in->ckpt_bytes;
     if (p->keep_acts) g += L * m * in->kept_bytes;
     return g;
 }
@@ -63,7 +71,8 @@ static uint64_t host_formula(const ft_plan_in *in, const ft_plan *p)
 {
     uint64_t L = (uint64_t)in->n_layers, m = (uint64_t)p->micro_batches;
     uint64_t h = ((uint64_t)p->n_tier[FT_TIER_HOST] + (uint64_t)p->host_slots) * in->layer_bytes;
-    if (p->ckpt_tier == FT_TIER_HOST) h += (L + 1) * m * in->ckpt_bytes;
+    (void)L;
+    h += ckpt_host_layers(in, p) * m * in->ckpt_bytes;
     return in->device ? h : 0;
 }
 
@@ -83,6 +92,23 @@ static void check_consistent(const ft_plan_in *in, const ft_plan *p)
     int64_t streamed = n[1] + n[2];
     assert_int_equal(p->prefetch_depth, streamed == 0 ? 0 : 2);
     if (!(in->rates.d2h > 0)) assert_int_equal(p->ckpt_tier, FT_TIER_GPU);
+    uint64_t m = (uint64_t)p->micro_batches, all = (uint64_t)(in->n_layers + 1) * m * in->ckpt_bytes;
+    if (p->ckpt_tier == FT_TIER_HOST) {
+        /* two sets; the device memory left keeps the last layers' checkpoints, up to L - 2 */
+        assert_int_equal(p->ckpt_sets, 2);
+        int64_t e_max = in->n_layers > 2 ? in->n_layers - 2 : 0;
+        assert_true(p->ckpt_dev_layers >= 0 && p->ckpt_dev_layers <= e_max);
+        if (p->ckpt_dev_layers < in->n_layers - 2)
+            assert_true(p->gpu_bytes + m * in->ckpt_bytes > in->gpu_budget);
+        assert_int_equal(p->ckpt_host_layers, (int64_t)ckpt_host_layers(in, p));
+        assert_true(p->ckpt_gpu_bytes == (uint64_t)(p->ckpt_dev_layers + 2) * m * in->ckpt_bytes);
+        assert_true(p->ckpt_host_bytes == ckpt_host_layers(in, p) * m * in->ckpt_bytes);
+        assert_true(p->ckpt_freed_bytes == (all > p->ckpt_gpu_bytes ? all - p->ckpt_gpu_bytes : 0));
+    } else {
+        assert_true(p->ckpt_gpu_bytes == all);
+        assert_true(p->ckpt_host_bytes == 0 && p->ckpt_freed_bytes == 0 && p->t_d2h == 0);
+    }
+    assert_true(p->t_step >= p->t_d2h * (1 - REL_EPS));
     assert_int_equal(p->host_slots, in->device && n[2] ? (n[2] < 3 ? n[2] : 3) : 0);
     if (!in->packed) assert_int_equal(n[2], 0);
     if (!in->device) {
@@ -178,6 +204,133 @@ static void test_small_gpu_uses_host_tier(void **st)
     assert_int_equal(p.ckpt_tier, FT_TIER_GPU);
 }
 
+/* ckpt_host_last_resort: checkpoints stay on the device whenever a plan with them there fits,
+ * even when host checkpoints would be faster; when none fits, the host plan is taken. */
+static void test_host_checkpoints_last_resort(void **st)
+{
+    (void)st;
+    ft_plan_in in = in70();
+    in.micro_batches = 2;
+    in.ckpt_host_last_resort = 1;
+    ft_plan p, free_choice, dev;
+    assert_int_equal(ft_plan_make(&in, &p), 0);
+    assert_int_equal(p.ckpt_tier, FT_TIER_GPU);
+    in.ckpt_host_last_resort = 0;
+    assert_int_equal(ft_plan_make(&in, &free_choice), 0);
+    assert_int_equal(free_choice.ckpt_tier, FT_TIER_HOST); /* faster, but not taken above */
+    /* the largest GPU budget (0.25 GiB steps) where only host checkpoints fit */
+    int found = 0;
+    for (uint64_t b = in.gpu_budget; b > ((uint64_t)4 << 30) && !found; b -= (uint64_t)1 << 28) {
+        ft_plan_in t = in;
+        t.gpu_budget = b;
+        t.rates.d2h = 0;
+        if (ft_plan_make(&t, &dev) == 0) continue;
+        ft_err_clear();
+        t.rates.d2h = in.rates.d2h;
+        if (ft_plan_make(&t, &free_choice) != 0) {
+            ft_err_clear();
+            break; /* nothing fits at all below here */
+        }
+        t.ckpt_host_last_resort = 1;
+        assert_int_equal(ft_plan_make(&t, &p), 0);
+        assert_int_equal(p.ckpt_tier, FT_TIER_HOST);
+        printf("--gpu-mem %.2f GiB: only host checkpoints fit; last resort takes them (%.4f s/step)\n",
+               (double)b / (1 << 30), p.t_step);
+        found = 1;
+    }
+    assert_true(found);
+}
+
+/* A tight --gpu-mem: the checkpoints go to pinned host memory, and the device memory they
+ * free holds more layers; the predicted step counts their traffic exactly (a store of every
+ * host checkpoint after its forward visit, a load before its backward visit) inside the
+ * recurrence, overlapped with compute, and slower D2H never predicts faster. */
+static void test_host_checkpoints(void **st)
+{
+    (void)st;
+    ft_plan_in in = in70();
+    in.micro_batches = 2;
+    ft_plan p, q;
+    assert_int_equal(ft_plan_make(&in, &p), 0);
+    print_plan("24 GiB GPU, 2 micro-batches", &in, &p);
+    check_consistent(&in, &p);
+    assert_int_equal(p.ckpt_tier, FT_TIER_HOST);
+    assert_true(p.ckpt_host_layers > 0 && p.ckpt_freed_bytes > 0);
+    char buf[1024];
+    ft_plan_format(&in, &p, buf, sizeof buf);
+    assert_non_null(strstr(buf, "checkpoints in pinned host memory: layers 0-"));
+    assert_non_null(strstr(buf, "GiB of GPU memory freed"));
+    /* the same budget without host checkpoints: fewer resident layers, never faster (with one
+     * micro-batch, PCIe-bound: slower) */
+    for (int64_t m = 1; m <= 2; m++) {
+        in.micro_batches = m;
+        ft_plan ph;
+        assert_int_equal(ft_plan_make(&in, &ph), 0);
+        in.rates.d2h = 0;
+        assert_int_equal(ft_plan_make(&in, &q), 0);
+        in.rates.d2h = 25e9;
+        check_consistent(&in, &q);
+        printf("%lld micro-batches: host checkpoints %.4f s/step with %lld GPU layers, device "
+               "checkpoints %.4f s/step with %lld\n", (long long)m, ph.t_step,
+               (long long)ph.n_tier[FT_TIER_GPU], q.t_step, (long long)q.n_tier[FT_TIER_GPU]);
+        assert_int_equal(ph.ckpt_tier, FT_TIER_HOST);
+        assert_int_equal(q.ckpt_tier, FT_TIER_GPU);
+        assert_true(ph.n_tier[FT_TIER_GPU] > q.n_tier[FT_TIER_GPU]);
+        assert_true(ph.t_step <= q.t_step * (1 + REL_EPS));
+        if (m == 1) assert_true(ph.t_step < q.t_step);
+    }
+    /* the traffic, exactly: weights of the streamed layers (2s - 1 visits fetch: layer 0 is
+     * still in its slot from the previous backward) and the stored checkpoints each way */
+    double ck = (double)p.micro_batches * (double)in.ckpt_bytes, x = (double)in.layer_bytes / in.rates.h2d;
+    int64_t s = p.n_tier[FT_TIER_HOST], n_st = p.ckpt_host_layers;
+    double want_d2h = (double)n_st * ck / in.rates.d2h;
+    double want_h2d = (double)(2 * s - 1) * x + (double)n_st * ck / in.rates.h2d;
+    printf("t_step %.4f s: compute %.4f, H2D %.4f (expected %.4f), D2H %.4f (expected %.4f)\n", p.t_step,
+           p.t_compute, p.t_h2d, want_h2d, p.t_d2h, want_d2h);
+    assert_true(fabs(p.t_d2h - want_d2h) <= REL_EPS * want_d2h);
+    assert_true(fabs(p.t_h2d - want_h2d) <= REL_EPS * want_h2d);
+    /* overlapped: well under the sum of the lanes; never faster than without the traffic */
+    assert_true(p.t_step < p.t_compute + p.t_h2d + p.t_d2h);
+    q = p;
+    q.ckpt_tier = FT_TIER_GPU;
+    assert_true(p.t_step >= ft_plan_step_seconds(&in, &q) * (1 - REL_EPS));
+    /* keeping more checkpoint layers on the device never predicts slower */
+    double prev = p.t_step;
+    for (q = p; q.ckpt_dev_layers < 78; q.ckpt_dev_layers++) {
+        double t = ft_plan_step_seconds(&in, &q);
+        assert_true(t <= prev * (1 + REL_EPS));
+        prev = t;
+    }
+    /* slower stores never predict faster; very slow ones bound the step */
+    prev = p.t_step;
+    for (double d2h = 24e9; d2h >= 1e9; d2h -= 1e9) {
+        in.rates.d2h = d2h;
+        double t = ft_plan_step_seconds(&in, &p);
+        assert_true(t >= prev * (1 - REL_EPS));
+        prev = t;
+    }
+    in.rates.d2h = 0.2e9;
+    assert_true(ft_plan_step_seconds(&in, &p) >= (double)n_st * ck / 0.2e9);
+    /* forced host checkpoints (FTUNE_CKPT_HOST=1) on a GPU that holds everything: all but the
+     * minimum kept on the device, one layer's through the host */
+    in = in70();
+    in.gpu_budget = gib_b(80);
+    in.micro_batches = 2;
+    in.ckpt_host_only = 1;
+    assert_int_equal(ft_plan_make(&in, &p), 0);
+    print_plan("80 GiB GPU, host checkpoints forced", &in, &p);
+    check_consistent(&in, &p);
+    assert_int_equal(p.ckpt_tier, FT_TIER_HOST);
+    assert_int_equal(p.n_tier[FT_TIER_GPU], 80);
+    assert_int_equal(p.ckpt_dev_layers, 78);
+    assert_int_equal(p.ckpt_host_layers, 1);
+    assert_true(p.t_d2h > 0);
+    /* forced, but without a d2h rate: they stay on the device */
+    in.rates.d2h = 0;
+    assert_int_equal(ft_plan_make(&in, &p), 0);
+    assert_int_equal(p.ckpt_tier, FT_TIER_GPU);
+}
+
 static void test_small_host_uses_nvme(void **st)
 {
     (void)st;
@@ -270,7 +423,7 @@ static void test_min_budgets_exact(void **st)
     uint64_t g, h;
     ft_plan_min_budgets(&in, &g, &h);
     assert_true(g == in.gpu_fixed + 2 * in.slot_bytes + 2 * in.ckpt_bytes + in.per_micro_bytes);
-    assert_true(h == 3 * in.layer_bytes + 81 * in.ckpt_bytes);
+    assert_true(h == 3 * in.layer_bytes + 79 * in.ckpt_bytes); /* layer 79's stays in its set */
     in.gpu_budget = g;
     in.host_budget = h;
     ft_plan p;
@@ -574,6 +727,8 @@ int main(void)
         cmocka_unit_test(test_more_streaming_never_faster), cmocka_unit_test(test_step_formula),
         cmocka_unit_test(test_micro_batch_pick),    cmocka_unit_test(test_host_backend),
         cmocka_unit_test(test_bad_input),           cmocka_unit_test(test_format),
+        cmocka_unit_test(test_host_checkpoints),
+        cmocka_unit_test(test_host_checkpoints_last_resort),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

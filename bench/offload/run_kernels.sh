@@ -1,0 +1,21 @@
+#!/bin/bash
+# One GPU call (session 5): the GPU tests, the kernel benches (tensor-core FlashAttention-2 vs
+# the cuBLAS-tile path vs fp32; fused NF4 GEMM vs dequant + cuBLAS), then ftune on the
+# Llama-3-8B shape (random weights): bf16 LoRA with the new attention, with the old one
+# (FTUNE_ATTN=gemm), and QLoRA, batch 1, seq 2048, same call. Usage there:
+# [TESTS=...] [SKIP_8B=1] bash bench/offload/run_kernels.sh   (expects .gpu/bundle.tar.xz, $OUT)
+DEFAULT_TESTS="test_cuda_attn test_cuda_nf4_gemm test_cuda_stream test_cuda_ops test_cuda_nf4" LOG_LINES=14
+. "$(dirname "$0")/common.sh"
+grep -E "self-check|mma max err|cases|FAIL" $OUT/test_cuda_attn.log | tail -12
+grep -E "host checkpoints|deep|disk reads|bytes each way" $OUT/test_cuda_stream.log | head -6
+timeout 120 /tmp/g/bin/attn_bench > $OUT/attn_bench.txt 2>&1; echo "attn_bench rc=$?"; tail -25 $OUT/attn_bench.txt
+stamp attn_bench
+timeout 150 /tmp/g/bin/nf4_gemm --8b > $OUT/nf4_gemm.txt 2>&1; echo "nf4_gemm rc=$?"; tail -40 $OUT/nf4_gemm.txt
+stamp nf4_gemm
+[ -n "${SKIP_8B:-}" ] && exit 0
+M=/tmp/m8b
+timeout 200 $F init-model --config examples/configs/llama-3-8b.json --out $M --pack --safetensors --tokenizer tests/fixtures/tokenizers/llama3 2>&1 | grep -E "safetensors|pack" | tail -2
+stamp init-model
+run lora_mma 110 --quant bf16 --max-steps 6
+FTUNE_ATTN=gemm run lora_gemm 110 --quant bf16 --max-steps 6
+run qlora_mma 110 --quant nf4 --max-steps 6

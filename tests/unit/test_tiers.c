@@ -1,0 +1,386 @@
+/* test_tiers.c - the device executor without a GPU: tests/gpu/test_cuda_stream.c's cases on the
+ * CPU backend in device mode (ft_backend_cpu_device_init: host_memory = 0, bf16 weights,
+ * dequant_nf4), so CI runs offload/tiers.c, resident.c, ckpt.c and the disk read-ahead
+ * (offload/prefetch.c) for real. The same QLoRA steps with every layer block "in device
+ * memory", in pinned host memory (streamed over the H2D lane through two slots), read from the
+ * pack file at every visit (through pinned staging and the read-ahead thread; the pack lies in
+ * /tmp, a real disk here, so io_uring where the kernel allows) and a mix of the three give
+ * bit-identical losses and LoRA gradients; the disk tier reads each block twice per optimizer
+ * step with gradient accumulation 4, less the blocks still loaded at a turn; the timeline has
+ * one compute span per layer visit. Host checkpoints (offload/ckpt.h) give the same bits
+ * again with the exact bytes each way, on the tiny model and on a 6-layer one for several
+ * device-layer and set counts. The device ops themselves are checked against references:
+ * dequant_nf4 bit for bit against src/model/nf4.c + bf16 rounding, the bf16 products against a
+ * double-precision product of the bf16-rounded operands (across the weight tiling), and the
+ * device-mode loss against the host-mode CPU run of the same pack (within bf16 rounding). */
+#include "tests/unit/harness.h"
+
+#include "adapters/lora.h"
+#include "offload/ckpt.h"
+#include "offload/exec.h"
+#include "offload/pack.h"
+#include "offload/plan.h"
+#include "offload/prefetch.h"
+#include "offload/timeline.h"
+#include "src/core/err.h"
+#include "src/core/rng.h"
+#include "src/model/model.h"
+#include "src/model/nf4.h"
+#include "src/model/quant.h"
+#include "tests/unit/stream_fixture.h"
+
+#define TINY "tests/fixtures/tiny-llama"
+#define N_MB 4
+#define STEPS 2
+#define THREADS 2
+
+typedef struct result {
+    double loss, eval_loss;
+    float *g;
+    int64_t n, reads_first, reads_step, tl_compute, tl_ckpt;
+    uint64_t h2d, ck_d2h, ck_h2d;
+    int dpf;
+    char io[512];
+} result;
+
+/* Checkpoint placement of a run: sets == 0: all on the device; else host checkpoints with
+ * dev_layers kept on the device and `sets` ring sets. */
+typedef struct ckcfg {
+    int64_t dev_layers;
+    int sets;
+    int keep;
+    int n_mb;
+} ckcfg;
+
+/* STEPS optimizer steps of ck->n_mb micro-batches. pack == NULL: the model's weights copied
+ * to the device (ft_exec_init); else the pack placed by tier (NULL: all on the device); on a
+ * host-memory backend the pack is streamed (ft_exec_use_pack_ex). */
+static void run_ck(ft_backend *be, const ft_model *m, ft_pack_file *pack, const uint8_t *tier,
+                   const ft_batch *b, const ckcfg *ck, result *r)
+{
+    memset(r, 0, sizeof *r);
+    ft_lora lora;
+    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 5};
+    assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
+    ft_rng rng;
+    ft_rng_seed(&rng, 77);
+    for (int64_t i = 0; i < lora.n_params; i++) lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.1f;
+    assert_int_equal(ft_lora_push(&lora), 0);
+    ft_exec e;
+    int n_mb = ck->n_mb, rc, host = be->ops->host_memory;
+    if (ck->sets)
+        rc = ft_exec_init_ckpt_host(&e, be, m, &lora, b[0].T, n_mb, b[0].seq_len,
+                                    pack == NULL || host, ck->dev_layers, ck->sets);
+    else
+        rc = ft_exec_init_ex(&e, be, m, &lora, b[0].T, n_mb, b[0].seq_len, pack == NULL || host);
+    if (rc) printf("init: %s\n", ft_errmsg());
+    assert_int_equal(rc, 0);
+    if (pack) {
+        rc = host ? ft_exec_use_pack_ex(&e, pack, 0) : ft_exec_use_pack_tiers(&e, pack, tier, 2, 2);
+        if (rc) printf("use_pack: %s\n", ft_errmsg());
+        assert_int_equal(rc, 0);
+    }
+    if (ck->keep) assert_int_equal(ft_exec_keep_activations(&e, (size_t)-1), 1);
+    int64_t ntok = 0;
+    for (int i = 0; i < n_mb; i++) ntok += b[i].n_targets;
+    ft_timeline tl = {0};
+    for (int s = 0; s < STEPS; s++) {
+        int64_t before = e.pack_reads, nt;
+        double ls;
+        if (s == STEPS - 1) ft_exec_set_timeline(&e, &tl);
+        be->ops->zero(be, lora.grads, (size_t)lora.n_params * 4);
+        rc = ft_exec_train_step(&e, b, n_mb, ntok, 0, &ls, &nt);
+        if (rc) printf("train step: %s\n", ft_errmsg());
+        assert_int_equal(rc, 0);
+        ft_exec_set_timeline(&e, NULL);
+        r->loss += ls;
+        r->reads_step = e.pack_reads - before;
+        if (s == 0) r->reads_first = r->reads_step;
+    }
+    for (int64_t i = 0; i < tl.n; i++) {
+        r->tl_compute += tl.s[i].lane == FT_TL_COMPUTE && tl.s[i].layer >= 0;
+        r->tl_ckpt += tl.s[i].lane == FT_TL_D2H && tl.s[i].kind == FT_TL_CKPT;
+    }
+    ft_timeline_free(&tl);
+    r->ck_d2h = e.ckt ? e.ckt->d2h_bytes : 0;
+    r->ck_h2d = e.ckt ? e.ckt->h2d_bytes : 0;
+    int64_t nt;
+    rc = ft_exec_eval(&e, &b[0], &r->eval_loss, &nt);
+    if (rc) printf("eval: %s\n", ft_errmsg());
+    assert_int_equal(rc, 0);
+    if (e.ckt) assert_true(e.ckt->d2h_bytes == r->ck_d2h && e.ckt->h2d_bytes == r->ck_h2d);
+    r->n = lora.n_params;
+    r->g = malloc((size_t)lora.n_params * 4);
+    assert_int_equal(be->ops->copy(be, r->g, lora.grads, (size_t)lora.n_params * 4), 0);
+    r->h2d = e.h2d_bytes;
+    r->dpf = e.dpf != NULL;
+    if (!host) ft_exec_io_describe(&e, r->io, sizeof r->io);
+    ft_exec_free(&e);
+    ft_lora_free(&lora);
+}
+
+static void run(ft_backend *be, const ft_model *m, ft_pack_file *pack, const uint8_t *tier,
+                const ft_batch *b, result *r)
+{
+    ckcfg ck = {0, 0, 0, N_MB};
+    run_ck(be, m, pack, tier, b, &ck, r);
+}
+
+/* dequant_nf4 of the device mode equals src/model/nf4.c's fp32 dequantization rounded to bf16,
+ * bit for bit, nested and not, over more than one of the backend's tiles. */
+static void test_dequant_nf4_exact(void **state)
+{
+    (void)state;
+    ft_backend *be;
+    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
+    assert_int_equal(be->ops->host_memory, 0);
+    assert_non_null(be->ops->dequant_nf4);
+    const int64_t n = ((int64_t)1 << 20) + 4096 + 64 + 3; /* odd: a half byte at the end */
+    float *x = malloc((size_t)n * 4), *ref = malloc((size_t)n * 4), map[256];
+    ft_rng rng;
+    ft_rng_seed(&rng, 5);
+    for (int64_t i = 0; i < n; i++) x[i] = (ft_rng_uniform(&rng) - 0.5f) * (i % 977 == 0 ? 40.0f : 0.2f);
+    ft_nf4_dynamic_map(map);
+    for (int nested = 0; nested <= 1; nested++) {
+        ft_nf4_view v = {0};
+        assert_int_equal(ft_nf4_layout_init(&v.lay, n, 64, nested ? 256 : 0), 0);
+        uint8_t *codes = malloc((size_t)v.lay.code_bytes), *q = malloc((size_t)v.lay.n_blocks);
+        float *absmax = malloc((size_t)v.lay.n_blocks * 4), *nabs = malloc((size_t)v.lay.n_nested * 4 + 4);
+        float off = 0;
+        assert_int_equal(ft_nf4_quantize(x, &v.lay, map, codes, q, nabs, &off, absmax), 0);
+        v.codes = codes;
+        v.qabsmax = q;
+        v.absmax = absmax;
+        v.nested_absmax = nabs;
+        v.nested_map = map;
+        v.code = ft_nf4_code;
+        v.offset = off;
+        assert_int_equal(ft_nf4_dequant(&v, ref), 0);
+        ft_nf4_tensor t = {n, 64, nested ? 256 : 0, codes, nested ? q : NULL, nested ? NULL : absmax,
+                           nested ? nabs : NULL, nested ? map : NULL, ft_nf4_code, off};
+        uint16_t *got = malloc((size_t)n * 2);
+        assert_int_equal(be->ops->dequant_nf4(be, got, &t), 0);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += got[i] != ft_quant_f32_to_bf16(ref[i]);
+        printf("dequant_nf4 (%s): %lld of %lld elements differ from nf4.c + bf16 rounding\n",
+               nested ? "nested" : "plain", (long long)bad, (long long)n);
+        assert_int_equal(bad, 0);
+        free(got); free(codes); free(q); free(absmax); free(nabs);
+    }
+    free(x); free(ref);
+    ft_backend_free(be);
+}
+
+/* linear_fwd / linear_bwd_x with bf16 weights against a double-precision product of the
+ * bf16-rounded operands: one tile, several row tiles, and an input dimension longer than a
+ * tile (summed tile by tile), with beta 0 and 1. */
+static void test_linear_bf16(void **state)
+{
+    (void)state;
+    ft_backend *be;
+    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
+    assert_true(be->ops->weight_types & FT_WTYPE_BIT(FT_W_BF16));
+    static const int64_t shapes[][3] = {{5, 24, 40}, {3, 600, 2048}, {2, 3, ((int64_t)1 << 20) + 100}};
+    ft_rng rng;
+    ft_rng_seed(&rng, 9);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t T = shapes[s][0], out = shapes[s][1], in = shapes[s][2], mx = out > in ? out : in;
+        uint16_t *W = malloc((size_t)(out * in) * 2);
+        float *x = malloc((size_t)(T * in) * 4), *dy = malloc((size_t)(T * out) * 4);
+        float *y = malloc((size_t)(T * out) * 4), *dx = malloc((size_t)(T * in) * 4);
+        float *scr = malloc((size_t)(T * mx) * 4);
+        for (int64_t i = 0; i < out * in; i++) W[i] = ft_quant_f32_to_bf16(ft_rng_uniform(&rng) - 0.5f);
+        for (int64_t i = 0; i < T * in; i++) x[i] = ft_rng_uniform(&rng) - 0.5f;
+        for (int64_t i = 0; i < T * out; i++) dy[i] = ft_rng_uniform(&rng) - 0.5f;
+        for (int beta = 0; beta <= 1; beta++) {
+            for (int64_t i = 0; i < T * out; i++) y[i] = 0.25f;
+            for (int64_t i = 0; i < T * in; i++) dx[i] = -0.5f;
+            assert_int_equal(be->ops->linear_fwd(be, y, x, W, FT_W_BF16, T, out, in, (float)beta, scr), 0);
+            assert_int_equal(be->ops->linear_bwd_x(be, dx, dy, W, FT_W_BF16, T, out, in, (float)beta, scr), 0);
+            double ey = 0, edx = 0;
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t o = 0; o < out; o++) {
+                    double a = beta * 0.25, mag = 0;
+                    for (int64_t k = 0; k < in; k++) {
+                        double p = (double)ft_quant_bf16_to_f32(ft_quant_f32_to_bf16(x[t * in + k])) *
+                                   ft_quant_bf16_to_f32(W[o * in + k]);
+                        a += p;
+                        mag += fabs(p);
+                    }
+                    ey = fmax(ey, fabs(y[t * out + o] - a) / (mag + 1e-30));
+                }
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t k = 0; k < in; k += in > 4096 ? 997 : 1) {
+                    double a = beta * -0.5, mag = 0;
+                    for (int64_t o = 0; o < out; o++) {
+                        double p = (double)ft_quant_bf16_to_f32(ft_quant_f32_to_bf16(dy[t * out + o])) *
+                                   ft_quant_bf16_to_f32(W[o * in + k]);
+                        a += p;
+                        mag += fabs(p);
+                    }
+                    edx = fmax(edx, fabs(dx[t * in + k] - a) / (mag + 1e-30));
+                }
+            printf("bf16 linear T %lld out %lld in %lld beta %d: error / sum|terms| fwd %.2e bwd %.2e\n",
+                   (long long)T, (long long)out, (long long)in, beta, ey, edx);
+            /* fp32 accumulation of exact bf16 x bf16 products: a few ulp of fp32 per term sum */
+            assert_true(ey < 1e-5 && edx < 1e-5);
+        }
+        free(W); free(x); free(dy); free(y); free(dx); free(scr);
+    }
+    float y0 = 0;
+    assert_int_equal(be->ops->linear_fwd(be, &y0, &y0, &y0, 7, 1, 1, 1, 0.0f, &y0), FT_E_UNSUPPORTED);
+    ft_backend_free(be);
+}
+
+static void test_tiers_bit_identical(void **state)
+{
+    (void)state;
+    ft_backend *be, *cpu;
+    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
+    assert_int_equal(ft_backend_cpu_init(&cpu, THREADS), 0);
+    ft_model *m;
+    assert_int_equal(ft_model_load(&m, TINY), 0);
+    char *dir = t_tmpdir(); /* /tmp: a real file system for the read-ahead (tmpfs: pread) */
+    ft_pack_settings ps;
+    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
+    ft_pack_ensure_info *pi = calloc(1, sizeof *pi);
+    assert_int_equal(ft_pack_ensure(TINY, dir, &ps, 0, pi), 0);
+    ft_pack_file *pack;
+    assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
+    ft_batch b[N_MB];
+    stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
+    int64_t L = m->cfg.num_hidden_layers;
+    assert_true(L >= 2 && L <= 64);
+    uint8_t host[64], disk[64], mix[64];
+    for (int64_t l = 0; l < L; l++) {
+        host[l] = FT_TIER_HOST;
+        disk[l] = FT_TIER_DISK;
+        mix[l] = (uint8_t)(l % 3);
+    }
+    result rg, rh, rd, rm, rc1, rc2, rcpu;
+    run(be, m, pack, NULL, b, &rg);
+    run(be, m, pack, host, b, &rh);
+    run(be, m, pack, disk, b, &rd);
+    run(be, m, pack, mix, b, &rm);
+    run(cpu, m, pack, NULL, b, &rcpu); /* host-memory CPU: fp32 dequantized weights */
+    /* host checkpoints: with every block on the device, and with streamed blocks (both lanes) */
+    ckcfg ck = {0, 2, 0, N_MB};
+    run_ck(be, m, pack, NULL, b, &ck, &rc1);
+    run_ck(be, m, pack, mix, b, &ck, &rc2);
+    uint64_t want = (uint64_t)STEPS * (uint64_t)(L - 1) * N_MB * (uint64_t)(b[0].T * m->cfg.hidden_size) * 4;
+    printf("host checkpoints: loss %.9g / %.9g (streamed), %llu bytes each way (expected %llu), "
+           "%lld checkpoint spans\n", rc1.loss, rc2.loss, (unsigned long long)rc2.ck_d2h,
+           (unsigned long long)want, (long long)rc2.tl_ckpt);
+    assert_true(rg.loss == rc1.loss && rg.loss == rc2.loss && rg.eval_loss == rc2.eval_loss);
+    assert_memory_equal(rg.g, rc1.g, (size_t)rg.n * 4);
+    assert_memory_equal(rg.g, rc2.g, (size_t)rg.n * 4);
+    assert_true(rc1.ck_d2h == want && rc1.ck_h2d == want && rc2.ck_d2h == want && rc2.ck_h2d == want);
+    assert_int_equal(rc2.tl_ckpt, 2 * (L - 1)); /* one store and one load of each stored layer */
+    free(rc1.g); free(rc2.g);
+    printf("loss device %.9g host %.9g disk %.9g mix %.9g (host-memory CPU, fp32 weights: %.9g); "
+           "disk reads first step %lld, then %lld (%lld layers, grad-accum %d); h2d bytes host %llu; "
+           "timeline compute spans %lld\nio (disk tier): %s\n", rg.loss, rh.loss, rd.loss, rm.loss,
+           rcpu.loss, (long long)rd.reads_first, (long long)rd.reads_step, (long long)L, N_MB,
+           (unsigned long long)rh.h2d, (long long)rd.tl_compute, rd.io);
+    assert_true(rg.loss == rh.loss);
+    assert_true(rg.loss == rd.loss);
+    assert_true(rg.loss == rm.loss);
+    assert_true(rg.eval_loss == rd.eval_loss && rg.eval_loss == rm.eval_loss);
+    assert_memory_equal(rg.g, rh.g, (size_t)rg.n * 4);
+    assert_memory_equal(rg.g, rd.g, (size_t)rg.n * 4);
+    assert_memory_equal(rg.g, rm.g, (size_t)rg.n * 4);
+    assert_int_equal(rd.reads_first, 2 * L - 1);
+    assert_int_equal(rd.reads_step, 2 * L - 2);
+    assert_int_equal(rg.reads_step, 0);
+    assert_int_equal(rd.tl_compute, 2 * L); /* one span per layer visit */
+    uint64_t blocks = 0;
+    for (int64_t l = 0; l < L; l++) blocks += ft_pack_block_bytes(pack, l);
+    /* streamed from host: each block twice per step less the two still loaded at the turns */
+    assert_true(rh.h2d > 0 && rh.h2d <= (uint64_t)STEPS * 2 * blocks + 2 * blocks);
+    assert_int_equal(rg.h2d, 0);
+    /* the disk tier went through the read-ahead thread */
+    assert_true(rd.dpf && strstr(rd.io, "disk read-ahead") != NULL);
+    assert_false(rg.dpf || rh.dpf);
+    /* the device mode does the host-memory CPU's math up to bf16 rounding of the operands */
+    assert_true(t_relerr(rg.loss, rcpu.loss, 1e-3) < 2e-2);
+    assert_true(rg.loss != rcpu.loss); /* and it really ran on bf16 weights */
+    free(rg.g); free(rh.g); free(rd.g); free(rm.g); free(rcpu.g);
+    stream_free_batches(b, N_MB);
+    ft_pack_close(pack);
+    unlink(pi->path);
+    rmdir(dir);
+    free(pi); free(dir);
+    ft_model_free(m);
+    ft_backend_free(cpu);
+    ft_backend_free(be);
+}
+
+/* The tiny model with its layers repeated to L layers (shares the weight arrays). */
+static ft_model *deepen(const ft_model *m, int64_t L)
+{
+    ft_model *d = malloc(sizeof *d);
+    *d = *m;
+    d->cfg.num_hidden_layers = L;
+    d->layers = malloc((size_t)L * sizeof *d->layers);
+    for (int64_t l = 0; l < L; l++) d->layers[l] = m->layers[l % m->cfg.num_hidden_layers];
+    d->priv = NULL;
+    return d;
+}
+
+/* Host checkpoints on a 6-layer model with its weights on the device: every ring size and
+ * device-layer count, grad-accum 1 and 4, recomputed and kept activations. */
+static void test_host_ckpt_deep(void **state)
+{
+    (void)state;
+    ft_backend *be;
+    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
+    ft_model *tiny;
+    assert_int_equal(ft_model_load(&tiny, TINY), 0);
+    const int64_t L = 6;
+    ft_model *m = deepen(tiny, L);
+    ft_batch b[N_MB];
+    stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
+    static const int64_t cfgs[][2] = {{0, 2}, {2, 3}, {1, 4}, {3, 2}, {5, 2}};
+    int cases = 0;
+    for (int n_mb = 1; n_mb <= N_MB; n_mb += N_MB - 1)
+        for (int keep = 0; keep <= 1; keep++) {
+            ckcfg c0 = {0, 0, keep, n_mb};
+            result ref;
+            run_ck(be, m, NULL, NULL, b, &c0, &ref);
+            for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+                ckcfg c = {cfgs[k][0], (int)cfgs[k][1], keep, n_mb};
+                result r;
+                run_ck(be, m, NULL, NULL, b, &c, &r);
+                int64_t stored = L - c.dev_layers - (c.sets - 1) > 0 ? L - c.dev_layers - (c.sets - 1) : 0;
+                uint64_t want = (uint64_t)(STEPS * stored * n_mb * b[0].T * m->cfg.hidden_size) * 4;
+                printf("grad-accum %d, %s, %lld device layers, %d sets: loss %.9g (device %.9g), "
+                       "D2H %llu B, H2D %llu B (expected %llu), checkpoint spans %lld\n", n_mb,
+                       keep ? "kept" : "recomputed", (long long)c.dev_layers, c.sets, r.loss, ref.loss,
+                       (unsigned long long)r.ck_d2h, (unsigned long long)r.ck_h2d,
+                       (unsigned long long)want, (long long)r.tl_ckpt);
+                assert_true(r.loss == ref.loss);
+                assert_true(r.eval_loss == ref.eval_loss);
+                assert_memory_equal(r.g, ref.g, (size_t)ref.n * 4);
+                assert_true(r.ck_d2h == want && r.ck_h2d == want);
+                assert_int_equal(r.tl_ckpt, 2 * stored);
+                free(r.g);
+                cases++;
+            }
+            free(ref.g);
+        }
+    assert_int_equal(cases, 2 * 2 * 5);
+    stream_free_batches(b, N_MB);
+    free(m->layers);
+    free(m);
+    ft_model_free(tiny);
+    ft_backend_free(be);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_dequant_nf4_exact),
+                                       cmocka_unit_test(test_linear_bf16),
+                                       cmocka_unit_test(test_tiers_bit_identical),
+                                       cmocka_unit_test(test_host_ckpt_deep)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
