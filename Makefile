@@ -118,6 +118,22 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/unit/harness.h $(BUILD)/libftune.a
 # The GPU tests are compiled with the others (CI builds them) and run by `make test-gpu`.
 tests: $(BUILD)/ftune $(UNIT_BIN) $(REPLAY_BIN) $(GPU_BIN)
 
+# CPU emulation tests of the tensor-core kernels (tests/emu/emu_NAME.cc runs
+# kernels/cuda/NAME.cu's device code as written through tests/emu/cuda_emu.h): compiled by the
+# host C++ compiler with the CUDA headers for the types; built with the tests when CUDA=1 and
+# run by tests/run_tests.sh (no GPU needed).
+ifeq ($(CUDA),1)
+EMU_BIN      := $(patsubst tests/emu/%.cc,$(BUILD)/tests/%,$(wildcard tests/emu/emu_*.cc))
+EMU_CXXFLAGS ?= -O2 -g -std=c++20 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-parameter \
+                -Wno-unknown-pragmas -fopenmp
+tests: $(EMU_BIN)
+endif
+
+$(BUILD)/tests/emu_%: tests/emu/emu_%.cc tests/emu/cuda_emu.h kernels/cuda/%.cu kernels/cuda/cuda_common.h \
+                      kernels/kernels.h $(BUILD)/libftune.a
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -DFT_MMA_EMU -I. -I$(CUDA_HOME)/include -o $@ $< $(BUILD)/libftune.a $(LIBS) $(LDFLAGS)
+
 # Installs missing Debian -dev packages and Python test packages (idempotent).
 deps:
 	@bash scripts/deps.sh

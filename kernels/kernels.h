@@ -247,6 +247,12 @@ int ft_backend_cpu_init(ft_backend **out, int n_threads);
  * at once; events are host times. For tests of the device executor without a GPU. Returns 0
  * or -ENOMEM. */
 int ft_backend_cpu_device_init(ft_backend **out, int n_threads);
+/* Makes a cpu-device backend's H2D and D2H lanes asynchronous: one worker thread each runs
+ * its copies (and event marks and waits) in order, each lag_us microseconds late, beside the
+ * compute on the calling thread, so a transfer the executor does not order by events shows in
+ * the results. Once, before any use. Returns 0, FT_E_INVALID (not cpu-device, or already set)
+ * or -ENOMEM. */
+int ft_backend_cpu_device_set_lag(ft_backend *be, long lag_us);
 
 /* CUDA backend (kernels/cuda) on GPU `device`: one stream, one cuBLAS handle and a 96 MiB
  * workspace, all created here (the ops never allocate). GEMMs use bf16 tensor cores with

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every C unit test binary (cmocka), the fuzz corpus replays and the Python reference
-# tests (pytest), then prints one closing line: "N passed, N failed, N skipped". Exit 0 only if nothing failed.
+# Runs every C unit test binary (cmocka), the fuzz corpus replays, the CPU emulations of the
+# CUDA kernels (tests/emu) and the Python reference tests (pytest), then prints one closing
+# line: "N passed, N failed, N skipped". Exit 0 only if nothing failed.
 # Usage: tests/run_tests.sh [BUILD_DIR]
 set -u
 BUILD=${1:-build}
@@ -41,6 +42,21 @@ for r in "$BUILD"/tests/fuzz/replay_*; do
         fail=$((fail + 1)); failed_list+=("replay_$name")
         echo "$out" | tail -25 | sed "s|^|  replay_$name: |"
         echo "fuzz replay $name: FAILED (exit status $rc; the last 'running' line names the input)"
+    fi
+done
+# CPU emulations of the tensor-core kernels (tests/emu, built when CUDA=1): each binary runs a
+# kernel file's device code on the CPU against a reference; one pass or fail per binary.
+for e in "$BUILD"/tests/emu_*; do
+    [ -x "$e" ] || continue
+    name=$(basename "$e")
+    out=$(timeout "$TIMEOUT" "$e" 2>&1); rc=$?
+    if [ "$rc" -eq 0 ]; then
+        pass=$((pass + 1))
+        echo "$name: $(echo "$out" | tail -1)"
+    else
+        fail=$((fail + 1)); failed_list+=("$name")
+        echo "$out" | tail -25 | sed "s|^|  $name: |"
+        echo "$name: FAILED (exit status $rc)"
     fi
 done
 # FTUNE_TEST_PYTEST=0: C tests and replays only (the sanitizer step of .ci/run).

@@ -9,6 +9,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -26,7 +27,10 @@ typedef struct ft_cpu_ctx {
     ft_backend_ops dev_ops; /* this backend's table: cpu_ops with the device entries */
     float *wtile;           /* DEV_TILE_FLOATS: bf16 weights widened to fp32, NF4 staging */
     double *ev_t;           /* FT_MAX_EVENTS host times of the last record, < 0: none */
+    struct ft_cpu_lanes *lanes; /* asynchronous copy lanes (ft_backend_cpu_device_set_lag), or NULL */
 } ft_cpu_ctx;
+
+static void lanes_stop(struct ft_cpu_lanes *q);
 
 /* ---- memory ---------------------------------------------------------------------------- */
 
@@ -318,7 +322,7 @@ static int cpu_event_elapsed(ft_backend *be, int ev0, int ev1, float *ms)
 static void cpu_destroy(ft_backend *be)
 {
     ft_cpu_ctx *ctx = be->ctx;
-    if (ctx) free(ctx->wtile), free(ctx->ev_t); /* device mode's (NULL otherwise) */
+    if (ctx) lanes_stop(ctx->lanes), free(ctx->wtile), free(ctx->ev_t); /* device mode's */
     free(be->ctx); /* CPU context: plain struct */
     be->ctx = NULL;
 }
@@ -524,6 +528,183 @@ static int cpu_dev_event_elapsed(ft_backend *be, int ev0, int ev1, float *ms)
     return 0;
 }
 
+/* ---- device mode, asynchronous copy lanes (ft_backend_cpu_device_set_lag) -------------- *
+ * The H2D and D2H lanes become one worker thread each, running its queue in order, every
+ * item after `lag` microseconds, as a GPU's copy engines run beside its compute: a copy the
+ * executor forgets to order by an event then reads or writes its buffer at the wrong time,
+ * and the results change. The compute lane stays the calling thread (ops run as called):
+ *   event_record(ev, lane):   compute: passed at once; copy lane: passed when the worker
+ *                             reaches it (a marker item, which also stamps the time);
+ *   event_wait(lane, ev):     compute: the caller blocks until ev passed; copy lane: a wait
+ *                             item, so later items on the lane run after ev;
+ *   event_sync(ev):           the caller blocks until ev passed (any thread);
+ *   copy_async(lane, ...):    a copy item; free and host_free first drain both lanes, as
+ *                             cudaFree / cudaFreeHost synchronize the device.
+ * An event waited on refers to its latest record, as with CUDA events. */
+
+#define LANE_Q 256
+
+typedef struct lane_item {
+    int kind; /* 0 copy, 1 marker (event), 2 wait */
+    void *dst;
+    const void *src;
+    size_t bytes;
+    int ev, wait_lane;
+    uint64_t wait_seq;
+} lane_item;
+
+typedef struct ft_cpu_lanes {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, started;
+    long lag_us;
+    double *ev_t;
+    pthread_t th[FT_N_LANES];
+    lane_item q[FT_N_LANES][LANE_Q];
+    uint64_t enq[FT_N_LANES], done[FT_N_LANES]; /* items queued / finished per lane */
+    int ev_lane[FT_MAX_EVENTS];
+    uint64_t ev_seq[FT_MAX_EVENTS];             /* passed when done[ev_lane] >= ev_seq */
+} ft_cpu_lanes;
+
+typedef struct lane_arg {
+    ft_cpu_lanes *q;
+    int lane;
+} lane_arg;
+
+static int ev_passed(const ft_cpu_lanes *q, int ev)
+{
+    return q->done[q->ev_lane[ev]] >= q->ev_seq[ev];
+}
+
+static void *lane_main(void *p)
+{
+    ft_cpu_lanes *q = ((lane_arg *)p)->q;
+    int l = ((lane_arg *)p)->lane;
+    free(p);
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (!q->stop && q->done[l] == q->enq[l]) pthread_cond_wait(&q->cv, &q->mu);
+        if (q->done[l] == q->enq[l]) break; /* stopping, queue empty */
+        lane_item it = q->q[l][q->done[l] % LANE_Q];
+        if (it.kind == 2) {
+            while (q->done[it.wait_lane] < it.wait_seq) pthread_cond_wait(&q->cv, &q->mu);
+        } else {
+            pthread_mutex_unlock(&q->mu);
+            if (q->lag_us > 0) {
+                struct timespec ts = {q->lag_us / 1000000, (q->lag_us % 1000000) * 1000};
+                nanosleep(&ts, NULL);
+            }
+            if (it.kind == 0) memcpy(it.dst, it.src, it.bytes);
+            pthread_mutex_lock(&q->mu);
+            if (it.kind == 1) q->ev_t[it.ev] = dev_now();
+        }
+        q->done[l]++;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* Queues an item on copy lane l (blocks while the queue is full); mutex held. */
+static void lane_push(ft_cpu_lanes *q, int l, const lane_item *it)
+{
+    while (q->enq[l] - q->done[l] >= LANE_Q) pthread_cond_wait(&q->cv, &q->mu);
+    q->q[l][q->enq[l] % LANE_Q] = *it;
+    q->enq[l]++;
+    pthread_cond_broadcast(&q->cv);
+}
+
+static void lanes_drain(ft_cpu_lanes *q)
+{
+    if (!q) return;
+    pthread_mutex_lock(&q->mu);
+    for (int l = 1; l < FT_N_LANES; l++)
+        while (q->done[l] < q->enq[l]) pthread_cond_wait(&q->cv, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void lanes_stop(ft_cpu_lanes *q)
+{
+    if (!q) return;
+    pthread_mutex_lock(&q->mu);
+    q->stop = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    for (int l = 1; l < q->started; l++) pthread_join(q->th[l], NULL);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}
+
+static int lane_ok(int lane, int ev)
+{
+    if (lane < 0 || lane >= FT_N_LANES || ev < 0 || ev >= FT_MAX_EVENTS)
+        return ft_err(FT_E_INVALID, "cpu-device: lane %d, event %d", lane, ev);
+    return 0;
+}
+
+static int cpu_async_copy(ft_backend *be, int lane, void *dst, const void *src, size_t bytes)
+{
+    ft_cpu_lanes *q = ((ft_cpu_ctx *)be->ctx)->lanes;
+    FT_TRY(lane_ok(lane, 0));
+    if (lane == FT_LANE_COMPUTE || !bytes) return cpu_copy(be, dst, src, bytes);
+    if (!dst || !src) return ft_err(FT_E_INVALID, "cpu-device copy_async: NULL pointer");
+    lane_item it = {0, dst, src, bytes, 0, 0, 0};
+    pthread_mutex_lock(&q->mu);
+    lane_push(q, lane, &it);
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+static int cpu_async_event_record(ft_backend *be, int ev, int lane)
+{
+    ft_cpu_ctx *ctx = be->ctx;
+    ft_cpu_lanes *q = ctx->lanes;
+    FT_TRY(lane_ok(lane, ev));
+    pthread_mutex_lock(&q->mu);
+    if (lane == FT_LANE_COMPUTE) {
+        ctx->ev_t[ev] = dev_now();
+    } else {
+        lane_item it = {1, NULL, NULL, 0, ev, 0, 0};
+        lane_push(q, lane, &it);
+    }
+    q->ev_lane[ev] = lane;
+    q->ev_seq[ev] = q->enq[lane];
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+static int cpu_async_event_wait(ft_backend *be, int lane, int ev)
+{
+    ft_cpu_lanes *q = ((ft_cpu_ctx *)be->ctx)->lanes;
+    FT_TRY(lane_ok(lane, ev));
+    pthread_mutex_lock(&q->mu);
+    if (lane == FT_LANE_COMPUTE) {
+        while (!ev_passed(q, ev)) pthread_cond_wait(&q->cv, &q->mu);
+    } else if (!ev_passed(q, ev)) {
+        lane_item it = {2, NULL, NULL, 0, ev, q->ev_lane[ev], q->ev_seq[ev]};
+        lane_push(q, lane, &it);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+static int cpu_async_event_sync(ft_backend *be, int ev)
+{
+    ft_cpu_lanes *q = ((ft_cpu_ctx *)be->ctx)->lanes;
+    FT_TRY(lane_ok(0, ev));
+    pthread_mutex_lock(&q->mu);
+    while (!ev_passed(q, ev)) pthread_cond_wait(&q->cv, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+static void cpu_async_free(ft_backend *be, void *p)
+{
+    lanes_drain(((ft_cpu_ctx *)be->ctx)->lanes);
+    free(p);
+}
+
 /* ---- init / free ------------------------------------------------------------------------ */
 
 /* n_threads <= 0: omp_get_num_procs(). The thread count is process-wide state of OpenMP
@@ -579,5 +760,39 @@ int ft_backend_cpu_device_init(ft_backend **out, int n_threads)
     ctx->dev_ops.event_record = cpu_dev_event_record;
     ctx->dev_ops.event_elapsed = cpu_dev_event_elapsed;
     be->ops = &ctx->dev_ops;
+    return 0;
+}
+
+int ft_backend_cpu_device_set_lag(ft_backend *be, long lag_us)
+{
+    ft_cpu_ctx *ctx = be ? be->ctx : NULL;
+    if (!ctx || !ctx->wtile || be->ops != &ctx->dev_ops)
+        return ft_err(FT_E_INVALID, "ft_backend_cpu_device_set_lag: not a cpu-device backend");
+    if (ctx->lanes)
+        return ft_err(FT_E_INVALID, "ft_backend_cpu_device_set_lag: the copy lanes already run");
+    ft_cpu_lanes *q = calloc(1, sizeof *q);
+    if (!q) return ft_err(-ENOMEM, "ft_backend_cpu_device_set_lag: out of memory");
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->lag_us = lag_us > 0 ? lag_us : 0;
+    q->ev_t = ctx->ev_t;
+    q->started = 1;
+    for (int l = 1; l < FT_N_LANES; l++) {
+        lane_arg *a = malloc(sizeof *a);
+        if (a) *a = (lane_arg){q, l};
+        if (!a || pthread_create(&q->th[l], NULL, lane_main, a)) {
+            free(a);
+            lanes_stop(q);
+            return ft_err(-ENOMEM, "ft_backend_cpu_device_set_lag: cannot start the copy lanes");
+        }
+        q->started = l + 1;
+    }
+    ctx->lanes = q;
+    ctx->dev_ops.copy_async = cpu_async_copy;
+    ctx->dev_ops.event_record = cpu_async_event_record;
+    ctx->dev_ops.event_wait = cpu_async_event_wait;
+    ctx->dev_ops.event_sync = cpu_async_event_sync;
+    ctx->dev_ops.free = cpu_async_free;
+    ctx->dev_ops.host_free = cpu_async_free;
     return 0;
 }

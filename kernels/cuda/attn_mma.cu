@@ -45,12 +45,13 @@
  * ft_cuda_mma_attn_selfcheck checks on the host (no GPU) the index math the kernels share:
  * the ldmatrix lane addresses and swizzle against the PTX fragment layouts, and the tile
  * visiting / skipping / masking decisions against brute force over random packings.
- * bench/attn_bench.cu, built with -DFT_ATTN_EMU, runs the kernels themselves on the CPU
- * (FT_MMA_EMU below leaves out the inline PTX and the launchers; it supplies emulations).
+ * tests/emu/emu_attn_mma.cc (in `make test`) runs the kernels themselves on the CPU through
+ * tests/emu/cuda_emu.h (FT_MMA_EMU below leaves out the inline PTX and the launchers; the
+ * emulation supplies them).
  */
 #ifndef FT_MMA_EMU
 #include "kernels/cuda/cuda_common.h"
-#else /* host compilation for bench/attn_bench.cu's CPU emulation: device code only */
+#else /* host compilation for tests/emu/emu_attn_mma.cc's CPU emulation: device code only */
 #include <cuda_runtime.h>
 #include "src/core/err.h"
 #endif
@@ -170,7 +171,7 @@ __host__ __device__ __forceinline__ void c_to_a(uint32_t (&a)[NT / 2][4], const 
     }
 }
 
-/* ---- device primitives (the CPU emulation in bench/attn_bench.cu defines its own) -------- */
+/* ---- device primitives (the CPU emulation, tests/emu/cuda_emu.h, defines its own) ------- */
 #ifndef FT_MMA_EMU
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p)

@@ -45,7 +45,10 @@
  *
  * docs/qlora.md ("The fused NF4 GEMM") says what it must beat and what to measure;
  * bench/nf4_gemm.cu times it against dequant_nf4 + cuBLAS, and includes this file with
- * FT_NF4_GEMM_KERNELS_ONLY defined (kernels and launcher only, no backend entry points). */
+ * FT_NF4_GEMM_KERNELS_ONLY defined (kernels and launcher only, no backend entry points).
+ * tests/emu/emu_nf4_gemm.cc runs the kernels and the launcher themselves on the CPU: under
+ * FT_MMA_EMU the inline PTX is left out (the test supplies emulations of the nf4g_ primitives)
+ * and the launches go to its emulator (emu_kernel). */
 #include "kernels/cuda/cuda_common.h"
 
 #include <cuda_bf16.h>
@@ -54,7 +57,8 @@
 #define NF4G_BN 128 /* output columns per CTA */
 #define NF4G_BK 64  /* reduction per pipeline step */
 
-/* ---- PTX helpers --------------------------------------------------------------------------- */
+/* ---- PTX helpers (tests/emu/emu_nf4_gemm.cc defines its own under FT_MMA_EMU) --------------- */
+#ifndef FT_MMA_EMU
 
 __device__ __forceinline__ uint32_t nf4g_smem(const void *p)
 {
@@ -102,6 +106,7 @@ __device__ __forceinline__ void nf4g_mma(float d[4], const uint32_t a[4], const 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif /* FT_MMA_EMU */
 
 /* Four code bytes (little-endian word: byte 0 = elements 0 and 1, the first in the high
  * nibble) -> 8 bf16 as one 16-byte vector; nf4.cu's nf4_word_bf16, the same operations. */
@@ -364,10 +369,15 @@ static cudaError_t nf4g_run(const nf4g_args &p, int64_t mt, int64_t nt, cudaStre
 {
     auto kern = k_nf4_gemm<BM, WARPS_M, STAGES, DGRAD, NESTED>;
     const int bytes = nf4g_layout<BM, STAGES>::bytes;
+#ifdef FT_MMA_EMU
+    emu_kernel(kern, dim3((unsigned)mt, (unsigned)nt, (unsigned)p.splits), NF4G_THREADS, bytes, p);
+    return cudaSuccess;
+#else
     cudaError_t st = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (st != cudaSuccess) return st;
     kern<<<dim3((unsigned)mt, (unsigned)nt, (unsigned)p.splits), NF4G_THREADS, bytes, s>>>(p);
     return cudaGetLastError();
+#endif
 }
 
 template <bool DGRAD, bool NESTED>
@@ -475,8 +485,13 @@ static cudaError_t nf4g_launch(int dgrad, float *c, const __nv_bfloat16 *a, cons
                                  : nf4g_dispatch<false, false>(bm, p, mt, nt, s);
     if (st != cudaSuccess || splits == 1) return st;
     const int64_t n = T * p.ncols;
+#ifdef FT_MMA_EMU
+    emu_kernel(k_nf4g_reduce, dim3(ft_cuda_blocks(n, 256)), 256, 0, c, (const float *)work, n, splits, beta);
+    return cudaSuccess;
+#else
     k_nf4g_reduce<<<ft_cuda_blocks(n, 256), 256, 0, s>>>(c, work, n, splits, beta);
     return cudaGetLastError();
+#endif
 }
 
 #ifndef FT_NF4_GEMM_KERNELS_ONLY

@@ -3,15 +3,18 @@
  * host C++ compiler; the kernel files leave out their inline PTX under FT_MMA_EMU and the test
  * supplies their primitives as thin wrappers over the emu_* functions below).
  *
- * Execution: a block's CUDA threads are fibers (ucontext) on one host thread, scheduled round
- * robin; a fiber runs until it waits at a barrier. Blocks run one after another. Provided:
+ * Execution: a block's CUDA threads are fibers on one host thread (x86-64: a six-register stack
+ * switch; elsewhere ucontext), scheduled round robin; a fiber runs until it waits at a barrier.
+ * Blocks run one after another. One translation unit per program may include this. Provided:
  *   threadIdx, blockIdx, blockDim, gridDim, __syncthreads, __shfl_xor_sync (float), min,
  *   __fmul_rn, __fadd_rn, __fmaf_rn, __uint_as_float;
  *   emu_ldsm      ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16
  *   emu_mma16816  mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
  *   emu_cp_async / emu_cp_commit / emu_cp_wait  cp.async (16 or 4 bytes, zero fill),
  *                 commit_group, wait_group N
- *   emu_smem_u32  the shared-state-space address of a pointer into the launch's shared memory.
+ *   emu_smem_u32  the shared-state-space address of a pointer into the launch's shared memory;
+ *   emu_launch / emu_kernel  a grid of blocks (a lambda, or a __global__ function and its
+ *                 arguments as after <<<>>>).
  * Fragment layouts are the PTX ISA's (section "Matrix fragments for mma.m16n8k16", and
  * "ldmatrix"). The fp32 sums of mma run in k order with fmaf, which the tensor cores need not
  * match bit for bit: results agree to fp32 rounding of the accumulation.
@@ -56,8 +59,25 @@ static const char *const emu_op_name[] = {"none", "shuffle", "ldmatrix", "ldmatr
 
 struct emu_copy { uint32_t dst, bytes; uint8_t data[16]; };
 
+#if defined(__x86_64__)
+/* Saves the callee-saved registers on the current stack, stores its pointer in *save, and
+ * resumes the stack at load (System V x86-64; no signal mask, no floating-point state: the
+ * kernels do not change the rounding mode). */
+extern "C" void emu_ctx_swap(void **save, void *load);
+asm(".text\n.globl emu_ctx_swap\n.type emu_ctx_swap,@function\nemu_ctx_swap:\n"
+    "pushq %rbp\npushq %rbx\npushq %r12\npushq %r13\npushq %r14\npushq %r15\n"
+    "movq %rsp, (%rdi)\nmovq %rsi, %rsp\n"
+    "popq %r15\npopq %r14\npopq %r13\npopq %r12\npopq %rbx\npopq %rbp\nret\n"
+    ".size emu_ctx_swap, .-emu_ctx_swap\n");
+#define EMU_ASM_SWITCH 1
+#endif
+
 struct emu_thread {
+#ifdef EMU_ASM_SWITCH
+    void *sp;
+#else
     ucontext_t ctx;
+#endif
     emu_u3 tid;
     bool done;
     const char *waits; /* what it waits at, for the deadlock report */
@@ -83,7 +103,11 @@ struct emu_state {
     emu_warp_state warp[EMU_MAX_THREADS / 32];
     unsigned bar_arrived, bar_gen;
     unsigned long progress; /* bumped whenever a fiber moves past a wait or ends */
+#ifdef EMU_ASM_SWITCH
+    void *sched_sp;
+#else
     ucontext_t sched;
+#endif
     void (*fn)(void *);
     void *arg;
     std::vector<std::pair<const char *, size_t>> global; /* readable global ranges */
@@ -116,7 +140,13 @@ static inline void emu_global_clear() { emu.global.clear(); }
 
 /* ---- scheduling ------------------------------------------------------------------------ */
 
+#ifdef EMU_ASM_SWITCH
+static inline void emu_yield() { emu_ctx_swap(&emu.cur->sp, emu.sched_sp); }
+static inline void emu_resume(emu_thread *t) { emu_ctx_swap(&emu.sched_sp, t->sp); }
+#else
 static inline void emu_yield() { swapcontext(&emu.cur->ctx, &emu.sched); }
+static inline void emu_resume(emu_thread *t) { swapcontext(&emu.sched, &t->ctx); }
+#endif
 
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
@@ -175,7 +205,32 @@ static void emu_fiber_main()
     emu.fn(emu.arg);
     emu.cur->done = true;
     emu.progress++;
-} /* returns to uc_link: the scheduler */
+#ifdef EMU_ASM_SWITCH
+    emu_yield(); /* never resumed */
+    abort();
+#endif
+} /* ucontext: returns to uc_link, the scheduler */
+
+/* Prepares t to start in emu_fiber_main on its own stack. */
+static void emu_fiber_init(emu_thread &t)
+{
+#ifdef EMU_ASM_SWITCH
+    /* the frame emu_ctx_swap pops: six registers, then the return address; at the entry of
+     * emu_fiber_main the stack pointer is 8 mod 16, as after a call */
+    uintptr_t top = ((uintptr_t)t.stack + EMU_STACK) & ~(uintptr_t)15;
+    void **sp = (void **)(top - 16);
+    sp[0] = (void *)emu_fiber_main;
+    sp -= 6;
+    for (int i = 0; i < 6; i++) sp[i] = nullptr;
+    t.sp = sp;
+#else
+    getcontext(&t.ctx);
+    t.ctx.uc_stack.ss_sp = t.stack;
+    t.ctx.uc_stack.ss_size = EMU_STACK;
+    t.ctx.uc_link = &emu.sched;
+    makecontext(&t.ctx, emu_fiber_main, 0);
+#endif
+}
 
 /* Runs kern() for every block of grid (gx, gy, gz) with nth threads and smem bytes of dynamic
  * shared memory. */
@@ -189,9 +244,10 @@ static void emu_launch(unsigned gx, unsigned gy, unsigned gz, int nth, size_t sm
     emu.smem_bytes = smem;
     emu.fn = [](void *a) { (*(F *)a)(); };
     emu.arg = &kern;
-    emu.th.resize(nth);
-    for (auto &t : emu.th)
-        if (!t.stack) t.stack = (char *)malloc(EMU_STACK);
+    if (emu.th.size() < (size_t)nth) emu.th.resize(nth); /* kept (with their stacks) across launches */
+    emu_thread *const th = emu.th.data(), *const th_end = th + nth;
+    for (emu_thread *t = th; t < th_end; t++)
+        if (!t->stack && !(t->stack = (char *)malloc(EMU_STACK))) emu_die("no memory for fiber stacks", 0);
     for (unsigned bz = 0; bz < gz; bz++)
         for (unsigned by = 0; by < gy; by++)
             for (unsigned bx = 0; bx < gx; bx++) {
@@ -207,35 +263,39 @@ static void emu_launch(unsigned gx, unsigned gy, unsigned gz, int nth, size_t sm
                     t.waits = nullptr;
                     t.pending.clear();
                     t.group_end.clear();
-                    getcontext(&t.ctx);
-                    t.ctx.uc_stack.ss_sp = t.stack;
-                    t.ctx.uc_stack.ss_size = EMU_STACK;
-                    t.ctx.uc_link = &emu.sched;
-                    makecontext(&t.ctx, emu_fiber_main, 0);
+                    emu_fiber_init(t);
                 }
                 for (int live = nth; live > 0;) {
                     const unsigned long before = emu.progress;
                     live = 0;
-                    for (auto &t : emu.th) {
-                        if (t.done) continue;
-                        emu.cur = &t;
-                        swapcontext(&emu.sched, &t.ctx);
-                        live += !t.done;
+                    for (emu_thread *t = th; t < th_end; t++) {
+                        if (t->done) continue;
+                        emu.cur = t;
+                        emu_resume(t);
+                        live += !t->done;
                     }
                     if (live && emu.progress == before) {
-                        for (auto &t : emu.th)
-                            fprintf(stderr, "  thread %u: %s\n", t.tid.x,
-                                    t.done ? "exited" : t.waits ? t.waits : "?");
+                        for (emu_thread *t = th; t < th_end; t++)
+                            fprintf(stderr, "  thread %u: %s\n", t->tid.x,
+                                    t->done ? "exited" : t->waits ? t->waits : "?");
                         emu.cur = nullptr;
                         emu_die("deadlock: a barrier or warp collective cannot complete", 0);
                     }
                 }
                 emu.cur = nullptr;
-                for (auto &t : emu.th)
-                    for (auto &c : t.pending) memcpy(emu.smem + c.dst, c.data, c.bytes); /* unwaited copies */
+                for (emu_thread *t = th; t < th_end; t++)
+                    for (auto &c : t->pending) memcpy(emu.smem + c.dst, c.data, c.bytes); /* unwaited copies */
                 for (size_t b = smem; b < smem + EMU_GUARD; b++)
                     if (emu.smem[b] != 0xff) emu_die("a store past the launch's shared memory", (uint32_t)b);
             }
+}
+
+/* kern<<<grid, block, smem>>>(args...): a one-dimensional block. */
+template <typename... P, typename... A>
+static void emu_kernel(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, A... args)
+{
+    if (block.y != 1 || block.z != 1) emu_die("emu_kernel: blocks must be one-dimensional", 0);
+    emu_launch(grid.x, grid.y, grid.z, (int)block.x, smem, [&] { kern(args...); });
 }
 
 /* ---- shared memory and warp collectives ------------------------------------------------ */

@@ -6,10 +6,13 @@
  * per output (out, lse, dq, dk, dv; 1e-6 rms where the reference is zero up to rounding);
  * cp.async lands early in even cases and late in odd ones (cuda_emu.h). Exit status 1 when a
  * check fails; the emulation aborts on a shared-memory, divergence or deadlock error.
- * Usage: emu_attn_mma [n_cases]   (default: all; each takes seconds)
+ * Usage: emu_attn_mma [n_cases]   (default: all 12, about 3 s in all)
  * Built by the Makefile (CUDA=1: the cuda headers give the types) with a host C++ compiler:
- *   g++ -std=c++20 -O2 -DFT_ATTN_EMU -DFT_MMA_EMU -I. -I$CUDA_HOME/include tests/emu/emu_attn_mma.cc
- *       libftune.a $(LIBS) */
+ *   g++ -std=c++20 -O2 -fno-strict-aliasing -DFT_MMA_EMU -I. -I$CUDA_HOME/include \
+ *       tests/emu/emu_attn_mma.cc libftune.a $(LIBS) */
+#ifndef FT_MMA_EMU
+#define FT_MMA_EMU 1 /* the kernel file leaves out its PTX and launches */
+#endif
 #include "tests/emu/cuda_emu.h"
 
 #include <math.h>
@@ -178,7 +181,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     ft_backend_free(cpu);
-    printf("%s: %d failed checks\n", fails ? "FAILED" : "ok", fails);
+    printf("%s: %d cases, %d failed checks\n", fails ? "FAILED" : "ok", n, fails);
     return fails != 0;
 }
 

@@ -33,6 +33,7 @@
 #define N_MB 4
 #define STEPS 2
 #define THREADS 2
+#define LAG_US 200 /* the asynchronous copy lanes' delay per item */
 
 typedef struct result {
     double loss, eval_loss;
@@ -304,6 +305,28 @@ static void test_tiers_bit_identical(void **state)
     /* the device mode does the host-memory CPU's math up to bf16 rounding of the operands */
     assert_true(t_relerr(rg.loss, rcpu.loss, 1e-3) < 2e-2);
     assert_true(rg.loss != rcpu.loss); /* and it really ran on bf16 weights */
+    /* Again with asynchronous copy lanes (worker threads, every copy LAG_US late): the
+     * executor's events alone order the slots, staging buffers and checkpoint sets. */
+    ft_backend *ab;
+    assert_int_equal(ft_backend_cpu_device_init(&ab, THREADS), 0);
+    assert_int_equal(ft_backend_cpu_device_set_lag(ab, LAG_US), 0);
+    assert_int_equal(ft_backend_cpu_device_set_lag(ab, LAG_US), FT_E_INVALID);
+    const uint8_t *tiers[3] = {host, disk, mix};
+    for (int k = 0; k < 4; k++) {
+        result ra;
+        if (k < 3) run(ab, m, pack, tiers[k], b, &ra);
+        else run_ck(ab, m, pack, mix, b, &ck, &ra);
+        printf("async lanes, %s: loss %.9g, eval %.9g, disk reads %lld per step, %lld compute spans\n",
+               k == 0 ? "host tier" : k == 1 ? "disk tier" : k == 2 ? "mixed tiers" : "mixed + host checkpoints",
+               ra.loss, ra.eval_loss, (long long)ra.reads_step, (long long)ra.tl_compute);
+        assert_true(ra.loss == rg.loss && ra.eval_loss == rg.eval_loss);
+        assert_memory_equal(ra.g, rg.g, (size_t)rg.n * 4);
+        assert_int_equal(ra.tl_compute, 2 * L);
+        if (k == 1) assert_true(ra.reads_first == 2 * L - 1 && ra.reads_step == 2 * L - 2);
+        if (k == 3) assert_true(ra.ck_d2h == want && ra.ck_h2d == want && ra.tl_ckpt == 2 * (L - 1));
+        free(ra.g);
+    }
+    ft_backend_free(ab);
     free(rg.g); free(rh.g); free(rd.g); free(rm.g); free(rcpu.g);
     stream_free_batches(b, N_MB);
     ft_pack_close(pack);
