@@ -1,0 +1,172 @@
+/* tiers_cases.h - the runs shared by the device-executor tests: tests/unit/test_tiers.c (the
+ * device-mode CPU backend, in CI) and tests/gpu/test_cuda_stream.c (CUDA). run_ck trains STEPS
+ * optimizer steps with a packed base placed by tier and the checkpoints placed as asked, and
+ * returns the losses, LoRA gradients, read counts, copied bytes and timeline spans;
+ * tiers_host_ckpt_deep checks host checkpoints on a 6-layer model. Include after harness.h
+ * with TINY, N_MB and STEPS defined. */
+#ifndef FT_TIERS_CASES_H
+#define FT_TIERS_CASES_H
+
+#include <string.h>
+
+#include "adapters/lora.h"
+#include "offload/ckpt.h"
+#include "offload/exec.h"
+#include "offload/pack.h"
+#include "offload/prefetch.h"
+#include "offload/timeline.h"
+#include "src/core/err.h"
+#include "src/core/rng.h"
+#include "src/model/model.h"
+#include "tests/unit/stream_fixture.h"
+
+typedef struct result {
+    double loss, eval_loss;
+    float *g;
+    int64_t n, reads_first, reads_step, tl_compute, tl_ckpt;
+    uint64_t h2d, ck_d2h, ck_h2d;
+    int dpf;
+    char io[512];
+} result;
+
+/* Checkpoint placement of a run: sets == 0: all on the device; else host checkpoints with
+ * dev_layers kept on the device and `sets` ring sets. */
+typedef struct ckcfg {
+    int64_t dev_layers;
+    int sets;
+    int keep;
+    int n_mb;
+} ckcfg;
+
+/* STEPS optimizer steps of ck->n_mb micro-batches. pack == NULL: the model's weights copied
+ * to the device (ft_exec_init); else the pack placed by tier (NULL: all on the device); on a
+ * host-memory backend the pack is streamed (ft_exec_use_pack_ex). */
+static void run_ck(ft_backend *be, const ft_model *m, ft_pack_file *pack, const uint8_t *tier,
+                   const ft_batch *b, const ckcfg *ck, result *r)
+{
+    memset(r, 0, sizeof *r);
+    ft_lora lora;
+    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 5};
+    assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
+    ft_rng rng;
+    ft_rng_seed(&rng, 77);
+    for (int64_t i = 0; i < lora.n_params; i++) lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.1f;
+    assert_int_equal(ft_lora_push(&lora), 0);
+    ft_exec e;
+    int n_mb = ck->n_mb, rc, host = be->ops->host_memory;
+    if (ck->sets)
+        rc = ft_exec_init_ckpt_host(&e, be, m, &lora, b[0].T, n_mb, b[0].seq_len,
+                                    pack == NULL || host, ck->dev_layers, ck->sets);
+    else
+        rc = ft_exec_init_ex(&e, be, m, &lora, b[0].T, n_mb, b[0].seq_len, pack == NULL || host);
+    if (rc) printf("init: %s\n", ft_errmsg());
+    assert_int_equal(rc, 0);
+    if (pack) {
+        rc = host ? ft_exec_use_pack_ex(&e, pack, 0) : ft_exec_use_pack_tiers(&e, pack, tier, 2, 2);
+        if (rc) printf("use_pack: %s\n", ft_errmsg());
+        assert_int_equal(rc, 0);
+    }
+    if (ck->keep) assert_int_equal(ft_exec_keep_activations(&e, (size_t)-1), 1);
+    int64_t ntok = 0;
+    for (int i = 0; i < n_mb; i++) ntok += b[i].n_targets;
+    ft_timeline tl = {0};
+    for (int s = 0; s < STEPS; s++) {
+        int64_t before = e.pack_reads, nt;
+        double ls;
+        if (s == STEPS - 1) ft_exec_set_timeline(&e, &tl);
+        be->ops->zero(be, lora.grads, (size_t)lora.n_params * 4);
+        rc = ft_exec_train_step(&e, b, n_mb, ntok, 0, &ls, &nt);
+        if (rc) printf("train step: %s\n", ft_errmsg());
+        assert_int_equal(rc, 0);
+        ft_exec_set_timeline(&e, NULL);
+        r->loss += ls;
+        r->reads_step = e.pack_reads - before;
+        if (s == 0) r->reads_first = r->reads_step;
+    }
+    for (int64_t i = 0; i < tl.n; i++) {
+        r->tl_compute += tl.s[i].lane == FT_TL_COMPUTE && tl.s[i].layer >= 0;
+        r->tl_ckpt += tl.s[i].lane == FT_TL_D2H && tl.s[i].kind == FT_TL_CKPT;
+    }
+    ft_timeline_free(&tl);
+    r->ck_d2h = e.ckt ? e.ckt->d2h_bytes : 0;
+    r->ck_h2d = e.ckt ? e.ckt->h2d_bytes : 0;
+    int64_t nt;
+    rc = ft_exec_eval(&e, &b[0], &r->eval_loss, &nt);
+    if (rc) printf("eval: %s\n", ft_errmsg());
+    assert_int_equal(rc, 0);
+    if (e.ckt) assert_true(e.ckt->d2h_bytes == r->ck_d2h && e.ckt->h2d_bytes == r->ck_h2d);
+    r->n = lora.n_params;
+    r->g = malloc((size_t)lora.n_params * 4);
+    assert_int_equal(be->ops->copy(be, r->g, lora.grads, (size_t)lora.n_params * 4), 0);
+    r->h2d = e.h2d_bytes;
+    r->dpf = e.dpf != NULL;
+    if (!host) ft_exec_io_describe(&e, r->io, sizeof r->io);
+    ft_exec_free(&e);
+    ft_lora_free(&lora);
+}
+
+static void run(ft_backend *be, const ft_model *m, ft_pack_file *pack, const uint8_t *tier,
+                const ft_batch *b, result *r)
+{
+    ckcfg ck = {0, 0, 0, N_MB};
+    run_ck(be, m, pack, tier, b, &ck, r);
+}
+
+/* The tiny model with its layers repeated to L layers (shares the weight arrays). */
+static ft_model *deepen(const ft_model *m, int64_t L)
+{
+    ft_model *d = malloc(sizeof *d);
+    *d = *m;
+    d->cfg.num_hidden_layers = L;
+    d->layers = malloc((size_t)L * sizeof *d->layers);
+    for (int64_t l = 0; l < L; l++) d->layers[l] = m->layers[l % m->cfg.num_hidden_layers];
+    d->priv = NULL;
+    return d;
+}
+
+/* Host checkpoints on a 6-layer model with its weights on the device: every ring size and
+ * device-layer count, grad-accum 1 and 4, recomputed and kept activations. */
+static void tiers_host_ckpt_deep(ft_backend *be)
+{
+    ft_model *tiny;
+    assert_int_equal(ft_model_load(&tiny, TINY), 0);
+    const int64_t L = 6;
+    ft_model *m = deepen(tiny, L);
+    ft_batch b[N_MB];
+    stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
+    static const int64_t cfgs[][2] = {{0, 2}, {2, 3}, {1, 4}, {3, 2}, {5, 2}};
+    int cases = 0;
+    for (int n_mb = 1; n_mb <= N_MB; n_mb += N_MB - 1)
+        for (int keep = 0; keep <= 1; keep++) {
+            ckcfg c0 = {0, 0, keep, n_mb};
+            result ref;
+            run_ck(be, m, NULL, NULL, b, &c0, &ref);
+            for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+                ckcfg c = {cfgs[k][0], (int)cfgs[k][1], keep, n_mb};
+                result r;
+                run_ck(be, m, NULL, NULL, b, &c, &r);
+                int64_t stored = L - c.dev_layers - (c.sets - 1) > 0 ? L - c.dev_layers - (c.sets - 1) : 0;
+                uint64_t want = (uint64_t)(STEPS * stored * n_mb * b[0].T * m->cfg.hidden_size) * 4;
+                printf("grad-accum %d, %s, %lld device layers, %d sets: loss %.9g (device %.9g), "
+                       "D2H %llu B, H2D %llu B (expected %llu), checkpoint spans %lld\n", n_mb,
+                       keep ? "kept" : "recomputed", (long long)c.dev_layers, c.sets, r.loss, ref.loss,
+                       (unsigned long long)r.ck_d2h, (unsigned long long)r.ck_h2d,
+                       (unsigned long long)want, (long long)r.tl_ckpt);
+                assert_true(r.loss == ref.loss);
+                assert_true(r.eval_loss == ref.eval_loss);
+                assert_memory_equal(r.g, ref.g, (size_t)ref.n * 4);
+                assert_true(r.ck_d2h == want && r.ck_h2d == want);
+                assert_int_equal(r.tl_ckpt, 2 * stored);
+                free(r.g);
+                cases++;
+            }
+            free(ref.g);
+        }
+    assert_int_equal(cases, 2 * 2 * 5);
+    stream_free_batches(b, N_MB);
+    free(m->layers);
+    free(m);
+    ft_model_free(tiny);
+}
+
+#endif
