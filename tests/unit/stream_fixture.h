@@ -1,6 +1,7 @@
-/* stream_fixture.h - micro-batches shared by the streaming tests (tests/unit/test_stream.c,
- * tests/gpu/test_cuda_stream.c): n micro-batches of one row of S random tokens below V, two
- * packed sequences each (targets: the next token, -100 at each sequence's end). */
+/* stream_fixture.h - shared by the executor tests (tests/unit/test_stream.c, test_ckpt.c,
+ * tests/unit/tiers_cases.h): n micro-batches of one row of random tokens below V, two packed
+ * sequences each (targets: the next token, -100 at each sequence's end), and the tiny model
+ * made deeper by repeating its layers. */
 #ifndef FT_TEST_STREAM_FIXTURE_H
 #define FT_TEST_STREAM_FIXTURE_H
 
@@ -8,12 +9,15 @@
 
 #include "src/core/rng.h"
 #include "src/data/dataset.h"
+#include "src/model/model.h"
 
-static void stream_make_batches(ft_batch *b, int n, int64_t S, int64_t V)
+/* Micro-batch i has S - shrink * (i % 4) tokens (shrink 0: all S). */
+static inline void stream_make_batches_ragged(ft_batch *b, int n, int64_t S_max, int64_t shrink, int64_t V)
 {
     ft_rng rng;
     ft_rng_seed(&rng, 31);
     for (int i = 0; i < n; i++) {
+        int64_t S = S_max - shrink * (i % 4);
         b[i] = (ft_batch){1, S, S};
         b[i].ids = malloc(S * 4);
         b[i].targets = malloc(S * 4);
@@ -30,7 +34,12 @@ static void stream_make_batches(ft_batch *b, int n, int64_t S, int64_t V)
     }
 }
 
-static void stream_free_batches(ft_batch *b, int n)
+static inline void stream_make_batches(ft_batch *b, int n, int64_t S, int64_t V)
+{
+    stream_make_batches_ragged(b, n, S, 0, V);
+}
+
+static inline void stream_free_batches(ft_batch *b, int n)
 {
     for (int i = 0; i < n; i++) {
         free(b[i].ids);
@@ -38,6 +47,19 @@ static void stream_free_batches(ft_batch *b, int n)
         free(b[i].pos);
         free(b[i].seq_start);
     }
+}
+
+/* The model m with its layers repeated to L layers (shares m's weight arrays; free with
+ * free(d->layers), free(d), before m). */
+static inline ft_model *stream_deepen(const ft_model *m, int64_t L)
+{
+    ft_model *d = malloc(sizeof *d);
+    *d = *m;
+    d->cfg.num_hidden_layers = L;
+    d->layers = malloc((size_t)L * sizeof *d->layers);
+    for (int64_t l = 0; l < L; l++) d->layers[l] = m->layers[l % m->cfg.num_hidden_layers];
+    d->priv = NULL;
+    return d;
 }
 
 #endif

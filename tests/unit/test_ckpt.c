@@ -17,56 +17,12 @@
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"
+#include "tests/unit/stream_fixture.h"
 
 #define TINY "tests/fixtures/tiny-llama"
 #define DEEP_L 6
 #define T_MAX 24
 #define STEPS 2
-
-/* The tiny model with its layers repeated to L layers (shares the weight arrays). */
-static ft_model *deepen(const ft_model *m, int64_t L)
-{
-    ft_model *d = malloc(sizeof *d);
-    *d = *m;
-    d->cfg.num_hidden_layers = L;
-    d->layers = malloc((size_t)L * sizeof *d->layers);
-    for (int64_t l = 0; l < L; l++) d->layers[l] = m->layers[l % m->cfg.num_hidden_layers];
-    d->priv = NULL;
-    return d;
-}
-
-/* n micro-batches of one row, lengths T_MAX, T_MAX - 4, ... (>= 8), two sequences each. */
-static void make_batches(ft_batch *b, int n, int64_t V)
-{
-    ft_rng rng;
-    ft_rng_seed(&rng, 31);
-    for (int i = 0; i < n; i++) {
-        int64_t S = T_MAX - 4 * (i % 4);
-        b[i] = (ft_batch){1, S, S};
-        b[i].ids = malloc(S * 4);
-        b[i].targets = malloc(S * 4);
-        b[i].pos = malloc(S * 4);
-        b[i].seq_start = malloc(S * 4);
-        for (int64_t t = 0; t < S; t++) b[i].ids[t] = (int32_t)(ft_rng_next(&rng) % (uint64_t)V);
-        for (int64_t t = 0; t < S; t++) {
-            int64_t start = t < S / 2 ? 0 : S / 2, end = t < S / 2 ? S / 2 : S;
-            b[i].pos[t] = (int32_t)(t - start);
-            b[i].seq_start[t] = (int32_t)start;
-            b[i].targets[t] = t + 1 < end ? b[i].ids[t + 1] : -100;
-            b[i].n_targets += b[i].targets[t] >= 0;
-        }
-    }
-}
-
-static void free_batches(ft_batch *b, int n)
-{
-    for (int i = 0; i < n; i++) {
-        free(b[i].ids);
-        free(b[i].targets);
-        free(b[i].pos);
-        free(b[i].seq_start);
-    }
-}
 
 enum { MODE_DEVICE, MODE_INIT_HOST, MODE_TO_HOST };
 
@@ -147,12 +103,12 @@ static void test_host_ckpt_bit_identical(void **state)
     (void)state;
     ft_model *tiny;
     assert_int_equal(ft_model_load(&tiny, TINY), 0);
-    ft_model *m = deepen(tiny, DEEP_L);
+    ft_model *m = stream_deepen(tiny, DEEP_L);
     ft_backend *be;
     assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
     const int64_t L = DEEP_L, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
     ft_batch b[4];
-    make_batches(b, 4, V);
+    stream_make_batches_ragged(b, 4, T_MAX, 4, V);
     /* (device layers, sets): none kept, some, all but the stored minimum, every set count */
     static const int64_t cfgs[][2] = {{0, 2}, {2, 3}, {1, 4}, {3, 2}, {L - 1, 2}, {L, 2}};
     int cases = 0;
@@ -192,7 +148,7 @@ static void test_host_ckpt_bit_identical(void **state)
             free_result(&ref);
         }
     assert_int_equal(cases, 2 * 2 * 6 * 2);
-    free_batches(b, 4);
+    stream_free_batches(b, 4);
     ft_backend_free(be);
     free(m->layers);
     free(m);
@@ -205,11 +161,11 @@ static void test_host_ckpt_edges(void **state)
     (void)state;
     ft_model *tiny;
     assert_int_equal(ft_model_load(&tiny, TINY), 0);
-    ft_model *m = deepen(tiny, DEEP_L);
+    ft_model *m = stream_deepen(tiny, DEEP_L);
     ft_backend *be;
     assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
     ft_batch b[4];
-    make_batches(b, 4, m->cfg.vocab_size);
+    stream_make_batches_ragged(b, 4, T_MAX, 4, m->cfg.vocab_size);
     ft_lora lora;
     ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 5};
     assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
@@ -231,7 +187,7 @@ static void test_host_ckpt_edges(void **state)
     ft_exec_free(&e);
     assert_null(e.ckt);
     ft_lora_free(&lora);
-    free_batches(b, 4);
+    stream_free_batches(b, 4);
     ft_backend_free(be);
     free(m->layers);
     free(m);

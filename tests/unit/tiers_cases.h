@@ -2,6 +2,7 @@
  * device-mode CPU backend, in CI) and tests/gpu/test_cuda_stream.c (CUDA). run_ck trains STEPS
  * optimizer steps with a packed base placed by tier and the checkpoints placed as asked, and
  * returns the losses, LoRA gradients, read counts, copied bytes and timeline spans;
+ * tiers_compare checks the tiers and host checkpoints against all-on-device on the tiny model;
  * tiers_host_ckpt_deep checks host checkpoints on a 6-layer model. Include after harness.h
  * with TINY, N_MB and STEPS defined. */
 #ifndef FT_TIERS_CASES_H
@@ -112,16 +113,65 @@ static void run(ft_backend *be, const ft_model *m, ft_pack_file *pack, const uin
     run_ck(be, m, pack, tier, b, &ck, r);
 }
 
-/* The tiny model with its layers repeated to L layers (shares the weight arrays). */
-static ft_model *deepen(const ft_model *m, int64_t L)
+/* Per-layer tier arrays of an L-layer model (L <= 64): all pinned host, all disk, and the
+ * three mixed (layer l in tier l % 3). */
+typedef struct tier_sets {
+    uint8_t host[64], disk[64], mix[64];
+} tier_sets;
+
+static void tiers_fill(tier_sets *ts, int64_t L)
 {
-    ft_model *d = malloc(sizeof *d);
-    *d = *m;
-    d->cfg.num_hidden_layers = L;
-    d->layers = malloc((size_t)L * sizeof *d->layers);
-    for (int64_t l = 0; l < L; l++) d->layers[l] = m->layers[l % m->cfg.num_hidden_layers];
-    d->priv = NULL;
-    return d;
+    assert_true(L >= 1 && L <= 64);
+    for (int64_t l = 0; l < L; l++) {
+        ts->host[l] = FT_TIER_HOST;
+        ts->disk[l] = FT_TIER_DISK;
+        ts->mix[l] = (uint8_t)(l % 3);
+    }
+}
+
+/* The comparison both device tests make on the tiny model's pack: every block on the device
+ * (r[0]), in pinned host memory (r[1]), on disk (r[2]) and mixed (r[3]), then host checkpoints
+ * with every block on the device and with mixed tiers. Asserts bit-identical losses and LoRA
+ * gradients, the exact checkpoint bytes each way and spans, the disk tier's reads (2L - 1, then
+ * 2L - 2 per step with grad-accum N_MB) and one compute span per layer visit. r[] stays with
+ * the caller (free r[i].g). */
+static void tiers_compare(ft_backend *be, const ft_model *m, ft_pack_file *pack, const ft_batch *b,
+                          const tier_sets *ts, result r[4])
+{
+    const int64_t L = m->cfg.num_hidden_layers;
+    run(be, m, pack, NULL, b, &r[0]);
+    run(be, m, pack, ts->host, b, &r[1]);
+    run(be, m, pack, ts->disk, b, &r[2]);
+    run(be, m, pack, ts->mix, b, &r[3]);
+    /* host checkpoints: with every block on the device, and with streamed blocks (both lanes) */
+    ckcfg ck = {0, 2, 0, N_MB};
+    result rc1, rc2;
+    run_ck(be, m, pack, NULL, b, &ck, &rc1);
+    run_ck(be, m, pack, ts->mix, b, &ck, &rc2);
+    uint64_t want = (uint64_t)STEPS * (uint64_t)(L - 1) * N_MB * (uint64_t)(b[0].T * m->cfg.hidden_size) * 4;
+    printf("host checkpoints: loss %.9g / %.9g (streamed), %llu bytes each way (expected %llu), "
+           "%lld checkpoint spans\n", rc1.loss, rc2.loss, (unsigned long long)rc2.ck_d2h,
+           (unsigned long long)want, (long long)rc2.tl_ckpt);
+    assert_true(r[0].loss == rc1.loss && r[0].loss == rc2.loss && r[0].eval_loss == rc2.eval_loss);
+    assert_memory_equal(r[0].g, rc1.g, (size_t)r[0].n * 4);
+    assert_memory_equal(r[0].g, rc2.g, (size_t)r[0].n * 4);
+    assert_true(rc1.ck_d2h == want && rc1.ck_h2d == want && rc2.ck_d2h == want && rc2.ck_h2d == want);
+    assert_int_equal(rc2.tl_ckpt, 2 * (L - 1)); /* one store and one load of each stored layer */
+    free(rc1.g);
+    free(rc2.g);
+    printf("loss device %.9g host %.9g disk %.9g mix %.9g; disk reads first step %lld, then %lld "
+           "(%lld layers, grad-accum %d); h2d bytes host %llu; timeline compute spans %lld\n",
+           r[0].loss, r[1].loss, r[2].loss, r[3].loss, (long long)r[2].reads_first,
+           (long long)r[2].reads_step, (long long)L, N_MB, (unsigned long long)r[1].h2d,
+           (long long)r[2].tl_compute);
+    for (int k = 1; k < 4; k++) {
+        assert_true(r[0].loss == r[k].loss);
+        assert_memory_equal(r[0].g, r[k].g, (size_t)r[0].n * 4);
+    }
+    assert_int_equal(r[2].reads_first, 2 * L - 1);
+    assert_int_equal(r[2].reads_step, 2 * L - 2);
+    assert_int_equal(r[0].reads_step, 0);
+    assert_int_equal(r[2].tl_compute, 2 * L); /* one span per layer visit */
 }
 
 /* Host checkpoints on a 6-layer model with its weights on the device: every ring size and
@@ -131,7 +181,7 @@ static void tiers_host_ckpt_deep(ft_backend *be)
     ft_model *tiny;
     assert_int_equal(ft_model_load(&tiny, TINY), 0);
     const int64_t L = 6;
-    ft_model *m = deepen(tiny, L);
+    ft_model *m = stream_deepen(tiny, L);
     ft_batch b[N_MB];
     stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
     static const int64_t cfgs[][2] = {{0, 2}, {2, 3}, {1, 4}, {3, 2}, {5, 2}};
