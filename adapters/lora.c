@@ -94,10 +94,27 @@ void ft_lora_free(ft_lora *l)
         l->be->ops->free(l->be, l->grads);
         l->be->ops->free(l->be, l->m);
         l->be->ops->free(l->be, l->v);
+        l->be->ops->free(l->be, l->fixed);
     }
     free(l->lin);
     free(l->host);
     memset(l, 0, sizeof *l);
+}
+
+int ft_lora_set_fixed(ft_lora *l, const float *host)
+{
+    size_t bytes = (size_t)l->n_params * sizeof(float);
+    if (!l->fixed && !(l->fixed = l->be->ops->alloc(l->be, bytes)))
+        return ft_err(-ENOMEM, "out of memory for the base correction (%zu bytes)", bytes);
+    FT_TRY(l->be->ops->copy(l->be, l->fixed, host, bytes));
+    for (int64_t i = 0; i < l->n_layers; i++)
+        for (int p = 0; p < FT_N_PROJ; p++) {
+            ft_lora_linear *ll = &l->lin[i][p];
+            if (!ll->A) continue;
+            ll->A0 = l->fixed + (ll->A - l->params);
+            ll->B0 = l->fixed + (ll->B - l->params);
+        }
+    return 0;
 }
 
 int ft_lora_pull(ft_lora *l)

@@ -27,6 +27,9 @@ typedef struct ft_lora_cfg {
 
 typedef struct ft_lora_linear {
     float *A, *B;         /* (r, in), (out, r): slices of ft_lora.params */
+    const float *A0, *B0; /* (r, in), (out, r): the frozen correction of a quantized base
+                           * (slices of ft_lora.fixed, adapters/qcorr.h), NULL without one:
+                           * y += scale x A0^T B0^T, never dropped out, no gradient */
     float *dA, *dB;       /* same shapes: slices of ft_lora.grads */
     int64_t in_n, out_n;
 } ft_lora_linear;
@@ -39,6 +42,7 @@ typedef struct ft_lora {
     int64_t n_params;
     float *params, *grads, *m, *v;    /* n_params each, backend memory */
     float *host;                      /* n_params host staging (save/load) */
+    float *fixed;                     /* n_params backend memory or NULL: A0/B0 (ft_lora_set_fixed) */
     ft_backend *be;
 } ft_lora;
 
@@ -47,6 +51,12 @@ typedef struct ft_lora {
  * B = 0; grads and moments zero. Returns 0, -ENOMEM, FT_E_INVALID (r < 1, no targets). */
 int ft_lora_init(ft_lora *l, const ft_model *m, const ft_lora_cfg *cfg, ft_backend *be);
 void ft_lora_free(ft_lora *l);
+
+/* Installs a frozen low-rank correction of the base (adapters/qcorr.h): host holds n_params
+ * floats in the layout of l->params (A0 where A is, B0 where B is); they are copied to one
+ * backend allocation and every adapted linear gets A0/B0. Replaces an earlier one. Returns 0
+ * or -ENOMEM. */
+int ft_lora_set_fixed(ft_lora *l, const float *host);
 
 /* Copies params to/from l->host (for saving and loading). */
 int ft_lora_pull(ft_lora *l);

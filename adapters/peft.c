@@ -58,8 +58,14 @@ static int write_config(const char *path, const ft_lora *l, const char *base_nam
 
 int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *base_name)
 {
-    FT_TRY(ft_mkdir_p(dir));
+    (void)m;
     FT_TRY(ft_lora_pull(l));
+    return ft_peft_save_values(dir, l, l->host, base_name);
+}
+
+int ft_peft_save_values(const char *dir, const ft_lora *l, const float *values, const char *base_name)
+{
+    FT_TRY(ft_mkdir_p(dir));
     int n_t = 0;
     for (int p = 0; p < FT_N_PROJ; p++)
         if (l->cfg.targets & (1u << p)) n_t++;
@@ -78,10 +84,10 @@ int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *bas
             if (!ll->A) continue;
             int64_t offA = ll->A - l->params, offB = ll->B - l->params;
             ft_peft_key(names[k], sizeof names[k], i, p, 'A');
-            ts[k] = (ft_st_out){names[k], FT_ST_F32, 2, {l->cfg.r, ll->in_n}, l->host + offA};
+            ts[k] = (ft_st_out){names[k], FT_ST_F32, 2, {l->cfg.r, ll->in_n}, values + offA};
             k++;
             ft_peft_key(names[k], sizeof names[k], i, p, 'B');
-            ts[k] = (ft_st_out){names[k], FT_ST_F32, 2, {ll->out_n, l->cfg.r}, l->host + offB};
+            ts[k] = (ft_st_out){names[k], FT_ST_F32, 2, {ll->out_n, l->cfg.r}, values + offB};
             k++;
         }
     }
@@ -93,7 +99,6 @@ int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *bas
     free(names);
     FT_TRY(rc);
     FT_TRY(ft_path_join(path, sizeof path, dir, "adapter_config.json"));
-    (void)m;
     return write_config(path, l, base_name);
 }
 

@@ -13,6 +13,9 @@
  * name, fsynced and renamed (a failure leaves no partial file under the final names).
  * base_name goes to base_model_name_or_path. Creates DIR. Returns 0 or -errno. */
 int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *base_name);
+/* ft_peft_save of other values in l's layout (values: l->n_params host floats, A where l's A
+ * is, B where its B is), e.g. the frozen correction of a quantized base (adapters/qcorr.h). */
+int ft_peft_save_values(const char *dir, const ft_lora *l, const float *values, const char *base_name);
 
 /* Reads DIR/adapter_config.json into cfg (r, lora_alpha, lora_dropout, use_rslora,
  * target_modules). Rejects what ftune cannot apply (use_dora, bias != "none",

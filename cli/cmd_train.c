@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "adapters/lora.h"
+#include "adapters/qcorr.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
@@ -57,6 +58,15 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
         return -1;
     }
     *(int *)dst = k;
+    return 0;
+}
+
+static int opt_qcorr(const char *v, void *dst, char *err, size_t n)
+{
+    if (ft_qcorr_parse(v, dst) < 0) {
+        snprintf(err, n, "unknown quantization correction '%s' (none, calibrated, weight)", v);
+        return -1;
+    }
     return 0;
 }
 
@@ -210,6 +220,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"threads", FT_OPT_INT, &threads, "CPU threads (default: all cores)"},
         {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
         {"quant", FT_OPT_FN, &c.quant, "base linear weights: nf4 (QLoRA: bitsandbytes NF4 with double quantization, kept in a pack file and dequantized per layer) | bf16 (unquantized) | auto (default: bf16, nf4 when the bf16 base does not fit the GPU budget); the plan line says which was chosen", opt_quant, "TYPE"},
+        {"quant-correction", FT_OPT_FN, &c.quant_correction, "with --quant nf4: a frozen rank-r (the LoRA rank) correction of the NF4 error added to the base before training, so the adapter learns the task rather than repairing the quantization; calibrated: least output error on --quant-correction-tokens training tokens (CLoQ), weight: least weight error (LoftQ with the NF4 base fixed), none (default). Needs the unquantized weights; written to OUT/quant_correction; the adapter in OUT stays one for the original weights", opt_qcorr, "NAME"},
+        {"quant-correction-tokens", FT_OPT_INT, &c.quant_correction_tokens, "calibration tokens of --quant-correction calibrated (default 4096, whole micro-batches)"},
         {"cache-dir", FT_OPT_STR, &c.cache_dir, "where --quant nf4 keeps pack files, reused while the model is unchanged (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {"gpu-mem", FT_OPT_FN, &c.gpu_mem, "GPU memory the run may use, e.g. 24G (default: all that is free); the run is refused up front, naming the smallest budget that works, if it cannot fit", ft_opt_bytes, "SIZE"},
         {"host-mem", FT_OPT_FN, &c.host_mem, "host memory for the offload tiers (pinned pool of base layers and staging), e.g. 48G (default: available memory less 4 GiB); layers beyond it are read from the pack file (NVMe, io_uring) at each visit", ft_opt_bytes, "SIZE"},

@@ -93,10 +93,12 @@ static uint64_t proj_seed(uint64_t base, int64_t layer, int p)
     return (x ^ (x >> 29)) | 1;
 }
 
-/* y (T, out) = x W^T (+ b) + scale * dropout(x) A^T B^T; u (T, r) keeps dropout(x) A^T. */
+/* y (T, out) = x W^T (+ b) + scale * dropout(x) A^T B^T (+ scale x A0^T B0^T, the frozen
+ * correction of a quantized base, adapters/qcorr.h); u (T, r) keeps dropout(x) A^T; tmp
+ * (T, r) is scratch. */
 static int lin_fwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll, float scale,
                    int64_t r, float p, uint64_t seed, const float *x, float *y, float *u,
-                   float *xd, int64_t T)
+                   float *xd, float *tmp, int64_t T)
 {
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
@@ -114,13 +116,17 @@ static int lin_fwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll,
         FT_TRY(o->gemm(be, 0, 1, T, out, r, scale, u, r, ll->B, r, 0.0f, y, out));
         beta = 1.0f;
     }
+    if (ll && ll->A0) {
+        FT_TRY(o->gemm(be, 0, 1, T, r, in, 1.0f, x, in, ll->A0, in, 0.0f, tmp, r));
+        FT_TRY(o->gemm(be, 0, 1, T, out, r, scale, tmp, r, ll->B0, r, beta, y, out));
+    }
     FT_TRY(o->linear_fwd(be, y, x, w->w, w->wtype, T, out, in, beta, xd));
     if (w->b) FT_TRY(o->bias_add(be, y, w->b, T, out));
     return 0;
 }
 
 /* dx (T, in) = beta * dx + dy W (+ the LoRA path); dA, dB accumulate. xd holds 2*T*in. */
-static int lin_bwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll, float scale,
+static int lin_bwd_main(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll, float scale,
                    int64_t r, float p, uint64_t seed, const float *x, const float *u,
                    const float *dy, float *dx, float beta, float *du, float *xd, int64_t T)
 {
@@ -148,6 +154,20 @@ static int lin_bwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll,
     return o->axpy(be, 1.0f, xd, dx, T * in);
 }
 
+/* lin_bwd_main, then the frozen correction's share of dx: dx += scale (dy B0) A0 (du, free
+ * again by then, holds dy B0). */
+static int lin_bwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll, float scale,
+                   int64_t r, float p, uint64_t seed, const float *x, const float *u,
+                   const float *dy, float *dx, float beta, float *du, float *xd, int64_t T)
+{
+    FT_TRY(lin_bwd_main(be, w, ll, scale, r, p, seed, x, u, dy, dx, beta, du, xd, T));
+    if (!ll || !ll->A0) return 0;
+    const ft_backend_ops *o = be->ops;
+    int64_t in = w->in_n, out = w->out_n;
+    FT_TRY(o->gemm(be, 0, 0, T, r, out, scale, dy, out, ll->B0, r, 0.0f, du, r));
+    return o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A0, in, 1.0f, dx, in);
+}
+
 int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
                  const ft_lora *lora, int64_t layer, const ft_block_dims *d,
                  const ft_block_io *io, const float *x, float *out, ft_block_acts *a,
@@ -163,23 +183,23 @@ int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weig
     float *qkv[3] = {a->q, a->k, a->v};
     for (int pj = FT_Q; pj <= FT_V; pj++)
         FT_TRY(lin_fwd(be, &w->proj[pj], lora_of(lora, layer, pj), sc, r, p,
-                       proj_seed(seed, layer, pj), a->xn1, qkv[pj], a->u[pj], s->xd, T));
+                       proj_seed(seed, layer, pj), a->xn1, qkv[pj], a->u[pj], s->xd, s->du, T));
     FT_TRY(o->rope_fwd(be, a->q, io->pos, io->inv_freq, T, H, D));
     FT_TRY(o->rope_fwd(be, a->k, io->pos, io->inv_freq, T, Hkv, D));
     FT_TRY(o->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, io->seq_start, T, H, Hkv, D,
                             attn_scale(cfg, D)));
     FT_TRY(lin_fwd(be, &w->proj[FT_O], lora_of(lora, layer, FT_O), sc, r, p,
-                   proj_seed(seed, layer, FT_O), a->att, a->h, a->u[FT_O], s->xd, T));
+                   proj_seed(seed, layer, FT_O), a->att, a->h, a->u[FT_O], s->xd, s->du, T));
     FT_TRY(o->axpy(be, 1.0f, x, a->h, T * C));
 
     FT_TRY(o->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, w->ffn_norm, T, C, cfg->rms_norm_eps));
     FT_TRY(lin_fwd(be, &w->proj[FT_GATE], lora_of(lora, layer, FT_GATE), sc, r, p,
-                   proj_seed(seed, layer, FT_GATE), a->xn2, a->gate, a->u[FT_GATE], s->xd, T));
+                   proj_seed(seed, layer, FT_GATE), a->xn2, a->gate, a->u[FT_GATE], s->xd, s->du, T));
     FT_TRY(lin_fwd(be, &w->proj[FT_UP], lora_of(lora, layer, FT_UP), sc, r, p,
-                   proj_seed(seed, layer, FT_UP), a->xn2, a->up, a->u[FT_UP], s->xd, T));
+                   proj_seed(seed, layer, FT_UP), a->xn2, a->up, a->u[FT_UP], s->xd, s->du, T));
     FT_TRY(o->swiglu_fwd(be, a->act, a->gate, a->up, T * F));
     FT_TRY(lin_fwd(be, &w->proj[FT_DOWN], lora_of(lora, layer, FT_DOWN), sc, r, p,
-                   proj_seed(seed, layer, FT_DOWN), a->act, out, a->u[FT_DOWN], s->xd, T));
+                   proj_seed(seed, layer, FT_DOWN), a->act, out, a->u[FT_DOWN], s->xd, s->du, T));
     return o->axpy(be, 1.0f, a->h, out, T * C);
 }
 

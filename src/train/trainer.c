@@ -22,6 +22,7 @@
 #include "src/core/rng.h"
 #include "src/model/model.h"
 #include "src/train/checkpoint.h"
+#include "src/train/correction.h"
 #include "src/train/metrics.h"
 #include "src/train/schedule.h"
 
@@ -44,6 +45,7 @@ void ft_train_defaults(ft_train_cfg *c)
     c->lora.dropout = 0.05f;
     c->lora.targets = FT_LORA_ALL_TARGETS;
     c->seed = 42;
+    c->quant_correction_tokens = 4096;
     c->data_cfg.eval_fraction = 0.05;
     c->data_cfg.eval_max = 200;
     c->save_every = 200;
@@ -201,6 +203,11 @@ static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_m
     /* the base's quantization shapes the trajectory; recorded only for NF4 so that
      * checkpoints written before --quant existed (all bf16) still resume */
     if (quant == FT_PACK_QUANT_NF4) cJSON_AddStringToObject(o, "base_quant", "nf4");
+    if (quant == FT_PACK_QUANT_NF4 && c->quant_correction) { /* likewise only when used */
+        cJSON_AddStringToObject(o, "quant_correction", ft_qcorr_name(c->quant_correction));
+        if (c->quant_correction == FT_QCORR_CALIBRATED)
+            cJSON_AddNumberToObject(o, "quant_correction_tokens", (double)c->quant_correction_tokens);
+    }
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)c->seed); /* > 2^53 as a string */
     cJSON_AddStringToObject(o, "seed", buf);
     /* "info": recorded, free to change on resume */
@@ -378,6 +385,39 @@ static int open_pack(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user)
     return rc;
 }
 
+/* The frozen correction of the NF4 base (--quant-correction, src/train/correction.h):
+ * computed and saved to OUT/quant_correction on a fresh run, read back on --resume. */
+static int setup_correction(run *r, const ft_train_cfg *c, int quant, ft_train_cb cb, void *user,
+                            ft_train_result *res)
+{
+    if (!c->quant_correction) return 0;
+    if (quant != FT_PACK_QUANT_NF4) {
+        info(cb, user, FT_EV_INFO, "quant correction: none (the base is not quantized)");
+        return 0;
+    }
+    if (c->init_adapter && !c->resume)
+        return ft_err(FT_E_INVALID, "--quant-correction with --init-adapter: the adapter of %s was "
+                      "trained without this run's correction; drop one of them", c->init_adapter);
+    if (c->resume) {
+        FT_TRY(ft_correction_load(&r->lora, c->out));
+        info(cb, user, FT_EV_INFO, "quant correction: %s, read from %s/" FT_QCORR_DIR,
+             ft_qcorr_name(c->quant_correction), c->out);
+        return 0;
+    }
+    ft_qcorr_cfg qc = {c->quant_correction, c->quant_correction_tokens, 0.01, c->threads, c->seed};
+    ft_qcorr_stats st;
+    FT_TRY(ft_correction_compute(&r->lora, r->model, r->pack, r->train_b, r->n_train_b, &qc,
+                                 c->out, c->model, &st));
+    double red = st.err_before > 0 ? 1.0 - st.err_after / st.err_before : 0.0;
+    res->qcorr_reduction = red;
+    res->qcorr_tokens = st.tokens;
+    info(cb, user, FT_EV_INFO, "quant correction: %s, rank %lld%s%lld%s: %s error of the NF4 base %.1f%% smaller, in %.1f s; saved to %s/" FT_QCORR_DIR,
+         ft_qcorr_name(c->quant_correction), (long long)r->lora.cfg.r,
+         st.tokens ? " on " : "", (long long)st.tokens, st.tokens ? " calibration tokens" : "",
+         st.tokens ? "output" : "weight", 100.0 * red, st.seconds, c->out);
+    return 0;
+}
+
 /* Sizes the executor against the device memory budget (--gpu-mem, else what is free) and
  * creates it: refuses up front, naming the smallest budget that would work, rather than
  * failing mid-run; then keeps every layer's activations (no recompute in the backward) when
@@ -521,6 +561,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     FT_TRY(choose_quant(r, c, T, &quant, why, sizeof why));
     res->quant = quant;
     if (quant == FT_PACK_QUANT_NF4) FT_TRY(open_pack(r, c, cb, user));
+    FT_TRY(setup_correction(r, c, quant, cb, user, res));
     if (r->pack && !r->be->ops->host_memory) {
         FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user));
         if (c->plan_only) return 0;
@@ -784,6 +825,13 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     cJSON_AddNumberToObject(js, "resumed_from_step", (double)res->resumed_from);
     cJSON_AddStringToObject(js, "checkpoint", res->checkpoint);
     cJSON_AddStringToObject(js, "base_quant", ft_pack_quant_name(res->quant));
+    if (c->quant_correction && res->quant == FT_PACK_QUANT_NF4) {
+        cJSON_AddStringToObject(js, "quant_correction", ft_qcorr_name(c->quant_correction));
+        if (!c->resume) {
+            cJSON_AddNumberToObject(js, "quant_correction_error_reduction", res->qcorr_reduction);
+            cJSON_AddNumberToObject(js, "quant_correction_tokens", (double)res->qcorr_tokens);
+        }
+    }
     if (r->pack) cJSON_AddStringToObject(js, "pack", ft_pack_path(r->pack));
     char *out = cJSON_Print(js);
     cJSON_Delete(js);

@@ -73,6 +73,12 @@ typedef struct ft_train_cfg {
                                  * fp32 on the CPU). Auto: bf16, or nf4 when a device backend's
                                  * budget cannot hold the bf16 base. */
     const char *cache_dir;      /* where nf4 packs are kept (NULL: ft_pack_default_cache_dir) */
+    int quant_correction;       /* enum ft_qcorr_mode (adapters/qcorr.h): with an NF4 base, a
+                                 * frozen rank-r correction of its error added to the base
+                                 * (calibrated on the first training micro-batches, or from the
+                                 * weights alone), written to OUT/quant_correction; nothing to
+                                 * do with a bf16 base. FT_QCORR_NONE (0) by default */
+    int64_t quant_correction_tokens; /* calibration tokens (default 4096) */
     uint64_t seed;
     const char *resume;         /* checkpoint folder to continue from, or NULL: fresh run */
     int64_t save_every;         /* checkpoint every N steps (0: only at the end / on stop) */
@@ -112,6 +118,8 @@ typedef struct ft_train_result {
     double time_s, tokens_per_s;
     int64_t layer_fetches;      /* executor base-weight fetches */
     int64_t bad_steps;          /* steps skipped for a non-finite loss / gradient norm */
+    double qcorr_reduction;     /* --quant-correction: relative error removed (0..1) */
+    int64_t qcorr_tokens;       /* its calibration tokens */
     int64_t resumed_from;       /* step the run resumed from (0: fresh start) */
     int stopped;                /* 1: stopped through cfg->stop before completing */
     int quant;                  /* the base's quantization used (enum ft_pack_quant); 0 if

@@ -39,6 +39,9 @@ TOL_QLORA_REL_ISSUE = 0.05
 # quantization itself), and below this bound.
 TOL_QLORA_REL_SHORT = 0.10
 TOL_GAP_GROWTH = 0.01
+# The calibrated correction keeps at most this fraction of the untrained gap (measured:
+# 4.2 / 9.2 = 0.46).
+TOL_QCORR_GAP0_FRACTION = 0.6
 # Both runs must learn: each lowers its eval loss by at least this fraction of its start.
 MIN_REL_IMPROVEMENT = 0.01
 
@@ -90,6 +93,23 @@ def test_qlora_vs_lora_example_model(tmp_path):
     assert gap0 > 0, "the NF4 base should cost something on a 4-bit model; same loss = not quantized?"
     assert gap <= gap0 + TOL_GAP_GROWTH, (gap0, gap)
     assert gap <= TOL_QLORA_REL_SHORT, (gap0, gap)
+
+    # The same QLoRA run with the calibrated correction of the NF4 error (adapters/qcorr.h):
+    # measured 2026-11-23 (2-core VM, 20-step demo): untrained gap +9.2% -> +4.2%, final
+    # +3.7% (docs/qlora.md). Asserted: it at least ~halves the untrained gap, and the gap after
+    # these steps is smaller than without it and within the issue's 5%.
+    qc, qc_plan, qc_err, qc_t = train(gguf, tmp_path / "qcorr", "nf4", cache,
+                                      args + ["--quant-correction", "calibrated"])
+    assert "quant correction: calibrated, rank 16" in qc_err, qc_err
+    assert (tmp_path / "qcorr" / "quant_correction" / "adapter_model.safetensors").is_file()
+    assert qc["quant_correction"] == "calibrated" and qc["quant_correction_error_reduction"] > 0.5, qc
+    cgap0 = qc["initial_eval_loss"] / lo["initial_eval_loss"] - 1
+    cgap = qc["final_eval_loss"] / lo["final_eval_loss"] - 1
+    print(f"with --quant-correction calibrated: {qc['initial_eval_loss']:.4f} -> "
+          f"{qc['final_eval_loss']:.4f} in {qc_t:.1f} s; gap {100 * cgap0:+.2f}% before training, "
+          f"{100 * cgap:+.2f}% after")
+    assert cgap0 < TOL_QCORR_GAP0_FRACTION * gap0, (gap0, cgap0)
+    assert cgap < gap and cgap <= TOL_QLORA_REL_ISSUE, (gap, cgap)
 
 
 # ---------------------------------------------------------------------------------------
@@ -192,3 +212,44 @@ def test_nf4_resume(tmp_path):
     assert r.returncode == 0, r.stderr
     a = (tmp_path / "full" / "adapter_model.safetensors").read_bytes()
     assert (part / "adapter_model.safetensors").read_bytes() == a
+
+
+def test_quant_correction_resume_and_errors(tmp_path):
+    """--quant-correction on the tiny model: the correction is written to OUT/quant_correction,
+    a resumed run reads it back and ends with the uninterrupted run's adapter byte for byte;
+    without the folder the resume is refused naming it; a bf16 base has nothing to correct;
+    --init-adapter with a fresh correction is refused."""
+    cache = tmp_path / "cache"
+    base = ["train", "--model", TINY, "--data", SEED_DATA, "--max-steps", "3", "--seq-len", "64",
+            "--threads", "1", "--save-every", "1", "--keep", "0", "--cache-dir", cache,
+            "--quant", "nf4", "--quant-correction", "calibrated", "--quant-correction-tokens", "128"]
+    r = run_ftune(base + ["--out", tmp_path / "full"])
+    assert r.returncode == 0, r.stderr
+    assert "quant correction: calibrated" in r.stderr and "calibration tokens" in r.stderr, r.stderr
+    qdir = tmp_path / "full" / "quant_correction"
+    cfg = json.loads((qdir / "adapter_config.json").read_text())
+    assert cfg["r"] == 16 and (qdir / "adapter_model.safetensors").stat().st_size > 0
+    part = tmp_path / "part"
+    r = run_ftune(base + ["--out", part])
+    assert r.returncode == 0, r.stderr
+    for k in (2, 3):  # as if killed after checkpoint 1
+        shutil.rmtree(part / f"checkpoint-{k}")
+    (part / "adapter_model.safetensors").unlink()
+    r = run_ftune(base + ["--out", part, "--resume", part / "checkpoint-1"])
+    assert r.returncode == 0, r.stderr
+    assert "read from" in r.stderr, r.stderr
+    a = (tmp_path / "full" / "adapter_model.safetensors").read_bytes()
+    assert (part / "adapter_model.safetensors").read_bytes() == a
+    # the run config records the correction: resuming without it is refused
+    r = run_ftune(base[:-4] + ["--out", part, "--resume", part / "checkpoint-1"])
+    assert r.returncode == 1 and "quant_correction" in r.stderr, r.stderr
+    shutil.rmtree(part / "quant_correction")
+    r = run_ftune(base + ["--out", part, "--resume", part / "checkpoint-1"])
+    assert r.returncode == 1 and "quant_correction" in r.stderr, r.stderr
+    r = run_ftune(["train", "--model", TINY, "--data", SEED_DATA, "--max-steps", "1", "--seq-len", "64",
+                   "--quant", "bf16", "--quant-correction", "weight", "--out", tmp_path / "bf16"])
+    assert r.returncode == 0 and "quant correction: none (the base is not quantized)" in r.stderr, r.stderr
+    r = run_ftune(base + ["--out", tmp_path / "init", "--init-adapter", tmp_path / "full"])
+    assert r.returncode == 1 and "--init-adapter" in r.stderr, r.stderr
+    r = run_ftune(base + ["--out", tmp_path / "x", "--quant-correction", "loftq"])
+    assert r.returncode == 2 and "none, calibrated, weight" in r.stderr, r.stderr
