@@ -190,6 +190,23 @@ def test_quant_flag_errors(tmp_path):
     assert r.returncode == 0 and "--quant TYPE" in r.stdout + r.stderr and "--cache-dir" in r.stdout + r.stderr
 
 
+def resume_matches(base, tmp_path):
+    """Runs `base` (3 steps, a checkpoint each) into tmp/part, removes what came after
+    checkpoint 1 as if killed there, resumes, and checks the final adapter against the
+    uninterrupted run's in tmp/full byte for byte. Returns the resumed run's result."""
+    part = tmp_path / "part"
+    r = run_ftune(base + ["--out", part])
+    assert r.returncode == 0, r.stderr
+    for k in (2, 3):
+        shutil.rmtree(part / f"checkpoint-{k}")
+    (part / "adapter_model.safetensors").unlink()
+    r = run_ftune(base + ["--out", part, "--resume", part / "checkpoint-1"])
+    assert r.returncode == 0, r.stderr
+    a = (tmp_path / "full" / "adapter_model.safetensors").read_bytes()
+    assert (part / "adapter_model.safetensors").read_bytes() == a
+    return r
+
+
 def test_nf4_resume(tmp_path):
     """The base's quantization is part of the run config: resuming an nf4 run gives the
     uninterrupted run's adapter byte for byte; resuming it with --quant bf16 is refused."""
@@ -202,16 +219,7 @@ def test_nf4_resume(tmp_path):
     r = run_ftune(base[:-1] + ["bf16", "--out", tmp_path / "full", "--resume",
                                tmp_path / "full" / "checkpoint-1"])
     assert r.returncode == 1 and 'base_quant: "nf4" -> (absent)' in r.stderr, r.stderr
-    part = tmp_path / "part"
-    r = run_ftune(base + ["--out", part])
-    assert r.returncode == 0, r.stderr
-    for k in (2, 3):  # as if killed after checkpoint 1
-        shutil.rmtree(part / f"checkpoint-{k}")
-    (part / "adapter_model.safetensors").unlink()
-    r = run_ftune(base + ["--out", part, "--resume", part / "checkpoint-1"])
-    assert r.returncode == 0, r.stderr
-    a = (tmp_path / "full" / "adapter_model.safetensors").read_bytes()
-    assert (part / "adapter_model.safetensors").read_bytes() == a
+    resume_matches(base, tmp_path)
 
 
 def test_quant_correction_resume_and_errors(tmp_path):
@@ -230,16 +238,8 @@ def test_quant_correction_resume_and_errors(tmp_path):
     cfg = json.loads((qdir / "adapter_config.json").read_text())
     assert cfg["r"] == 16 and (qdir / "adapter_model.safetensors").stat().st_size > 0
     part = tmp_path / "part"
-    r = run_ftune(base + ["--out", part])
-    assert r.returncode == 0, r.stderr
-    for k in (2, 3):  # as if killed after checkpoint 1
-        shutil.rmtree(part / f"checkpoint-{k}")
-    (part / "adapter_model.safetensors").unlink()
-    r = run_ftune(base + ["--out", part, "--resume", part / "checkpoint-1"])
-    assert r.returncode == 0, r.stderr
+    r = resume_matches(base, tmp_path)
     assert "read from" in r.stderr, r.stderr
-    a = (tmp_path / "full" / "adapter_model.safetensors").read_bytes()
-    assert (part / "adapter_model.safetensors").read_bytes() == a
     # the run config records the correction: resuming without it is refused
     r = run_ftune(base[:-4] + ["--out", part, "--resume", part / "checkpoint-1"])
     assert r.returncode == 1 and "quant_correction" in r.stderr, r.stderr

@@ -16,6 +16,7 @@
 #include "src/core/rng.h"
 #include "src/model/llama.h"
 #include "src/model/model.h"
+#include "tests/unit/stream_fixture.h"
 
 #define TINY "tests/fixtures/tiny-llama"
 /* A0, B0 are fp32: s B0 A0 reproduces an exactly rank-r R to fp32 rounding of its factors. */
@@ -125,35 +126,6 @@ static void test_calibrated_minimum(void **state)
     }
 }
 
-/* rows x S tokens, two packed sequences per row. */
-static ft_batch make_batch(int64_t rows, int64_t S, int64_t V, uint64_t seed)
-{
-    ft_batch b = {rows, S, rows * S};
-    b.ids = malloc(b.T * 4);
-    b.targets = malloc(b.T * 4);
-    b.pos = malloc(b.T * 4);
-    b.seq_start = malloc(b.T * 4);
-    ft_rng rng;
-    ft_rng_seed(&rng, seed);
-    for (int64_t t = 0; t < b.T; t++) b.ids[t] = (int32_t)(ft_rng_next(&rng) % (uint64_t)V);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < S; j++) {
-            int64_t t = r * S + j, start = r * S + (j < S / 2 ? 0 : S / 2);
-            b.pos[t] = (int32_t)(t - start);
-            b.seq_start[t] = (int32_t)start;
-            b.targets[t] = -100;
-        }
-    return b;
-}
-
-static void free_batch(ft_batch *b)
-{
-    free(b->ids);
-    free(b->targets);
-    free(b->pos);
-    free(b->seq_start);
-}
-
 static void assert_close(const float *a, const float *b, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
@@ -201,7 +173,8 @@ static void test_block_fixed_equals_merged(void **state)
             }
         wm.proj[p].w = mw[p];
     }
-    ft_batch b = make_batch(2, 8, c->vocab_size, 3);
+    ft_batch b;
+    stream_make_batches(&b, 1, 16, c->vocab_size);
     ft_block_dims d = {b.T, c->hidden_size, c->num_attention_heads, c->num_key_value_heads,
                        c->head_dim, c->intermediate_size, lc.r};
     int64_t na = ft_block_acts_floats(&d), ns = ft_block_scratch_floats(&d), C = c->hidden_size;
@@ -209,7 +182,7 @@ static void test_block_fixed_equals_merged(void **state)
     float *x = malloc(b.T * C * 4), *y1 = malloc(b.T * C * 4), *y2 = malloc(b.T * C * 4);
     float *dy = malloc(b.T * C * 4), *dx1 = malloc(b.T * C * 4), *dx2 = malloc(b.T * C * 4);
     float inv[64];
-    ft_rope_inv_freq(c, 8, inv);
+    ft_rope_inv_freq(c, 16, inv);
     for (int64_t i = 0; i < b.T * C; i++) {
         x[i] = (float)urand(&g);
         dy[i] = (float)urand(&g);
@@ -250,7 +223,7 @@ static void test_block_fixed_equals_merged(void **state)
     free(dx1);
     free(dx2);
     free(fixed);
-    free_batch(&b);
+    stream_free_batches(&b, 1);
     ft_lora_free(&l);
     ft_lora_free(&plain);
     ft_backend_free(be);
@@ -291,8 +264,8 @@ static void test_compute_tiny(void **state)
     coarse k = {m};
     for (int p = 0; p < FT_N_PROJ; p++)
         k.buf[p] = malloc((size_t)m->layers[0].proj[p].out_n * m->layers[0].proj[p].in_n * 4);
-    ft_batch b[3] = {make_batch(1, 16, m->cfg.vocab_size, 5), make_batch(2, 8, m->cfg.vocab_size, 6),
-                     make_batch(1, 16, m->cfg.vocab_size, 7)};
+    ft_batch b[3];
+    stream_make_batches(b, 3, 16, m->cfg.vocab_size);
     float *out = calloc((size_t)l.n_params, sizeof *out);
     for (int mode = FT_QCORR_CALIBRATED; mode <= FT_QCORR_WEIGHT; mode++) {
         ft_qcorr_cfg qc = {mode, 20, 0.01, 2, 42};
@@ -318,7 +291,7 @@ static void test_compute_tiny(void **state)
     assert_int_equal(ft_qcorr_parse("calibrated", &mode), 0);
     assert_int_equal(mode, FT_QCORR_CALIBRATED);
     assert_int_equal(ft_qcorr_parse("loftq", &mode), FT_E_INVALID);
-    for (int i = 0; i < 3; i++) free_batch(&b[i]);
+    stream_free_batches(b, 3);
     for (int p = 0; p < FT_N_PROJ; p++) free(k.buf[p]);
     free(out);
     ft_lora_free(&l);
