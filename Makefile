@@ -92,7 +92,7 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.o: %.cu kernels/cuda/cuda_common.h kernels/kernels.h
+$(BUILD)/%.o: %.cu $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/kernels.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -I. -c $< -o $@
 
@@ -129,7 +129,7 @@ EMU_CXXFLAGS ?= -O2 -g -std=c++20 -ffp-contract=off -fno-strict-aliasing -Wall -
 tests: $(EMU_BIN)
 endif
 
-$(BUILD)/tests/emu_%: tests/emu/emu_%.cc tests/emu/cuda_emu.h kernels/cuda/%.cu kernels/cuda/cuda_common.h \
+$(BUILD)/tests/emu_%: tests/emu/emu_%.cc tests/emu/cuda_emu.h kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) \
                       kernels/kernels.h $(BUILD)/libftune.a
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -DFT_MMA_EMU -I. -I$(CUDA_HOME)/include -o $@ $< $(BUILD)/libftune.a $(LIBS) $(LDFLAGS)

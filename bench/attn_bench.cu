@@ -40,23 +40,7 @@
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 
-extern "C" {
-/* kernels/cuda/attn.cu and attn_mma.cu */
-int ft_cuda_flash_attention_fwd(ft_backend *be, float *out, float *lse, const float *q, const float *k,
-                                const float *v, const int32_t *seq_start, int64_t T, int64_t H,
-                                int64_t Hkv, int64_t D, float scale);
-int ft_cuda_flash_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                                const float *q, const float *k, const float *v, const float *out,
-                                const float *lse, const int32_t *seq_start, int64_t T, int64_t H,
-                                int64_t Hkv, int64_t D, float scale);
-int ft_cuda_mma_attention_fwd(ft_backend *be, float *out, float *lse, const float *q, const float *k,
-                              const float *v, const int32_t *seq_start, int64_t T, int64_t H,
-                              int64_t Hkv, int64_t D, float scale);
-int ft_cuda_mma_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                              const float *q, const float *k, const float *v, const float *out,
-                              const float *lse, const int32_t *seq_start, int64_t T, int64_t H,
-                              int64_t Hkv, int64_t D, float scale);
-}
+#include "kernels/cuda/cuda_entry.h" /* attn.cu and attn_mma.cu */
 
 #define CK(x) do { int rc_ = (x); if (rc_ < 0) { \
     fprintf(stderr, "%s:%d: %s: %d: %s\n", __FILE__, __LINE__, #x, rc_, ft_errmsg()); exit(2); } } while (0)

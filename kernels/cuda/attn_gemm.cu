@@ -42,17 +42,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* attn_mma.cu (declared here: cuda_common.h does not list them yet) */
-extern "C" size_t ft_cuda_mma_attn_ws_bytes(int64_t T, int64_t H, int64_t Hkv, int64_t D);
-extern "C" int ft_cuda_mma_attention_fwd(ft_backend *be, float *out, float *lse, const float *q,
-                                         const float *k, const float *v, const int32_t *seq_start,
-                                         int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale);
-extern "C" int ft_cuda_mma_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv,
-                                         const float *dout, const float *q, const float *k,
-                                         const float *v, const float *out, const float *lse,
-                                         const int32_t *seq_start, int64_t T, int64_t H,
-                                         int64_t Hkv, int64_t D, float scale);
-
 enum { ROUTE_GEMM, ROUTE_FLASH, ROUTE_MMA };
 
 /* The kernels attention_fwd/bwd use for head dim D (see the file comment). */

@@ -233,6 +233,25 @@ __device__ __forceinline__ void load_tile(bf16 *sm, const bf16 *base, int row0, 
 /* acc (16 x 8 NT) += A (16 x D) B^T, B (8 NT x D); both row-major smem tiles over D, given as
  * the shared address of the 16-row block (As) and of the first B row (Bs), with the lane's
  * offsets oa = lane_off_a, ob = lane_off_b: S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T. */
+/* One step of the double-buffered K/V pipeline over key tiles of BK rows: while tile n (at
+ * key j0, in buffer n & 1) is computed, tile n + 1 is copied into the other buffer. Starts that
+ * copy when there is a next tile and waits for tile n's copies (and any earlier group); the
+ * caller's __syncthreads() then makes tile n visible to every warp. */
+template <int D, int BK, int NTH>
+__device__ __forceinline__ void kv_pipeline_step(bf16 *Ks, bf16 *Vs, const bf16 *kh, const bf16 *vh,
+                                                 int n, int nkt, int j0, int T, int64_t kstr)
+{
+    if (n + 1 < nkt) {
+        const int b = (n + 1) & 1;
+        load_tile<D, BK, NTH>(Ks + b * BK * D, kh, j0 + BK, T, kstr);
+        load_tile<D, BK, NTH>(Vs + b * BK * D, vh, j0 + BK, T, kstr);
+        cp_commit();
+        cp_wait<1>();
+    } else {
+        cp_wait<0>();
+    }
+}
+
 template <int D, int NT>
 __device__ __forceinline__ void wg_nt(float (&acc)[NT][4], uint32_t As, uint32_t Bs, int oa, int ob)
 {
@@ -407,15 +426,7 @@ k_mma_fwd(float *__restrict__ out, float *__restrict__ lse, const bf16 *__restri
 
     for (int n = 0; n < nkt; n++) {
         const int j0 = jstart + n * BK;
-        if (n + 1 < nkt) {
-            const int b = (n + 1) & 1;
-            load_tile<D, BK, NTH>(Ks + b * BK * D, kh, j0 + BK, T, kstr);
-            load_tile<D, BK, NTH>(Vs + b * BK * D, vh, j0 + BK, T, kstr);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        kv_pipeline_step<D, BK, NTH>(Ks, Vs, kh, vh, n, nkt, j0, T, kstr);
         __syncthreads(); /* tile n (and Q) visible to every warp */
         bool act = false, msk = true;
         if (rows) qwarp_flags(T, qa, lo_first, lo_last, j0, BK, &act, &msk);
@@ -530,15 +541,7 @@ k_mma_dq(float *__restrict__ dq, const bf16 *__restrict__ qb, const bf16 *__rest
 
     for (int n = 0; n < nkt; n++) {
         const int j0 = jstart + n * BK;
-        if (n + 1 < nkt) {
-            const int b = (n + 1) & 1;
-            load_tile<D, BK, NTH>(Ks + b * BK * D, kh, j0 + BK, T, kstr);
-            load_tile<D, BK, NTH>(Vs + b * BK * D, vh, j0 + BK, T, kstr);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        kv_pipeline_step<D, BK, NTH>(Ks, Vs, kh, vh, n, nkt, j0, T, kstr);
         __syncthreads();
         bool act = false, msk = true;
         if (rows) qwarp_flags(T, qa, lo_first, lo_last, j0, BK, &act, &msk);
@@ -781,6 +784,16 @@ static int to_bf16(ft_cuda_ctx *cx, bf16 *dst, const float *src, int64_t n)
     return 0;
 }
 
+/* Carves the workspace and stages q, k, v in it as bf16 (both directions start so). */
+static int mma_stage(ft_cuda_ctx *cx, mma_ws *w, const char *op, const float *q, const float *k,
+                     const float *v, int64_t T, int64_t H, int64_t Hkv, int64_t D)
+{
+    FT_TRY(mma_carve(cx, w, op, T, H, Hkv, D));
+    FT_TRY(to_bf16(cx, w->q, q, T * H * D));
+    FT_TRY(to_bf16(cx, w->k, k, T * Hkv * D));
+    return to_bf16(cx, w->v, v, T * Hkv * D);
+}
+
 template <int D>
 static int mma_fwd(ft_cuda_ctx *cx, float *out, float *lse, const mma_ws *w, const int32_t *ss,
                    int64_t T, int64_t H, int64_t Hkv, float scale)
@@ -835,10 +848,7 @@ extern "C" int ft_cuda_mma_attention_fwd(ft_backend *be, float *out, float *lse,
     if (T == 0 || H == 0) return 0;
     if (!out || !lse || !q || !k || !v || !seq_start) return ft_err(FT_E_INVALID, "cuda %s: NULL buffer", op);
     mma_ws w;
-    FT_TRY(mma_carve(cx, &w, op, T, H, Hkv, D));
-    FT_TRY(to_bf16(cx, w.q, q, T * H * D));
-    FT_TRY(to_bf16(cx, w.k, k, T * Hkv * D));
-    FT_TRY(to_bf16(cx, w.v, v, T * Hkv * D));
+    FT_TRY(mma_stage(cx, &w, op, q, k, v, T, H, Hkv, D));
     if (D == 64) return mma_fwd<64>(cx, out, lse, &w, seq_start, T, H, Hkv, scale);
     return mma_fwd<128>(cx, out, lse, &w, seq_start, T, H, Hkv, scale);
 }
@@ -858,10 +868,7 @@ extern "C" int ft_cuda_mma_attention_bwd(ft_backend *be, float *dq, float *dk, f
     if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse || !seq_start)
         return ft_err(FT_E_INVALID, "cuda %s: NULL buffer", op);
     mma_ws w;
-    FT_TRY(mma_carve(cx, &w, op, T, H, Hkv, D));
-    FT_TRY(to_bf16(cx, w.q, q, T * H * D));
-    FT_TRY(to_bf16(cx, w.k, k, T * Hkv * D));
-    FT_TRY(to_bf16(cx, w.v, v, T * Hkv * D));
+    FT_TRY(mma_stage(cx, &w, op, q, k, v, T, H, Hkv, D));
     k_mma_dout<<<ft_cuda_blocks(T * H, 8), 256, 0, cx->stream>>>(w.dout, w.delta, dout, out, T * H, (int)D);
     FT_CUDA_LAUNCH(op);
     if (D == 64) return mma_bwd<64>(cx, dq, dk, dv, lse, &w, seq_start, T, H, Hkv, scale);

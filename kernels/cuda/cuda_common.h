@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cuda/cuda_entry.h" /* the kernels outside the op table */
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 
@@ -86,20 +87,6 @@ int ft_cuda_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv, const
                           const float *q, const float *k, const float *v, const float *out,
                           const float *lse, const int32_t *seq_start, int64_t T, int64_t H,
                           int64_t Hkv, int64_t D, float scale);
-/* FlashAttention-2 kernels (kernels/cuda/attn.cu): same contracts as the three above; fp32
- * on CUDA cores, D <= 256, Delta in cx->work. attention_kv_fwd is this one; attention_fwd/bwd
- * use it for packed rows of short sequences (attn_gemm.cu chooses). */
-int ft_cuda_flash_attention_fwd(ft_backend *be, float *out, float *lse, const float *q,
-                                const float *k, const float *v, const int32_t *seq_start,
-                                int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale);
-int ft_cuda_flash_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv,
-                                const float *dout, const float *q, const float *k,
-                                const float *v, const float *out, const float *lse,
-                                const int32_t *seq_start, int64_t T, int64_t H, int64_t Hkv,
-                                int64_t D, float scale);
-int ft_cuda_flash_attention_kv_fwd(ft_backend *be, float *out, const float *q, const float *k,
-                                   const float *v, int64_t p, int64_t n_q, int64_t H,
-                                   int64_t Hkv, int64_t D, float scale);
 #ifdef __cplusplus
 }
 #endif

@@ -35,6 +35,8 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/cuda/nf4_word.cuh"
+
 #define FT_NF4_TILE 1024        /* elements per warp tile */
 #define FT_NF4_THREADS 256      /* threads per CTA */
 
@@ -48,22 +50,6 @@ __device__ __forceinline__ float nf4_block_absmax(const ft_nf4_tensor &t, int64_
                                    __ldg(t.nested_absmax + (b >> sh_nested))),
                          t.offset);
     return __ldg(t.absmax + b);
-}
-
-/* Four code bytes (little-endian word: byte 0 = the lowest address = elements 0 and 1, the
- * first element in the high nibble) -> 8 bf16 values as one 16-byte vector. */
-__device__ __forceinline__ uint4 nf4_word_bf16(uint32_t w, const float *code, float am)
-{
-    uint4 v;
-    uint32_t *o = reinterpret_cast<uint32_t *>(&v);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        uint32_t byte = (w >> (8 * k)) & 0xff;
-        __nv_bfloat162 p = __floats2bfloat162_rn(__fmul_rn(code[byte >> 4], am),
-                                                 __fmul_rn(code[byte & 15], am));
-        o[k] = *reinterpret_cast<uint32_t *>(&p);
-    }
-    return v;
 }
 
 /* dst[0, n) from t; tiles [0, n_tiles) by warps (grid-stride), then elements

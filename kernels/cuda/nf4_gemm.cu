@@ -53,6 +53,8 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/cuda/nf4_word.cuh" /* nf4.cu's code-to-bf16 step, bit for bit */
+
 #define NF4G_THREADS 256
 #define NF4G_BN 128 /* output columns per CTA */
 #define NF4G_BK 64  /* reduction per pipeline step */
@@ -107,22 +109,6 @@ __device__ __forceinline__ void nf4g_mma(float d[4], const uint32_t a[4], const 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #endif /* FT_MMA_EMU */
-
-/* Four code bytes (little-endian word: byte 0 = elements 0 and 1, the first in the high
- * nibble) -> 8 bf16 as one 16-byte vector; nf4.cu's nf4_word_bf16, the same operations. */
-__device__ __forceinline__ uint4 nf4g_word_bf16(uint32_t w, const float *code, float am)
-{
-    uint4 v;
-    uint32_t *o = reinterpret_cast<uint32_t *>(&v);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        uint32_t byte = (w >> (8 * k)) & 0xff;
-        __nv_bfloat162 p = __floats2bfloat162_rn(__fmul_rn(code[byte >> 4], am),
-                                                 __fmul_rn(code[byte & 15], am));
-        o[k] = *reinterpret_cast<uint32_t *>(&p);
-    }
-    return v;
-}
 
 /* ---- tile geometry (host and device functions: a host emulation can check the layout) ------ */
 
@@ -265,7 +251,7 @@ __global__ void __launch_bounds__(NF4G_THREADS, 2) k_nf4_gemm(nf4g_args p)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             *reinterpret_cast<uint4 *>(wb + nf4g_w_off<DGRAD>(wr_t, 4 * sub + j)) =
-                nf4g_word_bf16(w[j], code_s, am);
+                nf4_word_bf16(w[j], code_s, am);
         }
     };
 

@@ -30,32 +30,10 @@
 #define TOL_BF16 1e-2
 
 #ifdef FT_HAVE_CUDA
-/* kernels/cuda/attn.cu, declared in kernels/cuda/cuda_common.h, which a C file cannot include
- * (CUDA headers): the same prototypes here. */
-int ft_cuda_flash_attention_fwd(ft_backend *be, float *out, float *lse, const float *q,
-                                const float *k, const float *v, const int32_t *seq_start,
-                                int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale);
-int ft_cuda_flash_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv,
-                                const float *dout, const float *q, const float *k,
-                                const float *v, const float *out, const float *lse,
-                                const int32_t *seq_start, int64_t T, int64_t H, int64_t Hkv,
-                                int64_t D, float scale);
-int ft_cuda_flash_attention_kv_fwd(ft_backend *be, float *out, const float *q, const float *k,
-                                   const float *v, int64_t p, int64_t n_q, int64_t H,
-                                   int64_t Hkv, int64_t D, float scale);
+#include "kernels/cuda/cuda_entry.h"
 #define GPU_FWD ft_cuda_flash_attention_fwd
 #define GPU_BWD ft_cuda_flash_attention_bwd
 #define GPU_KV ft_cuda_flash_attention_kv_fwd
-/* kernels/cuda/attn_mma.cu */
-int ft_cuda_mma_attention_fwd(ft_backend *be, float *out, float *lse, const float *q,
-                              const float *k, const float *v, const int32_t *seq_start,
-                              int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale);
-int ft_cuda_mma_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv,
-                              const float *dout, const float *q, const float *k,
-                              const float *v, const float *out, const float *lse,
-                              const int32_t *seq_start, int64_t T, int64_t H, int64_t Hkv,
-                              int64_t D, float scale);
-int ft_cuda_mma_attn_selfcheck(char *msg, size_t n);
 #endif
 
 typedef struct fix {

@@ -29,13 +29,7 @@
 #define TOL_GEMM_ABS 1e-6
 
 #ifdef FT_HAVE_CUDA
-/* kernels/cuda/nf4_gemm.cu (no op-table entry yet). */
-int ft_cuda_nf4_linear(ft_backend *be, int dgrad, float *c, const uint16_t *a, const ft_nf4_tensor *w,
-                       int64_t T, int64_t N, int64_t K, float beta, int bm, int splits);
-int ft_cuda_nf4_linear_fwd(ft_backend *be, float *y, const uint16_t *x, const ft_nf4_tensor *w, int64_t T,
-                           int64_t N, int64_t K, float beta);
-int ft_cuda_nf4_linear_bwd_x(ft_backend *be, float *dx, const uint16_t *dy, const ft_nf4_tensor *w, int64_t T,
-                             int64_t N, int64_t K, float beta);
+#include "kernels/cuda/cuda_entry.h" /* ft_cuda_nf4_linear (no op-table entry yet) */
 #endif
 
 typedef struct fix { ft_backend *gpu; ft_rng rng; } fix;
