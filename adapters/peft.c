@@ -374,6 +374,12 @@ int ft_peft_tensor_f64(const ft_peft_file *a, int64_t layer, int p, int which, d
 
 int ft_peft_load_weights(const char *dir, ft_lora *l)
 {
+    FT_TRY(ft_peft_load_values(dir, l, l->host));
+    return ft_lora_push(l);
+}
+
+int ft_peft_load_values(const char *dir, const ft_lora *l, float *values)
+{
     ft_peft_file a;
     FT_TRY(ft_peft_open(&a, dir));
     int rc = 0;
@@ -403,15 +409,14 @@ int ft_peft_load_weights(const char *dir, ft_lora *l)
                                 a.base_name[0] ? a.base_name : "(not recorded)");
                     break;
                 }
-                float *dst = l->host + ((w ? ll->B : ll->A) - l->params);
+                float *dst = values + ((w ? ll->B : ll->A) - l->params);
                 rc = ft_st_to_f32(t, dst, rows * cols);
                 if (rc < 0) ft_err_prefix(rc, "%s: %s", a.path, t->name);
             }
         }
     }
     ft_peft_close(&a);
-    FT_TRY(rc);
-    return ft_lora_push(l);
+    return rc;
 }
 
 int ft_peft_serving_hints(const ft_lora_cfg *c, char *buf, size_t n)

@@ -37,6 +37,9 @@ int ft_peft_serving_hints(const ft_lora_cfg *c, char *buf, size_t n);
  * adapter made for another base (other layer count, hidden size, heads) is refused with a
  * message naming the file, the tensor and both shapes. F32, F16 or BF16. */
 int ft_peft_load_weights(const char *dir, ft_lora *l);
+/* ft_peft_load_weights into values (l->n_params host floats in l's layout: A where l's A is,
+ * B where its B is) instead of l's parameters, which stay as they are (the same checks). */
+int ft_peft_load_values(const char *dir, const ft_lora *l, float *values);
 
 /* The PEFT key of layer i, projection p, which = 'A' or 'B', into out. */
 void ft_peft_key(char *out, size_t n, int64_t layer, int p, char which);

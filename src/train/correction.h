@@ -20,9 +20,9 @@ int ft_correction_compute(ft_lora *l, const ft_model *m, ft_pack_file *pack, con
                           int64_t n_b, const ft_qcorr_cfg *c, const char *out_dir,
                           const char *base_name, ft_qcorr_stats *st);
 
-/* Reads out_dir/quant_correction back into l (ft_peft_load_weights' checks: same rank,
- * targets and shapes) and installs it; l's own parameters are overwritten (the caller loads
- * the checkpoint's after). Returns 0, or an error naming the folder. */
+/* Reads out_dir/quant_correction back (ft_peft_load_weights' checks: same rank, targets and
+ * shapes) and installs it in l; l's own parameters are left as they are. Returns 0, -ENOMEM,
+ * or an error naming the folder. */
 int ft_correction_load(ft_lora *l, const char *out_dir);
 
 #endif
