@@ -36,8 +36,16 @@ typedef struct ft_backend ft_backend;
 enum ft_wtype {
     FT_W_F32 = 0,  /* float */
     FT_W_BF16 = 1, /* bfloat16 as uint16_t (the upper half of the fp32 bits, rounded to nearest even) */
+    /* NF4 (bitsandbytes, optionally double-quantized): W points to a host ft_nf4_tensor whose
+     * arrays are in backend memory, n = out * in. The product is the one of W dequantized and
+     * rounded to bf16 (dequant_nf4's values) with the activation rounded to bf16 and fp32
+     * sums, without a bf16 copy of W in memory (the dequantization is fused into the GEMM).
+     * Backends take it when out and in are multiples of FT_NF4_FUSED_ALIGN and the blocksize
+     * is a power of two 32..4096 (ft_nf4_fusable). */
+    FT_W_NF4 = 2,
 };
 #define FT_WTYPE_BIT(t) (1u << (t))
+#define FT_NF4_FUSED_ALIGN 64
 
 /* An NF4 tensor with double quantization in backend memory: bitsandbytes' layout and
  * arithmetic (src/model/nf4.h, formats.md 5): codes (n + 1) / 2 bytes, first element in the
@@ -54,6 +62,19 @@ typedef struct ft_nf4_tensor {
     const float *code;            /* 16 entries */
     float offset;                 /* nested */
 } ft_nf4_tensor;
+
+/* 1 when linear_fwd/linear_bwd_x may take W (out, in) as FT_W_NF4 with these block sizes
+ * (the fused kernels' tile rules: out, in multiples of FT_NF4_FUSED_ALIGN; blocksize a power
+ * of two 32..4096; nested: (out * in / blocksize) a multiple of 4 and nested_blocksize a power
+ * of two), 0 otherwise (the caller dequantizes to bf16 instead). */
+static inline int ft_nf4_fusable(int64_t out, int64_t in, int64_t blocksize, int64_t nested_blocksize)
+{
+    int64_t n = out * in;
+    if (out <= 0 || in <= 0 || out % FT_NF4_FUSED_ALIGN || in % FT_NF4_FUSED_ALIGN) return 0;
+    if (blocksize < 32 || blocksize > 4096 || (blocksize & (blocksize - 1))) return 0;
+    if (nested_blocksize < 0 || (nested_blocksize & (nested_blocksize - 1))) return 0;
+    return !nested_blocksize || (n / blocksize) % 4 == 0;
+}
 
 /* Lanes of work (CUDA streams): compute, host->device copies, device->host copies. */
 enum ft_lane { FT_LANE_COMPUTE = 0, FT_LANE_H2D = 1, FT_LANE_D2H = 2, FT_N_LANES = 3 };

@@ -71,8 +71,13 @@ typedef struct ft_exec {
     void *pack_raw;             /* host, 4096-aligned, the largest layer block */
     size_t pack_raw_bytes;
     float *layer_f32;           /* backend memory, ft_pack_layer_floats floats */
-    ft_layer_weights fetched;   /* points into layer_f32 */
+    ft_layer_weights fetched;   /* points into layer_f32 (or the block, tiers.c) */
     int64_t fetched_layer;      /* the layer layer_f32 holds, -1 if none */
+    /* Device tiers: NF4 projections go to the backend's dequant-fused GEMM (FT_W_NF4) as
+     * these descriptions of the fetched block, instead of a bf16 copy in layer_f32
+     * (ft_exec_nf4_fused). */
+    int nf4_fused;
+    ft_nf4_tensor fetched_nf4[FT_N_PROJ];
     int64_t pack_reads;         /* blocks read from the pack (test hook) */
     uint8_t *pack_host;         /* host-resident blocks (ft_exec_use_pack_ex resident), or NULL */
     /* Device backends (resident.c): every layer block of the pack in device memory. */
@@ -212,8 +217,14 @@ static inline int ft_exec_untied(const ft_model *m)
 }
 
 /* Bytes a device backend holds for a packed base (resident.c): the global tensors in fp32,
- * every layer block of the pack, and one layer's projections in bf16 (the staging). */
+ * every layer block of the pack, and one layer's projections in bf16 (the staging; none for
+ * the projections the fused NF4 GEMM takes, ft_exec_nf4_fused). */
 size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack);
+/* 1 when a device backend's executor hands NF4 projections to the backend's dequant-fused
+ * GEMM (kernels.h FT_W_NF4) instead of dequantizing them to bf16 at each layer visit:
+ * FTUNE_NF4_GEMM=fused and a backend that takes FT_W_NF4 (the default, dequant, stays until
+ * the fused kernel is measured faster on a GPU: docs/qlora.md). */
+int ft_exec_nf4_fused(const ft_backend *be);
 /* Bytes of the device copy of the base model's weights on backend be (embeddings counted
  * once when tied; projections in bf16 where the backend takes bf16 weights, else fp32). */
 size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m);

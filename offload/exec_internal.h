@@ -38,8 +38,9 @@ int ft_exec_tl_begin(ft_exec *e, int lane, int kind, int64_t layer);
 void ft_exec_tl_end(ft_exec *e, int mark);
 /* Pack-only models (no host weights): the global tensors from the pack (tiers.c). */
 int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack);
-/* Bytes of the bf16 staging one layer's projections are dequantized into (tiers.c). */
-size_t ft_exec_staging_bytes(const ft_model *m);
+/* Bytes of the bf16 staging one layer's projections are dequantized into on backend be
+ * (tiers.c; the projections the fused NF4 GEMM takes need none). */
+size_t ft_exec_staging_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack);
 /* Frees what tiers.c allocated. */
 void ft_exec_tiers_free(ft_exec *e);
 

@@ -75,7 +75,7 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     res->pack_bytes = blocks;
     size_t globals = m->embed ? ft_exec_global_bytes(m)
                               : (size_t)(C + 16 + (ft_exec_untied(m) ? V * C : 0)) * sizeof(float);
-    size_t staging = ft_exec_staging_bytes(m);
+    size_t staging = ft_exec_staging_bytes(be, m, pack);
     size_t ckpt = (size_t)(T * C) * sizeof(float), per_micro = ckpt + 16 * (size_t)T;
     const size_t spare = (size_t)1 << 30;
     ft_plan_in *in = &res->in;

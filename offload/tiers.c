@@ -122,23 +122,43 @@ static int stage_wait(void *user, int h)
     return be->ops->event_sync(be, EV_STAGE(h));
 }
 
-static int64_t staging_floats(const ft_model *m)
+int ft_exec_nf4_fused(const ft_backend *be)
 {
-    int64_t n = 0;
-    for (int k = 0; k < FT_N_PROJ; k++)
-        n += (m->layers[0].proj[k].out_n * m->layers[0].proj[k].in_n + 1) / 2 + 16;
+    const char *v = getenv("FTUNE_NF4_GEMM");
+    return v && !strcmp(v, "fused") && !be->ops->host_memory &&
+           (be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4));
+}
+
+/* 1 when projection k's NF4 weight goes to the fused GEMM (fused mode, and the kernels take
+ * its shape and block sizes). */
+static int proj_fused(int fused, const ft_pack_hdr *h, int64_t out, int64_t in)
+{
+    return fused && h->quant == FT_PACK_QUANT_NF4 &&
+           ft_nf4_fusable(out, in, h->blocksize, h->nested_blocksize);
+}
+
+/* Floats of the bf16 staging one layer's dequantized projections need (16 at least). */
+static int64_t staging_floats(const ft_backend *be, const ft_model *m, const ft_pack_file *pack)
+{
+    int fused = ft_exec_nf4_fused(be);
+    int64_t n = 16;
+    for (int k = 0; k < FT_N_PROJ; k++) {
+        const ft_linear *li = &m->layers[0].proj[k];
+        if (!proj_fused(fused, ft_pack_header(pack), li->out_n, li->in_n))
+            n += (li->out_n * li->in_n + 1) / 2 + 16;
+    }
     return n;
 }
 
-size_t ft_exec_staging_bytes(const ft_model *m)
+size_t ft_exec_staging_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack)
 {
-    return (size_t)staging_floats(m) * sizeof(float);
+    return (size_t)staging_floats(be, m, pack) * sizeof(float);
 }
 
 size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack)
 {
     (void)be;
-    size_t total = ft_exec_global_bytes(m) + ft_exec_staging_bytes(m);
+    size_t total = ft_exec_global_bytes(m) + ft_exec_staging_bytes(be, m, pack);
     for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) total += ft_pack_block_bytes(pack, l);
     return total;
 }
@@ -243,7 +263,8 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
         any_stream |= t != FT_TIER_GPU;
         any_disk |= t == FT_TIER_DISK;
     }
-    int64_t stage_floats = staging_floats(e->m); /* one layer's projections in bf16 */
+    e->nf4_fused = ft_exec_nf4_fused(be);
+    int64_t stage_floats = staging_floats(be, e->m, pack); /* one layer's projections in bf16 */
     e->tier = malloc((size_t)L);
     e->pack_dev_off = calloc((size_t)L, sizeof *e->pack_dev_off);
     e->pack_pin_off = calloc((size_t)L, sizeof *e->pack_pin_off);
@@ -550,7 +571,8 @@ int ft_exec_fetch_device(ft_exec *e, int64_t l, const ft_layer_weights **w)
 
 /* Points e->fetched at layer l's weights in a block that is (or will be, in stream order) in
  * device memory at blk: F32 norms and biases and BF16 projections in place, NF4 projections
- * dequantized into the bf16 staging (layer_f32). */
+ * described for the fused GEMM (e->nf4_fused, in place too) or dequantized into the bf16
+ * staging (layer_f32). */
 static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_tensor *dir,
                       int64_t n_dir)
 {
@@ -595,13 +617,26 @@ static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_t
                            r->nested_blocksize ? (const float *)(blk + r->nested_off) : NULL,
                            r->nested_blocksize ? (const float *)(blk + r->map_off) : NULL,
                            (const float *)(blk + r->code_off), r->offset};
+        int k = r->role - FT_PACK_ROLE_W0;
+        const ft_pack_hdr *h = ft_pack_header(e->pack);
+        if (proj_fused(e->nf4_fused, h, li->out_n, li->in_n)) { /* no staging was sized for it */
+            if (r->blocksize != h->blocksize || r->nested_blocksize != h->nested_blocksize)
+                return ft_err(FT_E_CORRUPT, "%s: layer %lld: %s has block sizes %lld/%lld, the "
+                              "header says %u/%u", ft_pack_path(e->pack), (long long)l,
+                              ft_proj_name[k], (long long)r->blocksize,
+                              (long long)r->nested_blocksize, h->blocksize, h->nested_blocksize);
+            e->fetched_nf4[k] = t;
+            li->wtype = FT_W_NF4;
+            li->nf4 = &e->fetched_nf4[k];
+            continue;
+        }
         FT_TRY(be->ops->dequant_nf4(be, (uint16_t *)stage, &t));
         li->w = stage;
         stage += (t.n + 1) / 2 + 16 - ((t.n + 1) / 2) % 16;
     }
     int complete = f->attn_norm && f->ffn_norm;
     for (int k = 0; k < FT_N_PROJ; k++)
-        complete &= f->proj[k].w != NULL && (!e->m->layers[l].proj[k].b || f->proj[k].b);
+        complete &= (f->proj[k].w || f->proj[k].nf4) && (!e->m->layers[l].proj[k].b || f->proj[k].b);
     if (!complete)
         return ft_err(FT_E_CORRUPT, "%s: layer %lld: the block lacks a norm, projection or bias",
                       ft_pack_path(e->pack), (long long)l);
@@ -659,7 +694,8 @@ int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t
         return ft_err(FT_E_INVALID, "probe: needs a device backend, an adapter and T <= %lld",
                       (long long)e->T_max);
     size_t nb = ft_pack_block_bytes(pack, 0);
-    int64_t C = c->hidden_size, stage_floats = staging_floats(e->m);
+    e->nf4_fused = ft_exec_nf4_fused(be);
+    int64_t C = c->hidden_size, stage_floats = staging_floats(be, e->m, pack);
     uint8_t *host = be->ops->host_alloc(be, nb);
     uint8_t *dev = be->ops->alloc(be, nb);
     float *stage = be->ops->alloc(be, (size_t)stage_floats * sizeof(float));

@@ -1,8 +1,11 @@
 #!/bin/bash
-# One GPU call (session 5): the GPU tests, the kernel benches (tensor-core FlashAttention-2 vs
-# the cuBLAS-tile path vs fp32; fused NF4 GEMM vs dequant + cuBLAS), then ftune on the
-# Llama-3-8B shape (random weights): bf16 LoRA with the new attention, with the old one
-# (FTUNE_ATTN=gemm), and QLoRA, batch 1, seq 2048, same call. Usage there:
+# One GPU call (sessions 5 and 7): the GPU tests, the kernel benches (tensor-core
+# FlashAttention-2 vs the cuBLAS-tile path vs fp32; fused NF4 GEMM vs dequant + cuBLAS), then
+# ftune on the Llama-3-8B shape (random weights), batch 1, seq 2048, same call: bf16 LoRA with
+# the tensor-core attention (FTUNE_ATTN=mma, opt-in) and with the default cuBLAS-tile one;
+# QLoRA with the NF4 projections dequantized per layer visit (default), then with
+# FTUNE_NF4_GEMM=fused (the dequant-fused GEMM in the executor) and its per-op profile.
+# Usage there:
 # [TESTS=...] [SKIP_8B=1] bash bench/offload/run_kernels.sh   (expects .gpu/bundle.tar.xz, $OUT)
 DEFAULT_TESTS="test_cuda_attn test_cuda_nf4_gemm test_cuda_stream test_cuda_ops test_cuda_nf4" LOG_LINES=14
 . "$(dirname "$0")/common.sh"
@@ -16,6 +19,8 @@ stamp nf4_gemm
 M=/tmp/m8b
 timeout 200 $F init-model --config examples/configs/llama-3-8b.json --out $M --pack --safetensors --tokenizer tests/fixtures/tokenizers/llama3 2>&1 | grep -E "safetensors|pack" | tail -2
 stamp init-model
-run lora_mma 110 --quant bf16 --max-steps 6
-FTUNE_ATTN=gemm run lora_gemm 110 --quant bf16 --max-steps 6
-run qlora_mma 110 --quant nf4 --max-steps 6
+FTUNE_ATTN=mma run lora_mma 110 --quant bf16 --max-steps 6
+run lora_gemm 110 --quant bf16 --max-steps 6
+run qlora 110 --quant nf4 --max-steps 6
+FTUNE_NF4_GEMM=fused run qlora_fused 110 --quant nf4 --max-steps 6
+FTUNE_NF4_GEMM=fused run qlora_fused_prof 110 --quant nf4 --max-steps 4 --profile

@@ -384,7 +384,9 @@ static const ft_backend_ops cpu_ops = {
  * multiplied by the same OpenBLAS sgemm as the fp32 path, so results are those of the bf16
  * operands with fp32 accumulation (not bit-identical to cuBLAS: the summation order
  * differs), and a weight too large for one tile is summed tile by tile over its input
- * dimension (deterministic: the tiling depends only on the shape). */
+ * dimension (deterministic: the tiling depends only on the shape). NF4 weights (FT_W_NF4, the
+ * CUDA backend's dequant-fused GEMM) are dequantized tile by tile into the same fp32 tiles, so
+ * they give exactly what dequant_nf4 followed by the bf16 product gives. */
 
 #define DEV_TILE_FLOATS ((int64_t)1 << 20) /* 4 MiB of fp32 weights per tile */
 
@@ -408,28 +410,60 @@ static void dev_round_bf16(float *y, const float *x, int64_t n)
     }
 }
 
-/* dst (rows, cols) fp32 = W[r0 + i][c0 + j] of a bf16 matrix with row stride ld. */
-static void dev_widen(float *dst, const uint16_t *w, int64_t ld, int64_t r0, int64_t rows,
-                      int64_t c0, int64_t cols)
+/* v = the NF4 tensor t (kernels.h) as src/model/nf4.h reads it. Returns 0 or FT_E_INVALID. */
+static int dev_nf4_view(ft_nf4_view *v, const ft_nf4_tensor *t)
 {
+    *v = (ft_nf4_view){{0}, t->codes, t->qabsmax, t->absmax, t->nested_absmax, t->nested_map,
+                       t->code, t->offset};
+    return ft_nf4_layout_init(&v->lay, t->n, t->blocksize, t->nested_blocksize);
+}
+
+/* dst (rows, cols) fp32 = W[r0 + i][c0 + j] of W (row stride ld) as the bf16 products see it:
+ * a bf16 matrix widened (exact), or an FT_W_NF4 tensor dequantized (ft_nf4_dequant_range,
+ * bitsandbytes' fp32 arithmetic) and rounded to bf16, the values dequant_nf4 gives; so an NF4
+ * product equals dequant_nf4 followed by the bf16 product, bit for bit. Returns 0 or
+ * FT_E_INVALID (a bad NF4 description). */
+static int dev_tile(float *dst, const void *W, int wtype, int64_t ld, int64_t r0, int64_t rows,
+                    int64_t c0, int64_t cols)
+{
+    if (wtype == FT_W_NF4) {
+        ft_nf4_view v;
+        FT_TRY(dev_nf4_view(&v, W));
+        int rc = 0;
+#pragma omp parallel for schedule(static) reduction(| : rc) if (rows * cols > 65536)
+        for (int64_t i = 0; i < rows; i++)
+            rc |= ft_nf4_dequant_range(&v, (r0 + i) * ld + c0, cols, dst + i * cols) ? 1 : 0;
+        if (rc) return ft_err(FT_E_INVALID, "cpu-device: NF4 weight tile outside the tensor");
+        dev_round_bf16(dst, dst, rows * cols);
+        return 0;
+    }
+    const uint16_t *w = W;
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
     for (int64_t i = 0; i < rows; i++) {
         const uint16_t *s = w + (r0 + i) * ld + c0;
         uint32_t *d = (uint32_t *)(dst + i * cols);
         for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)s[j] << 16;
     }
+    return 0;
 }
 
 static int dev_linear_check(const char *op, int wtype, int64_t T, int64_t out, int64_t in,
                             const void *W, const float *a, const float *scratch)
 {
-    if (wtype != FT_W_F32 && wtype != FT_W_BF16)
+    if (wtype != FT_W_F32 && wtype != FT_W_BF16 && wtype != FT_W_NF4)
         return ft_err(FT_E_UNSUPPORTED, "cpu-device %s: weight type %d", op, wtype);
     if (T < 0 || out < 0 || in < 0)
         return ft_err(FT_E_INVALID, "cpu-device %s: T = %lld, out = %lld, in = %lld", op,
                       (long long)T, (long long)out, (long long)in);
-    if (wtype == FT_W_BF16 && T && out && in && (!W || !a || !scratch))
+    if (wtype != FT_W_F32 && T && out && in && (!W || !a || !scratch))
         return ft_err(FT_E_INVALID, "cpu-device %s: NULL weight, activation or scratch", op);
+    if (wtype == FT_W_NF4 && W) {
+        const ft_nf4_tensor *t = W;
+        if (t->n != out * in || !ft_nf4_fusable(out, in, t->blocksize, t->nested_blocksize))
+            return ft_err(FT_E_INVALID, "cpu-device %s: NF4 weight of %lld values (blocksize %lld, "
+                          "nested %lld) for %lld x %lld", op, (long long)t->n, (long long)t->blocksize,
+                          (long long)t->nested_blocksize, (long long)out, (long long)in);
+    }
     return 0;
 }
 
@@ -450,7 +484,7 @@ static int cpu_dev_linear_fwd(ft_backend *be, float *y, const float *x, const vo
         int64_t on = out - o0 < ob ? out - o0 : ob;
         for (int64_t k0 = 0; k0 < in; k0 += kb) {
             int64_t kn = in - k0 < kb ? in - k0 : kb;
-            dev_widen(tile, W, in, o0, on, k0, kn);
+            FT_TRY(dev_tile(tile, W, wtype, in, o0, on, k0, kn));
             FT_TRY(ft_cpu_gemm_f32(0, 1, T, on, kn, 1.0f, scratch + k0, in, tile, kn,
                                    k0 ? 1.0f : beta, y + o0, out));
         }
@@ -476,7 +510,7 @@ static int cpu_dev_linear_bwd_x(ft_backend *be, float *dx, const float *dy, cons
         int64_t cn = in - c0 < cb ? in - c0 : cb;
         for (int64_t o0 = 0; o0 < out; o0 += ob) {
             int64_t on = out - o0 < ob ? out - o0 : ob;
-            dev_widen(tile, W, in, o0, on, c0, cn);
+            FT_TRY(dev_tile(tile, W, wtype, in, o0, on, c0, cn));
             FT_TRY(ft_cpu_gemm_f32(0, 0, T, cn, on, 1.0f, scratch + o0, out, tile, cn,
                                    o0 ? 1.0f : beta, dx + c0, in));
         }
@@ -490,9 +524,8 @@ static int cpu_dev_linear_bwd_x(ft_backend *be, float *dx, const float *dy, cons
 static int cpu_dev_dequant_nf4(ft_backend *be, uint16_t *dst, const ft_nf4_tensor *t)
 {
     if (!dst || !t) return ft_err(FT_E_INVALID, "cpu-device dequant_nf4: NULL argument");
-    ft_nf4_view v = {{0}, t->codes, t->qabsmax, t->absmax, t->nested_absmax, t->nested_map, t->code,
-                     t->offset};
-    FT_TRY(ft_nf4_layout_init(&v.lay, t->n, t->blocksize, t->nested_blocksize));
+    ft_nf4_view v;
+    FT_TRY(dev_nf4_view(&v, t));
     float *tile = ((ft_cpu_ctx *)be->ctx)->wtile;
     for (int64_t e0 = 0; e0 < t->n; e0 += DEV_TILE_FLOATS) {
         int64_t n = t->n - e0 < DEV_TILE_FLOATS ? t->n - e0 : DEV_TILE_FLOATS;
@@ -753,7 +786,7 @@ int ft_backend_cpu_device_init(ft_backend **out, int n_threads)
     ctx->dev_ops = cpu_ops;
     ctx->dev_ops.name = "cpu-device";
     ctx->dev_ops.host_memory = 0;
-    ctx->dev_ops.weight_types = FT_WTYPE_BIT(FT_W_F32) | FT_WTYPE_BIT(FT_W_BF16);
+    ctx->dev_ops.weight_types = FT_WTYPE_BIT(FT_W_F32) | FT_WTYPE_BIT(FT_W_BF16) | FT_WTYPE_BIT(FT_W_NF4);
     ctx->dev_ops.linear_fwd = cpu_dev_linear_fwd;
     ctx->dev_ops.linear_bwd_x = cpu_dev_linear_bwd_x;
     ctx->dev_ops.dequant_nf4 = cpu_dev_dequant_nf4;

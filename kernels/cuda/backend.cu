@@ -254,13 +254,14 @@ static int linear_check(const char *op, int wtype, int64_t T, int64_t out, int64
     if (T < 0 || out < 0 || in < 0 || T > INT32_MAX || out > INT32_MAX || in > INT32_MAX)
         return ft_err(FT_E_INVALID, "cuda %s: T = %lld, out = %lld, in = %lld", op, (long long)T,
                       (long long)out, (long long)in);
-    if (wtype != FT_W_F32 && wtype != FT_W_BF16)
+    if (wtype != FT_W_F32 && wtype != FT_W_BF16 && wtype != FT_W_NF4)
         return ft_err(FT_E_UNSUPPORTED, "cuda %s: weight type %d", op, wtype);
     return 0;
 }
 
 /* y (T, out) = x W^T + beta y. bf16 W: x is rounded to bf16 in scratch, then one bf16 GEMM
- * with fp32 accumulation and fp32 output (cuBLAS, CUBLAS_COMPUTE_32F). */
+ * with fp32 accumulation and fp32 output (cuBLAS, CUBLAS_COMPUTE_32F). NF4 W (an
+ * ft_nf4_tensor): x rounded to bf16 the same way, then the dequant-fused GEMM (nf4_gemm.cu). */
 static int cu_linear_fwd(ft_backend *be, float *y, const float *x, const void *W, int wtype,
                          int64_t T, int64_t out, int64_t in, float beta, float *scratch)
 {
@@ -271,6 +272,9 @@ static int cu_linear_fwd(ft_backend *be, float *y, const float *x, const void *W
     if (!T || !out) return 0;
     float one = 1.0f;
     FT_TRY(to_bf16(cx, scratch, x, T * in));
+    if (wtype == FT_W_NF4)
+        return ft_cuda_nf4_linear_fwd(be, y, (const uint16_t *)scratch, (const ft_nf4_tensor *)W, T,
+                                      out, in, beta);
     FT_BLAS_TRY(cx->bl.GemmEx(cx->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)T, (int)in, &one, W,
                              CUDA_R_16BF, (int)in, scratch, CUDA_R_16BF, (int)in, &beta, y,
                              CUDA_R_32F, (int)out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -288,6 +292,9 @@ static int cu_linear_bwd_x(ft_backend *be, float *dx, const float *dy, const voi
     if (!T || !in) return 0;
     float one = 1.0f;
     FT_TRY(to_bf16(cx, scratch, dy, T * out));
+    if (wtype == FT_W_NF4)
+        return ft_cuda_nf4_linear_bwd_x(be, dx, (const uint16_t *)scratch, (const ft_nf4_tensor *)W,
+                                        T, out, in, beta);
     FT_BLAS_TRY(cx->bl.GemmEx(cx->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)in, (int)T, (int)out, &one, W,
                              CUDA_R_16BF, (int)in, scratch, CUDA_R_16BF, (int)out, &beta, dx,
                              CUDA_R_32F, (int)in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -669,7 +676,7 @@ static void cu_destroy(ft_backend *be)
 static const ft_backend_ops cuda_ops = {
     .name = "cuda",
     .host_memory = 0,
-    .weight_types = FT_WTYPE_BIT(FT_W_F32) | FT_WTYPE_BIT(FT_W_BF16),
+    .weight_types = FT_WTYPE_BIT(FT_W_F32) | FT_WTYPE_BIT(FT_W_BF16) | FT_WTYPE_BIT(FT_W_NF4),
     .destroy = cu_destroy,
     .prepare = ft_cuda_attn_prepare,
     .alloc = cu_alloc,

@@ -93,6 +93,12 @@ static uint64_t proj_seed(uint64_t base, int64_t layer, int p)
     return (x ^ (x >> 29)) | 1;
 }
 
+/* The frozen weight as linear_fwd/linear_bwd_x take it (kernels.h enum ft_wtype). */
+static const void *base_w(const ft_linear *w)
+{
+    return w->wtype == FT_W_NF4 ? (const void *)w->nf4 : (const void *)w->w;
+}
+
 /* y (T, out) = x W^T (+ b) + scale * dropout(x) A^T B^T (+ scale x A0^T B0^T, the frozen
  * correction of a quantized base, adapters/qcorr.h); u (T, r) keeps dropout(x) A^T; tmp
  * (T, r) is scratch. */
@@ -120,7 +126,7 @@ static int lin_fwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll,
         FT_TRY(o->gemm(be, 0, 1, T, r, in, 1.0f, x, in, ll->A0, in, 0.0f, tmp, r));
         FT_TRY(o->gemm(be, 0, 1, T, out, r, scale, tmp, r, ll->B0, r, beta, y, out));
     }
-    FT_TRY(o->linear_fwd(be, y, x, w->w, w->wtype, T, out, in, beta, xd));
+    FT_TRY(o->linear_fwd(be, y, x, base_w(w), w->wtype, T, out, in, beta, xd));
     if (w->b) FT_TRY(o->bias_add(be, y, w->b, T, out));
     return 0;
 }
@@ -132,7 +138,7 @@ static int lin_bwd_main(ft_backend *be, const ft_linear *w, const ft_lora_linear
 {
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
-    if (!ll) return o->linear_bwd_x(be, dx, dy, w->w, w->wtype, T, out, in, beta, xd);
+    if (!ll) return o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, T, out, in, beta, xd);
     /* dB (out, r) += scale * dy^T u;  du (T, r) = scale * dy B */
     FT_TRY(o->gemm(be, 1, 0, out, r, T, scale, dy, out, u, r, 1.0f, ll->dB, r));
     FT_TRY(o->gemm(be, 0, 0, T, r, out, scale, dy, out, ll->B, r, 0.0f, du, r));
@@ -142,9 +148,9 @@ static int lin_bwd_main(ft_backend *be, const ft_linear *w, const ft_lora_linear
          * the frozen GEMM adding into it in its epilogue (one pass over dx less). */
         FT_TRY(o->gemm(be, 1, 0, r, in, T, 1.0f, du, r, x, in, 1.0f, ll->dA, in));
         FT_TRY(o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A, in, beta, dx, in));
-        return o->linear_bwd_x(be, dx, dy, w->w, w->wtype, T, out, in, 1.0f, xd);
+        return o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, T, out, in, 1.0f, xd);
     }
-    FT_TRY(o->linear_bwd_x(be, dx, dy, w->w, w->wtype, T, out, in, beta, xd));
+    FT_TRY(o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, T, out, in, beta, xd));
     /* dA (r, in) += du^T dropout(x) */
     FT_TRY(o->dropout(be, xd, x, T * in, p, seed));
     FT_TRY(o->gemm(be, 1, 0, r, in, T, 1.0f, du, r, xd, in, 1.0f, ll->dA, in));

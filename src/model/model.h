@@ -21,10 +21,13 @@ extern const char *const ft_proj_name[FT_N_PROJ];
 /* HF parent module for each projection: "self_attn" or "mlp". */
 extern const char *const ft_proj_parent[FT_N_PROJ];
 
+struct ft_nf4_tensor;
+
 typedef struct ft_linear {
     float *w;        /* (out_n, in_n) fp32, frozen; with wtype FT_W_BF16 (an executor's device
-                      * copy, kernels.h) the same pointer holds bf16 values */
+                      * copy, kernels.h) the same pointer holds bf16 values; NULL with FT_W_NF4 */
     int wtype;       /* enum ft_wtype; 0 (fp32) for every loaded model */
+    const struct ft_nf4_tensor *nf4; /* wtype FT_W_NF4 (an executor's packed block, kernels.h) */
     float *b;        /* (out_n) or NULL */
     int64_t out_n, in_n;
 } ft_linear;

@@ -586,8 +586,9 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     int64_t warmup = c->warmup_steps > 0 ? c->warmup_steps : (int64_t)ceil(c->warmup_ratio * total);
     info(cb, user, FT_EV_PLAN, "plan: backend %s, base %s%s%s), LoRA r=%lld alpha=%g%s on %d modules (%.2fM trainable), %lld micro-batches of %lld x %lld tokens, grad-accum %lld, %lld steps (warmup %lld, %s), executor memory %.1f MiB%s",
          r->be->ops->name,
-         quant == FT_PACK_QUANT_NF4 ? "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized per layer from the pack"
-                                    : "bf16 (unquantized",
+         quant != FT_PACK_QUANT_NF4 ? "bf16 (unquantized"
+         : ft_exec_nf4_fused(r->be) ? "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized inside the GEMMs (FTUNE_NF4_GEMM=fused)"
+                                    : "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized per layer from the pack",
          why[0] ? "; " : "", why, (long long)lc.r, lc.alpha, lc.use_rslora ? " (rsLoRA)" : "",
          __builtin_popcount(lc.targets), r->lora.n_params / 1e6, (long long)r->n_train_b,
          (long long)c->batch_size, (long long)seq_len, (long long)c->grad_accum, (long long)total,

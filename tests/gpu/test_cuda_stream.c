@@ -9,7 +9,9 @@
  * backward, ordered by events) give the same bits again, alone and with streamed weights, on
  * the tiny model and on a 6-layer one (its layers repeated) for several device-layer and set
  * counts, grad-accum 1 and 4, recomputed or kept activations, with the bytes each way and the
- * checkpoint spans of the timeline counted. Skipped without a GPU. */
+ * checkpoint spans of the timeline counted. With FTUNE_NF4_GEMM=fused (the dequant-fused NF4
+ * GEMM instead of dequant_nf4 + cuBLAS) the tiers agree bit for bit again, and with the
+ * dequantizing run within 1e-4 (fp32 sums in another order). Skipped without a GPU. */
 #include "tests/unit/harness.h"
 
 #include "adapters/lora.h"
@@ -49,6 +51,9 @@ static void test_tiers_bit_identical(void **state)
     tiers_fill(&ts, m->cfg.num_hidden_layers);
     result r[4];
     tiers_compare(be, m, pack, b, &ts, r);
+    /* the dequant-fused NF4 GEMM (nf4_gemm.cu) against dequant_nf4 + cuBLAS: the same bf16
+     * operands, fp32 sums in another order */
+    tiers_nf4_fused(be, m, pack, b, &ts, &r[0], 1e-4);
     for (int k = 0; k < 4; k++) free(r[k].g);
     stream_free_batches(b, N_MB);
     free(pi); free(dir);

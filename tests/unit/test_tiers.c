@@ -143,6 +143,75 @@ static void test_linear_bf16(void **state)
     ft_backend_free(be);
 }
 
+/* linear_fwd / linear_bwd_x with an FT_W_NF4 weight (the fused GEMM's contract, kernels.h)
+ * equal dequant_nf4 followed by the FT_W_BF16 product bit for bit, nested and not, for a
+ * weight of one tile and one spread over several (row and input tiles); a shape the fused
+ * kernels do not take is refused. */
+static void test_linear_nf4(void **state)
+{
+    (void)state;
+    ft_backend *be;
+    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
+    assert_true(be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4));
+    static const int64_t shapes[][3] = {{5, 64, 128}, {3, 1088, 2048}, {2, 64, ((int64_t)1 << 20) + 128}};
+    float map[256];
+    ft_nf4_dynamic_map(map);
+    ft_rng rng;
+    ft_rng_seed(&rng, 11);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int nested = 0; nested <= 1; nested++) {
+            int64_t T = shapes[s][0], out = shapes[s][1], in = shapes[s][2], n = out * in;
+            int64_t mx = out > in ? out : in;
+            float *w = malloc((size_t)n * 4);
+            for (int64_t i = 0; i < n; i++) w[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.1f;
+            ft_nf4_layout lay;
+            assert_int_equal(ft_nf4_layout_init(&lay, n, 64, nested ? 256 : 0), 0);
+            uint8_t *codes = malloc((size_t)lay.code_bytes), *q = malloc((size_t)lay.n_blocks);
+            float *absmax = malloc((size_t)lay.n_blocks * 4), *nabs = malloc((size_t)lay.n_nested * 4 + 4);
+            float off = 0;
+            assert_int_equal(ft_nf4_quantize(w, &lay, map, codes, q, nabs, &off, absmax), 0);
+            ft_nf4_tensor t = {n, 64, nested ? 256 : 0, codes, nested ? q : NULL, nested ? NULL : absmax,
+                               nested ? nabs : NULL, nested ? map : NULL, ft_nf4_code, off};
+            uint16_t *wb = malloc((size_t)n * 2);
+            assert_int_equal(be->ops->dequant_nf4(be, wb, &t), 0);
+            float *x = malloc((size_t)(T * in) * 4), *dy = malloc((size_t)(T * out) * 4);
+            float *y[2], *dx[2], *scr = malloc((size_t)(T * mx) * 4);
+            for (int k = 0; k < 2; k++) {
+                y[k] = malloc((size_t)(T * out) * 4);
+                dx[k] = malloc((size_t)(T * in) * 4);
+            }
+            for (int64_t i = 0; i < T * in; i++) x[i] = ft_rng_uniform(&rng) - 0.5f;
+            for (int64_t i = 0; i < T * out; i++) dy[i] = ft_rng_uniform(&rng) - 0.5f;
+            for (int beta = 0; beta <= 1; beta++) {
+                for (int k = 0; k < 2; k++) { /* k 0: dequant + bf16, k 1: fused */
+                    for (int64_t i = 0; i < T * out; i++) y[k][i] = 0.25f;
+                    for (int64_t i = 0; i < T * in; i++) dx[k][i] = -0.5f;
+                    const void *W = k ? (const void *)&t : (const void *)wb;
+                    int wt = k ? FT_W_NF4 : FT_W_BF16;
+                    assert_int_equal(be->ops->linear_fwd(be, y[k], x, W, wt, T, out, in, (float)beta, scr), 0);
+                    assert_int_equal(be->ops->linear_bwd_x(be, dx[k], dy, W, wt, T, out, in, (float)beta, scr), 0);
+                }
+                printf("nf4 linear (%s) T %lld out %lld in %lld beta %d: y[0] %.7g, dx[0] %.7g\n",
+                       nested ? "nested" : "plain", (long long)T, (long long)out, (long long)in, beta,
+                       y[1][0], dx[1][0]);
+                assert_memory_equal(y[0], y[1], (size_t)(T * out) * 4);
+                assert_memory_equal(dx[0], dx[1], (size_t)(T * in) * 4);
+            }
+            if (s == 0) { /* out 32: not a multiple of 64; a wrong element count */
+                assert_int_equal(be->ops->linear_fwd(be, y[0], x, &t, FT_W_NF4, T, 32, 2 * in, 0.0f, scr),
+                                 FT_E_INVALID);
+                assert_int_equal(be->ops->linear_fwd(be, y[0], x, &t, FT_W_NF4, T, out, in - 64, 0.0f, scr),
+                                 FT_E_INVALID);
+            }
+            for (int k = 0; k < 2; k++) {
+                free(y[k]);
+                free(dx[k]);
+            }
+            free(w); free(codes); free(q); free(absmax); free(nabs); free(wb); free(x); free(dy); free(scr);
+        }
+    ft_backend_free(be);
+}
+
 static void test_tiers_bit_identical(void **state)
 {
     (void)state;
@@ -205,6 +274,10 @@ static void test_tiers_bit_identical(void **state)
         free(ra.g);
     }
     ft_backend_free(ab);
+    /* FTUNE_NF4_GEMM=fused: the same bits (the device mode dequantizes tile by tile to the
+     * values dequant_nf4 gives) */
+    tiers_nf4_fused(be, m, pack, b, &ts, &rg, 0.0);
+    assert_int_equal(ft_exec_nf4_fused(cpu), 0); /* host memory: the pack is dequantized to fp32 */
     free(rg.g); free(rh.g); free(rd.g); free(rm.g); free(rcpu.g);
     stream_free_batches(b, N_MB);
     ft_pack_close(pack);
@@ -230,6 +303,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_dequant_nf4_exact),
                                        cmocka_unit_test(test_linear_bf16),
+                                       cmocka_unit_test(test_linear_nf4),
                                        cmocka_unit_test(test_tiers_bit_identical),
                                        cmocka_unit_test(test_host_ckpt_deep)};
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,8 @@
 #ifndef FT_TIERS_CASES_H
 #define FT_TIERS_CASES_H
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "adapters/lora.h"
@@ -172,6 +174,56 @@ static void tiers_compare(ft_backend *be, const ft_model *m, ft_pack_file *pack,
     assert_int_equal(r[2].reads_step, 2 * L - 2);
     assert_int_equal(r[0].reads_step, 0);
     assert_int_equal(r[2].tl_compute, 2 * L); /* one span per layer visit */
+}
+
+/* FTUNE_NF4_GEMM=fused (offload/exec.h ft_exec_nf4_fused): the NF4 projections the fused
+ * kernels take (on the tiny model q, o, gate, up and down; k and v are 32 wide) go to
+ * linear_fwd/linear_bwd_x as FT_W_NF4 straight from the block, and the bf16 staging shrinks by
+ * exactly theirs; runs with every block on the device, streamed from pinned host memory and
+ * from disk give bit-identical results among themselves, and against ref (the dequantizing
+ * run, all on the device) bit-identical results when tol is 0, else a loss within tol
+ * (relative) and LoRA gradients within 10 tol of the largest. */
+static void tiers_nf4_fused(ft_backend *be, const ft_model *m, ft_pack_file *pack, const ft_batch *b,
+                            const tier_sets *ts, const result *ref, double tol)
+{
+    size_t staged = ft_exec_packed_weight_bytes(be, m, pack);
+    assert_int_equal(ft_exec_nf4_fused(be), 0);
+    assert_int_equal(setenv("FTUNE_NF4_GEMM", "fused", 1), 0);
+    assert_int_equal(ft_exec_nf4_fused(be), 1);
+    size_t fused_bytes = ft_exec_packed_weight_bytes(be, m, pack);
+    int64_t C = m->cfg.hidden_size, F = m->cfg.intermediate_size;
+    int64_t qo = m->cfg.num_attention_heads * m->cfg.head_dim;
+    size_t want_saved = 4 * (size_t)((C * qo + 1) / 2 + 16 + (qo * C + 1) / 2 + 16 + 3 * ((F * C + 1) / 2 + 16));
+    printf("fused NF4: packed weight bytes %zu -> %zu (staging of q, o, gate, up, down: %zu)\n", staged,
+           fused_bytes, want_saved);
+    assert_true(staged - fused_bytes == want_saved);
+    const uint8_t *tiers[3] = {NULL, ts->host, ts->disk};
+    result r[3];
+    for (int k = 0; k < 3; k++) {
+        run(be, m, pack, tiers[k], b, &r[k]);
+        double gmax = 0, gerr = 0;
+        for (int64_t i = 0; i < ref->n; i++) {
+            gmax = fmax(gmax, fabs(ref->g[i]));
+            gerr = fmax(gerr, fabs((double)r[k].g[i] - ref->g[i]));
+        }
+        printf("fused NF4, %s: loss %.9g, eval %.9g (dequantized: %.9g, %.9g); LoRA gradients: "
+               "max |difference| %.3g of max |g| %.3g\n", k == 0 ? "device" : k == 1 ? "host tier" : "disk tier",
+               r[k].loss, r[k].eval_loss, ref->loss, ref->eval_loss, gerr, gmax);
+        if (tol == 0) {
+            assert_true(r[k].loss == ref->loss && r[k].eval_loss == ref->eval_loss);
+            assert_memory_equal(r[k].g, ref->g, (size_t)ref->n * 4);
+        } else {
+            assert_true(fabs(r[k].loss - ref->loss) <= tol * fabs(ref->loss));
+            assert_true(fabs(r[k].eval_loss - ref->eval_loss) <= tol * fabs(ref->eval_loss));
+            assert_true(gerr <= 10 * tol * gmax);
+        }
+        if (k) {
+            assert_true(r[k].loss == r[0].loss && r[k].eval_loss == r[0].eval_loss);
+            assert_memory_equal(r[k].g, r[0].g, (size_t)ref->n * 4);
+        }
+    }
+    for (int k = 0; k < 3; k++) free(r[k].g);
+    assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
 }
 
 /* Host checkpoints on a 6-layer model with its weights on the device: every ring size and
