@@ -151,6 +151,7 @@ static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lor
         return ft_err(FT_E_INVALID, "executor: bad sizes T=%lld micro-batches=%lld",
                       (long long)T_max, (long long)n_micro);
     e->be = be;
+    e->nf4_fused = ft_exec_nf4_gemm_mode(be) == FT_NF4_GEMM_FUSED;
     e->m = m;
     e->lora = lora;
     e->T_max = T_max;

@@ -73,9 +73,11 @@ typedef struct ft_exec {
     float *layer_f32;           /* backend memory, ft_pack_layer_floats floats */
     ft_layer_weights fetched;   /* points into layer_f32 (or the block, tiers.c) */
     int64_t fetched_layer;      /* the layer layer_f32 holds, -1 if none */
-    /* Device tiers: NF4 projections go to the backend's dequant-fused GEMM (FT_W_NF4) as
-     * these descriptions of the fetched block, instead of a bf16 copy in layer_f32
-     * (ft_exec_nf4_fused). */
+    /* Device tiers: 1 when NF4 projections go to the backend's dequant-fused GEMM (FT_W_NF4)
+     * as these descriptions of the fetched block, instead of a bf16 copy in layer_f32. Set at
+     * init from FTUNE_NF4_GEMM (ft_exec_nf4_gemm_mode: fused -> 1); the placer
+     * (offload/place.h) sets it from its probe with auto. Read by ft_exec_use_pack_tiers and
+     * the probe. */
     int nf4_fused;
     ft_nf4_tensor fetched_nf4[FT_N_PROJ];
     int64_t pack_reads;         /* blocks read from the pack (test hook) */
@@ -199,10 +201,13 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
  * out in sequences as pos/seq_start say (host arrays of T, a real micro-batch's, since the
  * attention cost depends on the sequence lengths; NULL: sequences of 512), on this executor's
  * arena: the NF4 dequantization into bf16, the block's forward, and its backward (LoRA
- * gradients are zeroed afterwards). Seconds, best of two after a warm-up. Call before
- * ft_exec_use_pack_tiers. Returns 0, -ENOMEM, FT_E_INVALID, or a pack or kernel error. */
+ * gradients are zeroed afterwards). Seconds, best of two after a warm-up. NF4 projections as
+ * e->nf4_fused says. out (may be NULL): 2 T C floats (host), the block's output of the last
+ * forward, then the input gradient of the last backward. Call before ft_exec_use_pack_tiers.
+ * Returns 0, -ENOMEM, FT_E_INVALID, or a pack or kernel error. */
 int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t *pos,
-                        const int32_t *seq_start, double *t_dequant, double *t_fwd, double *t_bwd);
+                        const int32_t *seq_start, double *t_dequant, double *t_fwd, double *t_bwd,
+                        float *out);
 
 /* Records the spans of the next operations (train step, eval) into tl until set to NULL:
  * compute per layer visit, H2D copies, disk reads (see offload/timeline.h). Device times come
@@ -217,14 +222,19 @@ static inline int ft_exec_untied(const ft_model *m)
 }
 
 /* Bytes a device backend holds for a packed base (resident.c): the global tensors in fp32,
- * every layer block of the pack, and one layer's projections in bf16 (the staging; none for
- * the projections the fused NF4 GEMM takes, ft_exec_nf4_fused). */
-size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack);
-/* 1 when a device backend's executor hands NF4 projections to the backend's dequant-fused
- * GEMM (kernels.h FT_W_NF4) instead of dequantizing them to bf16 at each layer visit:
- * FTUNE_NF4_GEMM=fused and a backend that takes FT_W_NF4 (the default, dequant, stays until
- * the fused kernel is measured faster on a GPU: docs/qlora.md). */
-int ft_exec_nf4_fused(const ft_backend *be);
+ * every layer block of the pack, and one layer's projections in bf16 (the staging; with
+ * nf4_fused, none for the projections the fused NF4 GEMM takes). */
+size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack,
+                                   int nf4_fused);
+/* How a device backend's executor multiplies by NF4 projections: dequantized into a bf16
+ * staging copy at each layer visit, then the bf16 GEMM; or the backend's dequant-fused GEMM
+ * (kernels.h FT_W_NF4), no bf16 copy; or auto: the placer's probe times one layer both ways
+ * and keeps the faster, when their outputs agree (offload/place.h). */
+enum ft_nf4_gemm { FT_NF4_GEMM_DEQUANT = 0, FT_NF4_GEMM_FUSED = 1, FT_NF4_GEMM_AUTO = 2 };
+/* The mode for backend be from FTUNE_NF4_GEMM (dequant | fused | auto; unset or another value:
+ * dequant, the default until the fused kernel is measured on a GPU: docs/qlora.md);
+ * FT_NF4_GEMM_DEQUANT on a host-memory backend or one without FT_W_NF4. */
+int ft_exec_nf4_gemm_mode(const ft_backend *be);
 /* Bytes of the device copy of the base model's weights on backend be (embeddings counted
  * once when tied; projections in bf16 where the backend takes bf16 weights, else fp32). */
 size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m);

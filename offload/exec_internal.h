@@ -40,7 +40,7 @@ void ft_exec_tl_end(ft_exec *e, int mark);
 int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack);
 /* Bytes of the bf16 staging one layer's projections are dequantized into on backend be
  * (tiers.c; the projections the fused NF4 GEMM takes need none). */
-size_t ft_exec_staging_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack);
+size_t ft_exec_staging_bytes(const ft_model *m, const ft_pack_file *pack, int nf4_fused);
 /* Frees what tiers.c allocated. */
 void ft_exec_tiers_free(ft_exec *e);
 

@@ -1,6 +1,7 @@
 /* place.c - measure, plan and place a packed base on a device backend (place.h). */
 #include "offload/place.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,44 @@ static double layer_params(const ft_model *m)
     return p;
 }
 
+/* max |a - b| / max |a| over n values (0 when both are all zero). */
+static double rel_maxdiff(const float *a, const float *b, int64_t n)
+{
+    double d = 0, mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - (double)b[i]);
+        d = x > d || x != x ? x : d;
+        mx = fabs((double)a[i]) > mx ? fabs((double)a[i]) : mx;
+    }
+    return d != d ? INFINITY : mx > 0 ? d / mx : d > 0 ? INFINITY : 0;
+}
+
+/* FTUNE_NF4_GEMM=auto: the probe has run with the NF4 projections dequantized (its times in
+ * *t_dq, *t_f, *t_b, its output and input gradient in outs); runs it again with the fused GEMM
+ * (outputs into outs + 2 T C) and keeps the fused GEMM, with its times, when it is faster and
+ * its outputs agree (res: nf4_*; probe->nf4_fused says what was kept). */
+static int probe_fused(ft_exec *probe, ft_pack_file *pack, int64_t T, const ft_place_opts *o, float *outs,
+                       double *t_dq, double *t_f, double *t_b, ft_place_result *res)
+{
+    int64_t C = probe->m->cfg.hidden_size;
+    double f_dq = 0, f_f = 0, f_b = 0;
+    probe->nf4_fused = 1;
+    FT_TRY(ft_exec_probe_layer(probe, pack, T, o->pos, o->seq_start, &f_dq, &f_f, &f_b, outs + 2 * T * C));
+    double e_y = rel_maxdiff(outs, outs + 2 * T * C, T * C);
+    double e_dx = rel_maxdiff(outs + T * C, outs + 3 * T * C, T * C);
+    res->nf4_probed = 1;
+    res->nf4_err = e_y > e_dx || e_dx != e_dx ? e_dx : e_y;
+    res->nf4_t_dequant_path = *t_dq + *t_f + *t_b;
+    res->nf4_t_fused_path = f_dq + f_f + f_b;
+    probe->nf4_fused = res->nf4_err <= FT_PLACE_NF4_MAX_ERR && res->nf4_t_fused_path < res->nf4_t_dequant_path;
+    if (probe->nf4_fused) {
+        *t_dq = f_dq;
+        *t_f = f_f;
+        *t_b = f_b;
+    }
+    return 0;
+}
+
 int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
                     const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res)
 {
@@ -53,14 +92,22 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
         return ft_err(FT_E_UNSUPPORTED, "%lld layers: the planner takes at most %d",
                       (long long)L, FT_PLAN_MAX_LAYERS);
 
-    /* 1. one layer on the device, timed on a one-micro-batch executor */
+    /* 1. one layer on the device, timed on a one-micro-batch executor (with
+     * FTUNE_NF4_GEMM=auto both ways: NF4 dequantized into the staging, then fused) */
     ft_exec probe;
     double t_dq = 0, t_f = 0, t_b = 0;
+    int mode = ft_exec_nf4_gemm_mode(be);
     FT_TRY(ft_exec_init_ex(&probe, be, m, lora, T, 1, o->rope_seq_len, 0));
-    int rc = ft_exec_probe_layer(&probe, pack, T, o->pos, o->seq_start, &t_dq, &t_f, &t_b);
+    float *outs = mode == FT_NF4_GEMM_AUTO ? malloc((size_t)(4 * T * C) * sizeof(float)) : NULL;
+    int rc = mode == FT_NF4_GEMM_AUTO && !outs ? ft_err(-ENOMEM, "probe: out of memory") : 0;
+    probe.nf4_fused = mode == FT_NF4_GEMM_FUSED;
+    if (!rc) rc = ft_exec_probe_layer(&probe, pack, T, o->pos, o->seq_start, &t_dq, &t_f, &t_b, outs);
+    if (!rc && outs) rc = probe_fused(&probe, pack, T, o, outs, &t_dq, &t_f, &t_b, res);
+    res->nf4_fused = probe.nf4_fused;
     size_t kept1 = ft_exec_kept_bytes(&probe) / (size_t)L;
     size_t arena1 = probe.arena_bytes;
     ft_exec_free(&probe);
+    free(outs);
     if (rc) return rc;
     res->t_dequant = t_dq;
 
@@ -75,7 +122,7 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     res->pack_bytes = blocks;
     size_t globals = m->embed ? ft_exec_global_bytes(m)
                               : (size_t)(C + 16 + (ft_exec_untied(m) ? V * C : 0)) * sizeof(float);
-    size_t staging = ft_exec_staging_bytes(be, m, pack);
+    size_t staging = ft_exec_staging_bytes(m, pack, res->nf4_fused);
     size_t ckpt = (size_t)(T * C) * sizeof(float), per_micro = ckpt + 16 * (size_t)T;
     const size_t spare = (size_t)1 << 30;
     ft_plan_in *in = &res->in;
@@ -145,6 +192,7 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
                                       pl->ckpt_dev_layers, pl->ckpt_sets));
     else
         FT_TRY(ft_exec_init_ex(ex, be, m, lora, T, pl->micro_batches, o->rope_seq_len, 0));
+    ex->nf4_fused = res->nf4_fused;
     int slots = res->plan.prefetch_depth < 2 ? 2 : res->plan.prefetch_depth > 8 ? 8 : res->plan.prefetch_depth;
     int stage = res->plan.host_slots < 1 ? 1 : res->plan.host_slots > 8 ? 8 : res->plan.host_slots;
     FT_TRY(ft_exec_use_pack_tiers(ex, pack, res->plan.tier, slots, stage));

@@ -24,17 +24,28 @@ typedef struct ft_place_opts {
     const int32_t *pos, *seq_start; /* a real micro-batch's layout (T each) for the probe, or NULL */
 } ft_place_opts;
 
+#define FT_PLACE_NF4_MAX_ERR 1e-2 /* the same bf16 operands; only the fp32 summation order differs */
+
 typedef struct ft_place_result {
     ft_plan_in in;
     ft_plan plan;
-    double t_dequant;           /* seconds: one layer's NF4 -> bf16 (probe) */
+    double t_dequant;           /* seconds: one layer's NF4 -> bf16 (probe; ~0 when fused) */
+    /* How NF4 projections are multiplied (exec.h enum ft_nf4_gemm): nf4_fused is what the
+     * executor does; with FTUNE_NF4_GEMM=auto (nf4_probed = 1) the probe timed one layer's
+     * forward + backward both ways (seconds, dequantization included) and compared their
+     * outputs (nf4_err: the larger of max |difference| / max |value| over the block's output
+     * and its input gradient); the fused GEMM is kept when it is faster and nf4_err <=
+     * FT_PLACE_NF4_MAX_ERR. */
+    int nf4_fused, nf4_probed;
+    double nf4_t_dequant_path, nf4_t_fused_path, nf4_err;
     double disk_rate;           /* bytes/s of the probe (0: not measured) */
     char disk_mode[256];
     uint64_t pack_bytes;        /* all layer blocks */
     char text[2048];            /* ft_plan_format's lines */
 } ft_place_result;
 
-/* Measures, plans and (apply != 0) builds *ex (ft_exec_init_ex, or ft_exec_init_ckpt_host when
+/* Measures (with FTUNE_NF4_GEMM=auto, also the fused NF4 GEMM against dequantization),
+ * plans and (apply != 0) builds *ex (ft_exec_init_ex, or ft_exec_init_ckpt_host when
  * the plan puts the activation checkpoints in pinned host memory, + ft_exec_use_pack_tiers with
  * the plan's tiers, slots and micro-batches). The probed D2H rate lets the planner choose host
  * checkpoints; FTUNE_CKPT_HOST=1 in the environment makes it (ft_plan_in.ckpt_host_only).

@@ -122,11 +122,13 @@ static int stage_wait(void *user, int h)
     return be->ops->event_sync(be, EV_STAGE(h));
 }
 
-int ft_exec_nf4_fused(const ft_backend *be)
+int ft_exec_nf4_gemm_mode(const ft_backend *be)
 {
     const char *v = getenv("FTUNE_NF4_GEMM");
-    return v && !strcmp(v, "fused") && !be->ops->host_memory &&
-           (be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4));
+    if (!v || be->ops->host_memory || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4)))
+        return FT_NF4_GEMM_DEQUANT;
+    return !strcmp(v, "fused") ? FT_NF4_GEMM_FUSED : !strcmp(v, "auto") ? FT_NF4_GEMM_AUTO
+                                                                         : FT_NF4_GEMM_DEQUANT;
 }
 
 /* 1 when projection k's NF4 weight goes to the fused GEMM (fused mode, and the kernels take
@@ -138,9 +140,8 @@ static int proj_fused(int fused, const ft_pack_hdr *h, int64_t out, int64_t in)
 }
 
 /* Floats of the bf16 staging one layer's dequantized projections need (16 at least). */
-static int64_t staging_floats(const ft_backend *be, const ft_model *m, const ft_pack_file *pack)
+static int64_t staging_floats(const ft_model *m, const ft_pack_file *pack, int fused)
 {
-    int fused = ft_exec_nf4_fused(be);
     int64_t n = 16;
     for (int k = 0; k < FT_N_PROJ; k++) {
         const ft_linear *li = &m->layers[0].proj[k];
@@ -150,15 +151,16 @@ static int64_t staging_floats(const ft_backend *be, const ft_model *m, const ft_
     return n;
 }
 
-size_t ft_exec_staging_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack)
+size_t ft_exec_staging_bytes(const ft_model *m, const ft_pack_file *pack, int nf4_fused)
 {
-    return (size_t)staging_floats(be, m, pack) * sizeof(float);
+    return (size_t)staging_floats(m, pack, nf4_fused) * sizeof(float);
 }
 
-size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack)
+size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack,
+                                   int nf4_fused)
 {
     (void)be;
-    size_t total = ft_exec_global_bytes(m) + ft_exec_staging_bytes(be, m, pack);
+    size_t total = ft_exec_global_bytes(m) + ft_exec_staging_bytes(m, pack, nf4_fused);
     for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) total += ft_pack_block_bytes(pack, l);
     return total;
 }
@@ -263,8 +265,7 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
         any_stream |= t != FT_TIER_GPU;
         any_disk |= t == FT_TIER_DISK;
     }
-    e->nf4_fused = ft_exec_nf4_fused(be);
-    int64_t stage_floats = staging_floats(be, e->m, pack); /* one layer's projections in bf16 */
+    int64_t stage_floats = staging_floats(e->m, pack, e->nf4_fused); /* one layer's projections in bf16 */
     e->tier = malloc((size_t)L);
     e->pack_dev_off = calloc((size_t)L, sizeof *e->pack_dev_off);
     e->pack_pin_off = calloc((size_t)L, sizeof *e->pack_pin_off);
@@ -685,7 +686,8 @@ void ft_exec_tl_end(ft_exec *e, int mark)
 /* ---- the planner's probe ------------------------------------------------------------- */
 
 int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t *pos_in,
-                        const int32_t *seq_start_in, double *t_dequant, double *t_fwd, double *t_bwd)
+                        const int32_t *seq_start_in, double *t_dequant, double *t_fwd, double *t_bwd,
+                        float *out)
 {
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
@@ -694,8 +696,7 @@ int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t
         return ft_err(FT_E_INVALID, "probe: needs a device backend, an adapter and T <= %lld",
                       (long long)e->T_max);
     size_t nb = ft_pack_block_bytes(pack, 0);
-    e->nf4_fused = ft_exec_nf4_fused(be);
-    int64_t C = c->hidden_size, stage_floats = staging_floats(be, e->m, pack);
+    int64_t C = c->hidden_size, stage_floats = staging_floats(e->m, pack, e->nf4_fused);
     uint8_t *host = be->ops->host_alloc(be, nb);
     uint8_t *dev = be->ops->alloc(be, nb);
     float *stage = be->ops->alloc(be, (size_t)stage_floats * sizeof(float));
@@ -747,6 +748,8 @@ int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t
             best[2] = t3 - t2 < best[2] ? t3 - t2 : best[2];
         }
     }
+    if (!rc && out) rc = be->ops->copy(be, out, x1, (size_t)(T * C) * sizeof(float));
+    if (!rc && out) rc = be->ops->copy(be, out + T * C, dx, (size_t)(T * C) * sizeof(float));
     e->layer_f32 = saved;
     e->pack = saved_pack;
     memset(&e->fetched, 0, sizeof e->fetched);

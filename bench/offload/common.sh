@@ -31,7 +31,8 @@ run() { # name, seconds, args...  (uses $M, $LOG_LINES)
   (while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits >> /tmp/mem_$name.txt; sleep 0.2; done) & local MP=$!
   timeout $lim $F train --model $M --data /tmp/d.jsonl --data-format text --device cuda --seq-len 2048 \
      --lora-dropout 0 --save-every 0 --out /tmp/o_$name --eval-fraction 0 --log-every 1 "$@" 2>&1 \
-     | grep -vE "^ftune: (model|data) " | tail -${LOG_LINES:-22} | tee $OUT/$name.log
+     | grep -vE "^ftune: (model|data) " | tee /tmp/full_$name.log | tail -${LOG_LINES:-22} | tee $OUT/$name.log
+  grep -E "probe|plan:" /tmp/full_$name.log | head -6 >> $OUT/$name.log
   kill $MP 2>/dev/null; echo "$name: peak GPU memory used (nvidia-smi) $(sort -n /tmp/mem_$name.txt | tail -1) MiB" | tee -a $OUT/$name.log
   cp /tmp/o_$name/metrics.jsonl $OUT/$name.metrics.jsonl 2>/dev/null
   stamp $name

@@ -477,6 +477,12 @@ static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_l
              "backward %.2f ms; PCIe H2D %.1f GB/s%s",
              (long long)T, pr->t_dequant * 1e3, (pr->in.t_fwd_layer - pr->t_dequant) * 1e3,
              pr->in.t_bwd_layer * 1e3, pr->in.rates.h2d / 1e9, disk);
+        if (pr->nf4_probed)
+            info(cb, user, FT_EV_INFO, "probe (FTUNE_NF4_GEMM=auto): one layer's forward + backward "
+                 "%.2f ms with the NF4 projections dequantized per visit, %.2f ms with the fused "
+                 "NF4 GEMM (outputs agree to %.1e; at most %.0e taken): %s",
+                 pr->nf4_t_dequant_path * 1e3, pr->nf4_t_fused_path * 1e3, pr->nf4_err,
+                 FT_PLACE_NF4_MAX_ERR, pr->nf4_fused ? "fused" : "dequantized");
         char *line = pr->text, *nl;
         while (line && *line) {
             nl = strchr(line, '\n');
@@ -587,7 +593,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     info(cb, user, FT_EV_PLAN, "plan: backend %s, base %s%s%s), LoRA r=%lld alpha=%g%s on %d modules (%.2fM trainable), %lld micro-batches of %lld x %lld tokens, grad-accum %lld, %lld steps (warmup %lld, %s), executor memory %.1f MiB%s",
          r->be->ops->name,
          quant != FT_PACK_QUANT_NF4 ? "bf16 (unquantized"
-         : ft_exec_nf4_fused(r->be) ? "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized inside the GEMMs (FTUNE_NF4_GEMM=fused)"
+         : r->ex.nf4_fused ? "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized inside the GEMMs from the pack"
                                     : "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized per layer from the pack",
          why[0] ? "; " : "", why, (long long)lc.r, lc.alpha, lc.use_rslora ? " (rsLoRA)" : "",
          __builtin_popcount(lc.targets), r->lora.n_params / 1e6, (long long)r->n_train_b,

@@ -19,6 +19,7 @@
 #include "offload/ckpt.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
+#include "offload/place.h"
 #include "offload/plan.h"
 #include "offload/prefetch.h"
 #include "offload/timeline.h"
@@ -277,7 +278,9 @@ static void test_tiers_bit_identical(void **state)
     /* FTUNE_NF4_GEMM=fused: the same bits (the device mode dequantizes tile by tile to the
      * values dequant_nf4 gives) */
     tiers_nf4_fused(be, m, pack, b, &ts, &rg, 0.0);
-    assert_int_equal(ft_exec_nf4_fused(cpu), 0); /* host memory: the pack is dequantized to fp32 */
+    assert_int_equal(setenv("FTUNE_NF4_GEMM", "fused", 1), 0);
+    assert_int_equal(ft_exec_nf4_gemm_mode(cpu), FT_NF4_GEMM_DEQUANT); /* host memory: fp32 */
+    assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
     free(rg.g); free(rh.g); free(rd.g); free(rm.g); free(rcpu.g);
     stream_free_batches(b, N_MB);
     ft_pack_close(pack);
@@ -286,6 +289,75 @@ static void test_tiers_bit_identical(void **state)
     free(pi); free(dir);
     ft_model_free(m);
     ft_backend_free(cpu);
+    ft_backend_free(be);
+}
+
+/* FTUNE_NF4_GEMM=auto: the placer (offload/place.h) probes one layer with the NF4 projections
+ * dequantized and with the fused GEMM, finds the outputs equal (bit for bit in the device
+ * mode), keeps the faster, and the executor it builds runs that way; its step gives the bits
+ * of a dequantizing executor's. */
+static void test_place_nf4_auto(void **state)
+{
+    (void)state;
+    ft_backend *be;
+    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
+    ft_model *m;
+    assert_int_equal(ft_model_load(&m, TINY), 0);
+    char *dir = t_tmpdir();
+    ft_pack_settings ps;
+    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
+    ft_pack_ensure_info *pi = calloc(1, sizeof *pi);
+    assert_int_equal(ft_pack_ensure(TINY, dir, &ps, 0, pi), 0);
+    ft_pack_file *pack;
+    assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
+    ft_batch b[1];
+    stream_make_batches(b, 1, 24, m->cfg.vocab_size);
+    ft_lora lora;
+    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 5};
+    assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
+    ft_rng rng;
+    ft_rng_seed(&rng, 77);
+    for (int64_t i = 0; i < lora.n_params; i++) lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.1f;
+    assert_int_equal(ft_lora_push(&lora), 0);
+    double loss[2];
+    for (int k = 0; k < 2; k++) { /* k 0: unset (dequantized), k 1: auto */
+        if (k) assert_int_equal(setenv("FTUNE_NF4_GEMM", "auto", 1), 0);
+        ft_place_opts po = {b[0].T, b[0].seq_len, 1, 0, 0, b[0].pos, b[0].seq_start};
+        ft_place_result *res = calloc(1, sizeof *res);
+        ft_exec e;
+        int rc = ft_place_packed(be, m, &lora, pack, &po, 1, &e, res);
+        if (rc) printf("place: %s\n", ft_errmsg());
+        assert_int_equal(rc, 0);
+        printf("FTUNE_NF4_GEMM=%s: probed %d, layer fwd+bwd %.3f ms dequantized, %.3f ms fused, "
+               "outputs differ by %.3g: %s\n", k ? "auto" : "(unset)", res->nf4_probed,
+               res->nf4_t_dequant_path * 1e3, res->nf4_t_fused_path * 1e3, res->nf4_err,
+               e.nf4_fused ? "fused" : "dequantized");
+        assert_int_equal(res->nf4_probed, k);
+        assert_int_equal(e.nf4_fused, res->nf4_fused);
+        if (k) {
+            assert_true(res->nf4_t_dequant_path > 0 && res->nf4_t_fused_path > 0);
+            assert_true(res->nf4_err == 0.0);
+            assert_int_equal(e.nf4_fused, res->nf4_t_fused_path < res->nf4_t_dequant_path);
+        } else {
+            assert_int_equal(e.nf4_fused, 0);
+        }
+        int64_t nt;
+        assert_int_equal(be->ops->zero(be, lora.grads, (size_t)lora.n_params * 4), 0);
+        rc = ft_exec_train_step(&e, b, 1, b[0].n_targets, 0, &loss[k], &nt);
+        if (rc) printf("train step: %s\n", ft_errmsg());
+        assert_int_equal(rc, 0);
+        ft_exec_free(&e);
+        free(res);
+    }
+    assert_true(loss[0] == loss[1]);
+    assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
+    ft_lora_free(&lora);
+    stream_free_batches(b, 1);
+    ft_pack_close(pack);
+    unlink(pi->path);
+    rmdir(dir);
+    free(pi); free(dir);
+    ft_model_free(m);
     ft_backend_free(be);
 }
 
@@ -305,6 +377,7 @@ int main(void)
                                        cmocka_unit_test(test_linear_bf16),
                                        cmocka_unit_test(test_linear_nf4),
                                        cmocka_unit_test(test_tiers_bit_identical),
+                                       cmocka_unit_test(test_place_nf4_auto),
                                        cmocka_unit_test(test_host_ckpt_deep)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -176,7 +176,7 @@ static void tiers_compare(ft_backend *be, const ft_model *m, ft_pack_file *pack,
     assert_int_equal(r[2].tl_compute, 2 * L); /* one span per layer visit */
 }
 
-/* FTUNE_NF4_GEMM=fused (offload/exec.h ft_exec_nf4_fused): the NF4 projections the fused
+/* FTUNE_NF4_GEMM=fused (offload/exec.h ft_exec_nf4_gemm_mode): the NF4 projections the fused
  * kernels take (on the tiny model q, o, gate, up and down; k and v are 32 wide) go to
  * linear_fwd/linear_bwd_x as FT_W_NF4 straight from the block, and the bf16 staging shrinks by
  * exactly theirs; runs with every block on the device, streamed from pinned host memory and
@@ -186,11 +186,13 @@ static void tiers_compare(ft_backend *be, const ft_model *m, ft_pack_file *pack,
 static void tiers_nf4_fused(ft_backend *be, const ft_model *m, ft_pack_file *pack, const ft_batch *b,
                             const tier_sets *ts, const result *ref, double tol)
 {
-    size_t staged = ft_exec_packed_weight_bytes(be, m, pack);
-    assert_int_equal(ft_exec_nf4_fused(be), 0);
+    size_t staged = ft_exec_packed_weight_bytes(be, m, pack, 0);
+    size_t fused_bytes = ft_exec_packed_weight_bytes(be, m, pack, 1);
+    assert_int_equal(ft_exec_nf4_gemm_mode(be), FT_NF4_GEMM_DEQUANT);
+    assert_int_equal(setenv("FTUNE_NF4_GEMM", "auto", 1), 0);
+    assert_int_equal(ft_exec_nf4_gemm_mode(be), FT_NF4_GEMM_AUTO);
     assert_int_equal(setenv("FTUNE_NF4_GEMM", "fused", 1), 0);
-    assert_int_equal(ft_exec_nf4_fused(be), 1);
-    size_t fused_bytes = ft_exec_packed_weight_bytes(be, m, pack);
+    assert_int_equal(ft_exec_nf4_gemm_mode(be), FT_NF4_GEMM_FUSED);
     int64_t C = m->cfg.hidden_size, F = m->cfg.intermediate_size;
     int64_t qo = m->cfg.num_attention_heads * m->cfg.head_dim;
     size_t want_saved = 4 * (size_t)((C * qo + 1) / 2 + 16 + (qo * C + 1) / 2 + 16 + 3 * ((F * C + 1) / 2 + 16));
