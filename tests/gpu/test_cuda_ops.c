@@ -1,6 +1,7 @@
 /* test_cuda_ops.c - every CUDA op of the op table (except attention: test_cuda_attn.c)
  * against its CPU twin on random inputs over a sweep of shapes, and one full training step
- * (forward + backward through the executor) CUDA vs CPU on a real tiny model.
+ * (forward + backward through the executor) CUDA vs CPU on a real tiny model: bf16 base, NF4
+ * base, and NF4 base with a frozen correction (the --quant-correction path, random A0/B0).
  * Skips cleanly when no GPU is visible (or ftune was built without CUDA).
  *
  * Tolerances are relative errors ||cuda - cpu|| / ||cpu|| over the whole output. */
@@ -469,8 +470,11 @@ static void test_lm_head(void **state)
  * (tests/fixtures/tiny-llama), CUDA vs CPU, same adapter, same packed batch. */
 #define TINY "tests/fixtures/tiny-llama"
 
+/* One optimizer step of n_mb micro-batches on be (pack: the NF4 base, else the model's
+ * weights); corr: with a frozen correction of the base (adapters/qcorr.h: random A0/B0, the
+ * path --quant-correction adds). */
 static void step_on(ft_backend *be, const ft_model *m, const ft_batch *b, int64_t n_mb,
-                    double *loss, float *grads, int64_t *n_params, ft_pack_file *pack)
+                    double *loss, float *grads, int64_t *n_params, ft_pack_file *pack, int corr)
 {
     ft_lora lora;
     ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
@@ -479,6 +483,12 @@ static void step_on(ft_backend *be, const ft_model *m, const ft_batch *b, int64_
     ft_rng_seed(&rng, 99);
     for (int64_t i = 0; i < lora.n_params; i++) lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.2f;
     assert_int_equal(ft_lora_push(&lora), 0);
+    if (corr) {
+        float *fixed = malloc((size_t)lora.n_params * 4);
+        for (int64_t i = 0; i < lora.n_params; i++) fixed[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.2f;
+        assert_int_equal(ft_lora_set_fixed(&lora, fixed), 0);
+        free(fixed);
+    }
     ft_exec e;
     assert_int_equal(ft_exec_init_ex(&e, be, m, &lora, b[0].T, n_mb, b[0].seq_len, pack == NULL), 0);
     if (pack) assert_int_equal(ft_exec_use_pack(&e, pack), 0);
@@ -531,11 +541,12 @@ static void train_step_cmp(void **state, int nf4)
         assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
         free(pi);
     }
-    step_on(f->cpu, m, b, n_mb, &lc, gc, &np, pack);
-    step_on(f->gpu, m, b, n_mb, &lg, gg, &np, pack);
+    step_on(f->cpu, m, b, n_mb, &lc, gc, &np, pack, nf4 == 2);
+    step_on(f->gpu, m, b, n_mb, &lg, gg, &np, pack, nf4 == 2);
     double e = relerr(gg, gc, np);
     printf("  train step %s(tiny-llama, 2 micro-batches of 2x64, packed rows): loss %.6f vs %.6f (rel %.2g), "
-           "LoRA grads rel err %.3g over %lld params\n", nf4 ? "QLoRA NF4 base " : "", lg, lc,
+           "LoRA grads rel err %.3g over %lld params\n",
+           nf4 == 2 ? "QLoRA NF4 base + frozen correction " : nf4 ? "QLoRA NF4 base " : "", lg, lc,
            fabs(lg - lc) / lc, e, (long long)np);
     ft_pack_close(pack);
     free(dir);
@@ -551,6 +562,7 @@ static void train_step_cmp(void **state, int nf4)
 
 static void test_train_step(void **state) { train_step_cmp(state, 0); }
 static void test_train_step_nf4(void **state) { train_step_cmp(state, 1); }
+static void test_train_step_nf4_corr(void **state) { train_step_cmp(state, 2); }
 
 int main(void)
 {
@@ -564,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_lm_head),
         cmocka_unit_test(test_train_step),
         cmocka_unit_test(test_train_step_nf4),
+        cmocka_unit_test(test_train_step_nf4_corr),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
