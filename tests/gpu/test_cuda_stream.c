@@ -38,13 +38,9 @@ static void test_tiers_bit_identical(void **state)
     if (ft_backend_cuda_init(&be, 0) < 0) skip();
     ft_model *m;
     assert_int_equal(ft_model_load(&m, TINY), 0);
-    char *dir = t_tmpdir();
-    ft_pack_settings ps;
-    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
-    ft_pack_ensure_info *pi = calloc(1, sizeof *pi);
-    assert_int_equal(ft_pack_ensure(TINY, dir, &ps, 0, pi), 0);
-    ft_pack_file *pack;
-    assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
+    stream_pack sp;
+    stream_pack_open(&sp, TINY);
+    ft_pack_file *pack = sp.pack;
     ft_batch b[N_MB];
     stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
     tier_sets ts;
@@ -56,8 +52,7 @@ static void test_tiers_bit_identical(void **state)
     tiers_nf4_fused(be, m, pack, b, &ts, &r[0], 1e-4);
     for (int k = 0; k < 4; k++) free(r[k].g);
     stream_free_batches(b, N_MB);
-    free(pi); free(dir);
-    ft_pack_close(pack);
+    stream_pack_close(&sp);
     ft_model_free(m);
     ft_backend_free(be);
 }

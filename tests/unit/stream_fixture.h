@@ -1,15 +1,47 @@
 /* stream_fixture.h - shared by the executor tests (tests/unit/test_stream.c, test_ckpt.c,
  * tests/unit/tiers_cases.h): n micro-batches of one row of random tokens below V, two packed
- * sequences each (targets: the next token, -100 at each sequence's end), and the tiny model
- * made deeper by repeating its layers. */
+ * sequences each (targets: the next token, -100 at each sequence's end), the tiny model
+ * made deeper by repeating its layers, and an NF4 pack in a temporary cache folder. Include
+ * after harness.h. */
 #ifndef FT_TEST_STREAM_FIXTURE_H
 #define FT_TEST_STREAM_FIXTURE_H
 
 #include <stdlib.h>
+#include <unistd.h>
 
+#include "offload/pack.h"
 #include "src/core/rng.h"
 #include "src/data/dataset.h"
 #include "src/model/model.h"
+
+/* The NF4 pack of the model folder `model`, built into a fresh cache folder under /tmp (a
+ * real disk here, for the disk tier's O_DIRECT reads); stream_pack_close removes both. */
+typedef struct stream_pack {
+    char *dir;
+    ft_pack_ensure_info *info;
+    ft_pack_file *pack;
+} stream_pack;
+
+static inline void stream_pack_open(stream_pack *sp, const char *model)
+{
+    ft_pack_settings ps;
+    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
+    sp->dir = t_tmpdir();
+    sp->info = calloc(1, sizeof *sp->info);
+    assert_non_null(sp->dir);
+    assert_non_null(sp->info);
+    assert_int_equal(ft_pack_ensure(model, sp->dir, &ps, 0, sp->info), 0);
+    assert_int_equal(ft_pack_open(&sp->pack, sp->info->path, 1), 0);
+}
+
+static inline void stream_pack_close(stream_pack *sp)
+{
+    ft_pack_close(sp->pack);
+    unlink(sp->info->path);
+    rmdir(sp->dir);
+    free(sp->info);
+    free(sp->dir);
+}
 
 /* Micro-batch i has S - shrink * (i % 4) tokens (shrink 0: all S). */
 static inline void stream_make_batches_ragged(ft_batch *b, int n, int64_t S_max, int64_t shrink, int64_t V)

@@ -72,13 +72,9 @@ static void test_streamed_equals_resident(void **state)
     (void)state;
     ft_model *m;
     assert_int_equal(ft_model_load(&m, TINY), 0);
-    char *dir = t_tmpdir();
-    ft_pack_settings ps;
-    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
-    ft_pack_ensure_info *pi = calloc(1, sizeof *pi);
-    assert_int_equal(ft_pack_ensure(TINY, dir, &ps, 0, pi), 0);
-    ft_pack_file *pack;
-    assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
+    stream_pack sp;
+    stream_pack_open(&sp, TINY);
+    ft_pack_file *pack = sp.pack;
     ft_batch b[N_MB];
     stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
     int64_t L = m->cfg.num_hidden_layers, n = 0, setup_r, first_r, step_r, setup_s, first_s, step_s;
@@ -115,8 +111,8 @@ static void test_streamed_equals_resident(void **state)
     assert_int_equal(step_s, 2 * L - 2);
     assert_int_equal(first_r + step_r, 0);
     stream_free_batches(b, N_MB);
-    free(gr); free(gs); free(gc); free(pi); free(dir);
-    ft_pack_close(pack);
+    free(gr); free(gs); free(gc);
+    stream_pack_close(&sp);
     ft_model_free(m);
 }
 

@@ -221,13 +221,9 @@ static void test_tiers_bit_identical(void **state)
     assert_int_equal(ft_backend_cpu_init(&cpu, THREADS), 0);
     ft_model *m;
     assert_int_equal(ft_model_load(&m, TINY), 0);
-    char *dir = t_tmpdir(); /* /tmp: a real file system for the read-ahead (tmpfs: pread) */
-    ft_pack_settings ps;
-    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
-    ft_pack_ensure_info *pi = calloc(1, sizeof *pi);
-    assert_int_equal(ft_pack_ensure(TINY, dir, &ps, 0, pi), 0);
-    ft_pack_file *pack;
-    assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
+    stream_pack sp; /* /tmp: a real file system for the read-ahead (tmpfs: pread) */
+    stream_pack_open(&sp, TINY);
+    ft_pack_file *pack = sp.pack;
     ft_batch b[N_MB];
     stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
     int64_t L = m->cfg.num_hidden_layers;
@@ -283,10 +279,7 @@ static void test_tiers_bit_identical(void **state)
     assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
     free(rg.g); free(rh.g); free(rd.g); free(rm.g); free(rcpu.g);
     stream_free_batches(b, N_MB);
-    ft_pack_close(pack);
-    unlink(pi->path);
-    rmdir(dir);
-    free(pi); free(dir);
+    stream_pack_close(&sp);
     ft_model_free(m);
     ft_backend_free(cpu);
     ft_backend_free(be);
@@ -303,22 +296,13 @@ static void test_place_nf4_auto(void **state)
     assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
     ft_model *m;
     assert_int_equal(ft_model_load(&m, TINY), 0);
-    char *dir = t_tmpdir();
-    ft_pack_settings ps;
-    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
-    ft_pack_ensure_info *pi = calloc(1, sizeof *pi);
-    assert_int_equal(ft_pack_ensure(TINY, dir, &ps, 0, pi), 0);
-    ft_pack_file *pack;
-    assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
+    stream_pack sp;
+    stream_pack_open(&sp, TINY);
+    ft_pack_file *pack = sp.pack;
     ft_batch b[1];
     stream_make_batches(b, 1, 24, m->cfg.vocab_size);
     ft_lora lora;
-    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 5};
-    assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
-    ft_rng rng;
-    ft_rng_seed(&rng, 77);
-    for (int64_t i = 0; i < lora.n_params; i++) lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.1f;
-    assert_int_equal(ft_lora_push(&lora), 0);
+    tiers_lora_init(&lora, be, m);
     double loss[2];
     for (int k = 0; k < 2; k++) { /* k 0: unset (dequantized), k 1: auto */
         if (k) assert_int_equal(setenv("FTUNE_NF4_GEMM", "auto", 1), 0);
@@ -353,10 +337,7 @@ static void test_place_nf4_auto(void **state)
     assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
     ft_lora_free(&lora);
     stream_free_batches(b, 1);
-    ft_pack_close(pack);
-    unlink(pi->path);
-    rmdir(dir);
-    free(pi); free(dir);
+    stream_pack_close(&sp);
     ft_model_free(m);
     ft_backend_free(be);
 }
