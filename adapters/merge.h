@@ -10,8 +10,9 @@
  * Nothing is loaded whole: tensors are read one at a time, in blocks of rows, from the
  * mmap'ed safetensors/GGUF source (pages dropped after use), converted and written
  * straight to the output, so peak memory is a few row blocks plus one projection's A and B,
- * far below one layer. Every output file is written to a temporary name, fsynced and
- * renamed.
+ * far below one layer (the tokenizer files, built after the weights, hold the vocabulary
+ * and merges in memory: ~130 MiB peak for Llama-3's). Every output file is written to a
+ * temporary name, fsynced and renamed.
  *
  * Inputs: an HF folder (config.json, *.safetensors or a sharded index; F32/F16/BF16) or a
  * GGUF file (llama/qwen2; F32/F16/BF16/Q8_0/Q4_0/Q4_1); a PEFT adapter folder checked
@@ -19,9 +20,12 @@
  *  - safetensors: DIR/model.safetensors, or DIR/model-0000i-of-0000n.safetensors +
  *    model.safetensors.index.json when the tensors exceed shard_bytes (transformers'
  *    save_pretrained layout, formats.md 1.2), config.json (torch_dtype updated),
- *    tokenizer and generation files copied. From a GGUF file, config.json and
- *    generation_config.json are written from its metadata; tokenizer files cannot be made
- *    (the report's note says so); the llama.cpp q/k row order is undone (formats.md 2.4).
+ *    tokenizer and generation files copied. From a GGUF file, config.json,
+ *    generation_config.json, tokenizer.json and tokenizer_config.json are written from its
+ *    metadata (hf_tok.h: "gpt2" byte-level and "llama" SentencePiece tokenizers, checked to
+ *    encode like ftune's tokenizer on the GGUF; when that cannot be done there are no
+ *    tokenizer files and the report's note says why); the llama.cpp q/k row order is undone
+ *    (formats.md 2.4).
  *  - gguf: one file with the llama.cpp metadata (copied from a GGUF source, or built from
  *    config.json and tokenizer.json), 2-D weights in F16/BF16/Q8_0 (Q8_0 falls back to F16
  *    when ne[0] is not a multiple of 32, as gguf-py does), 1-D tensors F32, q/k rows in

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "adapters/export_gguf.h"
+#include "adapters/hf_tok.h"
 #include "adapters/merge_internal.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -398,10 +399,13 @@ static int write_side_files(const char *dir, const mg_src *s, const ft_merge_opt
     rc = write_json(dir, "generation_config.json", g);
     cJSON_Delete(g);
     FT_TRY(rc);
-    snprintf(rep->note, sizeof rep->note, "the source is a GGUF file: config.json and "
-             "generation_config.json were written from its metadata, but no tokenizer files "
-             "(tokenizer.json cannot be rebuilt from GGUF metadata here); copy them from the "
-             "original model");
+    char why[320]; /* + the note's text fits rep->note */
+    rc = ft_hf_tok_from_gguf(dir, s->g, s->cfg.max_position_embeddings, why, sizeof why);
+    FT_TRY(rc);
+    if (rc == 1)
+        snprintf(rep->note, sizeof rep->note, "the source is a GGUF file: config.json and "
+                 "generation_config.json were written from its metadata, but no tokenizer files "
+                 "(%s); copy them from the original model", why);
     return 0;
 }
 

@@ -12,8 +12,10 @@
  *  model "llama": SentencePiece-style BPE as llama.cpp llm_tokenizer_spm: spaces -> U+2581,
  *    a leading U+2581 on each text piece when add_space_prefix (like the Llama-2 legacy
  *    Prepend normalizer), merges by highest piece score, <0xHH> byte tokens.
- *  Token types 3 (control) and 4 (user-defined) become added tokens matched literally
- *  (control ones are special). BOS is added when add_bos and add_special.
+ *  Token types 2 (unknown), 3 (control) and 4 (user-defined) become added tokens matched
+ *  literally (unknown and control ones are special), as llama.cpp's special-token partition
+ *  takes them (UNKNOWN | CONTROL | USER_DEFINED) and as Llama-2's tokenizer.json lists <unk>.
+ *  BOS is added when add_bos and add_special.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -138,8 +140,8 @@ static int build(ft_tokenizer *t, const ft_tok_spec *s)
     }
     for (int64_t i = 0; s->token_type && i < s->n_tokens; i++) {
         int ty = s->token_type[i];
-        if (ty == 3 || ty == 4)
-            FT_TRY(tk_added_add(t, s->tokens[i], strlen(s->tokens[i]), i, 0, 0, 0, 0, ty == 3, SPEC_WHERE ".tokens"));
+        if (ty == 2 || ty == 3 || ty == 4)
+            FT_TRY(tk_added_add(t, s->tokens[i], strlen(s->tokens[i]), i, 0, 0, 0, 0, ty != 4, SPEC_WHERE ".tokens"));
     }
     if (s->bos_id >= 0 && s->bos_id < s->n_tokens) t->bos = (int32_t)s->bos_id;
     if (s->eos_id >= 0 && s->eos_id < s->n_tokens) t->eos = (int32_t)s->eos_id;
