@@ -1,7 +1,9 @@
 /* pinned.h - host memory for the streamed tiers (offload/tiers.c: the pinned pool of
  * host-tier layer blocks, the disk tier's staging buffers): page-locked, so the device copies
  * it at full bus speed, and placed on the NUMA node the GPU hangs off, so those copies do not
- * cross the inter-socket link. The memory is mmap'd, given the node as its preferred policy
+ * cross the inter-socket link. The memory is mmap'd at a 2 MiB boundary and advised to use
+ * huge pages (MADV_HUGEPAGE: O_DIRECT reads into scattered 4 KiB pages split into many more
+ * device requests), given the node as its preferred policy
  * (mbind MPOL_PREFERRED, libnuma: pages go elsewhere only when the node is full, never an
  * out-of-memory kill), then locked with the backend's host_register (CUDA: cudaHostRegister,
  * which faults every page in under that policy). Anonymous memory can also be registered
