@@ -23,6 +23,7 @@ PKG     := pkg-config
 BLAS_CFLAGS  ?= $(shell $(PKG) --cflags openblas 2>/dev/null)
 BLAS_LIBS    ?= $(shell $(PKG) --libs openblas 2>/dev/null)
 PCRE2_LIBS   ?= $(shell $(PKG) --libs libpcre2-8 2>/dev/null)
+UTF8PROC_LIBS ?= $(shell $(PKG) --libs libutf8proc 2>/dev/null)
 CJSON_CFLAGS ?= $(shell $(PKG) --cflags libcjson 2>/dev/null)
 CJSON_LIBS   ?= $(shell $(PKG) --libs libcjson 2>/dev/null)
 CMOCKA_LIBS  ?= $(shell $(PKG) --libs cmocka 2>/dev/null)
@@ -53,7 +54,7 @@ CUDA_LIBS  := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart_static -ldl -l
 CFLAGS     += -DFT_HAVE_CUDA
 endif
 
-$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) libnuma=$(NUMA) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
+$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) utf8proc=$(call have,$(UTF8PROC_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) libnuma=$(NUMA) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
 
 # liburing (offload/uring.c, the NVMe reader): used when found; without it the reader falls
 # back to pread and says so. URING_LIBS can name the static archive for the GPU bundle.
@@ -68,7 +69,7 @@ NUMA_LIBS  ?= $(NUMA_A)
 endif
 
 CFLAGS += $(BLAS_CFLAGS) $(CJSON_CFLAGS)
-LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(CUDA_LIBS) -lm -lpthread
+LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(UTF8PROC_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(CUDA_LIBS) -lm -lpthread
 
 LIB_SRC := $(wildcard src/*/*.c kernels/*.c kernels/cpu/*.c offload/*.c adapters/*.c)
 CU_SRC  := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu) $(CU_EXTRA))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds ftune and the GPU test binaries for the lent GPU machine, which has the CUDA
-# toolkit but not libopenblas/pcre2/cjson/cmocka: OpenBLAS and PCRE2 are linked statically,
+# toolkit but not libopenblas/pcre2/utf8proc/cjson/cmocka: OpenBLAS, PCRE2 and utf8proc are linked statically,
 # the small remaining shared libraries are copied beside the binaries. Output: .gpu/bin,
 # .gpu/lib (git-ignored), carried to the machine; run there with LD_LIBRARY_PATH=.gpu/lib.
 # Usage: scripts/gpu_bundle.sh [BUILD_DIR]   (default build-gpu)
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 B=${1:-build-gpu}
 A=/usr/lib/x86_64-linux-gnu
 make -j2 --no-print-directory BUILD="$B" CUDA=1 ${CU_EXTRA:+CU_EXTRA=$CU_EXTRA} \
-    BLAS_LIBS="$A/openblas-pthread/libopenblas.a -lgfortran" PCRE2_LIBS="$A/libpcre2-8.a" URING_LIBS="$A/liburing.a" \
+    BLAS_LIBS="$A/openblas-pthread/libopenblas.a -lgfortran" PCRE2_LIBS="$A/libpcre2-8.a" UTF8PROC_LIBS="$A/libutf8proc.a" URING_LIBS="$A/liburing.a" \
     "$B/ftune" $(ls tests/gpu/test_*.c | sed "s|tests/gpu/\(.*\)\.c|$B/tests/gpu/\1|") >/dev/null
 mkdir -p .gpu/bin .gpu/lib
 cp "$B/ftune" .gpu/bin/

@@ -6,6 +6,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 #include <wctype.h>
 
 #include "src/core/err.h"
@@ -200,8 +201,18 @@ static int apply_norm(const ft_tokenizer *t, const tk_norm *z, tk_ctx *c, const 
             i += (size_t)L;
         }
         return 0;
-    default: /* TK_NORM_NFC: the input is assumed to be NFC already (documented) */
-        return tk_buf_put(out, in->p, in->n);
+    default: { /* TK_NORM_NFC: canonical composition (utf8proc: UAX #15, Unicode 15) */
+        size_t a = 0;
+        while (a < in->n && (unsigned char)in->p[a] < 0x80) a++;
+        if (a == in->n) return tk_buf_put(out, in->p, in->n); /* ASCII is NFC */
+        utf8proc_uint8_t *nfc = NULL;
+        utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)in->p, (utf8proc_ssize_t)in->n, &nfc,
+                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        /* not valid UTF-8 (bytes from a file, never from tokenizers' str): left as it is */
+        int rc = k < 0 ? tk_buf_put(out, in->p, in->n) : tk_buf_put(out, (const char *)nfc, (size_t)k);
+        free(nfc);
+        return rc;
+    }
     }
 }
 

@@ -2,8 +2,8 @@
  * (tokenizer.h; formats.md 6). Loading lives in tok_json.c (tokenizer.json) and tok_spec.c
  * (GGUF arrays); pieces of the pipeline in tok_pretok.c, tok_bpe.c and tok_decode.c.
  *
- * Limits, documented here once: the NFC normalizer assumes its input is already NFC (true
- * for text typed or produced by Python, whose JSON round trip does not decompose); the
+ * Limits, documented here once: the NFC normalizer is utf8proc's (Unicode 15; a character
+ * newer than that is left as it is, where tokenizers may compose it); the
  * Lowercase normalizer uses the C.UTF-8 locale's case table (towlower_l) and falls back to
  * a small table (ASCII, Latin-1/Extended-A, Greek, Cyrillic) where that locale is missing;
  * BPE dropout, truncation and padding in tokenizer.json are ignored.

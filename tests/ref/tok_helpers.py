@@ -31,6 +31,10 @@ EDGE_TEXTS = [
     "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
     "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n", "<|endoftext|>x<|endoftext|>",
     "zero\u200bwidth and\u00a0nbsp", "ＡＢＣ１２３ full width", "x" * 300, " " * 40 + "end",
+    # not NFC: decomposed accents, singletons (Angstrom/Ohm signs), Hangul jamo, combining
+    # marks out of canonical order (an NFC normalizer composes/reorders them; others must not)
+    "cafe\u0301 nai\u0308ve re\u0301sume\u0301 A\u030angstro\u0308m", "\u212b \u2126 \u1100\u1161\u11a8",
+    "e\u0301\u0327 q\u0307\u0323 \u0301lead",
 ]
 
 
