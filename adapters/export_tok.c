@@ -235,6 +235,7 @@ int ft_export_tokenizer_kv(ft_gguf_w *w, const char *dir, const ft_model_config 
     sp.unk_id = unk;
     sp.pad_id = pad;
     sp.add_bos = add_bos;
+    sp.add_eos = add_eos;
     sp.chat_template = ft_tok_chat_template(hf);
     static const char *const pres[] = {"llama-bpe", "qwen2", "smollm", "gpt2"};
     int n_cand = spm ? 2 : 4, found = -1, bad = 0;

@@ -26,8 +26,8 @@
  *    normalized), as in ft_tok_from_spec; so does a type-2 (unknown) piece if ftune's GGUF
  *    tokenizer matches it literally. Every token also stays in model.vocab under its GGUF
  *    id, so that tokenizers keeps the ids of added tokens. A TemplateProcessing
- *    post-processor adds BOS when add_bos_token is set (and the BOS id exists).
- *    add_eos_token is refused: ftune's GGUF tokenizer does not add EOS.
+ *    post-processor adds BOS when add_bos_token is set and EOS when add_eos_token is (and
+ *    the ids exist), as ft_tok_from_spec does.
  *  tokenizer_config.json (transformers): bos/eos/unk/pad tokens, add_bos_token,
  *    add_eos_token, added_tokens_decoder, chat_template, model_max_length, and
  *    tokenizer_class PreTrainedTokenizerFast, which uses tokenizer.json as written.
@@ -181,7 +181,8 @@ static int read_meta(const ft_gguf *g, gg_tok *m)
     FT_TRY(opt_flag(g, "tokenizer.ggml.add_eos_token", 0, &m->add_eos));
     FT_TRY(opt_flag(g, "tokenizer.ggml.add_space_prefix", m->spm, &m->add_space_prefix));
     if (ft_gguf_get_str(g, "tokenizer.chat_template", &m->chat_template) < 0) m->chat_template = NULL;
-    if (m->bos < 0) m->add_bos = 0; /* ft_tok_from_spec adds BOS only when it exists */
+    if (m->bos < 0) m->add_bos = 0; /* ft_tok_from_spec adds BOS / EOS only when they exist */
+    if (m->eos < 0) m->add_eos = 0;
     return 0;
 }
 
@@ -454,30 +455,46 @@ static cJSON *spm_decoder(const gg_tok *m)
     return o;
 }
 
-static cJSON *template_bos(const gg_tok *m)
+/* {"SpecialToken": {"id": tok, "type_id": part}} into list l. */
+static void tmpl_special(cJSON *l, const char *tok, int part)
 {
-    const char *bos = m->tok[m->bos];
+    cJSON *st = cJSON_CreateObject();
+    cJSON *a = cJSON_AddObjectToObject(st, "SpecialToken");
+    cJSON_AddStringToObject(a, "id", tok);
+    cJSON_AddNumberToObject(a, "type_id", part);
+    cJSON_AddItemToArray(l, st);
+}
+
+/* A TemplateProcessing post-processor: BOS before (add_bos) and EOS after (add_eos) each
+ * sequence, as transformers' LlamaTokenizerFast.update_post_processor writes it. */
+static cJSON *template_special(const gg_tok *m)
+{
+    const char *bos = m->add_bos ? m->tok[m->bos] : NULL, *eos = m->add_eos ? m->tok[m->eos] : NULL;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "type", "TemplateProcessing");
     static const char *const lists[] = {"single", "pair"};
     for (int k = 0; k < 2; k++) {
         cJSON *l = cJSON_AddArrayToObject(o, lists[k]);
         for (int part = 0; part <= k; part++) {
-            cJSON *st = cJSON_CreateObject(), *sq = cJSON_CreateObject();
-            cJSON *a = cJSON_AddObjectToObject(st, "SpecialToken");
-            cJSON_AddStringToObject(a, "id", bos);
-            cJSON_AddNumberToObject(a, "type_id", part);
+            if (bos) tmpl_special(l, bos, part);
+            cJSON *sq = cJSON_CreateObject();
             cJSON *b = cJSON_AddObjectToObject(sq, "Sequence");
             cJSON_AddStringToObject(b, "id", part ? "B" : "A");
             cJSON_AddNumberToObject(b, "type_id", part);
-            cJSON_AddItemToArray(l, st);
             cJSON_AddItemToArray(l, sq);
+            if (eos) tmpl_special(l, eos, part);
         }
     }
-    cJSON *sp = cJSON_AddObjectToObject(cJSON_AddObjectToObject(o, "special_tokens"), bos);
-    cJSON_AddStringToObject(sp, "id", bos);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(sp, "ids"), cJSON_CreateNumber((double)m->bos));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(sp, "tokens"), cJSON_CreateString(bos));
+    cJSON *sp = cJSON_AddObjectToObject(o, "special_tokens");
+    const char *toks[2] = {bos, eos};
+    int64_t ids[2] = {m->bos, m->eos};
+    for (int k = 0; k < 2; k++) {
+        if (!toks[k] || (k == 1 && bos && !strcmp(bos, eos))) continue;
+        cJSON *e = cJSON_AddObjectToObject(sp, toks[k]);
+        cJSON_AddStringToObject(e, "id", toks[k]);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(e, "ids"), cJSON_CreateNumber((double)ids[k]));
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(e, "tokens"), cJSON_CreateString(toks[k]));
+    }
     return o;
 }
 
@@ -538,7 +555,7 @@ static cJSON *tokenizer_json(const gg_tok *m, const hf_merge *mg, int64_t n_mg, 
         cJSON_Delete(root);
         return NULL;
     }
-    cJSON *tmpl = m->add_bos ? template_bos(m) : NULL;
+    cJSON *tmpl = m->add_bos || m->add_eos ? template_special(m) : NULL;
     if (m->spm)
         cJSON_AddItemToObject(root, "post_processor", tmpl ? tmpl : cJSON_CreateNull());
     else
@@ -572,7 +589,7 @@ static cJSON *config_json(const gg_tok *m, int64_t model_max_length)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "add_bos_token", m->add_bos);
-    cJSON_AddBoolToObject(o, "add_eos_token", 0);
+    cJSON_AddBoolToObject(o, "add_eos_token", m->add_eos);
     cJSON *dec = cJSON_AddObjectToObject(o, "added_tokens_decoder");
     for (int64_t i = 0; i < m->n; i++)
         if (m->added[i]) {
@@ -734,9 +751,6 @@ int ft_hf_tok_from_gguf(const char *dir, const ft_gguf *g, int64_t model_max_len
     char *tj = NULL, *cj = NULL;
     rc = read_meta(g, &m);
     if (rc < 0) rc = refuse_err(rc, why, why_n);
-    if (!rc && m.add_eos)
-        rc = refuse(why, why_n, "tokenizer.ggml.add_eos_token is set, but ftune's GGUF tokenizer "
-                    "does not add EOS");
     if (!rc) rc = check_vocab(ref, &m, why, why_n);
     if (!rc) rc = m.spm ? spm_merges(ref, &m, &mg, &n_mg, why, why_n) : gpt2_merges(&m, &mg, &n_mg, why, why_n);
     if (!rc) {

@@ -15,7 +15,9 @@
  *  Token types 2 (unknown), 3 (control) and 4 (user-defined) become added tokens matched
  *  literally (unknown and control ones are special), as llama.cpp's special-token partition
  *  takes them (UNKNOWN | CONTROL | USER_DEFINED) and as Llama-2's tokenizer.json lists <unk>.
- *  BOS is added when add_bos and add_special.
+ *  BOS is added when add_bos and add_special, EOS at the end when add_eos and add_special (as
+ *  llama.cpp's llama_tokenize does, and as export_tok.c sets add_eos_token for a tokenizer.json
+ *  whose post-processor appends EOS).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +151,11 @@ static int build(ft_tokenizer *t, const ft_tok_spec *s)
         if (!(t->post_pre = malloc(sizeof *t->post_pre))) return -ENOMEM;
         t->post_pre[0] = t->bos;
         t->n_post_pre = 1;
+    }
+    if (s->add_eos && t->eos >= 0) {
+        if (!(t->post_suf = malloc(sizeof *t->post_suf))) return -ENOMEM;
+        t->post_suf[0] = t->eos;
+        t->n_post_suf = 1;
     }
     if (s->chat_template) FT_TRY(tk_set_str(t, &t->chat_template, s->chat_template));
     return tk_finalize(t, SPEC_WHERE);

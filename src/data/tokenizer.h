@@ -33,6 +33,7 @@ typedef struct ft_tok_spec {
     const char *const *merges;  /* "a b" strings, rank order (byte-level BPE) */
     int64_t bos_id, eos_id, unk_id, pad_id; /* -1 if absent */
     int add_bos;                /* tokenizer.ggml.add_bos_token */
+    int add_eos;                /* tokenizer.ggml.add_eos_token */
     int add_space_prefix;       /* tokenizer.ggml.add_space_prefix (SPM) */
     const char *chat_template;  /* tokenizer.chat_template or NULL */
 } ft_tok_spec;

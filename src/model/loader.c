@@ -770,6 +770,7 @@ int ft_gguf_load_tokenizer(const char *path, ft_tokenizer **out)
     if (!rc) rc = tok_id(g, "tokenizer.ggml.padding_token_id", &sp.pad_id);
     int spm = sp.model && !strcmp(sp.model, "llama");
     if (!rc) rc = tok_flag(g, "tokenizer.ggml.add_bos_token", &sp.add_bos, spm);
+    if (!rc) rc = tok_flag(g, "tokenizer.ggml.add_eos_token", &sp.add_eos, 0);
     if (!rc) rc = tok_flag(g, "tokenizer.ggml.add_space_prefix", &sp.add_space_prefix, spm);
     if (!rc && (rc = ft_gguf_get_str(g, "tokenizer.chat_template", &sp.chat_template)) == FT_E_NOTFOUND) {
         sp.chat_template = NULL;

@@ -9,8 +9,8 @@ in the cache), tiny-llama converted to GGUF by `ftune merge --format gguf` with 
 tokenizer (llama/SentencePiece) and with the Llama-3 tokenizer fixture (gpt2/llama-bpe), and
 the latter with tokenizer.ggml.pre rewritten to qwen2, gpt2, smollm. Also: the merges derived
 from SentencePiece scores equal transformers' own (the fixture's tokenizer.json), and the
-refusals: GGUF fixtures without a tokenizer, an unknown pre-tokenizer, add_eos_token, equal
-scores; each leaves a note and no tokenizer file. With transformers importable, AutoTokenizer
+GGUFs with add_eos_token (EOS appended by both, as llama.cpp does); the refusals: GGUF
+fixtures without a tokenizer, an unknown pre-tokenizer, equal scores; each leaves a note and no tokenizer file. With transformers importable, AutoTokenizer
 on the folder gives the same ids and carries the chat template.
 Run: python3 -m pytest -q -s tests/ref/test_merge_tok.py  (FTUNE_BIN selects the binary).
 """
@@ -375,10 +375,21 @@ def test_fixture_without_tokenizer(work, name):
     assert (out / "config.json").is_file()
 
 
+def test_add_eos(work, tiny_adapter, l2_gguf, l3_gguf):
+    for i, src in enumerate((l2_gguf, l3_gguf)):
+        g = gguf_edit(src, work / f"eos{i}.gguf", {"tokenizer.ggml.add_eos_token": True})
+        out = work / f"eos{i}"
+        kv = run_case(g, tiny_adapter, out, work)
+        eos = kv["tokenizer.ggml.eos_token_id"]
+        hf = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+        ids = hf.encode("Hello world").ids
+        assert ids[-1] == eos and hf.encode("Hello world", add_special_tokens=False).ids[-1] != eos
+        assert json.loads((out / "tokenizer_config.json").read_text())["add_eos_token"] is True
+
+
 def test_refusals(work, tiny_adapter, l2_gguf, l3_gguf):
     cases = [
         (l3_gguf, {"tokenizer.ggml.pre": "deepseek-llm"}, "deepseek-llm"),
-        (l2_gguf, {"tokenizer.ggml.add_eos_token": True}, "add_eos_token"),
         (l2_gguf, {"tokenizer.ggml.scores": np.zeros(32000, np.float32)}, "same score"),
     ]
     for i, (src, change, needle) in enumerate(cases):
