@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds ftune and the GPU test binaries for the lent GPU machine, which has the CUDA
+# Builds ftune, the GPU test binaries and the kernel benches for the lent GPU machine, which has the CUDA
 # toolkit but not libopenblas/pcre2/utf8proc/cjson/cmocka: OpenBLAS, PCRE2 and utf8proc are linked statically,
 # the small remaining shared libraries are copied beside the binaries. Output: .gpu/bin,
 # .gpu/lib (git-ignored), carried to the machine; run there with LD_LIBRARY_PATH=.gpu/lib.
@@ -17,6 +17,14 @@ cp "$B"/tests/gpu/test_* .gpu/bin/
 for l in libcjson.so.1 libcmocka.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0; do
     cp -L "$A/$l" .gpu/lib/
 done
+# the kernel benches (bench/attn_bench.cu, bench/nf4_gemm.cu; their headers give the same lines)
+if [ -n "$(command -v nvcc)" ]; then
+    nvcc -O3 -std=c++20 -arch=sm_90 -I. bench/attn_bench.cu "$B/libftune.a" \
+        $A/openblas-pthread/libopenblas.a -lgfortran $A/libpcre2-8.a $A/libutf8proc.a -lcjson \
+        $A/liburing.a "$(gcc -print-file-name=libnuma.a)" -lgomp -ldl -lrt -lpthread -o .gpu/bin/attn_bench
+    nvcc -O3 -std=c++20 -arch=sm_90 -I. -Xcompiler -fopenmp bench/nf4_gemm.cu "$B/src/model/nf4.o" \
+        "$B/src/core/err.o" -lcublas -lgomp -o .gpu/bin/nf4_gemm
+fi
 strip --strip-debug .gpu/bin/* 2>/dev/null || true
 du -sh .gpu/bin .gpu/lib
 # One compressed archive travels (the two statically linked binaries share most bytes):
