@@ -9,6 +9,7 @@
  *
  * Error measure: ||gpu - cpu|| / ||cpu|| over a whole output (fp32 both sides). */
 #include "tests/unit/harness.h"
+#include "tests/gpu/gpu_fixture.h"
 
 #include <time.h>
 
@@ -36,39 +37,8 @@
 #define GPU_KV ft_cuda_flash_attention_kv_fwd
 #endif
 
-typedef struct fix {
-    ft_backend *cpu, *gpu;
-    ft_rng rng;
-    double worst[8]; /* largest error seen per output kind, printed at the end of each test */
-} fix;
-
-static int setup(void **state)
-{
-    fix *f = calloc(1, sizeof *f);
-#ifdef FT_HAVE_CUDA
-    if (ft_backend_cuda_init(&f->gpu, 0) < 0) {
-        fprintf(stderr, "no CUDA backend: %s\n", ft_errmsg());
-        f->gpu = NULL;
-    }
-#else
-    f->gpu = NULL;
-#endif
-    if (ft_backend_cpu_init(&f->cpu, 0) < 0) return -1;
-    ft_rng_seed(&f->rng, 20261123);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fix *f = *state;
-    ft_backend_free(f->gpu);
-    ft_backend_free(f->cpu);
-    free(f);
-    return 0;
-}
-
-#define NEED_GPU(f) do { if (!(f)->gpu) { skip(); } } while (0)
+static int setup(void **state) { return gpu_fixture_setup(state, 20261123, 1); }
+static int teardown(void **state) { return gpu_fixture_teardown(state); }
 
 /* Helpers below run only with the CUDA backend built in (FT_HAVE_CUDA). */
 #ifdef FT_HAVE_CUDA

@@ -10,42 +10,16 @@
  * test_cuda_ops.c test_nf4 covers the default layout at a few sizes; this file the rest.
  * Skips when no GPU is visible (or ftune was built without CUDA). */
 #include "tests/unit/harness.h"
+#include "tests/gpu/gpu_fixture.h"
 
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/nf4.h"
+#include "src/model/quant.h"
 
-typedef struct fix { ft_backend *gpu; ft_rng rng; } fix;
-
-static int setup(void **state)
-{
-    fix *f = calloc(1, sizeof *f);
-    if (ft_backend_cuda_init(&f->gpu, 0) < 0) {
-        fprintf(stderr, "no CUDA backend: %s\n", ft_errmsg());
-        f->gpu = NULL;
-    }
-    ft_rng_seed(&f->rng, 4321);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fix *f = *state;
-    ft_backend_free(f->gpu);
-    free(f);
-    return 0;
-}
-
-#define NEED_GPU(f) do { if (!(f)->gpu) { skip(); } } while (0)
-
-static uint16_t bf16_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
+static int setup(void **state) { return gpu_fixture_setup(state, 4321, 0); }
+static int teardown(void **state) { return gpu_fixture_teardown(state); }
 
 /* A layout for any power-of-two blocksize (ft_nf4_layout_init accepts bnb's 32..4096; the
  * kernel also takes 16). */
@@ -110,7 +84,7 @@ static void one(fix *f, int64_t n, int64_t bs, int64_t nbs, size_t cshift, size_
     for (int64_t i = 0; i < n; i++) {
         uint16_t g;
         memcpy(&g, got + pad + 2 * i, 2);
-        if (g != bf16_bits(ref[i])) { bad++; if (first < 0) first = i; }
+        if (g != ft_quant_f32_to_bf16(ref[i])) { bad++; if (first < 0) first = i; }
     }
     for (size_t i = 0; i < pad; i++) clobbered += (got[i] != 0xff) + (got[pad + n * 2 + i] != 0xff);
     if (bad || clobbered)

@@ -14,11 +14,13 @@
  *   - bad descriptions refused with FT_E_INVALID.
  * Skips when no GPU is visible or ftune was built without CUDA. */
 #include "tests/unit/harness.h"
+#include "tests/gpu/gpu_fixture.h"
 
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/nf4.h"
+#include "src/model/quant.h"
 
 /* GEMM output vs the double reference: |got - ref| <= ABS + REL * sum_k |a_k b_k|. The bf16
  * products are exact in fp32; what differs is the fp32 summation (tensor-core accumulation of
@@ -29,53 +31,13 @@
 #define TOL_GEMM_ABS 1e-6
 
 #ifdef FT_HAVE_CUDA
-#include "kernels/cuda/cuda_entry.h" /* ft_cuda_nf4_linear (no op-table entry yet) */
+#include "kernels/cuda/cuda_entry.h" /* ft_cuda_nf4_linear with tile height and split-K exposed */
 #endif
 
-typedef struct fix { ft_backend *gpu; ft_rng rng; } fix;
-
-static int setup(void **state)
-{
-    fix *f = calloc(1, sizeof *f);
-#ifdef FT_HAVE_CUDA
-    if (ft_backend_cuda_init(&f->gpu, 0) < 0) {
-        fprintf(stderr, "no CUDA backend: %s\n", ft_errmsg());
-        f->gpu = NULL;
-    }
-#else
-    fprintf(stderr, "built without CUDA\n");
-#endif
-    ft_rng_seed(&f->rng, 9876);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fix *f = *state;
-    ft_backend_free(f->gpu);
-    free(f);
-    return 0;
-}
-
-#define NEED_GPU(f) do { if (!(f)->gpu) { skip(); } } while (0)
+static int setup(void **state) { return gpu_fixture_setup(state, 9876, 0); }
+static int teardown(void **state) { return gpu_fixture_teardown(state); }
 
 #ifdef FT_HAVE_CUDA
-static uint16_t bf16_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static float bf16_float(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 static void *dev_copy(fix *f, const void *h, size_t bytes)
 {
     void *d = f->gpu->ops->alloc(f->gpu, bytes ? bytes : 16);
@@ -108,7 +70,7 @@ static void qw_make(fix *f, qw *q, int64_t N, int64_t K, int64_t bs, int64_t nbs
     ft_nf4_view v = {l, codes, nbs ? qam : NULL, nbs ? NULL : am, nbs ? nam : NULL, nbs ? map : NULL,
                      ft_nf4_code, off};
     assert_int_equal(ft_nf4_dequant(&v, x), 0);
-    for (int64_t i = 0; i < n; i++) x[i] = bf16_float(bf16_bits(x[i]));
+    for (int64_t i = 0; i < n; i++) x[i] = ft_quant_bf16_to_f32(ft_quant_f32_to_bf16(x[i]));
     q->N = N;
     q->K = K;
     q->wq = x;
@@ -176,8 +138,8 @@ static uint16_t *activation(fix *f, int64_t T, int64_t cols, float **host)
     float *h = malloc(T * cols * 4);
     uint16_t *b = malloc(T * cols * 2);
     for (int64_t i = 0; i < T * cols; i++) {
-        b[i] = bf16_bits(2 * ft_rng_uniform(&f->rng) - 1);
-        h[i] = bf16_float(b[i]);
+        b[i] = ft_quant_f32_to_bf16(2 * ft_rng_uniform(&f->rng) - 1);
+        h[i] = ft_quant_bf16_to_f32(b[i]);
     }
     uint16_t *d = dev_copy(f, b, T * cols * 2);
     free(b);
@@ -305,7 +267,7 @@ static void test_nf4_gemm_dequant_values(void **state)
         for (int dgrad = 0; dgrad <= 1; dgrad++) {
             const int64_t T = dgrad ? q.N : q.K, ncols = dgrad ? q.K : q.N;
             uint16_t *eye = calloc(T * T, 2);
-            for (int64_t i = 0; i < T; i++) eye[i * T + i] = bf16_bits(1.0f);
+            for (int64_t i = 0; i < T; i++) eye[i * T + i] = ft_quant_f32_to_bf16(1.0f);
             uint16_t *de = dev_copy(f, eye, T * T * 2);
             float *dc = dev_copy(f, NULL, T * ncols * 4), *got = malloc(T * ncols * 4);
             assert_int_equal(ft_cuda_nf4_linear(f->gpu, dgrad, dc, de, &q.t, T, q.N, q.K, 0.0f, cs[c].bm,
@@ -315,7 +277,7 @@ static void test_nf4_gemm_dequant_values(void **state)
             for (int64_t r = 0; r < q.N; r++)
                 for (int64_t k = 0; k < q.K; k++) { /* forward: y[k][r] = W[r][k]; bwd_x: dx[r][k] */
                     float g = dgrad ? got[r * q.K + k] : got[k * q.N + r];
-                    if (g != bf16_float(plain[r * q.K + k]) || g != q.wq[r * q.K + k]) {
+                    if (g != ft_quant_bf16_to_f32(plain[r * q.K + k]) || g != q.wq[r * q.K + k]) {
                         if (first < 0) first = r * q.K + k;
                         bad++;
                     }

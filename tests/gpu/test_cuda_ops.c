@@ -6,6 +6,7 @@
  *
  * Tolerances are relative errors ||cuda - cpu|| / ||cpu|| over the whole output. */
 #include "tests/unit/harness.h"
+#include "tests/gpu/gpu_fixture.h"
 
 #include "adapters/lora.h"
 #include "offload/exec.h"
@@ -14,6 +15,7 @@
 #include "src/core/rng.h"
 #include "src/model/model.h"
 #include "src/model/nf4.h"
+#include "src/model/quant.h"
 
 /* fp32 arithmetic in another order (reductions, fused multiply-add, expf vs Cephes). */
 #define TOL_F32 1e-5
@@ -31,31 +33,8 @@
 #define TOL_ZERO_RMS 1e-6
 #define TOL_STEP_GRAD 3e-2
 
-typedef struct fix { ft_backend *cpu, *gpu; ft_rng rng; } fix;
-
-static int setup(void **state)
-{
-    fix *f = calloc(1, sizeof *f);
-    if (ft_backend_cuda_init(&f->gpu, 0) < 0) {
-        fprintf(stderr, "no CUDA backend: %s\n", ft_errmsg());
-        f->gpu = NULL;
-    }
-    if (ft_backend_cpu_init(&f->cpu, 0) < 0) return -1;
-    ft_rng_seed(&f->rng, 1234);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fix *f = *state;
-    ft_backend_free(f->gpu);
-    ft_backend_free(f->cpu);
-    free(f);
-    return 0;
-}
-
-#define NEED_GPU(f) do { if (!(f)->gpu) { skip(); } } while (0)
+static int setup(void **state) { return gpu_fixture_setup(state, 1234, 1); }
+static int teardown(void **state) { return gpu_fixture_teardown(state); }
 
 static float *rnd(fix *f, int64_t n, float lo, float hi)
 {
@@ -147,22 +126,6 @@ static void test_gemm(void **state)
     assert_int_equal(ft_backend_cuda_set_precise(f->gpu, 0), 0);
 }
 
-/* fp32 -> bf16 bits (round to nearest even) and back. */
-static uint16_t bf16_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static float bf16_val(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* linear_fwd / linear_bwd_x with bf16 weights against the CPU on the same bf16-rounded
  * operands (so only the summation order differs), and with fp32 weights. */
 static void test_linear(void **state)
@@ -176,9 +139,9 @@ static void test_linear(void **state)
         float *y0 = rnd(f, T * out, -1, 1), *dx0 = rnd(f, T * in, -1, 1);
         uint16_t *Wb = malloc(out * in * 2);
         float *Wr = malloc(out * in * 4), *xr = malloc(T * in * 4), *dyr = malloc(T * out * 4);
-        for (int64_t i = 0; i < out * in; i++) Wr[i] = bf16_val(Wb[i] = bf16_bits(W[i]));
-        for (int64_t i = 0; i < T * in; i++) xr[i] = bf16_val(bf16_bits(x[i]));
-        for (int64_t i = 0; i < T * out; i++) dyr[i] = bf16_val(bf16_bits(dy[i]));
+        for (int64_t i = 0; i < out * in; i++) Wr[i] = ft_quant_bf16_to_f32(Wb[i] = ft_quant_f32_to_bf16(W[i]));
+        for (int64_t i = 0; i < T * in; i++) xr[i] = ft_quant_bf16_to_f32(ft_quant_f32_to_bf16(x[i]));
+        for (int64_t i = 0; i < T * out; i++) dyr[i] = ft_quant_bf16_to_f32(ft_quant_f32_to_bf16(dy[i]));
         float *y = malloc(T * out * 4), *dxc = malloc(T * in * 4);
         memcpy(y, y0, T * out * 4);
         memcpy(dxc, dx0, T * in * 4);
@@ -235,7 +198,7 @@ static void test_nf4(void **state)
             uint16_t *got = malloc(n * 2);
             assert_int_equal(f->gpu->ops->copy(f->gpu, got, dout, n * 2), 0);
             int64_t bad = 0;
-            for (int64_t i = 0; i < n; i++) bad += got[i] != bf16_bits(ref[i]);
+            for (int64_t i = 0; i < n; i++) bad += got[i] != ft_quant_f32_to_bf16(ref[i]);
             printf("  dequant_nf4 %s n=%lld: %lld of %lld bf16 values differ from the CPU's\n",
                    nested ? "nested" : "plain", (long long)n, (long long)bad, (long long)n);
             assert_int_equal(bad, 0);
