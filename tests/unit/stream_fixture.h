@@ -1,7 +1,7 @@
 /* stream_fixture.h - shared by the executor tests (tests/unit/test_stream.c, test_ckpt.c,
  * tests/unit/tiers_cases.h): n micro-batches of one row of random tokens below V, two packed
  * sequences each (targets: the next token, -100 at each sequence's end), the tiny model
- * made deeper by repeating its layers, and an NF4 pack in a temporary cache folder. Include
+ * made deeper by repeating its layers, the adapter, and an NF4 pack in a temporary cache folder. Include
  * after harness.h. */
 #ifndef FT_TEST_STREAM_FIXTURE_H
 #define FT_TEST_STREAM_FIXTURE_H
@@ -9,10 +9,23 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "adapters/lora.h"
 #include "offload/pack.h"
 #include "src/core/rng.h"
 #include "src/data/dataset.h"
 #include "src/model/model.h"
+
+/* The executor tests' adapter on be: r 4, alpha 8, the given dropout, every target, and
+ * random A and B (seed 77, B != 0 so the adapter changes the loss from step 1). */
+static inline void stream_lora_init(ft_lora *lora, ft_backend *be, const ft_model *m, float dropout)
+{
+    ft_lora_cfg lc = {4, 8.0f, dropout, 0, FT_LORA_ALL_TARGETS, 5};
+    assert_int_equal(ft_lora_init(lora, m, &lc, be), 0);
+    ft_rng rng;
+    ft_rng_seed(&rng, 77);
+    for (int64_t i = 0; i < lora->n_params; i++) lora->host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.1f;
+    assert_int_equal(ft_lora_push(lora), 0);
+}
 
 /* The NF4 pack of the model folder `model`, built into a fresh cache folder under /tmp (a
  * real disk here, for the disk tier's O_DIRECT reads); stream_pack_close removes both. */

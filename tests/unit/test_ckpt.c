@@ -40,12 +40,7 @@ static void run(ft_backend *be, const ft_model *m, int mode, int64_t dev, int se
                 const ft_batch *b, int n_mb, result *r)
 {
     ft_lora lora;
-    ft_lora_cfg lc = {4, 8.0f, 0.1f, 0, FT_LORA_ALL_TARGETS, 5};
-    assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
-    ft_rng rng;
-    ft_rng_seed(&rng, 77);
-    for (int64_t i = 0; i < lora.n_params; i++) lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.1f;
-    assert_int_equal(ft_lora_push(&lora), 0);
+    stream_lora_init(&lora, be, m, 0.1f);
     ft_exec e;
     int rc;
     if (mode == MODE_INIT_HOST) {

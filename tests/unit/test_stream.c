@@ -31,12 +31,7 @@ static double run(const ft_model *m, ft_pack_file *pack, int resident, int ckpt_
     ft_backend *be;
     assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
     ft_lora lora;
-    ft_lora_cfg lc = {4, 8.0f, 0.1f, 0, FT_LORA_ALL_TARGETS, 5};
-    assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
-    ft_rng rng;
-    ft_rng_seed(&rng, 77);
-    for (int64_t i = 0; i < lora.n_params; i++) lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.1f;
-    assert_int_equal(ft_lora_push(&lora), 0);
+    stream_lora_init(&lora, be, m, 0.1f);
     ft_exec e;
     assert_int_equal(ft_exec_init(&e, be, m, &lora, b[0].T, N_MB, b[0].seq_len), 0);
     assert_int_equal(ft_exec_use_pack_ex(&e, pack, resident), 0);

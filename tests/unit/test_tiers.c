@@ -302,7 +302,7 @@ static void test_place_nf4_auto(void **state)
     ft_batch b[1];
     stream_make_batches(b, 1, 24, m->cfg.vocab_size);
     ft_lora lora;
-    tiers_lora_init(&lora, be, m);
+    stream_lora_init(&lora, be, m, 0.0f);
     double loss[2];
     for (int k = 0; k < 2; k++) { /* k 0: unset (dequantized), k 1: auto */
         if (k) assert_int_equal(setenv("FTUNE_NF4_GEMM", "auto", 1), 0);

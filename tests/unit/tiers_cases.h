@@ -41,17 +41,6 @@ typedef struct ckcfg {
     int n_mb;
 } ckcfg;
 
-/* The runs' adapter: r 4, alpha 8, no dropout, every target, B != 0 (random, seed 77). */
-static void tiers_lora_init(ft_lora *lora, ft_backend *be, const ft_model *m)
-{
-    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 5};
-    assert_int_equal(ft_lora_init(lora, m, &lc, be), 0);
-    ft_rng rng;
-    ft_rng_seed(&rng, 77);
-    for (int64_t i = 0; i < lora->n_params; i++) lora->host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.1f;
-    assert_int_equal(ft_lora_push(lora), 0);
-}
-
 /* STEPS optimizer steps of ck->n_mb micro-batches. pack == NULL: the model's weights copied
  * to the device (ft_exec_init); else the pack placed by tier (NULL: all on the device); on a
  * host-memory backend the pack is streamed (ft_exec_use_pack_ex). */
@@ -60,7 +49,7 @@ static void run_ck(ft_backend *be, const ft_model *m, ft_pack_file *pack, const 
 {
     memset(r, 0, sizeof *r);
     ft_lora lora;
-    tiers_lora_init(&lora, be, m);
+    stream_lora_init(&lora, be, m, 0.0f);
     ft_exec e;
     int n_mb = ck->n_mb, rc, host = be->ops->host_memory;
     if (ck->sets)
