@@ -3,6 +3,7 @@
  * generation files; and ft_merge itself. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,12 +287,29 @@ static int write_gguf(const char *file, const mg_src *s, const mg_tensor *v, int
 
 /* ---- config, tokenizer and generation files --------------------------------------------- */
 
+/* Removes DIR/NAME if it is there: a side file of an earlier merge into the same folder
+ * that this merge does not write (the source has none, or the GGUF tokenizer could not be
+ * rebuilt) would otherwise be loaded with the new weights. */
+static int unlink_stale(const char *dir, const char *name)
+{
+    char p[4200];
+    FT_TRY(ft_path_join(p, sizeof p, dir, name));
+    if (unlink(p) != 0 && errno != ENOENT)
+        return ft_err(-errno, "%s: cannot remove the earlier merge's file: %s", p, strerror(errno));
+    return 0;
+}
+
+/* Copies FROM_DIR/NAME to TO_DIR/NAME (atomically); 1 when the source has no such file, in
+ * which case a stale TO_DIR/NAME is removed. */
 static int copy_file(const char *from_dir, const char *to_dir, const char *name)
 {
     char a[4200], b[4200];
     FT_TRY(ft_path_join(a, sizeof a, from_dir, name));
     FT_TRY(ft_path_join(b, sizeof b, to_dir, name));
-    if (access(a, R_OK) != 0) return 1;
+    if (access(a, R_OK) != 0) {
+        FT_TRY(unlink_stale(to_dir, name));
+        return 1;
+    }
     char *d;
     size_t n;
     FT_TRY(ft_read_file(a, &d, &n));
@@ -399,13 +417,24 @@ static int write_side_files(const char *dir, const mg_src *s, const ft_merge_opt
     rc = write_json(dir, "generation_config.json", g);
     cJSON_Delete(g);
     FT_TRY(rc);
+    /* Of the tokenizer files, a GGUF source gives tokenizer.json and tokenizer_config.json
+     * at most: the others, left by an earlier merge into DIR, would override them. */
+    static const char *const tok_files[] = {
+        "special_tokens_map.json", "tokenizer.model", "added_tokens.json", "vocab.json",
+        "merges.txt", "chat_template.jinja", "chat_template.json",
+        "tokenizer.json", "tokenizer_config.json", /* last: removed only on a refusal */
+    };
+    size_t n_tok = sizeof tok_files / sizeof tok_files[0];
+    for (size_t i = 0; i + 2 < n_tok; i++) FT_TRY(unlink_stale(dir, tok_files[i]));
     char why[320]; /* + the note's text fits rep->note */
     rc = ft_hf_tok_from_gguf(dir, s->g, s->cfg.max_position_embeddings, why, sizeof why);
     FT_TRY(rc);
-    if (rc == 1)
+    if (rc == 1) {
+        for (size_t i = n_tok - 2; i < n_tok; i++) FT_TRY(unlink_stale(dir, tok_files[i]));
         snprintf(rep->note, sizeof rep->note, "the source is a GGUF file: config.json and "
                  "generation_config.json were written from its metadata, but no tokenizer files "
                  "(%s); copy them from the original model", why);
+    }
     return 0;
 }
 

@@ -375,6 +375,20 @@ def test_fixture_without_tokenizer(work, name):
     assert (out / "config.json").is_file()
 
 
+def test_refusal_removes_stale_files(work, tiny_adapter):
+    """A merge into a folder that an earlier merge filled: the HF source's tokenizer files
+    (copied there) must not survive a GGUF merge whose tokenizer cannot be rebuilt, since
+    transformers would load them with the new weights."""
+    out = work / "restale"
+    assert merge(TINY, tiny_adapter, out) == ""
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    (out / "special_tokens_map.json").write_text("{}")  # as another source would leave it
+    (out / "unrelated.txt").write_text("kept")
+    check_refused(out, merge(TINY_GGUF, tiny_adapter, out), "tokenizer.ggml.model")
+    assert not (out / "special_tokens_map.json").exists()
+    assert (out / "unrelated.txt").read_text() == "kept" and (out / "config.json").is_file()
+
+
 def test_add_eos(work, tiny_adapter, l2_gguf, l3_gguf):
     for i, src in enumerate((l2_gguf, l3_gguf)):
         g = gguf_edit(src, work / f"eos{i}.gguf", {"tokenizer.ggml.add_eos_token": True})
