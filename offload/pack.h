@@ -38,10 +38,12 @@
 
 enum ft_pack_quant { FT_PACK_QUANT_BF16 = 1, FT_PACK_QUANT_NF4 = 2 };
 enum ft_pack_dtype { FT_PACK_DT_BF16 = 1, FT_PACK_DT_F32 = 2, FT_PACK_DT_NF4 = 3 };
-/* Tensor roles: per layer ATTN_NORM, FFN_NORM, W0 + p and B0 + p (p = enum ft_proj);
+/* Tensor roles: per layer ATTN_NORM, FFN_NORM, Q_NORM and K_NORM (qk_norm models), W0 + p
+ * and B0 + p (p = enum ft_proj);
  * global block EMBED, FINAL_NORM, LM_HEAD. */
 enum ft_pack_role {
-    FT_PACK_ROLE_ATTN_NORM = 1, FT_PACK_ROLE_FFN_NORM = 2,
+    FT_PACK_ROLE_ATTN_NORM = 1, FT_PACK_ROLE_FFN_NORM = 2, FT_PACK_ROLE_Q_NORM = 3,
+    FT_PACK_ROLE_K_NORM = 4,
     FT_PACK_ROLE_W0 = 16, FT_PACK_ROLE_B0 = 32,
     FT_PACK_ROLE_EMBED = 48, FT_PACK_ROLE_FINAL_NORM = 49, FT_PACK_ROLE_LM_HEAD = 50,
 };

@@ -17,7 +17,7 @@ enum ft_rope_type {
 #define FT_MAX_EOS 8
 
 typedef struct ft_model_config {
-    char model_type[32];          /* "llama", "mistral", "qwen2" */
+    char model_type[32];          /* "llama", "mistral", "qwen2", "qwen3" */
     int64_t vocab_size;           /* rows of embed_tokens (may exceed the tokenizer) */
     int64_t hidden_size;
     int64_t intermediate_size;
@@ -37,6 +37,7 @@ typedef struct ft_model_config {
     double rope_attention_factor; /* scales cos/sin: yarn 0.1*ln(factor)+1 or attention_factor; 1 otherwise */
     int tie_word_embeddings;
     int attention_bias;           /* q/k/v carry a bias (qwen2 always; llama if attention_bias) */
+    int qk_norm;                  /* q and k RMS-normalized per head (head_dim weights) before RoPE (qwen3) */
     int64_t bos_token_id;         /* -1 if none */
     int64_t eos_token_id[FT_MAX_EOS];
     int n_eos;

@@ -35,6 +35,7 @@ typedef struct ft_linear {
 typedef struct ft_layer_weights {
     float *attn_norm;            /* (C) input_layernorm */
     float *ffn_norm;             /* (C) post_attention_layernorm */
+    float *q_norm, *k_norm;      /* (head_dim) self_attn.q_norm / k_norm with cfg.qk_norm (qwen3), else NULL */
     ft_linear proj[FT_N_PROJ];
 } ft_layer_weights;
 

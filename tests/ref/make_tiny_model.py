@@ -2,7 +2,7 @@
 """Writes a tiny random Llama model as a Hugging Face folder (STYLE C13 fixture).
 
     python3 tests/ref/make_tiny_model.py OUT_DIR [--f32] [--untied] [--shards N]
-                                         [--seed S] [--link-tokenizer]
+                                         [--seed S] [--link-tokenizer] [--qwen3]
 
 Shapes: 2 layers, hidden 64, intermediate 128, 4 heads, 2 KV heads (head_dim 16),
 vocab 32000 (the Llama-2 tokenizer from tests/fixtures/tokenizers/llama2 fits), tied
@@ -12,6 +12,10 @@ model.safetensors (or model-0000k-of-0000N.safetensors + model.safetensors.index
 --shards N), tokenizer.json and tokenizer_config.json (copied, or relative symlinks with
 --link-tokenizer; the committed tests/fixtures/tiny-llama uses symlinks to keep the
 repository small). --untied adds lm_head.weight and sets tie_word_embeddings false.
+--qwen3 writes a Qwen3ForCausalLM instead (model_type qwen3): head_dim 32, so the attention
+width H*D = 128 differs from hidden 64, rope_theta 1e6, and per layer
+self_attn.q_norm.weight / k_norm.weight (head_dim values, 1 + N(0, 0.1)), the RMSNorm that
+Qwen3 applies to each head of q and k before RoPE.
 
 The safetensors writer below follows the reference layout (formats.md 1.1): compact JSON
 header with __metadata__ {"format": "pt"} first, padded with spaces to 8 bytes, tensors
@@ -65,6 +69,11 @@ def bf16_bits_to_f32(b):
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 32,
+         "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "use_sliding_window": False,
+         "sliding_window": None, "max_window_layers": 2}
+
+
 def make_weights(cfg, seed, untied):
     """Returns {name: float32 array} in HF layout (formats.md 2.3)."""
     rng = np.random.default_rng(seed)
@@ -86,6 +95,9 @@ def make_weights(cfg, seed, untied):
         w[p + "self_attn.k_proj.weight"] = lin(Hkv * D, C)
         w[p + "self_attn.v_proj.weight"] = lin(Hkv * D, C)
         w[p + "self_attn.o_proj.weight"] = lin(C, H * D)
+        if cfg["model_type"] == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = norm(D)
+            w[p + "self_attn.k_norm.weight"] = norm(D)
         w[p + "post_attention_layernorm.weight"] = norm(C)
         w[p + "mlp.gate_proj.weight"] = lin(F, C)
         w[p + "mlp.up_proj.weight"] = lin(F, C)
@@ -151,10 +163,13 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--link-tokenizer", action="store_true",
                     help="symlink tokenizer files instead of copying them")
+    ap.add_argument("--qwen3", action="store_true", help="a Qwen3 model (q/k norms, head_dim 32)")
     a = ap.parse_args()
 
     os.makedirs(a.out, exist_ok=True)
     cfg = dict(CONFIG)
+    if a.qwen3:
+        cfg.update(QWEN3)
     cfg["tie_word_embeddings"] = not a.untied
     if a.f32:
         cfg["torch_dtype"] = "float32"
