@@ -1,5 +1,6 @@
 /* dataset.c - records to examples: schema detection, conversion to chat messages, rendering,
- * tokenization, loss masks, truncation, deterministic shuffle and eval split (dataset.h).
+ * tokenization, loss masks, truncation, deterministic shuffle and eval split, or eval
+ * examples from a file of their own (dataset.h).
  *
  * Masks follow TRL SFTTrainer (formats.md 8.2): the rendered text is tokenized once, and each
  * boundary between untrained and trained text is mapped to a token index by tokenizing the
@@ -432,13 +433,18 @@ static int64_t n_trained(const ft_example *e)
     return k;
 }
 
-int ft_dataset_load(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
-                    const ft_tokenizer *tok)
+/* Reads path into examples: schema detection (from the first record unless cfg->format
+ * forces one), the resolved chat template, masks, truncation to cfg->seq_len, bad records
+ * skipped and counted when cfg->skip_bad_records. Fills ds's counts, format and template;
+ * *out (malloc'ed, file order) and *out_n get the usable examples. max_n > 0: stops after
+ * max_n usable examples and sets ds->eval_capped when a record follows them (the rest of
+ * the file is not read). On error frees what it read and clears ds but for n_records. */
+static int read_examples(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
+                         const ft_tokenizer *tok, int64_t max_n, ft_example **out,
+                         int64_t *out_n)
 {
-    memset(ds, 0, sizeof *ds);
-    if (cfg->eval_fraction < 0 || cfg->eval_fraction > 0.5 || cfg->eval_fraction != cfg->eval_fraction)
-        return ft_err(FT_E_RANGE, "eval fraction %g outside [0, 0.5]", cfg->eval_fraction);
-    if (cfg->seq_len < 2) return ft_err(FT_E_RANGE, "sequence length %lld < 2", (long long)cfg->seq_len);
+    *out = NULL;
+    *out_n = 0;
     ft_records rr;
     FT_TRY(ft_records_open(&rr, path));
     int format = cfg->format, tmpl = cfg->chat_template;
@@ -455,6 +461,10 @@ int ft_dataset_load(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
         int got = ft_records_next(&rr, &rec);
         if (got < 0) { rc = got; break; }
         if (got == 0) break;
+        if (max_n > 0 && n == max_n) { /* a record beyond the cap: not read */
+            ds->eval_capped = 1;
+            break;
+        }
         ds->n_records++;
         ft_records_where(&rr, rec.loc, where, sizeof where);
         if (!rec.json) {
@@ -522,6 +532,21 @@ int ft_dataset_load(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
         return rc;
     }
     if (ds->format == FT_DATA_AUTO) ds->format = format;
+    *out = all;
+    *out_n = n;
+    return 0;
+}
+
+int ft_dataset_load(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
+                    const ft_tokenizer *tok)
+{
+    memset(ds, 0, sizeof *ds);
+    if (cfg->eval_fraction < 0 || cfg->eval_fraction > 0.5 || cfg->eval_fraction != cfg->eval_fraction)
+        return ft_err(FT_E_RANGE, "eval fraction %g outside [0, 0.5]", cfg->eval_fraction);
+    if (cfg->seq_len < 2) return ft_err(FT_E_RANGE, "sequence length %lld < 2", (long long)cfg->seq_len);
+    ft_example *all;
+    int64_t n;
+    FT_TRY(read_examples(ds, path, cfg, tok, 0, &all, &n));
 
     /* deterministic shuffle (Fisher-Yates), then the first n_eval are held out */
     int64_t n_eval = 0;
@@ -556,5 +581,18 @@ int ft_dataset_load(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
     if (n_eval) memcpy(ds->eval, all, (size_t)n_eval * sizeof *all);
     memcpy(ds->train, all + n_eval, (size_t)ds->n_train * sizeof *all);
     free(all);
+    return 0;
+}
+
+int ft_dataset_load_eval(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
+                         const ft_tokenizer *tok)
+{
+    memset(ds, 0, sizeof *ds);
+    if (cfg->seq_len < 2) return ft_err(FT_E_RANGE, "sequence length %lld < 2", (long long)cfg->seq_len);
+    ft_example *all;
+    int64_t n;
+    FT_TRY(read_examples(ds, path, cfg, tok, cfg->eval_max, &all, &n));
+    ds->eval = all; /* file order: no shuffle, nothing trains */
+    ds->n_eval = n;
     return 0;
 }

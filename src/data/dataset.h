@@ -6,6 +6,9 @@
  * auto-detected from the first record's keys unless forced. Each record becomes one example:
  * token ids plus labels, label = -100 where no loss is taken (prompt, system and user turns;
  * only completion/assistant tokens and their end-of-turn token are trained by default).
+ * Eval examples are either split off the training file (ft_dataset_load, eval_fraction) or
+ * read from a file of their own (ft_dataset_load_eval: TRL's eval_dataset, axolotl's
+ * test_datasets).
  */
 #ifndef FT_DATASET_H
 #define FT_DATASET_H
@@ -36,7 +39,8 @@ typedef struct ft_data_cfg {
     int skip_bad_records;    /* 1: skip and count bad records instead of failing */
     int64_t seq_len;         /* row length in tokens; longer examples are truncated */
     double eval_fraction;    /* fraction of examples held out for eval (0..0.5) */
-    int64_t eval_max;        /* cap on held-out examples (0: no cap) */
+    int64_t eval_max;        /* cap on held-out examples (0: no cap); ft_dataset_load_eval:
+                              * the first eval_max usable examples of the eval file */
     uint64_t seed;           /* shuffle seed */
     int no_shuffle;          /* 1: keep file order (ftune tokenize), no eval split */
 } ft_data_cfg;
@@ -56,6 +60,8 @@ typedef struct ft_dataset {
     int64_t n_dropped;       /* examples left with no trained token after the cut */
     int format;              /* detected/forced schema */
     int chat_template;       /* resolved template */
+    int eval_capped;         /* ft_dataset_load_eval: eval_max was reached with records left
+                              * in the file (those are not read) */
 } ft_dataset;
 
 /* Reads, renders, tokenizes, masks, shuffles (deterministically by cfg->seed) and splits.
@@ -64,6 +70,17 @@ typedef struct ft_dataset {
  * (unless skip_bad_records); -errno for a missing file. */
 int ft_dataset_load(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
                     const ft_tokenizer *tok);
+
+/* Reads an eval-only file (a held-out set of its own, e.g. --eval-data): the same schema
+ * detection (from its own first record unless cfg->format forces one), chat template, masks,
+ * truncation to cfg->seq_len and skip_bad_records as ft_dataset_load, but no shuffle and no
+ * split: ds->eval gets the usable examples in file order, at most cfg->eval_max of them
+ * (0: all; reading stops there and ds->eval_capped says whether records were left), and
+ * ds->train is empty (n_train 0). The counts (n_records, n_skipped, n_truncated, n_dropped)
+ * are this file's. cfg's eval_fraction, seed and no_shuffle are ignored. Errors as
+ * ft_dataset_load's, naming this file and the line (JSONL) or record (JSON array). */
+int ft_dataset_load_eval(ft_dataset *ds, const char *path, const ft_data_cfg *cfg,
+                         const ft_tokenizer *tok);
 void ft_dataset_free(ft_dataset *ds);
 
 /* Renders one example's text pieces and tokenizes it (used by ft_dataset_load and by

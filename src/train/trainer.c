@@ -69,7 +69,7 @@ static void info(ft_train_cb cb, void *user, int kind, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void info(ft_train_cb cb, void *user, int kind, const char *fmt, ...)
 {
-    char line[1024];
+    char line[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
@@ -143,12 +143,16 @@ static int check_finite_cfg(const ft_train_cfg *c)
 }
 
 /* Fingerprint of the tokenized data as training sees it: order, lengths, ids and labels
- * of the train and eval examples (covers the file, schema, template, tokenizer, split). */
-static uint64_t data_fingerprint(const ft_dataset *ds)
+ * of the train and, when they were split off the training file (split = 1), the eval
+ * examples (covers the file, schema, template, tokenizer, split). The examples of
+ * --eval-data (split = 0) are left out: they change no training state, so a resume may
+ * change that file; the fingerprint is then that of a run with --eval-fraction 0, whose
+ * training is the same. */
+static uint64_t data_fingerprint(const ft_dataset *ds, int split)
 {
     uint64_t h = FT_CKPT_HASH_INIT;
     const ft_example *sets[2] = {ds->train, ds->eval};
-    int64_t ns[2] = {ds->n_train, ds->n_eval};
+    int64_t ns[2] = {ds->n_train, split ? ds->n_eval : 0};
     for (int k = 0; k < 2; k++) {
         h = ft_ckpt_hash(h, &ns[k], sizeof ns[k]);
         for (int64_t i = 0; i < ns[k]; i++) {
@@ -175,10 +179,12 @@ static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_m
              (long long)mc->intermediate_size, (long long)mc->num_attention_heads,
              (long long)mc->num_key_value_heads, (long long)mc->vocab_size);
     cJSON_AddStringToObject(o, "model_shape", buf);
-    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)data_fingerprint(ds));
+    int split = !c->eval_data;
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)data_fingerprint(ds, split));
     cJSON_AddStringToObject(o, "data_fingerprint", buf);
     cJSON_AddNumberToObject(o, "n_train", (double)ds->n_train);
-    cJSON_AddNumberToObject(o, "n_eval", (double)ds->n_eval);
+    /* examples held out of the training file (0 with --eval-data: all of it trains) */
+    cJSON_AddNumberToObject(o, "n_eval", split ? (double)ds->n_eval : 0.0);
     cJSON_AddNumberToObject(o, "seq_len", (double)seq_len);
     cJSON_AddNumberToObject(o, "batch_size", (double)c->batch_size);
     cJSON_AddNumberToObject(o, "grad_accum", (double)c->grad_accum);
@@ -214,6 +220,10 @@ static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_m
     cJSON *info = cJSON_AddObjectToObject(o, "info");
     cJSON_AddStringToObject(info, "model", c->model);
     cJSON_AddStringToObject(info, "data", c->data);
+    if (c->eval_data) {
+        cJSON_AddStringToObject(info, "eval_data", c->eval_data);
+        cJSON_AddNumberToObject(info, "n_eval_data", (double)ds->n_eval);
+    }
     if (c->init_adapter) cJSON_AddStringToObject(info, "init_adapter", c->init_adapter);
     cJSON_AddNumberToObject(info, "max_steps", (double)c->max_steps);
     cJSON_AddNumberToObject(info, "epochs", c->epochs);
@@ -531,15 +541,40 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     ft_data_cfg dc = c->data_cfg;
     dc.seq_len = seq_len;
     dc.seed = c->seed;
+    if (c->eval_data) dc.eval_fraction = 0; /* every example of --data trains */
     FT_TRY(ft_dataset_load(&r->ds, c->data, &dc, r->tok));
     if (r->ds.n_train == 0)
         return ft_err(FT_E_INVALID, "%s: no training examples left (%lld records, %lld skipped)",
                       c->data, (long long)r->ds.n_records, (long long)r->ds.n_skipped);
-    info(cb, user, FT_EV_INFO, "data %s: %lld records (%s, template %s) -> %lld train / %lld eval examples, %lld skipped, %lld truncated to %lld tokens, %lld dropped (no trained token within them)",
+    char eval_part[1200] = "";
+    if (c->eval_data) {
+        ft_dataset ev;
+        int rc = ft_dataset_load_eval(&ev, c->eval_data, &dc, r->tok);
+        if (rc < 0) return ft_err_prefix(rc, "--eval-data");
+        r->ds.eval = ev.eval; /* r->ds owns them now; its split left none */
+        r->ds.n_eval = ev.n_eval;
+        char cap[64] = "";
+        if (ev.eval_capped)
+            snprintf(cap, sizeof cap, " (the first %lld: --eval-max)", (long long)dc.eval_max);
+        snprintf(eval_part, sizeof eval_part, "; eval data %s: %lld records (%s) -> %lld eval examples%s, %lld skipped, %lld truncated, %lld dropped",
+                 c->eval_data, (long long)ev.n_records, ft_data_format_name(ev.format),
+                 (long long)ev.n_eval, cap, (long long)ev.n_skipped, (long long)ev.n_truncated,
+                 (long long)ev.n_dropped);
+    }
+    info(cb, user, FT_EV_INFO, "data %s: %lld records (%s, template %s) -> %lld train / %lld eval examples, %lld skipped, %lld truncated to %lld tokens, %lld dropped (no trained token within them)%s",
          c->data, (long long)r->ds.n_records, ft_data_format_name(r->ds.format),
          ft_chat_template_name(r->ds.chat_template), (long long)r->ds.n_train,
-         (long long)r->ds.n_eval, (long long)r->ds.n_skipped, (long long)r->ds.n_truncated,
-         (long long)seq_len, (long long)r->ds.n_dropped);
+         c->eval_data ? 0LL : (long long)r->ds.n_eval, (long long)r->ds.n_skipped,
+         (long long)r->ds.n_truncated, (long long)seq_len, (long long)r->ds.n_dropped, eval_part);
+    if (c->eval_data) {
+        /* a fraction other than the default was asked for (flag or --config): say once
+         * that it has no effect */
+        ft_train_cfg def;
+        ft_train_defaults(&def);
+        if (c->data_cfg.eval_fraction != 0 && c->data_cfg.eval_fraction != def.data_cfg.eval_fraction)
+            info(cb, user, FT_EV_INFO, "note: --eval-fraction %g is ignored with --eval-data: every example of %s trains",
+                 c->data_cfg.eval_fraction, c->data);
+    }
 
     FT_TRY(pack_epoch(r, c, seq_len, 0));
     if (r->ds.n_eval)
@@ -825,6 +860,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     }
     cJSON_AddNumberToObject(js, "n_train", (double)res->n_train);
     cJSON_AddNumberToObject(js, "n_eval", (double)res->n_eval);
+    if (c->eval_data) cJSON_AddStringToObject(js, "eval_data", c->eval_data);
     cJSON_AddNumberToObject(js, "n_skipped", (double)res->n_skipped);
     cJSON_AddNumberToObject(js, "n_truncated", (double)res->n_truncated);
     cJSON_AddNumberToObject(js, "n_dropped", (double)res->n_dropped);

@@ -4,7 +4,8 @@
  * executor's memory (one allocation), initialises the adapter as PEFT does, then runs
  * optimizer steps (gradient accumulation over micro-batches, global gradient-norm clipping
  * as torch.nn.utils.clip_grad_norm_, AdamW, warmup + schedule), evaluates on the held-out
- * split, writes metrics JSONL, the PEFT adapter and a summary JSON under cfg->out.
+ * examples (split off the data, or cfg->eval_data), writes metrics JSONL, the PEFT adapter
+ * and a summary JSON under cfg->out.
  * Progress is reported through a callback; the library prints nothing.
  *
  * Reliability (checkpoint.h):
@@ -14,7 +15,10 @@
  *     --threads, the CPU ops being thread-count independent, kernels.h). The run config
  *     (every setting that changes the trajectory: sequence length, batch, grad-accum,
  *     schedule length and warmup, optimizer and LoRA settings, seed, the tokenized data)
- *     must match the checkpoint's, else FT_E_INVALID lists the differences.
+ *     must match the checkpoint's, else FT_E_INVALID lists the differences. The examples
+ *     of cfg->eval_data are not part of it (eval changes no training state): that file
+ *     may change on resume (or be added to a run of --eval-fraction 0, whose training is
+ *     the same), while a changed cfg->data is refused.
  *   - cfg->stop: set asynchronously (a signal handler in cli/); checked between steps: the
  *     trainer finishes the step (and its scheduled mid-run eval, so that the metrics of
  *     the resumed run match; the final eval is left to the resumed run), saves a
@@ -38,6 +42,11 @@
 typedef struct ft_train_cfg {
     const char *model;          /* folder or .gguf */
     const char *data;           /* JSON/JSONL */
+    const char *eval_data;      /* held-out examples from this JSON/JSONL file (the schema,
+                                 * template, mask and truncation rules of data): the first
+                                 * data_cfg.eval_max of it in file order; every example of
+                                 * data then trains (data_cfg.eval_fraction is ignored).
+                                 * NULL: eval_fraction of data is split off */
     const char *out;            /* output folder */
     const char *init_adapter;   /* PEFT folder to start from, or NULL */
     int64_t seq_len;            /* 0: min(2048, max_position_embeddings) */

@@ -10,7 +10,10 @@
   from it completes identically;
 - a step with a non-finite loss (a base model whose embedding row of one token is +Inf)
   is skipped without an update and counted; a diverged run (huge --lr) stops after
-  --max-bad-steps consecutive bad steps; a resume with a changed config is refused.
+  --max-bad-steps consecutive bad steps; a resume with a changed config is refused;
+- --eval-data FILE: the held-out examples come from FILE (first --eval-max of it), all of
+  --data trains (the same adapter as --eval-fraction 0), and a resume may change FILE but
+  not --data.
 """
 import json
 import os
@@ -367,3 +370,65 @@ def test_resume_refuses_changed_config(tmp_path, reference):
     assert a == b
     r = run(cmd(tmp_path / "empty", "--resume"), ok=False)
     assert r.returncode == 2 and "no complete checkpoint" in r.stderr
+
+
+def test_eval_data_file(tmp_path):
+    """--eval-data: summary.json carries the eval file, its count (capped by --eval-max) and
+    both eval losses; the adapter equals that of a run without eval (--eval-fraction 0: every
+    example trains, eval changes nothing); a resume with another eval file continues that run
+    bit-identically, one with another --data is refused; an error in FILE names it."""
+    lines = DATA.read_text().splitlines(keepends=True)
+    ev1, ev2 = tmp_path / "ev1.jsonl", tmp_path / "ev2.jsonl"
+    ev1.write_text("".join(lines[:40]))
+    ev2.write_text("".join(lines[40:80]))
+
+    def args(out, *extra):
+        a = cmd(out, *extra)
+        a[a.index("--max-steps") + 1] = "8"
+        a[a.index("--save-every") + 1] = "4"
+        return a
+
+    a = tmp_path / "a"
+    r = run(args(a, "--eval-data", ev1, "--eval-max", "5"))  # --eval-fraction 0.5 of ARGS: ignored
+    data_line = [l for l in r.stderr.splitlines() if l.startswith("ftune: data ")]
+    print(data_line[0])
+    assert f"eval data {ev1}: " in data_line[0] and "-> 5 eval examples (the first 5" in data_line[0]
+    assert r.stderr.count("--eval-fraction 0.5 is ignored with --eval-data") == 1, r.stderr
+    sa = json.loads((a / "summary.json").read_text())
+    print("summary:", json.dumps(sa))
+    assert sa["n_eval"] == 5 and sa["eval_data"] == str(ev1)
+    assert sa["initial_eval_loss"] > sa["final_eval_loss"] > 0, sa  # both measured, finite
+    _, evals = metrics(a)
+    assert [e["step"] for e in evals] == [0, 8]
+
+    b = tmp_path / "b"
+    args_b = args(b)
+    args_b[args_b.index("--eval-fraction") + 1] = "0"
+    run(args_b)
+    sb = json.loads((b / "summary.json").read_text())
+    assert sb["n_eval"] == 0 and sb["initial_eval_loss"] is None and "eval_data" not in sb
+    assert sa["n_train"] == sb["n_train"] > 0, (sa, sb)  # --data not split
+    assert adapter(a) == adapter(b), "evaluating on --eval-data changed the training"
+
+    c = tmp_path / "c"  # another eval file on resume: allowed, training unchanged
+    shutil.copytree(a / "checkpoint-4", c / "checkpoint-4")
+    run(args(c, "--eval-data", ev2, "--eval-max", "5", "--resume"))
+    sc = json.loads((c / "summary.json").read_text())
+    assert sc["resumed_from_step"] == 4 and sc["eval_data"] == str(ev2) and sc["n_eval"] == 5
+    assert adapter(c) == adapter(a)
+
+    d = tmp_path / "d"  # another --data on resume: refused
+    shutil.copytree(a / "checkpoint-4", d / "checkpoint-4")
+    args_d = args(d, "--eval-data", ev1, "--eval-max", "5", "--resume")
+    args_d[args_d.index("--data") + 1] = str(ev2)
+    r = run(args_d, ok=False)
+    print(r.stderr.strip().splitlines()[-1])
+    assert r.returncode == 1 and "data_fingerprint" in r.stderr, r.stderr
+    assert not (d / "adapter_model.safetensors").exists()
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(lines[0] + '{"instruction": "x"\n' + lines[1])
+    r = run(args(tmp_path / "e", "--eval-data", bad), ok=False)
+    err = r.stderr.strip().splitlines()[-1]
+    print(err)
+    assert r.returncode == 1 and err.startswith(f"ftune: --eval-data: {bad}: line 2: "), r.stderr

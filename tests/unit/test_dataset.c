@@ -1,6 +1,7 @@
 /* test_dataset.c - data sets (src/data/dataset.h): schema detection, chat rendering and loss
  * masks on the real Llama-2/Llama-3 tokenizers, errors with file and line, skip-bad-records,
- * truncation, deterministic shuffle and eval split, and padding-free packing invariants.
+ * truncation, deterministic shuffle and eval split, an eval set from its own file
+ * (ft_dataset_load_eval), and padding-free packing invariants.
  * tests/ref/test_chat_ref.py checks ids and masks against jinja2 + `tokenizers`.
  * Run from the repository root. */
 #include "tests/unit/harness.h"
@@ -297,6 +298,126 @@ static void test_shuffle_and_split(void **state)
     assert_int_equal(ft_dataset_load(&a, SEED_JSONL, &c, L3), FT_E_RANGE);
 }
 
+/* ft_dataset_load_eval: a held-out file of its own, in file order, capped by eval_max,
+ * with its own schema detection and counts; errors name the eval file and line. */
+static void test_eval_file(void **state)
+{
+    static const char *const recs[] = {
+        "{\"instruction\":\"Add 2 and 3.\",\"input\":\"\",\"output\":\"5\"}",
+        "{\"instruction\":\"Name a colour.\",\"input\":\"\",\"output\":\"Blue.\"}",
+        "{\"instruction\":\"Translate.\",\"input\":\"chat\",\"output\":\"cat\"}",
+        "{\"instruction\":\"Capital of France?\",\"input\":\"\",\"output\":\"Paris\"}",
+        "{\"instruction\":\"Opposite of hot?\",\"input\":\"\",\"output\":\"Cold\"}",
+    };
+    const int64_t N = (int64_t)(sizeof recs / sizeof *recs);
+    char buf[2048] = "";
+    for (int64_t i = 0; i < N; i++) {
+        strcat(buf, recs[i]);
+        strcat(buf, "\n");
+    }
+    char *p = write_str("eval.jsonl", buf);
+    ft_data_cfg c = cfg_plain();
+    c.no_shuffle = 0; /* ignored: the eval file keeps its order */
+    c.seed = 7;
+    c.eval_fraction = 0.5; /* ignored: nothing is split */
+    ft_dataset ds;
+    assert_int_equal(ft_dataset_load_eval(&ds, p, &c, L3), 0);
+    assert_int_equal(ds.n_records, N);
+    assert_int_equal(ds.n_eval, N);
+    assert_int_equal(ds.n_train, 0);
+    assert_null(ds.train);
+    assert_int_equal(ds.n_skipped, 0);
+    assert_int_equal(ds.eval_capped, 0);
+    assert_int_equal(ds.format, FT_DATA_ALPACA);
+    assert_int_equal(ds.chat_template, FT_CHAT_LLAMA3);
+    for (int64_t i = 0; i < N; i++) { /* file order, encoded as the training file would be */
+        ft_example ex;
+        assert_int_equal(ft_dataset_encode_record(&ex, recs[i], FT_DATA_AUTO, FT_CHAT_AUTO, 0, L3), 0);
+        assert_int_equal(ds.eval[i].n, ex.n);
+        assert_memory_equal(ds.eval[i].ids, ex.ids, (size_t)ex.n * sizeof *ex.ids);
+        assert_memory_equal(ds.eval[i].labels, ex.labels, (size_t)ex.n * sizeof *ex.labels);
+        free(ex.ids);
+        free(ex.labels);
+    }
+    int32_t first2[2][64];
+    int64_t first2_n[2] = {ds.eval[0].n, ds.eval[1].n};
+    assert_true(first2_n[0] <= 64 && first2_n[1] <= 64);
+    memcpy(first2[0], ds.eval[0].ids, (size_t)first2_n[0] * 4);
+    memcpy(first2[1], ds.eval[1].ids, (size_t)first2_n[1] * 4);
+    ft_dataset_free(&ds);
+
+    /* eval_max: the first N in file order; the rest is not read */
+    c.eval_max = 2;
+    assert_int_equal(ft_dataset_load_eval(&ds, p, &c, L3), 0);
+    assert_int_equal(ds.n_eval, 2);
+    assert_int_equal(ds.n_records, 2);
+    assert_int_equal(ds.eval_capped, 1);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(ds.eval[k].n, first2_n[k]);
+        assert_memory_equal(ds.eval[k].ids, first2[k], (size_t)first2_n[k] * 4);
+    }
+    ft_dataset_free(&ds);
+    c.eval_max = N; /* exactly N: nothing left over */
+    assert_int_equal(ft_dataset_load_eval(&ds, p, &c, L3), 0);
+    assert_int_equal(ds.n_eval, N);
+    assert_int_equal(ds.eval_capped, 0);
+    ft_dataset_free(&ds);
+    free(p);
+
+    /* its own schema (messages, a JSON array) while the training file is alpaca; the
+     * training file itself is not split when eval_fraction is 0 */
+    c = cfg_plain();
+    c.no_shuffle = 0;
+    ft_dataset tr;
+    assert_int_equal(ft_dataset_load(&tr, SEED_JSONL, &c, L3), 0);
+    assert_int_equal(tr.n_train, 175);
+    assert_int_equal(tr.n_eval, 0);
+    assert_int_equal(tr.format, FT_DATA_ALPACA);
+    ft_dataset_free(&tr);
+    p = write_str("eval.json", "[{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},"
+                                "{\"role\":\"assistant\",\"content\":\"Hello!\"}]},\n"
+                                " {\"messages\":[{\"role\":\"user\",\"content\":\"Bye\"},"
+                                "{\"role\":\"assistant\",\"content\":\"See you.\"}]}]");
+    assert_int_equal(ft_dataset_load_eval(&ds, p, &c, L3), 0);
+    assert_int_equal(ds.format, FT_DATA_MESSAGES);
+    assert_int_equal(ds.n_eval, 2);
+    assert_int_equal(ds.n_records, 2);
+    ft_dataset_free(&ds);
+    free(p);
+
+    /* an error names the eval file and the line; skip_bad_records counts it instead */
+    snprintf(buf, sizeof buf, "%s\n%s\n{\"instruction\":\"x\",\"input\":\"\"}\n%s\n", recs[0],
+             recs[1], recs[2]);
+    p = write_str("bad_eval.jsonl", buf);
+    c = cfg_plain();
+    int rc = ft_dataset_load_eval(&ds, p, &c, L3);
+    printf("  bad eval file -> %s\n", ft_errmsg());
+    assert_int_equal(rc, FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), p));
+    assert_non_null(strstr(ft_errmsg(), "line 3: alpaca record needs a string 'output'"));
+    assert_int_equal(ds.n_eval, 0);
+    assert_null(ds.eval);
+    c.skip_bad_records = 1;
+    assert_int_equal(ft_dataset_load_eval(&ds, p, &c, L3), 0);
+    assert_int_equal(ds.n_records, 4);
+    assert_int_equal(ds.n_skipped, 1);
+    assert_int_equal(ds.n_eval, 3);
+    ft_dataset_free(&ds);
+    free(p);
+    c = cfg_plain();
+    assert_int_equal(ft_dataset_load_eval(&ds, "/nonexistent/eval.jsonl", &c, L3), -ENOENT);
+    assert_non_null(strstr(ft_errmsg(), "/nonexistent/eval.jsonl"));
+
+    /* truncation to seq_len and dropping, counted for this file */
+    c.seq_len = 96;
+    assert_int_equal(ft_dataset_load_eval(&ds, ZH_JSON, &c, L2), 0);
+    assert_int_equal(ds.n_records, 1000);
+    assert_true(ds.n_truncated > 0 && ds.n_dropped > 0);
+    assert_int_equal(ds.n_eval + ds.n_dropped, 1000);
+    for (int64_t i = 0; i < ds.n_eval; i++) assert_true(ds.eval[i].n <= 96);
+    ft_dataset_free(&ds);
+}
+
 /* Packing: every example exactly once, budget kept, positions/seq_start/targets right. */
 static void test_pack_invariants(void **state)
 {
@@ -373,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_skip_bad_records),
         cmocka_unit_test(test_real_data),
         cmocka_unit_test(test_shuffle_and_split),
+        cmocka_unit_test(test_eval_file),
         cmocka_unit_test(test_pack_invariants),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
