@@ -42,6 +42,8 @@ int ft_export_gguf_name(const char *hf, char *out, size_t n)
     snprintf(rest, sizeof rest, "%s", hf + k);
     if (!strcmp(rest, "input_layernorm.weight")) return snprintf(out, n, "blk.%lld.attn_norm.weight", l), 1;
     if (!strcmp(rest, "post_attention_layernorm.weight")) return snprintf(out, n, "blk.%lld.ffn_norm.weight", l), 1;
+    if (!strcmp(rest, "self_attn.q_norm.weight")) return snprintf(out, n, "blk.%lld.attn_q_norm.weight", l), 1;
+    if (!strcmp(rest, "self_attn.k_norm.weight")) return snprintf(out, n, "blk.%lld.attn_k_norm.weight", l), 1;
     for (int p = 0; p < 7; p++) {
         char w[64];
         snprintf(w, sizeof w, "%s.%s.", ft_proj_parent[p], ft_proj_name[p]);
@@ -64,6 +66,8 @@ int ft_export_hf_name(const char *gg, char *out, size_t n)
     const char *rest = gg + k;
     if (!strcmp(rest, "attn_norm.weight")) return snprintf(out, n, "model.layers.%lld.input_layernorm.weight", l), 1;
     if (!strcmp(rest, "ffn_norm.weight")) return snprintf(out, n, "model.layers.%lld.post_attention_layernorm.weight", l), 1;
+    if (!strcmp(rest, "attn_q_norm.weight")) return snprintf(out, n, "model.layers.%lld.self_attn.q_norm.weight", l), 1;
+    if (!strcmp(rest, "attn_k_norm.weight")) return snprintf(out, n, "model.layers.%lld.self_attn.k_norm.weight", l), 1;
     for (int p = 0; p < 7; p++) {
         size_t wl = strlen(ft_export_gguf_proj[p]);
         if (strncmp(rest, ft_export_gguf_proj[p], wl) || rest[wl] != '.') continue;
@@ -95,10 +99,12 @@ int ft_export_base_config(const char *path, ft_model_config *c, char *arch, size
         FT_TRY(ft_path_join(p, sizeof p, path, "config.json"));
         FT_TRY(ft_config_load(c, p));
         const char *mt = c->model_type;
-        snprintf(arch, an, "%s", !strcmp(mt, "qwen2") ? "qwen2" : "llama");
-        if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2"))
+        /* llama.cpp's arch names (formats.md 2.4): mistral converts as llama */
+        int qwen = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3");
+        snprintf(arch, an, "%s", qwen ? mt : "llama");
+        if (strcmp(mt, "llama") && strcmp(mt, "mistral") && !qwen)
             return ft_err(FT_E_UNSUPPORTED, "%s: model_type \"%s\" has no GGUF architecture here "
-                          "(llama, mistral, qwen2)", p, mt);
+                          "(llama, mistral, qwen2, qwen3)", p, mt);
         return 0;
     }
     ft_gguf *g;

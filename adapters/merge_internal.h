@@ -18,7 +18,7 @@ typedef struct mg_src {
     char path[4200];
     int is_gguf;
     ft_model_config cfg;
-    char arch[32];             /* GGUF architecture: llama or qwen2 */
+    char arch[32];             /* GGUF architecture: llama, qwen2 or qwen3 */
     int has_rope_freqs;
     ft_gguf *g;
     ft_st_file **files;

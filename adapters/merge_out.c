@@ -338,9 +338,10 @@ static int write_json(const char *dir, const char *name, cJSON *o)
 static cJSON *config_from_gguf(const mg_src *s, int dtype)
 {
     const ft_model_config *c = &s->cfg;
-    int qwen = !strcmp(s->arch, "qwen2");
+    int qwen = !strcmp(s->arch, "qwen2"), qwen3 = !strcmp(s->arch, "qwen3");
     cJSON *o = cJSON_CreateObject(), *ar = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(ar, cJSON_CreateString(qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
+    cJSON_AddItemToArray(ar, cJSON_CreateString(qwen ? "Qwen2ForCausalLM" : qwen3 ? "Qwen3ForCausalLM"
+                                                                           : "LlamaForCausalLM"));
     cJSON_AddBoolToObject(o, "attention_bias", !qwen && c->attention_bias);
     if (c->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", (double)c->bos_token_id);
     if (c->n_eos > 0) cJSON_AddNumberToObject(o, "eos_token_id", (double)c->eos_token_id[0]);
@@ -349,7 +350,7 @@ static cJSON *config_from_gguf(const mg_src *s, int dtype)
     cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
     cJSON_AddNumberToObject(o, "intermediate_size", (double)c->intermediate_size);
     cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->max_position_embeddings);
-    cJSON_AddStringToObject(o, "model_type", qwen ? "qwen2" : "llama");
+    cJSON_AddStringToObject(o, "model_type", qwen ? "qwen2" : qwen3 ? "qwen3" : "llama");
     cJSON_AddNumberToObject(o, "num_attention_heads", (double)c->num_attention_heads);
     cJSON_AddNumberToObject(o, "num_hidden_layers", (double)c->num_hidden_layers);
     cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->num_key_value_heads);

@@ -179,6 +179,10 @@ int ft_pack_block_slots(const ft_model_config *c, int64_t l, ft_pack_slot *out)
     }
     out[n++] = (ft_pack_slot){FT_PACK_ROLE_ATTN_NORM, C, 1, 0};
     out[n++] = (ft_pack_slot){FT_PACK_ROLE_FFN_NORM, C, 1, 0};
+    if (c->qk_norm) {
+        out[n++] = (ft_pack_slot){FT_PACK_ROLE_Q_NORM, c->head_dim, 1, 0};
+        out[n++] = (ft_pack_slot){FT_PACK_ROLE_K_NORM, c->head_dim, 1, 0};
+    }
     for (int p = 0; p < FT_N_PROJ; p++) {
         int64_t o, i;
         ft_pack_proj_dims(c, p, &o, &i);
@@ -540,7 +544,7 @@ int ft_pack_verify(ft_pack_file *p)
 
 int64_t ft_pack_layer_floats(const ft_model_config *cfg)
 {
-    int64_t n = 2 * pad16(cfg->hidden_size);
+    int64_t n = 2 * pad16(cfg->hidden_size) + (cfg->qk_norm ? 2 * pad16(cfg->head_dim) : 0);
     for (int p = 0; p < FT_N_PROJ; p++) {
         int64_t o, i;
         ft_pack_proj_dims(cfg, p, &o, &i);
@@ -654,6 +658,12 @@ int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, flo
     q += pad16(c->hidden_size);
     w->ffn_norm = q;
     q += pad16(c->hidden_size);
+    if (c->qk_norm) {
+        w->q_norm = q;
+        q += pad16(c->head_dim);
+        w->k_norm = q;
+        q += pad16(c->head_dim);
+    }
     for (int k = 0; k < FT_N_PROJ; k++) {
         ft_linear *li = &w->proj[k];
         ft_pack_proj_dims(c, k, &li->out_n, &li->in_n);
@@ -668,6 +678,8 @@ int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, flo
         const ft_pack_tensor *r = &d[i];
         float *to = r->role == FT_PACK_ROLE_ATTN_NORM ? w->attn_norm
                   : r->role == FT_PACK_ROLE_FFN_NORM  ? w->ffn_norm
+                  : r->role == FT_PACK_ROLE_Q_NORM    ? w->q_norm
+                  : r->role == FT_PACK_ROLE_K_NORM    ? w->k_norm
                   : r->role < FT_PACK_ROLE_B0         ? w->proj[r->role - FT_PACK_ROLE_W0].w
                                                       : w->proj[r->role - FT_PACK_ROLE_B0].b;
         FT_TRY(record_f32(r, buf, to));

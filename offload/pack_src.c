@@ -39,6 +39,9 @@ static int hf_name(const ft_model_config *c, int64_t l, int role, char *out, siz
         const char *s = role == FT_PACK_ROLE_EMBED ? "model.embed_tokens.weight"
                       : role == FT_PACK_ROLE_FINAL_NORM ? "model.norm.weight" : "lm_head.weight";
         k = snprintf(out, n, "%s", s);
+    } else if (role == FT_PACK_ROLE_Q_NORM || role == FT_PACK_ROLE_K_NORM) {
+        k = snprintf(out, n, "model.layers.%lld.self_attn.%s.weight", (long long)l,
+                     role == FT_PACK_ROLE_Q_NORM ? "q_norm" : "k_norm");
     } else if (role == FT_PACK_ROLE_ATTN_NORM || role == FT_PACK_ROLE_FFN_NORM) {
         k = snprintf(out, n, "model.layers.%lld.%s.weight", (long long)l,
                      role == FT_PACK_ROLE_ATTN_NORM ? "input_layernorm" : "post_attention_layernorm");
@@ -71,6 +74,9 @@ static void role_shape(const ft_model_config *c, int role, int64_t *rows, int64_
     } else if (role == FT_PACK_ROLE_EMBED || role == FT_PACK_ROLE_LM_HEAD) {
         *rows = c->vocab_size;
         *cols = c->hidden_size;
+    } else if (role == FT_PACK_ROLE_Q_NORM || role == FT_PACK_ROLE_K_NORM) {
+        *rows = c->head_dim;
+        *cols = 1;
     } else {
         *rows = c->hidden_size;
         *cols = 1;
@@ -173,6 +179,8 @@ static const float *gguf_base(const ft_model *m, int64_t l, int role)
     const ft_layer_weights *w = &m->layers[l];
     if (role == FT_PACK_ROLE_ATTN_NORM) return w->attn_norm;
     if (role == FT_PACK_ROLE_FFN_NORM) return w->ffn_norm;
+    if (role == FT_PACK_ROLE_Q_NORM) return w->q_norm;
+    if (role == FT_PACK_ROLE_K_NORM) return w->k_norm;
     if (role >= FT_PACK_ROLE_B0) return w->proj[role - FT_PACK_ROLE_B0].b;
     return w->proj[role - FT_PACK_ROLE_W0].w;
 }

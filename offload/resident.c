@@ -40,6 +40,7 @@ size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m)
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
         const ft_layer_weights *w = &m->layers[l];
         n += 2 * floats_for(c->hidden_size, FT_W_F32);
+        if (w->q_norm) n += 2 * floats_for(c->head_dim, FT_W_F32);
         for (int p = 0; p < FT_N_PROJ; p++)
             n += floats_for(w->proj[p].out_n * w->proj[p].in_n, wt) +
                  (w->proj[p].b ? floats_for(w->proj[p].out_n, FT_W_F32) : 0);
@@ -115,6 +116,10 @@ int ft_exec_place_weights(ft_exec *e, int with_layers)
         *dst = *src;
         PUT(dst->attn_norm, src->attn_norm, c->hidden_size);
         PUT(dst->ffn_norm, src->ffn_norm, c->hidden_size);
+        if (src->q_norm) {
+            PUT(dst->q_norm, src->q_norm, c->head_dim);
+            PUT(dst->k_norm, src->k_norm, c->head_dim);
+        }
         for (int q = 0; q < FT_N_PROJ && !rc; q++) {
             const ft_linear *s = &src->proj[q];
             int64_t n = s->out_n * s->in_n;

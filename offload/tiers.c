@@ -588,14 +588,15 @@ static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_t
     for (int64_t i = 0; i < n_dir; i++) {
         const ft_pack_tensor *r = &dir[i];
         const void *data = blk + r->data_off;
-        if (r->role == FT_PACK_ROLE_ATTN_NORM || r->role == FT_PACK_ROLE_FFN_NORM ||
-            r->role >= FT_PACK_ROLE_B0) {
+        if (r->role < FT_PACK_ROLE_W0 || r->role >= FT_PACK_ROLE_B0) { /* norms, biases */
             if (r->dtype != FT_PACK_DT_F32)
                 return ft_err(FT_E_CORRUPT, "%s: layer %lld: tensor role %u is not F32",
                               ft_pack_path(e->pack), (long long)l, r->role);
             float *p = (float *)data;
             if (r->role == FT_PACK_ROLE_ATTN_NORM) f->attn_norm = p;
             else if (r->role == FT_PACK_ROLE_FFN_NORM) f->ffn_norm = p;
+            else if (r->role == FT_PACK_ROLE_Q_NORM) f->q_norm = p;
+            else if (r->role == FT_PACK_ROLE_K_NORM) f->k_norm = p;
             else f->proj[r->role - FT_PACK_ROLE_B0].b = p;
             continue;
         }
@@ -635,7 +636,8 @@ static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_t
         li->w = stage;
         stage += (t.n + 1) / 2 + 16 - ((t.n + 1) / 2) % 16;
     }
-    int complete = f->attn_norm && f->ffn_norm;
+    int complete = f->attn_norm && f->ffn_norm &&
+                   (!e->m->cfg.qk_norm || (f->q_norm && f->k_norm));
     for (int k = 0; k < FT_N_PROJ; k++)
         complete &= (f->proj[k].w || f->proj[k].nf4) && (!e->m->layers[l].proj[k].b || f->proj[k].b);
     if (!complete)

@@ -192,6 +192,7 @@ static int parse_special_ids(ft_model_config *c, const cJSON *root, const char *
 
 static const struct { const char *arch, *type; } k_arch[] = {
     {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
 };
 
 int ft_config_parse(ft_model_config *cfg, const char *json, size_t len, const char *name)
@@ -220,9 +221,9 @@ int ft_config_parse(ft_model_config *cfg, const char *json, size_t len, const ch
             goto done;
         }
     }
-    if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2")) {
+    if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3")) {
         rc = ft_err(FT_E_UNSUPPORTED, "%s: model_type \"%.64s\" is not supported (llama, mistral, "
-                    "qwen2)", name, mt);
+                    "qwen2, qwen3)", name, mt);
         goto done;
     }
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
@@ -245,6 +246,9 @@ int ft_config_parse(ft_model_config *cfg, const char *json, size_t len, const ch
         goto done;
     c->rms_norm_eps = (float)eps;
     if (!strcmp(mt, "qwen2")) c->attention_bias = 1; /* q/k/v Linear(bias=True) */
+    /* Qwen3Attention: q_norm/k_norm = Qwen3RMSNorm(head_dim, eps=rms_norm_eps) on each head
+     * before RoPE; q/k/v/o biases follow attention_bias as LlamaAttention's */
+    c->qk_norm = !strcmp(mt, "qwen3");
 
     int mlp_bias = 0, sliding = 0;
     int64_t max_window = 0;

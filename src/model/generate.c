@@ -154,7 +154,8 @@ static int place_weights(ft_gen *g)
     int64_t L = c->num_hidden_layers, C = c->hidden_size, VC = c->vocab_size * C;
     int64_t n = up16(VC) + (m->lm_head != m->embed ? up16(VC) : 0) + up16(C);
     for (int64_t l = 0; l < L; l++) {
-        n += 2 * up16(C);
+        n += 2 * up16(C) + (m->layers[l].q_norm ? up16(c->head_dim) : 0) +
+             (m->layers[l].k_norm ? up16(c->head_dim) : 0);
         for (int k = 0; k < FT_N_PROJ; k++) {
             const ft_linear *li = &m->layers[l].proj[k];
             n += up16(li->out_n * li->in_n) + (li->b ? up16(li->out_n) : 0);
@@ -180,6 +181,8 @@ static int place_weights(ft_gen *g)
         *d = *s;
         PUT(d->attn_norm, s->attn_norm, C);
         PUT(d->ffn_norm, s->ffn_norm, C);
+        if (s->q_norm) PUT(d->q_norm, s->q_norm, c->head_dim);
+        if (s->k_norm) PUT(d->k_norm, s->k_norm, c->head_dim);
         for (int k = 0; k < FT_N_PROJ; k++) {
             PUT(d->proj[k].w, s->proj[k].w, s->proj[k].out_n * s->proj[k].in_n);
             if (s->proj[k].b) PUT(d->proj[k].b, s->proj[k].b, s->proj[k].out_n);
@@ -242,8 +245,21 @@ static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
     float *kn = kl + p * KD, *vn = vl + p * KD; /* the new tokens' rows */
 
     FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x, w->attn_norm, n, C, c->rms_norm_eps));
-    FT_TRY(lin(g, l, FT_Q, g->xn, g->q, n));
-    FT_TRY(lin(g, l, FT_K, g->xn, kn, n));
+    if (c->qk_norm) {
+        /* Qwen3: each head of q and k RMS-normalized before RoPE (llama.c ft_block_fwd); the
+         * projections pass through att (free until attention), the 1/rms through lse
+         * (n*H floats >= n*Hkv) */
+        if (!w->q_norm || !w->k_norm)
+            return ft_err(FT_E_INVALID, "generate: layer %lld has no q_norm/k_norm weights",
+                          (long long)l);
+        FT_TRY(lin(g, l, FT_Q, g->xn, g->att, n));
+        FT_TRY(o->rmsnorm_fwd(be, g->q, g->lse, g->att, w->q_norm, n * H, D, c->rms_norm_eps));
+        FT_TRY(lin(g, l, FT_K, g->xn, g->att, n));
+        FT_TRY(o->rmsnorm_fwd(be, kn, g->lse, g->att, w->k_norm, n * Hkv, D, c->rms_norm_eps));
+    } else {
+        FT_TRY(lin(g, l, FT_Q, g->xn, g->q, n));
+        FT_TRY(lin(g, l, FT_K, g->xn, kn, n));
+    }
     FT_TRY(lin(g, l, FT_V, g->xn, vn, n));
     FT_TRY(o->rope_fwd(be, g->q, g->pos, g->inv_freq, n, H, D));
     FT_TRY(o->rope_fwd(be, kn, g->pos, g->inv_freq, n, Hkv, D));

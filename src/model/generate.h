@@ -4,8 +4,8 @@
  *
  * The forward of each block is the op sequence of ft_block_fwd (src/model/llama.c) with
  * train = 0: RMSNorm, q/k/v projections (+ bias, + LoRA as x A^T B^T * scale, unmerged),
- * RoPE at the absolute positions, attention, o projection + residual, RMSNorm, SwiGLU MLP
- * + residual. The new tokens' k (after RoPE) and v are written straight into the cache,
+ * the per-head q/k RMSNorm of qk_norm models (Qwen3), RoPE at the absolute positions,
+ * attention, o projection + residual, RMSNorm, SwiGLU MLP + residual. The new tokens' k (after RoPE) and v are written straight into the cache,
  * per layer K and V (ctx_max, Hkv, D) fp32 in backend memory. Attention of a forward that
  * starts an empty cache is attention_fwd over the chunk (so a prompt prefilled in one
  * forward gives bit for bit the logits of ft_exec_logits, tested); later forwards use

@@ -271,7 +271,7 @@ static void proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in
 /* The model's tensors in HF order (formats.md 2.3). */
 static itensor *list_tensors(const ft_model_config *c, int64_t *n_out)
 {
-    int64_t L = c->num_hidden_layers, cap = 3 + L * 16, n = 0;
+    int64_t L = c->num_hidden_layers, cap = 3 + L * 16, n = 0; /* <= 15 per layer */
     itensor *v = calloc((size_t)cap, sizeof *v);
     if (!v) return NULL;
     const int64_t C = c->hidden_size, V = c->vocab_size;
@@ -294,6 +294,15 @@ static itensor *list_tensors(const ft_model_config *c, int64_t *n_out)
                 *t = (itensor){"", o, 0, K_ZEROS, l, FT_PACK_ROLE_B0 + p};
                 snprintf(t->name, sizeof t->name, "model.layers.%lld.%s.%s.bias", (long long)l,
                          ft_proj_parent[p], ft_proj_name[p]);
+            }
+            for (int k = 0; p == FT_O && c->qk_norm && k < 2; k++) {
+                /* Qwen3Attention's q_norm / k_norm (registered after o_proj): RMSNorm
+                 * weights, ones as transformers initializes them */
+                t = &v[n++];
+                *t = (itensor){"", c->head_dim, 0, K_ONES, l,
+                               k ? FT_PACK_ROLE_K_NORM : FT_PACK_ROLE_Q_NORM};
+                snprintf(t->name, sizeof t->name, "model.layers.%lld.self_attn.%s.weight",
+                         (long long)l, k ? "k_norm" : "q_norm");
             }
         }
         t = &v[n++];

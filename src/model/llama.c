@@ -16,7 +16,7 @@ int64_t ft_block_acts_floats(const ft_block_dims *d)
 {
     int64_t T = d->T;
     return 3 * T * d->C + 2 * T * d->H * d->D + 2 * T * d->Hkv * d->D + T * d->H + 2 * T +
-           3 * T * d->F + FT_N_PROJ * T * d->r;
+           3 * T * d->F + FT_N_PROJ * T * d->r + T * (d->H + d->Hkv);
 }
 
 int64_t ft_block_scratch_floats(const ft_block_dims *d)
@@ -51,6 +51,8 @@ void ft_block_acts_carve(ft_block_acts *a, float *p, const ft_block_dims *d, uns
     a->act = take(&p, T * d->F);
     for (int i = 0; i < FT_N_PROJ; i++)
         a->u[i] = take(&p, T * d->r);
+    a->rstd_q = take(&p, T * d->H);
+    a->rstd_k = take(&p, T * d->Hkv);
     (void)targets;
 }
 
@@ -174,6 +176,26 @@ static int lin_bwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll,
     return o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A0, in, 1.0f, dx, in);
 }
 
+/* With qk_norm: the q and k attention reads, from the projections a->q / a->k (T, H, D) /
+ * (T, Hkv, D): qn = rope(rmsnorm_per_head(q) * q_norm) into s->d2, kn likewise into s->xd
+ * (both at least T * max(C, H*D, F) floats); the 1/rms per (token, head) go to rq / rk
+ * (T*H, T*Hkv floats). The forward and the backward's recompute call this alike, so both
+ * see the same bits. */
+static int qk_normed(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                     const ft_block_dims *d, const ft_block_io *io, const ft_block_acts *a,
+                     ft_block_scratch *s, float *rq, float *rk)
+{
+    const ft_backend_ops *o = be->ops;
+    int64_t T = d->T, H = d->H, Hkv = d->Hkv, D = d->D;
+    if (!w->q_norm || !w->k_norm)
+        return ft_err(FT_E_INVALID, "block: the model normalizes q and k per head (qk_norm) but "
+                      "the layer has no q_norm/k_norm weights");
+    FT_TRY(o->rmsnorm_fwd(be, s->d2, rq, a->q, w->q_norm, T * H, D, cfg->rms_norm_eps));
+    FT_TRY(o->rmsnorm_fwd(be, s->xd, rk, a->k, w->k_norm, T * Hkv, D, cfg->rms_norm_eps));
+    FT_TRY(o->rope_fwd(be, s->d2, io->pos, io->inv_freq, T, H, D));
+    return o->rope_fwd(be, s->xd, io->pos, io->inv_freq, T, Hkv, D);
+}
+
 int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
                  const ft_lora *lora, int64_t layer, const ft_block_dims *d,
                  const ft_block_io *io, const float *x, float *out, ft_block_acts *a,
@@ -190,9 +212,17 @@ int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weig
     for (int pj = FT_Q; pj <= FT_V; pj++)
         FT_TRY(lin_fwd(be, &w->proj[pj], lora_of(lora, layer, pj), sc, r, p,
                        proj_seed(seed, layer, pj), a->xn1, qkv[pj], a->u[pj], s->xd, s->du, T));
-    FT_TRY(o->rope_fwd(be, a->q, io->pos, io->inv_freq, T, H, D));
-    FT_TRY(o->rope_fwd(be, a->k, io->pos, io->inv_freq, T, Hkv, D));
-    FT_TRY(o->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, io->seq_start, T, H, Hkv, D,
+    const float *qa = a->q, *ka = a->k; /* what attention reads */
+    if (cfg->qk_norm) {
+        /* a->q / a->k keep the projections for the norm's backward */
+        FT_TRY(qk_normed(be, cfg, w, d, io, a, s, a->rstd_q, a->rstd_k));
+        qa = s->d2;
+        ka = s->xd;
+    } else {
+        FT_TRY(o->rope_fwd(be, a->q, io->pos, io->inv_freq, T, H, D));
+        FT_TRY(o->rope_fwd(be, a->k, io->pos, io->inv_freq, T, Hkv, D));
+    }
+    FT_TRY(o->attention_fwd(be, a->att, a->lse, qa, ka, a->v, io->seq_start, T, H, Hkv, D,
                             attn_scale(cfg, D)));
     FT_TRY(lin_fwd(be, &w->proj[FT_O], lora_of(lora, layer, FT_O), sc, r, p,
                    proj_seed(seed, layer, FT_O), a->att, a->h, a->u[FT_O], s->xd, s->du, T));
@@ -233,12 +263,33 @@ int ft_block_bwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weig
 
     /* Attention: d(att) = dh W_o; attention backward; inverse RoPE; q/k/v projections. */
     LIN_BWD(FT_O, a->att, dx, s->d1, 0.0f);
-    FT_TRY(o->attention_bwd(be, s->dq, s->dk, s->dv, s->d1, a->q, a->k, a->v, a->att, a->lse,
+    const float *qa = a->q, *ka = a->k;
+    if (cfg->qk_norm) {
+        /* the normalized, rotated q/k again (d2, xd: free until the projections' backward);
+         * the 1/rms it writes go to dq/dk, overwritten by attention_bwd next */
+        FT_TRY(qk_normed(be, cfg, w, d, io, a, s, s->dq, s->dk));
+        qa = s->d2;
+        ka = s->xd;
+    }
+    FT_TRY(o->attention_bwd(be, s->dq, s->dk, s->dv, s->d1, qa, ka, a->v, a->att, a->lse,
                             io->seq_start, T, H, Hkv, D, attn_scale(cfg, D)));
     FT_TRY(o->rope_bwd(be, s->dq, io->pos, io->inv_freq, T, H, D));
     FT_TRY(o->rope_bwd(be, s->dk, io->pos, io->inv_freq, T, Hkv, D));
-    LIN_BWD(FT_Q, a->xn1, s->dq, s->d2, 0.0f);
-    LIN_BWD(FT_K, a->xn1, s->dk, s->d2, 1.0f);
+    const float *dq = s->dq, *dk = s->dk;
+    if (cfg->qk_norm) {
+        /* through the per-head norms (rmsnorm_bwd adds into its dx: d1, zeroed, free since
+         * attention_bwd read it); q's before k's, as d1 holds one at a time */
+        FT_TRY(o->zero(be, s->d1, (size_t)(T * H * D) * sizeof(float)));
+        FT_TRY(o->rmsnorm_bwd(be, s->d1, s->dq, a->q, w->q_norm, a->rstd_q, T * H, D));
+        dq = s->d1;
+    }
+    LIN_BWD(FT_Q, a->xn1, dq, s->d2, 0.0f);
+    if (cfg->qk_norm) {
+        FT_TRY(o->zero(be, s->d1, (size_t)(T * Hkv * D) * sizeof(float)));
+        FT_TRY(o->rmsnorm_bwd(be, s->d1, s->dk, a->k, w->k_norm, a->rstd_k, T * Hkv, D));
+        dk = s->d1;
+    }
+    LIN_BWD(FT_K, a->xn1, dk, s->d2, 1.0f);
     LIN_BWD(FT_V, a->xn1, s->dv, s->d2, 1.0f);
     /* dx = dh + rms1_bwd(d xn1) */
     return o->rmsnorm_bwd(be, dx, s->d2, x, w->attn_norm, a->rstd1, T, C);

@@ -2,7 +2,9 @@
  *
  *   h   = x + o_proj(attn(rope(q_proj(rms1(x))), rope(k_proj(rms1(x))), v_proj(rms1(x))))
  *   out = h + down_proj(silu(gate_proj(rms2(h))) * up_proj(rms2(h)))
- * (formats.md 2.3; HF LlamaDecoderLayer), each projection optionally carrying LoRA.
+ * (formats.md 2.3; HF LlamaDecoderLayer), each projection optionally carrying LoRA. With
+ * cfg->qk_norm (Qwen3) q and k pass a per-head RMSNorm before RoPE:
+ *   q = rope(rms_qn(q_proj(rms1(x)))), k = rope(rms_kn(k_proj(rms1(x)))) (HF Qwen3Attention).
  * Frozen base weights get no gradient; LoRA A/B gradients accumulate into the adapter.
  * All buffers are backend memory, fp32, shapes (T, ...) with T tokens of one micro-batch.
  */
@@ -23,10 +25,18 @@ typedef struct ft_block_dims {
 /* Intermediates of one block's forward kept for its backward (one layer at a time: the
  * executor recomputes them from the layer's input checkpoint). Sizes in floats:
  * xn1, xn2, h: T*C; q, att: T*H*D; k, v: T*Hkv*D; lse: T*H; rstd1, rstd2: T;
- * gate, up, act: T*F; u[p]: T*r per LoRA projection. */
+ * gate, up, act: T*F; u[p]: T*r per LoRA projection; rstd_q: T*H, rstd_k: T*Hkv.
+ * q and k hold the rotated q/k that attention reads, except with cfg->qk_norm (Qwen3):
+ * then they hold the projections before the per-head RMSNorm (what its backward needs),
+ * rstd_q/rstd_k that norm's 1/rms per (token, head), and the normalized, rotated q/k
+ * attention reads live in the scratch (d2 and xd) for the forward and are recomputed
+ * there (same ops, same bits) by the backward. rstd_q/rstd_k are always carved (a
+ * fraction of a percent of the block) so the callers' sizing does not depend on the
+ * model type. */
 typedef struct ft_block_acts {
     float *xn1, *rstd1, *q, *k, *v, *att, *lse, *h, *xn2, *rstd2, *gate, *up, *act;
     float *u[FT_N_PROJ];
+    float *rstd_q, *rstd_k;
 } ft_block_acts;
 
 /* Scratch for backward and LoRA dropout, sizes in floats: d1, d2: T*max(C, H*D, F)
@@ -51,14 +61,18 @@ void ft_block_acts_carve(ft_block_acts *a, float *base, const ft_block_dims *d, 
 void ft_block_scratch_carve(ft_block_scratch *s, float *base, const ft_block_dims *d);
 
 /* Forward: out (T, C) from x (T, C). out may not alias x. lora may be NULL (eval without
- * adapter) or carry the layer's adapters. Returns 0 or a kernel error. */
+ * adapter) or carry the layer's adapters. With cfg->qk_norm, q and k are RMS-normalized
+ * per head (D values, weights w->q_norm / w->k_norm, eps cfg->rms_norm_eps, as
+ * transformers' Qwen3Attention) before RoPE. Returns 0, FT_E_INVALID (qk_norm without the
+ * norm weights) or a kernel error. */
 int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
                  const ft_lora *lora, int64_t layer, const ft_block_dims *d,
                  const ft_block_io *io, const float *x, float *out, ft_block_acts *a,
                  ft_block_scratch *s, int train);
 
 /* Backward: given dout (T, C) and the acts of ft_block_fwd on x, overwrites dx (T, C)
- * (dx may alias dout) and accumulates LoRA gradients into lora->grads. */
+ * (dx may alias dout) and accumulates LoRA gradients into lora->grads. The q/k norm
+ * weights are frozen (no gradient). */
 int ft_block_bwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
                  const ft_lora *lora, int64_t layer, const ft_block_dims *d,
                  const ft_block_io *io, const float *x, const float *dout, float *dx,

@@ -61,7 +61,7 @@ static int has_bias(const ft_model_config *c, int p, int o_bias)
 
 static int64_t layer_floats(const ft_model_config *c, int o_bias)
 {
-    int64_t n = 2 * pad16(c->hidden_size);
+    int64_t n = 2 * pad16(c->hidden_size) + (c->qk_norm ? 2 * pad16(c->head_dim) : 0);
     for (int p = 0; p < FT_N_PROJ; p++) {
         int64_t out, in;
         proj_dims(c, p, &out, &in);
@@ -109,6 +109,12 @@ static int carve(ft_model *m, int o_bias)
         b += pad16(C);
         w->ffn_norm = b;
         b += pad16(C);
+        if (c->qk_norm) { /* Qwen3: (head_dim) each */
+            w->q_norm = b;
+            b += pad16(c->head_dim);
+            w->k_norm = b;
+            b += pad16(c->head_dim);
+        }
         for (int p = 0; p < FT_N_PROJ; p++) {
             ft_linear *li = &w->proj[p];
             proj_dims(c, p, &li->out_n, &li->in_n);
@@ -144,7 +150,7 @@ int64_t ft_model_n_params(const ft_model *m)
     int64_t n = c->vocab_size * c->hidden_size * (c->tie_word_embeddings ? 1 : 2) + c->hidden_size;
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
         const ft_layer_weights *w = &m->layers[l];
-        n += 2 * c->hidden_size;
+        n += 2 * c->hidden_size + (c->qk_norm ? 2 * c->head_dim : 0);
         for (int p = 0; p < FT_N_PROJ; p++) {
             /* a pack-only model has no bias arrays: the config says which exist */
             int bias = m->pack_only[0] ? has_bias(c, p, strcmp(c->model_type, "qwen2") != 0)
@@ -344,6 +350,17 @@ static int load_hf(ft_model *m, const char *dir)
             snprintf(name, sizeof name, "model.layers.%lld.post_attention_layernorm.weight",
                      (long long)l);
             if (!rc) rc = hf_tensor(s, dir, name, 1, C, 0, DST(w->ffn_norm));
+            for (int k = 0; !rc && c->qk_norm && k < 2; k++) { /* Qwen3 per-head q/k norms */
+                snprintf(name, sizeof name, "model.layers.%lld.self_attn.%s.weight", (long long)l,
+                         k ? "k_norm" : "q_norm");
+                if (!ft_st_set_find(s, name, NULL))
+                    rc = ft_err(FT_E_INVALID, "%s: tensor \"%s\" not found in the model's "
+                                "safetensors (model_type %s normalizes q and k per head: "
+                                "self_attn.q_norm and k_norm of head_dim = %lld values per layer)",
+                                dir, name, c->model_type, (long long)c->head_dim);
+                else
+                    rc = hf_tensor(s, dir, name, 1, c->head_dim, 0, DST(k ? w->k_norm : w->q_norm));
+            }
             for (int q = 0; !rc && q < FT_N_PROJ; q++) {
                 int64_t out, in;
                 proj_dims(c, q, &out, &in);
@@ -468,9 +485,9 @@ int ft_gguf_model_config(const ft_gguf *g, ft_model_config *c, const char **arch
     if (rc == FT_E_NOTFOUND)
         return ft_err(FT_E_INVALID, "%s: missing required metadata key \"general.architecture\"", path);
     FT_TRY(rc);
-    if (strcmp(arch, "llama") && strcmp(arch, "qwen2"))
+    if (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3"))
         return ft_err(FT_E_UNSUPPORTED, "%s: general.architecture \"%.64s\" is not supported "
-                      "(llama, qwen2)", path, arch);
+                      "(llama, qwen2, qwen3)", path, arch);
     *arch_out = arch;
     memset(c, 0, sizeof *c);
     snprintf(c->model_type, sizeof c->model_type, "%s", arch);
@@ -504,6 +521,7 @@ int ft_gguf_model_config(const ft_gguf *g, ft_model_config *c, const char **arch
                       path, arch, (long long)v, (long long)emb->ne[1]);
     c->tie_word_embeddings = ft_gguf_find_tensor(g, "output.weight") == NULL;
     c->attention_bias = !strcmp(arch, "qwen2") || ft_gguf_find_tensor(g, "blk.0.attn_q.bias");
+    c->qk_norm = !strcmp(arch, "qwen3"); /* blk.N.attn_q_norm / attn_k_norm (head_dim) */
 
     /* rope scaling: {arch}.rope.scaling.* (llama.cpp keys), legacy rope.scale_linear */
     c->rope_type = FT_ROPE_DEFAULT;
@@ -593,7 +611,8 @@ static int load_gguf(ft_model *m, const char *path)
     const char *arch = NULL;
     int rc = ft_gguf_model_config(g, &m->cfg, &arch);
     const ft_model_config *c = &m->cfg;
-    int permute = !rc && !strcmp(arch, "llama"); /* NORM rope in llama.cpp: rows interleaved */
+    int permute = !rc && !strcmp(arch, "llama"); /* NORM rope in llama.cpp: rows interleaved;
+                                                  * qwen2/qwen3 are NEOX: rows as in HF */
     int o_bias = !rc && strcmp(arch, "qwen2") && ft_gguf_find_tensor(g, "blk.0.attn_output.bias");
     float *tmp = NULL;
     const int64_t C = c->hidden_size, V = c->vocab_size, D = c->head_dim;
@@ -620,6 +639,11 @@ static int load_gguf(ft_model *m, const char *path)
             rc = gguf_tensor(g, name, C, 0, 0, DST(w->attn_norm), NULL);
             snprintf(name, sizeof name, "blk.%lld.ffn_norm.weight", (long long)l);
             if (!rc) rc = gguf_tensor(g, name, C, 0, 0, DST(w->ffn_norm), NULL);
+            for (int k = 0; !rc && c->qk_norm && k < 2; k++) { /* qwen3: NEOX rope, no permutation */
+                snprintf(name, sizeof name, "blk.%lld.%s.weight", (long long)l,
+                         k ? "attn_k_norm" : "attn_q_norm");
+                rc = gguf_tensor(g, name, D, 0, 0, DST(k ? w->k_norm : w->q_norm), NULL);
+            }
             for (int p = 0; !rc && p < FT_N_PROJ; p++) {
                 int64_t out, in, hd = permute && (p == FT_Q || p == FT_K) ? D : 0;
                 proj_dims(c, p, &out, &in);

@@ -82,7 +82,7 @@ int ft_model_load_pack_globals(ft_model *m);
 
 /* The model config of a GGUF file from its {arch}.* metadata (llama.cpp keys; formats.md
  * 4.3), without reading any weight: rope scaling from rope.scaling.* or rope_freqs.weight
- * (llama3), special ids from tokenizer.ggml.*. *arch points into g ("llama", "qwen2").
+ * (llama3), special ids from tokenizer.ggml.*. *arch points into g ("llama", "qwen2", "qwen3").
  * Returns 0, FT_E_INVALID (a missing required key, naming it and the file),
  * FT_E_UNSUPPORTED (architecture, rope type, partial rotary). */
 struct ft_gguf;

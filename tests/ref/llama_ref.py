@@ -14,7 +14,11 @@ definitions it cites, without any ftune code:
     gguf.quants.dequantize, llama.cpp's q/k row permutation undone for arch "llama" (2.4),
     config from the {arch}.* metadata, rope_freqs.weight divisors (llama.cpp's Llama-3.1
     scaling: theta_i / rope_freqs[i]) and {arch}.rope.scaling.{type,factor} = linear;
-    arch "qwen2" (q/k/v biases, NEOX rope, no permutation) as well;
+    arch "qwen2" (q/k/v biases, NEOX rope, no permutation) as well, and arch "qwen3" (NEOX
+    rope, no permutation, blk.N.attn_q_norm / attn_k_norm);
+  - Qwen3 (transformers modeling_qwen3.py Qwen3Attention): q and k are RMS-normalized per
+    head (head_dim values, weights self_attn.q_norm / k_norm, eps rms_norm_eps) after the
+    projections and before RoPE; biases follow attention_bias as for llama;
   - an optional PEFT LoRA adapter (3.2-3.4): W' = W + s * B @ A with s = lora_alpha / r,
     or lora_alpha / sqrt(r) with use_rslora.
 
@@ -100,8 +104,12 @@ def config_from_hf(d):
     if d.get("partial_rotary_factor", 1.0) != 1.0:
         raise NotImplementedError("partial_rotary_factor != 1")
     arch = (d.get("architectures") or ["LlamaForCausalLM"])[0]
+    mt = d.get("model_type")
+    if mt not in ("llama", "mistral", "qwen2", "qwen3"):
+        mt = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}.get(arch, "llama")
     return {
-        "arch": "qwen2" if arch == "Qwen2ForCausalLM" else "llama",
+        "arch": mt if mt in ("qwen2", "qwen3") else "llama",
+        "qk_norm": mt == "qwen3",
         "vocab_size": d.get("vocab_size", 32000),
         "hidden_size": C,
         "intermediate_size": d.get("intermediate_size", 11008),
@@ -164,7 +172,7 @@ _GGUF_LAYER = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
 
 
@@ -183,12 +191,12 @@ def _field(r, key, default=None):
 
 
 def load_gguf(path):
-    """(cfg, {HF name: float32 array}) of a llama/qwen2 GGUF file, in HF layout."""
+    """(cfg, {HF name: float32 array}) of a llama/qwen2/qwen3 GGUF file, in HF layout."""
     import gguf
 
     r = gguf.GGUFReader(path)
     arch = _field(r, "general.architecture")
-    if arch not in ("llama", "qwen2"):
+    if arch not in ("llama", "qwen2", "qwen3"):
         raise NotImplementedError(f"GGUF arch {arch}")
     raw = {}
     for t in r.tensors:
@@ -206,6 +214,7 @@ def load_gguf(path):
         raise NotImplementedError(f"GGUF rope scaling {st}")
     cfg = {
         "arch": arch,
+        "qk_norm": arch == "qwen3",
         "vocab_size": raw["token_embd.weight"].shape[0],
         "hidden_size": C,
         "intermediate_size": int(_field(r, f"{arch}.feed_forward_length")),
@@ -323,12 +332,19 @@ def forward(cfg, weights, ids, dtype=np.float64, positions=None):
             y = y + W(name + ".bias")
         return y
 
+    def qk(x, name, nh, l):
+        """(T, nh, D) projection; with qk_norm (Qwen3) each head RMS-normalized."""
+        y = lin(x, f"model.layers.{l}.self_attn.{name}_proj").reshape(T, nh, D)
+        if cfg.get("qk_norm"):
+            y = rmsnorm(y, W(f"model.layers.{l}.self_attn.{name}_norm.weight"), eps)
+        return y
+
     x = W("model.embed_tokens.weight")[ids]
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
         xn = rmsnorm(x, W(p + "input_layernorm.weight"), eps)
-        q = apply_rope(lin(xn, p + "self_attn.q_proj").reshape(T, H, D), cos, sin)
-        k = apply_rope(lin(xn, p + "self_attn.k_proj").reshape(T, Hkv, D), cos, sin)
+        q = apply_rope(qk(xn, "q", H, l), cos, sin)
+        k = apply_rope(qk(xn, "k", Hkv, l), cos, sin)
         v = lin(xn, p + "self_attn.v_proj").reshape(T, Hkv, D)
         att = np.empty((T, H, D), dtype=dtype)
         for h in range(H):

@@ -8,12 +8,18 @@
  * FT_TOL_FD_REL * |num| (harness.h). Each check prints
  * "<op> <input>: max rel err E over N entries" (rel err = |num - ana| / max(|num|, |ana|,
  * FD_REL_FLOOR)).
+ *
+ * One check is of a whole decoder block instead (test_block_qk_norm_bwd: a Qwen3 block, q/k
+ * RMS-normalized per head before RoPE, ft_block_fwd / ft_block_bwd of src/model/llama.c):
+ * the block runs through the fp32 op table, so that check uses fp32 differences with their
+ * own step and tolerance (BLOCK_FD_*).
  */
 #include "tests/unit/harness.h"
 
 #include "kernels/cpu/cpu_f64.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
+#include "src/model/llama.h"
 
 #define FD_H 1e-6           /* central-difference step: truncation ~h^2, rounding ~1e-16/h */
 #define FD_REL_FLOOR 1e-3   /* denominator floor of the printed relative error; the
@@ -387,9 +393,152 @@ static void test_lora_chain(void **state)
     free(dB), free(du), free(dA), free(dx), free(dxl);
 }
 
+static ft_backend *g_be; /* set up in setup() below: the block test runs through its ops */
+
+/* ---- a Qwen3 decoder block: per-head q/k RMSNorm before RoPE (fp32, op table) -------------- */
+/* L = sum(g * block(x)) with LoRA on q_proj and k_proj (B non-zero so dA is exercised);
+ * ft_block_bwd's dx, dB(q) and dA(k) against central differences of ft_block_fwd in fp32.
+ * Every path into those gradients passes the q/k norms' backward. H*D = 16 != C = 12 and
+ * Hkv = 1 < H = 2 (the k norm's gradient sums over the query heads sharing it).
+ * fp32 differences with h = 1e-2: truncation O(h^2) ~ 1e-4 and rounding
+ * O(eps * |L| / h) ~ 1e-5 against gradients O(0.1..1). */
+#define BLOCK_FD_H 1e-2f
+#define BLOCK_FD_ABS 2e-3
+#define BLOCK_FD_REL 2e-2
+
+typedef struct {
+    ft_model_config cfg;
+    ft_layer_weights w;
+    ft_lora lora;
+    ft_block_dims d;
+    ft_block_io io;
+    ft_block_acts a;
+    ft_block_scratch s;
+    float *x, *g, *out;
+} blk_ctx;
+
+static float *f_rand(int64_t n, double lo, double hi)
+{
+    float *a = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    assert_non_null(a);
+    for (int64_t i = 0; i < n; i++) a[i] = (float)t_unif(lo, hi);
+    return a;
+}
+
+static double blk_loss(blk_ctx *c)
+{
+    assert_int_equal(ft_block_fwd(g_be, &c->cfg, &c->w, &c->lora, 0, &c->d, &c->io, c->x,
+                                  c->out, &c->a, &c->s, 1),
+                     0);
+    double l = 0;
+    for (int64_t i = 0; i < c->d.T * c->d.C; i++) l += (double)c->g[i] * (double)c->out[i];
+    return l;
+}
+
+static void blk_fd(const char *name, blk_ctx *c, float *v, const float *ana, int64_t n)
+{
+    double max_rel = 0;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float vi = v[i];
+        v[i] = vi + BLOCK_FD_H;
+        double fp = blk_loss(c);
+        v[i] = vi - BLOCK_FD_H;
+        double fm = blk_loss(c);
+        v[i] = vi;
+        double num = (fp - fm) / (2.0 * (double)BLOCK_FD_H), err = fabs(num - ana[i]);
+        double rel = t_relerr(num, ana[i], 1e-2);
+        if (rel > max_rel) max_rel = rel;
+        if (!(err <= BLOCK_FD_ABS + BLOCK_FD_REL * fabs(num))) {
+            if (bad < 5)
+                print_message("%s: entry %lld: numeric %.6g, analytic %.6g\n", name, (long long)i,
+                              num, (double)ana[i]);
+            bad++;
+        }
+    }
+    print_message("%s: max rel err %.1e over %lld entries\n", name, max_rel, (long long)n);
+    assert_int_equal(bad, 0);
+}
+
+static void test_block_qk_norm_bwd(void **state)
+{
+    (void)state;
+    blk_ctx c;
+    memset(&c, 0, sizeof c);
+    const int64_t T = 5, C = 12, H = 2, Hkv = 1, D = 8, F = 10, r = 2;
+    ft_model_config *k = &c.cfg;
+    snprintf(k->model_type, sizeof k->model_type, "qwen3");
+    k->hidden_size = C, k->intermediate_size = F, k->num_hidden_layers = 1;
+    k->num_attention_heads = H, k->num_key_value_heads = Hkv, k->head_dim = D;
+    k->vocab_size = 32, k->max_position_embeddings = 64, k->rms_norm_eps = 1e-6f;
+    k->rope_theta = 100.0, k->rope_type = FT_ROPE_DEFAULT, k->rope_factor = 1.0;
+    k->rope_attention_factor = 1.0, k->qk_norm = 1;
+    c.d = (ft_block_dims){T, C, H, Hkv, D, F, r};
+    c.w.attn_norm = f_rand(C, 0.5, 1.5);
+    c.w.ffn_norm = f_rand(C, 0.5, 1.5);
+    c.w.q_norm = f_rand(D, 0.5, 1.5);
+    c.w.k_norm = f_rand(D, 0.5, 1.5);
+    const int64_t outs[FT_N_PROJ] = {H * D, Hkv * D, Hkv * D, C, F, F, C};
+    const int64_t ins[FT_N_PROJ] = {C, C, C, H * D, C, C, F};
+    for (int p = 0; p < FT_N_PROJ; p++) {
+        ft_linear *li = &c.w.proj[p];
+        li->out_n = outs[p], li->in_n = ins[p];
+        li->w = f_rand(outs[p] * ins[p], -0.4, 0.4);
+    }
+    ft_lora_linear lin[1][FT_N_PROJ];
+    memset(lin, 0, sizeof lin);
+    for (int p = FT_Q; p <= FT_K; p++) {
+        ft_lora_linear *l = &lin[0][p];
+        l->in_n = ins[p], l->out_n = outs[p];
+        l->A = f_rand(r * ins[p], -0.5, 0.5);
+        l->B = f_rand(outs[p] * r, -0.5, 0.5);
+        l->dA = f_rand(r * ins[p], 0, 0);
+        l->dB = f_rand(outs[p] * r, 0, 0);
+    }
+    c.lora.cfg = (ft_lora_cfg){r, 4.0f, 0.0f, 0, (1u << FT_Q) | (1u << FT_K), 1};
+    c.lora.scale = 2.0f;
+    c.lora.n_layers = 1;
+    c.lora.lin = lin;
+    int32_t pos[5], ss[5];
+    for (int i = 0; i < T; i++) pos[i] = 3 + 2 * i, ss[i] = 0;
+    float inv[4];
+    ft_rope_inv_freq(k, T, inv);
+    c.io = (ft_block_io){pos, ss, inv, 0};
+    float *acts = f_rand(ft_block_acts_floats(&c.d), 0, 0);
+    float *scr = f_rand(ft_block_scratch_floats(&c.d), 0, 0);
+    ft_block_acts_carve(&c.a, acts, &c.d, c.lora.cfg.targets);
+    ft_block_scratch_carve(&c.s, scr, &c.d);
+    c.x = f_rand(T * C, -1, 1);
+    c.g = f_rand(T * C, -1, 1);
+    c.out = f_rand(T * C, 0, 0);
+    float *dx = f_rand(T * C, 0, 0);
+
+    blk_loss(&c);
+    assert_int_equal(ft_block_bwd(g_be, &c.cfg, &c.w, &c.lora, 0, &c.d, &c.io, c.x, c.g, dx,
+                                  &c.a, &c.s),
+                     0);
+    blk_fd("qwen3 block dx", &c, c.x, dx, T * C);
+    blk_fd("qwen3 block q_proj dB", &c, lin[0][FT_Q].B, lin[0][FT_Q].dB, H * D * r);
+    blk_fd("qwen3 block k_proj dA", &c, lin[0][FT_K].A, lin[0][FT_K].dA, r * C);
+
+    /* the block really normalizes: scaling q_proj (and its adapter) by 3 leaves the output
+     * unchanged up to the norm's eps, which it would not without the per-head norm */
+    double l0 = blk_loss(&c);
+    for (int64_t i = 0; i < H * D * C; i++) c.w.proj[FT_Q].w[i] *= 3.0f;
+    for (int64_t i = 0; i < H * D * r; i++) lin[0][FT_Q].B[i] *= 3.0f;
+    double l1 = blk_loss(&c);
+    print_message("qwen3 block: loss %.7g, with q_proj x3 %.7g\n", l0, l1);
+    assert_true(fabs(l1 - l0) <= 1e-4 * fabs(l0) + 1e-5);
+
+    free(c.w.attn_norm), free(c.w.ffn_norm), free(c.w.q_norm), free(c.w.k_norm);
+    for (int p = 0; p < FT_N_PROJ; p++) free(c.w.proj[p].w);
+    for (int p = FT_Q; p <= FT_K; p++)
+        free(lin[0][p].A), free(lin[0][p].B), free(lin[0][p].dA), free(lin[0][p].dB);
+    free(acts), free(scr), free(c.x), free(c.g), free(c.out), free(dx);
+}
+
 /* The CPU backend's init sets the threading the ops are built for (OpenMP team, OpenBLAS
  * single-threaded); the fp64 instance runs under the same settings. */
-static ft_backend *g_be;
 static int setup(void **state)
 {
     (void)state;
@@ -408,7 +557,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm_bwd),   cmocka_unit_test(test_rope_bwd),
         cmocka_unit_test(test_attention_bwd), cmocka_unit_test(test_swiglu_bwd),
         cmocka_unit_test(test_lm_head_ce_dx), cmocka_unit_test(test_dropout_bwd),
-        cmocka_unit_test(test_lora_chain),
+        cmocka_unit_test(test_lora_chain),    cmocka_unit_test(test_block_qk_norm_bwd),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
