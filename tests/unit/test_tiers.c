@@ -285,47 +285,14 @@ static void test_tiers_bit_identical(void **state)
     ft_backend_free(be);
 }
 
-/* A Qwen3 model (per-head q/k RMSNorm, whose weights travel in each layer's block as the
- * Q_NORM / K_NORM records; H*D != hidden): every tier gives the bits of the all-on-device
- * run, and the device mode matches the host-memory CPU up to bf16 operands. The model is
- * tests/ref/make_tiny_model.py --qwen3, written into a temporary folder. */
+/* Qwen3 through every tier (tiers_cases.h tiers_qwen3). */
 static void test_tiers_qwen3(void **state)
 {
     (void)state;
-    char *dir = t_tmpdir(), cmd[1200];
-    assert_non_null(dir);
-    snprintf(cmd, sizeof cmd, "python3 tests/ref/make_tiny_model.py '%s/q3' --qwen3 2>/dev/null", dir);
-    assert_int_equal(system(cmd), 0);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/q3", dir);
-    ft_backend *be, *cpu;
+    ft_backend *be;
     assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
-    assert_int_equal(ft_backend_cpu_init(&cpu, THREADS), 0);
-    ft_model *m;
-    assert_int_equal(ft_model_load(&m, path), 0);
-    assert_true(m->cfg.qk_norm && m->layers[0].q_norm);
-    assert_true(m->cfg.num_attention_heads * m->cfg.head_dim != m->cfg.hidden_size);
-    stream_pack sp;
-    stream_pack_open(&sp, path);
-    ft_batch b[N_MB];
-    stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
-    tier_sets ts;
-    tiers_fill(&ts, m->cfg.num_hidden_layers);
-    result r[4], rcpu;
-    tiers_compare(be, m, sp.pack, b, &ts, r); /* asserts the tiers' bits equal */
-    run(cpu, m, sp.pack, NULL, b, &rcpu);
-    printf("qwen3: device mode loss %.9g, host-memory CPU %.9g\n", r[0].loss, rcpu.loss);
-    assert_true(t_relerr(r[0].loss, rcpu.loss, 1e-3) < 2e-2);
-    for (int k = 0; k < 4; k++) free(r[k].g);
-    free(rcpu.g);
-    stream_free_batches(b, N_MB);
-    stream_pack_close(&sp);
-    ft_model_free(m);
-    ft_backend_free(cpu);
+    tiers_qwen3(be, 1e-3);
     ft_backend_free(be);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
 }
 
 /* FTUNE_NF4_GEMM=auto: the placer (offload/place.h) probes one layer with the NF4 projections

@@ -268,4 +268,47 @@ static void tiers_host_ckpt_deep(ft_backend *be)
     ft_model_free(tiny);
 }
 
+/* A Qwen3 model (per-head q/k RMSNorm, whose weights travel in each layer's block as the
+ * Q_NORM / K_NORM records; H*D != hidden): every tier gives the bits of the all-on-device
+ * run, and it matches the host-memory CPU (fp32 weights) within tol (relative to the loss):
+ * bf16 operands on a device backend. The model is
+ * tests/ref/make_tiny_model.py --qwen3, written into a temporary folder. */
+static void tiers_qwen3(ft_backend *be, double tol)
+{
+    char *dir = t_tmpdir(), cmd[1200];
+    assert_non_null(dir);
+    snprintf(cmd, sizeof cmd, "python3 tests/ref/make_tiny_model.py '%s/q3' --qwen3 2>/dev/null", dir);
+    assert_int_equal(system(cmd), 0);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/q3", dir);
+    ft_backend *cpu;
+    assert_int_equal(ft_backend_cpu_init(&cpu, 2), 0);
+    ft_model *m;
+    assert_int_equal(ft_model_load(&m, path), 0);
+    assert_true(m->cfg.qk_norm && m->layers[0].q_norm);
+    assert_true(m->cfg.num_attention_heads * m->cfg.head_dim != m->cfg.hidden_size);
+    stream_pack sp;
+    stream_pack_open(&sp, path);
+    ft_batch b[N_MB];
+    stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
+    tier_sets ts;
+    tiers_fill(&ts, m->cfg.num_hidden_layers);
+    result r[4], rcpu;
+    tiers_compare(be, m, sp.pack, b, &ts, r); /* asserts the tiers' bits equal */
+    run(cpu, m, sp.pack, NULL, b, &rcpu);
+    double e = t_relerr(r[0].loss, rcpu.loss, 1e-3);
+    printf("qwen3 (%s): loss %.9g, host-memory CPU (fp32 weights) %.9g, relative %.3g\n",
+           be->ops->name, r[0].loss, rcpu.loss, e);
+    assert_true(e < tol);
+    for (int k = 0; k < 4; k++) free(r[k].g);
+    free(rcpu.g);
+    stream_free_batches(b, N_MB);
+    stream_pack_close(&sp);
+    ft_model_free(m);
+    ft_backend_free(cpu);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
 #endif
