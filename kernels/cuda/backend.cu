@@ -462,6 +462,45 @@ __global__ void k_rmsnorm_bwd(float *dx, const float *dy, const float *x, const 
     for (int64_t i = threadIdx.x; i < C; i += RED_THREADS) dxr[i] += r * (dyr[i] * w[i] - xr[i] * c);
 }
 
+/* Rows of at most WARP_ROW_MAX_C values (the per-head q/k norms of Qwen3: head_dim 64..256
+ * values per row, T*H rows): one warp per row, ROW_WARPS rows per block, the sums in double
+ * over lanes and shuffles, so no block-wide barrier per row and no idle threads. A warp's
+ * lanes share the row, so the early return keeps every shuffle's warp whole. */
+#define WARP_ROW_MAX_C 1024
+#define ROW_WARPS 8
+
+__global__ void k_rmsnorm_fwd_warp(float *y, float *rstd, const float *x, const float *w,
+                                   int64_t T, int64_t C, float eps)
+{
+    int64_t row = (int64_t)blockIdx.x * ROW_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= T) return;
+    const float *xr = x + row * C;
+    float *yr = y + row * C;
+    double ss = 0;
+    for (int64_t i = lane; i < C; i += 32) ss += (double)xr[i] * (double)xr[i];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float r = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
+    if (lane == 0) rstd[row] = r;
+    for (int64_t i = lane; i < C; i += 32) yr[i] = w[i] * (xr[i] * r);
+}
+
+__global__ void k_rmsnorm_bwd_warp(float *dx, const float *dy, const float *x, const float *w,
+                                   const float *rstd, int64_t T, int64_t C)
+{
+    int64_t row = (int64_t)blockIdx.x * ROW_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= T) return;
+    const float *xr = x + row * C, *dyr = dy + row * C;
+    float *dxr = dx + row * C;
+    float r = rstd[row];
+    double s = 0;
+    for (int64_t i = lane; i < C; i += 32) s += (double)dyr[i] * (double)w[i] * (double)xr[i];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float c = (float)(s * (double)r * (double)r / (double)C);
+    for (int64_t i = lane; i < C; i += 32) dxr[i] += r * (dyr[i] * w[i] - xr[i] * c);
+}
+
 static int cu_rmsnorm_fwd(ft_backend *be, float *y, float *rstd, const float *x, const float *w,
                           int64_t T, int64_t C, float eps)
 {
@@ -471,7 +510,11 @@ static int cu_rmsnorm_fwd(ft_backend *be, float *y, float *rstd, const float *x,
     if (!T) return 0;
     if (!C) return cu_zero(be, rstd, (size_t)T * sizeof(float));
     if (T > INT32_MAX) return ft_err(FT_E_INVALID, "cuda rmsnorm_fwd: T = %lld too large", (long long)T);
-    k_rmsnorm_fwd<<<(unsigned)T, RED_THREADS, 0, FT_CUDA_CTX(be)->stream>>>(y, rstd, x, w, C, eps);
+    if (C <= WARP_ROW_MAX_C)
+        k_rmsnorm_fwd_warp<<<(unsigned)((T + ROW_WARPS - 1) / ROW_WARPS), 32 * ROW_WARPS, 0,
+                             FT_CUDA_CTX(be)->stream>>>(y, rstd, x, w, T, C, eps);
+    else
+        k_rmsnorm_fwd<<<(unsigned)T, RED_THREADS, 0, FT_CUDA_CTX(be)->stream>>>(y, rstd, x, w, C, eps);
     FT_CUDA_LAUNCH("rmsnorm_fwd");
     return 0;
 }
@@ -483,7 +526,11 @@ static int cu_rmsnorm_bwd(ft_backend *be, float *dx, const float *dy, const floa
     CHECK_N("rmsnorm_bwd", C);
     if (!T || !C) return 0;
     if (T > INT32_MAX) return ft_err(FT_E_INVALID, "cuda rmsnorm_bwd: T = %lld too large", (long long)T);
-    k_rmsnorm_bwd<<<(unsigned)T, RED_THREADS, 0, FT_CUDA_CTX(be)->stream>>>(dx, dy, x, w, rstd, C);
+    if (C <= WARP_ROW_MAX_C)
+        k_rmsnorm_bwd_warp<<<(unsigned)((T + ROW_WARPS - 1) / ROW_WARPS), 32 * ROW_WARPS, 0,
+                             FT_CUDA_CTX(be)->stream>>>(dx, dy, x, w, rstd, T, C);
+    else
+        k_rmsnorm_bwd<<<(unsigned)T, RED_THREADS, 0, FT_CUDA_CTX(be)->stream>>>(dx, dy, x, w, rstd, C);
     FT_CUDA_LAUNCH("rmsnorm_bwd");
     return 0;
 }
