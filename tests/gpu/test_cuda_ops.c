@@ -469,12 +469,23 @@ static void step_on(ft_backend *be, const ft_model *m, const ft_batch *b, int64_
     ft_lora_free(&lora);
 }
 
-static void train_step_cmp(void **state, int nf4)
+/* nf4: 0 bf16 base, 1 NF4 pack, 2 NF4 + frozen correction; qwen3: the tiny Qwen3 of
+ * tests/ref/make_tiny_model.py --qwen3 (per-head q/k norms, H*D != hidden) instead of
+ * tiny-llama. */
+static void train_step_cmp(void **state, int nf4, int qwen3)
 {
     fix *f = *state;
     NEED_GPU(f);
+    char model[1100] = TINY, *mdir = NULL;
+    if (qwen3) {
+        char cmd[1200];
+        mdir = t_tmpdir();
+        snprintf(model, sizeof model, "%s/q3", mdir);
+        snprintf(cmd, sizeof cmd, "python3 tests/ref/make_tiny_model.py '%s' --qwen3 2>/dev/null", model);
+        assert_int_equal(system(cmd), 0);
+    }
     ft_model *m;
-    assert_int_equal(ft_model_load(&m, TINY), 0);
+    assert_int_equal(ft_model_load(&m, model), 0);
     const int64_t rows = 2, S = 64, n_mb = 2;
     ft_batch b[2];
     for (int64_t i = 0; i < n_mb; i++) {
@@ -503,16 +514,17 @@ static void train_step_cmp(void **state, int nf4)
         ft_pack_settings ps;
         ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
         ft_pack_ensure_info *pi = calloc(1, sizeof *pi);
-        assert_int_equal(ft_pack_ensure(TINY, dir, &ps, 0, pi), 0);
+        assert_int_equal(ft_pack_ensure(model, dir, &ps, 0, pi), 0);
         assert_int_equal(ft_pack_open(&pack, pi->path, 1), 0);
         free(pi);
     }
     step_on(f->cpu, m, b, n_mb, &lc, gc, &np, pack, nf4 == 2);
     step_on(f->gpu, m, b, n_mb, &lg, gg, &np, pack, nf4 == 2);
     double e = relerr(gg, gc, np);
-    printf("  train step %s(tiny-llama, 2 micro-batches of 2x64, packed rows): loss %.6f vs %.6f (rel %.2g), "
+    printf("  train step %s(%s, 2 micro-batches of 2x64, packed rows): loss %.6f vs %.6f (rel %.2g), "
            "LoRA grads rel err %.3g over %lld params\n",
-           nf4 == 2 ? "QLoRA NF4 base + frozen correction " : nf4 ? "QLoRA NF4 base " : "", lg, lc,
+           nf4 == 2 ? "QLoRA NF4 base + frozen correction " : nf4 ? "QLoRA NF4 base " : "",
+           qwen3 ? "tiny Qwen3" : "tiny-llama", lg, lc,
            fabs(lg - lc) / lc, e, (long long)np);
     ft_pack_close(pack);
     free(dir);
@@ -524,11 +536,19 @@ static void train_step_cmp(void **state, int nf4)
     free(gc);
     free(gg);
     ft_model_free(m);
+    if (mdir) {
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", mdir);
+        assert_int_equal(system(cmd), 0);
+        free(mdir);
+    }
 }
 
-static void test_train_step(void **state) { train_step_cmp(state, 0); }
-static void test_train_step_nf4(void **state) { train_step_cmp(state, 1); }
-static void test_train_step_nf4_corr(void **state) { train_step_cmp(state, 2); }
+static void test_train_step(void **state) { train_step_cmp(state, 0, 0); }
+static void test_train_step_nf4(void **state) { train_step_cmp(state, 1, 0); }
+static void test_train_step_nf4_corr(void **state) { train_step_cmp(state, 2, 0); }
+static void test_train_step_qwen3(void **state) { train_step_cmp(state, 0, 1); }
+static void test_train_step_qwen3_nf4(void **state) { train_step_cmp(state, 1, 1); }
 
 int main(void)
 {
@@ -543,6 +563,8 @@ int main(void)
         cmocka_unit_test(test_train_step),
         cmocka_unit_test(test_train_step_nf4),
         cmocka_unit_test(test_train_step_nf4_corr),
+        cmocka_unit_test(test_train_step_qwen3),
+        cmocka_unit_test(test_train_step_qwen3_nf4),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
