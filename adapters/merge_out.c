@@ -318,6 +318,15 @@ static int copy_file(const char *from_dir, const char *to_dir, const char *name)
     return rc;
 }
 
+/* A model folder's tokenizer files (copied from an HF source; from a GGUF source only the
+ * last two are written, rebuilt from its metadata). */
+static const char *const k_tok_files[] = {
+    "special_tokens_map.json", "tokenizer.model", "added_tokens.json", "vocab.json",
+    "merges.txt", "chat_template.jinja", "chat_template.json",
+    "tokenizer.json", "tokenizer_config.json",
+};
+#define N_TOK_FILES (sizeof k_tok_files / sizeof k_tok_files[0])
+
 static const char *torch_dtype(int t)
 {
     return t == FT_GGML_F16 ? "float16" : t == FT_GGML_F32 ? "float32" : "bfloat16";
@@ -398,13 +407,8 @@ static int write_side_files(const char *dir, const mg_src *s, const ft_merge_opt
         int rc = write_json(dir, "config.json", c);
         cJSON_Delete(c);
         FT_TRY(rc);
-        static const char *const files[] = {
-            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-            "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json",
-            "chat_template.jinja", "chat_template.json",
-        };
-        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
-            FT_TRY(copy_file(s->path, dir, files[i]));
+        for (size_t i = 0; i < N_TOK_FILES; i++) FT_TRY(copy_file(s->path, dir, k_tok_files[i]));
+        FT_TRY(copy_file(s->path, dir, "generation_config.json"));
         return 0;
     }
     cJSON *c = config_from_gguf(s, o->dtype);
@@ -418,20 +422,14 @@ static int write_side_files(const char *dir, const mg_src *s, const ft_merge_opt
     rc = write_json(dir, "generation_config.json", g);
     cJSON_Delete(g);
     FT_TRY(rc);
-    /* Of the tokenizer files, a GGUF source gives tokenizer.json and tokenizer_config.json
-     * at most: the others, left by an earlier merge into DIR, would override them. */
-    static const char *const tok_files[] = {
-        "special_tokens_map.json", "tokenizer.model", "added_tokens.json", "vocab.json",
-        "merges.txt", "chat_template.jinja", "chat_template.json",
-        "tokenizer.json", "tokenizer_config.json", /* last: removed only on a refusal */
-    };
-    size_t n_tok = sizeof tok_files / sizeof tok_files[0];
-    for (size_t i = 0; i + 2 < n_tok; i++) FT_TRY(unlink_stale(dir, tok_files[i]));
+    /* A GGUF source gives tokenizer.json and tokenizer_config.json at most: the other
+     * tokenizer files, left by an earlier merge into DIR, would override them. */
+    for (size_t i = 0; i + 2 < N_TOK_FILES; i++) FT_TRY(unlink_stale(dir, k_tok_files[i]));
     char why[320]; /* + the note's text fits rep->note */
     rc = ft_hf_tok_from_gguf(dir, s->g, s->cfg.max_position_embeddings, why, sizeof why);
     FT_TRY(rc);
     if (rc == 1) {
-        for (size_t i = n_tok - 2; i < n_tok; i++) FT_TRY(unlink_stale(dir, tok_files[i]));
+        for (size_t i = N_TOK_FILES - 2; i < N_TOK_FILES; i++) FT_TRY(unlink_stale(dir, k_tok_files[i]));
         snprintf(rep->note, sizeof rep->note, "the source is a GGUF file: config.json and "
                  "generation_config.json were written from its metadata, but no tokenizer files "
                  "(%s); copy them from the original model", why);

@@ -64,23 +64,19 @@ static int hf_bnb(hf_src *h, const char *name, int64_t rows, int64_t cols)
     return 0;
 }
 
-static void role_shape(const ft_model_config *c, int role, int64_t *rows, int64_t *cols)
+/* rows x cols of tensor `role` in block l (-1: global), as the pack's slot table has it
+ * (ft_pack_block_slots: the one place that knows each role's shape). */
+static int role_shape(const ft_model_config *c, int64_t l, int role, int64_t *rows, int64_t *cols)
 {
-    if (role >= FT_PACK_ROLE_W0 && role < FT_PACK_ROLE_W0 + FT_N_PROJ) {
-        ft_pack_proj_dims(c, role - FT_PACK_ROLE_W0, rows, cols);
-    } else if (role >= FT_PACK_ROLE_B0 && role < FT_PACK_ROLE_B0 + FT_N_PROJ) {
-        ft_pack_proj_dims(c, role - FT_PACK_ROLE_B0, rows, cols);
-        *cols = 1;
-    } else if (role == FT_PACK_ROLE_EMBED || role == FT_PACK_ROLE_LM_HEAD) {
-        *rows = c->vocab_size;
-        *cols = c->hidden_size;
-    } else if (role == FT_PACK_ROLE_Q_NORM || role == FT_PACK_ROLE_K_NORM) {
-        *rows = c->head_dim;
-        *cols = 1;
-    } else {
-        *rows = c->hidden_size;
-        *cols = 1;
-    }
+    ft_pack_slot sl[FT_PACK_MAX_SLOTS];
+    int n = ft_pack_block_slots(c, l, sl);
+    for (int i = 0; i < n; i++)
+        if (sl[i].role == role) {
+            *rows = sl[i].rows;
+            *cols = sl[i].cols;
+            return 0;
+        }
+    return ft_err(FT_E_INVALID, "layer %lld: the pack has no tensor of role %d", (long long)l, role);
 }
 
 /* Drops the mapped pages of a tensor once packed, so the resident set stays near one layer
@@ -100,7 +96,7 @@ static int hf_read_f32(void *user, int64_t l, int role, int64_t row0, int64_t n_
     char name[256];
     FT_TRY(hf_name(h->cfg, l, role, name, sizeof name));
     int64_t rows, cc;
-    role_shape(h->cfg, role, &rows, &cc);
+    FT_TRY(role_shape(h->cfg, l, role, &rows, &cc));
     if (ft_bnb4_detect(h->set, name)) {
         FT_TRY(hf_bnb(h, name, rows, cols));
         return ft_nf4_dequant_range(&h->bnb.v, row0 * cols, n_rows * cols, dst);
@@ -143,7 +139,7 @@ static int hf_read_nf4(void *user, int64_t l, int role, ft_nf4_view *v)
     FT_TRY(hf_name(h->cfg, l, role, name, sizeof name));
     if (!ft_bnb4_detect(h->set, name)) return 0;
     int64_t rows, cols;
-    role_shape(h->cfg, role, &rows, &cols);
+    FT_TRY(role_shape(h->cfg, l, role, &rows, &cols));
     FT_TRY(hf_bnb(h, name, rows, cols));
     *v = h->bnb.v;
     return 1;
