@@ -469,21 +469,15 @@ static void step_on(ft_backend *be, const ft_model *m, const ft_batch *b, int64_
     ft_lora_free(&lora);
 }
 
-/* nf4: 0 bf16 base, 1 NF4 pack, 2 NF4 + frozen correction; qwen3: the tiny Qwen3 of
- * tests/ref/make_tiny_model.py --qwen3 (per-head q/k norms, H*D != hidden) instead of
- * tiny-llama. */
+/* nf4: 0 bf16 base, 1 NF4 pack, 2 NF4 + frozen correction; qwen3: the tiny Qwen3
+ * (t_tiny_model("--qwen3"): per-head q/k norms, H*D != hidden) instead of tiny-llama. */
 static void train_step_cmp(void **state, int nf4, int qwen3)
 {
     fix *f = *state;
     NEED_GPU(f);
-    char model[1100] = TINY, *mdir = NULL;
-    if (qwen3) {
-        char cmd[1200];
-        mdir = t_tmpdir();
-        snprintf(model, sizeof model, "%s/q3", mdir);
-        snprintf(cmd, sizeof cmd, "python3 tests/ref/make_tiny_model.py '%s' --qwen3 2>/dev/null", model);
-        assert_int_equal(system(cmd), 0);
-    }
+    char *mdir = qwen3 ? t_tiny_model("--qwen3") : NULL;
+    const char *model = qwen3 ? mdir : TINY;
+    if (qwen3) assert_non_null(mdir);
     ft_model *m;
     assert_int_equal(ft_model_load(&m, model), 0);
     const int64_t rows = 2, S = 64, n_mb = 2;
@@ -536,12 +530,7 @@ static void train_step_cmp(void **state, int nf4, int qwen3)
     free(gc);
     free(gg);
     ft_model_free(m);
-    if (mdir) {
-        char cmd[1200];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", mdir);
-        assert_int_equal(system(cmd), 0);
-        free(mdir);
-    }
+    if (mdir) assert_int_equal(t_rmtree(mdir), 0);
 }
 
 static void test_train_step(void **state) { train_step_cmp(state, 0, 0); }

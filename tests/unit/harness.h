@@ -45,6 +45,27 @@ static inline char *t_tmpdir(void)
     return strdup(dir);
 }
 
+/* A tiny random model written by tests/ref/make_tiny_model.py with `flags` (e.g. "--qwen3")
+ * into a fresh temp directory, which is the model folder (run from the repository root);
+ * NULL if the script failed. Remove it with t_rmtree. */
+static inline char *t_tiny_model(const char *flags)
+{
+    char *dir = t_tmpdir(), cmd[512];
+    if (!dir) return NULL;
+    snprintf(cmd, sizeof cmd, "python3 tests/ref/make_tiny_model.py '%s' %s 2>/dev/null", dir, flags);
+    if (system(cmd) != 0) { free(dir); return NULL; }
+    return dir;
+}
+
+/* rm -rf dir, then free(dir); 0 on success. */
+static inline int t_rmtree(char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    free(dir);
+    return system(cmd);
+}
+
 /* Max relative error helper: |a-b| / max(|a|,|b|,floor). */
 static inline double t_relerr(double a, double b, double floor_)
 {

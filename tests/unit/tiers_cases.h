@@ -271,16 +271,11 @@ static void tiers_host_ckpt_deep(ft_backend *be)
 /* A Qwen3 model (per-head q/k RMSNorm, whose weights travel in each layer's block as the
  * Q_NORM / K_NORM records; H*D != hidden): every tier gives the bits of the all-on-device
  * run, and it matches the host-memory CPU (fp32 weights) within tol (relative to the loss):
- * bf16 operands on a device backend. The model is
- * tests/ref/make_tiny_model.py --qwen3, written into a temporary folder. */
+ * bf16 operands on a device backend. The model is t_tiny_model("--qwen3"). */
 static void tiers_qwen3(ft_backend *be, double tol)
 {
-    char *dir = t_tmpdir(), cmd[1200];
-    assert_non_null(dir);
-    snprintf(cmd, sizeof cmd, "python3 tests/ref/make_tiny_model.py '%s/q3' --qwen3 2>/dev/null", dir);
-    assert_int_equal(system(cmd), 0);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/q3", dir);
+    char *path = t_tiny_model("--qwen3");
+    assert_non_null(path);
     ft_backend *cpu;
     assert_int_equal(ft_backend_cpu_init(&cpu, 2), 0);
     ft_model *m;
@@ -306,9 +301,7 @@ static void tiers_qwen3(ft_backend *be, double tol)
     stream_pack_close(&sp);
     ft_model_free(m);
     ft_backend_free(cpu);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(path), 0);
 }
 
 #endif
