@@ -65,7 +65,7 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
 
 typedef struct gen_opts {
     const char *model, *adapter, *prompt, *system, *prompts, *out;
-    int raw, json, tmpl;
+    int raw, json, tmpl, no_think;
     int64_t max_new, top_k, seed, threads;
     const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
     float temperature, top_p;
@@ -256,6 +256,21 @@ static void warn_context(const gen_env *e, int64_t n_prompt, int64_t max_new, co
                 (long long)maxpos);
 }
 
+/* FT_GEN_* flags of the options. */
+static int gen_flags(const gen_opts *o)
+{
+    return (o->raw ? FT_GEN_RAW : 0) | (o->no_think ? FT_GEN_NO_THINK : 0);
+}
+
+/* --no-think with a template that has no enable_thinking switch: said once, as transformers
+ * passes enable_thinking to any template and those ignore it. */
+static void warn_no_think(const gen_opts *o, int tmpl)
+{
+    if (o->no_think && tmpl != FT_CHAT_QWEN3)
+        fprintf(stderr, "ftune: warning: --no-think has no effect with chat template %s (only qwen3 "
+                "has an enable_thinking switch)\n", ft_chat_template_name(tmpl));
+}
+
 /* One prompt (--prompt): streamed, or one JSON object with --json. */
 static int run_one(const gen_opts *o)
 {
@@ -266,7 +281,8 @@ static int run_one(const gen_opts *o)
     int tmpl = 0;
     memset(&r, 0, sizeof r);
     int rc = env_open(&e, o);
-    if (!rc) rc = ft_gen_prompt_ids(e.tok, o->tmpl, o->system, o->prompt, o->raw, &ids, &n, &tmpl);
+    if (!rc) rc = ft_gen_prompt_ids(e.tok, o->tmpl, o->system, o->prompt, gen_flags(o), &ids, &n, &tmpl);
+    if (!rc) warn_no_think(o, tmpl);
     if (!rc && n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
     if (!rc) warn_context(&e, n, o->max_new, "");
     if (!rc) rc = env_plan(&e, o, n, tmpl);
@@ -420,7 +436,7 @@ static int run_batch(const gen_opts *o)
     const int64_t maxpos = e.m ? e.m->cfg.max_position_embeddings : 0;
     for (int64_t i = 0; !rc && i < b.n; i++) {
         batch_rec *x = &b.r[i];
-        rc = ft_gen_req_ids(e.tok, o->tmpl, &x->q, o->raw, &x->ids, &x->n, &tmpl);
+        rc = ft_gen_req_ids(e.tok, o->tmpl, &x->q, gen_flags(o), &x->ids, &x->n, &tmpl);
         if (!rc && x->n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
         if (rc) {
             ft_err_prefix(rc, "%s", x->where);
@@ -438,6 +454,7 @@ static int run_batch(const gen_opts *o)
                  (long long)b.n);
         warn_context(&e, over_len, o->max_new, what);
     }
+    if (!rc) warn_no_think(o, tmpl);
     if (!rc) rc = env_plan(&e, o, max_prompt, tmpl);
     if (!rc)
         fprintf(stderr, "ftune: %lld prompts from %s (template %s, KV cache of %lld tokens)\n",
@@ -495,6 +512,8 @@ int ft_cmd_generate(int argc, char **argv)
         {"system", FT_OPT_STR, &o.system, "a system message before it (with --prompts: for records without one)", 0, "S"},
         {"raw", FT_OPT_FLAG, &o.raw, "no chat template: encode --prompt (or a --prompts record: a string or {prompt}) as is (with BOS)"},
         {"chat-template", FT_OPT_FN, &o.tmpl, "llama3|llama3.1|chatml|qwen3|llama2|mistral|zephyr|alpaca (default: from the tokenizer)", opt_template, "NAME"},
+        {"no-think", FT_OPT_FLAG, &o.no_think, "qwen3: answer without thinking (the template's enable_thinking=False: "
+         "the prompt ends with an empty <think></think> block)"},
         {"max-new-tokens", FT_OPT_INT, &o.max_new, "most tokens to generate (default 256)"},
         {"temperature", FT_OPT_FLOAT, &o.temperature, "0: greedy (default); > 0: sample"},
         {"top-k", FT_OPT_INT, &o.top_k, "sample among the k most likely tokens (0: off)"},
@@ -517,6 +536,10 @@ int ft_cmd_generate(int argc, char **argv)
     }
     if (o.prompts && o.json) {
         fprintf(stderr, "ftune: generate: --json is for --prompt; --prompts always writes JSON lines\n");
+        return 2;
+    }
+    if (o.no_think && o.raw) {
+        fprintf(stderr, "ftune: generate: --no-think changes the chat template's prompt; --raw has none\n");
         return 2;
     }
     if (o.out && !o.prompts) {

@@ -688,8 +688,10 @@ int ft_chat_render_prompt(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int
     switch (tmpl) {
     case FT_CHAT_LLAMA3:
     case FT_CHAT_LLAMA31: return put_str(out, "<|start_header_id|>assistant<|end_header_id|>\n\n", 0);
-    case FT_CHAT_CHATML:
-    case FT_CHAT_QWEN3: return put_str(out, "<|im_start|>assistant\n", 0);
+    case FT_CHAT_CHATML: return put_str(out, "<|im_start|>assistant\n", 0);
+    case FT_CHAT_QWEN3:
+        return put_str(out, ctx && ctx->no_think ? "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                                          : "<|im_start|>assistant\n", 0);
     case FT_CHAT_ZEPHYR: return put_str(out, "<|assistant|>\n", 0);
     default: return 0; /* llama2/mistral: "... [/INST]"; alpaca: "### Response:" */
     }

@@ -51,6 +51,9 @@ typedef struct ft_chat_ctx {
     const char *eos;         /* EOS token string ("" if none) */
     const char *tmpl_src;    /* the tokenizer's chat_template (NULL if none): selects the
                               * SmolLM/Qwen default system turn and the Mistral variant */
+    int no_think;            /* 1: the generation prompt as with enable_thinking=False (qwen3:
+                              * an empty <think></think> block the model continues after);
+                              * 0: enable_thinking undefined. Only qwen3 reads it */
 } ft_chat_ctx;
 
 /* Appends n bytes of s as one segment (merged with the previous one if the flag is the
@@ -70,7 +73,8 @@ int ft_chat_render(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int64_t n,
  * (transformers add_generation_prompt=True, formats.md 7.2): the assistant header
  * "<|start_header_id|>assistant<|end_header_id|>\n\n" (llama3, llama3.1), "<|im_start|>assistant\n"
  * (chatml; qwen3 too, as with enable_thinking left undefined: the model opens its own
- * <think>), "<|assistant|>\n" (zephyr); nothing for llama2/mistral (the user turn ends with " [/INST]") and alpaca (it
+ * <think>; with ctx->no_think, "<|im_start|>assistant\n<think>\n\n</think>\n\n", the
+ * template's enable_thinking=False branch), "<|assistant|>\n" (zephyr); nothing for llama2/mistral (the user turn ends with " [/INST]") and alpaca (it
  * ends with "### Response:"). All of it is one untrained segment.
  * Returns 0, -ENOMEM, FT_E_INVALID (as ft_chat_render, or n == 0, or the last message is
  * an assistant turn). */

@@ -346,12 +346,13 @@ int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int6
 
 /* ---- prompt ------------------------------------------------------------------------------ */
 
-/* Renders messages m[0..k) with tmpl (resolved) and its generation prompt, and encodes
+/* Renders messages m[0..k) with tmpl (resolved) and its generation prompt (flags: FT_GEN_*), and encodes
  * them as training does. */
 static int msgs_ids(const ft_tokenizer *tok, int tmpl, const ft_chat_msg *m, int64_t k,
-                    int32_t **ids, int64_t *n)
+                    int flags, int32_t **ids, int64_t *n)
 {
-    ft_chat_ctx ctx = {ft_tok_bos_str(tok), ft_tok_eos_str(tok), ft_tok_chat_template(tok)};
+    ft_chat_ctx ctx = {ft_tok_bos_str(tok), ft_tok_eos_str(tok), ft_tok_chat_template(tok),
+                       !!(flags & FT_GEN_NO_THINK)};
     ft_chat_text t = {0};
     int rc = ft_chat_render_prompt(&t, tmpl, m, k, &ctx);
     /* chat templates write BOS themselves; the Alpaca prompt relies on the tokenizer's
@@ -362,20 +363,20 @@ static int msgs_ids(const ft_tokenizer *tok, int tmpl, const ft_chat_msg *m, int
 }
 
 int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, const char *prompt,
-                      int raw, int32_t **ids, int64_t *n, int *tmpl_out)
+                      int flags, int32_t **ids, int64_t *n, int *tmpl_out)
 {
     *ids = NULL;
     *n = 0;
     if (!tok || !prompt) return ft_err(FT_E_INVALID, "generate: no tokenizer or prompt");
     if (tmpl == FT_CHAT_AUTO) tmpl = ft_chat_template_detect(tok);
     if (tmpl_out) *tmpl_out = tmpl;
-    if (raw) return ft_tok_encode(tok, prompt, strlen(prompt), 1, ids, n);
+    if (flags & FT_GEN_RAW) return ft_tok_encode(tok, prompt, strlen(prompt), 1, ids, n);
     ft_chat_msg m[2];
     int64_t k = 0;
     memset(m, 0, sizeof m);
     if (system) m[k++] = (ft_chat_msg){FT_ROLE_SYSTEM, system, strlen(system), NULL, 0, 0};
     m[k++] = (ft_chat_msg){FT_ROLE_USER, prompt, strlen(prompt), NULL, 0, 0};
-    return msgs_ids(tok, tmpl, m, k, ids, n);
+    return msgs_ids(tok, tmpl, m, k, flags, ids, n);
 }
 
 /* ---- prompts files ----------------------------------------------------------------------- */
@@ -533,7 +534,7 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     return rc;
 }
 
-int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int raw,
+int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int flags,
                    int32_t **ids, int64_t *n, int *tmpl_out)
 {
     *ids = NULL;
@@ -542,8 +543,8 @@ int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int r
         return ft_err(FT_E_INVALID, "generate: no tokenizer or prompt");
     if (tmpl == FT_CHAT_AUTO) tmpl = ft_chat_template_detect(tok);
     if (tmpl_out) *tmpl_out = tmpl;
-    if (raw) return ft_tok_encode(tok, q->user, strlen(q->user), 1, ids, n);
-    return msgs_ids(tok, tmpl, q->msgs, q->n_msgs, ids, n);
+    if (flags & FT_GEN_RAW) return ft_tok_encode(tok, q->user, strlen(q->user), 1, ids, n);
+    return msgs_ids(tok, tmpl, q->msgs, q->n_msgs, flags, ids, n);
 }
 
 uint64_t ft_gen_record_seed(uint64_t seed, int64_t i)

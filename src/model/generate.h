@@ -82,15 +82,23 @@ int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len);
  * vocabulary), or a kernel error (the cache is then reset). */
 int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows);
 
-/* Token ids of a generation prompt: with raw = 0 the messages [system,] user are rendered
- * with chat template tmpl (enum ft_chat_template; FT_CHAT_AUTO detects it from the
- * tokenizer's chat_template) followed by its generation prompt (ft_chat_render_prompt),
- * and encoded as training does (BOS only through the template, except for alpaca); with
- * raw = 1, `prompt` is encoded as is with the tokenizer's special tokens (BOS).
- * system may be NULL. *ids is malloc'ed (caller frees). *tmpl_out (may be NULL) receives
- * the resolved template. Returns 0, -ENOMEM, FT_E_INVALID (template or tokenizer error). */
+/* Flags of ft_gen_prompt_ids / ft_gen_req_ids. */
+enum {
+    FT_GEN_RAW = 1,      /* no chat template: the prompt text is encoded as is (with BOS) */
+    FT_GEN_NO_THINK = 2, /* the generation prompt of enable_thinking=False (ft_chat_ctx.no_think:
+                          * qwen3's empty <think></think>; other templates have no such switch) */
+};
+
+/* Token ids of a generation prompt: without FT_GEN_RAW in flags the messages [system,] user
+ * are rendered with chat template tmpl (enum ft_chat_template; FT_CHAT_AUTO detects it from
+ * the tokenizer's chat_template) followed by its generation prompt (ft_chat_render_prompt,
+ * FT_GEN_NO_THINK as ft_chat_ctx.no_think), and encoded as training does (BOS only through
+ * the template, except for alpaca); with FT_GEN_RAW, `prompt` is encoded as is with the
+ * tokenizer's special tokens (BOS). system may be NULL. *ids is malloc'ed (caller frees).
+ * *tmpl_out (may be NULL) receives the resolved template. Returns 0, -ENOMEM, FT_E_INVALID
+ * (template or tokenizer error). */
 int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, const char *prompt,
-                      int raw, int32_t **ids, int64_t *n, int *tmpl_out);
+                      int flags, int32_t **ids, int64_t *n, int *tmpl_out);
 
 /* ---- prompts files (ftune generate --prompts) ----------------------------------------------- */
 
@@ -123,10 +131,10 @@ typedef struct ft_gen_req {
 int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int raw);
 void ft_gen_req_free(ft_gen_req *q); /* NULL-safe; leaves q zeroed */
 
-/* Token ids of q's prompt, as ft_gen_prompt_ids renders them (the same template path, so a
- * record {"prompt": S, "system": S2} gives the ids of --prompt S --system S2). Returns as
- * ft_gen_prompt_ids. */
-int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int raw,
+/* Token ids of q's prompt, as ft_gen_prompt_ids renders them (the same template path and
+ * flags, so a record {"prompt": S, "system": S2} gives the ids of --prompt S --system S2).
+ * Returns as ft_gen_prompt_ids. */
+int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int flags,
                    int32_t **ids, int64_t *n, int *tmpl_out);
 
 /* The sampling seed of record i of a prompts file run with seed `seed`:

@@ -174,6 +174,28 @@ def test_sampling_seeded_and_bad_flags(tiny):
     assert rc == 1 and "/nonexistent/adapter" in err and len(err.splitlines()) == 1, err
 
 
+def test_no_think_prompt(tiny):
+    """--no-think is qwen3's enable_thinking=False: the prompt gains the template's empty
+    thinking block after the assistant header (tokenized here as the same text encoded by the
+    reference tokenizer); other templates have no such switch (a warning, the same ids); with
+    --raw there is no template (exit 2)."""
+    base = ["--prompt", "Hi", "--max-new-tokens", 1]
+    q, _ = ftune_generate(TINY, *base, "--chat-template", "qwen3")
+    nt, err = ftune_generate(TINY, *base, "--chat-template", "qwen3", "--no-think")
+    assert "warning" not in err
+    tok = tiny[2]
+    text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert q["prompt_ids"] == tok.encode(text, add_special_tokens=False).ids
+    want = tok.encode(text + "<think>\n\n</think>\n\n", add_special_tokens=False).ids
+    assert nt["prompt_ids"] == want and len(want) > len(q["prompt_ids"])
+    c, _ = ftune_generate(TINY, *base, "--chat-template", "chatml")
+    cn, err = ftune_generate(TINY, *base, "--chat-template", "chatml", "--no-think")
+    assert cn["prompt_ids"] == c["prompt_ids"] and "--no-think has no effect" in err, err
+    rc, _, err = ftune_generate(TINY, "--raw", "--no-think", "--prompt", "x", json_out=False,
+                                check=False)
+    assert rc == 2 and "--raw" in err and len(err.splitlines()) == 1, err
+
+
 # ---------------------------------------------------------------------------------------
 # SmolLM2-135M-Instruct (the example model)
 

@@ -633,6 +633,19 @@ static void test_stop_ids_and_prompt(void **state)
                               "<|im_start|>assistant\n");
     free(ids);
     free(text);
+    /* --no-think (enable_thinking=False): the template's empty thinking block ends the prompt;
+     * chatml has no such switch and ignores the flag */
+    assert_int_equal(ft_gen_prompt_ids(t3, FT_CHAT_QWEN3, "Sys", "Hi", FT_GEN_NO_THINK, &ids, &k, &tm), 0);
+    assert_int_equal(ft_tok_decode(t3, ids, k, 0, &text), 0);
+    assert_string_equal(text, "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                              "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    free(ids);
+    free(text);
+    assert_int_equal(ft_gen_prompt_ids(t3, FT_CHAT_CHATML, NULL, "Hi", FT_GEN_NO_THINK, &ids, &k, &tm), 0);
+    assert_int_equal(ft_tok_decode(t3, ids, k, 0, &text), 0);
+    assert_string_equal(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    free(ids);
+    free(text);
     {
         ft_chat_msg h[3] = {{FT_ROLE_USER, "a", 1, NULL, 0, 0},
                             {FT_ROLE_ASSISTANT, "<think>r</think>\nb", 18, NULL, 0, 1},
