@@ -99,6 +99,20 @@ static int opt_pos_ratio(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
+/* --neftune-noise-alpha X: a finite X >= 0 (0, the default, is off) */
+static int opt_nonneg(const char *v, void *dst, char *err, size_t n)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= 0) || !isfinite(x)) {
+        snprintf(err, n, "expected a number >= 0, got '%s'", v);
+        return -1;
+    }
+    *(double *)dst = x;
+    return 0;
+}
+
 static int opt_u64(const char *v, void *dst, char *err, size_t n)
 {
     char *end;
@@ -222,6 +236,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"lora-dropout", FT_OPT_FLOAT, &c.lora.dropout, "dropout on the adapter input (default 0.05)"},
         {"use-rslora", FT_OPT_FLAG, &c.lora.use_rslora, "scale by alpha/sqrt(r) (rsLoRA)"},
         {"loraplus-lr-ratio", FT_OPT_FN, &c.loraplus_lr_ratio, "LoRA+: train the B matrices at X times the learning rate of A (the paper suggests 16; default: off, one lr)", opt_pos_ratio, "X"},
+        {"neftune-noise-alpha", FT_OPT_FN, &c.neftune_noise_alpha, "NEFTune: add uniform noise of magnitude X/sqrt(seq_len*hidden_size) to the embeddings while training (the paper uses 5; default: off)", opt_nonneg, "X"},
         {"lora-target", FT_OPT_FN, &c.lora.targets, "modules: all-linear or a list like q_proj,v_proj (default all-linear)", opt_targets, "LIST"},
         {"data-format", FT_OPT_FN, &c.data_cfg.format, "auto | alpaca | messages | sharegpt | prompt-completion | text", opt_format, "NAME"},
         {"chat-template", FT_OPT_FN, &c.data_cfg.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca", opt_template, "NAME"},

@@ -202,6 +202,17 @@ typedef struct ft_backend_ops {
      * hash: kernels/cpu/cpu_common.h (splitmix64 of splitmix64(seed) ^ i). */
     int (*dropout)(ft_backend *be, float *y, const float *x, int64_t n, float p, uint64_t seed);
 
+    /* ---- NEFTune noise (Jain et al. 2023, "NEFTune: Noisy Embeddings Improve Instruction
+     * Finetuning", arXiv 2310.05914; transformers' neftune_post_forward_hook) ------------ */
+    /* x (n) += mag * u_i in place, u_i uniform in [-1, 1) from a counter-based hash of
+     * (seed, i): key = splitmix64_mix(seed), u_i = (splitmix64_mix(key ^ i) >> 40) * 2^-23 - 1
+     * (kernels/cpu/cpu_common.h ft_noise_uniform: the dropout hash family, 24 random bits,
+     * u_i exact in fp32), then two fp32 roundings: d = mag * u_i, x[i] = x[i] + d (no fused
+     * multiply-add), so every backend gives the same bits. mag (units of x) >= 0 and finite,
+     * else FT_E_INVALID; mag = 0 or n = 0 leaves x unchanged. The executor adds it to the
+     * embeddings of a training micro-batch with mag = alpha / sqrt(seq_len * hidden_size). */
+    int (*noise_uniform_add)(ft_backend *be, float *x, int64_t n, float mag, uint64_t seed);
+
     /* ---- LM head + cross-entropy, chunked (never the full (T, V) logits) ------------ */
     /* For rows t with targets[t] >= 0 (ignore index -100 otherwise), logits = x[t] W^T,
      * W (V, C). *loss_sum receives sum over those rows of logsumexp(logits) -

@@ -3,6 +3,7 @@
  * (offload/ckpt.h) when e->ckt is set. */
 #include "offload/exec.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -358,8 +359,30 @@ static ft_block_io io_of(ft_exec *e, int64_t mb, uint64_t seed)
     return io;
 }
 
+/* NEFTune (Jain et al. 2023, arXiv 2310.05914; transformers' neftune_post_forward_hook):
+ * adds uniform(-mag, mag) noise to the embeddings x (T, C) of training micro-batch mb, where
+ * the hook's mag = alpha / sqrt(L * d) for a (B, L, d) embedding output. ftune packs examples
+ * into rows of seq_len tokens (as TRL with packing), so L = the batch's seq_len (T when a
+ * hand-made batch leaves it 0) and d = hidden_size. The draw is a pure function of
+ * (neftune_seed, mb, element): a resumed run draws the same noise, and as the noise lands
+ * before checkpoint 0 is stored (ck_written), the backward of layer 0 (its recompute, or the
+ * kept activations) starts from the same noisy values. The embedding is frozen, so the
+ * backward needs nothing else: the noise is additive. */
+static int neftune(ft_exec *e, const ft_batch *b, int64_t mb, float *x)
+{
+    const int64_t C = e->m->cfg.hidden_size;
+    if (b->T < 1) return 0;
+    const int64_t L = b->seq_len > 0 ? b->seq_len : b->T;
+    const float mag = (float)(e->neftune_alpha / sqrt((double)L * (double)C));
+    /* another odd constant than io_of's: the noise of micro-batch mb is unrelated to the
+     * dropout masks even when the two seeds coincide */
+    const uint64_t seed = e->neftune_seed ^ ((uint64_t)(mb + 1) * 0x9e6c63d0676a9a99ull);
+    return e->be->ops->noise_uniform_add(e->be, x, b->T * C, mag, seed);
+}
+
 /* Forward of all layers for micro-batches [0, n_mb), vertical order; checkpoint L holds
- * each final hidden state. */
+ * each final hidden state. With train and e->neftune_alpha > 0, the embeddings get NEFTune
+ * noise (neftune above). */
 static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t seed, int train)
 {
     ft_backend *be = e->be;
@@ -375,6 +398,7 @@ static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t s
         else
             FT_TRY(be->ops->embedding_fwd(be, x0 + mb * st, e->ids + mb * e->T_max, e->embed,
                                           mbs[mb].T, c->hidden_size, c->vocab_size));
+        if (train && e->neftune_alpha > 0) FT_TRY(neftune(e, &mbs[mb], mb, x0 + mb * st));
     }
     FT_TRY(ft_exec_begin_op(e, train)); /* the layer order, for prefetching and the timeline */
     FT_TRY(ck_written(e, 0)); /* its store: after the timeline's origin */

@@ -48,6 +48,14 @@ typedef struct ft_exec {
     float *inv_freq;            /* D / 2 */
     int32_t *ids, *targets, *pos, *seq_start; /* n_micro * T each */
     int64_t layer_fetches;      /* base-weight fetches since init (test hook) */
+    /* NEFTune (Jain et al. 2023, arXiv 2310.05914): neftune_alpha > 0 adds uniform noise of
+     * magnitude alpha / sqrt(seq_len * hidden_size) to the embeddings of every micro-batch of
+     * ft_exec_train_step (never ft_exec_eval or ft_exec_logits), drawn from neftune_seed and
+     * the micro-batch index (exec.c neftune). Zero after init (off); the caller sets both
+     * before a step, the seed a pure function of its run seed and the step, so that a
+     * resumed run draws the same noise. */
+    double neftune_alpha;
+    uint64_t neftune_seed;
     /* The base weights as the backend reads them: the model's own host arrays on a host-memory
      * backend (CPU); on a device backend (CUDA), copies in one device allocation made at init
      * (every layer resident: the streaming tiers are the offload issue's), the projections in
@@ -243,7 +251,8 @@ size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m);
  * accumulate into lora->grads (the caller zeroes them per step); the loss is normalised
  * by grad_norm_tokens (the step's total count of targets) so gradients are those of the
  * mean token loss. *loss_sum receives the summed token loss, *n_tokens the target count.
- * dropout_seed != 0 enables LoRA dropout with masks derived from it. */
+ * dropout_seed != 0 enables LoRA dropout with masks derived from it; e->neftune_alpha > 0
+ * NEFTune noise on the embeddings (see the field). */
 int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
                        uint64_t dropout_seed, double *loss_sum, int64_t *n_tokens);
 

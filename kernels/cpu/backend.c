@@ -8,6 +8,7 @@
  */
 #include <cblas.h>
 #include <errno.h>
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -227,6 +228,28 @@ static int cpu_dropout(ft_backend *be, float *y, const float *x, int64_t n, floa
     return ft_cpu_dropout_f32(y, x, n, p, seed);
 }
 
+/* x (n) += mag * u_i (kernels.h noise_uniform_add; u_i: cpu_common.h ft_noise_uniform). The
+ * product is its own statement: C (ISO mode, -std=c11) contracts a * b + c into an FMA only
+ * within one expression, and the CUDA twin rounds the product too (__fmul_rn, __fadd_rn),
+ * so both give the same bits. Elementwise and counter-based: any thread count, same bits. */
+static int cpu_noise_uniform_add(ft_backend *be, float *x, int64_t n, float mag, uint64_t seed)
+{
+    (void)be;
+    FT_CPU_CHECK_NONNEG("noise_uniform_add", n);
+    FT_CPU_CHECK_PTR("noise_uniform_add", x, n);
+    if (!(mag >= 0) || !isfinite(mag))
+        return ft_err(FT_E_INVALID, "cpu noise_uniform_add: mag = %g, expected finite and >= 0",
+                      (double)mag);
+    if (mag == 0 || n == 0) return 0;
+    const uint64_t key = ft_dropout_mix64(seed);
+#pragma omp parallel for schedule(static) if (n > FT_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const float d = mag * ft_noise_uniform(key, (uint64_t)i);
+        x[i] = x[i] + d;
+    }
+    return 0;
+}
+
 static int cpu_lm_head_ce(ft_backend *be, double *loss_sum, int64_t *n_valid, float *dx,
                           const float *x, const float *W, const int32_t *targets, int64_t T,
                           int64_t C, int64_t V, float grad_scale, float *scratch, int64_t chunk)
@@ -360,6 +383,7 @@ static const ft_backend_ops cpu_ops = {
     .swiglu_fwd = cpu_swiglu_fwd,
     .swiglu_bwd = cpu_swiglu_bwd,
     .dropout = cpu_dropout,
+    .noise_uniform_add = cpu_noise_uniform_add,
     .lm_head_ce = cpu_lm_head_ce,
     .lm_head_logits = cpu_lm_head_logits,
     .adamw = cpu_adamw,

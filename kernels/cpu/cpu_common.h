@@ -1,5 +1,6 @@
 /* cpu_common.h - helpers shared by the two instances of the CPU ops (ops_impl.h,
- * attn_impl.h) and the dropout mask definition that every backend must reproduce.
+ * attn_impl.h) and the dropout mask and NEFTune noise definitions that every backend must
+ * reproduce.
  *
  * Dropout mask (counter-based, so forward and backward regenerate the same mask from the
  * seed without storing it, and any thread or device can compute element i on its own):
@@ -12,6 +13,8 @@
  * 0xBF58476D1CE4E5B9, 0x94D049BB133111EB). Hashing the seed first makes the masks of two
  * seeds unrelated (with seed ^ i directly, seeds 0 and 1 would give the same mask with
  * neighbouring elements swapped).
+ * The NEFTune noise (kernels.h noise_uniform_add) reuses the 24-bit draw k_i: its value is
+ * k_i 2^-23 - 1, uniform in [-1, 1) (ft_noise_uniform).
  */
 #ifndef FT_CPU_COMMON_H
 #define FT_CPU_COMMON_H
@@ -41,6 +44,16 @@ static inline FT_HD double ft_dropout_threshold(double p) { return p * 16777216.
 static inline FT_HD int ft_dropout_keep(uint64_t key, uint64_t i, double thr)
 {
     return (double)(ft_dropout_mix64(key ^ i) >> 40) >= thr;
+}
+
+/* NEFTune noise draw (kernels.h noise_uniform_add) of element i under key =
+ * ft_dropout_mix64(seed): the same 24-bit draw k as the dropout mask, as k * 2^-23 - 1, a
+ * value in [-1, 1) on a grid of 2^-23 (mean -2^-24, variance 1/3 up to 2^-46). Every step
+ * is exact in fp32 (k < 2^24 converts exactly, the product is a power-of-two scaling, the
+ * difference has at most 24 significant bits), so a fused multiply-add gives the same. */
+static inline FT_HD float ft_noise_uniform(uint64_t key, uint64_t i)
+{
+    return (float)(uint32_t)(ft_dropout_mix64(key ^ i) >> 40) * 0x1p-23f - 1.0f;
 }
 
 /* ---- internal to kernels/cpu ------------------------------------------------------- */

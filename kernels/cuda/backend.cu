@@ -650,6 +650,30 @@ static int cu_dropout(ft_backend *be, float *y, const float *x, int64_t n, float
     return 0;
 }
 
+/* ---- NEFTune noise (kernels.h noise_uniform_add) ----------------------------------------- */
+
+/* x[i] += mag * u_i with cpu_common.h's draw; the product and the sum are rounded one at a
+ * time (__fmul_rn, __fadd_rn: nvcc may not fuse them), as the CPU op does, so the bits match. */
+static __global__ void k_noise_uniform_add(float *x, int64_t n, uint64_t key, float mag)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = __fadd_rn(x[i], __fmul_rn(mag, ft_noise_uniform(key, (uint64_t)i)));
+}
+
+static int cu_noise_uniform_add(ft_backend *be, float *x, int64_t n, float mag, uint64_t seed)
+{
+    CHECK_N("noise_uniform_add", n);
+    if (!(mag >= 0) || !isfinite(mag))
+        return ft_err(FT_E_INVALID, "cuda noise_uniform_add: mag = %g, expected finite and >= 0",
+                      (double)mag);
+    if (mag == 0 || !n) return 0;
+    k_noise_uniform_add<<<ft_cuda_blocks(n, 256), 256, 0, FT_CUDA_CTX(be)->stream>>>(
+        x, n, ft_dropout_mix64(seed), mag);
+    FT_CUDA_LAUNCH("noise_uniform_add");
+    return 0;
+}
+
 /* ---- AdamW (torch.optim.AdamW; bias corrections in double on the host, as the CPU twin) ---- */
 
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr_decay,
@@ -755,6 +779,7 @@ static const ft_backend_ops cuda_ops = {
     .swiglu_fwd = cu_swiglu_fwd,
     .swiglu_bwd = cu_swiglu_bwd,
     .dropout = cu_dropout,
+    .noise_uniform_add = cu_noise_uniform_add,
     .lm_head_ce = ft_cuda_lm_head_ce,
     .lm_head_logits = ft_cuda_lm_head_logits,
     .adamw = cu_adamw,

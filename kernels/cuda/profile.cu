@@ -17,13 +17,13 @@
 enum {
     P_GEMM, P_GEMM_LORA, P_LINEAR_FWD, P_LINEAR_BWD, P_AXPY, P_SCALE, P_SUMSQ, P_BIAS, P_EMBED,
     P_RMS_FWD, P_RMS_BWD, P_ROPE_FWD, P_ROPE_BWD, P_ATT_FWD, P_ATT_BWD, P_SWIGLU_FWD,
-    P_SWIGLU_BWD, P_DROPOUT, P_CE, P_LOGITS, P_ADAMW, P_ATT_KV, P_ZERO, P_N
+    P_SWIGLU_BWD, P_DROPOUT, P_NOISE, P_CE, P_LOGITS, P_ADAMW, P_ATT_KV, P_ZERO, P_N
 };
 static const char *const prof_name[P_N] = {
     "gemm (large)", "gemm (LoRA, a dim <= 64)", "linear_fwd (frozen W)", "linear_bwd_x (frozen W)",
     "axpy", "scale", "sumsq", "bias_add", "embedding_fwd", "rmsnorm_fwd", "rmsnorm_bwd",
     "rope_fwd", "rope_bwd", "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd",
-    "dropout", "lm_head_ce", "lm_head_logits", "adamw", "attention_kv_fwd", "zero"};
+    "dropout", "noise_uniform_add", "lm_head_ce", "lm_head_logits", "adamw", "attention_kv_fwd", "zero"};
 
 #define RING 16384
 
@@ -140,6 +140,7 @@ extern "C" int ft_backend_cuda_profile(ft_backend *be, int on)
         t->swiglu_fwd = WRAP(swiglu_fwd, P_SWIGLU_FWD);
         t->swiglu_bwd = WRAP(swiglu_bwd, P_SWIGLU_BWD);
         t->dropout = WRAP(dropout, P_DROPOUT);
+        t->noise_uniform_add = WRAP(noise_uniform_add, P_NOISE);
         t->lm_head_ce = WRAP(lm_head_ce, P_CE);
         t->lm_head_logits = WRAP(lm_head_logits, P_LOGITS);
         t->adamw = WRAP(adamw, P_ADAMW);

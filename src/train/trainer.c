@@ -135,6 +135,8 @@ static int check_finite_cfg(const ft_train_cfg *c)
     if (!(c->lr > 0) || !isfinite(c->lr)) return ft_err(FT_E_INVALID, "--lr must be > 0");
     if (!(c->loraplus_lr_ratio >= 0) || !isfinite(c->loraplus_lr_ratio))
         return ft_err(FT_E_INVALID, "--loraplus-lr-ratio must be > 0 (or left out: off)");
+    if (!(c->neftune_noise_alpha >= 0) || !isfinite(c->neftune_noise_alpha))
+        return ft_err(FT_E_INVALID, "--neftune-noise-alpha must be >= 0 and finite (0 or left out: off)");
     if (c->max_steps < 0) return ft_err(FT_E_INVALID, "--max-steps must be >= 0");
     if (c->max_steps == 0 && !(c->epochs > 0)) return ft_err(FT_E_INVALID, "--epochs must be > 0");
     if (c->seq_len < 0 || c->seq_len == 1) return ft_err(FT_E_INVALID, "--seq-len must be >= 2");
@@ -249,6 +251,9 @@ static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_m
      * before the flag existed still resume (a changed ratio is named by the diff) */
     if (c->loraplus_lr_ratio > 0)
         cJSON_AddNumberToObject(o, "loraplus_lr_ratio", c->loraplus_lr_ratio);
+    /* NEFTune's noise shapes it too; likewise recorded only when on */
+    if (c->neftune_noise_alpha > 0)
+        cJSON_AddNumberToObject(o, "neftune_noise_alpha", c->neftune_noise_alpha);
     cJSON_AddNumberToObject(o, "lora_r", (double)lc->r);
     cJSON_AddNumberToObject(o, "lora_alpha", lc->alpha);
     cJSON_AddNumberToObject(o, "lora_dropout", lc->dropout);
@@ -850,6 +855,12 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     if (c->loraplus_lr_ratio > 0)
         info(cb, user, FT_EV_INFO, "LoRA+: the B matrices train at %g x the learning rate of the A matrices",
              c->loraplus_lr_ratio);
+    /* set before the step-0 eval too: the executor adds the noise in training steps only */
+    r->ex.neftune_alpha = c->neftune_noise_alpha;
+    if (c->neftune_noise_alpha > 0)
+        info(cb, user, FT_EV_INFO, "NEFTune: noise alpha %g: uniform noise of magnitude %.3g (alpha / sqrt(seq_len %lld * hidden %lld)) on the training embeddings, none in eval",
+             c->neftune_noise_alpha, c->neftune_noise_alpha / sqrt((double)seq_len * (double)r->model->cfg.hidden_size),
+             (long long)seq_len, (long long)r->model->cfg.hidden_size);
     r->cfg_json = run_config(c, &lc, r->model, &r->ds, seq_len, total, warmup, r->lora.n_params,
                              quant);
     if (!r->cfg_json) return ft_err(-ENOMEM, "out of memory");
@@ -935,6 +946,9 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         int64_t nv;
         /* dropout masks: a pure function of (seed, step), so a resumed run needs no RNG state */
         uint64_t dseed = lc.dropout > 0 ? (c->seed * 0x9e3779b97f4a7c15ull) ^ (uint64_t)(step + 1) : 0;
+        /* NEFTune noise: likewise a pure function of (seed, step); the executor mixes in
+         * the micro-batch */
+        r->ex.neftune_seed = (c->seed * 0xbf58476d1ce4e5b9ull) ^ (uint64_t)(step + 1);
         int tl_on = c->timeline && (step == start + 1 || (total - start == 1));
         if (tl_on) ft_exec_set_timeline(&r->ex, &tl);
         FT_TRY(ft_exec_train_step(&r->ex, mbs, n_mb, n_targets, dseed, &loss_sum, &nv));
@@ -1117,6 +1131,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     cJSON_AddStringToObject(js, "checkpoint", res->checkpoint);
     cJSON_AddStringToObject(js, "base_quant", ft_pack_quant_name(res->quant));
     if (c->loraplus_lr_ratio > 0) cJSON_AddNumberToObject(js, "loraplus_lr_ratio", c->loraplus_lr_ratio);
+    if (c->neftune_noise_alpha > 0) cJSON_AddNumberToObject(js, "neftune_noise_alpha", c->neftune_noise_alpha);
     if (c->quant_correction && res->quant == FT_PACK_QUANT_NF4) {
         cJSON_AddStringToObject(js, "quant_correction", ft_qcorr_name(c->quant_correction));
         if (!c->resume) {

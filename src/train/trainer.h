@@ -69,6 +69,11 @@ typedef struct ft_train_cfg {
                                  * is updated at lr(t) * ratio, every A at lr(t); the weight
                                  * decay coefficient is the same for both (as PEFT's
                                  * create_loraplus_optimizer). 0: off (one lr for all) */
+    double neftune_noise_alpha; /* NEFTune (Jain et al. 2023, arXiv 2310.05914; TRL's
+                                 * neftune_noise_alpha): while training, the embeddings get
+                                 * uniform noise of magnitude alpha / sqrt(seq_len *
+                                 * hidden_size), drawn from (seed, step, micro-batch) so a
+                                 * resumed run is bit-identical; never in eval. 0: off */
     int schedule;               /* enum ft_sched */
     int64_t warmup_steps;       /* used when > 0, else warmup_ratio * total */
     double warmup_ratio;

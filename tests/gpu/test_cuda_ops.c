@@ -1,7 +1,8 @@
 /* test_cuda_ops.c - every CUDA op of the op table (except attention: test_cuda_attn.c)
- * against its CPU twin on random inputs over a sweep of shapes, and one full training step
- * (forward + backward through the executor) CUDA vs CPU on a real tiny model: bf16 base, NF4
- * base, and NF4 base with a frozen correction (the --quant-correction path, random A0/B0).
+ * against its CPU twin on random inputs over a sweep of shapes (dropout and the NEFTune noise
+ * bit for bit), and one full training step (forward + backward through the executor) CUDA vs
+ * CPU on a real tiny model: bf16 base, NF4 base, and NF4 base with a frozen correction (the
+ * --quant-correction path, random A0/B0).
  * Skips cleanly when no GPU is visible (or ftune was built without CUDA).
  *
  * Tolerances are relative errors ||cuda - cpu|| / ||cpu|| over the whole output. */
@@ -248,6 +249,37 @@ static void test_elementwise(void **state)
         f->cpu->ops->dropout(f->cpu, h, x, n, 0.1f, 77);
         assert_int_equal(f->gpu->ops->dropout(f->gpu, dh, dx, n, 0.1f, 77), 0);
         check("dropout p=0.1", dh, h, n, 0.0, f);
+        /* NEFTune noise: the same draws and fp32 roundings (no FMA), so the same bits */
+        {
+            float *hn = malloc(n * 4);
+            memcpy(hn, x, n * 4);
+            assert_int_equal(f->cpu->ops->noise_uniform_add(f->cpu, hn, n, 0.37f, 4242), 0);
+            float *dn = up(f, x, n * 4);
+            assert_int_equal(f->gpu->ops->noise_uniform_add(f->gpu, dn, n, 0.37f, 4242), 0);
+            float *gn = down(f, dn, n);
+            int64_t bad = 0, moved = 0;
+            for (int64_t i = 0; i < n; i++) {
+                if (memcmp(&gn[i], &hn[i], 4)) {
+                    if (bad < 5)
+                        printf("  noise_uniform_add [%lld]: cuda %.9g, cpu %.9g\n", (long long)i,
+                               (double)gn[i], (double)hn[i]);
+                    bad++;
+                }
+                moved += hn[i] != x[i];
+            }
+            printf("  %-40s n=%-9lld %lld values differ from the CPU's bits\n", "noise_uniform_add",
+                   (long long)n, (long long)bad);
+            assert_int_equal(bad, 0);
+            assert_true(moved > 0);
+            /* n = 0 and mag = 0 do nothing; a negative mag is refused */
+            assert_int_equal(f->gpu->ops->noise_uniform_add(f->gpu, dn, 0, 0.37f, 1), 0);
+            assert_int_equal(f->gpu->ops->noise_uniform_add(f->gpu, dn, n, 0.0f, 1), 0);
+            assert_int_equal(f->gpu->ops->noise_uniform_add(f->gpu, dn, n, -1.0f, 1), FT_E_INVALID);
+            float *gn2 = down(f, dn, n);
+            assert_memory_equal(gn2, gn, n * 4);
+            f->gpu->ops->free(f->gpu, dn);
+            free(hn), free(gn), free(gn2);
+        }
         /* adamw */
         float *p = rnd(f, n, -1, 1), *m = rnd(f, n, -0.1f, 0.1f), *v = rnd(f, n, 0, 0.01f);
         float *dp = up(f, p, n * 4), *dm = up(f, m, n * 4), *dv = up(f, v, n * 4);

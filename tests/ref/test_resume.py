@@ -390,6 +390,33 @@ def test_resume_refuses_changed_loraplus_ratio(tmp_path, reference):
     assert adapter(out) == adapter(plus)
 
 
+def test_resume_refuses_changed_neftune_alpha(tmp_path, reference):
+    """--neftune-noise-alpha shapes the run: adding it to a run without it, changing it or
+    dropping it is refused naming it; 0 is off (the reference run resumes with it, to the same
+    adapter); the same alpha resumes bit-identically."""
+    out = tmp_path / "run"
+    shutil.copytree(reference / "checkpoint-23", out / "checkpoint-23")
+    r = run(cmd(out, "--resume", "--neftune-noise-alpha", "5"), ok=False)
+    assert r.returncode == 1 and "neftune_noise_alpha: (absent) -> 5" in r.stderr, r.stderr
+    run(cmd(out, "--resume", "--neftune-noise-alpha", "0"))
+    assert adapter(out) == adapter(reference)
+    noisy = tmp_path / "noisy"
+    two = ["--max-steps", "2", "--neftune-noise-alpha", "5"]  # flags after ARGS win
+    r = run(cmd(noisy, *two))
+    assert "NEFTune: noise alpha 5" in r.stderr, r.stderr
+    assert json.loads((noisy / "summary.json").read_text())["neftune_noise_alpha"] == 5
+    out2 = tmp_path / "run2"
+    shutil.copytree(noisy / "checkpoint-1", out2 / "checkpoint-1")
+    r = run(cmd(out2, "--resume", "--max-steps", "2", "--neftune-noise-alpha", "1"), ok=False)
+    assert r.returncode == 1 and "neftune_noise_alpha: 5 -> 1" in r.stderr, r.stderr
+    r = run(cmd(out2, "--resume", "--max-steps", "2"), ok=False)
+    assert r.returncode == 1 and "neftune_noise_alpha: 5 -> (absent)" in r.stderr, r.stderr
+    r = run(cmd(out2, "--resume", "--max-steps", "2", "--neftune-noise-alpha", "-1"), ok=False)
+    assert r.returncode == 2 and "--neftune-noise-alpha" in r.stderr, r.stderr
+    run(cmd(out2, "--resume", *two))
+    assert adapter(out2) == adapter(noisy)
+
+
 def test_eval_data_file(tmp_path):
     """--eval-data: summary.json carries the eval file, its count (capped by --eval-max) and
     both eval losses; the adapter equals that of a run without eval (--eval-fraction 0: every

@@ -1,7 +1,8 @@
 /* test_kernels_fwd.c - the CPU backend's fp32 ops (through the op table) against the fp64
  * instance of the same bodies (kernels/cpu/cpu_f64.h) and against independent references
  * written here: a naive O(T^2) attention with the full score matrix, cross-entropy on the
- * full logits, an AdamW step computed by hand, dropout statistics, RoPE round trips, and
+ * full logits, an AdamW step computed by hand, dropout statistics, the NEFTune noise (its
+ * statistics, its values from the definition, cpu-device == cpu), RoPE round trips, and
  * the invalid-argument paths. Prints the max error of each comparison, then a small
  * microbenchmark (sgemm GFLOP/s, attention forward time) that asserts nothing.
  */
@@ -25,6 +26,11 @@
 /* Dropout p = 0.5 over 2^20 elements: the kept fraction has sd 0.5/sqrt(n) = 4.9e-4; allow
  * 6 sd (a false failure once in ~5e8 seeds; the seeds here are fixed anyway). */
 #define TOL_DROPOUT_FRAC 3e-3
+/* NEFTune noise over 2^20 values of mag * U(-1, 1): the sample mean has sd mag/sqrt(3n),
+ * allowed 6 sd; the sample mean of u^2 (1/3) has sd sqrt((1/5 - 1/9) / n) = 2.9e-4, 8.8e-4
+ * relative to 1/3: 6 sd is 5.3e-3. A draw on [0, 1) or [-1/2, 1/2) fails both by far. */
+#define TOL_NOISE_MEAN_SD 6.0
+#define TOL_NOISE_VAR_REL 5.3e-3
 
 static ft_backend *g_be;
 
@@ -476,6 +482,98 @@ static void test_dropout(void **state)
     p_free(&x), free(y), free(y2), free(yd);
 }
 
+/* ---- NEFTune noise ------------------------------------------------------------------------ */
+
+/* The draw written out here from the definition (kernels.h noise_uniform_add), independently
+ * of cpu_common.h: splitmix64 of (splitmix64(seed) ^ i), its top 24 bits k, u = k/2^23 - 1. */
+static uint64_t t_mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void test_noise_uniform_add(void **state)
+{
+    (void)state;
+    const int64_t n = (int64_t)1 << 20;
+    const float mag = 0.0625f * 3; /* alpha 5 / sqrt(seq_len * C) is of this size */
+    float *x = calloc((size_t)n, sizeof(float)), *y = malloc(n * sizeof(float));
+    float *z = malloc(n * sizeof(float));
+    assert_non_null(x), assert_non_null(y), assert_non_null(z);
+    /* statistics of the noise itself (x = 0): mean ~0, |d| <= mag, variance ~mag^2/3 */
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, x, n, mag, 1234), 0);
+    double sum = 0, sq = 0, lo = 0, hi = 0;
+    int64_t out_of_range = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = x[i];
+        sum += d, sq += d * d;
+        lo = fmin(lo, d), hi = fmax(hi, d);
+        out_of_range += !(d >= -mag && d < mag);
+    }
+    double mean = sum / n, var = sq / n - mean * mean;
+    print_message("noise_uniform_add n=%lld mag %g: mean %.3g (tol %.3g), var / (mag^2/3) = %.5f "
+                  "(tol %.1e), range [%.6f, %.6f] mag\n", (long long)n, (double)mag, mean,
+                  TOL_NOISE_MEAN_SD * mag / sqrt(3.0 * n), var / (mag * mag / 3.0), TOL_NOISE_VAR_REL,
+                  lo / mag, hi / mag);
+    assert_int_equal(out_of_range, 0);
+    assert_true(fabs(mean) <= TOL_NOISE_MEAN_SD * mag / sqrt(3.0 * n));
+    assert_true(fabs(var / (mag * mag / 3.0) - 1.0) <= TOL_NOISE_VAR_REL);
+    assert_true(lo < -0.999 * mag && hi > 0.999 * mag); /* all of [-mag, mag) is reached */
+    /* the values: x + (float)(mag * u_i) with u_i from the definition, bit for bit */
+    pair xs = p_new(n, -2, 2);
+    memcpy(y, xs.f, n * sizeof(float));
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, y, n, mag, 77), 0);
+    int64_t bad = 0, moved = 0;
+    const uint64_t key = t_mix64(77);
+    for (int64_t i = 0; i < n; i++) {
+        float u = (float)((double)(t_mix64(key ^ (uint64_t)i) >> 40) / 8388608.0 - 1.0);
+        float d = mag * u;
+        float want = xs.f[i] + d;
+        if (memcmp(&want, &y[i], sizeof want)) {
+            if (bad < 5)
+                print_message("noise_uniform_add: [%lld] got %.9g, expected %.9g\n", (long long)i,
+                              (double)y[i], (double)want);
+            bad++;
+        }
+        moved += y[i] != xs.f[i];
+    }
+    assert_int_equal(bad, 0);
+    assert_true(moved > n / 2);
+    /* deterministic for a seed; another seed gives other noise */
+    memcpy(z, xs.f, n * sizeof(float));
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, z, n, mag, 77), 0);
+    assert_memory_equal(z, y, n * sizeof(float));
+    memcpy(z, xs.f, n * sizeof(float));
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, z, n, mag, 78), 0);
+    int64_t same = 0;
+    for (int64_t i = 0; i < n; i++) same += z[i] == y[i];
+    print_message("noise_uniform_add seeds 77 vs 78: %lld of %lld values equal\n", (long long)same,
+                  (long long)n);
+    assert_true(same < n / 100);
+    /* the cpu-device table runs the same op: the same bits */
+    ft_backend *dev;
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
+    assert_string_equal(dev->ops->name, "cpu-device");
+    assert_ptr_not_equal(dev->ops->noise_uniform_add, NULL);
+    memcpy(z, xs.f, n * sizeof(float));
+    assert_int_equal(dev->ops->noise_uniform_add(dev, z, n, mag, 77), 0);
+    assert_memory_equal(z, y, n * sizeof(float));
+    ft_backend_free(dev);
+    /* n = 0 (NULL allowed) and mag = 0 change nothing; bad arguments are refused */
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, NULL, 0, mag, 1), 0);
+    memcpy(z, xs.f, n * sizeof(float));
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, z, n, 0.0f, 1), 0);
+    assert_memory_equal(z, xs.f, n * sizeof(float));
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, z, -1, mag, 1), FT_E_INVALID);
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, NULL, 4, mag, 1), FT_E_INVALID);
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, z, n, -0.5f, 1), FT_E_INVALID);
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, z, n, NAN, 1), FT_E_INVALID);
+    assert_int_equal(g_be->ops->noise_uniform_add(g_be, z, n, INFINITY, 1), FT_E_INVALID);
+    p_free(&xs), free(x), free(y), free(z);
+}
+
 /* ---- LM head + cross-entropy -------------------------------------------------------------- */
 
 /* Direct computation on the full logits in double. */
@@ -746,7 +844,8 @@ int main(void)
         cmocka_unit_test(test_blas1),     cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_dropout),   cmocka_unit_test(test_lm_head_ce),
+        cmocka_unit_test(test_dropout),   cmocka_unit_test(test_noise_uniform_add),
+        cmocka_unit_test(test_lm_head_ce),
         cmocka_unit_test(test_adamw),     cmocka_unit_test(test_expf),
         cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_microbench),
