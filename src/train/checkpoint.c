@@ -264,6 +264,7 @@ static int write_state(const char *dir, const ft_ckpt_state *st, const char *con
     cJSON_AddNumberToObject(o, "best_saved_step", (double)st->best_saved_step);
     cJSON_AddNumberToObject(o, "n_evals", (double)st->n_evals);
     cJSON_AddNumberToObject(o, "evals_no_improve", (double)st->evals_no_improve);
+    if (st->eval_set[0]) cJSON_AddStringToObject(o, "eval_set", st->eval_set);
     cJSON_AddItemToObject(o, "config", cfg);
     cJSON *files = cJSON_AddObjectToObject(o, "files");
     int rc = 0;
@@ -493,6 +494,11 @@ static int parse_state(const cJSON *o, const char *path, ft_ckpt_state *st)
     FT_TRY(get_i64_opt(o, "best_saved_step", &st->best_saved_step, 0, path));
     FT_TRY(get_i64_opt(o, "n_evals", &st->n_evals, 0, path));
     FT_TRY(get_i64_opt(o, "evals_no_improve", &st->evals_no_improve, 0, path));
+    const cJSON *es = cJSON_GetObjectItemCaseSensitive(o, "eval_set");
+    if (es && (!cJSON_IsString(es) || strlen(es->valuestring) >= sizeof st->eval_set))
+        return ft_err(FT_E_INVALID, "%s: \"eval_set\" must be a string of at most %d characters",
+                      path, (int)sizeof st->eval_set - 1);
+    if (es) snprintf(st->eval_set, sizeof st->eval_set, "%s", es->valuestring);
     if (st->adam_step > st->step || st->step > st->total_steps || st->bad_run > st->bad_steps)
         return ft_err(FT_E_INVALID, "%s: inconsistent counters (step %lld, adam_step %lld, total_steps %lld, bad_run %lld, bad_steps %lld)",
                       path, (long long)st->step, (long long)st->adam_step, (long long)st->total_steps,

@@ -63,6 +63,9 @@ typedef struct ft_ckpt_state {
     int64_t evals_no_improve;   /* consecutive ones without an improvement above the
                                  * early-stopping threshold (transformers'
                                  * early_stopping_patience_counter) */
+    char eval_set[20];          /* fingerprint (16 hex digits) of the held-out batches the eval
+                                 * losses above were measured on; "" when unknown (checkpoints
+                                 * written before it existed) */
 } ft_ckpt_state;
 
 /* Writes OUT/checkpoint-<st->step>/ by the protocol above. config_json is a JSON object

@@ -184,6 +184,44 @@ static uint64_t data_fingerprint(const ft_dataset *ds, int split)
     return h;
 }
 
+/* Fingerprint (16 hex digits into buf) of the held-out batches an evaluation reads (the first
+ * eval_max_batches of them): their token ids and targets. Eval losses, and so the best eval
+ * loss and early stopping, compare only within one such set. */
+static void eval_set_id(const run *r, const ft_train_cfg *c, char *buf, size_t n)
+{
+    uint64_t h = FT_CKPT_HASH_INIT;
+    int64_t nb = r->n_eval_b;
+    if (c->eval_max_batches > 0 && nb > c->eval_max_batches) nb = c->eval_max_batches;
+    h = ft_ckpt_hash(h, &nb, sizeof nb);
+    for (int64_t i = 0; i < nb; i++) {
+        const ft_batch *b = &r->eval_b[i];
+        h = ft_ckpt_hash(h, &b->T, sizeof b->T);
+        h = ft_ckpt_hash(h, b->ids, (size_t)b->T * sizeof *b->ids);
+        h = ft_ckpt_hash(h, b->targets, (size_t)b->T * sizeof *b->targets);
+    }
+    snprintf(buf, n, "%016llx", (unsigned long long)h);
+}
+
+/* On --resume: eval losses of another held-out set (--eval-data or --eval-max changed) do not
+ * compare with the checkpoint's best, so the best and the early-stopping count start over
+ * (the next evaluation is the first counted one, and with --save-best replaces OUT/best).
+ * A checkpoint without the fingerprint is taken to be of the current set. */
+static void resume_eval_set(const run *r, const ft_train_cfg *c, ft_ckpt_state *st,
+                            ft_train_cb cb, void *user)
+{
+    char cur[sizeof st->eval_set];
+    eval_set_id(r, c, cur, sizeof cur);
+    if (st->eval_set[0] && strcmp(st->eval_set, cur) && st->n_evals > 0) {
+        info(cb, user, FT_EV_WARN, "the held-out set differs from the one of the checkpoint's eval losses (--eval-data or --eval-max changed): the best eval loss (%.4f at step %lld) and early stopping start over at the next evaluation%s",
+             st->best_eval_loss, (long long)st->best_eval_step,
+             c->save_best ? ", which replaces OUT/best" : "");
+        st->best_eval_loss = NAN;
+        st->best_eval_step = st->best_saved_step = 0;
+        st->n_evals = st->evals_no_improve = 0;
+    }
+    memcpy(st->eval_set, cur, sizeof cur);
+}
+
 /* Adds "data": the training file's name, or with several an array of them in order (the
  * shape of the --config key). */
 static void add_data_json(cJSON *o, const ft_train_cfg *c)
@@ -886,10 +924,12 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
             info(cb, user, FT_EV_INFO, "note: %s holds checkpoints after step %lld (up to %s%lld); they are removed at this run's next checkpoint",
                  c->out, (long long)st.step, FT_CKPT_PREFIX, (long long)latest);
         FT_TRY(ft_metrics_open_resume(&r->met, path, st.step, st.step < total));
+        resume_eval_set(r, c, &st, cb, user);
         if (c->save_best) FT_TRY(resume_best(r, c, &st, cb, user));
     } else {
         if (c->save_best) ft_ckpt_adapter_cleanup(c->out, FT_CKPT_BEST_DIR, 1); /* an earlier run's */
         new_run_id(st.run_id, sizeof st.run_id);
+        eval_set_id(r, c, st.eval_set, sizeof st.eval_set);
         if (n_old > 0)
             info(cb, user, FT_EV_INFO, "note: %s holds %d checkpoint(s) of an earlier run (latest %s%lld); this run starts over and removes them at its first checkpoint (stop now and add --resume to continue that run instead)",
                  c->out, n_old, FT_CKPT_PREFIX, (long long)latest);

@@ -272,6 +272,49 @@ def test_resume_keeps_counter_and_restores_best(tmp_path, reference):
     assert summary(more)["steps"] == STEPS and summary(more)["early_stopped"] is False
 
 
+def test_resume_with_other_eval_data_starts_best_over(tmp_path):
+    """Eval losses of another held-out set do not compare with the checkpoint's best: a resume
+    with another --eval-data warns, and the best eval loss and OUT/best then come from the
+    evaluations after the resume only (the first counted one is the new best). A resume with
+    the same --eval-data keeps the uninterrupted run's best."""
+    lines = DATA.read_text().splitlines()
+    ea, eb = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    ea.write_text("\n".join(lines[:30]) + "\n")
+    eb.write_text("\n".join(lines[30:60]) + "\n")
+    args = without(ARGS, "--eval-fraction") + ["--eval-data", str(ea)]
+    args[args.index("--early-stopping-patience") + 1] = "1000"
+    ref = tmp_path / "ref"
+    run(cmd(ref, args=args))
+    rs = summary(ref)
+    k = 3
+    assert rs["best_eval_step"] > 0 and rs["steps"] == STEPS
+    same = tmp_path / "same"
+    shutil.copytree(ref / f"checkpoint-{k}", same / f"checkpoint-{k}")
+    r = run(cmd(same, "--resume", args=args))
+    assert "held-out set differs" not in r.stderr
+    s = summary(same)
+    assert (s["best_eval_step"], s["best_eval_loss"]) == (rs["best_eval_step"], rs["best_eval_loss"])
+    assert adapter_bytes(same / "best") == adapter_bytes(ref / "best")
+
+    other = tmp_path / "other"
+    shutil.copytree(ref / f"checkpoint-{k}", other / f"checkpoint-{k}")
+    old = json.loads((other / f"checkpoint-{k}" / "trainer_state.json").read_text())
+    assert old["n_evals"] == k and len(old["eval_set"]) == 16
+    b_args = [str(eb) if x == str(ea) else x for x in args]
+    r = run(cmd(other, "--resume", args=b_args))
+    assert "held-out set differs from the one of the checkpoint's eval losses" in r.stderr, r.stderr
+    after = [(e["step"], e["eval_loss"]) for e in metrics(other)[1] if e["step"] > k]
+    assert len(after) == STEPS - k
+    best_step, best = min(after, key=lambda t: (t[1], t[0]))
+    s = summary(other)
+    assert (s["best_eval_step"], s["best_eval_loss"]) == (best_step, best), (s, after)
+    assert json.loads((other / "best" / "ftune_step.json").read_text())["step"] == best_step
+    new = json.loads((other / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    # counted since the resume: steps k+1 .. STEPS-1 (the last step's eval is the final one,
+    # made after its checkpoint)
+    assert new["eval_set"] != old["eval_set"] and new["n_evals"] == STEPS - k - 1
+
+
 @pytest.mark.parametrize("change, flag_text", [
     (lambda a: a + ["--early-stopping-patience", "-1"], "--early-stopping-patience must be >= 0"),
     (lambda a: a + ["--early-stopping-threshold", "-0.5"], "--early-stopping-threshold must be"),
