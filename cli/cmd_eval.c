@@ -79,7 +79,7 @@ int ft_cmd_eval(int argc, char **argv)
         {"seq-len", FT_OPT_INT, &dc.seq_len, "tokens per packed row (default min(2048, model max))"},
         {"batch-size", FT_OPT_INT, &batch, "rows per micro-batch (default 1)"},
         {"data-format", FT_OPT_FN, &dc.format, "auto | alpaca | messages | sharegpt | prompt-completion | text", opt_format, "NAME"},
-        {"chat-template", FT_OPT_FN, &dc.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca", opt_template, "NAME"},
+        {"chat-template", FT_OPT_FN, &dc.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca | jinja (the model's own template, rendered as transformers does)", opt_template, "NAME"},
         {"train-on-prompt", FT_OPT_FLAG, &dc.train_on_prompt, "score prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &dc.skip_bad_records, "skip bad records"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},

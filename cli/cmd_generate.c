@@ -58,7 +58,7 @@ static double now_s(void)
 static int opt_template(const char *v, void *dst, char *err, size_t n)
 {
     int k = ft_chat_template_parse(v);
-    if (k < 0) { snprintf(err, n, "unknown chat template '%s' (auto, llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca)", v); return -1; }
+    if (k < 0) { snprintf(err, n, "unknown chat template '%s' (auto, llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca, jinja)", v); return -1; }
     *(int *)dst = k;
     return 0;
 }
@@ -141,7 +141,14 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl)
     e->logits = malloc((size_t)V * sizeof(float));
     e->out_ids = malloc((size_t)o->max_new * sizeof(int32_t));
     if (!e->logits || !e->out_ids) return ft_err(-ENOMEM, "out of memory");
-    e->n_stop = ft_sample_stop_ids(&e->m->cfg, e->tok, ft_chat_end_of_turn(tmpl), e->stop, MAX_STOP);
+    const char *eot = ft_chat_end_of_turn(tmpl);
+    char jeot[64];
+    if (tmpl == FT_CHAT_JINJA) { /* what the model's template writes after a reply */
+        ft_chat_ctx ctx = {ft_tok_bos_str(e->tok), ft_tok_eos_str(e->tok), ft_tok_chat_template(e->tok)};
+        FT_TRY(ft_chat_jinja_end_of_turn(&ctx, jeot, sizeof jeot));
+        eot = jeot[0] ? jeot : NULL;
+    }
+    e->n_stop = ft_sample_stop_ids(&e->m->cfg, e->tok, eot, e->stop, MAX_STOP);
     return 0;
 }
 
@@ -511,7 +518,7 @@ int ft_cmd_generate(int argc, char **argv)
          "when complete) instead of stdout", 0, "FILE"},
         {"system", FT_OPT_STR, &o.system, "a system message before it (with --prompts: for records without one)", 0, "S"},
         {"raw", FT_OPT_FLAG, &o.raw, "no chat template: encode --prompt (or a --prompts record: a string or {prompt}) as is (with BOS)"},
-        {"chat-template", FT_OPT_FN, &o.tmpl, "llama3|llama3.1|chatml|qwen3|llama2|mistral|zephyr|alpaca (default: from the tokenizer)", opt_template, "NAME"},
+        {"chat-template", FT_OPT_FN, &o.tmpl, "llama3|llama3.1|chatml|qwen3|llama2|mistral|zephyr|alpaca|jinja (default: from the tokenizer; jinja: its own template, rendered as transformers does)", opt_template, "NAME"},
         {"no-think", FT_OPT_FLAG, &o.no_think, "qwen3: answer without thinking (the template's enable_thinking=False: "
          "the prompt ends with an empty <think></think> block)"},
         {"max-new-tokens", FT_OPT_INT, &o.max_new, "most tokens to generate (default 256)"},

@@ -38,7 +38,7 @@ static void usage(FILE *f)
         "                       (repeat it for several files, printed in the order given)\n"
         "  --no-special         do not add the post-processor's special tokens (BOS)\n"
         "  --data-format NAME   alpaca, messages, sharegpt, prompt-completion, text (default: auto)\n"
-        "  --chat-template NAME llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca (default: auto)\n"
+        "  --chat-template NAME llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca, jinja (default: auto)\n"
         "  --train-on-prompt    labels on every token (with --data)\n"
         "  --decode             with --text/--texts: also print the ids decoded back to text\n");
 }

@@ -56,7 +56,7 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
 {
     int k = ft_chat_template_parse(v);
     if (k < 0) {
-        snprintf(err, n, "unknown chat template '%s' (auto, llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca)", v);
+        snprintf(err, n, "unknown chat template '%s' (auto, llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca, jinja)", v);
         return -1;
     }
     *(int *)dst = k;
@@ -239,7 +239,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"neftune-noise-alpha", FT_OPT_FN, &c.neftune_noise_alpha, "NEFTune: add uniform noise of magnitude X/sqrt(seq_len*hidden_size) to the embeddings while training (the paper uses 5; default: off)", opt_nonneg, "X"},
         {"lora-target", FT_OPT_FN, &c.lora.targets, "modules: all-linear or a list like q_proj,v_proj (default all-linear)", opt_targets, "LIST"},
         {"data-format", FT_OPT_FN, &c.data_cfg.format, "auto | alpaca | messages | sharegpt | prompt-completion | text", opt_format, "NAME"},
-        {"chat-template", FT_OPT_FN, &c.data_cfg.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca", opt_template, "NAME"},
+        {"chat-template", FT_OPT_FN, &c.data_cfg.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca | jinja (the model's own template, rendered as transformers does)", opt_template, "NAME"},
         {"train-on-prompt", FT_OPT_FLAG, &c.data_cfg.train_on_prompt, "take the loss on prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &c.data_cfg.skip_bad_records, "skip and count bad records instead of failing"},
         {"eval-fraction", FT_OPT_DBL, &c.data_cfg.eval_fraction, "held-out fraction of examples (default 0.05; ignored with --eval-data)"},

@@ -669,6 +669,7 @@ int ft_chat_render(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int64_t n,
     case FT_CHAT_QWEN3: rc = render_qwen3(out, m, n, &sc); break;
     case FT_CHAT_LLAMA31: rc = render_llama31(out, m, n, ctx, &sc); break;
     case FT_CHAT_ZEPHYR: rc = render_zephyr(out, m, n, ctx, &sc); break;
+    case FT_CHAT_JINJA: rc = ft_chat_render_jinja(out, m, n, ctx, 0); break;
     default: rc = ft_err(FT_E_INVALID, "chat template %d cannot render (resolve auto first)", tmpl);
     }
     free(sc.p);
@@ -684,6 +685,7 @@ int ft_chat_render_prompt(ft_chat_text *out, int tmpl, const ft_chat_msg *m, int
     if (m[n - 1].role == FT_ROLE_ASSISTANT)
         return ft_err(FT_E_INVALID, "generation prompt: message %lld is an assistant turn; the "
                       "prompt must end with a user (or tool) message", (long long)(n - 1));
+    if (tmpl == FT_CHAT_JINJA) return ft_chat_render_jinja(out, m, n, ctx, 1);
     FT_TRY(ft_chat_render(out, tmpl, m, n, ctx));
     switch (tmpl) {
     case FT_CHAT_LLAMA3:
@@ -711,7 +713,7 @@ const char *ft_chat_end_of_turn(int tmpl)
 /* ---- names and detection ------------------------------------------------------------------ */
 
 static const char *const TEMPLATE_NAME[] = {"auto", "llama3", "chatml", "llama2", "alpaca", "qwen3",
-                                            "llama3.1", "zephyr"};
+                                            "llama3.1", "zephyr", "jinja"};
 
 const char *ft_chat_template_name(int t)
 {
@@ -732,14 +734,15 @@ int ft_chat_detect_str(const char *s)
 {
     if (!s) return FT_CHAT_ALPACA;
     if (strstr(s, "<|im_start|>"))
-        return strstr(s, "<think>") && strstr(s, "last_query_index") ? FT_CHAT_QWEN3 : FT_CHAT_CHATML;
+        return !strstr(s, "<think>") ? FT_CHAT_CHATML
+               : strstr(s, "last_query_index") ? FT_CHAT_QWEN3 : FT_CHAT_JINJA;
     if (strstr(s, "<|start_header_id|>"))
         return strstr(s, "Cutting Knowledge Date") ? FT_CHAT_LLAMA31 : FT_CHAT_LLAMA3;
     if (strstr(s, "[INST]")) return FT_CHAT_LLAMA2;
     if (strstr(s, "<|user|>") && strstr(s, "<|assistant|>") && !strstr(s, "<|end|>") &&
         !strstr(s, "[gMASK]"))
         return FT_CHAT_ZEPHYR; /* (Phi-3's <|end|> and GLM's [gMASK] turns are other formats) */
-    return FT_CHAT_ALPACA;
+    return FT_CHAT_JINJA;
 }
 
 int ft_chat_template_detect(const ft_tokenizer *tok)

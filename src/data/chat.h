@@ -88,11 +88,30 @@ const char *ft_chat_end_of_turn(int tmpl);
 
 /* FT_CHAT_* for a chat_template source string by substring (llama.cpp
  * llm_chat_detect_template): "<|im_start|>" -> CHATML (QWEN3 when the source also has
- * "<think>" and Qwen3's "last_query_index"; LLAMA31 for "<|start_header_id|>" with
- * "Cutting Knowledge Date"; ZEPHYR for "<|user|>" and "<|assistant|>" without Phi-3's
- * "<|end|>"), "<|start_header_id|>" -> LLAMA3,
- * "[INST]" -> LLAMA2, NULL or none of these -> ALPACA. */
+ * "<think>" and Qwen3's "last_query_index"; JINJA with "<think>" otherwise: QwQ and the
+ * distills rewrite reasoning as plain ChatML does not; LLAMA31 for "<|start_header_id|>"
+ * with "Cutting Knowledge Date"; ZEPHYR for "<|user|>" and "<|assistant|>" without Phi-3's
+ * "<|end|>"), "<|start_header_id|>" -> LLAMA3, "[INST]" -> LLAMA2, NULL -> ALPACA, any other
+ * template -> JINJA (the template itself, jinja.h). */
 int ft_chat_detect_str(const char *tmpl_src);
+
+/* Renders messages m[0..n) with the template source ctx->tmpl_src through the Jinja engine
+ * (jinja.h: as transformers' apply_chat_template, with bos_token, eos_token,
+ * add_generation_prompt = gen_prompt and, with ctx->no_think, enable_thinking = false),
+ * appended to *out. With gen_prompt the text is one untrained segment; otherwise the trained
+ * segments are the assistant turns (m[i].train) as chat_jinja.c's file comment defines them:
+ * the template's {% generation %} blocks, or each turn's text after the generation prompt up
+ * to its end-of-turn token. Returns 0, -ENOMEM, FT_E_INVALID (no template, a parse or
+ * render error of the template with its line, raise_exception's message, a template that
+ * rewrites earlier turns so a trained turn has no place), FT_E_RANGE (a render limit). */
+int ft_chat_render_jinja(ft_chat_text *out, const ft_chat_msg *m, int64_t n,
+                         const ft_chat_ctx *ctx, int gen_prompt);
+
+/* The end-of-turn string of the Jinja template ctx->tmpl_src into buf (n bytes): the first
+ * word (up to whitespace) the template writes after an assistant reply ("<end_of_turn>",
+ * "<|end|>", "<|im_end|>", the EOS); "" when it writes none, or there is no template.
+ * Generation stops on it when the tokenizer has it as a token. Returns 0 or the render error. */
+int ft_chat_jinja_end_of_turn(const ft_chat_ctx *ctx, char *buf, size_t n);
 
 /* Python str.strip() whitespace (str.isspace) on UTF-8: trims s[0..*n) in place by moving
  * *s and *n. Jinja's `trim` filter and `.strip()` use this set. */

@@ -35,6 +35,7 @@ enum ft_chat_template {
     FT_CHAT_QWEN3,     /* ChatML + Qwen3's <think> blocks (chat.c) */
     FT_CHAT_LLAMA31,   /* Llama-3.1/3.2/3.3: llama3 + the system turn with its date lines */
     FT_CHAT_ZEPHYR,    /* <|user|>\n content </s>\n (Zephyr, TinyLlama-Chat) */
+    FT_CHAT_JINJA,     /* the tokenizer's own chat_template through the Jinja engine (chat_jinja.c) */
 };
 
 typedef struct ft_data_cfg {

@@ -62,7 +62,7 @@ static void fuzz_path(char *out, size_t n, const char *name)
 
 /* Writes exactly len bytes to dir/name (truncating). Aborts on an I/O error: that is the
  * harness failing, not the parser. */
-static void fuzz_write(const char *name, const void *data, size_t len)
+__attribute__((unused)) static void fuzz_write(const char *name, const void *data, size_t len)
 {
     char p[512];
     fuzz_path(p, sizeof p, name);

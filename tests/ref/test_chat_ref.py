@@ -961,3 +961,120 @@ def test_mistral_small3(tmp_path):
         tmp_path / "n.jsonl", [{"messages": CONVERSATIONS[0]}])], timeout=300)
     assert r.returncode == 1 and "default system prompt" in r.stderr and "line 1" in r.stderr, r.stderr
 
+
+
+# ---- the Jinja engine: --chat-template jinja, and auto for templates without a built-in ------
+# ftune renders the model's own template (src/data/jinja*.c) and derives the trained spans
+# turn by turn (src/data/chat_jinja.c): the same rules as the built-in renderers, so the
+# references above apply unchanged; Gemma's and Phi-3's turns are added here.
+TRAINED["gemma"] = lambda c, eos: (c.strip() + "<end_of_turn>", "\n")
+# Phi-3 writes the EOS after the last message only (when no generation prompt follows): it
+# ends the last turn, trained with it
+TRAINED["phi3"] = lambda c, eos: (c + "<|end|>", "\n")
+JINJA_FIXTURES = ROOT / "tests" / "fixtures" / "jinja" / "templates"
+
+
+@pytest.mark.parametrize("kind,template,src,system", [
+    ("llama3", LLAMA3_INSTRUCT, LLAMA3, True),
+    ("llama2", LLAMA2_CHAT, LLAMA2, True),
+    ("mistral", MISTRAL, LLAMA2, False),
+    ("chatml", CHATML, LLAMA3, True),
+    ("zephyr", ZEPHYR, LLAMA2, True),
+])
+def test_jinja_engine_same_as_builtin(tmp_path, kind, template, src, system):
+    """--chat-template jinja on the templates the built-in renderers follow: the same ids and
+    labels as the reference (messages and ShareGPT records)."""
+    d = tokenizer_dir(tmp_path, src, template)
+    tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    bos, eos = special_strings(d)
+    convs = [c for c, s in zip(CONVERSATIONS, HAS_SYSTEM) if system or not s]
+    check_conversations(tmp_path, d, tok, template, kind, bos, eos, convs,
+                        extra=("--chat-template", "jinja"))
+
+
+def fixture_template(name):
+    p = JINJA_FIXTURES / name
+    if not p.exists():
+        pytest.skip(f"{p} missing")
+    return p.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("kind,file,system", [("gemma", "gemma-2-2b-it.jinja", False),
+                                              ("phi3", "phi-3.5-mini-instruct.jinja", True)])
+def test_jinja_engine_detected(tmp_path, kind, file, system):
+    """Templates without a built-in renderer are rendered by the engine without a flag
+    (auto); turns as the model's template writes them (Gemma: <start_of_turn>model, trimmed
+    content, <end_of_turn>; Phi-3: <|assistant|>, <|end|>, the EOS after the last message)."""
+    template = fixture_template(file)
+    d = tokenizer_dir(tmp_path, LLAMA3, template)
+    tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    bos, eos = special_strings(d)
+    convs = [c for c, s in zip(CONVERSATIONS, HAS_SYSTEM) if system or not s]
+    exp = [(expected_phi3 if kind == "phi3" else expected_chat)(tok, template, kind, c, bos, eos)
+           for c in convs]
+    rows = ftune_rows(d, write_jsonl(tmp_path / "m.jsonl", [{"messages": c} for c in convs]))
+    compare(f"{kind} (jinja, auto)", tok, rows, exp)
+
+
+def expected_phi3(tok, template, kind, messages, bos, eos):
+    """Phi-3's template ends the conversation with the EOS (no generation prompt): each
+    trained turn is its content + <|end|>, and the last message's turn also trains the "\n"
+    and the EOS after it (ftune trains a turn to the end of its text less trailing
+    whitespace, and the EOS is part of the last turn's text)."""
+    text = render(template, messages, bos, eos)
+    assert text.endswith("<|end|>\n" + eos)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant" or m.get("weight", 1) == 0:
+            continue
+        upto = render(template, messages[:i + 1], bos, eos)[:-len(eos)]
+        assert text.startswith(upto)
+        trained, tail = TRAINED[kind](m["content"], eos)
+        assert upto.endswith(trained + tail)
+        end = len(text) if i == len(messages) - 1 else len(upto) - len(tail)
+        spans.append((len(upto) - len(tail) - len(trained), end))
+    enc = tok.encode(text, add_special_tokens=False)
+    return enc.ids, label_by_overlap(enc, spans), text
+
+
+GENERATION_CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+    "{% endgeneration %}{{ '\\n' }}{% else %}{{ message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_jinja_generation_blocks_as_transformers(tmp_path):
+    """A template with {% generation %} blocks: the trained tokens are transformers'
+    apply_chat_template(return_assistant_tokens_mask=True) assistant_masks (an independent
+    reference: transformers' own jinja2 AssistantTracker), ids as its tokenization."""
+    transformers = pytest.importorskip("transformers")
+    d = tokenizer_dir(tmp_path, LLAMA3, GENERATION_CHATML)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))
+    tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    convs = [[{k: v for k, v in m.items() if k != "weight"} for m in c] for c in CONVERSATIONS]
+    exp = []
+    for c in convs:
+        out = hf.apply_chat_template(c, chat_template=GENERATION_CHATML, tokenize=True,
+                                     return_dict=True, return_assistant_tokens_mask=True)
+        ids = list(out["input_ids"])
+        exp.append((ids, [t if m else -100 for t, m in zip(ids, out["assistant_masks"])],
+                    hf.decode(ids)))
+    rows = ftune_rows(d, write_jsonl(tmp_path / "g.jsonl", [{"messages": c} for c in convs]),
+                      "--chat-template", "jinja")
+    compare("generation blocks (jinja)", tok, rows, exp)
+
+
+def test_jinja_template_errors(tmp_path):
+    """raise_exception and template syntax errors reach the user with the record's place."""
+    d = tokenizer_dir(tmp_path, LLAMA2, LLAMA2_CHAT)
+    bad = write_jsonl(tmp_path / "b.jsonl", [{"messages": [
+        {"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "c"}]}])
+    r = run_ftune(["tokenize", "--model", d, "--data", bad, "--chat-template", "jinja"])
+    assert r.returncode != 0 and "Conversation roles must alternate" in r.stderr, r.stderr
+    assert "b.jsonl" in r.stderr and "line 1" in r.stderr, r.stderr
+    d2 = tokenizer_dir(tmp_path, LLAMA2, "{% for m in messages %}{{ m.content }", name="tok2")
+    ok = write_jsonl(tmp_path / "ok.jsonl", [{"messages": CONVERSATIONS[0]}])
+    r = run_ftune(["tokenize", "--model", d2, "--data", ok])
+    assert r.returncode != 0 and "chat_template:1:" in r.stderr, r.stderr

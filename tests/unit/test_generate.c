@@ -659,11 +659,32 @@ static void test_stop_ids_and_prompt(void **state)
         assert_string_equal(ft_chat_template_name(FT_CHAT_QWEN3), "qwen3");
         assert_int_equal(ft_chat_detect_str("<|im_start|>{{ '<think>' }} ns.last_query_index"),
                          FT_CHAT_QWEN3);
-        assert_int_equal(ft_chat_detect_str("<|im_start|>{{ '<think>' }}"), FT_CHAT_CHATML);
+        /* ChatML with <think> but not Qwen3's rules (QwQ, distills): the template itself */
+        assert_int_equal(ft_chat_detect_str("<|im_start|>{{ '<think>' }}"), FT_CHAT_JINJA);
+        assert_int_equal(ft_chat_detect_str("<|im_start|>{{ x }}"), FT_CHAT_CHATML);
         assert_int_equal(ft_chat_detect_str("<|start_header_id|> Cutting Knowledge Date"), FT_CHAT_LLAMA31);
         assert_int_equal(ft_chat_template_parse("llama3.1"), FT_CHAT_LLAMA31);
         assert_int_equal(ft_chat_detect_str("<|user|>..<|assistant|>"), FT_CHAT_ZEPHYR);
-        assert_int_equal(ft_chat_detect_str("<|user|>..<|assistant|>..<|end|>"), FT_CHAT_ALPACA);
+        /* Phi-3 has no built-in renderer: the engine renders its template; no template at all
+         * is the Alpaca prompt */
+        assert_int_equal(ft_chat_detect_str("<|user|>..<|assistant|>..<|end|>"), FT_CHAT_JINJA);
+        assert_int_equal(ft_chat_detect_str(NULL), FT_CHAT_ALPACA);
+        assert_int_equal(ft_chat_template_parse("jinja"), FT_CHAT_JINJA);
+        /* what a template writes after a reply: the end-of-turn token generation stops on */
+        static const struct { const char *src, *eot; } E[] = {
+            {"{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content | trim }}<end_of_turn>\n"
+             "{% endfor %}", "<end_of_turn>"},
+            {"{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
+             "{% if not add_generation_prompt %}{{ eos_token }}{% endif %}", "<|end|>"},
+            {"{% for m in messages %}{{ m.content }} {{ eos_token }}{% endfor %}", "</s>"},
+            {"{% for m in messages %}{{ m.content }}\n\n{% endfor %}", ""},
+        };
+        for (size_t i = 0; i < sizeof E / sizeof *E; i++) {
+            char eot[64] = "x";
+            ft_chat_ctx jc = {"<s>", "</s>", E[i].src};
+            assert_int_equal(ft_chat_jinja_end_of_turn(&jc, eot, sizeof eot), 0);
+            assert_string_equal(eot, E[i].eot);
+        }
         ft_chat_text z = {0};
         ft_chat_ctx zc = {"<s>", "</s>", NULL};
         assert_int_equal(ft_chat_render_prompt(&z, FT_CHAT_ZEPHYR, h, 3, &zc), 0);
