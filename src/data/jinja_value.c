@@ -383,28 +383,17 @@ static void repr_any(jctx *c, jbuf *b, const jv *x, int depth)
         jbuf_putc(c, b, l->tuple ? ')' : ']');
         return;
     }
-    case JV_DICT: {
-        jdict *d = x->u.d;
-        jbuf_putc(c, b, '{');
-        for (int64_t i = 0; i < d->n; i++) {
-            if (i) jbuf_put(c, b, ", ", 2);
-            repr_any(c, b, &d->key[i], depth + 1);
-            jbuf_put(c, b, ": ", 2);
-            repr_any(c, b, &d->val[i], depth + 1);
-        }
-        jbuf_putc(c, b, '}');
-        return;
-    }
+    case JV_DICT:
     case JV_NS: {
         jdict *d = x->u.d;
-        jbuf_puts(c, b, "<Namespace {");
+        jbuf_puts(c, b, x->k == JV_NS ? "<Namespace {" : "{");
         for (int64_t i = 0; i < d->n; i++) {
             if (i) jbuf_put(c, b, ", ", 2);
             repr_any(c, b, &d->key[i], depth + 1);
             jbuf_put(c, b, ": ", 2);
             repr_any(c, b, &d->val[i], depth + 1);
         }
-        jbuf_puts(c, b, "}>");
+        jbuf_puts(c, b, x->k == JV_NS ? "}>" : "}");
         return;
     }
     default: jv_str_to(c, b, x); return;
