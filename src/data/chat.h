@@ -36,6 +36,10 @@ typedef struct ft_chat_msg {
     size_t reasoning_n;      /* NULL if it has none. Only the qwen3 template writes it (in place
                               * of reasoning parsed from <think>...</think> in content); the
                               * other templates' Jinja sources ignore the field, as here */
+    const void *json;        /* borrowed cJSON object: the record's message as written (with
+                              * "tool_calls", "name", "tool_call_id"...), NULL for messages
+                              * ftune makes up (alpaca, a sharegpt "system" field). Only the
+                              * Jinja renderer reads it (chat_jinja.c vars_of) */
 } ft_chat_msg;
 
 /* A rendered text: segments cover text[0..n) contiguously, in order. */
@@ -54,6 +58,9 @@ typedef struct ft_chat_ctx {
     int no_think;            /* 1: the generation prompt as with enable_thinking=False (qwen3:
                               * an empty <think></think> block the model continues after);
                               * 0: enable_thinking undefined. Only qwen3 reads it */
+    const void *tools;       /* borrowed cJSON array: the record's "tools" (function schemas),
+                              * NULL if none; passed to the Jinja renderer as `tools` (the
+                              * built-in renderers write no tools: ft_chat_uses_tools) */
 } ft_chat_ctx;
 
 /* Appends n bytes of s as one segment (merged with the previous one if the flag is the
@@ -106,6 +113,12 @@ int ft_chat_detect_str(const char *tmpl_src);
  * rewrites earlier turns so a trained turn has no place), FT_E_RANGE (a render limit). */
 int ft_chat_render_jinja(ft_chat_text *out, const ft_chat_msg *m, int64_t n,
                          const ft_chat_ctx *ctx, int gen_prompt);
+
+/* 1 when the conversation m[0..n) with ctx needs a template that writes tools: ctx->tools is
+ * set (even an empty list: Llama-3.1's template tests `tools is not none`), or a message's
+ * json has a "tool_calls" key that is not null; else 0. The built-in renderers write
+ * neither (dataset.c renders such records with the model's own template, or refuses them). */
+int ft_chat_uses_tools(const ft_chat_msg *m, int64_t n, const ft_chat_ctx *ctx);
 
 /* The end-of-turn string of the Jinja template ctx->tmpl_src into buf (n bytes): the first
  * word (up to whitespace) the template writes after an assistant reply ("<end_of_turn>",

@@ -13,6 +13,10 @@
  *     conversation's text, but for an end-of-conversation text (Phi-3's EOS: turn_end); a
  *     template that rewrites earlier turns once later ones follow (Qwen3's reasoning) has no
  *     such split and is refused with a message.
+ * Function calling (formats.md 8.1): the record's message objects and "tools" reach the
+ * template as written (vars_of), and an assistant turn with "tool_calls" is trained by the
+ * same rule: the tool-call text the template writes (Llama-3.1's {"name": ..., "parameters":
+ * ...}, Qwen2.5's <tool_call>...</tool_call>) up to its end-of-turn token.
  */
 #include "src/data/chat.h"
 
@@ -26,18 +30,52 @@
 
 static const char *const ROLE[] = {"system", "user", "assistant", "tool"};
 
-/* The template variables of messages m[0..n): {"messages": [{role, content[,
- * reasoning_content]}], tools: None, documents: None, bos_token, eos_token,
- * add_generation_prompt[, enable_thinking]}, as transformers' apply_chat_template passes them
- * (strftime_now formats 26 Jul 2024, jinja.h's default, so renders are reproducible).
- * A user turn with an alpaca "input" has content + "\n\n" + input, as the built-in renderers
- * write it. NULL when out of memory. */
+/* Sets o[key] to item (replacing it in place, so the keys keep the order the record gave
+ * them, or appended). Takes item; 0 when out of memory. */
+static int set_key(cJSON *o, const char *key, cJSON *item)
+{
+    if (!item) return 0;
+    if (cJSON_GetObjectItemCaseSensitive(o, key) ? cJSON_ReplaceItemInObjectCaseSensitive(o, key, item)
+                                                 : cJSON_AddItemToObject(o, key, item))
+        return 1;
+    cJSON_Delete(item);
+    return 0;
+}
+
+/* A "tool_calls" key, not null, on message object j. */
+static int has_tool_calls(const cJSON *j)
+{
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "tool_calls");
+    return c && !cJSON_IsNull(c);
+}
+
+int ft_chat_uses_tools(const ft_chat_msg *m, int64_t n, const ft_chat_ctx *ctx)
+{
+    if (ctx && ctx->tools && !cJSON_IsNull((const cJSON *)ctx->tools)) return 1;
+    for (int64_t i = 0; i < n; i++)
+        if (m[i].json && has_tool_calls(m[i].json)) return 1;
+    return 0;
+}
+
+/* The template variables of messages m[0..n): {"messages": [...], tools, documents: None,
+ * bos_token, eos_token, add_generation_prompt[, enable_thinking]}, as transformers'
+ * apply_chat_template passes them (strftime_now formats 26 Jul 2024, jinja.h's default, so
+ * renders are reproducible). A message with json (the record's object) is a deep copy of it,
+ * so "tool_calls", "name", "tool_call_id" and any other key reach the template as written
+ * (transformers passes the dicts), with "role" set to the canonical role name (sharegpt
+ * "gpt" -> "assistant", "ipython" -> "tool"...) and "content" to ftune's content string, but
+ * null where the record's content is null or absent beside tool_calls (templates test
+ * `message.content is none`; HF datasets fill an absent key with None). A message ftune made
+ * up is {role, content}. A user turn with an alpaca "input" has content + "\n\n" + input, as
+ * the built-in renderers write it. "reasoning_content" as the record's string. `tools` is a
+ * deep copy of ctx->tools, None when absent. NULL when out of memory. */
 static cJSON *vars_of(const ft_chat_msg *m, int64_t n, const ft_chat_ctx *ctx, int gen_prompt)
 {
     cJSON *v = cJSON_CreateObject(), *l = v ? cJSON_AddArrayToObject(v, "messages") : NULL;
     if (!l) goto oom;
     for (int64_t i = 0; i < n; i++) {
-        cJSON *o = cJSON_CreateObject();
+        const cJSON *j = m[i].json;
+        cJSON *o = j ? cJSON_Duplicate(j, 1) : cJSON_CreateObject();
         if (!o || !cJSON_AddItemToArray(l, o)) {
             cJSON_Delete(o);
             goto oom;
@@ -51,21 +89,25 @@ static cJSON *vars_of(const ft_chat_msg *m, int64_t n, const ft_chat_ctx *ctx, i
             memcpy(c + m[i].content_n + 2, m[i].input, m[i].input_n);
         }
         c[cn] = 0;
+        const cJSON *jc = j ? cJSON_GetObjectItemCaseSensitive(j, "content") : NULL;
+        int null_content = j && (!jc || cJSON_IsNull(jc)) && has_tool_calls(j);
         /* (cJSON strings end at the first NUL: a record's "\u0000" cannot pass through) */
-        /* role first: the key order of users' data, seen by a template's tojson */
-        cJSON *s = cJSON_AddStringToObject(o, "role", ROLE[m[i].role]);
-        s = s ? cJSON_AddStringToObject(o, "content", c) : NULL;
+        /* role first in a made-up message: the key order of users' data, seen by tojson */
+        int ok = set_key(o, "role", cJSON_CreateString(ROLE[m[i].role])) &&
+                 set_key(o, "content", null_content ? cJSON_CreateNull() : cJSON_CreateString(c));
         free(c);
-        if (!s) goto oom;
+        if (!ok) goto oom;
         if (m[i].reasoning) {
             char *r = strndup(m[i].reasoning, m[i].reasoning_n);
-            s = r ? cJSON_AddStringToObject(o, "reasoning_content", r) : NULL;
+            ok = r && set_key(o, "reasoning_content", cJSON_CreateString(r));
             free(r);
-            if (!s) goto oom;
+            if (!ok) goto oom;
         }
     }
     /* transformers passes tools and documents always, None when absent */
-    if (!cJSON_AddNullToObject(v, "tools") || !cJSON_AddNullToObject(v, "documents") ||
+    const cJSON *tools = ctx->tools;
+    if (!set_key(v, "tools", tools ? cJSON_Duplicate(tools, 1) : cJSON_CreateNull()) ||
+        !cJSON_AddNullToObject(v, "documents") ||
         !cJSON_AddStringToObject(v, "bos_token", ctx->bos ? ctx->bos : "") ||
         !cJSON_AddStringToObject(v, "eos_token", ctx->eos ? ctx->eos : "") ||
         !cJSON_AddBoolToObject(v, "add_generation_prompt", gen_prompt) ||

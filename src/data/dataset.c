@@ -207,17 +207,33 @@ static int add_list(msgs *v, const cJSON *list, const char *role_key, const char
         if (role < 0)
             return ft_err(FT_E_INVALID, "%s %lld: unknown role '%.40s' (expected system, user, "
                           "assistant or tool)", where, (long long)i, r->valuestring);
+        /* "tool_calls" (OpenAI/TRL function calling): a list of call objects on an assistant
+         * message, whose content may then be null or absent (""). The Jinja renderer passes
+         * them to the model's template (ft_chat_msg.json) */
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        int calls = 0;
+        if (tc && !cJSON_IsNull(tc)) {
+            const cJSON *x;
+            int objs = cJSON_IsArray(tc);
+            if (objs) cJSON_ArrayForEach(x, tc) objs &= !!cJSON_IsObject(x);
+            if (!objs || role != FT_ROLE_ASSISTANT)
+                return ft_err(FT_E_INVALID, "%s %lld: 'tool_calls' must be a list of objects "
+                              "({\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}) on "
+                              "an assistant message", where, (long long)i);
+            calls = 1;
+        }
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, content_key);
-        if (!c)
+        if (!c && !calls)
             return ft_err(FT_E_INVALID, "%s %lld: needs '%s'", where, (long long)i, content_key);
-        const char *s = NULL;
+        const char *s = "";
         size_t n = 0;
-        FT_TRY(content_of(c, where, i, arena, &s, &n));
+        if (c) FT_TRY(content_of(c, where, i, arena, &s, &n));
         int train = 1;
         const cJSON *w = cJSON_GetObjectItemCaseSensitive(m, "weight"); /* OpenAI: 0 or 1 */
         if (cJSON_IsNumber(w) && w->valuedouble == 0) train = 0;
         if (force_train >= 0) train = force_train;
         FT_TRY(msgs_add(v, role, s, n, train));
+        v->m[v->n - 1].json = m; /* the object as written, for the Jinja renderer */
         /* "reasoning_content" (the field of Qwen3's template and of OpenAI-style APIs that
          * return reasoning, e.g. DeepSeek's and vLLM's): a string, or null for none */
         const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
@@ -389,6 +405,53 @@ static int put_with_eos(ft_chat_text *t, const char *s, size_t n, int train, con
     return 0;
 }
 
+static int has_role(const ft_chat_msg *m, int64_t n, int role)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (m[i].role == role) return 1;
+    return 0;
+}
+
+/* The record's "tools" (function schemas, formats.md 8.1) into *tools: NULL when absent or
+ * null, else a list of objects. Returns 0 or FT_E_INVALID. */
+static int tools_of(const cJSON *j, const cJSON **tools)
+{
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tools"), *x;
+    *tools = NULL;
+    if (!t || cJSON_IsNull(t)) return 0;
+    int ok = cJSON_IsArray(t);
+    if (ok) cJSON_ArrayForEach(x, t) ok &= !!cJSON_IsObject(x);
+    if (!ok)
+        return ft_err(FT_E_INVALID, "'tools' must be a list of function schemas (JSON objects, "
+                      "{\"type\": \"function\", \"function\": {\"name\", \"description\", "
+                      "\"parameters\"}})%s", cJSON_IsString(t) ? "; found a string: decode the "
+                      "JSON text into a list" : "");
+    *tools = t;
+    return 0;
+}
+
+/* The template for a conversation with tools or tool calls (ft_chat_uses_tools), which no
+ * built-in renderer writes: tmpl when it is the Jinja engine; the model's own template
+ * (FT_CHAT_JINJA) when tmpl is the built-in renderer detected for it (the built-ins give
+ * its text where they overlap); else FT_E_INVALID: no chat_template, or a forced built-in
+ * (Alpaca included) that is not the model's format. */
+static int tools_template(int tmpl, const ft_tokenizer *tok, int *out)
+{
+    *out = tmpl;
+    if (tmpl == FT_CHAT_JINJA) return 0;
+    if (!ft_tok_chat_template(tok))
+        return ft_err(FT_E_INVALID, "the record has 'tools' or 'tool_calls', which the %s "
+                      "template does not write, and the tokenizer has no chat_template that "
+                      "could (use a tokenizer whose chat_template writes tools; --chat-template "
+                      "jinja renders with it)", ft_chat_template_name(tmpl));
+    if (ft_chat_template_detect(tok) != tmpl)
+        return ft_err(FT_E_INVALID, "the record has 'tools' or 'tool_calls', which the built-in "
+                      "%s template does not write; --chat-template auto or jinja renders them "
+                      "with the model's own chat_template", ft_chat_template_name(tmpl));
+    *out = FT_CHAT_JINJA;
+    return 0;
+}
+
 static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int train_on_prompt,
                        const ft_tokenizer *tok)
 {
@@ -417,8 +480,19 @@ static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int
         if (!rc) rc = put_with_eos(&t, c, cn, 1, ctx.eos);
         add_special = 1;
     } else {
-        rc = to_messages(&v, j, format, &arena, 0);
+        const cJSON *tools = NULL;
+        rc = tools_of(j, &tools);
+        ctx.tools = tools;
+        if (!rc) rc = to_messages(&v, j, format, &arena, 0);
         if (!rc && v.n == 0) rc = ft_err(FT_E_INVALID, "the conversation has no messages");
+        /* tools and tool calls: the model's own template, as no built-in writes them */
+        if (!rc && ft_chat_uses_tools(v.m, v.n, &ctx)) rc = tools_template(tmpl, tok, &tmpl);
+        /* tool results: the built-in ChatML renderer writes plain <|im_start|>tool turns, but
+         * a detected ChatML template may write them otherwise (Qwen2.5: <tool_response> in a
+         * user turn), so those records take the model's own template too */
+        else if (!rc && tmpl == FT_CHAT_CHATML && has_role(v.m, v.n, FT_ROLE_TOOL) &&
+                 ft_tok_chat_template(tok) && ft_chat_template_detect(tok) == tmpl)
+            tmpl = FT_CHAT_JINJA;
         if (!rc) rc = ft_chat_render(&t, tmpl, v.m, v.n, &ctx);
         /* chat templates write BOS themselves; the Alpaca prompt relies on the tokenizer's
          * post-processor (add_special_tokens=True), as Stanford Alpaca's train.py does */

@@ -441,6 +441,12 @@ static int req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
     ft_data_msgs dm;
     int rc = ft_data_record_messages(rec, FT_DATA_AUTO, 1, &dm);
     int64_t n = dm.n, has_system = 0;
+    /* function calling: ft_gen_req (generate.h) keeps copies of the strings only, so "tools"
+     * and "tool_calls" would not reach the template; refused rather than dropped */
+    const ft_chat_ctx tc = {.tools = cJSON_GetObjectItemCaseSensitive(rec, "tools")};
+    if (!rc && ft_chat_uses_tools(dm.m, dm.n, &tc))
+        rc = ft_err(FT_E_INVALID, "prompts records with 'tools' or 'tool_calls' are not supported "
+                    "yet (the prompt would be rendered without them)");
     if (!rc && n && dm.m[n - 1].role == FT_ROLE_ASSISTANT) {
         if (!(q->reference = dup_str(dm.m[n - 1].content, dm.m[n - 1].content_n)))
             rc = ft_err(-ENOMEM, "out of memory");

@@ -1078,3 +1078,162 @@ def test_jinja_template_errors(tmp_path):
     ok = write_jsonl(tmp_path / "ok.jsonl", [{"messages": CONVERSATIONS[0]}])
     r = run_ftune(["tokenize", "--model", d2, "--data", ok])
     assert r.returncode != 0 and "chat_template:1:" in r.stderr, r.stderr
+
+
+# ---- function calling: "tools", assistant "tool_calls", tool results (formats.md 8.1) -----------
+# The built-in renderers write no tools, so a record with "tools" or "tool_calls" is rendered with
+# the model's own template even where auto detection picks a built-in (llama3.1 for Llama-3.3's
+# template: "Cutting Knowledge Date"; chatml for Qwen2.5's: "<|im_start|>" without "<think>");
+# records without them in the same file keep the built-in (the same text). Reference text:
+# transformers' own render_jinja_template (its jinja2 environment) with tools=record["tools"]
+# and the messages as written. Reference mask, the turn rule written out: for a trained
+# assistant message i, P = render(messages[:i], add_generation_prompt=True), Q =
+# render(messages[:i+1]); the turn's text is Q after the longest common prefix of P and Q, up to
+# Q's end less trailing whitespace (the "\n" after <|im_end|> is not trained), and the whole
+# text starts with Q. Each trained text is also checked against the one written by hand from
+# the template (TOOL_TRAINED): the tool-call JSON is trained with its end-of-turn token.
+
+def tool_call(name, args, cid=None):
+    c = {"type": "function", "function": {"name": name, "arguments": args}}
+    return {"id": cid, **c} if cid else c
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "City name, e.g. Paris"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a time zone.",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
+                   "required": ["timezone"]}}}
+TOOL_RECORDS = [
+    # system, one call (content null, an id), a tool result with tool_call_id and name, answer
+    {"tools": [WEATHER, CLOCK], "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [tool_call("get_weather", {"city": "Paris", "unit": "celsius"}, "call_1")]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+         "content": "{\"temperature\": 21, \"sky\": \"clear\"}"},
+        {"role": "assistant", "content": "It is 21 °C and clear in Paris."}]},
+    # two rounds: content "" on a weight-0 call turn, content absent on the next
+    {"tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Weather in Oslo, then in Tokyo?"},
+        {"role": "assistant", "content": "", "weight": 0,
+         "tool_calls": [tool_call("get_weather", {"city": "Oslo"})]},
+        {"role": "tool", "content": "-3 C, snow"},
+        {"role": "assistant", "tool_calls": [tool_call("get_weather", {"city": "Tokyo"})]},
+        {"role": "tool", "content": "18 C, rain"},
+        {"role": "assistant", "content": "Oslo: -3 °C with snow. Tokyo: 18 °C with rain."}]},
+    # tool_calls without tools; the call is the last (trained) turn
+    {"messages": [{"role": "user", "content": "Time in UTC?"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [tool_call("get_time", {"timezone": "UTC"})]}]},
+    # no tools at all: the built-in renderer
+    {"messages": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."}]},
+]
+# Qwen2.5's template also writes several calls in one turn, text before them, JSON-string
+# arguments (OpenAI's form, written through tojson as a string) and a run of tool results in
+# one user turn (Llama-3.3's raises "only supports single tool-calls")
+QWEN_TOOL_RECORDS = TOOL_RECORDS + [
+    {"tools": [WEATHER, CLOCK], "messages": [
+        {"role": "user", "content": "Weather and time in Lima?"},
+        {"role": "assistant", "content": "Let me check both.", "tool_calls": [
+            tool_call("get_weather", {"city": "Lima"}, "a"),
+            tool_call("get_time", "{\"timezone\": \"America/Lima\"}", "b")]},
+        {"role": "tool", "tool_call_id": "a", "content": "24 C"},
+        {"role": "tool", "tool_call_id": "b", "content": "14:05"},
+        {"role": "assistant", "content": "24 °C, and it is 14:05."}]},
+    # a tool result without tools or tool_calls: the built-in ChatML renderer would write an
+    # <|im_start|>tool turn, Qwen2.5's template a <tool_response> in a user turn
+    {"messages": [{"role": "user", "content": "Convert 3 km."},
+                  {"role": "assistant", "content": "Converting."},
+                  {"role": "tool", "content": "3 km = 1.86 mi"},
+                  {"role": "assistant", "content": "That is 1.86 miles."}]},
+]
+
+
+def llama_trained(m):
+    if "tool_calls" not in m:
+        return m["content"].strip() + "<|eot_id|>"
+    f = m["tool_calls"][0]["function"]
+    return '{"name": "' + f["name"] + '", "parameters": ' + json.dumps(f["arguments"]) + "}<|eot_id|>"
+
+
+def qwen_trained(m):
+    turn = ("\n" + m["content"]) if m.get("content") else ""
+    for c in m.get("tool_calls") or []:
+        f = c["function"]
+        turn += ('\n<tool_call>\n{"name": "' + f["name"] + '", "arguments": ' +
+                 json.dumps(f["arguments"], ensure_ascii=False) + "}\n</tool_call>")
+    # the "\n" after "<|im_start|>assistant" is the generation prompt's
+    return (turn or "\n")[1:] + "<|im_end|>"
+
+
+TOOL_TRAINED = {"llama-3.3-70b-instruct.jinja": llama_trained,
+                "qwen2.5-instruct-chujiezheng.jinja": qwen_trained}
+
+
+def expected_tools(tok, template, rec, bos, eos, trained_by_hand):
+    """(ids, labels, text) of a record with tools by the turn rule above."""
+    hf_render = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
+
+    def render_hf(msgs, gen):
+        return hf_render(conversations=[msgs], tools=rec.get("tools"), chat_template=template,
+                         add_generation_prompt=gen, bos_token=bos, eos_token=eos)[0][0]
+
+    msgs = rec["messages"]
+    text = render_hf(msgs, False)
+    spans = []
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant" or m.get("weight", 1) == 0:
+            continue
+        p, q = render_hf(msgs[:i], True), render_hf(msgs[:i + 1], False)
+        assert text.startswith(q), "template output is not incremental"
+        s = next((k for k in range(min(len(p), len(q))) if p[k] != q[k]), min(len(p), len(q)))
+        e = len(q.rstrip(" \t\r\n"))
+        assert q[s:e] == trained_by_hand(m), (q[s:e], trained_by_hand(m))
+        spans.append((s, e))
+    enc = tok.encode(text, add_special_tokens=False)
+    return enc.ids, label_by_overlap(enc, spans), text
+
+
+@pytest.mark.parametrize("file,records,forced", [
+    ("llama-3.3-70b-instruct.jinja", TOOL_RECORDS, "llama3.1"),
+    ("qwen2.5-instruct-chujiezheng.jinja", QWEN_TOOL_RECORDS, "chatml"),
+])
+def test_tool_calls_model_template(tmp_path, file, records, forced):
+    """Records with tools, tool calls and tool results: ids and labels as transformers'
+    rendering with tools=..., masks by the turn rule; the same with the detected built-in
+    forced (--chat-template llama3.1 / chatml) and with --chat-template jinja."""
+    template = fixture_template(file)
+    d = tokenizer_dir(tmp_path, LLAMA3, template)
+    tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    bos, eos = special_strings(d)
+    exp = [expected_tools(tok, template, r, bos, eos, TOOL_TRAINED[file]) for r in records]
+    marker = "Environment: ipython" if file.startswith("llama") else "<tools>"
+    assert marker in exp[0][2] and '"get_weather"' in exp[0][2], exp[0][2]
+    data = write_jsonl(tmp_path / "tools.jsonl", records)
+    for extra in ((), ("--chat-template", forced), ("--chat-template", "jinja")):
+        compare(f"{file} tools {' '.join(extra) or 'auto'}", tok, ftune_rows(d, data, *extra), exp)
+
+
+def test_tool_calls_refused_without_template(tmp_path):
+    """No template to write the tools: refused with the record's place and what to do; a
+    forced built-in that is not the model's format too; malformed 'tools' named."""
+    rec = TOOL_RECORDS[0]
+    d = tokenizer_dir(tmp_path, LLAMA2, None)
+    data = write_jsonl(tmp_path / "t.jsonl", [TOOL_RECORDS[3], rec])
+    r = run_ftune(["tokenize", "--model", d, "--data", data])
+    assert r.returncode != 0 and "'tools' or 'tool_calls'" in r.stderr, r.stderr
+    assert "no chat_template" in r.stderr and "--chat-template" in r.stderr, r.stderr
+    assert "t.jsonl" in r.stderr and "line 2" in r.stderr, r.stderr
+    d2 = tokenizer_dir(tmp_path, LLAMA3, fixture_template("llama-3.3-70b-instruct.jinja"),
+                       name="tok2")
+    r = run_ftune(["tokenize", "--model", d2, "--data", data, "--chat-template", "chatml"])
+    assert r.returncode != 0 and "'tools' or 'tool_calls'" in r.stderr, r.stderr
+    assert "--chat-template auto or jinja" in r.stderr, r.stderr
+    bad = write_jsonl(tmp_path / "b.jsonl", [{**rec, "tools": json.dumps(rec["tools"])}])
+    r = run_ftune(["tokenize", "--model", d2, "--data", bad])
+    assert r.returncode != 0 and "'tools' must be a list" in r.stderr, r.stderr

@@ -8,8 +8,11 @@
 #include "tests/unit/harness.h"
 
 #include "src/core/err.h"
+#include "src/data/chat.h"
 #include "src/data/dataset.h"
 #include "src/data/tokenizer.h"
+
+#include <cjson/cJSON.h>
 
 #define LLAMA2_DIR "tests/fixtures/tokenizers/llama2"
 #define LLAMA3_DIR "tests/fixtures/tokenizers/llama3"
@@ -644,6 +647,102 @@ static void test_pack_invariants(void **state)
     ft_dataset_free(&ds);
 }
 
+/* Function calling (formats.md 8.1): the template variables carry the record's message
+ * objects and "tools" as written (chat_jinja.c vars_of); records with tools or tool calls are
+ * refused where no template can write them. */
+static void test_tool_calls(void **state)
+{
+    /* the variables, seen through tojson: key order as written, canonical roles, content null
+     * beside tool_calls (null or absent in the record), a made-up message {role, content} */
+    cJSON *j = cJSON_Parse(
+        "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"m\":["
+        "{\"from\":\"human\",\"value\":\"hi\",\"x\":1},"
+        "{\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}],\"role\":\"assistant\",\"content\":null},"
+        "{\"role\":\"ipython\",\"tool_call_id\":\"c1\",\"content\":\"42\"},"
+        "{\"role\":\"assistant\",\"tool_calls\":[]}]}");
+    assert_non_null(j);
+    const cJSON *l = cJSON_GetObjectItem(j, "m");
+    ft_chat_msg m[5] = {{FT_ROLE_SYSTEM, "sys", 3, NULL, 0, 0},
+                        {FT_ROLE_USER, "hi", 2, NULL, 0, 0},
+                        {FT_ROLE_ASSISTANT, "", 0, NULL, 0, 1},
+                        {FT_ROLE_TOOL, "42", 2, NULL, 0, 0},
+                        {FT_ROLE_ASSISTANT, "", 0, NULL, 0, 1}};
+    for (int i = 1; i < 5; i++) m[i].json = cJSON_GetArrayItem(l, i - 1);
+    ft_chat_ctx ctx = {"", "", "{{ tools | tojson }}\n{% for m in messages %}{{ m | tojson }}\n"
+                       "{% endfor %}", 0, cJSON_GetObjectItem(j, "tools")};
+    ft_chat_text t = {0};
+    int rc = ft_chat_render_jinja(&t, m, 5, &ctx, 1);
+    if (rc) fail_msg("%s", ft_errmsg());
+    assert_string_equal(t.text,
+        "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]\n"
+        "{\"role\": \"system\", \"content\": \"sys\"}\n"
+        "{\"from\": \"human\", \"value\": \"hi\", \"x\": 1, \"role\": \"user\", \"content\": \"hi\"}\n"
+        "{\"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}], \"role\": "
+        "\"assistant\", \"content\": null}\n"
+        "{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"42\"}\n"
+        "{\"role\": \"assistant\", \"tool_calls\": [], \"content\": null}\n");
+    ft_chat_text_free(&t);
+    /* without tools: `tools` is None */
+    ctx.tools = NULL;
+    assert_int_equal(ft_chat_render_jinja(&t, m, 2, &ctx, 1), 0);
+    assert_non_null(strstr(t.text, "null\n{\"role\": \"system\""));
+    ft_chat_text_free(&t);
+    /* what needs a template that writes tools: tools (even []), or a tool_calls key not null */
+    assert_int_equal(ft_chat_uses_tools(m, 2, &ctx), 0);
+    assert_int_equal(ft_chat_uses_tools(m, 3, &ctx), 1);
+    assert_int_equal(ft_chat_uses_tools(m + 4, 1, &ctx), 1);
+    cJSON *empty = cJSON_CreateArray(), *nul = cJSON_CreateNull();
+    ctx.tools = empty;
+    assert_int_equal(ft_chat_uses_tools(m, 2, &ctx), 1);
+    ctx.tools = nul;
+    assert_int_equal(ft_chat_uses_tools(m, 2, &ctx), 0);
+    cJSON_Delete(empty);
+    cJSON_Delete(nul);
+    cJSON_Delete(j);
+
+    /* records: refused without a chat_template (Llama-2 fixture), with a forced built-in that
+     * is not the model's (Llama-3 fixture: llama3 detected), and malformed tools/tool_calls */
+    static const char *const CALL = "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+                                    "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]}";
+    char rec[1024];
+    snprintf(rec, sizeof rec, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},%s]}", CALL);
+    static const struct { const char *rec; int tmpl, l3; const char *needle; } bad[] = {
+        {NULL, FT_CHAT_AUTO, 0, "the tokenizer has no chat_template"},
+        {"{\"tools\":[{\"type\":\"function\"}],\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+         "{\"role\":\"assistant\",\"content\":\"b\"}]}", FT_CHAT_LLAMA2, 0, "--chat-template jinja"},
+        {NULL, FT_CHAT_CHATML, 1, "--chat-template auto or jinja"},
+        {NULL, FT_CHAT_ALPACA, 1, "built-in alpaca template does not write; --chat-template auto"},
+        {"{\"tools\":\"[]\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+         "{\"role\":\"assistant\",\"content\":\"b\"}]}", FT_CHAT_AUTO, 1, "'tools' must be a list"},
+        {"{\"tools\":[1],\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+         "{\"role\":\"assistant\",\"content\":\"b\"}]}", FT_CHAT_AUTO, 1, "'tools' must be a list"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"tool_calls\":[{}]},"
+         "{\"role\":\"assistant\",\"content\":\"b\"}]}", FT_CHAT_AUTO, 1, "message 0: 'tool_calls' must be"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+         "{\"role\":\"assistant\",\"tool_calls\":{}}]}", FT_CHAT_AUTO, 1, "message 1: 'tool_calls' must be"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+         "{\"role\":\"assistant\",\"tool_calls\":null}]}", FT_CHAT_AUTO, 1, "message 1: needs 'content'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ft_example ex;
+        rc = ft_dataset_encode_record(&ex, bad[i].rec ? bad[i].rec : rec, FT_DATA_AUTO,
+                                      bad[i].tmpl, 0, bad[i].l3 ? L3 : L2);
+        printf("  tools %zu -> %s\n", i, ft_errmsg());
+        assert_int_equal(rc, FT_E_INVALID);
+        if (!strstr(ft_errmsg(), bad[i].needle)) fail_msg("'%s' not in '%s'", bad[i].needle, ft_errmsg());
+        if (i < 4) assert_non_null(strstr(ft_errmsg(), "the record has 'tools' or 'tool_calls'"));
+    }
+    /* content absent beside tool_calls: accepted (the Llama-3 fixture's own template renders it) */
+    snprintf(rec, sizeof rec, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+             "{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\"}}]},"
+             "{\"role\":\"tool\",\"content\":\"1\"},{\"role\":\"assistant\",\"content\":\"b\"}]}");
+    ft_example ex;
+    rc = ft_dataset_encode_record(&ex, rec, FT_DATA_AUTO, FT_CHAT_AUTO, 0, L3);
+    if (rc) fail_msg("%s", ft_errmsg());
+    free(ex.ids);
+    free(ex.labels);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -658,6 +757,7 @@ int main(void)
         cmocka_unit_test(test_eval_file),
         cmocka_unit_test(test_several_files),
         cmocka_unit_test(test_pack_invariants),
+        cmocka_unit_test(test_tool_calls),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
