@@ -61,8 +61,12 @@ for e in "$BUILD"/tests/emu_*; do
 done
 # FTUNE_TEST_PYTEST=0: C tests and replays only (the sanitizer step of .ci/run).
 if [ "${FTUNE_TEST_PYTEST:-1}" != 0 ] && command -v python3 >/dev/null && [ -d tests/ref ]; then
-    out=$(timeout "$TIMEOUT" python3 -m pytest -q -rs tests/ref 2>&1); rc=$?
+    # the whole reference suite under one guard against a hang (each test has its own
+    # timeouts); FTUNE_PYTEST_TIMEOUT overrides it
+    PYTEST_TIMEOUT=${FTUNE_PYTEST_TIMEOUT:-1800}
+    out=$(timeout "$PYTEST_TIMEOUT" python3 -m pytest -q -rs tests/ref 2>&1); rc=$?
     echo "$out" | tail -40
+    [ "$rc" -eq 124 ] && echo "pytest tests/ref: stopped after ${PYTEST_TIMEOUT} s (FTUNE_PYTEST_TIMEOUT)"
     summary=$(echo "$out" | tail -1)
     p=$(echo "$summary" | grep -o '[0-9]* passed' | grep -o '[0-9]*'); p=${p:-0}
     f=$(echo "$summary" | grep -o '[0-9]* failed' | grep -o '[0-9]*'); f=${f:-0}

@@ -37,8 +37,10 @@ typedef struct ft_chat_msg {
                               * of reasoning parsed from <think>...</think> in content); the
                               * other templates' Jinja sources ignore the field, as here */
     const void *json;        /* borrowed cJSON object: the record's message as written (with
-                              * "tool_calls", "name", "tool_call_id"...), NULL for messages
-                              * ftune makes up (alpaca, a sharegpt "system" field). Only the
+                              * "tool_calls", "name", "tool_call_id"...), or the OpenAI-form
+                              * object a LLaMA-Factory function_call turn is converted to;
+                              * NULL for messages ftune makes up (alpaca, a sharegpt "system"
+                              * field). Only the
                               * Jinja renderer reads it (chat_jinja.c vars_of) */
 } ft_chat_msg;
 

@@ -135,8 +135,35 @@ static int role_of(const char *r)
     return -1;
 }
 
-/* Joined content parts, freed together after the record is encoded. */
-typedef struct arena_blk { struct arena_blk *prev; char s[]; } arena_blk;
+/* What a record's conversion makes (joined content parts, JSON objects converted from
+ * LLaMA-Factory's forms), freed together after the record is encoded: a block holds a string
+ * s[] or owns one cJSON tree (json, NULL for a string block). */
+typedef struct arena_blk { struct arena_blk *prev; cJSON *json; char s[]; } arena_blk;
+
+/* Hands j (may be NULL: out of memory while building it) to *arena. Returns 0 or -ENOMEM
+ * (j deleted). */
+static int arena_keep(arena_blk **arena, cJSON *j)
+{
+    arena_blk *b = j ? malloc(sizeof *b) : NULL;
+    if (!b) {
+        cJSON_Delete(j);
+        return ft_err(-ENOMEM, "out of memory");
+    }
+    b->prev = *arena;
+    b->json = j;
+    *arena = b;
+    return 0;
+}
+
+/* JSON text s parsed whole (trailing text other than whitespace is an error, as in Python's
+ * json.loads); NULL, with the byte offset of the error in *err_at, when it does not parse. */
+static cJSON *parse_text(const char *s, size_t *err_at)
+{
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithOpts(s, &end, 1);
+    *err_at = !j && end && end >= s ? (size_t)(end - s) : 0;
+    return j;
+}
 
 /* Message content: a string, or a list of {"type":"text","text":...} parts joined (OpenAI).
  * Joined parts live in *arena (freed by the caller). */
@@ -168,6 +195,7 @@ static int content_of(const cJSON *c, const char *where, int64_t i, arena_blk **
     arena_blk *b = malloc(sizeof *b + total + 1);
     if (!b) return ft_err(-ENOMEM, "out of memory");
     b->prev = *arena;
+    b->json = NULL;
     *arena = b;
     size_t k = 0;
     cJSON_ArrayForEach(p, c) {
@@ -186,9 +214,69 @@ static void arena_free(arena_blk *a)
 {
     while (a) {
         arena_blk *prev = a->prev;
+        cJSON_Delete(a->json);
         free(a);
         a = prev;
     }
+}
+
+/* A LLaMA-Factory "function_call" turn (its data/README.md sharegpt form; its OpenAI-form
+ * converter writes the same): content c is JSON text, {"name": N, "arguments": A} or a list
+ * of such (parallel calls), as its FunctionFormatter reads it. *out gets the message in
+ * OpenAI form, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+ * "function": {"name": N, "arguments": A}}, ...]} (A as written: an object, or a string),
+ * owned by *arena. Returns 0, -ENOMEM, FT_E_INVALID (naming the turn). */
+static int function_call_of(const cJSON *c, const char *key, const char *where, int64_t i,
+                            arena_blk **arena, const cJSON **out)
+{
+    static const char FORM[] = "{\"name\": ..., \"arguments\": {...}} or a list of them";
+    if (!cJSON_IsString(c))
+        return ft_err(FT_E_INVALID, "%s %lld: a function_call turn's '%s' must be JSON text, %s",
+                      where, (long long)i, key, FORM);
+    size_t at;
+    cJSON *calls = parse_text(c->valuestring, &at);
+    if (!calls)
+        return ft_err(FT_E_INVALID, "%s %lld: the function_call '%s' is not valid JSON (at byte "
+                      "%zu%s%.24s%s); expected %s", where, (long long)i, key, at,
+                      c->valuestring[at] ? ": '" : ", the end", c->valuestring + at,
+                      c->valuestring[at] ? "'" : "", FORM);
+    FT_TRY(arena_keep(arena, calls));
+    cJSON *msg = cJSON_CreateObject(), *tc = NULL;
+    int rc = arena_keep(arena, msg);
+    if (!rc && (!cJSON_AddStringToObject(msg, "role", "assistant") ||
+                !cJSON_AddStringToObject(msg, "content", "") ||
+                !(tc = cJSON_AddArrayToObject(msg, "tool_calls"))))
+        rc = ft_err(-ENOMEM, "out of memory");
+    if (rc) return rc;
+    const cJSON *x, *one = cJSON_IsObject(calls) ? calls : NULL;
+    int n = 0;
+    if (!one && !cJSON_IsArray(calls)) n = -1;
+    for (x = one ? one : calls->child; n >= 0 && x; x = one ? NULL : x->next, n++) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(x, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(x, "arguments");
+        if (!cJSON_IsObject(x) || !cJSON_IsString(name) || !args) {
+            n = -1;
+            break;
+        }
+        cJSON *call = cJSON_CreateObject(), *fn = NULL;
+        if (!call || !cJSON_AddItemToArray(tc, call)) {
+            cJSON_Delete(call);
+            return ft_err(-ENOMEM, "out of memory");
+        }
+        cJSON *a = cJSON_Duplicate(args, 1);
+        if (!a || !cJSON_AddStringToObject(call, "type", "function") ||
+            !(fn = cJSON_AddObjectToObject(call, "function")) ||
+            !cJSON_AddStringToObject(fn, "name", name->valuestring) ||
+            !cJSON_AddItemToObject(fn, "arguments", a)) {
+            cJSON_Delete(a);
+            return ft_err(-ENOMEM, "out of memory");
+        }
+    }
+    if (n <= 0)
+        return ft_err(FT_E_INVALID, "%s %lld: the function_call '%s' must be %s (a string "
+                      "'name' and an 'arguments' in each)", where, (long long)i, key, FORM);
+    *out = msg;
+    return 0;
 }
 
 /* Appends a list of message objects with keys (role_key, content_key). */
@@ -209,7 +297,8 @@ static int add_list(msgs *v, const cJSON *list, const char *role_key, const char
                           "assistant or tool)", where, (long long)i, r->valuestring);
         /* "tool_calls" (OpenAI/TRL function calling): a list of call objects on an assistant
          * message, whose content may then be null or absent (""). The Jinja renderer passes
-         * them to the model's template (ft_chat_msg.json) */
+         * them to the model's template (ft_chat_msg.json). LLaMA-Factory's "function_call"
+         * turns (the call as JSON text) become such messages (function_call_of) */
         const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
         int calls = 0;
         if (tc && !cJSON_IsNull(tc)) {
@@ -227,13 +316,17 @@ static int add_list(msgs *v, const cJSON *list, const char *role_key, const char
             return ft_err(FT_E_INVALID, "%s %lld: needs '%s'", where, (long long)i, content_key);
         const char *s = "";
         size_t n = 0;
-        if (c) FT_TRY(content_of(c, where, i, arena, &s, &n));
+        const cJSON *obj = m; /* the object the Jinja renderer sees */
+        if (!calls && !strcmp(r->valuestring, "function_call"))
+            FT_TRY(function_call_of(c, content_key, where, i, arena, &obj)); /* content "" */
+        else if (c)
+            FT_TRY(content_of(c, where, i, arena, &s, &n));
         int train = 1;
         const cJSON *w = cJSON_GetObjectItemCaseSensitive(m, "weight"); /* OpenAI: 0 or 1 */
         if (cJSON_IsNumber(w) && w->valuedouble == 0) train = 0;
         if (force_train >= 0) train = force_train;
         FT_TRY(msgs_add(v, role, s, n, train));
-        v->m[v->n - 1].json = m; /* the object as written, for the Jinja renderer */
+        v->m[v->n - 1].json = obj; /* as written (or converted), for the Jinja renderer */
         /* "reasoning_content" (the field of Qwen3's template and of OpenAI-style APIs that
          * return reasoning, e.g. DeepSeek's and vLLM's): a string, or null for none */
         const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
@@ -413,19 +506,58 @@ static int has_role(const ft_chat_msg *m, int64_t n, int role)
 }
 
 /* The record's "tools" (function schemas, formats.md 8.1) into *tools: NULL when absent or
- * null, else a list of objects. Returns 0 or FT_E_INVALID. */
-static int tools_of(const cJSON *j, const cJSON **tools)
+ * null, else a list of objects: the record's own list, or, for LLaMA-Factory's form (its
+ * data/README.md: "tools" as JSON text), the text parsed into a list owned by *arena, each
+ * schema that is not {"type": "function", ...} wrapped as {"type": "function", "function":
+ * schema} (as its Llama-3, Mistral and Qwen tool formatters do), and "" or "[]" meaning none
+ * (its converter's "" default; its ToolFormatter writes nothing for an empty list). Returns 0,
+ * -ENOMEM or FT_E_INVALID (naming 'tools'). */
+static int tools_of(const cJSON *j, arena_blk **arena, const cJSON **tools)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tools"), *x;
     *tools = NULL;
     if (!t || cJSON_IsNull(t)) return 0;
+    static const char FORM[] = "a list of function schemas (JSON objects, {\"type\": "
+                               "\"function\", \"function\": {\"name\", \"description\", "
+                               "\"parameters\"}})";
+    if (cJSON_IsString(t)) {
+        const char *p = t->valuestring;
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) return 0;
+        size_t at;
+        cJSON *l = parse_text(t->valuestring, &at);
+        if (!l)
+            return ft_err(FT_E_INVALID, "'tools' is a string that is not valid JSON (at byte %zu%s"
+                          "%.24s%s); expected %s, or that list as JSON text", at,
+                          t->valuestring[at] ? ": '" : ", the end", t->valuestring + at,
+                          t->valuestring[at] ? "'" : "", FORM);
+        FT_TRY(arena_keep(arena, l));
+        int ok = cJSON_IsArray(l);
+        if (ok) cJSON_ArrayForEach(x, l) ok &= !!cJSON_IsObject(x);
+        if (!ok)
+            return ft_err(FT_E_INVALID, "'tools' (JSON text) must be %s", FORM);
+        if (!l->child) return 0;
+        for (cJSON *s = l->child; s; s = s->next) {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
+            if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "function")) continue;
+            /* wrap in place: s's items move into a new "function" object (on failure l, kept
+             * by the arena, is left half-wrapped and the record fails) */
+            cJSON *fn = cJSON_CreateObject();
+            if (!fn) return ft_err(-ENOMEM, "out of memory");
+            fn->child = s->child;
+            s->child = NULL;
+            if (!cJSON_AddStringToObject(s, "type", "function") ||
+                !cJSON_AddItemToObject(s, "function", fn)) {
+                cJSON_Delete(fn);
+                return ft_err(-ENOMEM, "out of memory");
+            }
+        }
+        *tools = l;
+        return 0;
+    }
     int ok = cJSON_IsArray(t);
     if (ok) cJSON_ArrayForEach(x, t) ok &= !!cJSON_IsObject(x);
-    if (!ok)
-        return ft_err(FT_E_INVALID, "'tools' must be a list of function schemas (JSON objects, "
-                      "{\"type\": \"function\", \"function\": {\"name\", \"description\", "
-                      "\"parameters\"}})%s", cJSON_IsString(t) ? "; found a string: decode the "
-                      "JSON text into a list" : "");
+    if (!ok) return ft_err(FT_E_INVALID, "'tools' must be %s, or that list as JSON text", FORM);
     *tools = t;
     return 0;
 }
@@ -450,6 +582,33 @@ static int tools_template(int tmpl, const ft_tokenizer *tok, int *out)
                       "with the model's own chat_template", ft_chat_template_name(tmpl));
     *out = FT_CHAT_JINJA;
     return 0;
+}
+
+int ft_chat_template_for(const ft_tokenizer *tok, int tmpl, const ft_chat_msg *m, int64_t n,
+                         const ft_chat_ctx *ctx, int *out)
+{
+    if (tmpl == FT_CHAT_AUTO) tmpl = ft_chat_template_detect(tok);
+    *out = tmpl;
+    /* tools and tool calls: the model's own template, as no built-in writes them */
+    if (ft_chat_uses_tools(m, n, ctx)) return tools_template(tmpl, tok, out);
+    /* tool results: the built-in ChatML renderer writes plain <|im_start|>tool turns, but a
+     * detected ChatML template may write them otherwise (Qwen2.5: <tool_response> in a user
+     * turn), so those conversations take the model's own template too */
+    if (tmpl == FT_CHAT_CHATML && has_role(m, n, FT_ROLE_TOOL) && ft_tok_chat_template(tok) &&
+        ft_chat_template_detect(tok) == tmpl)
+        *out = FT_CHAT_JINJA;
+    return 0;
+}
+
+int ft_data_record_tools(const cJSON *rec, cJSON **tools)
+{
+    arena_blk *arena = NULL;
+    const cJSON *t = NULL;
+    *tools = NULL;
+    int rc = tools_of(rec, &arena, &t);
+    if (!rc && t && !(*tools = cJSON_Duplicate(t, 1))) rc = ft_err(-ENOMEM, "out of memory");
+    arena_free(arena);
+    return rc;
 }
 
 static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int train_on_prompt,
@@ -481,18 +640,11 @@ static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int
         add_special = 1;
     } else {
         const cJSON *tools = NULL;
-        rc = tools_of(j, &tools);
+        rc = tools_of(j, &arena, &tools);
         ctx.tools = tools;
         if (!rc) rc = to_messages(&v, j, format, &arena, 0);
         if (!rc && v.n == 0) rc = ft_err(FT_E_INVALID, "the conversation has no messages");
-        /* tools and tool calls: the model's own template, as no built-in writes them */
-        if (!rc && ft_chat_uses_tools(v.m, v.n, &ctx)) rc = tools_template(tmpl, tok, &tmpl);
-        /* tool results: the built-in ChatML renderer writes plain <|im_start|>tool turns, but
-         * a detected ChatML template may write them otherwise (Qwen2.5: <tool_response> in a
-         * user turn), so those records take the model's own template too */
-        else if (!rc && tmpl == FT_CHAT_CHATML && has_role(v.m, v.n, FT_ROLE_TOOL) &&
-                 ft_tok_chat_template(tok) && ft_chat_template_detect(tok) == tmpl)
-            tmpl = FT_CHAT_JINJA;
+        if (!rc) rc = ft_chat_template_for(tok, tmpl, v.m, v.n, &ctx, &tmpl);
         if (!rc) rc = ft_chat_render(&t, tmpl, v.m, v.n, &ctx);
         /* chat templates write BOS themselves; the Alpaca prompt relies on the tokenizer's
          * post-processor (add_special_tokens=True), as Stanford Alpaca's train.py does */

@@ -127,8 +127,11 @@ int ft_dataset_encode_record(ft_example *ex, const char *record_json, int format
  * (conversations, system?) and conversational prompt/completion; format FT_DATA_AUTO detects
  * the schema from the record's keys as --data-format auto does. With prompt_only = 1 (a
  * prompt to answer: ftune generate) an alpaca record needs no "output" (then no final
- * assistant turn) and {"instruction"} alone is detected as alpaca. out->m[0..n) borrow
- * strings from rec and from out's own storage (joined content parts): rec must outlive
+ * assistant turn) and {"instruction"} alone is detected as alpaca. LLaMA-Factory's
+ * "function_call" turns (the call as JSON text) become assistant messages whose json is an
+ * OpenAI-form object {"role", "content": "", "tool_calls"} (FT_E_INVALID naming the turn when
+ * the text does not parse). out->m[0..n) borrow strings and message objects from rec and
+ * from out's own storage (joined content parts, converted messages): rec must outlive
  * them. Returns 0, -ENOMEM, FT_E_INVALID (the message names the field and the message
  * index, without a file location; also a record of no conversational schema). Free with
  * ft_data_msgs_free, also after an error. */
@@ -137,12 +140,32 @@ struct ft_chat_msg;
 typedef struct ft_data_msgs {
     struct ft_chat_msg *m;
     int64_t n, cap;
-    void *arena;             /* joined content parts */
+    void *arena;             /* joined content parts, converted message objects */
     int format;              /* the schema used (enum ft_data_format) */
 } ft_data_msgs;
 int ft_data_record_messages(const struct cJSON *rec, int format, int prompt_only,
                             ft_data_msgs *out);
 void ft_data_msgs_free(ft_data_msgs *v); /* NULL-safe; leaves v zeroed */
+
+/* A record's "tools" (function schemas) as training reads them, into *tools: NULL when
+ * absent, null, or LLaMA-Factory's "" / "[]" text; else a new list (caller deletes with
+ * cJSON_Delete): the record's own list of objects copied, or LLaMA-Factory's form (JSON text
+ * of a list) parsed, its bare schemas wrapped as {"type": "function", "function": schema}.
+ * Returns 0, -ENOMEM, FT_E_INVALID (naming 'tools': not a list of objects, text that does not
+ * parse). */
+int ft_data_record_tools(const struct cJSON *rec, struct cJSON **tools);
+
+/* The template that renders the conversation m[0..n) with ctx (its tools), by the rule
+ * training applies to each record: tmpl (FT_CHAT_AUTO: detected from tok), but the model's
+ * own template (FT_CHAT_JINJA) for a conversation with tools or tool calls
+ * (ft_chat_uses_tools), which no built-in writes, and for tool results under a detected
+ * ChatML template (Qwen2.5 writes them as <tool_response> user turns). *out receives it.
+ * Returns 0 or FT_E_INVALID for tools or tool calls that no template at hand writes: tok
+ * has no chat_template, or tmpl is a forced built-in (Alpaca included) of another format
+ * than the model's (the message says which, and the way out). */
+struct ft_chat_ctx;
+int ft_chat_template_for(const ft_tokenizer *tok, int tmpl, const struct ft_chat_msg *m,
+                         int64_t n, const struct ft_chat_ctx *ctx, int *out);
 
 /* Resolves FT_CHAT_AUTO from the tokenizer's chat_template by substring (formats.md 7.2). */
 int ft_chat_template_detect(const ft_tokenizer *tok);

@@ -346,15 +346,18 @@ int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int6
 
 /* ---- prompt ------------------------------------------------------------------------------ */
 
-/* Renders messages m[0..k) with tmpl (resolved) and its generation prompt (flags: FT_GEN_*), and encodes
- * them as training does. */
+/* Renders messages m[0..k) with tools (NULL: none) and its generation prompt (flags:
+ * FT_GEN_*) with tmpl (resolved) or the template training takes for them
+ * (ft_chat_template_for; *used gets it), and encodes them as training does. */
 static int msgs_ids(const ft_tokenizer *tok, int tmpl, const ft_chat_msg *m, int64_t k,
-                    int flags, int32_t **ids, int64_t *n)
+                    const cJSON *tools, int flags, int32_t **ids, int64_t *n, int *used)
 {
     ft_chat_ctx ctx = {ft_tok_bos_str(tok), ft_tok_eos_str(tok), ft_tok_chat_template(tok),
-                       !!(flags & FT_GEN_NO_THINK)};
+                       !!(flags & FT_GEN_NO_THINK), tools};
     ft_chat_text t = {0};
-    int rc = ft_chat_render_prompt(&t, tmpl, m, k, &ctx);
+    int rc = ft_chat_template_for(tok, tmpl, m, k, &ctx, &tmpl);
+    if (used) *used = tmpl;
+    if (!rc) rc = ft_chat_render_prompt(&t, tmpl, m, k, &ctx);
     /* chat templates write BOS themselves; the Alpaca prompt relies on the tokenizer's
      * post-processor, as in training (dataset.c) */
     if (!rc) rc = ft_tok_encode(tok, t.text ? t.text : "", t.n, tmpl == FT_CHAT_ALPACA, ids, n);
@@ -376,7 +379,7 @@ int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, con
     memset(m, 0, sizeof m);
     if (system) m[k++] = (ft_chat_msg){FT_ROLE_SYSTEM, system, strlen(system), NULL, 0, 0};
     m[k++] = (ft_chat_msg){FT_ROLE_USER, prompt, strlen(prompt), NULL, 0, 0};
-    return msgs_ids(tok, tmpl, m, k, flags, ids, n);
+    return msgs_ids(tok, tmpl, m, k, NULL, flags, ids, n, NULL);
 }
 
 /* ---- prompts files ----------------------------------------------------------------------- */
@@ -398,8 +401,10 @@ void ft_gen_req_free(ft_gen_req *q)
         free((char *)q->msgs[i].content);
         free((char *)q->msgs[i].input);
         free((char *)q->msgs[i].reasoning);
+        cJSON_Delete((cJSON *)q->msgs[i].json);
     }
     free(q->msgs);
+    cJSON_Delete(q->tools);
     free(q->user);
     free(q->reference);
     memset(q, 0, sizeof *q);
@@ -441,15 +446,15 @@ static int req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
     ft_data_msgs dm;
     int rc = ft_data_record_messages(rec, FT_DATA_AUTO, 1, &dm);
     int64_t n = dm.n, has_system = 0;
-    /* function calling: ft_gen_req (generate.h) keeps copies of the strings only, so "tools"
-     * and "tool_calls" would not reach the template; refused rather than dropped */
-    const ft_chat_ctx tc = {.tools = cJSON_GetObjectItemCaseSensitive(rec, "tools")};
-    if (!rc && ft_chat_uses_tools(dm.m, dm.n, &tc))
-        rc = ft_err(FT_E_INVALID, "prompts records with 'tools' or 'tool_calls' are not supported "
-                    "yet (the prompt would be rendered without them)");
     if (!rc && n && dm.m[n - 1].role == FT_ROLE_ASSISTANT) {
-        if (!(q->reference = dup_str(dm.m[n - 1].content, dm.m[n - 1].content_n)))
-            rc = ft_err(-ENOMEM, "out of memory");
+        const ft_chat_msg *a = &dm.m[n - 1];
+        /* a tool-call turn without text: its calls are the reply to compare with */
+        const cJSON *calls = a->json ? cJSON_GetObjectItemCaseSensitive(a->json, "tool_calls") : NULL;
+        if (a->content_n == 0 && calls && !cJSON_IsNull(calls))
+            q->reference = cJSON_PrintUnformatted(calls);
+        else
+            q->reference = dup_str(a->content, a->content_n);
+        if (!q->reference) rc = ft_err(-ENOMEM, "out of memory");
         n--;
     }
     if (!rc && (n == 0 || (dm.m[n - 1].role != FT_ROLE_USER && dm.m[n - 1].role != FT_ROLE_TOOL)))
@@ -460,6 +465,10 @@ static int req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
     for (int64_t i = 0; !rc && i < n; i++) {
         rc = req_add(q, dm.m[i].role, dm.m[i].content, dm.m[i].content_n, dm.m[i].input,
                      dm.m[i].input_n);
+        /* the message object as the template sees it (tool_calls, name, tool_call_id...) */
+        if (!rc && dm.m[i].json &&
+            !(q->msgs[q->n_msgs - 1].json = cJSON_Duplicate(dm.m[i].json, 1)))
+            rc = ft_err(-ENOMEM, "out of memory");
         if (!rc && dm.m[i].reasoning) { /* "reasoning_content" (the qwen3 template writes it) */
             char *r = dup_str(dm.m[i].reasoning, dm.m[i].reasoning_n);
             if (!r) rc = ft_err(-ENOMEM, "out of memory");
@@ -498,6 +507,9 @@ static int req_prompt(ft_gen_req *q, const char *p, const cJSON *j, const char *
     }
     if (raw && sys)
         return ft_err(FT_E_INVALID, "with --raw a record has no 'system' (the prompt is encoded as is)");
+    if (raw && j && cJSON_GetObjectItemCaseSensitive(j, "tools"))
+        return ft_err(FT_E_INVALID, "with --raw a record has no 'tools' (the prompt is encoded as "
+                      "is; without --raw the model's template writes them)");
     if (!sys) sys = system; /* as --system: present even when "" */
     if (!raw && sys) FT_TRY(req_add(q, FT_ROLE_SYSTEM, sys, strlen(sys), NULL, 0));
     FT_TRY(req_add(q, FT_ROLE_USER, p, strlen(p), NULL, 0));
@@ -536,6 +548,8 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     } else {
         rc = ft_err(FT_E_INVALID, "expected a string or an object; found %s", json_type(rec));
     }
+    /* function schemas, as training reads them (the model's template writes them) */
+    if (!rc && !raw && cJSON_IsObject(rec)) rc = ft_data_record_tools(rec, &q->tools);
     if (rc) ft_gen_req_free(q);
     return rc;
 }
@@ -550,7 +564,7 @@ int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int f
     if (tmpl == FT_CHAT_AUTO) tmpl = ft_chat_template_detect(tok);
     if (tmpl_out) *tmpl_out = tmpl;
     if (flags & FT_GEN_RAW) return ft_tok_encode(tok, q->user, strlen(q->user), 1, ids, n);
-    return msgs_ids(tok, tmpl, q->msgs, q->n_msgs, flags, ids, n);
+    return msgs_ids(tok, tmpl, q->msgs, q->n_msgs, q->tools, flags, ids, n, tmpl_out);
 }
 
 uint64_t ft_gen_record_seed(uint64_t seed, int64_t i)

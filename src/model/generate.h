@@ -102,29 +102,40 @@ int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, con
 
 /* ---- prompts files (ftune generate --prompts) ----------------------------------------------- */
 
-/* One prompt read from a record of a prompts file; it owns its strings (the record may be
- * freed). msgs[0..n_msgs) is the conversation to render, ending with a user (or tool) turn;
- * user is the text reported as the prompt: the last user turn (an alpaca record's
- * instruction + "\n\n" + input when there is an input), or with raw = 1 the whole text. */
+/* One prompt read from a record of a prompts file; it owns its strings and JSON (the record
+ * may be freed). msgs[0..n_msgs) is the conversation to render, ending with a user (or tool)
+ * turn; user is the text reported as the prompt: the last user turn (an alpaca record's
+ * instruction + "\n\n" + input when there is an input), or with raw = 1 the whole text.
+ * Function calling: tools and each message's json are what the model's template gets, as
+ * in training (ft_chat_msg.json, ft_chat_ctx.tools). */
 typedef struct ft_gen_req {
-    ft_chat_msg *msgs;       /* n_msgs; content and input malloc'ed */
+    ft_chat_msg *msgs;       /* n_msgs; content, input, reasoning malloc'ed; json a
+                              * cJSON_Duplicate of the record's message (or of the OpenAI-form
+                              * message a LLaMA-Factory function_call turn becomes), NULL for
+                              * messages ftune makes up */
     int64_t n_msgs;
+    cJSON *tools;            /* the record's "tools" (ft_data_record_tools: a copy, or
+                              * LLaMA-Factory's JSON text parsed), NULL if none */
     char *user;
     char *reference;         /* the expected reply, NULL if none: a final assistant turn
-                              * (dropped from the prompt), alpaca "output", "completion" */
+                              * (dropped from the prompt; its tool_calls as compact JSON when
+                              * it has calls and no content), alpaca "output", "completion" */
 } ft_gen_req;
 
 /* Reads one record (formats.md 8.1 schemas, as a prompt):
  *   "S"                                      the user message S;
- *   {"prompt": S, "system"?: S2, "completion"?: R}
+ *   {"prompt": S, "system"?: S2, "completion"?: R, "tools"?: T}
  *                                            S after system message S2 (even ""), as
  *                                            --prompt S --system S2; R is the reference;
  *   any conversational record training reads (messages, sharegpt, alpaca with "output"
  *   optional, conversational prompt/completion), converted as training converts it
- *   (ft_data_record_messages): a final assistant turn (alpaca "output") is the reference,
- *   what is left must end with a user or tool turn.
+ *   (ft_data_record_messages: tool_calls, LLaMA-Factory's function_call and observation
+ *   turns): a final assistant turn (alpaca "output") is the reference, what is left must end
+ *   with a user or tool turn.
+ * A record's "tools" (T) are read as training reads them (ft_data_record_tools).
  * system (may be NULL) is the default system message (--system) for a record without one.
- * With raw = 1 only "S" and {"prompt": S[, "completion": R]} are accepted (S encoded as is).
+ * With raw = 1 only "S" and {"prompt": S[, "completion": R]} are accepted (S encoded as is;
+ * "tools" refused).
  * Returns 0, -ENOMEM, FT_E_INVALID (the message says what is wrong, without a location:
  * callers prefix it with ft_err_prefix). On error *q is left empty. Free with
  * ft_gen_req_free. */
@@ -132,8 +143,12 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
 void ft_gen_req_free(ft_gen_req *q); /* NULL-safe; leaves q zeroed */
 
 /* Token ids of q's prompt, as ft_gen_prompt_ids renders them (the same template path and
- * flags, so a record {"prompt": S, "system": S2} gives the ids of --prompt S --system S2).
- * Returns as ft_gen_prompt_ids. */
+ * flags, so a record {"prompt": S, "system": S2} gives the ids of --prompt S --system S2),
+ * with q's tools and message objects, and the template chosen as training chooses it
+ * (ft_chat_template_for: the model's own for tools, tool calls, and tool results under
+ * ChatML), so the ids are those of the record's conversation rendered by the engine with
+ * the generation prompt. *tmpl_out (may be NULL) receives the template used. Returns as
+ * ft_gen_prompt_ids, and ft_chat_template_for's FT_E_INVALID. */
 int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int flags,
                    int32_t **ids, int64_t *n, int *tmpl_out);
 

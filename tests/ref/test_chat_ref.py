@@ -1234,6 +1234,10 @@ def test_tool_calls_refused_without_template(tmp_path):
     r = run_ftune(["tokenize", "--model", d2, "--data", data, "--chat-template", "chatml"])
     assert r.returncode != 0 and "'tools' or 'tool_calls'" in r.stderr, r.stderr
     assert "--chat-template auto or jinja" in r.stderr, r.stderr
-    bad = write_jsonl(tmp_path / "b.jsonl", [{**rec, "tools": json.dumps(rec["tools"])}])
+    # "tools" as a JSON string (LLaMA-Factory's form) is parsed; broken JSON there is named
+    bad = write_jsonl(tmp_path / "b.jsonl", [{**rec, "tools": json.dumps(rec["tools"])[:-1]}])
     r = run_ftune(["tokenize", "--model", d2, "--data", bad])
-    assert r.returncode != 0 and "'tools' must be a list" in r.stderr, r.stderr
+    assert r.returncode != 0 and "'tools' is a string that is not valid JSON" in r.stderr, r.stderr
+    good = write_jsonl(tmp_path / "g.jsonl", [{**rec, "tools": json.dumps(rec["tools"])}])
+    same = write_jsonl(tmp_path / "s.jsonl", [rec])
+    assert ftune_rows(d2, good) == ftune_rows(d2, same)

@@ -430,6 +430,66 @@ def test_prompts_bad_records(tmp_path):
     assert rc == 2 and "--out" in err
 
 
+QWEN25_TEMPLATE = os.path.join(REPO, "tests", "fixtures", "jinja", "templates",
+                               "qwen2.5-instruct-chujiezheng.jinja")
+
+
+def test_tiny_prompts_tools(tmp_path, tiny):
+    """Function calling in a --prompts record (LLaMA-Factory's sharegpt form: tools as JSON
+    text, a function_call turn, an observation) on tiny-llama given Qwen2.5's chat_template:
+    the prompt is the template's render by jinja2 of the same conversation in OpenAI form
+    (transformers' apply_chat_template, tools=..., add_generation_prompt=True), tokenized by
+    `tokenizers` without special tokens (the template writes them), as training renders it."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    _, _, tok = tiny
+    model = tmp_path / "m"
+    model.mkdir()
+    for f in ("config.json", "model.safetensors", "tokenizer.json"):
+        os.symlink(os.path.join(TINY, f), model / f)
+    with open(os.path.join(TINY, "tokenizer_config.json")) as f:
+        tc = json.load(f)
+    with open(QWEN25_TEMPLATE) as f:
+        tc["chat_template"] = template = f.read()
+    (model / "tokenizer_config.json").write_text(json.dumps(tc))
+    schema = {"name": "mul", "description": "Multiply two integers.",
+              "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                              "b": {"type": "integer"}}}}
+    call = {"name": "mul", "arguments": {"a": 17, "b": 19}}
+    rec = {"conversations": [{"from": "human", "value": "What is 17 * 19?"},
+                             {"from": "function_call", "value": json.dumps(call)},
+                             {"from": "observation", "value": "323"},
+                             {"from": "gpt", "value": "It is 323."}],
+           "system": "You are exact.", "tools": json.dumps([schema])}
+    path = write_jsonl(tmp_path / "p.jsonl", [rec])
+    _, lines, err = ftune_prompts(model, path, "--max-new-tokens", 2)
+    assert "template jinja" in err, err
+    assert len(lines) == 1 and lines[0]["reference"] == "It is 323.", lines
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, \
+        sort_keys=False: json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                                    separators=separators, sort_keys=sort_keys)
+
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+
+    env.globals["raise_exception"] = raise_exception
+    messages = [{"role": "system", "content": "You are exact."},
+                {"role": "user", "content": "What is 17 * 19?"},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"type": "function", "function": call}]},
+                {"role": "tool", "content": "323"}]
+    text = env.from_string(template).render(messages=messages, tools=[{"type": "function",
+                                            "function": schema}], documents=None,
+                                            bos_token="<s>", eos_token="</s>",
+                                            add_generation_prompt=True)
+    assert "<tools>" in text and "<tool_call>\n" + json.dumps(call) in text, text
+    want = tok.encode(text, add_special_tokens=False).ids
+    assert lines[0]["prompt_tokens"] == len(want), (lines[0], len(want), text)
+
+
 def test_example_prompts_file(tmp_path, example):
     """The example model answers differently per prompt: one --prompts run equals three
     --prompt runs on real replies (ChatML, the default SmolLM2 system turn or --system's)."""

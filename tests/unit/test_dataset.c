@@ -8,6 +8,7 @@
 #include "tests/unit/harness.h"
 
 #include "src/core/err.h"
+#include "src/core/fsutil.h"
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
 #include "src/data/tokenizer.h"
@@ -712,8 +713,8 @@ static void test_tool_calls(void **state)
          "{\"role\":\"assistant\",\"content\":\"b\"}]}", FT_CHAT_LLAMA2, 0, "--chat-template jinja"},
         {NULL, FT_CHAT_CHATML, 1, "--chat-template auto or jinja"},
         {NULL, FT_CHAT_ALPACA, 1, "built-in alpaca template does not write; --chat-template auto"},
-        {"{\"tools\":\"[]\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
-         "{\"role\":\"assistant\",\"content\":\"b\"}]}", FT_CHAT_AUTO, 1, "'tools' must be a list"},
+        {"{\"tools\":\"{}\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+         "{\"role\":\"assistant\",\"content\":\"b\"}]}", FT_CHAT_AUTO, 1, "'tools' (JSON text) must be a list"},
         {"{\"tools\":[1],\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
          "{\"role\":\"assistant\",\"content\":\"b\"}]}", FT_CHAT_AUTO, 1, "'tools' must be a list"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"tool_calls\":[{}]},"
@@ -743,6 +744,158 @@ static void test_tool_calls(void **state)
     free(ex.labels);
 }
 
+/* The Llama-3 tokenizer with the chat_template of file tmpl_path in a tokenizer_config.json
+ * of its own (a temp folder; tokenizer.json linked). */
+static ft_tokenizer *tok_with_template(const char *tmpl_path)
+{
+    char *src, *dir = t_tmpdir(), path[512], cwd[400];
+    size_t n;
+    assert_non_null(dir);
+    assert_int_equal(ft_read_file(tmpl_path, &src, &n), 0);
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    char target[512];
+    snprintf(target, sizeof target, "%s/%s/tokenizer.json", cwd, LLAMA3_DIR);
+    assert_int_equal(symlink(target, path), 0);
+    cJSON *cfg = cJSON_CreateObject();
+    cJSON_AddStringToObject(cfg, "chat_template", src);
+    char *js = cJSON_Print(cfg);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(js, f);
+    fclose(f);
+    ft_tokenizer *t = NULL;
+    if (ft_tok_load_dir(&t, dir)) fail_msg("%s", ft_errmsg());
+    free(js);
+    cJSON_Delete(cfg);
+    free(src);
+    free(dir);
+    return t;
+}
+
+/* LLaMA-Factory's sharegpt function calling (its data/README.md): "tools" as JSON text,
+ * "function_call" turns whose value is the call as JSON text (one, or a list: parallel
+ * calls), "observation" turns. Rendered by the model's template (Qwen2.5's, through the
+ * engine) to the ids and labels of the same conversation written in OpenAI form; malformed
+ * JSON text is refused naming 'tools' or the turn. */
+static void test_llamafactory_function_call(void **state)
+{
+    ft_tokenizer *q = tok_with_template("tests/fixtures/jinja/templates/qwen2.5-instruct-chujiezheng.jinja");
+    assert_int_equal(ft_chat_template_detect(q), FT_CHAT_CHATML);
+#define MUL_PARAMS "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}"
+#define MUL_LF "{\\\"name\\\": \\\"mul\\\", \\\"description\\\": \\\"Multiply.\\\", \\\"parameters\\\": " \
+               "{\\\"type\\\": \\\"object\\\", \\\"properties\\\": {\\\"a\\\": {\\\"type\\\": \\\"integer\\\"}}}}"
+    static const struct { const char *lf, *oai; } same[] = {
+        /* one call; a bare schema in the tools text (wrapped as LLaMA-Factory's Qwen/Llama-3
+         * formatters wrap it) */
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"17 * 19?\"}, "
+         "{\"from\": \"function_call\", \"value\": \"{\\\"name\\\": \\\"mul\\\", \\\"arguments\\\": "
+         "{\\\"a\\\": 17, \\\"b\\\": 19}}\"}, {\"from\": \"observation\", \"value\": \"323\"}, "
+         "{\"from\": \"gpt\", \"value\": \"It is 323.\"}], \"system\": \"Be exact.\", "
+         "\"tools\": \"[" MUL_LF "]\"}",
+         "{\"messages\": [{\"role\": \"system\", \"content\": \"Be exact.\"}, {\"role\": \"user\", "
+         "\"content\": \"17 * 19?\"}, {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": "
+         "[{\"type\": \"function\", \"function\": {\"name\": \"mul\", \"arguments\": {\"a\": 17, "
+         "\"b\": 19}}}]}, {\"role\": \"tool\", \"content\": \"323\"}, {\"role\": \"assistant\", "
+         "\"content\": \"It is 323.\"}], \"tools\": [{\"type\": \"function\", \"function\": "
+         "{\"name\": \"mul\", \"description\": \"Multiply.\", \"parameters\": " MUL_PARAMS "}}]}"},
+        /* parallel calls (a list), two observations; a schema already in OpenAI form is kept */
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"2*3, 4*5\"}, "
+         "{\"from\": \"function_call\", \"value\": \"[{\\\"name\\\": \\\"mul\\\", \\\"arguments\\\": "
+         "{\\\"a\\\": 2}}, {\\\"name\\\": \\\"mul\\\", \\\"arguments\\\": \\\"{\\\\\\\"a\\\\\\\": 4}\\\"}]\"}, "
+         "{\"from\": \"observation\", \"value\": \"6\"}, {\"from\": \"observation\", \"value\": \"20\"}, "
+         "{\"from\": \"gpt\", \"value\": \"6 and 20\"}], \"tools\": \"[{\\\"type\\\": \\\"function\\\", "
+         "\\\"function\\\": " MUL_LF "}]\"}",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"2*3, 4*5\"}, {\"role\": \"assistant\", "
+         "\"content\": \"\", \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"mul\", "
+         "\"arguments\": {\"a\": 2}}}, {\"type\": \"function\", \"function\": {\"name\": \"mul\", "
+         "\"arguments\": \"{\\\"a\\\": 4}\"}}]}, {\"role\": \"tool\", \"content\": \"6\"}, {\"role\": "
+         "\"tool\", \"content\": \"20\"}, {\"role\": \"assistant\", \"content\": \"6 and 20\"}], "
+         "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"mul\", \"description\": "
+         "\"Multiply.\", \"parameters\": " MUL_PARAMS "}}]}"},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+        ft_example a, b;
+        int rc = ft_dataset_encode_record(&a, same[i].lf, FT_DATA_AUTO, FT_CHAT_AUTO, 0, q);
+        if (rc) fail_msg("LLaMA-Factory record %zu: %s", i, ft_errmsg());
+        rc = ft_dataset_encode_record(&b, same[i].oai, FT_DATA_AUTO, FT_CHAT_AUTO, 0, q);
+        if (rc) fail_msg("OpenAI record %zu: %s", i, ft_errmsg());
+        char *text = NULL, *tr = trained_text(q, &a);
+        assert_int_equal(ft_tok_decode(q, a.ids, a.n, 0, &text), 0);
+        printf("  function_call %zu: %lld tokens, trained '%s'\n", i, (long long)a.n, tr);
+        assert_int_equal(a.n, b.n);
+        assert_memory_equal(a.ids, b.ids, (size_t)a.n * sizeof *a.ids);
+        assert_memory_equal(a.labels, b.labels, (size_t)a.n * sizeof *a.labels);
+        /* the template's tools block, calls and results, not the JSON text as a reply */
+        assert_non_null(strstr(text, "<tools>\n{\"type\": \"function\", \"function\": {\"name\": "
+                                     "\"mul\", \"description\": \"Multiply.\""));
+        if (i == 0) {
+            assert_non_null(strstr(text, "<|im_start|>system\nBe exact.\n\n# Tools"));
+            assert_non_null(strstr(text, "<|im_start|>assistant\n<tool_call>\n{\"name\": \"mul\", "
+                                         "\"arguments\": {\"a\": 17, \"b\": 19}}\n</tool_call><|im_end|>"));
+            assert_non_null(strstr(text, "<|im_start|>user\n<tool_response>\n323\n</tool_response><|im_end|>"));
+            /* both assistant turns trained, the call as the template writes it ("\n" after
+             * "<|im_end|>" too: this Llama-3 vocabulary has no <|im_end|> token, and "|>\n" is
+             * one token straddling the turn's end, so trained) */
+            assert_string_equal(tr, "<tool_call>\n{\"name\": \"mul\", \"arguments\": {\"a\": 17, \"b\": 19}}"
+                                    "\n</tool_call><|im_end|>\nIt is 323.<|im_end|>\n");
+        } else {
+            assert_non_null(strstr(text, "</tool_call>\n<tool_call>\n{\"name\": \"mul\", \"arguments\": "
+                                         "\"{\\\"a\\\": 4}\"}\n</tool_call><|im_end|>"));
+            assert_non_null(strstr(text, "<tool_response>\n6\n</tool_response>\n<tool_response>\n20\n"));
+        }
+        free(text);
+        free(tr);
+        free(a.ids);
+        free(a.labels);
+        free(b.ids);
+        free(b.labels);
+    }
+    /* "" and "[]" tools text: none (LLaMA-Factory's default; the template's plain system turn) */
+    ft_example e;
+    char *text = NULL;
+    assert_int_equal(ft_dataset_encode_record(&e, "{\"conversations\": [{\"from\": \"human\", \"value\": "
+                     "\"a\"}, {\"from\": \"gpt\", \"value\": \"b\"}], \"tools\": \"[]\"}",
+                     FT_DATA_AUTO, FT_CHAT_AUTO, 0, q), 0);
+    assert_int_equal(ft_tok_decode(q, e.ids, e.n, 0, &text), 0);
+    assert_null(strstr(text, "<tools>"));
+    free(text);
+    free(e.ids);
+    free(e.labels);
+
+    static const struct { const char *rec, *needle; } bad[] = {
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"gpt\", \"value\": "
+         "\"b\"}], \"tools\": \"[{\\\"name\\\": \"}", "'tools' is a string that is not valid JSON (at byte"},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"gpt\", \"value\": "
+         "\"b\"}], \"tools\": \"[1]\"}", "'tools' (JSON text) must be a list of function schemas"},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"gpt\", \"value\": "
+         "\"b\"}], \"tools\": \"[] x\"}", "'tools' is a string that is not valid JSON"},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"function_call\", "
+         "\"value\": \"{\\\"name\\\": \\\"mul\\\", \"}]}", "conversation turn 1: the function_call 'value' is not valid JSON"},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"function_call\", "
+         "\"value\": \"mul(2, 3)\"}]}", "conversation turn 1: the function_call 'value' is not valid JSON"},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"function_call\", "
+         "\"value\": \"{\\\"arguments\\\": {}}\"}]}", "conversation turn 1: the function_call 'value' must be"},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"function_call\", "
+         "\"value\": \"[{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": {}}, 2]\"}]}",
+         "conversation turn 1: the function_call 'value' must be"},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"function_call\", "
+         "\"value\": \"[]\"}]}", "conversation turn 1: the function_call 'value' must be"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"function_call\", "
+         "\"content\": {\"name\": \"f\"}}]}", "message 1: a function_call turn's 'content' must be JSON text"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = ft_dataset_encode_record(&e, bad[i].rec, FT_DATA_AUTO, FT_CHAT_AUTO, 0, q);
+        printf("  function_call bad %zu -> %s\n", i, ft_errmsg());
+        assert_int_equal(rc, FT_E_INVALID);
+        if (!strstr(ft_errmsg(), bad[i].needle)) fail_msg("'%s' not in '%s'", bad[i].needle, ft_errmsg());
+    }
+    ft_tok_free(q);
+#undef MUL_PARAMS
+#undef MUL_LF
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -758,6 +911,7 @@ int main(void)
         cmocka_unit_test(test_several_files),
         cmocka_unit_test(test_pack_invariants),
         cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_llamafactory_function_call),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -9,6 +9,7 @@
 #include "kernels/kernels.h"
 #include "offload/exec.h"
 #include "src/core/err.h"
+#include "src/core/fsutil.h"
 #include "src/core/rng.h"
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
@@ -964,6 +965,175 @@ static void test_gen_req_ids(void **state)
     ft_tok_free(t3);
 }
 
+/* The Llama-3 tokenizer with Qwen2.5's chat_template (tests/fixtures/jinja) in a
+ * tokenizer_config.json of its own (a temp folder; tokenizer.json linked). */
+static ft_tokenizer *tok_qwen25_template(void)
+{
+    char *src, *dir = t_tmpdir(), path[512], target[512], cwd[400];
+    size_t n;
+    assert_non_null(dir);
+    assert_int_equal(ft_read_file("tests/fixtures/jinja/templates/qwen2.5-instruct-chujiezheng.jinja",
+                                  &src, &n), 0);
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    snprintf(target, sizeof target, "%s/%s/tokenizer.json", cwd, TOK_LLAMA3);
+    assert_int_equal(symlink(target, path), 0);
+    cJSON *cfg = cJSON_CreateObject();
+    cJSON_AddStringToObject(cfg, "chat_template", src);
+    char *js = cJSON_Print(cfg);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(js, f);
+    fclose(f);
+    ft_tokenizer *t = NULL;
+    if (ft_tok_load_dir(&t, dir)) fail_msg("%s", ft_errmsg());
+    free(js);
+    cJSON_Delete(cfg);
+    free(src);
+    free(dir);
+    return t;
+}
+
+/* Ids of record j's conversation (less a final assistant turn) rendered by the engine with
+ * the generation prompt and the record's tools, as training reads them. */
+static void engine_prompt_ids(const ft_tokenizer *t, const char *j, int32_t **ids, int64_t *n)
+{
+    cJSON *rec = cJSON_Parse(j), *tools = NULL;
+    assert_non_null(rec);
+    ft_data_msgs dm;
+    assert_int_equal(ft_data_record_messages(rec, FT_DATA_AUTO, 1, &dm), 0);
+    assert_int_equal(ft_data_record_tools(rec, &tools), 0);
+    int64_t k = dm.n - (dm.m[dm.n - 1].role == FT_ROLE_ASSISTANT);
+    ft_chat_ctx ctx = {ft_tok_bos_str(t), ft_tok_eos_str(t), ft_tok_chat_template(t), 0, tools};
+    ft_chat_text ct = {0};
+    if (ft_chat_render_jinja(&ct, dm.m, k, &ctx, 1)) fail_msg("%s", ft_errmsg());
+    assert_int_equal(ft_tok_encode(t, ct.text, ct.n, 0, ids, n), 0);
+    ft_chat_text_free(&ct);
+    ft_data_msgs_free(&dm);
+    cJSON_Delete(tools);
+    cJSON_Delete(rec);
+}
+
+/* Prompts records with function calling: "tools" and the message objects (tool_calls, and
+ * LLaMA-Factory's function_call / observation turns and tools text) reach the model's
+ * template (Qwen2.5's through the engine) as in training; the ids equal the engine's render
+ * of the same conversation with the generation prompt. */
+static void test_gen_req_tools(void **state)
+{
+    ft_tokenizer *t = tok_qwen25_template();
+    assert_int_equal(ft_chat_template_detect(t), FT_CHAT_CHATML);
+    static const char LF[] =
+        "{\"conversations\": [{\"from\": \"human\", \"value\": \"17 * 19?\"}, "
+        "{\"from\": \"function_call\", \"value\": \"{\\\"name\\\": \\\"mul\\\", \\\"arguments\\\": "
+        "{\\\"a\\\": 17, \\\"b\\\": 19}}\"}, {\"from\": \"observation\", \"value\": \"323\"}, "
+        "{\"from\": \"gpt\", \"value\": \"It is 323.\"}], \"system\": \"Be exact.\", "
+        "\"tools\": \"[{\\\"name\\\": \\\"mul\\\", \\\"description\\\": \\\"Multiply.\\\"}]\"}";
+    static const char OAI[] =
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be exact.\"}, {\"role\": \"user\", "
+        "\"content\": \"17 * 19?\"}, {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": "
+        "[{\"type\": \"function\", \"function\": {\"name\": \"mul\", \"arguments\": {\"a\": 17, "
+        "\"b\": 19}}}]}, {\"role\": \"tool\", \"content\": \"323\"}], \"tools\": [{\"type\": "
+        "\"function\", \"function\": {\"name\": \"mul\", \"description\": \"Multiply.\"}}]}";
+    ft_gen_req q;
+    int32_t *a, *b, *c;
+    int64_t na, nb, nc;
+    int ta;
+    char *text;
+    /* the record is freed after parsing (parse_req): q owns its tools and message objects */
+    assert_int_equal(parse_req(&q, LF, "D", 0), 0);
+    assert_non_null(q.tools);
+    assert_int_equal(q.n_msgs, 4);
+    assert_non_null(q.msgs[2].json);
+    assert_non_null(cJSON_GetObjectItem(q.msgs[2].json, "tool_calls"));
+    assert_string_equal(q.user, "17 * 19?");
+    assert_string_equal(q.reference, "It is 323.");
+    assert_int_equal(ft_gen_req_ids(t, FT_CHAT_AUTO, &q, 0, &a, &na, &ta), 0);
+    assert_int_equal(ta, FT_CHAT_JINJA);
+    engine_prompt_ids(t, LF, &b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, (size_t)na * sizeof *a);
+    assert_int_equal(ft_tok_decode(t, a, na, 0, &text), 0);
+    printf("  prompt with tools (%lld tokens):\n%s\n", (long long)na, text);
+    assert_string_equal(text,
+        "<|im_start|>system\nBe exact.\n\n# Tools\n\nYou may call one or more functions to assist "
+        "with the user query.\n\nYou are provided with function signatures within <tools></tools> "
+        "XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"mul\", "
+        "\"description\": \"Multiply.\"}}\n</tools>\n\nFor each function call, return a json object "
+        "with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n17 * 19?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"mul\", "
+        "\"arguments\": {\"a\": 17, \"b\": 19}}\n</tool_call><|im_end|>\n<|im_start|>user\n"
+        "<tool_response>\n323\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
+    free(text);
+    ft_gen_req_free(&q);
+    /* the same conversation in OpenAI form: the same ids */
+    assert_int_equal(parse_req(&q, OAI, NULL, 0), 0);
+    assert_int_equal(ft_gen_req_ids(t, FT_CHAT_AUTO, &q, 0, &c, &nc, &ta), 0);
+    assert_int_equal(nc, na);
+    assert_memory_equal(a, c, (size_t)na * sizeof *a);
+    free(a);
+    free(b);
+    free(c);
+    ft_gen_req_free(&q);
+    /* {"prompt": S, "tools": T}: the tools block too; without tools, the plain system turn */
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"Hi\", \"tools\": [{\"type\": \"function\", "
+                                   "\"function\": {\"name\": \"f\"}}]}", NULL, 0), 0);
+    assert_int_equal(ft_gen_req_ids(t, FT_CHAT_AUTO, &q, 0, &a, &na, &ta), 0);
+    assert_int_equal(ft_tok_decode(t, a, na, 0, &text), 0);
+    assert_non_null(strstr(text, "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\"}}\n</tools>"));
+    free(text);
+    free(a);
+    ft_gen_req_free(&q);
+    /* tool results alone under this ChatML template: Qwen2.5's <tool_response>, as training
+     * renders them (not the built-in <|im_start|>tool turn) */
+    assert_int_equal(parse_req(&q, "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, "
+                                   "{\"role\": \"assistant\", \"content\": \"c\"}, {\"role\": \"tool\", "
+                                   "\"content\": \"t\"}]}", NULL, 0), 0);
+    assert_int_equal(ft_gen_req_ids(t, FT_CHAT_AUTO, &q, 0, &a, &na, &ta), 0);
+    assert_int_equal(ta, FT_CHAT_JINJA);
+    assert_int_equal(ft_tok_decode(t, a, na, 0, &text), 0);
+    assert_non_null(strstr(text, "<|im_start|>user\n<tool_response>\nt\n</tool_response><|im_end|>\n"
+                                 "<|im_start|>assistant\n"));
+    free(text);
+    free(a);
+    ft_gen_req_free(&q);
+    /* a final tool-call turn is the reference: its calls as JSON */
+    assert_int_equal(parse_req(&q, "{\"conversations\": [{\"from\": \"human\", \"value\": \"x\"}, "
+                                   "{\"from\": \"function_call\", \"value\": \"{\\\"name\\\": \\\"f\\\", "
+                                   "\\\"arguments\\\": {}}\"}]}", NULL, 0), 0);
+    assert_int_equal(q.n_msgs, 1);
+    assert_string_equal(q.reference, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]");
+    ft_gen_req_free(&q);
+    /* refused: tools with --raw, malformed tools text, no template that writes tools */
+    static const struct { const char *json; int raw; const char *why; } bad[] = {
+        {"{\"prompt\": \"a\", \"tools\": []}", 1, "with --raw a record has no 'tools'"},
+        {"{\"prompt\": \"a\", \"tools\": \"[{\"}", 0, "'tools' is a string that is not valid JSON"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"tools\": 3}", 0, "'tools' must be a list"},
+        {"{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, {\"from\": \"function_call\", "
+         "\"value\": \"f(1)\"}, {\"from\": \"observation\", \"value\": \"1\"}]}", 0,
+         "conversation turn 1: the function_call 'value' is not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&q, 0x5a, sizeof q);
+        int rc = parse_req(&q, bad[i].json, NULL, bad[i].raw);
+        if (rc != FT_E_INVALID || !strstr(ft_errmsg(), bad[i].why))
+            fail_msg("record %s: rc %d, message '%s' (expected '%s')", bad[i].json, rc,
+                     ft_errmsg(), bad[i].why);
+        assert_null(q.msgs);
+        assert_null(q.tools);
+    }
+    ft_tokenizer *t2;
+    assert_int_equal(ft_tok_load_dir(&t2, TOK_LLAMA2), 0); /* no chat_template */
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"a\", \"tools\": []}", NULL, 0), 0);
+    assert_int_equal(ft_gen_req_ids(t2, FT_CHAT_AUTO, &q, 0, &a, &na, &ta), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "the tokenizer has no chat_template"));
+    assert_null(a);
+    ft_gen_req_free(&q);
+    ft_tok_free(t2);
+    ft_tok_free(t);
+}
+
 static void test_gen_record_seed(void **state)
 {
     const uint64_t M53 = (1ull << 53) - 1;
@@ -1034,6 +1204,7 @@ int main(void)
         cmocka_unit_test(test_stream_utf8),
         cmocka_unit_test(test_gen_req_parse),
         cmocka_unit_test(test_gen_req_ids),
+        cmocka_unit_test(test_gen_req_tools),
         cmocka_unit_test(test_gen_record_seed),
         cmocka_unit_test_setup_teardown(test_gen_cache_reuse, setup, teardown),
     };
