@@ -145,7 +145,10 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl)
     char jeot[64];
     if (tmpl == FT_CHAT_JINJA) { /* what the model's template writes after a reply */
         ft_chat_ctx ctx = {ft_tok_bos_str(e->tok), ft_tok_eos_str(e->tok), ft_tok_chat_template(e->tok)};
-        FT_TRY(ft_chat_jinja_end_of_turn(&ctx, jeot, sizeof jeot));
+        /* a template that cannot render the probe leaves only the EOS ids to stop on */
+        if (ft_chat_jinja_end_of_turn(&ctx, jeot, sizeof jeot))
+            fprintf(stderr, "ftune: warning: no end-of-turn word from the chat template (%s); "
+                    "stopping on the EOS only\n", ft_errmsg());
         eot = jeot[0] ? jeot : NULL;
     }
     e->n_stop = ft_sample_stop_ids(&e->m->cfg, e->tok, eot, e->stop, MAX_STOP);
@@ -271,11 +274,14 @@ static int gen_flags(const gen_opts *o)
 
 /* --no-think with a template that has no enable_thinking switch: said once, as transformers
  * passes enable_thinking to any template and those ignore it. */
-static void warn_no_think(const gen_opts *o, int tmpl)
+static void warn_no_think(const gen_opts *o, const ft_tokenizer *tok, int tmpl)
 {
-    if (o->no_think && tmpl != FT_CHAT_QWEN3)
-        fprintf(stderr, "ftune: warning: --no-think has no effect with chat template %s (only qwen3 "
-                "has an enable_thinking switch)\n", ft_chat_template_name(tmpl));
+    const char *src = ft_tok_chat_template(tok);
+    /* the engine passes enable_thinking=false to the model's template, which may read it */
+    int reads = tmpl == FT_CHAT_QWEN3 || (tmpl == FT_CHAT_JINJA && src && strstr(src, "enable_thinking"));
+    if (o->no_think && !reads)
+        fprintf(stderr, "ftune: warning: --no-think has no effect with chat template %s (it has no "
+                "enable_thinking switch)\n", ft_chat_template_name(tmpl));
 }
 
 /* One prompt (--prompt): streamed, or one JSON object with --json. */
@@ -289,7 +295,7 @@ static int run_one(const gen_opts *o)
     memset(&r, 0, sizeof r);
     int rc = env_open(&e, o);
     if (!rc) rc = ft_gen_prompt_ids(e.tok, o->tmpl, o->system, o->prompt, gen_flags(o), &ids, &n, &tmpl);
-    if (!rc) warn_no_think(o, tmpl);
+    if (!rc) warn_no_think(o, e.tok, tmpl);
     if (!rc && n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
     if (!rc) warn_context(&e, n, o->max_new, "");
     if (!rc) rc = env_plan(&e, o, n, tmpl);
@@ -461,7 +467,7 @@ static int run_batch(const gen_opts *o)
                  (long long)b.n);
         warn_context(&e, over_len, o->max_new, what);
     }
-    if (!rc) warn_no_think(o, tmpl);
+    if (!rc) warn_no_think(o, e.tok, tmpl);
     if (!rc) rc = env_plan(&e, o, max_prompt, tmpl);
     if (!rc)
         fprintf(stderr, "ftune: %lld prompts from %s (template %s, KV cache of %lld tokens)\n",

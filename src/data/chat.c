@@ -734,7 +734,7 @@ int ft_chat_detect_str(const char *s)
 {
     if (!s) return FT_CHAT_ALPACA;
     if (strstr(s, "<|im_start|>"))
-        return !strstr(s, "<think>") ? FT_CHAT_CHATML
+        return !strstr(s, "<think>") ? (strstr(s, "<|im_sep|>") ? FT_CHAT_JINJA : FT_CHAT_CHATML)
                : strstr(s, "last_query_index") ? FT_CHAT_QWEN3 : FT_CHAT_JINJA;
     if (strstr(s, "<|start_header_id|>"))
         return strstr(s, "Cutting Knowledge Date") ? FT_CHAT_LLAMA31 : FT_CHAT_LLAMA3;
@@ -745,7 +745,27 @@ int ft_chat_detect_str(const char *s)
     return FT_CHAT_JINJA;
 }
 
+/* 1 when the built-in ChatML renderer writes a two-turn probe conversation as the template
+ * itself does (the engine), or when the engine cannot render it; 0 when they differ: a ChatML
+ * variant the substring rules do not know (a BOS before each turn, other separators). */
+static int chatml_matches(const ft_tokenizer *tok, const char *src)
+{
+    static const ft_chat_msg m[2] = {{FT_ROLE_USER, "ftune-probe-user", 16, NULL, 0, 0},
+                                     {FT_ROLE_ASSISTANT, "ftune-probe-reply", 17, NULL, 0, 1}};
+    ft_chat_ctx ctx = {ft_tok_bos_str(tok), ft_tok_eos_str(tok), src};
+    ft_chat_text a = {0}, b = {0};
+    int same = 1;
+    if (!ft_chat_render_jinja(&b, m, 2, &ctx, 0) && !ft_chat_render(&a, FT_CHAT_CHATML, m, 2, &ctx))
+        same = a.n == b.n && !memcmp(a.text, b.text, a.n);
+    ft_err_clear(); /* a probe that fails is no error of the caller's */
+    ft_chat_text_free(&a);
+    ft_chat_text_free(&b);
+    return same;
+}
+
 int ft_chat_template_detect(const ft_tokenizer *tok)
 {
-    return ft_chat_detect_str(tok ? ft_tok_chat_template(tok) : NULL);
+    const char *src = tok ? ft_tok_chat_template(tok) : NULL;
+    int t = ft_chat_detect_str(src);
+    return t == FT_CHAT_CHATML && !chatml_matches(tok, src) ? FT_CHAT_JINJA : t;
 }

@@ -59,7 +59,8 @@ typedef struct ft_chat_ctx {
                               * SmolLM/Qwen default system turn and the Mistral variant */
     int no_think;            /* 1: the generation prompt as with enable_thinking=False (qwen3:
                               * an empty <think></think> block the model continues after);
-                              * 0: enable_thinking undefined. Only qwen3 reads it */
+                              * 0: enable_thinking undefined. Read by qwen3, and passed by the
+                              * Jinja engine to the model's template as enable_thinking */
     const void *tools;       /* borrowed cJSON array: the record's "tools" (function schemas),
                               * NULL if none; passed to the Jinja renderer as `tools` (the
                               * built-in renderers write no tools: ft_chat_uses_tools) */
@@ -98,7 +99,7 @@ const char *ft_chat_end_of_turn(int tmpl);
 /* FT_CHAT_* for a chat_template source string by substring (llama.cpp
  * llm_chat_detect_template): "<|im_start|>" -> CHATML (QWEN3 when the source also has
  * "<think>" and Qwen3's "last_query_index"; JINJA with "<think>" otherwise: QwQ and the
- * distills rewrite reasoning as plain ChatML does not; LLAMA31 for "<|start_header_id|>"
+ * distills rewrite reasoning as plain ChatML does not; JINJA for Phi-4's "<|im_sep|>"; LLAMA31 for "<|start_header_id|>"
  * with "Cutting Knowledge Date"; ZEPHYR for "<|user|>" and "<|assistant|>" without Phi-3's
  * "<|end|>"), "<|start_header_id|>" -> LLAMA3, "[INST]" -> LLAMA2, NULL -> ALPACA, any other
  * template -> JINJA (the template itself, jinja.h). */

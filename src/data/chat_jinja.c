@@ -20,6 +20,7 @@
  */
 #include "src/data/chat.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,12 +154,14 @@ static size_t common_prefix(const char *a, size_t an, const char *b, size_t bn)
  * q's length when q is a prefix of r (the usual case). Phi-3's template writes the EOS only
  * after the last message, so q = (start of r) + EOS: then the point where they part, moved
  * back before a marker cut open there ("<|" of "<|endoftext|>" against "<|user|>"), when what
- * q has beyond it is also how r ends (the end-of-conversation text). -1 otherwise (a template
- * that rewrites earlier turns). */
-static size_t turn_end(const ft_jinja_out *q, const ft_jinja_out *r)
+ * q has beyond it is also how r ends (the end-of-conversation text), and the two part after
+ * the turn's start (byte `start`). -1 otherwise (a template that rewrites earlier turns:
+ * two replies that read the same must not pass for an end-of-conversation text). */
+static size_t turn_end(const ft_jinja_out *q, const ft_jinja_out *r, size_t start)
 {
     size_t e = common_prefix(q->text, q->n, r->text, r->n);
     if (e == q->n) return e;
+    if (e <= start) return (size_t)-1; /* parted before the turn: earlier text rewritten */
     for (size_t j = e; j-- > 0 && q->text[j] != '>' && !strchr(" \t\r\n", q->text[j]);)
         if (q->text[j] == '<') {
             e = j;
@@ -193,10 +196,22 @@ static int turn_spans(const ft_jinja *t, const ft_chat_msg *m, int64_t n, const 
     for (int64_t i = 0; i < n; i++) {
         if (m[i].role != FT_ROLE_ASSISTANT || !m[i].train) continue;
         ft_jinja_out p = {0}, q = {0};
-        int rc = i ? render(t, m, i, ctx, 1, &p) : 0;
+        /* P of a first assistant turn: no messages and the generation prompt (so a default
+         * system turn or BOS the template writes before it is not trained) */
+        int rc = render(t, m, i, ctx, 1, &p);
+        if (rc && i == 0) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", ft_errmsg());
+            rc = ft_err(rc, "chat template: the conversation starts with an assistant turn and "
+                        "the template cannot render an empty conversation to tell where that "
+                        "turn starts (%s); start it with a user (or system) message", why);
+        }
         if (!rc) rc = render(t, m, i + 1, ctx, 0, &q);
         if (!rc) {
-            size_t s = common_prefix(p.text, p.n, q.text, q.n), e = turn_end(&q, r);
+            /* (a boundary may fall inside a marker token, e.g. after QwQ's "<think>\n" when a
+             * reply starts with '<': the tokens overlapping a trained byte are trained,
+             * dataset.c, so the label of that token is still right) */
+            size_t s = common_prefix(p.text, p.n, q.text, q.n), e = turn_end(&q, r, s);
             if (s < floor) s = floor;
             if (e == (size_t)-1)
                 rc = ft_err(FT_E_INVALID, "chat template: the text of messages 0..%lld is not the "

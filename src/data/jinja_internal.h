@@ -21,9 +21,10 @@ typedef struct jchunk { struct jchunk *next; size_t cap, used; } jchunk;
 typedef struct jarena {
     jchunk *head;
     size_t total, limit;     /* bytes taken from malloc; limit 0 = none */
+    int over_limit;          /* set when ja_alloc refused for the limit (not malloc) */
 } jarena;
 
-/* Returns zeroed memory or NULL (out of memory or past the limit). */
+/* Returns zeroed memory or NULL (out of memory, or past the limit: then a->over_limit). */
 void *ja_alloc(jarena *a, size_t n);
 void ja_free(jarena *a);
 

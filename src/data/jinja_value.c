@@ -22,7 +22,10 @@ void *ja_alloc(jarena *a, size_t n)
     jchunk *h = a->head;
     if (!h || h->cap - h->used < n) {
         size_t cap = n > CHUNK_BYTES ? n : CHUNK_BYTES;
-        if (a->limit && a->total + cap + sizeof *h > a->limit) return NULL;
+        if (a->limit && a->total + cap + sizeof *h > a->limit) {
+            a->over_limit = 1;
+            return NULL;
+        }
         h = malloc(sizeof *h + cap + 16);
         if (!h) return NULL;
         h->cap = cap; h->used = 0;
@@ -53,7 +56,7 @@ void *jalloc(jctx *c, size_t n)
 {
     void *p = ja_alloc(&c->a, n);
     if (!p) {
-        if (c->a.limit && c->a.total + n >= c->a.limit)
+        if (c->a.over_limit)
             jfail(c, FT_E_RANGE, "render memory limit of %lld bytes exceeded",
                   (long long)c->o.max_mem_bytes);
         jnomem(c);

@@ -86,7 +86,9 @@ int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int6
 enum {
     FT_GEN_RAW = 1,      /* no chat template: the prompt text is encoded as is (with BOS) */
     FT_GEN_NO_THINK = 2, /* the generation prompt of enable_thinking=False (ft_chat_ctx.no_think:
-                          * qwen3's empty <think></think>; other templates have no such switch) */
+                          * qwen3's empty <think></think>; the Jinja engine passes
+                          * enable_thinking=false to the model's template; the other built-in
+                          * templates have no such switch) */
 };
 
 /* Token ids of a generation prompt: without FT_GEN_RAW in flags the messages [system,] user

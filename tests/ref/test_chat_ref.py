@@ -971,6 +971,7 @@ TRAINED["gemma"] = lambda c, eos: (c.strip() + "<end_of_turn>", "\n")
 # Phi-3 writes the EOS after the last message only (when no generation prompt follows): it
 # ends the last turn, trained with it
 TRAINED["phi3"] = lambda c, eos: (c + "<|end|>", "\n")
+TRAINED["phi4"] = lambda c, eos: (c + "<|im_end|>", "")
 JINJA_FIXTURES = ROOT / "tests" / "fixtures" / "jinja" / "templates"
 
 
@@ -1000,7 +1001,8 @@ def fixture_template(name):
 
 
 @pytest.mark.parametrize("kind,file,system", [("gemma", "gemma-2-2b-it.jinja", False),
-                                              ("phi3", "phi-3.5-mini-instruct.jinja", True)])
+                                              ("phi3", "phi-3.5-mini-instruct.jinja", True),
+                                              ("phi4", "phi-4.jinja", True)])
 def test_jinja_engine_detected(tmp_path, kind, file, system):
     """Templates without a built-in renderer are rendered by the engine without a flag
     (auto); turns as the model's template writes them (Gemma: <start_of_turn>model, trimmed
@@ -1010,6 +1012,9 @@ def test_jinja_engine_detected(tmp_path, kind, file, system):
     tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
     bos, eos = special_strings(d)
     convs = [c for c, s in zip(CONVERSATIONS, HAS_SYSTEM) if system or not s]
+    if kind == "phi3":  # a conversation that opens with the assistant: trained from its header on
+        convs.append([{"role": "assistant", "content": "Hello! Ask me anything."},
+                      {"role": "user", "content": "Why?"}, {"role": "assistant", "content": "Because."}])
     exp = [(expected_phi3 if kind == "phi3" else expected_chat)(tok, template, kind, c, bos, eos)
            for c in convs]
     rows = ftune_rows(d, write_jsonl(tmp_path / "m.jsonl", [{"messages": c} for c in convs]))
@@ -1074,6 +1079,23 @@ def test_jinja_template_errors(tmp_path):
     r = run_ftune(["tokenize", "--model", d, "--data", bad, "--chat-template", "jinja"])
     assert r.returncode != 0 and "Conversation roles must alternate" in r.stderr, r.stderr
     assert "b.jsonl" in r.stderr and "line 1" in r.stderr, r.stderr
+    # Qwen3's template drops the reasoning of earlier turns: two replies that read the same
+    # must not pass for a turn whose text is intact (the first one is refused, not dropped)
+    d3 = tokenizer_dir(tmp_path, LLAMA3, QWEN3, name="tok3")
+    twice = write_jsonl(tmp_path / "q.jsonl", [{"messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure."},
+        {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Sure."}]}])
+    r = run_ftune(["tokenize", "--model", d3, "--data", twice, "--chat-template", "jinja"])
+    assert r.returncode != 0 and "rewrites earlier turns" in r.stderr, r.stderr
+    # a first assistant turn needs the template to render an empty conversation (Qwen2.5's
+    # reads messages[0]): refused, rather than training its default system turn
+    d4 = tokenizer_dir(tmp_path, LLAMA3, fixture_template("qwen2.5-instruct-chujiezheng.jinja"),
+                       name="tok4")
+    first = write_jsonl(tmp_path / "f.jsonl", [{"messages": [
+        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Yes."}]}])
+    r = run_ftune(["tokenize", "--model", d4, "--data", first, "--chat-template", "jinja"])
+    assert r.returncode != 0 and "starts with an assistant turn" in r.stderr, r.stderr
     d2 = tokenizer_dir(tmp_path, LLAMA2, "{% for m in messages %}{{ m.content }", name="tok2")
     ok = write_jsonl(tmp_path / "ok.jsonl", [{"messages": CONVERSATIONS[0]}])
     r = run_ftune(["tokenize", "--model", d2, "--data", ok])

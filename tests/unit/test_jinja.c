@@ -262,6 +262,11 @@ static void test_limits(void **state)
     assert_int_equal(render_str("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
                                 "{% set ns.l = ns.l + [i] %}{% endfor %}", NULL, &mem, &o), FT_E_RANGE);
     assert_non_null(strstr(ft_errmsg(), "memory limit"));
+    /* small values: the limit is met when a new arena chunk would pass it, not by one value
+     * (reported as the limit, FT_E_RANGE, never as -ENOMEM) */
+    assert_int_equal(render_str("{% for i in range(1000) %}{% for j in range(1000) %}{% set x = 'ab' ~ j %}{% endfor %}{% endfor %}",
+                                NULL, &mem, &o), FT_E_RANGE);
+    assert_non_null(strstr(ft_errmsg(), "memory limit"));
     assert_int_equal(render_str("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, NULL, &o),
                      FT_E_RANGE);
     assert_non_null(strstr(ft_errmsg(), "nested deeper"));
