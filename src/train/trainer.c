@@ -20,6 +20,7 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
+#include "src/data/chat.h"
 #include "src/model/model.h"
 #include "src/train/checkpoint.h"
 #include "src/train/correction.h"
@@ -814,6 +815,15 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
          ft_chat_template_name(r->ds.chat_template), (long long)r->ds.n_train,
          c->eval_data ? 0LL : (long long)r->ds.n_eval, (long long)r->ds.n_skipped,
          (long long)r->ds.n_truncated, (long long)seq_len, (long long)r->ds.n_dropped, eval_part);
+    if (r->ds.chat_template == FT_CHAT_JINJA && !c->data_cfg.train_on_prompt) {
+        /* the model's own template: it may write nothing after a reply (GLM-4 opens the next
+         * turn instead), and then no trained token tells the model where a reply ends */
+        char eot[64] = "";
+        ft_chat_ctx cx = {ft_tok_bos_str(r->tok), ft_tok_eos_str(r->tok), ft_tok_chat_template(r->tok)};
+        if (ft_chat_jinja_end_of_turn(&cx, eot, sizeof eot) == 0 && !eot[0])
+            info(cb, user, FT_EV_WARN, "the chat template writes nothing after an assistant reply, so the trained tokens of a turn end with its text: the model does not learn to end a reply (GLM-4's template opens the next turn instead); --train-on-prompt trains the next turn's opening too");
+        ft_err_clear();
+    }
     if (c->eval_data) {
         /* a fraction other than the default was asked for (flag or --config): say once
          * that it has no effect */

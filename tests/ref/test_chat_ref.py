@@ -1042,6 +1042,23 @@ def expected_phi3(tok, template, kind, messages, bos, eos):
     return enc.ids, label_by_overlap(enc, spans), text
 
 
+@pytest.mark.parametrize("file,warns", [("glm-4-9b-chat.jinja", True), ("gemma-3-it.jinja", False)])
+def test_jinja_no_end_of_turn_warning(tmp_path, file, warns):
+    """Training with a template that writes nothing after a reply (GLM-4) warns that the model
+    does not learn to end one; a template with an end-of-turn token (Gemma-3) does not."""
+    from cli_helpers import model_copy
+    d = model_copy(tmp_path)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = fixture_template(file)
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    data = write_jsonl(tmp_path / "m.jsonl", [{"messages": CONVERSATIONS[0]}] * 4)
+    r = run_ftune(["train", "--model", d, "--data", data, "--out", tmp_path / "out", "--max-steps",
+                   "1", "--seq-len", "64", "--eval-fraction", "0", "--threads", "1"])
+    assert r.returncode == 0, r.stderr
+    assert "template jinja" in r.stderr, r.stderr
+    assert ("does not learn to end a reply" in r.stderr) == warns, r.stderr
+
+
 GENERATION_CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
     "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
