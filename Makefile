@@ -104,7 +104,7 @@ $(BUILD)/libftune.a: $(LIB_OBJ) $(CU_OBJ)
 $(BUILD)/ftune: $(CLI_OBJ) $(BUILD)/libftune.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libftune.a $(LIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/harness.h $(BUILD)/libftune.a
+$(BUILD)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(BUILD)/libftune.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libftune.a $(LIBS) $(CMOCKA_LIBS) $(LDFLAGS)
 

@@ -12,6 +12,7 @@
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
 #include "src/data/tokenizer.h"
+#include "tests/unit/tok_template.h"
 
 #include <cjson/cJSON.h>
 
@@ -744,36 +745,6 @@ static void test_tool_calls(void **state)
     free(ex.labels);
 }
 
-/* The Llama-3 tokenizer with the chat_template of file tmpl_path in a tokenizer_config.json
- * of its own (a temp folder; tokenizer.json linked). */
-static ft_tokenizer *tok_with_template(const char *tmpl_path)
-{
-    char *src, *dir = t_tmpdir(), path[512], cwd[400];
-    size_t n;
-    assert_non_null(dir);
-    assert_int_equal(ft_read_file(tmpl_path, &src, &n), 0);
-    assert_non_null(getcwd(cwd, sizeof cwd));
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    char target[512];
-    snprintf(target, sizeof target, "%s/%s/tokenizer.json", cwd, LLAMA3_DIR);
-    assert_int_equal(symlink(target, path), 0);
-    cJSON *cfg = cJSON_CreateObject();
-    cJSON_AddStringToObject(cfg, "chat_template", src);
-    char *js = cJSON_Print(cfg);
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(js, f);
-    fclose(f);
-    ft_tokenizer *t = NULL;
-    if (ft_tok_load_dir(&t, dir)) fail_msg("%s", ft_errmsg());
-    free(js);
-    cJSON_Delete(cfg);
-    free(src);
-    free(dir);
-    return t;
-}
-
 /* LLaMA-Factory's sharegpt function calling (its data/README.md): "tools" as JSON text,
  * "function_call" turns whose value is the call as JSON text (one, or a list: parallel
  * calls), "observation" turns. Rendered by the model's template (Qwen2.5's, through the
@@ -781,7 +752,7 @@ static ft_tokenizer *tok_with_template(const char *tmpl_path)
  * JSON text is refused naming 'tools' or the turn. */
 static void test_llamafactory_function_call(void **state)
 {
-    ft_tokenizer *q = tok_with_template("tests/fixtures/jinja/templates/qwen2.5-instruct-chujiezheng.jinja");
+    ft_tokenizer *q = t_tok_with_template(LLAMA3_DIR, "tests/fixtures/jinja/templates/qwen2.5-instruct-chujiezheng.jinja");
     assert_int_equal(ft_chat_template_detect(q), FT_CHAT_CHATML);
 #define MUL_PARAMS "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}"
 #define MUL_LF "{\\\"name\\\": \\\"mul\\\", \\\"description\\\": \\\"Multiply.\\\", \\\"parameters\\\": " \

@@ -16,6 +16,7 @@
 #include "src/model/generate.h"
 #include "src/model/model.h"
 #include "src/model/sample.h"
+#include "tests/unit/tok_template.h"
 
 #define TINY "tests/fixtures/tiny-llama"
 #define TOK_LLAMA3 "tests/fixtures/tokenizers/llama3"
@@ -965,36 +966,6 @@ static void test_gen_req_ids(void **state)
     ft_tok_free(t3);
 }
 
-/* The Llama-3 tokenizer with Qwen2.5's chat_template (tests/fixtures/jinja) in a
- * tokenizer_config.json of its own (a temp folder; tokenizer.json linked). */
-static ft_tokenizer *tok_qwen25_template(void)
-{
-    char *src, *dir = t_tmpdir(), path[512], target[512], cwd[400];
-    size_t n;
-    assert_non_null(dir);
-    assert_int_equal(ft_read_file("tests/fixtures/jinja/templates/qwen2.5-instruct-chujiezheng.jinja",
-                                  &src, &n), 0);
-    assert_non_null(getcwd(cwd, sizeof cwd));
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    snprintf(target, sizeof target, "%s/%s/tokenizer.json", cwd, TOK_LLAMA3);
-    assert_int_equal(symlink(target, path), 0);
-    cJSON *cfg = cJSON_CreateObject();
-    cJSON_AddStringToObject(cfg, "chat_template", src);
-    char *js = cJSON_Print(cfg);
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(js, f);
-    fclose(f);
-    ft_tokenizer *t = NULL;
-    if (ft_tok_load_dir(&t, dir)) fail_msg("%s", ft_errmsg());
-    free(js);
-    cJSON_Delete(cfg);
-    free(src);
-    free(dir);
-    return t;
-}
-
 /* Ids of record j's conversation (less a final assistant turn) rendered by the engine with
  * the generation prompt and the record's tools, as training reads them. */
 static void engine_prompt_ids(const ft_tokenizer *t, const char *j, int32_t **ids, int64_t *n)
@@ -1021,7 +992,7 @@ static void engine_prompt_ids(const ft_tokenizer *t, const char *j, int32_t **id
  * of the same conversation with the generation prompt. */
 static void test_gen_req_tools(void **state)
 {
-    ft_tokenizer *t = tok_qwen25_template();
+    ft_tokenizer *t = t_tok_with_template(TOK_LLAMA3, "tests/fixtures/jinja/templates/qwen2.5-instruct-chujiezheng.jinja");
     assert_int_equal(ft_chat_template_detect(t), FT_CHAT_CHATML);
     static const char LF[] =
         "{\"conversations\": [{\"from\": \"human\", \"value\": \"17 * 19?\"}, "
