@@ -40,6 +40,7 @@
 
 #include "src/core/err.h"
 #include "src/data/dataset.h"
+#include "src/data/tok_internal.h"
 
 static const char ALPACA_INPUT_HEAD[] =
     "Below is an instruction that describes a task, paired with an input that provides further "
@@ -763,9 +764,15 @@ static int chatml_matches(const ft_tokenizer *tok, const char *src)
     return same;
 }
 
-int ft_chat_template_detect(const ft_tokenizer *tok)
+int ft_chat_template_resolve(const ft_tokenizer *tok)
 {
     const char *src = tok ? ft_tok_chat_template(tok) : NULL;
     int t = ft_chat_detect_str(src);
     return t == FT_CHAT_CHATML && !chatml_matches(tok, src) ? FT_CHAT_JINJA : t;
+}
+
+int ft_chat_template_detect(const ft_tokenizer *tok)
+{
+    /* resolved once when the tokenizer was loaded (tk_finalize) */
+    return tok && tok->chat_detected != FT_CHAT_AUTO ? tok->chat_detected : ft_chat_template_resolve(tok);
 }

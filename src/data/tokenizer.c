@@ -189,6 +189,7 @@ int tk_finalize(ft_tokenizer *t, const char *where)
     if (t->eos < 0) t->eos_str = "";
     if (t->bos >= 0 && !t->bos_str[0]) FT_TRY(tk_set_str(t, &t->bos_str, ft_tok_str(t, t->bos)));
     if (t->eos >= 0 && !t->eos_str[0]) FT_TRY(tk_set_str(t, &t->eos_str, ft_tok_str(t, t->eos)));
+    t->chat_detected = ft_chat_template_resolve(t);
     return 0;
 }
 
