@@ -85,13 +85,21 @@ static int opt_quant(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
-/* --loraplus-lr-ratio X: a finite X > 0 (off, the default 0, is leaving the flag out) */
-static int opt_pos_ratio(const char *v, void *dst, char *err, size_t n)
+/* v as a whole finite number into *x: 0, or -1 (not a number, trailing text, inf, nan, out of
+ * range). */
+static int finite_num(const char *v, double *x)
 {
     char *end;
     errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x > 0) || !isfinite(x)) {
+    *x = strtod(v, &end);
+    return errno || end == v || *end || !isfinite(*x) ? -1 : 0;
+}
+
+/* --loraplus-lr-ratio X: a finite X > 0 (off, the default 0, is leaving the flag out) */
+static int opt_pos_ratio(const char *v, void *dst, char *err, size_t n)
+{
+    double x;
+    if (finite_num(v, &x) || !(x > 0)) {
         snprintf(err, n, "expected a number > 0, got '%s'", v);
         return -1;
     }
@@ -102,10 +110,8 @@ static int opt_pos_ratio(const char *v, void *dst, char *err, size_t n)
 /* --neftune-noise-alpha X: a finite X >= 0 (0, the default, is off) */
 static int opt_nonneg(const char *v, void *dst, char *err, size_t n)
 {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x >= 0) || !isfinite(x)) {
+    double x;
+    if (finite_num(v, &x) || !(x >= 0)) {
         snprintf(err, n, "expected a number >= 0, got '%s'", v);
         return -1;
     }
