@@ -790,6 +790,26 @@ static int parse_req(ft_gen_req *q, const char *j, const char *sys, int raw)
     return rc;
 }
 
+/* A record ft_gen_req_parse must refuse: FT_E_INVALID, a message holding `why`. */
+typedef struct bad_req { const char *json; int raw; const char *why; } bad_req;
+
+/* Each of bad[0..n) is refused with its message, and q is left empty. */
+static void expect_refused(const bad_req *bad, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ft_gen_req q;
+        memset(&q, 0x5a, sizeof q);
+        int rc = parse_req(&q, bad[i].json, NULL, bad[i].raw);
+        if (rc != FT_E_INVALID || !strstr(ft_errmsg(), bad[i].why))
+            fail_msg("record %s: rc %d, message '%s' (expected '%s')", bad[i].json, rc,
+                     ft_errmsg(), bad[i].why);
+        assert_null(q.msgs);
+        assert_int_equal(q.n_msgs, 0);
+        assert_null(q.user);
+        assert_null(q.tools);
+    }
+}
+
 static void expect_msg(const ft_gen_req *q, int64_t i, int role, const char *content)
 {
     assert_true(i < q->n_msgs);
@@ -880,7 +900,7 @@ static void test_gen_req_parse(void **state)
     ft_gen_req_free(&q);
 
     /* bad records: FT_E_INVALID, q left empty, a message saying why */
-    static const struct { const char *json; int raw; const char *why; } bad[] = {
+    static const bad_req bad[] = {
         {"42", 0, "found a number"},
         {"[\"a\"]", 0, "found a list"},
         {"{\"text\": \"a\"}", 0, "not a conversation"},
@@ -902,16 +922,7 @@ static void test_gen_req_parse(void **state)
         {"{\"instruction\": \"a\"}", 1, "--raw"},
         {"{\"prompt\": \"a\", \"system\": \"s\"}", 1, "--raw"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        memset(&q, 0x5a, sizeof q);
-        int rc = parse_req(&q, bad[i].json, NULL, bad[i].raw);
-        if (rc != FT_E_INVALID || !strstr(ft_errmsg(), bad[i].why))
-            fail_msg("record %s: rc %d, message '%s' (expected '%s')", bad[i].json, rc,
-                     ft_errmsg(), bad[i].why);
-        assert_null(q.msgs);
-        assert_int_equal(q.n_msgs, 0);
-        assert_null(q.user);
-    }
+    expect_refused(bad, sizeof bad / sizeof *bad);
 }
 
 /* A record renders as --prompt does, and a conversation through the template. */
@@ -1077,7 +1088,7 @@ static void test_gen_req_tools(void **state)
     assert_string_equal(q.reference, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]");
     ft_gen_req_free(&q);
     /* refused: tools with --raw, malformed tools text, no template that writes tools */
-    static const struct { const char *json; int raw; const char *why; } bad[] = {
+    static const bad_req bad[] = {
         {"{\"prompt\": \"a\", \"tools\": []}", 1, "with --raw a record has no 'tools'"},
         {"{\"prompt\": \"a\", \"tools\": \"[{\"}", 0, "'tools' is a string that is not valid JSON"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"tools\": 3}", 0, "'tools' must be a list"},
@@ -1085,15 +1096,7 @@ static void test_gen_req_tools(void **state)
          "\"value\": \"f(1)\"}, {\"from\": \"observation\", \"value\": \"1\"}]}", 0,
          "conversation turn 1: the function_call 'value' is not valid JSON"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        memset(&q, 0x5a, sizeof q);
-        int rc = parse_req(&q, bad[i].json, NULL, bad[i].raw);
-        if (rc != FT_E_INVALID || !strstr(ft_errmsg(), bad[i].why))
-            fail_msg("record %s: rc %d, message '%s' (expected '%s')", bad[i].json, rc,
-                     ft_errmsg(), bad[i].why);
-        assert_null(q.msgs);
-        assert_null(q.tools);
-    }
+    expect_refused(bad, sizeof bad / sizeof *bad);
     ft_tokenizer *t2;
     assert_int_equal(ft_tok_load_dir(&t2, TOK_LLAMA2), 0); /* no chat_template */
     assert_int_equal(parse_req(&q, "{\"prompt\": \"a\", \"tools\": []}", NULL, 0), 0);
