@@ -40,6 +40,8 @@ static void usage(FILE *f)
         "  --data-format NAME   alpaca, messages, sharegpt, prompt-completion, text (default: auto)\n"
         "  --chat-template NAME llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca, jinja (default: auto)\n"
         "  --train-on-prompt    labels on every token (with --data)\n"
+        "  --preference         with --data: preference records (what --method dpo trains on); print\n"
+        "                       {\"chosen\":{\"ids\",\"labels\"},\"rejected\":{...}} per pair\n"
         "  --decode             with --text/--texts: also print the ids decoded back to text\n");
 }
 
@@ -203,8 +205,17 @@ static int run_text(const ft_tokenizer *tok, const char *text, int add_special, 
     return rc;
 }
 
+static void put_example(FILE *f, const ft_example *e)
+{
+    fputs("{\"ids\":", f);
+    put_ids(f, e->ids, e->n);
+    fputs(",\"labels\":", f);
+    put_ids(f, e->labels, e->n);
+    fputc('}', f);
+}
+
 static int run_data(const ft_tokenizer *tok, const char *const *paths, int64_t n_paths, int format,
-                    int tmpl, int train_on_prompt)
+                    int tmpl, int train_on_prompt, int preference)
 {
     ft_data_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -215,18 +226,24 @@ static int run_data(const ft_tokenizer *tok, const char *const *paths, int64_t n
     cfg.seq_len = INT64_MAX;
     cfg.eval_fraction = 0.0;
     cfg.no_shuffle = 1;
+    cfg.preference = preference;
     ft_dataset ds;
     memset(&ds, 0, sizeof ds);
     FT_TRY(ft_dataset_load_files(&ds, paths, n_paths, &cfg, tok));
     for (int pass = 0; pass < 2; pass++) {
         const ft_example *ex = pass ? ds.eval : ds.train;
         int64_t n = pass ? ds.n_eval : ds.n_train;
-        for (int64_t i = 0; i < n; i++) {
-            fputs("{\"ids\":", stdout);
-            put_ids(stdout, ex[i].ids, ex[i].n);
-            fputs(",\"labels\":", stdout);
-            put_ids(stdout, ex[i].labels, ex[i].n);
-            fputs("}\n", stdout);
+        for (int64_t i = 0; i < n; i += preference ? 2 : 1) {
+            if (preference) { /* pair i / 2: its chosen and rejected examples */
+                fputs("{\"chosen\":", stdout);
+                put_example(stdout, &ex[i]);
+                fputs(",\"rejected\":", stdout);
+                put_example(stdout, &ex[i + 1]);
+                fputs("}\n", stdout);
+                continue;
+            }
+            put_example(stdout, &ex[i]);
+            fputc('\n', stdout);
         }
     }
     ft_dataset_free(&ds);
@@ -247,7 +264,7 @@ static int is_gguf(const char *m)
 int ft_cmd_tokenize(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *texts = NULL, *data = NULL, *fmt = NULL, *tmpl = NULL;
-    int no_special = 0, train_on_prompt = 0, decode = 0;
+    int no_special = 0, train_on_prompt = 0, decode = 0, preference = 0;
     /* the --data files in order (at most argc / 2 of them) */
     const char **files = malloc((size_t)(argc / 2 + 1) * sizeof *files);
     int64_t n_files = 0;
@@ -275,6 +292,8 @@ int ft_cmd_tokenize(int argc, char **argv)
             train_on_prompt = 1;
         } else if (!strcmp(a, "--decode")) {
             decode = 1;
+        } else if (!strcmp(a, "--preference")) {
+            preference = 1;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             free(files);
@@ -309,7 +328,7 @@ int ft_cmd_tokenize(int argc, char **argv)
     if (rc == 0) {
         if (text) rc = run_text(tok, text, !no_special, decode);
         else if (texts) rc = run_texts(tok, texts, !no_special, decode);
-        else rc = run_data(tok, files, n_files, format, chat, train_on_prompt);
+        else rc = run_data(tok, files, n_files, format, chat, train_on_prompt, preference);
     }
     ft_tok_free(tok);
     free(files);

@@ -1,6 +1,8 @@
 /* dataset.c - records to examples: schema detection, conversion to chat messages, rendering,
  * tokenization, loss masks, truncation, deterministic shuffle and eval split (over the union
- * of one or more files), or eval examples from a file of their own (dataset.h).
+ * of one or more files), or eval examples from a file of their own (dataset.h). Preference
+ * records (cfg->preference, DPO) give two examples each, their sides written as SFT records
+ * by pref.c and encoded here by the same rules; the shuffle and split move whole pairs.
  *
  * Masks follow TRL SFTTrainer (formats.md 8.2): the rendered text is tokenized once, and each
  * boundary between untrained and trained text is mapped to a token index by tokenizing the
@@ -20,6 +22,7 @@
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/data/chat.h"
+#include "src/data/pref.h"
 #include "src/data/records.h"
 
 static const char *const FORMAT_NAME[] = {"auto", "alpaca", "messages", "sharegpt",
@@ -611,8 +614,11 @@ int ft_data_record_tools(const cJSON *rec, cJSON **tools)
     return rc;
 }
 
+/* Renders and tokenizes record j of schema `format` into *ex. last_only = 1 (preference
+ * records of LLaMA-Factory's schemas, pref.h): of a conversation only the final message is
+ * trained, the earlier answers being prompt; 0 for every SFT record. */
 static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int train_on_prompt,
-                       const ft_tokenizer *tok)
+                       int last_only, const ft_tokenizer *tok)
 {
     memset(ex, 0, sizeof *ex);
     if (!cJSON_IsObject(j)) return ft_err(FT_E_INVALID, "a record must be a JSON object");
@@ -644,6 +650,8 @@ static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int
         ctx.tools = tools;
         if (!rc) rc = to_messages(&v, j, format, &arena, 0);
         if (!rc && v.n == 0) rc = ft_err(FT_E_INVALID, "the conversation has no messages");
+        if (!rc && last_only)
+            for (int64_t i = 0; i + 1 < v.n; i++) v.m[i].train = 0;
         if (!rc) rc = ft_chat_template_for(tok, tmpl, v.m, v.n, &ctx, &tmpl);
         if (!rc) rc = ft_chat_render(&t, tmpl, v.m, v.n, &ctx);
         /* chat templates write BOS themselves; the Alpaca prompt relies on the tokenizer's
@@ -675,7 +683,7 @@ int ft_dataset_encode_record(ft_example *ex, const char *record_json, int format
         key_list(j, keys, sizeof keys);
         rc = ft_err(FT_E_INVALID, "unknown data schema (keys %s)", keys);
     } else {
-        rc = encode_json(ex, j, format, chat_template, train_on_prompt, tok);
+        rc = encode_json(ex, j, format, chat_template, train_on_prompt, 0, tok);
     }
     cJSON_Delete(j);
     return rc;
@@ -728,7 +736,7 @@ static int encode_one(ft_example *e, const cJSON *json, int format, int tmpl,
                       const ft_data_cfg *cfg, const ft_tokenizer *tok, const char *where,
                       ft_data_file *fs)
 {
-    int rc = encode_json(e, json, format, tmpl, cfg->train_on_prompt, tok);
+    int rc = encode_json(e, json, format, tmpl, cfg->train_on_prompt, 0, tok);
     if (rc == -ENOMEM) return rc;
     if (rc < 0) return ft_err_prefix(rc, "%s", where);
     if (e->n > cfg->seq_len) {
@@ -741,6 +749,102 @@ static int encode_one(ft_example *e, const cJSON *json, int format, int tmpl,
         return 0;
     }
     return 1;
+}
+
+/* ---- preference pairs (pref.h) ------------------------------------------------------------ */
+
+/* One preference record into e[0] (prompt + chosen) and e[1] (prompt + rejected), each the
+ * SFT encoding of its side's record (pref.h; labels on the completion only), not truncated.
+ * *format (may be NULL) gets the SFT schema of the sides. Returns 0, -ENOMEM, FT_E_INVALID
+ * (the message names the side, "chosen: ..."); e[] is zeroed on error. */
+static int encode_pair_raw(ft_example e[2], const cJSON *json, int tmpl, const ft_tokenizer *tok,
+                           int *format)
+{
+    ft_pref_rec pr;
+    memset(e, 0, 2 * sizeof *e);
+    int rc = ft_pref_split(json, &pr);
+    for (int s = 0; s < 2 && !rc; s++) {
+        rc = encode_json(&e[s], pr.side[s], pr.format, tmpl, 0, pr.last_only, tok);
+        if (rc < 0 && rc != -ENOMEM) rc = ft_err_prefix(rc, "%s", s ? "rejected" : "chosen");
+    }
+    if (!rc && format) *format = pr.format;
+    ft_pref_rec_free(&pr);
+    if (rc < 0) {
+        example_free(&e[0]);
+        example_free(&e[1]);
+    }
+    return rc;
+}
+
+int ft_dataset_encode_pair(ft_example ex[2], const char *record_json, int chat_template,
+                           const ft_tokenizer *tok)
+{
+    memset(ex, 0, 2 * sizeof *ex);
+    cJSON *j = cJSON_Parse(record_json);
+    if (!j) return ft_err(FT_E_INVALID, "malformed JSON record");
+    if (chat_template == FT_CHAT_AUTO) chat_template = ft_chat_template_detect(tok);
+    int rc = encode_pair_raw(ex, j, chat_template, tok, NULL);
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* encode_pair_raw, then seq_len applied to each side: returns 1 when the pair is usable, 0
+ * when it was dropped (either side without a trained token within seq_len; both freed, the
+ * pair counted in fs->n_dropped), < 0 on error (message prefixed with `where`, e[] freed).
+ * fs->n_truncated counts the pair once when either side was cut. */
+static int encode_pair(ft_example e[2], const cJSON *json, int tmpl, const ft_data_cfg *cfg,
+                       const ft_tokenizer *tok, const char *where, ft_data_file *fs, int *format)
+{
+    int rc = encode_pair_raw(e, json, tmpl, tok, format);
+    if (rc == -ENOMEM) return rc;
+    if (rc < 0) return ft_err_prefix(rc, "%s", where);
+    int cut = 0, empty = 0;
+    for (int s = 0; s < 2; s++) {
+        if (e[s].n > cfg->seq_len) {
+            e[s].n = cfg->seq_len;
+            cut = 1;
+        }
+        empty |= n_trained(&e[s]) == 0;
+    }
+    fs->n_truncated += cut;
+    if (empty) {
+        example_free(&e[0]);
+        example_free(&e[1]);
+        fs->n_dropped++;
+        return 0;
+    }
+    return 1;
+}
+
+/* read_file's step for one preference record: its pair appended to *x (x->n += 2), or, past
+ * keep_max pairs (keep_max > 0), encoded, checked, freed and counted in fs->n_over_cap (2 per
+ * pair). fs->format takes the first pair's SFT schema. Returns as encode_pair. */
+static int read_pair(ex_vec *x, int64_t n0, int64_t keep_max, const cJSON *json,
+                     const ft_data_cfg *cfg, int tmpl, const ft_tokenizer *tok, const char *where,
+                     ft_data_file *fs)
+{
+    int f = FT_DATA_AUTO, rc;
+    if (keep_max > 0 && x->n - n0 == 2 * keep_max) {
+        ft_example e[2];
+        rc = encode_pair(e, json, tmpl, cfg, tok, where, fs, &f);
+        if (rc == 1) {
+            example_free(&e[0]);
+            example_free(&e[1]);
+            fs->n_over_cap += 2;
+        }
+    } else {
+        if (x->n + 2 > x->cap) {
+            int64_t nc = x->cap ? 2 * x->cap : 256;
+            ft_example *p = realloc(x->v, (size_t)nc * sizeof *p);
+            if (!p) return ft_err(-ENOMEM, "%s: out of memory", where);
+            x->v = p;
+            x->cap = nc;
+        }
+        rc = encode_pair(&x->v[x->n], json, tmpl, cfg, tok, where, fs, &f);
+        if (rc == 1) x->n += 2;
+    }
+    if (rc >= 0 && fs->format == FT_DATA_AUTO) fs->format = f;
+    return rc;
 }
 
 /* Reads path into examples appended to *x: schema detection (from this file's first record
@@ -771,16 +875,23 @@ static int read_file(const char *path, const ft_data_cfg *cfg, int tmpl, const f
         ft_records_where(&rr, rec.loc, where, sizeof where);
         if (!rec.json) {
             rc = ft_err(FT_E_INVALID, "%s: %s", where, rec.err);
+        } else if (cfg->preference) {
+            rc = read_pair(x, n0, keep_max, rec.json, cfg, tmpl, tok, where, fs);
+            if (rc > 0) rc = 0;
         } else {
             if (format == FT_DATA_AUTO) {
                 int f = detect_format(rec.json);
                 if (f < 0) {
                     char keys[200];
                     key_list(rec.json, keys, sizeof keys);
+                    int pair = cJSON_IsObject(rec.json) &&
+                               cJSON_GetObjectItemCaseSensitive(rec.json, "chosen") &&
+                               cJSON_GetObjectItemCaseSensitive(rec.json, "rejected");
                     rc = ft_err(FT_E_INVALID, "%s: unknown data schema (keys %s); expected alpaca "
                                 "(instruction/input/output), messages, sharegpt (conversations), "
-                                "prompt/completion or text, or name one with --data-format",
-                                where, keys);
+                                "prompt/completion or text, or name one with --data-format%s",
+                                where, keys,
+                                pair ? " (chosen/rejected: a preference record; train on it with --method dpo)" : "");
                     /* the schema comes from the first record: an unknown one is fatal */
                     break;
                 }
@@ -842,6 +953,14 @@ static int read_files(ft_dataset *ds, const char *const *paths, int64_t n_paths,
     if (n_paths < 1 || !paths) return ft_err(FT_E_INVALID, "no data file given");
     for (int64_t i = 0; i < n_paths; i++)
         if (!paths[i] || !*paths[i]) return ft_err(FT_E_INVALID, "data file %lld: empty name", (long long)i + 1);
+    if (cfg->preference && cfg->format != FT_DATA_AUTO)
+        return ft_err(FT_E_INVALID, "preference data: the schema is read from each record "
+                      "(prompt/chosen/rejected, chosen/rejected, or LLaMA-Factory's pairwise "
+                      "alpaca/sharegpt); a forced data format (%s) does not apply",
+                      ft_data_format_name(cfg->format));
+    if (cfg->preference && cfg->train_on_prompt)
+        return ft_err(FT_E_INVALID, "preference data: the loss is on the completions only; "
+                      "train-on-prompt does not apply");
     ds->files = calloc((size_t)n_paths, sizeof *ds->files);
     if (!ds->files) return ft_err(-ENOMEM, "out of memory");
     ds->n_files = n_paths;
@@ -883,23 +1002,29 @@ int ft_dataset_load_files(ft_dataset *ds, const char *const *paths, int64_t n_pa
     ft_example *all = x.v;
     int64_t n = x.n;
 
-    /* deterministic shuffle (Fisher-Yates) of the union, then the first n_eval are held out */
+    /* deterministic shuffle (Fisher-Yates) of the union, then the first n_eval are held out;
+     * preference data moves whole pairs (units of 2 examples: eval_fraction and eval_max
+     * count pairs) */
+    const int64_t per = cfg->preference ? 2 : 1, nu = n / per;
     int64_t n_eval = 0;
     if (!cfg->no_shuffle) {
         ft_rng g;
         ft_rng_seed(&g, cfg->seed ^ 0x5eedda7a5e7ull);
-        for (int64_t i = n - 1; i > 0; i--) {
+        for (int64_t i = nu - 1; i > 0; i--) {
             int64_t k = (int64_t)(ft_rng_next(&g) % (uint64_t)(i + 1));
-            ft_example tmp = all[i];
-            all[i] = all[k];
-            all[k] = tmp;
+            for (int64_t q = 0; q < per; q++) {
+                ft_example tmp = all[i * per + q];
+                all[i * per + q] = all[k * per + q];
+                all[k * per + q] = tmp;
+            }
         }
-        if (cfg->eval_fraction > 0 && n >= 2) {
-            n_eval = (int64_t)(cfg->eval_fraction * (double)n + 0.5);
+        if (cfg->eval_fraction > 0 && nu >= 2) {
+            n_eval = (int64_t)(cfg->eval_fraction * (double)nu + 0.5);
             if (n_eval < 1) n_eval = 1;
             if (cfg->eval_max > 0 && n_eval > cfg->eval_max) n_eval = cfg->eval_max;
-            if (n_eval > n - 1) n_eval = n - 1;
+            if (n_eval > nu - 1) n_eval = nu - 1;
         }
+        n_eval *= per;
     }
     ds->n_eval = n_eval;
     ds->n_train = n - n_eval;

@@ -49,6 +49,21 @@ typedef struct ft_data_cfg {
                               * the first eval_max usable examples of the eval file */
     uint64_t seed;           /* shuffle seed */
     int no_shuffle;          /* 1: keep file order (ftune tokenize), no eval split */
+    int preference;          /* 1: preference pairs (DPO, pref.h): each record gives two
+                              * examples, prompt + chosen at [2i] and prompt + rejected at
+                              * [2i+1] of train/eval, labels on their completions only; the
+                              * shuffle, the eval split and the eval cap move whole pairs; a
+                              * pair is dropped (n_dropped) when either side has no trained
+                              * token left after truncation to seq_len. The schema is read
+                              * from each record (TRL prompt/chosen/rejected or chosen/
+                              * rejected, LLaMA-Factory pairwise alpaca or sharegpt): format
+                              * must be FT_DATA_AUTO and train_on_prompt 0 (FT_E_INVALID).
+                              * Counts in this mode: n_records and n_skipped count records,
+                              * n_truncated pairs with either side cut, n_dropped pairs;
+                              * n_examples, n_over_cap/eval_capped, n_train and n_eval count
+                              * examples (2 per pair); eval_fraction and eval_max count
+                              * pairs; format is the SFT schema the (first) pair's sides were
+                              * encoded as (pref.h) */
 } ft_data_cfg;
 
 typedef struct ft_example {
@@ -122,6 +137,14 @@ void ft_dataset_free(ft_dataset *ds);
 int ft_dataset_encode_record(ft_example *ex, const char *record_json, int format,
                              int chat_template, int train_on_prompt, const ft_tokenizer *tok);
 
+/* One preference record (JSON text, a schema of pref.h) as its two examples: ex[0] prompt +
+ * chosen, ex[1] prompt + rejected, each the SFT encoding of its side's record (labels on the
+ * completion only), not truncated. Returns 0, -ENOMEM, FT_E_INVALID (malformed JSON, no
+ * preference schema, or a side that does not encode: the message names it, "chosen: ...");
+ * ex[] is zeroed on error; the caller frees each ids/labels. */
+int ft_dataset_encode_pair(ft_example ex[2], const char *record_json, int chat_template,
+                           const ft_tokenizer *tok);
+
 /* A conversational record as chat messages, by the conversion training uses (formats.md
  * 8.1): alpaca (instruction, input?, system?, history?, output), messages, sharegpt
  * (conversations, system?) and conversational prompt/completion; format FT_DATA_AUTO detects
@@ -193,7 +216,16 @@ typedef struct ft_batch {
     int32_t *pos;        /* (T) position within its example, restarting at 0 */
     int32_t *seq_start;  /* (T) flat index of the first token of t's example (kernels.h) */
     int64_t n_targets;   /* count of targets >= 0 */
+    int64_t n_pairs;     /* preference micro-batches (ft_pack_pairs): pairs in it; else 0 */
+    int64_t *pairs;      /* (n_pairs, FT_PAIR_FIELDS) per pair: its index p (the pair of
+                          * examples 2p, 2p+1 given to ft_pack_pairs), then the chosen
+                          * example's first token (flat offset in this micro-batch) and
+                          * length, then the rejected example's; the rejected example
+                          * follows the chosen one directly. NULL when n_pairs is 0 */
 } ft_batch;
+
+enum { FT_PAIR_INDEX = 0, FT_PAIR_CHOSEN_START, FT_PAIR_CHOSEN_LEN, FT_PAIR_REJECTED_START,
+       FT_PAIR_REJECTED_LEN, FT_PAIR_FIELDS };
 
 /* Packs examples (each 1..seq_len tokens) first-fit-decreasing by length into micro-batches
  * of at most rows * seq_len tokens (an example is never split), then shuffles the order of
@@ -202,6 +234,19 @@ typedef struct ft_batch {
  * than seq_len or empty). */
 int ft_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_t n_ex,
             int64_t seq_len, int64_t rows, uint64_t seed);
+
+/* Packs preference pairs (DPO): ex holds 2 * n_pairs examples, pair p = (ex[2p] chosen,
+ * ex[2p+1] rejected), each example 1..seq_len tokens. A pair is never split: its two
+ * examples are placed next to each other (chosen first) in one micro-batch. Pairs go
+ * first-fit-decreasing by their total length into micro-batches of at most
+ * 2 * rows * seq_len tokens (rows = pairs per micro-batch at full length, as TRL's
+ * per_device_train_batch_size counts pairs), then the micro-batches are shuffled by seed.
+ * Each batch's pairs[] lists its pairs in placement order (longest pair first), and its
+ * ids/targets/pos/seq_start are ft_pack's for the same examples in that order; its rows is
+ * 2 * rows, so that T <= rows * seq_len holds of the batch as of ft_pack's. Returns as
+ * ft_pack (FT_E_RANGE names the example index, 2p or 2p + 1). */
+int ft_pack_pairs(ft_batch **batches, int64_t *n_batches, const ft_example *ex,
+                  int64_t n_pairs, int64_t seq_len, int64_t rows, uint64_t seed);
 void ft_batches_free(ft_batch *b, int64_t n);
 
 #endif
