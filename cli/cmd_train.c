@@ -18,6 +18,7 @@
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/train/checkpoint.h"
+#include "src/train/dpo.h"
 #include "src/train/schedule.h"
 #include "src/train/trainer.h"
 
@@ -119,6 +120,28 @@ static int opt_nonneg(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
+static int opt_method(const char *v, void *dst, char *err, size_t n)
+{
+    if (!strcmp(v, "sft")) *(int *)dst = FT_METHOD_SFT;
+    else if (!strcmp(v, "dpo")) *(int *)dst = FT_METHOD_DPO;
+    else {
+        snprintf(err, n, "unknown training method '%s' (sft, dpo)", v);
+        return -1;
+    }
+    return 0;
+}
+
+static int opt_dpo_loss(const char *v, void *dst, char *err, size_t n)
+{
+    int k = ft_dpo_loss_parse(v);
+    if (k < 0) {
+        snprintf(err, n, "unknown DPO loss '%s' (sigmoid, hinge, ipo, robust)", v);
+        return -1;
+    }
+    *(int *)dst = k;
+    return 0;
+}
+
 static int opt_u64(const char *v, void *dst, char *err, size_t n)
 {
     char *end;
@@ -211,6 +234,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     ft_train_cfg c;
     ft_train_defaults(&c);
     c.plan_only = plan_only;
+    const float dropout_default = c.lora.dropout;
+    c.lora.dropout = NAN; /* unset: the method's default below */
     int quiet = 0;
     int64_t log_every = 0;
     int64_t threads = 0;
@@ -237,9 +262,13 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"adam-beta2", FT_OPT_DBL, &c.adam_beta2, "AdamW beta2 (default 0.999)"},
         {"adam-eps", FT_OPT_DBL, &c.adam_eps, "AdamW epsilon (default 1e-8)"},
         {"max-grad-norm", FT_OPT_DBL, &c.max_grad_norm, "clip the global gradient norm (default 1.0; 0 = off)"},
+        {"method", FT_OPT_FN, &c.method, "sft: supervised fine-tuning on instruction data (default) | dpo: Direct Preference Optimization on preference pairs (TRL's DPOTrainer: records with prompt/chosen/rejected, or chosen/rejected with the prompt implicit, or LLaMA-Factory's pairwise alpaca/sharegpt); --batch-size then counts pairs, the reference is the starting model", opt_method, "NAME"},
+        {"dpo-beta", FT_OPT_FN, &c.dpo.beta, "DPO: beta, the strength of the pull toward the reference model (default 0.1)", opt_pos_ratio, "X"},
+        {"dpo-loss", FT_OPT_FN, &c.dpo.loss_type, "DPO loss: sigmoid (DPO, default) | hinge (SLiC) | ipo | robust (with --dpo-label-smoothing)", opt_dpo_loss, "NAME"},
+        {"dpo-label-smoothing", FT_OPT_FN, &c.dpo.label_smoothing, "DPO robust loss: the assumed fraction of pairs whose preference is flipped, 0 <= X < 0.5 (default 0)", opt_nonneg, "X"},
         {"lora-r", FT_OPT_INT, &c.lora.r, "LoRA rank (default 16)"},
         {"lora-alpha", FT_OPT_FLOAT, &c.lora.alpha, "LoRA alpha (default 32)"},
-        {"lora-dropout", FT_OPT_FLOAT, &c.lora.dropout, "dropout on the adapter input (default 0.05)"},
+        {"lora-dropout", FT_OPT_FLOAT, &c.lora.dropout, "dropout on the adapter input (default 0.05; 0 with --method dpo, as TRL's disable_dropout)"},
         {"use-rslora", FT_OPT_FLAG, &c.lora.use_rslora, "scale by alpha/sqrt(r) (rsLoRA)"},
         {"loraplus-lr-ratio", FT_OPT_FN, &c.loraplus_lr_ratio, "LoRA+: train the B matrices at X times the learning rate of A (the paper suggests 16; default: off, one lr)", opt_pos_ratio, "X"},
         {"neftune-noise-alpha", FT_OPT_FN, &c.neftune_noise_alpha, "NEFTune: add uniform noise of magnitude X/sqrt(seq_len*hidden_size) to the embeddings while training (the paper uses 5; default: off)", opt_nonneg, "X"},
@@ -293,6 +322,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         fprintf(stderr, "ftune: %s\n", err);
         return 2;
     }
+    /* the dropout default depends on the method: TRL's DPOConfig turns dropout off */
+    if (isnan(c.lora.dropout)) c.lora.dropout = c.method == FT_METHOD_DPO ? 0.0f : dropout_default;
     c.data = data.v;
     c.n_data = data.n;
     if (!c.model || !c.n_data) {

@@ -49,8 +49,13 @@ void ft_progress_cb(const ft_train_event *ev, void *user)
     }
     if (ev->kind == FT_EV_EVAL) {
         ft_progress_flush(p);
-        fprintf(stderr, "ftune: eval at step %lld/%lld: loss %.4f (ppl %.2f)\n", (long long)ev->step,
-                (long long)ev->total_steps, ev->eval_loss, exp(ev->eval_loss));
+        if (ev->pref) /* DPO: a pair loss has no perplexity */
+            fprintf(stderr, "ftune: eval at step %lld/%lld: DPO loss %.4f, reward accuracy %.3f, margin %.4f\n",
+                    (long long)ev->step, (long long)ev->total_steps, ev->eval_loss,
+                    ev->reward_accuracy, ev->reward_margin);
+        else
+            fprintf(stderr, "ftune: eval at step %lld/%lld: loss %.4f (ppl %.2f)\n", (long long)ev->step,
+                    (long long)ev->total_steps, ev->eval_loss, exp(ev->eval_loss));
         return;
     }
     char eta[32], el[32];
@@ -69,10 +74,12 @@ void ft_progress_cb(const ft_train_event *ev, void *user)
         fflush(stderr);
         return;
     }
+    char acc[48] = "";
+    if (ev->pref) snprintf(acc, sizeof acc, " reward_accuracy %.3f", ev->reward_accuracy);
     int64_t every = p->log_every > 0 ? p->log_every : (ev->total_steps + 49) / 50;
     if (every < 1) every = 1;
     if (ev->step % every == 0 || ev->step == 1 || ev->step == ev->total_steps)
-        fprintf(stderr, "ftune: step %lld/%lld loss %.4f lr %.3e grad_norm %.3f %.0f tok/s elapsed %s ETA %s\n",
-                (long long)ev->step, (long long)ev->total_steps, ev->loss, ev->lr, ev->grad_norm,
+        fprintf(stderr, "ftune: step %lld/%lld loss %.4f%s lr %.3e grad_norm %.3f %.0f tok/s elapsed %s ETA %s\n",
+                (long long)ev->step, (long long)ev->total_steps, ev->loss, acc, ev->lr, ev->grad_norm,
                 ev->tokens_per_s, el, eta);
 }

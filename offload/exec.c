@@ -191,6 +191,7 @@ void ft_exec_free(ft_exec *e)
     if (e) {
         free(e->pack_raw);
         free(e->pack_host);
+        free(e->seq_buf);
     }
     if (e) memset(e, 0, sizeof *e);
 }
@@ -446,6 +447,92 @@ static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, flo
     return ck_used(e, c->num_hidden_layers);
 }
 
+/* Room for n sequences in e->seq_buf: nll, scale (doubles) and n_tok (int64). */
+static int seq_room(ft_exec *e, int64_t n)
+{
+    if (n <= e->seq_cap) return 0;
+    double *p = realloc(e->seq_buf, (size_t)n * (2 * sizeof(double) + sizeof(int64_t)));
+    if (!p) return ft_err(-ENOMEM, "out of memory for %lld sequence losses", (long long)n);
+    e->seq_buf = p;
+    e->seq_cap = n;
+    return 0;
+}
+
+/* The head of a preference micro-batch: final norm, then the LM head + CE of each sequence
+ * on its own rows (nll[s], n_tok[s]); with dx: d nll[s] / d x of each sequence's rows,
+ * scaled by fn's scale[s], then through the final norm into dx. */
+static int head_seq(ft_exec *e, const ft_batch *b, int64_t mb, float *dx, double *nll,
+                    int64_t *n_tok, ft_exec_seq_grad_fn fn, void *user)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    int64_t T = b->T, C = c->hidden_size;
+    if (b->n_pairs < 1 || !b->pairs)
+        return ft_err(FT_E_INVALID, "a sequence objective on a micro-batch without preference pairs");
+    float *xL;
+    FT_TRY(ck_read(e, c->num_hidden_layers, &xL));
+    xL += mb * ck_stride(e);
+    int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_HEAD, -1);
+    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->final_norm, T, C, c->rms_norm_eps));
+    if (dx) FT_TRY(be->ops->zero(be, e->dxf, (size_t)(T * C) * sizeof(float)));
+    const int32_t *tg = e->targets + mb * e->T_max;
+    for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
+        const int64_t *pr = b->pairs + (s / 2) * FT_PAIR_FIELDS;
+        int64_t t0 = pr[s % 2 ? FT_PAIR_REJECTED_START : FT_PAIR_CHOSEN_START];
+        int64_t n = pr[s % 2 ? FT_PAIR_REJECTED_LEN : FT_PAIR_CHOSEN_LEN];
+        if (t0 < 0 || n < 1 || t0 + n > T)
+            return ft_err(FT_E_INVALID, "preference pair %lld: sequence [%lld, +%lld) outside the %lld-token micro-batch",
+                          (long long)(s / 2), (long long)t0, (long long)n, (long long)T);
+        FT_TRY(be->ops->lm_head_ce(be, &nll[s], &n_tok[s], dx ? e->dxf + t0 * C : NULL,
+                                   e->xf + t0 * C, e->lm_head, tg + t0, n, C, c->vocab_size, 1.0f,
+                                   e->ce_scratch, e->ce_chunk));
+    }
+    if (dx) {
+        double *scale = nll + 2 * b->n_pairs;
+        FT_TRY(fn(user, mb, b, nll, n_tok, scale));
+        for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
+            const int64_t *pr = b->pairs + (s / 2) * FT_PAIR_FIELDS;
+            int64_t t0 = pr[s % 2 ? FT_PAIR_REJECTED_START : FT_PAIR_CHOSEN_START];
+            int64_t n = pr[s % 2 ? FT_PAIR_REJECTED_LEN : FT_PAIR_CHOSEN_LEN];
+            FT_TRY(be->ops->scale(be, e->dxf + t0 * C, (float)scale[s], n * C));
+        }
+        FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
+        FT_TRY(be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->final_norm, e->rstdf, T, C));
+    }
+    ft_exec_tl_end(e, mk);
+    return ck_used(e, c->num_hidden_layers);
+}
+
+/* The backward of all layers for micro-batches [0, n_mb), from the d(final hidden) in e->dx
+ * that the head left. */
+static int backward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t dropout_seed);
+
+int ft_exec_train_step_seq(ft_exec *e, const ft_batch *mbs, int64_t n_mb, ft_exec_seq_grad_fn fn,
+                           void *user, uint64_t dropout_seed)
+{
+    if (n_mb < 1 || n_mb > e->n_micro_max)
+        return ft_err(FT_E_RANGE, "step of %lld micro-batches exceeds the planned %lld",
+                      (long long)n_mb, (long long)e->n_micro_max);
+    if (!e->lora) return ft_err(FT_E_INVALID, "train step without an adapter");
+    if (!fn) return ft_err(FT_E_INVALID, "a sequence objective without its gradient function");
+    int64_t C = e->m->cfg.hidden_size;
+    for (int64_t mb = 0; mb < n_mb; mb++) FT_TRY(seq_room(e, 2 * mbs[mb].n_pairs));
+    FT_TRY(forward_all(e, mbs, n_mb, dropout_seed, 1));
+    for (int64_t mb = 0; mb < n_mb; mb++) {
+        double *nll = e->seq_buf;
+        int64_t *n_tok = (int64_t *)(e->seq_buf + 2 * e->seq_cap);
+        FT_TRY(head_seq(e, &mbs[mb], mb, e->dx + mb * e->T_max * C, nll, n_tok, fn, user));
+    }
+    return backward_all(e, mbs, n_mb, dropout_seed);
+}
+
+int ft_exec_eval_seq(ft_exec *e, const ft_batch *mb, double *nll, int64_t *n_tok)
+{
+    FT_TRY(forward_all(e, mb, 1, 0, 0));
+    FT_TRY(head_seq(e, mb, 0, NULL, nll, n_tok, NULL, NULL));
+    return ft_exec_op_end(e);
+}
+
 int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
                        uint64_t dropout_seed, double *loss_sum, int64_t *n_tokens)
 {
@@ -453,9 +540,7 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
         return ft_err(FT_E_RANGE, "step of %lld micro-batches exceeds the planned %lld",
                       (long long)n_mb, (long long)e->n_micro_max);
     if (!e->lora) return ft_err(FT_E_INVALID, "train step without an adapter");
-    ft_backend *be = e->be;
-    const ft_model_config *c = &e->m->cfg;
-    int64_t C = c->hidden_size;
+    int64_t C = e->m->cfg.hidden_size;
     float gs = grad_norm_tokens > 0 ? 1.0f / (float)grad_norm_tokens : 0.0f;
     FT_TRY(forward_all(e, mbs, n_mb, dropout_seed, 1));
     *loss_sum = 0;
@@ -467,6 +552,14 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
         *loss_sum += ls;
         *n_tokens += nv;
     }
+    return backward_all(e, mbs, n_mb, dropout_seed);
+}
+
+static int backward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t dropout_seed)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    int64_t C = c->hidden_size;
     if (e->ckt) FT_TRY(ft_ckpt_tier_bwd_begin(e));
     int64_t st = ck_stride(e);
     for (int64_t l = c->num_hidden_layers - 1; l >= 0; l--) {

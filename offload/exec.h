@@ -56,6 +56,9 @@ typedef struct ft_exec {
      * resumed run draws the same noise. */
     double neftune_alpha;
     uint64_t neftune_seed;
+    double *seq_buf;            /* host scratch of the sequence objectives (ft_exec_train_step_seq):
+                                 * nll, scale and counts of one micro-batch; grown as needed */
+    int64_t seq_cap;            /* sequences it holds */
     /* The base weights as the backend reads them: the model's own host arrays on a host-memory
      * backend (CPU); on a device backend (CUDA), copies in one device allocation made at init
      * (every layer resident: the streaming tiers are the offload issue's), the projections in
@@ -258,6 +261,31 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
 
 /* Forward only (no dropout): summed loss and target count of one micro-batch. */
 int ft_exec_eval(ft_exec *e, const ft_batch *mb, double *loss_sum, int64_t *n_tokens);
+
+/* ---- sequence-level objectives over preference pairs (DPO, src/train/dpo.h) ------------
+ * A preference micro-batch (ft_pack_pairs) has 2 * n_pairs sequences: pair k's chosen
+ * example is sequence 2k, its rejected one 2k+1 (ft_batch.pairs). nll[s] is the summed token
+ * loss (-log p of each target, nats, double) of sequence s and n_tok[s] its target count.
+ * The objective's gradient is given per sequence: d objective / d nll[s]. */
+
+/* Called once per micro-batch mb (0-based within the step) after its forward: reads
+ * nll/n_tok (2 * b->n_pairs each) and writes scale[s] = d objective / d nll[s]. A non-zero
+ * return stops the step with that error. */
+typedef int (*ft_exec_seq_grad_fn)(void *user, int64_t mb, const ft_batch *b, const double *nll,
+                                   const int64_t *n_tok, double *scale);
+
+/* Forward + backward of one optimizer step over n_mb preference micro-batches (n_pairs >= 1
+ * each): after the forward, the LM head gives each sequence's nll and the gradient of its
+ * token losses, fn turns the nlls into per-sequence scales, and the backward runs with
+ * d(final hidden) = sum over sequences of scale[s] * d nll[s] / d hidden. LoRA gradients
+ * accumulate as in ft_exec_train_step (dropout, NEFTune alike). Returns 0, fn's error,
+ * FT_E_INVALID (a micro-batch without pairs), or what the ops return. */
+int ft_exec_train_step_seq(ft_exec *e, const ft_batch *mbs, int64_t n_mb, ft_exec_seq_grad_fn fn,
+                           void *user, uint64_t dropout_seed);
+
+/* Forward only (no dropout, no noise): nll and n_tok (2 * mb->n_pairs each) of every
+ * sequence of one preference micro-batch. */
+int ft_exec_eval_seq(ft_exec *e, const ft_batch *mb, double *nll, int64_t *n_tok);
 
 /* Forward only: logits (T, V) of one micro-batch into host memory `logits`. */
 int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);

@@ -91,9 +91,24 @@ static int done(ft_metrics *m)
     return 0;
 }
 
+/* The DPO means of pref, each key after prefix ("" or "eval_"). */
+static void pref_means(FILE *f, const char *prefix, const ft_dpo_stats *p)
+{
+    const char *keys[6] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                           "rewards/margins", "logps/chosen", "logps/rejected"};
+    double sums[6] = {p->reward_chosen, p->reward_rejected, p->accurate, p->margin,
+                      p->logp_chosen, p->logp_rejected};
+    char key[64];
+    for (int i = 0; i < 6; i++) {
+        snprintf(key, sizeof key, "%s%s", prefix, keys[i]);
+        num(f, key, p->pairs ? sums[i] / (double)p->pairs : NAN, 0);
+    }
+    fprintf(f, "\"%spairs\": %lld, ", prefix, (long long)p->pairs);
+}
+
 int ft_metrics_step(ft_metrics *m, int64_t step, double loss, double lr, double grad_norm,
                     int64_t tokens, double tokens_per_s, double elapsed_s, int64_t bad_steps,
-                    int skipped)
+                    int skipped, const ft_dpo_stats *pref)
 {
     if (!m->f) return 0;
     fprintf(m->f, "{\"step\": %lld, ", (long long)step);
@@ -103,18 +118,20 @@ int ft_metrics_step(ft_metrics *m, int64_t step, double loss, double lr, double 
     fprintf(m->f, "\"tokens\": %lld, ", (long long)tokens);
     num(m->f, "tokens_per_s", tokens_per_s, 0);
     num(m->f, "elapsed_s", elapsed_s, 0);
+    if (pref) pref_means(m->f, "", pref);
     if (skipped) fputs("\"skipped\": true, ", m->f);
     fprintf(m->f, "\"bad_steps\": %lld", (long long)bad_steps);
     return done(m);
 }
 
 int ft_metrics_eval(ft_metrics *m, int64_t step, double eval_loss, int64_t eval_tokens,
-                    double elapsed_s)
+                    double elapsed_s, const ft_dpo_stats *pref)
 {
     if (!m->f) return 0;
     fprintf(m->f, "{\"step\": %lld, ", (long long)step);
     num_exact(m->f, "eval_loss", eval_loss, 0);
     fprintf(m->f, "\"eval_tokens\": %lld, ", (long long)eval_tokens);
+    if (pref) pref_means(m->f, "eval_", pref);
     num(m->f, "elapsed_s", elapsed_s, 1);
     return done(m);
 }

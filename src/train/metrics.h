@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "src/train/dpo.h"
+
 typedef struct ft_metrics { FILE *f; char path[4096]; } ft_metrics;
 
 /* Creates/truncates path. Returns 0 or -errno (message names the path). */
@@ -22,14 +24,18 @@ void ft_metrics_close(ft_metrics *m);
 
 /* One training step: {"step","loss","lr","grad_norm","tokens","tokens_per_s","elapsed_s",
  * "bad_steps"} and "skipped": true for a step skipped for a non-finite loss or gradient
- * norm (no update); non-finite numbers are written as null. bad_steps is cumulative. */
+ * norm (no update); non-finite numbers are written as null. bad_steps is cumulative.
+ * pref (a DPO step, else NULL) adds TRL's means over the step's pairs: "rewards/chosen",
+ * "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+ * "logps/rejected", and "pairs". */
 int ft_metrics_step(ft_metrics *m, int64_t step, double loss, double lr, double grad_norm,
                     int64_t tokens, double tokens_per_s, double elapsed_s, int64_t bad_steps,
-                    int skipped);
+                    int skipped, const ft_dpo_stats *pref);
 /* One evaluation: {"step","eval_loss","eval_tokens","elapsed_s"}; eval_loss with 17
  * significant digits (the exact double the trainer compared: summary.json's
- * best_eval_loss is one of them). */
+ * best_eval_loss is one of them). pref (a DPO evaluation, else NULL) adds the means above
+ * as "eval_rewards/chosen" ... and "eval_pairs". */
 int ft_metrics_eval(ft_metrics *m, int64_t step, double eval_loss, int64_t eval_tokens,
-                    double elapsed_s);
+                    double elapsed_s, const ft_dpo_stats *pref);
 
 #endif

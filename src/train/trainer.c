@@ -24,6 +24,7 @@
 #include "src/model/model.h"
 #include "src/train/checkpoint.h"
 #include "src/train/correction.h"
+#include "src/train/dpo_run.h"
 #include "src/train/metrics.h"
 #include "src/train/schedule.h"
 
@@ -52,6 +53,8 @@ void ft_train_defaults(ft_train_cfg *c)
     c->save_every = 200;
     c->keep = 2;
     c->max_bad_steps = 5;
+    c->dpo.beta = 0.1; /* TRL's DPOConfig */
+    c->dpo.loss_type = FT_DPO_SIGMOID;
 }
 
 static double now_s(void)
@@ -112,6 +115,8 @@ typedef struct run {
     ft_pack_file *pack;         /* the NF4 base (--quant nf4), or NULL */
     ft_metrics met;
     char *cfg_json;             /* the run config stored in checkpoints */
+    double *ref_train, *ref_eval; /* DPO: reference nlls by pair (dpo_run.h), 2 per pair */
+    double eval_reward_accuracy;  /* DPO: the last evaluation's (NAN before one) */
 } run;
 
 static void run_free(run *r)
@@ -127,6 +132,36 @@ static void run_free(run *r)
     ft_tok_free(r->tok);
     ft_model_free(r->model);
     free(r->cfg_json);
+    free(r->ref_train);
+    free(r->ref_eval);
+}
+
+/* One evaluation of the held-out batches at `step`, written to metrics.jsonl and reported:
+ * *loss is the mean token loss, or with DPO the mean pair loss (and the reward metrics);
+ * *tokens the target tokens read. */
+static int eval_and_log(run *r, const ft_train_cfg *c, int64_t step, int64_t total, double elapsed_s,
+                        ft_train_cb cb, void *user, double *loss, int64_t *tokens)
+{
+    ft_dpo_stats ps;
+    int dpo = c->method == FT_METHOD_DPO;
+    if (dpo) {
+        FT_TRY(ft_dpo_evaluate(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, r->ref_eval,
+                               &c->dpo, &ps));
+        *loss = ps.pairs ? ps.loss / (double)ps.pairs : NAN;
+        *tokens = ps.tokens;
+    } else {
+        FT_TRY(evaluate(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, loss, tokens));
+    }
+    FT_TRY(ft_metrics_eval(&r->met, step, *loss, *tokens, elapsed_s, dpo ? &ps : NULL));
+    ft_train_event ev = {.kind = FT_EV_EVAL, .step = step, .total_steps = total, .eval_loss = *loss};
+    if (dpo && ps.pairs) {
+        ev.pref = 1;
+        ev.reward_accuracy = ps.accurate / (double)ps.pairs;
+        ev.reward_margin = ps.margin / (double)ps.pairs;
+        r->eval_reward_accuracy = ev.reward_accuracy;
+    }
+    emit(cb, user, &ev);
+    return 0;
 }
 
 static int check_finite_cfg(const ft_train_cfg *c)
@@ -138,6 +173,19 @@ static int check_finite_cfg(const ft_train_cfg *c)
         return ft_err(FT_E_INVALID, "--loraplus-lr-ratio must be > 0 (or left out: off)");
     if (!(c->neftune_noise_alpha >= 0) || !isfinite(c->neftune_noise_alpha))
         return ft_err(FT_E_INVALID, "--neftune-noise-alpha must be >= 0 and finite (0 or left out: off)");
+    if (c->method != FT_METHOD_SFT && c->method != FT_METHOD_DPO)
+        return ft_err(FT_E_INVALID, "unknown training method %d", c->method);
+    if (c->method == FT_METHOD_DPO) {
+        if (!(c->dpo.beta > 0) || !isfinite(c->dpo.beta))
+            return ft_err(FT_E_INVALID, "--dpo-beta must be a number > 0 (TRL's default 0.1)");
+        if (!(c->dpo.label_smoothing >= 0 && c->dpo.label_smoothing < 0.5))
+            return ft_err(FT_E_INVALID, "--dpo-label-smoothing must be in [0, 0.5)");
+        if (c->dpo.label_smoothing > 0 && c->dpo.loss_type != FT_DPO_ROBUST)
+            return ft_err(FT_E_INVALID, "--dpo-label-smoothing %g is used by --dpo-loss robust only (this run's loss: %s)",
+                          c->dpo.label_smoothing, ft_dpo_loss_name(c->dpo.loss_type));
+        if (c->data_cfg.train_on_prompt)
+            return ft_err(FT_E_INVALID, "--train-on-prompt does not apply to DPO: the pair's log-probabilities are those of its completions");
+    }
     if (c->max_steps < 0) return ft_err(FT_E_INVALID, "--max-steps must be >= 0");
     if (c->max_steps == 0 && !(c->epochs > 0)) return ft_err(FT_E_INVALID, "--epochs must be > 0");
     if (c->seq_len < 0 || c->seq_len == 1) return ft_err(FT_E_INVALID, "--seq-len must be >= 2");
@@ -293,6 +341,13 @@ static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_m
     /* NEFTune's noise shapes it too; likewise recorded only when on */
     if (c->neftune_noise_alpha > 0)
         cJSON_AddNumberToObject(o, "neftune_noise_alpha", c->neftune_noise_alpha);
+    /* the objective: recorded only for DPO, so that SFT checkpoints of before still resume */
+    if (c->method == FT_METHOD_DPO) {
+        cJSON_AddStringToObject(o, "method", "dpo");
+        cJSON_AddStringToObject(o, "dpo_loss", ft_dpo_loss_name(c->dpo.loss_type));
+        cJSON_AddNumberToObject(o, "dpo_beta", c->dpo.beta);
+        cJSON_AddNumberToObject(o, "dpo_label_smoothing", c->dpo.label_smoothing);
+    }
     cJSON_AddNumberToObject(o, "lora_r", (double)lc->r);
     cJSON_AddNumberToObject(o, "lora_alpha", lc->alpha);
     cJSON_AddNumberToObject(o, "lora_dropout", lc->dropout);
@@ -371,6 +426,9 @@ static int pack_epoch(run *r, const ft_train_cfg *c, int64_t seq_len, int64_t ep
     ft_batches_free(r->train_b, r->n_train_b);
     r->train_b = NULL;
     r->n_train_b = 0;
+    if (c->method == FT_METHOD_DPO)
+        return ft_pack_pairs(&r->train_b, &r->n_train_b, r->ds.train, r->ds.n_train / 2, seq_len,
+                             c->batch_size, c->seed + (uint64_t)epoch);
     return ft_pack(&r->train_b, &r->n_train_b, r->ds.train, r->ds.n_train, seq_len,
                    c->batch_size, c->seed + (uint64_t)epoch);
 }
@@ -772,6 +830,11 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     dc.seq_len = seq_len;
     dc.seed = c->seed;
     if (c->eval_data) dc.eval_fraction = 0; /* every example of --data trains */
+    const int dpo = c->method == FT_METHOD_DPO;
+    dc.preference = dpo;
+    const int per = dpo ? 2 : 1;  /* examples per record: a pair gives two */
+    const char *unit = dpo ? "pairs" : "examples";
+    r->eval_reward_accuracy = NAN;
     FT_TRY(ft_dataset_load_files(&r->ds, c->data, c->n_data, &dc, r->tok));
     /* "FILE" or "N files (FILE: R records, schema[, S skipped]; ...)" for the data line */
     char files[1400];
@@ -803,17 +866,18 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         char cap[96] = "";
         if (ev.eval_capped)
             snprintf(cap, sizeof cap, " (the first %lld of %lld usable: --eval-max)",
-                     (long long)dc.eval_max, (long long)(ev.n_eval + ev.eval_capped));
-        snprintf(eval_part, sizeof eval_part, "; eval data %s: %lld records (%s) -> %lld eval examples%s, %lld skipped, %lld truncated, %lld dropped",
-                 c->eval_data, (long long)ev.n_records, ft_data_format_name(ev.format),
-                 (long long)ev.n_eval, cap, (long long)ev.n_skipped, (long long)ev.n_truncated,
+                     (long long)dc.eval_max, (long long)(ev.n_eval + ev.eval_capped) / per);
+        snprintf(eval_part, sizeof eval_part, "; eval data %s: %lld records (%s) -> %lld eval %s%s, %lld skipped, %lld truncated, %lld dropped",
+                 c->eval_data, (long long)ev.n_records, dpo ? "preference" : ft_data_format_name(ev.format),
+                 (long long)ev.n_eval / per, unit, cap, (long long)ev.n_skipped, (long long)ev.n_truncated,
                  (long long)ev.n_dropped);
     }
-    info(cb, user, FT_EV_INFO, "data %s: %lld records (%s, template %s) -> %lld train / %lld eval examples, %lld skipped, %lld truncated to %lld tokens, %lld dropped (no trained token within them)%s",
+    info(cb, user, FT_EV_INFO, "data %s: %lld records (%s, template %s) -> %lld train / %lld eval %s, %lld skipped, %lld truncated to %lld tokens, %lld dropped (no trained token within them)%s",
          files, (long long)r->ds.n_records,
-         r->ds.format == FT_DATA_AUTO ? "mixed schemas" : ft_data_format_name(r->ds.format),
-         ft_chat_template_name(r->ds.chat_template), (long long)r->ds.n_train,
-         c->eval_data ? 0LL : (long long)r->ds.n_eval, (long long)r->ds.n_skipped,
+         dpo ? "preference pairs"
+             : r->ds.format == FT_DATA_AUTO ? "mixed schemas" : ft_data_format_name(r->ds.format),
+         ft_chat_template_name(r->ds.chat_template), (long long)r->ds.n_train / per,
+         c->eval_data ? 0LL : (long long)r->ds.n_eval / per, unit, (long long)r->ds.n_skipped,
          (long long)r->ds.n_truncated, (long long)seq_len, (long long)r->ds.n_dropped, eval_part);
     if (r->ds.chat_template == FT_CHAT_JINJA && !c->data_cfg.train_on_prompt) {
         /* the model's own template: it may write nothing after a reply (GLM-4 opens the next
@@ -840,7 +904,10 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
                       c->eval_data ? 0.0 : c->data_cfg.eval_fraction,
                       c->eval_data ? ", --eval-data gave none" : "");
     FT_TRY(pack_epoch(r, c, seq_len, 0));
-    if (r->ds.n_eval)
+    if (r->ds.n_eval && dpo)
+        FT_TRY(ft_pack_pairs(&r->eval_b, &r->n_eval_b, r->ds.eval, r->ds.n_eval / 2, seq_len,
+                             c->batch_size, c->seed));
+    else if (r->ds.n_eval)
         FT_TRY(ft_pack(&r->eval_b, &r->n_eval_b, r->ds.eval, r->ds.n_eval, seq_len,
                        c->batch_size, c->seed));
 
@@ -857,9 +924,10 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     }
     FT_TRY(ft_lora_init(&r->lora, r->model, &lc, r->be));
     r->lora_ok = 1;
-    if (c->init_adapter && !c->resume) FT_TRY(ft_peft_load_weights(c->init_adapter, &r->lora));
+    /* DPO on resume: the reference pass reads the starting adapter before the checkpoint's */
+    if (c->init_adapter && (!c->resume || dpo)) FT_TRY(ft_peft_load_weights(c->init_adapter, &r->lora));
 
-    int64_t T = c->batch_size * seq_len;
+    int64_t T = per * c->batch_size * seq_len; /* DPO: batch_size pairs of two sequences */
     int quant = FT_PACK_QUANT_BF16;
     char why[256];
     FT_TRY(choose_quant(r, c, T, &quant, why, sizeof why));
@@ -895,7 +963,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
                                     : "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized per layer from the pack",
          why[0] ? "; " : "", why, (long long)lc.r, lc.alpha, lc.use_rslora ? " (rsLoRA)" : "",
          __builtin_popcount(lc.targets), r->lora.n_params / 1e6, (long long)r->n_train_b,
-         (long long)c->batch_size, (long long)seq_len, (long long)c->grad_accum, (long long)total,
+         (long long)(per * c->batch_size), (long long)seq_len, (long long)c->grad_accum, (long long)total,
          (long long)warmup, ft_schedule_name(c->schedule),
          (r->ex.arena_bytes + r->ex.weights_bytes + r->ex.kept_bytes + pack_bytes) / 1048576.0,
          r->ex.kept ? " (activations kept: no recompute)" : r->be->ops->host_memory ? "" : " (activations recomputed in the backward)");
@@ -917,6 +985,26 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     res->total_steps = st.total_steps = total;
     st.warmup_steps = warmup;
     st.initial_eval_loss = st.last_eval_loss = st.last_loss = st.best_eval_loss = NAN;
+
+    if (dpo) {
+        /* the reference: the model as the run starts (before a checkpoint's adapter) */
+        double tr0 = now_s();
+        int64_t np_train = r->ds.n_train / 2, np_eval = r->ds.n_eval / 2;
+        r->ref_train = calloc((size_t)(2 * np_train), sizeof *r->ref_train);
+        r->ref_eval = calloc((size_t)(2 * (np_eval ? np_eval : 1)), sizeof *r->ref_eval);
+        if (!r->ref_train || !r->ref_eval) return ft_err(-ENOMEM, "out of memory for reference log-probabilities");
+        FT_TRY(ft_dpo_reference(&r->ex, r->train_b, r->n_train_b, 0, r->ref_train, np_train));
+        if (r->n_eval_b)
+            FT_TRY(ft_dpo_reference(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, r->ref_eval,
+                                    np_eval));
+        char ls[64] = "";
+        if (c->dpo.loss_type == FT_DPO_ROBUST)
+            snprintf(ls, sizeof ls, ", label smoothing %g", c->dpo.label_smoothing);
+        info(cb, user, FT_EV_INFO, "DPO (%s loss, beta %g%s): reference log-probabilities of %lld train and %lld eval pairs from the %s, in %.1f s",
+             ft_dpo_loss_name(c->dpo.loss_type), c->dpo.beta, ls,
+             (long long)np_train, (long long)np_eval,
+             c->init_adapter ? "base model with --init-adapter" : "base model", now_s() - tr0);
+    }
 
     char path[4200];
     FT_TRY(ft_mkdir_p(c->out));
@@ -949,11 +1037,8 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     double eval_loss = NAN;
     int64_t eval_tok = 0;
     if (!c->resume && r->n_eval_b) {
-        FT_TRY(evaluate(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, &eval_loss, &eval_tok));
+        FT_TRY(eval_and_log(r, c, 0, total, now_s() - t0, cb, user, &eval_loss, &eval_tok));
         st.initial_eval_loss = st.last_eval_loss = eval_loss;
-        FT_TRY(ft_metrics_eval(&r->met, 0, eval_loss, eval_tok, now_s() - t0));
-        ft_train_event ev = {.kind = FT_EV_EVAL, .step = 0, .total_steps = total, .eval_loss = eval_loss};
-        emit(cb, user, &ev);
     }
 
     size_t pbytes = (size_t)r->lora.n_params * sizeof(float);
@@ -985,11 +1070,12 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         int64_t n_mb = r->n_train_b - st.cursor < c->grad_accum ? r->n_train_b - st.cursor : c->grad_accum;
         const ft_batch *mbs = &r->train_b[st.cursor];
         st.cursor += n_mb;
-        int64_t n_targets = 0, step_positions = 0;
+        int64_t n_targets = 0, step_positions = 0, step_pairs = 0;
         double step_t0 = now_s();
         for (int64_t i = 0; i < n_mb; i++) {
             step_positions += mbs[i].T;
             n_targets += mbs[i].n_targets;
+            step_pairs += mbs[i].n_pairs;
         }
         FT_TRY(o->zero(r->be, r->lora.grads, pbytes));
         double loss_sum;
@@ -1001,7 +1087,14 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         r->ex.neftune_seed = (c->seed * 0xbf58476d1ce4e5b9ull) ^ (uint64_t)(step + 1);
         int tl_on = c->timeline && (step == start + 1 || (total - start == 1));
         if (tl_on) ft_exec_set_timeline(&r->ex, &tl);
-        FT_TRY(ft_exec_train_step(&r->ex, mbs, n_mb, n_targets, dseed, &loss_sum, &nv));
+        ft_dpo_step ds = {.cfg = &c->dpo, .ref = r->ref_train, .step_pairs = step_pairs};
+        if (dpo) {
+            FT_TRY(ft_exec_train_step_seq(&r->ex, mbs, n_mb, ft_dpo_step_grad, &ds, dseed));
+            loss_sum = ds.st.loss; /* the mean over the step's pairs, below */
+            nv = ds.st.tokens;
+        } else {
+            FT_TRY(ft_exec_train_step(&r->ex, mbs, n_mb, n_targets, dseed, &loss_sum, &nv));
+        }
         if (tl_on) {
             ft_exec_set_timeline(&r->ex, NULL);
             char title[512];
@@ -1012,7 +1105,8 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
                  c->timeline, ft_timeline_span(&tl), ft_timeline_busy(&tl, FT_TL_COMPUTE),
                  ft_timeline_busy(&tl, FT_TL_H2D), ft_timeline_busy(&tl, FT_TL_DISK));
         }
-        double loss = nv ? loss_sum / (double)nv : NAN;
+        double loss = dpo ? (ds.st.pairs ? loss_sum / (double)ds.st.pairs : NAN)
+                          : nv ? loss_sum / (double)nv : NAN;
         double sq;
         FT_TRY(o->sumsq(r->be, &sq, r->lora.grads, r->lora.n_params));
         double gnorm = sqrt(sq);
@@ -1043,11 +1137,16 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         double el = now_s() - train_t0, sd = now_s() - step_t0;
         double tps = sd > 0 ? step_positions / sd : 0; /* this step's token positions per second */
         FT_TRY(ft_metrics_step(&r->met, st.step, loss, lr, gnorm, st.tokens, tps,
-                               base_s + now_s() - t0, st.bad_steps, bad));
+                               base_s + now_s() - t0, st.bad_steps, bad, dpo ? &ds.st : NULL));
         ft_train_event ev = {.kind = FT_EV_STEP, .step = st.step, .total_steps = total,
                              .loss = loss, .lr = lr, .grad_norm = gnorm, .tokens_per_s = tps,
                              .elapsed_s = el, .tokens = st.tokens,
                              .eta_s = el / (double)(st.step - start) * (double)(total - st.step)};
+        if (dpo && ds.st.pairs) {
+            ev.pref = 1;
+            ev.reward_accuracy = ds.st.accurate / (double)ds.st.pairs;
+            ev.reward_margin = ds.st.margin / (double)ds.st.pairs;
+        }
         emit(cb, user, &ev);
         if (c->profile && st.step == start + 1) { /* the first step warms up; time the rest */
             if (ft_backend_profile(r->be, 1) == 0) {
@@ -1064,11 +1163,9 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         /* a scheduled mid-run eval runs even when stopping, so the metrics of a resumed
          * run are those of an uninterrupted one (it precedes the step's checkpoint) */
         if (r->n_eval_b && st.step < total && c->eval_every > 0 && st.step % c->eval_every == 0) {
-            FT_TRY(evaluate(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, &eval_loss, &eval_tok));
+            FT_TRY(eval_and_log(r, c, st.step, total, base_s + now_s() - t0, cb, user, &eval_loss,
+                                &eval_tok));
             st.last_eval_loss = eval_loss;
-            FT_TRY(ft_metrics_eval(&r->met, st.step, eval_loss, eval_tok, base_s + now_s() - t0));
-            ft_train_event e2 = {.kind = FT_EV_EVAL, .step = st.step, .total_steps = total, .eval_loss = eval_loss};
-            emit(cb, user, &e2);
             FT_TRY(track_eval(r, c, &st, eval_loss, st.step));
             if (c->early_stopping_patience > 0 && st.evals_no_improve >= c->early_stopping_patience) {
                 early = 1; /* the end path below: checkpoint, adapter, summary */
@@ -1121,17 +1218,16 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
      * an early stop has just evaluated this adapter (as transformers, which stops right
      * after that evaluation), so its loss is the final one */
     if (r->n_eval_b && !early) {
-        FT_TRY(evaluate(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, &eval_loss, &eval_tok));
+        FT_TRY(eval_and_log(r, c, st.step, total, base_s + now_s() - t0, cb, user, &eval_loss,
+                            &eval_tok));
         st.last_eval_loss = eval_loss;
-        FT_TRY(ft_metrics_eval(&r->met, st.step, eval_loss, eval_tok, base_s + now_s() - t0));
-        ft_train_event e2 = {.kind = FT_EV_EVAL, .step = st.step, .total_steps = total, .eval_loss = eval_loss};
-        emit(cb, user, &e2);
         FT_TRY(track_eval(r, c, &st, eval_loss, st.step));
     }
     res->early_stopped = early;
     res->best_eval_loss = st.best_eval_loss;
     res->best_eval_step = st.best_eval_step;
     res->final_eval_loss = st.last_eval_loss;
+    res->final_eval_reward_accuracy = r->eval_reward_accuracy;
     res->time_s = base_s + now_s() - t0;
     FT_TRY(ft_peft_save(c->out, &r->lora, r->model, c->model));
     char hint[512];
@@ -1180,6 +1276,19 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     cJSON_AddNumberToObject(js, "resumed_from_step", (double)res->resumed_from);
     cJSON_AddStringToObject(js, "checkpoint", res->checkpoint);
     cJSON_AddStringToObject(js, "base_quant", ft_pack_quant_name(res->quant));
+    if (dpo) {
+        cJSON_AddStringToObject(js, "method", "dpo");
+        cJSON_AddStringToObject(js, "dpo_loss", ft_dpo_loss_name(c->dpo.loss_type));
+        cJSON_AddNumberToObject(js, "dpo_beta", c->dpo.beta);
+        if (c->dpo.loss_type == FT_DPO_ROBUST)
+            cJSON_AddNumberToObject(js, "dpo_label_smoothing", c->dpo.label_smoothing);
+        cJSON_AddNumberToObject(js, "n_train_pairs", (double)(res->n_train / 2));
+        cJSON_AddNumberToObject(js, "n_eval_pairs", (double)(res->n_eval / 2));
+        if (isfinite(res->final_eval_reward_accuracy))
+            cJSON_AddNumberToObject(js, "final_eval_reward_accuracy", res->final_eval_reward_accuracy);
+        else if (r->n_eval_b)
+            cJSON_AddNullToObject(js, "final_eval_reward_accuracy");
+    }
     if (c->loraplus_lr_ratio > 0) cJSON_AddNumberToObject(js, "loraplus_lr_ratio", c->loraplus_lr_ratio);
     if (c->neftune_noise_alpha > 0) cJSON_AddNumberToObject(js, "neftune_noise_alpha", c->neftune_noise_alpha);
     if (c->quant_correction && res->quant == FT_PACK_QUANT_NF4) {
@@ -1211,6 +1320,7 @@ int ft_train_run(const ft_train_cfg *cfg, ft_train_cb cb, void *user, ft_train_r
     run r;
     memset(&r, 0, sizeof r);
     memset(res, 0, sizeof *res);
+    res->final_eval_reward_accuracy = NAN;
     int rc = train_inner(&r, cfg, cb, user, res);
     run_free(&r);
     return rc;

@@ -41,8 +41,13 @@
 
 #include "adapters/lora.h"
 #include "src/data/dataset.h"
+#include "src/train/dpo.h"
 
 #define FT_TRAIN_QUANT_AUTO 0
+
+/* What the adapter is trained on: the token loss of instruction data (supervised fine-tuning),
+ * or preference pairs by Direct Preference Optimization (src/train/dpo.h, dpo_run.h). */
+enum ft_train_method { FT_METHOD_SFT = 0, FT_METHOD_DPO };
 
 typedef struct ft_train_cfg {
     const char *model;          /* folder or .gguf */
@@ -74,6 +79,12 @@ typedef struct ft_train_cfg {
                                  * uniform noise of magnitude alpha / sqrt(seq_len *
                                  * hidden_size), drawn from (seed, step, micro-batch) so a
                                  * resumed run is bit-identical; never in eval. 0: off */
+    int method;                 /* enum ft_train_method. DPO: the data are preference records
+                                 * (data_cfg.preference is set from it), batch_size counts
+                                 * pairs (a micro-batch holds up to 2 * batch_size * seq_len
+                                 * tokens), the loss and eval loss are dpo's mean over pairs,
+                                 * the reference is the starting model (dpo_run.h) */
+    ft_dpo_cfg dpo;             /* with FT_METHOD_DPO: loss type, beta (0.1), label smoothing */
     int schedule;               /* enum ft_sched */
     int64_t warmup_steps;       /* used when > 0, else warmup_ratio * total */
     double warmup_ratio;
@@ -143,12 +154,16 @@ typedef struct ft_train_event {
     double loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s;
     int64_t tokens;             /* cumulative trained target tokens */
     double eval_loss;
+    int pref;                   /* 1: a DPO step or eval: the reward metrics below are set */
+    double reward_accuracy;     /* fraction of pairs whose chosen reward beats the rejected */
+    double reward_margin;       /* mean reward_chosen - reward_rejected */
 } ft_train_event;
 
 typedef void (*ft_train_cb)(const ft_train_event *ev, void *user);
 
 typedef struct ft_train_result {
     double initial_eval_loss, final_eval_loss, final_train_loss;
+    double final_eval_reward_accuracy; /* DPO with eval: the final eval's (NAN otherwise) */
     int64_t steps;              /* optimizer steps done (of total_steps) */
     int64_t total_steps;        /* the schedule's length (0 if training did not start) */
     int64_t tokens;             /* token positions processed (input tokens, no padding) */

@@ -567,7 +567,7 @@ static void test_metrics_resume(void **state)
     char *path = t_write_tmp("metrics.jsonl", lines, strlen(lines));
     ft_metrics m;
     assert_int_equal(ft_metrics_open_resume(&m, path, 2, 1), 0);
-    assert_int_equal(ft_metrics_step(&m, 3, NAN, 1e-3, INFINITY, 7, 100, 5, 1, 1), 0);
+    assert_int_equal(ft_metrics_step(&m, 3, NAN, 1e-3, INFINITY, 7, 100, 5, 1, 1, NULL), 0);
     ft_metrics_close(&m);
     char *txt;
     size_t len;

@@ -1,0 +1,98 @@
+/* dpo.c - the DPO objective of one preference pair (see dpo.h). */
+#include "src/train/dpo.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "src/core/err.h"
+
+/* log sigmoid(x) = -softplus(-x), without overflow for large |x|. */
+static double log_sigmoid(double x)
+{
+    return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x));
+}
+
+static double sigmoid(double x)
+{
+    if (x >= 0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
+int ft_dpo_pair_loss(const ft_dpo_cfg *c, double nll_chosen, int64_t n_chosen,
+                     double nll_rejected, int64_t n_rejected, double ref_nll_chosen,
+                     double ref_nll_rejected, ft_dpo_pair *out)
+{
+    if (!(c->beta > 0)) return ft_err(FT_E_INVALID, "DPO: beta %g must be > 0", c->beta);
+    if (n_chosen < 1 || n_rejected < 1)
+        return ft_err(FT_E_INVALID, "DPO: a completion without a trained token (%lld chosen, %lld rejected)",
+                      (long long)n_chosen, (long long)n_rejected);
+    double b = c->beta;
+    /* logp = -nll: logratio = ref_nll - nll */
+    double lc = ref_nll_chosen - nll_chosen, lr = ref_nll_rejected - nll_rejected;
+    double delta = lc - lr;
+    double dd; /* d loss / d delta (sigmoid, hinge, robust) */
+    out->reward_chosen = b * lc;
+    out->reward_rejected = b * lr;
+    switch (c->loss_type) {
+    case FT_DPO_SIGMOID:
+        out->loss = -log_sigmoid(b * delta);
+        dd = -b * sigmoid(-b * delta);
+        break;
+    case FT_DPO_HINGE:
+        out->loss = 1.0 - b * delta > 0 ? 1.0 - b * delta : 0.0;
+        dd = 1.0 - b * delta > 0 ? -b : 0.0;
+        break;
+    case FT_DPO_ROBUST: {
+        double e = c->label_smoothing;
+        if (!(e >= 0 && e < 0.5))
+            return ft_err(FT_E_INVALID, "DPO: label smoothing %g must be in [0, 0.5)", e);
+        out->loss = (-(1 - e) * log_sigmoid(b * delta) + e * log_sigmoid(-b * delta)) / (1 - 2 * e);
+        dd = -b * ((1 - e) * sigmoid(-b * delta) + e * sigmoid(b * delta)) / (1 - 2 * e);
+        break;
+    }
+    case FT_DPO_IPO: {
+        double d = lc / (double)n_chosen - lr / (double)n_rejected;
+        double g = d - 1.0 / (2.0 * b);
+        out->loss = g * g;
+        /* d d / d nll_c = -1 / n_c, d d / d nll_r = +1 / n_r */
+        out->d_nll_chosen = -2.0 * g / (double)n_chosen;
+        out->d_nll_rejected = 2.0 * g / (double)n_rejected;
+        return 0;
+    }
+    default:
+        return ft_err(FT_E_INVALID, "DPO: unknown loss type %d", c->loss_type);
+    }
+    /* d delta / d nll_c = -1, d delta / d nll_r = +1 */
+    out->d_nll_chosen = -dd;
+    out->d_nll_rejected = dd;
+    return 0;
+}
+
+void ft_dpo_stats_add(ft_dpo_stats *s, const ft_dpo_pair *p, double nll_chosen, int64_t n_chosen,
+                      double nll_rejected, int64_t n_rejected)
+{
+    s->pairs++;
+    s->tokens += n_chosen + n_rejected;
+    s->loss += p->loss;
+    s->reward_chosen += p->reward_chosen;
+    s->reward_rejected += p->reward_rejected;
+    s->accurate += p->reward_chosen > p->reward_rejected;
+    s->margin += p->reward_chosen - p->reward_rejected;
+    s->logp_chosen -= nll_chosen;
+    s->logp_rejected -= nll_rejected;
+}
+
+static const char *const names[] = {"sigmoid", "hinge", "ipo", "robust"};
+
+int ft_dpo_loss_parse(const char *s)
+{
+    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
+}
+
+const char *ft_dpo_loss_name(int t)
+{
+    return t >= 0 && t < (int)(sizeof names / sizeof *names) ? names[t] : "?";
+}

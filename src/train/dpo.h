@@ -1,0 +1,65 @@
+/* dpo.h - the DPO objective of one preference pair and its gradient (Rafailov et al. 2023,
+ * "Direct Preference Optimization", arXiv 2305.18290), with the loss types of TRL 1.16's
+ * DPOTrainer (trainer/dpo_trainer.py, _compute_loss; f_divergence_type "reverse_kl"):
+ *
+ *   logratio_c = logp(chosen) - ref_logp(chosen), logratio_r likewise, delta = lc - lr
+ *   sigmoid (DPO):   -log sigmoid(beta * delta)
+ *   hinge (SLiC):    relu(1 - beta * delta)
+ *   ipo (Azar et al. 2023, arXiv 2310.12036): (d - 1 / (2 beta))^2 with d the difference of
+ *                    the log-ratios averaged per completion token (TRL's normalization)
+ *   robust (Chowdhury et al. 2024, arXiv 2403.00409, label_smoothing e):
+ *                    (-(1-e) log sigmoid(beta delta) + e log sigmoid(-beta delta)) / (1 - 2e)
+ *
+ * logp(x) is the sum of the log-probabilities of x's completion tokens (the trained tokens
+ * of its example). The rewards TRL logs are beta * logratio (no per-token averaging, for
+ * every loss type); a pair counts as accurate when reward_c > reward_r.
+ * The trainer takes the mean over the pairs of an optimizer step.
+ */
+#ifndef FT_DPO_H
+#define FT_DPO_H
+
+#include <stdint.h>
+
+enum ft_dpo_loss { FT_DPO_SIGMOID = 0, FT_DPO_HINGE, FT_DPO_IPO, FT_DPO_ROBUST };
+
+typedef struct ft_dpo_cfg {
+    int loss_type;              /* enum ft_dpo_loss */
+    double beta;                /* > 0; TRL's default 0.1 */
+    double label_smoothing;     /* robust only: 0 <= e < 0.5 */
+} ft_dpo_cfg;
+
+typedef struct ft_dpo_pair {
+    double loss;                /* the pair's loss */
+    double d_nll_chosen;        /* d loss / d nll(chosen), nll = -logp (nats) */
+    double d_nll_rejected;      /* d loss / d nll(rejected) */
+    double reward_chosen;       /* beta * (logp(chosen) - ref_logp(chosen)) */
+    double reward_rejected;
+} ft_dpo_pair;
+
+/* The loss of one pair and its derivatives. nll_* / ref_nll_*: summed negative
+ * log-likelihoods (nats) of the completion under the policy and the reference; n_*: their
+ * token counts (>= 1; used by ipo). Computed in double with a stable log-sigmoid. Returns 0,
+ * or FT_E_INVALID for an unknown loss type, beta <= 0, a label smoothing outside [0, 0.5), or
+ * a token count < 1. */
+int ft_dpo_pair_loss(const ft_dpo_cfg *c, double nll_chosen, int64_t n_chosen,
+                     double nll_rejected, int64_t n_rejected, double ref_nll_chosen,
+                     double ref_nll_rejected, ft_dpo_pair *out);
+
+/* Sums over pairs of what TRL logs (divide by pairs for its means): the loss, the rewards
+ * of both sides, the accurate pairs (reward_chosen > reward_rejected), the margins
+ * (reward_chosen - reward_rejected) and the summed log-probabilities of both completions;
+ * tokens counts the completion tokens of both sides. */
+typedef struct ft_dpo_stats {
+    int64_t pairs, tokens;
+    double loss, reward_chosen, reward_rejected, accurate, margin, logp_chosen, logp_rejected;
+} ft_dpo_stats;
+
+/* Adds pair p (with its policy nlls and token counts) to s. */
+void ft_dpo_stats_add(ft_dpo_stats *s, const ft_dpo_pair *p, double nll_chosen, int64_t n_chosen,
+                      double nll_rejected, int64_t n_rejected);
+
+/* "sigmoid" | "hinge" | "ipo" | "robust" -> enum, or -1; and back. */
+int ft_dpo_loss_parse(const char *s);
+const char *ft_dpo_loss_name(int t);
+
+#endif
