@@ -6,70 +6,68 @@
 
 #include "src/core/err.h"
 
-/* Room for the nlls and counts of the largest micro-batch of b[0..n_b). */
-static int seq_buffers(const ft_batch *b, int64_t n_b, double **nll, int64_t **n_tok)
+/* Visits every pair of b[0..n_b) (at most cap batches when cap > 0) after the forward of its
+ * micro-batch (ft_exec_eval_seq): fn(ctx, p, nll[2], n_tok[2]) for pair index p. Returns 0,
+ * fn's error, or the executor's. */
+typedef int (*pair_fn)(void *ctx, int64_t p, const double *nll, const int64_t *n_tok);
+
+static int each_pair(ft_exec *ex, const ft_batch *b, int64_t n_b, int64_t cap, pair_fn fn, void *ctx)
 {
+    if (cap > 0 && n_b > cap) n_b = cap;
     int64_t most = 1;
     for (int64_t i = 0; i < n_b; i++)
         if (b[i].n_pairs > most) most = b[i].n_pairs;
-    *nll = malloc((size_t)(2 * most) * sizeof **nll);
-    *n_tok = malloc((size_t)(2 * most) * sizeof **n_tok);
-    if (!*nll || !*n_tok) {
-        free(*nll);
-        free(*n_tok);
-        return ft_err(-ENOMEM, "out of memory for sequence losses");
+    double *nll = malloc((size_t)(2 * most) * sizeof *nll);
+    int64_t *n_tok = malloc((size_t)(2 * most) * sizeof *n_tok);
+    int rc = !nll || !n_tok ? ft_err(-ENOMEM, "out of memory for sequence losses") : 0;
+    for (int64_t i = 0; i < n_b && !rc; i++) {
+        rc = ft_exec_eval_seq(ex, &b[i], nll, n_tok);
+        for (int64_t k = 0; k < b[i].n_pairs && !rc; k++)
+            rc = fn(ctx, b[i].pairs[k * FT_PAIR_FIELDS + FT_PAIR_INDEX], nll + 2 * k, n_tok + 2 * k);
     }
+    free(nll);
+    free(n_tok);
+    return rc;
+}
+
+typedef struct ref_ctx { double *ref; int64_t n_pairs; } ref_ctx;
+
+static int store_ref(void *ctx, int64_t p, const double *nll, const int64_t *n_tok)
+{
+    ref_ctx *c = ctx;
+    if (p < 0 || p >= c->n_pairs)
+        return ft_err(FT_E_INVALID, "DPO: pair index %lld outside the %lld pairs", (long long)p,
+                      (long long)c->n_pairs);
+    c->ref[2 * p] = nll[0];
+    c->ref[2 * p + 1] = nll[1];
     return 0;
 }
 
 int ft_dpo_reference(ft_exec *ex, const ft_batch *b, int64_t n_b, int64_t cap, double *ref,
                      int64_t n_pairs)
 {
-    if (cap > 0 && n_b > cap) n_b = cap;
-    double *nll;
-    int64_t *n_tok;
-    FT_TRY(seq_buffers(b, n_b, &nll, &n_tok));
-    int rc = 0;
-    for (int64_t i = 0; i < n_b && !rc; i++) {
-        rc = ft_exec_eval_seq(ex, &b[i], nll, n_tok);
-        for (int64_t k = 0; k < b[i].n_pairs && !rc; k++) {
-            int64_t p = b[i].pairs[k * FT_PAIR_FIELDS + FT_PAIR_INDEX];
-            if (p < 0 || p >= n_pairs) {
-                rc = ft_err(FT_E_INVALID, "DPO: pair index %lld outside the %lld pairs",
-                            (long long)p, (long long)n_pairs);
-                break;
-            }
-            ref[2 * p] = nll[2 * k];
-            ref[2 * p + 1] = nll[2 * k + 1];
-        }
-    }
-    free(nll);
-    free(n_tok);
-    return rc;
+    ref_ctx c = {ref, n_pairs};
+    return each_pair(ex, b, n_b, cap, store_ref, &c);
+}
+
+typedef struct eval_ctx { const double *ref; const ft_dpo_cfg *cfg; ft_dpo_stats *st; } eval_ctx;
+
+static int add_pair(void *ctx, int64_t p, const double *nll, const int64_t *n_tok)
+{
+    eval_ctx *c = ctx;
+    ft_dpo_pair o;
+    FT_TRY(ft_dpo_pair_loss(c->cfg, nll[0], n_tok[0], nll[1], n_tok[1], c->ref[2 * p],
+                            c->ref[2 * p + 1], &o));
+    ft_dpo_stats_add(c->st, &o, nll[0], n_tok[0], nll[1], n_tok[1]);
+    return 0;
 }
 
 int ft_dpo_evaluate(ft_exec *ex, const ft_batch *b, int64_t n_b, int64_t cap, const double *ref,
                     const ft_dpo_cfg *c, ft_dpo_stats *st)
 {
     memset(st, 0, sizeof *st);
-    if (cap > 0 && n_b > cap) n_b = cap;
-    double *nll;
-    int64_t *n_tok;
-    FT_TRY(seq_buffers(b, n_b, &nll, &n_tok));
-    int rc = 0;
-    for (int64_t i = 0; i < n_b && !rc; i++) {
-        rc = ft_exec_eval_seq(ex, &b[i], nll, n_tok);
-        for (int64_t k = 0; k < b[i].n_pairs && !rc; k++) {
-            int64_t p = b[i].pairs[k * FT_PAIR_FIELDS + FT_PAIR_INDEX];
-            ft_dpo_pair o;
-            rc = ft_dpo_pair_loss(c, nll[2 * k], n_tok[2 * k], nll[2 * k + 1], n_tok[2 * k + 1],
-                                  ref[2 * p], ref[2 * p + 1], &o);
-            if (!rc) ft_dpo_stats_add(st, &o, nll[2 * k], n_tok[2 * k], nll[2 * k + 1], n_tok[2 * k + 1]);
-        }
-    }
-    free(nll);
-    free(n_tok);
-    return rc;
+    eval_ctx e = {ref, c, st};
+    return each_pair(ex, b, n_b, cap, add_pair, &e);
 }
 
 int ft_dpo_step_grad(void *user, int64_t mb, const ft_batch *b, const double *nll,
