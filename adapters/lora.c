@@ -25,7 +25,7 @@ int ft_lora_init(ft_lora *l, const ft_model *m, const ft_lora_cfg *cfg, ft_backe
         return ft_err(FT_E_INVALID, "lora rank r=%lld out of range (1..4096)", (long long)cfg->r);
     if (!(cfg->targets & FT_LORA_ALL_TARGETS))
         return ft_err(FT_E_INVALID, "no LoRA target modules selected");
-    if (cfg->dropout < 0 || cfg->dropout >= 1)
+    if (!(cfg->dropout >= 0 && cfg->dropout < 1)) /* NaN too */
         return ft_err(FT_E_INVALID, "lora dropout %g out of range [0, 1)", cfg->dropout);
     l->cfg = *cfg;
     l->be = be;

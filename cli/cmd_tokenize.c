@@ -311,6 +311,11 @@ int ft_cmd_tokenize(int argc, char **argv)
         free(files);
         return 2;
     }
+    if (preference && !data) {
+        fprintf(stderr, "ftune: tokenize: --preference reads preference records: it needs --data\n");
+        free(files);
+        return 2;
+    }
     int format = FT_DATA_AUTO, chat = FT_CHAT_AUTO;
     if (fmt && (format = ft_data_format_parse(fmt)) < 0) {
         fprintf(stderr, "ftune: tokenize: unknown --data-format '%s'\n", fmt);

@@ -142,6 +142,22 @@ static int opt_dpo_loss(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
+/* --lora-dropout X: 0 <= X < 1, remembered as given (its default depends on --method) */
+typedef struct dropout_arg { float p; int set; } dropout_arg;
+
+static int opt_dropout(const char *v, void *dst, char *err, size_t n)
+{
+    double x;
+    if (finite_num(v, &x) || !(x >= 0 && x < 1)) {
+        snprintf(err, n, "expected a probability 0 <= p < 1, got '%s'", v);
+        return -1;
+    }
+    dropout_arg *d = dst;
+    d->p = (float)x;
+    d->set = 1;
+    return 0;
+}
+
 static int opt_u64(const char *v, void *dst, char *err, size_t n)
 {
     char *end;
@@ -234,8 +250,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     ft_train_cfg c;
     ft_train_defaults(&c);
     c.plan_only = plan_only;
-    const float dropout_default = c.lora.dropout;
-    c.lora.dropout = NAN; /* unset: the method's default below */
+    dropout_arg dropout = {c.lora.dropout, 0}; /* the method's default unless given */
     int quiet = 0;
     int64_t log_every = 0;
     int64_t threads = 0;
@@ -248,7 +263,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"out", FT_OPT_STR, &c.out, "output folder for the PEFT adapter, metrics.jsonl, summary.json (default ftune-out)", 0, "DIR"},
         {"init-adapter", FT_OPT_STR, &c.init_adapter, "start from this PEFT LoRA adapter folder", 0, "DIR"},
         {"seq-len", FT_OPT_INT, &c.seq_len, "tokens per packed row (default min(2048, model max))"},
-        {"batch-size", FT_OPT_INT, &c.batch_size, "rows per micro-batch (default 1)"},
+        {"batch-size", FT_OPT_INT, &c.batch_size, "rows per micro-batch: a budget of N x seq-len tokens (default 1); with --method dpo N full-length pairs, 2 x N x seq-len tokens"},
         {"grad-accum", FT_OPT_FN, &c.grad_accum, "micro-batches per optimizer step (default 1); auto: the offload planner picks the fewest that keep the GPU busy (QLoRA on a GPU)", opt_grad_accum, "N|auto"},
         {"max-steps", FT_OPT_INT, &c.max_steps, "optimizer steps (overrides --epochs)"},
         {"epochs", FT_OPT_DBL, &c.epochs, "passes over the training data (default 1)"},
@@ -262,13 +277,13 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"adam-beta2", FT_OPT_DBL, &c.adam_beta2, "AdamW beta2 (default 0.999)"},
         {"adam-eps", FT_OPT_DBL, &c.adam_eps, "AdamW epsilon (default 1e-8)"},
         {"max-grad-norm", FT_OPT_DBL, &c.max_grad_norm, "clip the global gradient norm (default 1.0; 0 = off)"},
-        {"method", FT_OPT_FN, &c.method, "sft: supervised fine-tuning on instruction data (default) | dpo: Direct Preference Optimization on preference pairs (TRL's DPOTrainer: records with prompt/chosen/rejected, or chosen/rejected with the prompt implicit, or LLaMA-Factory's pairwise alpaca/sharegpt); --batch-size then counts pairs, the reference is the starting model", opt_method, "NAME"},
+        {"method", FT_OPT_FN, &c.method, "sft: supervised fine-tuning on instruction data (default) | dpo: Direct Preference Optimization on preference pairs (TRL's DPOTrainer: records with prompt/chosen/rejected, or chosen/rejected with the prompt implicit, or LLaMA-Factory's pairwise alpaca/sharegpt); --batch-size N then packs up to N full-length pairs (2 x N x seq-len tokens), the reference is the starting model", opt_method, "NAME"},
         {"dpo-beta", FT_OPT_FN, &c.dpo.beta, "DPO: beta, the strength of the pull toward the reference model (default 0.1)", opt_pos_ratio, "X"},
         {"dpo-loss", FT_OPT_FN, &c.dpo.loss_type, "DPO loss: sigmoid (DPO, default) | hinge (SLiC) | ipo | robust (with --dpo-label-smoothing)", opt_dpo_loss, "NAME"},
         {"dpo-label-smoothing", FT_OPT_FN, &c.dpo.label_smoothing, "DPO robust loss: the assumed fraction of pairs whose preference is flipped, 0 <= X < 0.5 (default 0)", opt_nonneg, "X"},
         {"lora-r", FT_OPT_INT, &c.lora.r, "LoRA rank (default 16)"},
         {"lora-alpha", FT_OPT_FLOAT, &c.lora.alpha, "LoRA alpha (default 32)"},
-        {"lora-dropout", FT_OPT_FLOAT, &c.lora.dropout, "dropout on the adapter input (default 0.05; 0 with --method dpo, as TRL's disable_dropout)"},
+        {"lora-dropout", FT_OPT_FN, &dropout, "dropout on the adapter input (default 0.05; 0 with --method dpo, as TRL's disable_dropout)", opt_dropout, "P"},
         {"use-rslora", FT_OPT_FLAG, &c.lora.use_rslora, "scale by alpha/sqrt(r) (rsLoRA)"},
         {"loraplus-lr-ratio", FT_OPT_FN, &c.loraplus_lr_ratio, "LoRA+: train the B matrices at X times the learning rate of A (the paper suggests 16; default: off, one lr)", opt_pos_ratio, "X"},
         {"neftune-noise-alpha", FT_OPT_FN, &c.neftune_noise_alpha, "NEFTune: add uniform noise of magnitude X/sqrt(seq_len*hidden_size) to the embeddings while training (the paper uses 5; default: off)", opt_nonneg, "X"},
@@ -322,8 +337,18 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         fprintf(stderr, "ftune: %s\n", err);
         return 2;
     }
+    {
+        ft_train_cfg def;
+        ft_train_defaults(&def);
+        if (c.method != FT_METHOD_DPO && (c.dpo.beta != def.dpo.beta || c.dpo.loss_type != def.dpo.loss_type ||
+                                          c.dpo.label_smoothing != def.dpo.label_smoothing)) {
+            ft_str_list_free(&data);
+            fprintf(stderr, "ftune: --dpo-beta, --dpo-loss and --dpo-label-smoothing apply to --method dpo (this run: sft)\n");
+            return 2;
+        }
+    }
     /* the dropout default depends on the method: TRL's DPOConfig turns dropout off */
-    if (isnan(c.lora.dropout)) c.lora.dropout = c.method == FT_METHOD_DPO ? 0.0f : dropout_default;
+    c.lora.dropout = dropout.set ? dropout.p : c.method == FT_METHOD_DPO ? 0.0f : dropout.p;
     c.data = data.v;
     c.n_data = data.n;
     if (!c.model || !c.n_data) {

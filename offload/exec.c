@@ -458,6 +458,23 @@ static int seq_room(ft_exec *e, int64_t n)
     return 0;
 }
 
+/* A preference micro-batch's pairs tile whole sequences within its T tokens: checked before
+ * the forward, so that a bad batch stops no operation half way. */
+static int check_pairs(const ft_batch *b)
+{
+    if (b->n_pairs < 1 || !b->pairs)
+        return ft_err(FT_E_INVALID, "a sequence objective on a micro-batch without preference pairs");
+    for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
+        const int64_t *pr = b->pairs + (s / 2) * FT_PAIR_FIELDS;
+        int64_t t0 = pr[s % 2 ? FT_PAIR_REJECTED_START : FT_PAIR_CHOSEN_START];
+        int64_t n = pr[s % 2 ? FT_PAIR_REJECTED_LEN : FT_PAIR_CHOSEN_LEN];
+        if (t0 < 0 || n < 1 || t0 + n > b->T)
+            return ft_err(FT_E_INVALID, "preference pair %lld: sequence [%lld, +%lld) outside the %lld-token micro-batch",
+                          (long long)(s / 2), (long long)t0, (long long)n, (long long)b->T);
+    }
+    return 0;
+}
+
 /* The head of a preference micro-batch: final norm, then the LM head + CE of each sequence
  * on its own rows (nll[s], n_tok[s]); with dx: d nll[s] / d x of each sequence's rows,
  * scaled by fn's scale[s], then through the final norm into dx. */
@@ -467,8 +484,6 @@ static int head_seq(ft_exec *e, const ft_batch *b, int64_t mb, float *dx, double
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     int64_t T = b->T, C = c->hidden_size;
-    if (b->n_pairs < 1 || !b->pairs)
-        return ft_err(FT_E_INVALID, "a sequence objective on a micro-batch without preference pairs");
     float *xL;
     FT_TRY(ck_read(e, c->num_hidden_layers, &xL));
     xL += mb * ck_stride(e);
@@ -480,9 +495,6 @@ static int head_seq(ft_exec *e, const ft_batch *b, int64_t mb, float *dx, double
         const int64_t *pr = b->pairs + (s / 2) * FT_PAIR_FIELDS;
         int64_t t0 = pr[s % 2 ? FT_PAIR_REJECTED_START : FT_PAIR_CHOSEN_START];
         int64_t n = pr[s % 2 ? FT_PAIR_REJECTED_LEN : FT_PAIR_CHOSEN_LEN];
-        if (t0 < 0 || n < 1 || t0 + n > T)
-            return ft_err(FT_E_INVALID, "preference pair %lld: sequence [%lld, +%lld) outside the %lld-token micro-batch",
-                          (long long)(s / 2), (long long)t0, (long long)n, (long long)T);
         FT_TRY(be->ops->lm_head_ce(be, &nll[s], &n_tok[s], dx ? e->dxf + t0 * C : NULL,
                                    e->xf + t0 * C, e->lm_head, tg + t0, n, C, c->vocab_size, 1.0f,
                                    e->ce_scratch, e->ce_chunk));
@@ -516,7 +528,10 @@ int ft_exec_train_step_seq(ft_exec *e, const ft_batch *mbs, int64_t n_mb, ft_exe
     if (!e->lora) return ft_err(FT_E_INVALID, "train step without an adapter");
     if (!fn) return ft_err(FT_E_INVALID, "a sequence objective without its gradient function");
     int64_t C = e->m->cfg.hidden_size;
-    for (int64_t mb = 0; mb < n_mb; mb++) FT_TRY(seq_room(e, 2 * mbs[mb].n_pairs));
+    for (int64_t mb = 0; mb < n_mb; mb++) FT_TRY(check_pairs(&mbs[mb]));
+    /* room for the most sequences a micro-batch can hold (one token each), so that the
+     * buffer is sized at the first step and never again */
+    FT_TRY(seq_room(e, e->T_max));
     FT_TRY(forward_all(e, mbs, n_mb, dropout_seed, 1));
     for (int64_t mb = 0; mb < n_mb; mb++) {
         double *nll = e->seq_buf;
@@ -528,6 +543,7 @@ int ft_exec_train_step_seq(ft_exec *e, const ft_batch *mbs, int64_t n_mb, ft_exe
 
 int ft_exec_eval_seq(ft_exec *e, const ft_batch *mb, double *nll, int64_t *n_tok)
 {
+    FT_TRY(check_pairs(mb));
     FT_TRY(forward_all(e, mb, 1, 0, 0));
     FT_TRY(head_seq(e, mb, 0, NULL, nll, n_tok, NULL, NULL));
     return ft_exec_op_end(e);

@@ -57,7 +57,8 @@ typedef struct ft_exec {
     double neftune_alpha;
     uint64_t neftune_seed;
     double *seq_buf;            /* host scratch of the sequence objectives (ft_exec_train_step_seq):
-                                 * nll, scale and counts of one micro-batch; grown as needed */
+                                 * nll, scale and counts of one micro-batch; sized for T_max
+                                 * sequences at the first such step */
     int64_t seq_cap;            /* sequences it holds */
     /* The base weights as the backend reads them: the model's own host arrays on a host-memory
      * backend (CPU); on a device backend (CUDA), copies in one device allocation made at init

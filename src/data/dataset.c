@@ -956,7 +956,7 @@ static int read_files(ft_dataset *ds, const char *const *paths, int64_t n_paths,
     if (cfg->preference && cfg->format != FT_DATA_AUTO)
         return ft_err(FT_E_INVALID, "preference data: the schema is read from each record "
                       "(prompt/chosen/rejected, chosen/rejected, or LLaMA-Factory's pairwise "
-                      "alpaca/sharegpt); a forced data format (%s) does not apply",
+                      "alpaca/sharegpt); a forced data format (--data-format %s) does not apply",
                       ft_data_format_name(cfg->format));
     if (cfg->preference && cfg->train_on_prompt)
         return ft_err(FT_E_INVALID, "preference data: the loss is on the completions only; "

@@ -13,7 +13,10 @@
  * logp(x) is the sum of the log-probabilities of x's completion tokens (the trained tokens
  * of its example). The rewards TRL logs are beta * logratio (no per-token averaging, for
  * every loss type); a pair counts as accurate when reward_c > reward_r.
- * The trainer takes the mean over the pairs of an optimizer step.
+ * The trainer takes the mean over all the pairs of an optimizer step (every micro-batch of its
+ * gradient accumulation). TRL takes the mean per micro-batch, then divides by the
+ * accumulation steps; the two differ when micro-batches hold different numbers of pairs,
+ * which packing by tokens makes the usual case (each pair weighs the same here).
  */
 #ifndef FT_DPO_H
 #define FT_DPO_H

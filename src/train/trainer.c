@@ -303,9 +303,28 @@ static void data_names(const cJSON *v, char *buf, size_t n)
 
 /* The run config stored in checkpoints (JSON text, malloc'ed): every key outside "info"
  * changes the training trajectory and must match on --resume (ft_ckpt_config_diff). */
+/* What the DPO reference is, for the run config: "base", or "init-adapter " and a fingerprint
+ * of --init-adapter's weights file (its name may change on resume, its weights may not). */
+static int dpo_reference_id(const ft_train_cfg *c, char *buf, size_t n)
+{
+    if (!c->init_adapter) {
+        snprintf(buf, n, "base");
+        return 0;
+    }
+    char path[4200], *bytes = NULL;
+    size_t len = 0;
+    FT_TRY(ft_path_join(path, sizeof path, c->init_adapter, "adapter_model.safetensors"));
+    int rc = ft_read_file(path, &bytes, &len);
+    if (rc < 0) return ft_err_prefix(rc, "--init-adapter");
+    snprintf(buf, n, "init-adapter %016llx",
+             (unsigned long long)ft_ckpt_hash(FT_CKPT_HASH_INIT, bytes, len));
+    free(bytes);
+    return 0;
+}
+
 static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_model *m,
                         const ft_dataset *ds, int64_t seq_len, int64_t total, int64_t warmup,
-                        int64_t n_params, int quant)
+                        int64_t n_params, int quant, const char *dpo_ref)
 {
     const ft_model_config *mc = &m->cfg;
     char buf[64];
@@ -347,6 +366,9 @@ static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_m
         cJSON_AddStringToObject(o, "dpo_loss", ft_dpo_loss_name(c->dpo.loss_type));
         cJSON_AddNumberToObject(o, "dpo_beta", c->dpo.beta);
         cJSON_AddNumberToObject(o, "dpo_label_smoothing", c->dpo.label_smoothing);
+        /* the reference model: a resume with another --init-adapter (or none) would change
+         * every loss, unlike SFT's, where the checkpoint's adapter replaces it */
+        cJSON_AddStringToObject(o, "dpo_reference", dpo_ref);
     }
     cJSON_AddNumberToObject(o, "lora_r", (double)lc->r);
     cJSON_AddNumberToObject(o, "lora_alpha", lc->alpha);
@@ -433,8 +455,33 @@ static int pack_epoch(run *r, const ft_train_cfg *c, int64_t seq_len, int64_t ep
                    c->batch_size, c->seed + (uint64_t)epoch);
 }
 
+/* DPO: the reference log-probabilities of every train and eval pair (dpo_run.h), from the
+ * adapter as it is now: the run's starting adapter (a resume calls this before loading the
+ * checkpoint's). */
+static int dpo_reference(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user)
+{
+    double tr0 = now_s();
+    int64_t np_train = r->ds.n_train / 2, np_eval = r->ds.n_eval / 2;
+    r->ref_train = calloc((size_t)(2 * np_train), sizeof *r->ref_train);
+    r->ref_eval = calloc((size_t)(2 * (np_eval ? np_eval : 1)), sizeof *r->ref_eval);
+    if (!r->ref_train || !r->ref_eval) return ft_err(-ENOMEM, "out of memory for reference log-probabilities");
+    FT_TRY(ft_dpo_reference(&r->ex, r->train_b, r->n_train_b, 0, r->ref_train, np_train));
+    if (r->n_eval_b)
+        FT_TRY(ft_dpo_reference(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, r->ref_eval,
+                                np_eval));
+    char ls[64] = "";
+    if (c->dpo.loss_type == FT_DPO_ROBUST)
+        snprintf(ls, sizeof ls, ", label smoothing %g", c->dpo.label_smoothing);
+    info(cb, user, FT_EV_INFO, "DPO (%s loss, beta %g%s): reference log-probabilities of %lld train and %lld eval pairs from the %s, in %.1f s",
+         ft_dpo_loss_name(c->dpo.loss_type), c->dpo.beta, ls, (long long)np_train,
+         (long long)np_eval, c->init_adapter ? "base model with --init-adapter" : "base model",
+         now_s() - tr0);
+    return 0;
+}
+
 /* Loads the checkpoint c->resume into r and st after checking its config against ours. */
-static int resume_from(run *r, const ft_train_cfg *c, ft_ckpt_state *st, int64_t seq_len)
+static int resume_from(run *r, const ft_train_cfg *c, ft_ckpt_state *st, int64_t seq_len,
+                       ft_train_cb cb, void *user)
 {
     char *saved = NULL;
     ft_ckpt_state want = *st;
@@ -465,6 +512,8 @@ static int resume_from(run *r, const ft_train_cfg *c, ft_ckpt_state *st, int64_t
                       c->resume, msg, c->resume);
     }
     free(saved);
+    /* DPO: the reference is the starting adapter, still in r->lora until the load below */
+    if (c->method == FT_METHOD_DPO) FT_TRY(dpo_reference(r, c, cb, user));
     rc = ft_ckpt_load(c->resume, st, NULL, &r->lora);
     if (rc < 0) return ft_err_prefix(rc, "--resume %s", c->resume);
     if (st->total_steps != want.total_steps || st->warmup_steps != want.warmup_steps)
@@ -977,8 +1026,10 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         info(cb, user, FT_EV_INFO, "NEFTune: noise alpha %g: uniform noise of magnitude %.3g (alpha / sqrt(seq_len %lld * hidden %lld)) on the training embeddings, none in eval",
              c->neftune_noise_alpha, c->neftune_noise_alpha / sqrt((double)seq_len * (double)r->model->cfg.hidden_size),
              (long long)seq_len, (long long)r->model->cfg.hidden_size);
+    char dpo_ref[64] = "";
+    if (dpo) FT_TRY(dpo_reference_id(c, dpo_ref, sizeof dpo_ref));
     r->cfg_json = run_config(c, &lc, r->model, &r->ds, seq_len, total, warmup, r->lora.n_params,
-                             quant);
+                             quant, dpo_ref);
     if (!r->cfg_json) return ft_err(-ENOMEM, "out of memory");
     ft_ckpt_state st;
     memset(&st, 0, sizeof st);
@@ -986,33 +1037,13 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     st.warmup_steps = warmup;
     st.initial_eval_loss = st.last_eval_loss = st.last_loss = st.best_eval_loss = NAN;
 
-    if (dpo) {
-        /* the reference: the model as the run starts (before a checkpoint's adapter) */
-        double tr0 = now_s();
-        int64_t np_train = r->ds.n_train / 2, np_eval = r->ds.n_eval / 2;
-        r->ref_train = calloc((size_t)(2 * np_train), sizeof *r->ref_train);
-        r->ref_eval = calloc((size_t)(2 * (np_eval ? np_eval : 1)), sizeof *r->ref_eval);
-        if (!r->ref_train || !r->ref_eval) return ft_err(-ENOMEM, "out of memory for reference log-probabilities");
-        FT_TRY(ft_dpo_reference(&r->ex, r->train_b, r->n_train_b, 0, r->ref_train, np_train));
-        if (r->n_eval_b)
-            FT_TRY(ft_dpo_reference(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, r->ref_eval,
-                                    np_eval));
-        char ls[64] = "";
-        if (c->dpo.loss_type == FT_DPO_ROBUST)
-            snprintf(ls, sizeof ls, ", label smoothing %g", c->dpo.label_smoothing);
-        info(cb, user, FT_EV_INFO, "DPO (%s loss, beta %g%s): reference log-probabilities of %lld train and %lld eval pairs from the %s, in %.1f s",
-             ft_dpo_loss_name(c->dpo.loss_type), c->dpo.beta, ls,
-             (long long)np_train, (long long)np_eval,
-             c->init_adapter ? "base model with --init-adapter" : "base model", now_s() - tr0);
-    }
-
     char path[4200];
     FT_TRY(ft_mkdir_p(c->out));
     FT_TRY(ft_path_join(path, sizeof path, c->out, "metrics.jsonl"));
     int64_t latest = -1;
     int n_old = ft_ckpt_count(c->out, &latest);
     if (c->resume) {
-        FT_TRY(resume_from(r, c, &st, seq_len));
+        FT_TRY(resume_from(r, c, &st, seq_len, cb, user));
         res->resumed_from = st.step;
         snprintf(res->checkpoint, sizeof res->checkpoint, "%s", c->resume);
         info(cb, user, FT_EV_INFO, "resuming from %s: step %lld/%lld, epoch %lld, micro-batch %lld/%lld, %lld bad steps so far",
@@ -1025,6 +1056,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         resume_eval_set(r, c, &st, cb, user);
         if (c->save_best) FT_TRY(resume_best(r, c, &st, cb, user));
     } else {
+        if (dpo) FT_TRY(dpo_reference(r, c, cb, user));
         if (c->save_best) ft_ckpt_adapter_cleanup(c->out, FT_CKPT_BEST_DIR, 1); /* an earlier run's */
         new_run_id(st.run_id, sizeof st.run_id);
         eval_set_id(r, c, st.eval_set, sizeof st.eval_set);
