@@ -135,7 +135,7 @@ static int opt_dpo_loss(const char *v, void *dst, char *err, size_t n)
 {
     int k = ft_dpo_loss_parse(v);
     if (k < 0) {
-        snprintf(err, n, "unknown DPO loss '%s' (sigmoid, hinge, ipo, robust)", v);
+        snprintf(err, n, "unknown DPO loss '%s' (sigmoid, hinge, ipo, robust, orpo, simpo)", v);
         return -1;
     }
     *(int *)dst = k;
@@ -279,7 +279,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"max-grad-norm", FT_OPT_DBL, &c.max_grad_norm, "clip the global gradient norm (default 1.0; 0 = off)"},
         {"method", FT_OPT_FN, &c.method, "sft: supervised fine-tuning on instruction data (default) | dpo: Direct Preference Optimization on preference pairs (TRL's DPOTrainer: records with prompt/chosen/rejected, or chosen/rejected with the prompt implicit, or LLaMA-Factory's pairwise alpaca/sharegpt); --batch-size N then packs up to N full-length pairs (2 x N x seq-len tokens), the reference is the starting model", opt_method, "NAME"},
         {"dpo-beta", FT_OPT_FN, &c.dpo.beta, "DPO: beta, the strength of the pull toward the reference model (default 0.1)", opt_pos_ratio, "X"},
-        {"dpo-loss", FT_OPT_FN, &c.dpo.loss_type, "DPO loss: sigmoid (DPO, default) | hinge (SLiC) | ipo | robust (with --dpo-label-smoothing)", opt_dpo_loss, "NAME"},
+        {"dpo-loss", FT_OPT_FN, &c.dpo.loss_type, "DPO loss: sigmoid (DPO, default) | hinge (SLiC) | ipo | robust (with --dpo-label-smoothing); reference-free on per-token mean log-probabilities, as LLaMA-Factory's pref_loss: orpo (the chosen NLL + beta x the odds-ratio loss) | simpo (with --simpo-gamma)", opt_dpo_loss, "NAME"},
+        {"simpo-gamma", FT_OPT_DBL, &c.dpo.simpo_gamma, "--dpo-loss simpo: the target reward margin gamma (default 0.5)"},
         {"dpo-label-smoothing", FT_OPT_FN, &c.dpo.label_smoothing, "DPO robust loss: the assumed fraction of pairs whose preference is flipped, 0 <= X < 0.5 (default 0)", opt_nonneg, "X"},
         {"lora-r", FT_OPT_INT, &c.lora.r, "LoRA rank (default 16)"},
         {"lora-alpha", FT_OPT_FLOAT, &c.lora.alpha, "LoRA alpha (default 32)"},
@@ -341,9 +342,16 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         ft_train_cfg def;
         ft_train_defaults(&def);
         if (c.method != FT_METHOD_DPO && (c.dpo.beta != def.dpo.beta || c.dpo.loss_type != def.dpo.loss_type ||
-                                          c.dpo.label_smoothing != def.dpo.label_smoothing)) {
+                                          c.dpo.label_smoothing != def.dpo.label_smoothing ||
+                                          c.dpo.simpo_gamma != def.dpo.simpo_gamma)) {
             ft_str_list_free(&data);
-            fprintf(stderr, "ftune: --dpo-beta, --dpo-loss and --dpo-label-smoothing apply to --method dpo (this run: sft)\n");
+            fprintf(stderr, "ftune: --dpo-beta, --dpo-loss, --dpo-label-smoothing and --simpo-gamma apply to --method dpo (this run: sft)\n");
+            return 2;
+        }
+        if (c.dpo.loss_type != FT_DPO_SIMPO && c.dpo.simpo_gamma != def.dpo.simpo_gamma) {
+            ft_str_list_free(&data);
+            fprintf(stderr, "ftune: --simpo-gamma applies to --dpo-loss simpo (this run: %s)\n",
+                    ft_dpo_loss_name(c.dpo.loss_type));
             return 2;
         }
     }

@@ -12,6 +12,12 @@ static double log_sigmoid(double x)
     return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x));
 }
 
+/* log(1 - e^x) for x < 0 (Maechler 2012: log(-expm1(x)) near 0, log1p(-exp(x)) below -ln 2). */
+static double log1mexp(double x)
+{
+    return x > -M_LN2 ? log(-expm1(x)) : log1p(-exp(x));
+}
+
 static double sigmoid(double x)
 {
     if (x >= 0) return 1.0 / (1.0 + exp(-x));
@@ -51,6 +57,30 @@ int ft_dpo_pair_loss(const ft_dpo_cfg *c, double nll_chosen, int64_t n_chosen,
         dd = -b * ((1 - e) * sigmoid(-b * delta) + e * sigmoid(b * delta)) / (1 - 2 * e);
         break;
     }
+    case FT_DPO_ORPO: {
+        double a = -nll_chosen / (double)n_chosen, bb = -nll_rejected / (double)n_rejected;
+        double lo = (a - bb) - (log1mexp(a) - log1mexp(bb));
+        out->loss = -a - b * log_sigmoid(lo);
+        out->reward_chosen = b * a;
+        out->reward_rejected = b * bb;
+        /* d lo / d a = 1 / (1 - e^a), d lo / d b = -1 / (1 - e^b); d a / d nll_c = -1 / n_c */
+        double dlo = -b * sigmoid(-lo);
+        double da = -1.0 + dlo / -expm1(a), db = -dlo / -expm1(bb);
+        out->d_nll_chosen = -da / (double)n_chosen;
+        out->d_nll_rejected = -db / (double)n_rejected;
+        return 0;
+    }
+    case FT_DPO_SIMPO: {
+        double a = -nll_chosen / (double)n_chosen, bb = -nll_rejected / (double)n_rejected;
+        double z = b * (a - bb) - c->simpo_gamma;
+        out->loss = -log_sigmoid(z);
+        out->reward_chosen = b * a;
+        out->reward_rejected = b * bb;
+        double dz = -sigmoid(-z); /* d loss / d z; d z / d a = beta = -d z / d b */
+        out->d_nll_chosen = -b * dz / (double)n_chosen;
+        out->d_nll_rejected = b * dz / (double)n_rejected;
+        return 0;
+    }
     case FT_DPO_IPO: {
         double d = lc / (double)n_chosen - lr / (double)n_rejected;
         double g = d - 1.0 / (2.0 * b);
@@ -83,7 +113,7 @@ void ft_dpo_stats_add(ft_dpo_stats *s, const ft_dpo_pair *p, double nll_chosen, 
     s->logp_rejected -= nll_rejected;
 }
 
-static const char *const names[] = {"sigmoid", "hinge", "ipo", "robust"};
+static const char *const names[] = {"sigmoid", "hinge", "ipo", "robust", "orpo", "simpo"};
 
 int ft_dpo_loss_parse(const char *s)
 {

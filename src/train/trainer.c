@@ -55,6 +55,7 @@ void ft_train_defaults(ft_train_cfg *c)
     c->max_bad_steps = 5;
     c->dpo.beta = 0.1; /* TRL's DPOConfig */
     c->dpo.loss_type = FT_DPO_SIGMOID;
+    c->dpo.simpo_gamma = 0.5; /* LLaMA-Factory's simpo_gamma */
 }
 
 static double now_s(void)
@@ -183,6 +184,8 @@ static int check_finite_cfg(const ft_train_cfg *c)
         if (c->dpo.label_smoothing > 0 && c->dpo.loss_type != FT_DPO_ROBUST)
             return ft_err(FT_E_INVALID, "--dpo-label-smoothing %g is used by --dpo-loss robust only (this run's loss: %s)",
                           c->dpo.label_smoothing, ft_dpo_loss_name(c->dpo.loss_type));
+        if (!isfinite(c->dpo.simpo_gamma))
+            return ft_err(FT_E_INVALID, "--simpo-gamma must be a finite number");
         if (c->data_cfg.train_on_prompt)
             return ft_err(FT_E_INVALID, "--train-on-prompt does not apply to DPO: the pair's log-probabilities are those of its completions");
     }
@@ -307,6 +310,10 @@ static void data_names(const cJSON *v, char *buf, size_t n)
  * of --init-adapter's weights file (its name may change on resume, its weights may not). */
 static int dpo_reference_id(const ft_train_cfg *c, char *buf, size_t n)
 {
+    if (ft_dpo_reference_free(c->dpo.loss_type)) {
+        snprintf(buf, n, "none");
+        return 0;
+    }
     if (!c->init_adapter) {
         snprintf(buf, n, "base");
         return 0;
@@ -366,6 +373,8 @@ static char *run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft_m
         cJSON_AddStringToObject(o, "dpo_loss", ft_dpo_loss_name(c->dpo.loss_type));
         cJSON_AddNumberToObject(o, "dpo_beta", c->dpo.beta);
         cJSON_AddNumberToObject(o, "dpo_label_smoothing", c->dpo.label_smoothing);
+        if (c->dpo.loss_type == FT_DPO_SIMPO)
+            cJSON_AddNumberToObject(o, "simpo_gamma", c->dpo.simpo_gamma);
         /* the reference model: a resume with another --init-adapter (or none) would change
          * every loss, unlike SFT's, where the checkpoint's adapter replaces it */
         cJSON_AddStringToObject(o, "dpo_reference", dpo_ref);
@@ -462,9 +471,16 @@ static int dpo_reference(run *r, const ft_train_cfg *c, ft_train_cb cb, void *us
 {
     double tr0 = now_s();
     int64_t np_train = r->ds.n_train / 2, np_eval = r->ds.n_eval / 2;
-    r->ref_train = calloc((size_t)(2 * np_train), sizeof *r->ref_train);
+    r->ref_train = calloc((size_t)(2 * (np_train ? np_train : 1)), sizeof *r->ref_train);
     r->ref_eval = calloc((size_t)(2 * (np_eval ? np_eval : 1)), sizeof *r->ref_eval);
     if (!r->ref_train || !r->ref_eval) return ft_err(-ENOMEM, "out of memory for reference log-probabilities");
+    if (ft_dpo_reference_free(c->dpo.loss_type)) { /* the arrays stay zero, unread */
+        char g[64] = "";
+        if (c->dpo.loss_type == FT_DPO_SIMPO) snprintf(g, sizeof g, ", gamma %g", c->dpo.simpo_gamma);
+        info(cb, user, FT_EV_INFO, "preference optimization (%s loss, beta %g%s): reference-free, on the log-probabilities averaged per completion token; %lld train and %lld eval pairs",
+             ft_dpo_loss_name(c->dpo.loss_type), c->dpo.beta, g, (long long)np_train, (long long)np_eval);
+        return 0;
+    }
     FT_TRY(ft_dpo_reference(&r->ex, r->train_b, r->n_train_b, 0, r->ref_train, np_train));
     if (r->n_eval_b)
         FT_TRY(ft_dpo_reference(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, r->ref_eval,
@@ -1314,6 +1330,8 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         cJSON_AddNumberToObject(js, "dpo_beta", c->dpo.beta);
         if (c->dpo.loss_type == FT_DPO_ROBUST)
             cJSON_AddNumberToObject(js, "dpo_label_smoothing", c->dpo.label_smoothing);
+        if (c->dpo.loss_type == FT_DPO_SIMPO)
+            cJSON_AddNumberToObject(js, "simpo_gamma", c->dpo.simpo_gamma);
         cJSON_AddNumberToObject(js, "n_train_pairs", (double)(res->n_train / 2));
         cJSON_AddNumberToObject(js, "n_eval_pairs", (double)(res->n_eval / 2));
         if (isfinite(res->final_eval_reward_accuracy))

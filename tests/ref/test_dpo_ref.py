@@ -23,6 +23,9 @@ conversational explicit-prompt form; the fixture has no chat template, so the Al
    and step losses as the uninterrupted run.
 5. bad settings are refused naming the flag (or the file and line of a non-preference
    record).
+6. the reference-free losses (orpo, simpo: LLaMA-Factory's pref_loss options, on per-token
+   mean log-probabilities) against ref_free() below at step 0 (the base model) and after
+   training, and their one-step sign check.
 """
 import json
 import math
@@ -115,6 +118,26 @@ def trl_dpo(kind, beta, eps, pol, ref):
         "eval_tokens": int(pol[:, 1].sum() + pol[:, 3].sum()),
         "min_abs_margin": float(np.abs(rc - rr).min()),
     }
+
+
+def ref_free(kind, beta, gamma, pol):
+    """Means over pairs of the reference-free losses of LLaMA-Factory's DPO stage
+    (pref_loss orpo / simpo, written from Hong et al. 2024 eq. 4-7 and Meng et al. 2024 eq. 6):
+    on the log-probabilities averaged per completion token, a (chosen) and b (rejected)."""
+    a, b = pol[:, 0] / pol[:, 1], pol[:, 2] / pol[:, 3]
+    if kind == "orpo":   # the chosen NLL + beta * the odds-ratio loss; odds = p / (1 - p)
+        log_odds = (a - np.log1p(-np.exp(a))) - (b - np.log1p(-np.exp(b)))
+        loss = -a - beta * logsigmoid(log_odds)
+    elif kind == "simpo":
+        loss = -logsigmoid(beta * (a - b) - gamma)
+    else:
+        raise ValueError(kind)
+    rc, rr = beta * a, beta * b
+    return {"eval_loss": float(loss.mean()), "eval_rewards/chosen": float(rc.mean()),
+            "eval_rewards/rejected": float(rr.mean()),
+            "eval_rewards/accuracies": float((rc > rr).mean()),
+            "eval_rewards/margins": float((rc - rr).mean()),
+            "min_abs_margin": float(np.abs(rc - rr).min())}
 
 
 def completion_logp(cfg, w, ex):
@@ -301,7 +324,7 @@ def test_other_losses_match_numpy(kind, beta, eps, data, numpy_model, tmp_path):
 
 
 @pytest.mark.parametrize("kind, eps", [("sigmoid", 0.0), ("ipo", 0.0), ("robust", 0.1),
-                                       ("hinge", 0.0)])
+                                       ("hinge", 0.0), ("orpo", 0.0), ("simpo", 0.0)])
 def test_one_step_lowers_the_loss_of_its_pairs(kind, eps, data, tmp_path):
     """The gradient's sign: one step (lr 1e-3) on two pairs, which --batch-size 2 always
     puts in one micro-batch, evaluated on the same two pairs, lowers their loss from the
@@ -313,13 +336,53 @@ def test_one_step_lowers_the_loss_of_its_pairs(kind, eps, data, tmp_path):
     train(out, ["--data", two, "--eval-data", two] + COMMON, "--dpo-loss", kind, "--max-steps", 1,
           "--lr", "1e-3", *extra)
     steps, evals = metrics(out)
-    tie = ref_loss(kind, 0.1, eps)
     print(f"{kind}: step-1 loss {steps[0]['loss']}, eval {evals[0]['eval_loss']} -> "
           f"{evals[-1]['eval_loss']}")
     assert steps[0]["pairs"] == 2 and evals[-1]["eval_pairs"] == 2
+    if kind in ("orpo", "simpo"):  # no reference, no tie: the step starts at the base's loss
+        # (the step loss is written with %.6g)
+        assert abs(steps[0]["loss"] - evals[0]["eval_loss"]) <= (TOL_STEP1 + G6) * evals[0]["eval_loss"]
+        # down by far more than the fp noise (1e-10 here); simpo at the default beta 0.1
+        # moves little in one step (measured: 0.0025)
+        assert evals[-1]["eval_loss"] < evals[0]["eval_loss"] - 1e-4
+        return
+    tie = ref_loss(kind, 0.1, eps)
     assert abs(steps[0]["loss"] - tie) <= TOL_STEP1 * tie
     assert abs(evals[0]["eval_loss"] - tie) < 1e-12
     assert evals[-1]["eval_loss"] < tie - MOVED
+
+
+@pytest.mark.parametrize("kind, beta, gamma", [("orpo", 0.2, None), ("simpo", 2.0, 0.8)])
+def test_reference_free_losses_match_numpy(kind, beta, gamma, data, numpy_model, tmp_path):
+    """orpo and simpo need no reference: the step-0 eval is the base model's loss (numpy with
+    the base weights), the final eval the trained adapter's; both against ref_free()."""
+    out = tmp_path / kind
+    extra = ["--dpo-loss", kind, "--dpo-beta", beta, "--max-steps", 3]
+    if gamma is not None:
+        extra += ["--simpo-gamma", gamma]
+    r = train(out, data["args"] + COMMON, *extra)
+    assert "reference-free" in r.stderr
+    _, evals = metrics(out)
+    s = summary(out)
+    assert [e["step"] for e in evals] == [0, 3]
+    assert s["dpo_loss"] == kind and s["dpo_beta"] == beta
+    if gamma is not None:
+        assert s["simpo_gamma"] == gamma
+    cfg, w, base = numpy_model
+    pol = pair_logps(cfg, R.apply_peft_adapter(cfg, w, str(out)), data["eval_rows"])
+    for got, lp, what in ((evals[0], base, "step 0 (base)"), (evals[-1], pol, "final")):
+        want = ref_free(kind, beta, gamma, lp)
+        rel = abs(got["eval_loss"] - want["eval_loss"]) / abs(want["eval_loss"])
+        print(f"{kind} {what}: eval loss ftune {got['eval_loss']:.10f} numpy "
+              f"{want['eval_loss']:.10f} (rel diff {rel:.2e})")
+        assert rel <= TOL_LOSS_REL
+        for k in ("eval_rewards/chosen", "eval_rewards/rejected", "eval_rewards/margins"):
+            # rewards are beta * mean logps: the logp tolerance per token, and the %.6g rounding
+            assert abs(got[k] - want[k]) <= beta * TOL_LOGRATIO + G6 * abs(want[k]), (k, got[k], want[k])
+        if want["min_abs_margin"] > 2 * beta * TOL_LOGRATIO:
+            assert abs(got["eval_rewards/accuracies"] - want["eval_rewards/accuracies"]) <= G6
+    # the run moved
+    assert abs(evals[-1]["eval_loss"] - evals[0]["eval_loss"]) > MOVED
 
 
 # ---------------------------------------------------------------------------------------
@@ -380,6 +443,7 @@ def test_resume_from_checkpoint_copy_is_bit_identical(main_run, data, tmp_path):
 
 @pytest.mark.parametrize("extra, rc, needles", [
     (["--dpo-label-smoothing", "0.1"], 1, ["--dpo-label-smoothing", "robust"]),
+    (["--simpo-gamma", "0.3"], 2, ["--simpo-gamma", "simpo"]),
     (["--dpo-loss", "robust", "--dpo-label-smoothing", "0.5"], 1, ["--dpo-label-smoothing"]),
     (["--dpo-beta", "0"], 2, ["--dpo-beta"]),
     (["--dpo-beta", "-0.1"], 2, ["--dpo-beta"]),

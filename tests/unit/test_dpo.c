@@ -58,11 +58,12 @@ static double log_sigmoid_ref(double x) { return -log(1.0 + exp(-x)); }
 static void test_pair_loss(void **state)
 {
     (void)state;
-    const int types[4] = {FT_DPO_SIGMOID, FT_DPO_HINGE, FT_DPO_IPO, FT_DPO_ROBUST};
+    const int types[6] = {FT_DPO_SIGMOID, FT_DPO_HINGE, FT_DPO_IPO, FT_DPO_ROBUST, FT_DPO_ORPO,
+                          FT_DPO_SIMPO};
     ft_rng g;
     ft_rng_seed(&g, 11);
-    for (int t = 0; t < 4; t++) {
-        ft_dpo_cfg c = {types[t], 0.1 + 0.2 * t, types[t] == FT_DPO_ROBUST ? 0.2 : 0.0};
+    for (int t = 0; t < 6; t++) {
+        ft_dpo_cfg c = {types[t], 0.1 + 0.2 * t, types[t] == FT_DPO_ROBUST ? 0.2 : 0.0, 0.5};
         for (int k = 0; k < 50; k++) {
             /* nll chosen, nll rejected, ref chosen, ref rejected (nats), counts */
             double x[4];
@@ -70,14 +71,23 @@ static void test_pair_loss(void **state)
             int64_t n[2] = {1 + (int64_t)(ft_rng_next(&g) % 40), 1 + (int64_t)(ft_rng_next(&g) % 40)};
             ft_dpo_pair o;
             assert_int_equal(ft_dpo_pair_loss(&c, x[0], n[0], x[1], n[1], x[2], x[3], &o), 0);
-            double lc = x[2] - x[0], lr = x[3] - x[1], d = lc - lr, b = c.beta, want;
+            double lc = x[2] - x[0], lr = x[3] - x[1], d = lc - lr, b = c.beta, want = NAN;
             if (types[t] == FT_DPO_SIGMOID) want = -log_sigmoid_ref(b * d);
             else if (types[t] == FT_DPO_HINGE) want = fmax(0.0, 1.0 - b * d);
             else if (types[t] == FT_DPO_IPO) want = pow(lc / n[0] - lr / n[1] - 1.0 / (2 * b), 2);
-            else want = (-(1 - c.label_smoothing) * log_sigmoid_ref(b * d) +
-                         c.label_smoothing * log_sigmoid_ref(-b * d)) / (1 - 2 * c.label_smoothing);
-            assert_true(fabs(o.loss - want) <= 1e-12 * (1 + fabs(want)));
-            assert_true(o.reward_chosen == b * lc && o.reward_rejected == b * lr);
+            else if (types[t] == FT_DPO_ROBUST)
+                want = (-(1 - c.label_smoothing) * log_sigmoid_ref(b * d) +
+                        c.label_smoothing * log_sigmoid_ref(-b * d)) / (1 - 2 * c.label_smoothing);
+            /* reference-free, on mean log-probabilities (the ref arguments are ignored) */
+            double a = -x[0] / n[0], bb = -x[1] / n[1];
+            if (types[t] == FT_DPO_ORPO) /* -a - beta log sigmoid(log odds(a) - log odds(b)) */
+                want = -a - b * log_sigmoid_ref(log(exp(a) / (1 - exp(a))) - log(exp(bb) / (1 - exp(bb))));
+            if (types[t] == FT_DPO_SIMPO) want = -log_sigmoid_ref(b * (a - bb) - c.simpo_gamma);
+            assert_true(fabs(o.loss - want) <= 1e-11 * (1 + fabs(want)));
+            if (ft_dpo_reference_free(types[t]))
+                assert_true(o.reward_chosen == b * a && o.reward_rejected == b * bb);
+            else
+                assert_true(o.reward_chosen == b * lc && o.reward_rejected == b * lr);
             /* derivatives vs central differences (hinge: away from its kink) */
             if (types[t] == FT_DPO_HINGE && fabs(1.0 - b * d) < 1e-3) continue;
             const double h = 1e-5;
@@ -117,7 +127,7 @@ static void test_pair_loss(void **state)
     assert_int_equal(ft_dpo_pair_loss(&bad, 1, 1, 1, 1, 1, 1, &o), FT_E_INVALID);
     assert_int_equal(ft_dpo_pair_loss(&c, 1, 0, 1, 1, 1, 1, &o), FT_E_INVALID);
     /* names */
-    for (int t = 0; t < 4; t++) assert_int_equal(ft_dpo_loss_parse(ft_dpo_loss_name(t)), t);
+    for (int t = 0; t < 6; t++) assert_int_equal(ft_dpo_loss_parse(ft_dpo_loss_name(t)), t);
     assert_int_equal(ft_dpo_loss_parse("kto"), -1);
 }
 
@@ -333,7 +343,7 @@ static void dpo_grad_fd(int loss_type)
     double ref[8];
     assert_int_equal(ft_dpo_reference(&e, b, 2, 0, ref, 4), 0);
     for (int i = 0; i < 8; i++) ref[i] += (i % 3 - 1) * 4.0 + 0.5 * i;
-    ft_dpo_cfg c = {loss_type, 0.5, 0};
+    ft_dpo_cfg c = {loss_type, 0.5, 0, 0.5};
     ft_dpo_step st = {.cfg = &c, .ref = ref, .step_pairs = 4};
     assert_int_equal(be->ops->zero(be, lora.grads, n * 4), 0);
     assert_int_equal(ft_exec_train_step_seq(&e, b, 2, ft_dpo_step_grad, &st, 0), 0);
@@ -381,6 +391,8 @@ static void dpo_grad_fd(int loss_type)
 
 static void test_dpo_grad_fd_sigmoid(void **state) { (void)state; dpo_grad_fd(FT_DPO_SIGMOID); }
 static void test_dpo_grad_fd_ipo(void **state) { (void)state; dpo_grad_fd(FT_DPO_IPO); }
+static void test_dpo_grad_fd_orpo(void **state) { (void)state; dpo_grad_fd(FT_DPO_ORPO); }
+static void test_dpo_grad_fd_simpo(void **state) { (void)state; dpo_grad_fd(FT_DPO_SIMPO); }
 
 /* The reference is looked up by pair index, not by place: computed over one packing of the
  * preference set and read back over another (another seed, as a later epoch packs), the
@@ -836,6 +848,8 @@ int main(void)
         cmocka_unit_test(test_token_objective_same_grads),
         cmocka_unit_test(test_dpo_grad_fd_sigmoid),
         cmocka_unit_test(test_dpo_grad_fd_ipo),
+        cmocka_unit_test(test_dpo_grad_fd_orpo),
+        cmocka_unit_test(test_dpo_grad_fd_simpo),
         cmocka_unit_test(test_streamed_same_as_resident),
         cmocka_unit_test(test_reference_by_pair_index),
         cmocka_unit_test(test_run),
