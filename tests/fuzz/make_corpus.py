@@ -328,9 +328,10 @@ FORMATS = ["auto", "alpaca", "messages", "sharegpt", "prompt-completion", "text"
 TEMPLATES = ["auto", "llama3", "chatml", "llama2", "alpaca"]
 
 
-def ctl(fmt, tmpl="auto", train_prompt=0, skip_bad=0, bytelevel=0, no_shuffle=0, eval_k=0, seq_k=3):
+def ctl(fmt, tmpl="auto", train_prompt=0, skip_bad=0, bytelevel=0, no_shuffle=0, eval_k=0, seq_k=3,
+        pref=0):
     b0 = FORMATS.index(fmt) | (TEMPLATES.index(tmpl) << 3) | (train_prompt << 6) | (skip_bad << 7)
-    b1 = bytelevel | (no_shuffle << 1) | (eval_k << 2) | (seq_k << 4)
+    b1 = bytelevel | (no_shuffle << 1) | (eval_k << 2) | (seq_k << 4) | (pref << 6)
     return bytes([b0, b1])
 
 
@@ -379,6 +380,33 @@ def dataset_corpus():
     put("dataset", "bom_blank_lines", ctl("auto") + b"\xef\xbb\xbf\n\n" + text_txt.encode() + b"\n  \n")
     put("dataset", "empty", ctl("auto"))
     put("dataset", "array_bad", ctl("auto") + b'[{"text": "a"}, {"text": ')
+    pref_corpus(recs)
+
+
+def pref_corpus(recs):
+    """Preference records (byte 1 bit 6): every schema pref.c reads, and bad ones."""
+    u = lambda t: [{"role": "user", "content": t}]
+    a = lambda t: [{"role": "assistant", "content": t}]
+    r = [recs[i] for i in range(4)]
+    pairs = [
+        {"prompt": r[0]["instruction"], "chosen": " " + r[0]["output"], "rejected": " " + r[1]["output"]},
+        {"prompt": u(r[1]["instruction"]), "chosen": a(r[1]["output"]), "rejected": a(r[2]["output"])},
+        {"chosen": "Q: 2+2? A: 4", "rejected": "Q: 2+2? A: 5"},
+        {"chosen": u("Sky?") + a("Blue."), "rejected": u("Sky?") + a("Green.")},
+        {"prompt": "Sky?", "chosen": u("Sky?") + a("Blue."), "rejected": u("Sky?") + a("Grün é.")},
+        {"instruction": r[2]["instruction"], "input": "", "chosen": r[2]["output"], "rejected": r[3]["output"]},
+        {"conversations": [{"from": "human", "value": r[3]["instruction"]}],
+         "chosen": {"from": "gpt", "value": r[3]["output"]}, "rejected": {"from": "gpt", "value": "No."}},
+    ]
+    txt = "\n".join(jdump(p) for p in pairs) + "\n"
+    put("dataset", "pref_all_schemas_spm", ctl("auto", pref=1, eval_k=1) + txt.encode())
+    put("dataset", "pref_all_schemas_bytelevel", ctl("auto", bytelevel=1, pref=1, seq_k=1) + txt.encode())
+    put("dataset", "pref_chatml_bytelevel", ctl("auto", "chatml", bytelevel=1, pref=1, eval_k=2) + txt.encode())
+    bad = (jdump(pairs[0]) + "\n" + jdump({"chosen": "x"}) + "\n" + jdump({"chosen": 1, "rejected": "y"}) +
+           "\n" + jdump({"chosen": "same", "rejected": "same"}) + "\n" +
+           jdump({"prompt": [], "chosen": a("x"), "rejected": "y"}) + "\n")
+    put("dataset", "pref_bad_skip", ctl("auto", skip_bad=1, pref=1) + bad.encode())
+    put("dataset", "pref_bad_fail", ctl("auto", pref=1) + bad.encode())
 
 
 # ---- PEFT adapters ------------------------------------------------------------------------
