@@ -3,17 +3,21 @@
 # toolkit but not libopenblas/pcre2/utf8proc/cjson/cmocka: OpenBLAS, PCRE2 and utf8proc are linked statically,
 # the small remaining shared libraries are copied beside the binaries. Output: .gpu/bin,
 # .gpu/lib (git-ignored), carried to the machine; run there with LD_LIBRARY_PATH=.gpu/lib.
-# Usage: scripts/gpu_bundle.sh [BUILD_DIR]   (default build-gpu)
+# Usage: [UNIT="test_dpo test_neftune"] scripts/gpu_bundle.sh [BUILD_DIR]   (default build-gpu)
+#   UNIT: device-agnostic unit tests (tests/unit) to bundle too, run there with FTUNE_DEVICE=cuda
+#   (each adds a statically linked binary: watch the 64 MiB carry limit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build-gpu}
 A=/usr/lib/x86_64-linux-gnu
 make -j2 --no-print-directory BUILD="$B" CUDA=1 ${CU_EXTRA:+CU_EXTRA=$CU_EXTRA} \
     BLAS_LIBS="$A/openblas-pthread/libopenblas.a -lgfortran" PCRE2_LIBS="$A/libpcre2-8.a" UTF8PROC_LIBS="$A/libutf8proc.a" URING_LIBS="$A/liburing.a" \
-    "$B/ftune" $(ls tests/gpu/test_*.c | sed "s|tests/gpu/\(.*\)\.c|$B/tests/gpu/\1|") >/dev/null
+    "$B/ftune" $(ls tests/gpu/test_*.c | sed "s|tests/gpu/\(.*\)\.c|$B/tests/gpu/\1|") \
+    $(for t in ${UNIT:-}; do echo "$B/tests/$t"; done) >/dev/null
 mkdir -p .gpu/bin .gpu/lib
 cp "$B/ftune" .gpu/bin/
 cp "$B"/tests/gpu/test_* .gpu/bin/
+for t in ${UNIT:-}; do cp "$B/tests/$t" .gpu/bin/; done
 for l in libcjson.so.1 libcmocka.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0; do
     cp -L "$A/$l" .gpu/lib/
 done
