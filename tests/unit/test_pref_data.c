@@ -450,7 +450,7 @@ static void test_load_fixture(void **state)
     /* a forced schema or train_on_prompt is refused */
     c.format = FT_DATA_ALPACA;
     assert_int_equal(ft_dataset_load(&ds, PAIRS, &c, L3), FT_E_INVALID);
-    assert_non_null(strstr(ft_errmsg(), "a forced data format (alpaca) does not apply"));
+    assert_non_null(strstr(ft_errmsg(), "a forced data format (--data-format alpaca) does not apply"));
     c = cfg_pref();
     c.train_on_prompt = 1;
     assert_int_equal(ft_dataset_load(&ds, PAIRS, &c, L3), FT_E_INVALID);
