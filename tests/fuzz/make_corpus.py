@@ -526,12 +526,8 @@ def gguf_corpus():
 
 
 def main():
-    for t in ("safetensors", "config", "tokenizer", "dataset", "peft", "gguf"):
-        d = os.path.join(CORPUS, t)
-        if os.path.isdir(d):  # rewrite the generated seeds, keep found inputs
-            for n in os.listdir(d):
-                if not n.startswith(("crash-", "regress-", "timeout-", "leak-", "oom-")):
-                    os.remove(os.path.join(d, n))
+    # the generated seeds are rewritten in place; every other file stays (found inputs, and
+    # hand-written seeds such as dataset/*tools*, which no generator below writes)
     safetensors_corpus()
     config_corpus()
     tokenizer_corpus()
