@@ -1,6 +1,8 @@
 /* cmd_eval.c - `ftune eval --model M --data F [--data F2 ...] [--adapter DIR]`: mean token
  * loss and perplexity over every record of the files (the same masks as training), one JSON
- * line. */
+ * line. With --method dpo the files hold preference records and the line has the mean DPO
+ * pair loss and TRL's reward metrics of the adapter against the base model as the reference
+ * (src/train/dpo.h; the reference-free losses need none). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include "cli/session.h"
 #include "src/core/err.h"
 #include "src/data/dataset.h"
+#include "src/train/dpo_run.h"
 
 static int opt_format(const char *v, void *dst, char *err, size_t n)
 {
@@ -29,8 +32,36 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
+static int opt_dpo_loss(const char *v, void *dst, char *err, size_t n)
+{
+    int k = ft_dpo_loss_parse(v);
+    if (k < 0) { snprintf(err, n, "unknown DPO loss '%s' (sigmoid, hinge, ipo, robust, orpo, simpo)", v); return -1; }
+    *(int *)dst = k;
+    return 0;
+}
+
+/* DPO: the pairs of b[0..nb) scored with the session's adapter against the base model (the
+ * adapter switched off for the reference pass). */
+static int eval_pairs(ft_session *s, const ft_batch *b, int64_t nb, int64_t n_pairs,
+                      const ft_dpo_cfg *c, ft_dpo_stats *st)
+{
+    double *ref = calloc((size_t)(2 * (n_pairs ? n_pairs : 1)), sizeof *ref);
+    if (!ref) return ft_err(-ENOMEM, "out of memory for reference log-probabilities");
+    int rc = 0;
+    if (!ft_dpo_reference_free(c->loss_type)) {
+        ft_lora *adapter = s->ex.lora;
+        s->ex.lora = NULL; /* the base model */
+        rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
+        s->ex.lora = adapter;
+    }
+    if (!rc) rc = ft_dpo_evaluate(&s->ex, b, nb, 0, ref, c, st);
+    free(ref);
+    return rc;
+}
+
 static int run_eval(const char *model, const char *adapter, const ft_str_list *data, ft_data_cfg *dc,
-                    int64_t batch, const char *device, int threads, double *loss, int64_t *tokens)
+                    int64_t batch, const char *device, int threads, const ft_dpo_cfg *dpo,
+                    ft_dpo_stats *pst, double *loss, int64_t *tokens)
 {
     ft_session s;
     ft_tokenizer *tok = NULL;
@@ -44,19 +75,28 @@ static int run_eval(const char *model, const char *adapter, const ft_str_list *d
         dc->seq_len = s.model->cfg.max_position_embeddings < 2048 ? s.model->cfg.max_position_embeddings : 2048;
     if (!rc) rc = ft_dataset_load_files(&ds, data->v, data->n, dc, tok);
     if (!rc && ds.n_train == 0) rc = ft_err(FT_E_INVALID, "%s: no examples to evaluate", data->v[0]);
-    if (!rc) rc = ft_pack(&b, &nb, ds.train, ds.n_train, dc->seq_len, batch, 0);
-    if (!rc) rc = ft_session_plan(&s, batch * dc->seq_len);
+    if (dpo) {
+        if (!rc) rc = ft_pack_pairs(&b, &nb, ds.train, ds.n_train / 2, dc->seq_len, batch, 0);
+        if (!rc) rc = ft_session_plan(&s, 2 * batch * dc->seq_len);
+        if (!rc) rc = eval_pairs(&s, b, nb, ds.n_train / 2, dpo, pst);
+        *loss = !rc && pst->pairs ? pst->loss / (double)pst->pairs : NAN;
+        *tokens = rc ? 0 : pst->tokens;
+    }
+    if (!rc && !dpo) rc = ft_pack(&b, &nb, ds.train, ds.n_train, dc->seq_len, batch, 0);
+    if (!rc && !dpo) rc = ft_session_plan(&s, batch * dc->seq_len);
     double sum = 0;
     int64_t cnt = 0;
-    for (int64_t i = 0; !rc && i < nb; i++) {
+    for (int64_t i = 0; !rc && !dpo && i < nb; i++) {
         double ls;
         int64_t nv;
         rc = ft_exec_eval(&s.ex, &b[i], &ls, &nv);
         sum += ls;
         cnt += nv;
     }
-    *loss = cnt ? sum / cnt : NAN;
-    *tokens = cnt;
+    if (!dpo) {
+        *loss = cnt ? sum / cnt : NAN;
+        *tokens = cnt;
+    }
     ft_batches_free(b, nb);
     ft_dataset_free(&ds);
     ft_tok_free(tok);
@@ -72,6 +112,8 @@ int ft_cmd_eval(int argc, char **argv)
     ft_data_cfg dc;
     memset(&dc, 0, sizeof dc);
     dc.no_shuffle = 1;
+    const char *method = "sft";
+    ft_dpo_cfg dpo = {FT_DPO_SIGMOID, 0.1, 0, 0.5}; /* the trainer's defaults */
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &model, "model folder or .gguf", 0, "PATH"},
         {"adapter", FT_OPT_STR, &adapter, "PEFT adapter folder to apply", 0, "DIR"},
@@ -82,6 +124,11 @@ int ft_cmd_eval(int argc, char **argv)
         {"chat-template", FT_OPT_FN, &dc.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca | jinja (the model's own template, rendered as transformers does)", opt_template, "NAME"},
         {"train-on-prompt", FT_OPT_FLAG, &dc.train_on_prompt, "score prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &dc.skip_bad_records, "skip bad records"},
+        {"method", FT_OPT_STR, &method, "sft (default) | dpo: the files hold preference records; print the mean DPO pair loss and TRL's reward metrics of --adapter against the base model", 0, "NAME"},
+        {"dpo-loss", FT_OPT_FN, &dpo.loss_type, "with --method dpo: sigmoid (default) | hinge | ipo | robust | orpo | simpo", opt_dpo_loss, "NAME"},
+        {"dpo-beta", FT_OPT_DBL, &dpo.beta, "with --method dpo: beta (default 0.1)"},
+        {"dpo-label-smoothing", FT_OPT_DBL, &dpo.label_smoothing, "with --dpo-loss robust (default 0)"},
+        {"simpo-gamma", FT_OPT_DBL, &dpo.simpo_gamma, "with --dpo-loss simpo (default 0.5)"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
         {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
         {NULL},
@@ -95,13 +142,41 @@ int ft_cmd_eval(int argc, char **argv)
         ft_str_list_free(&data);
         return 2;
     }
-    double loss;
-    int64_t tokens;
-    rc = run_eval(model, adapter, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads, &loss, &tokens);
+    int is_dpo = !strcmp(method, "dpo");
+    if (!is_dpo && strcmp(method, "sft")) {
+        fprintf(stderr, "ftune: --method: unknown method '%s' (sft, dpo)\n", method);
+        ft_str_list_free(&data);
+        return 2;
+    }
+    if (is_dpo) {
+        dc.preference = 1;
+        ft_dpo_pair probe;
+        if (ft_dpo_pair_loss(&dpo, 1, 1, 2, 1, 1, 2, &probe) < 0 || !isfinite(dpo.simpo_gamma)) {
+            fprintf(stderr, "ftune: --dpo-beta / --dpo-label-smoothing / --simpo-gamma: %s\n",
+                    isfinite(dpo.simpo_gamma) ? ft_errmsg() : "gamma must be finite");
+            ft_str_list_free(&data);
+            return 2;
+        }
+    }
+    double loss = NAN;
+    int64_t tokens = 0;
+    ft_dpo_stats st = {0};
+    rc = run_eval(model, adapter, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
+                  is_dpo ? &dpo : NULL, &st, &loss, &tokens);
     ft_str_list_free(&data);
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         return 1;
+    }
+    if (is_dpo) {
+        double n = st.pairs ? (double)st.pairs : NAN;
+        printf("{\"loss\": %.9g, \"dpo_loss\": \"%s\", \"pairs\": %lld, \"tokens\": %lld, "
+               "\"rewards/chosen\": %.9g, \"rewards/rejected\": %.9g, \"rewards/accuracies\": %.9g, "
+               "\"rewards/margins\": %.9g, \"logps/chosen\": %.9g, \"logps/rejected\": %.9g}\n",
+               loss, ft_dpo_loss_name(dpo.loss_type), (long long)st.pairs, (long long)tokens,
+               st.reward_chosen / n, st.reward_rejected / n, st.accurate / n, st.margin / n,
+               st.logp_chosen / n, st.logp_rejected / n);
+        return 0;
     }
     printf("{\"loss\": %.6f, \"perplexity\": %.4f, \"tokens\": %lld}\n", loss, exp(loss), (long long)tokens);
     return 0;

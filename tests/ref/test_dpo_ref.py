@@ -385,6 +385,34 @@ def test_reference_free_losses_match_numpy(kind, beta, gamma, data, numpy_model,
     assert abs(evals[-1]["eval_loss"] - evals[0]["eval_loss"]) > MOVED
 
 
+def test_ftune_eval_dpo_matches_training_eval(main_run, data, numpy_model):
+    """`ftune eval --method dpo --adapter OUT` on the eval file: the final eval of training
+    (the same pairs, the base model as the reference), to fp32 packing noise, and numpy's."""
+    ev = data["args"][data["args"].index("--eval-data") + 1]
+    r = run_ftune(["eval", "--method", "dpo", "--model", TINY, "--adapter", main_run, "--data", ev,
+                   "--seq-len", str(SEQ), "--threads", "2", "--device", DEVICE])
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    _, evals = metrics(main_run)
+    cfg, w, ref = numpy_model
+    pol = pair_logps(cfg, R.apply_peft_adapter(cfg, w, str(main_run)), data["eval_rows"])
+    want = trl_dpo("sigmoid", 0.1, 0.0, pol, ref)
+    print(f"ftune eval: loss {got['loss']!r}, training's final eval {evals[-1]['eval_loss']!r}, "
+          f"numpy {want['eval_loss']!r}")
+    assert got["pairs"] == N_EVAL and got["dpo_loss"] == "sigmoid"
+    assert got["tokens"] == evals[-1]["eval_tokens"]
+    assert abs(got["loss"] - evals[-1]["eval_loss"]) <= TOL_LOSS_REL * evals[-1]["eval_loss"]
+    assert abs(got["loss"] - want["eval_loss"]) <= TOL_LOSS_REL * want["eval_loss"]
+    assert abs(got["rewards/accuracies"] - want["eval_rewards/accuracies"]) <= 1e-9
+    # the reference-free losses need no reference pass: orpo's loss of the base alone
+    r = run_ftune(["eval", "--method", "dpo", "--dpo-loss", "orpo", "--dpo-beta", "0.2", "--model", TINY,
+                   "--data", ev, "--seq-len", str(SEQ), "--threads", "2", "--device", DEVICE])
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout)
+    w0 = ref_free("orpo", 0.2, None, ref)
+    assert abs(o["loss"] - w0["eval_loss"]) <= TOL_LOSS_REL * w0["eval_loss"], (o, w0)
+
+
 # ---------------------------------------------------------------------------------------
 # 3: --init-adapter
 
