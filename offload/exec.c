@@ -424,6 +424,18 @@ static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t s
     return 0;
 }
 
+/* The start of a head: micro-batch mb's final hidden state (checkpoint L) into *xL, the
+ * timeline mark into *mk, and the final norm of its T rows into e->xf / e->rstdf. */
+static int head_begin(ft_exec *e, const ft_batch *b, int64_t mb, float **xL, int *mk)
+{
+    const ft_model_config *c = &e->m->cfg;
+    FT_TRY(ck_read(e, c->num_hidden_layers, xL));
+    *xL += mb * ck_stride(e);
+    *mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_HEAD, -1);
+    return e->be->ops->rmsnorm_fwd(e->be, e->xf, e->rstdf, *xL, e->final_norm, b->T,
+                                   c->hidden_size, c->rms_norm_eps);
+}
+
 /* Final norm + LM head + CE for micro-batch mb; dx (if non-NULL) gets d(final hidden). */
 static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, float *dx,
                 double *loss, int64_t *n)
@@ -432,10 +444,8 @@ static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, flo
     const ft_model_config *c = &e->m->cfg;
     int64_t T = b->T, C = c->hidden_size;
     float *xL;
-    FT_TRY(ck_read(e, c->num_hidden_layers, &xL));
-    xL += mb * ck_stride(e);
-    int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_HEAD, -1);
-    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->final_norm, T, C, c->rms_norm_eps));
+    int mk;
+    FT_TRY(head_begin(e, b, mb, &xL, &mk));
     FT_TRY(be->ops->lm_head_ce(be, loss, n, dx ? e->dxf : NULL, e->xf, e->lm_head,
                                e->targets + mb * e->T_max, T, C, c->vocab_size, grad_scale,
                                e->ce_scratch, e->ce_chunk));
@@ -460,14 +470,22 @@ static int seq_room(ft_exec *e, int64_t n)
 
 /* A preference micro-batch's pairs tile whole sequences within its T tokens: checked before
  * the forward, so that a bad batch stops no operation half way. */
+/* Sequence s of a preference micro-batch (2k: pair k's chosen, 2k+1: its rejected): its
+ * first token *t0 and length *n. */
+static void seq_span(const ft_batch *b, int64_t s, int64_t *t0, int64_t *n)
+{
+    const int64_t *pr = b->pairs + (s / 2) * FT_PAIR_FIELDS;
+    *t0 = pr[s % 2 ? FT_PAIR_REJECTED_START : FT_PAIR_CHOSEN_START];
+    *n = pr[s % 2 ? FT_PAIR_REJECTED_LEN : FT_PAIR_CHOSEN_LEN];
+}
+
 static int check_pairs(const ft_batch *b)
 {
     if (b->n_pairs < 1 || !b->pairs)
         return ft_err(FT_E_INVALID, "a sequence objective on a micro-batch without preference pairs");
     for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
-        const int64_t *pr = b->pairs + (s / 2) * FT_PAIR_FIELDS;
-        int64_t t0 = pr[s % 2 ? FT_PAIR_REJECTED_START : FT_PAIR_CHOSEN_START];
-        int64_t n = pr[s % 2 ? FT_PAIR_REJECTED_LEN : FT_PAIR_CHOSEN_LEN];
+        int64_t t0, n;
+        seq_span(b, s, &t0, &n);
         if (t0 < 0 || n < 1 || t0 + n > b->T)
             return ft_err(FT_E_INVALID, "preference pair %lld: sequence [%lld, +%lld) outside the %lld-token micro-batch",
                           (long long)(s / 2), (long long)t0, (long long)n, (long long)b->T);
@@ -485,16 +503,13 @@ static int head_seq(ft_exec *e, const ft_batch *b, int64_t mb, float *dx, double
     const ft_model_config *c = &e->m->cfg;
     int64_t T = b->T, C = c->hidden_size;
     float *xL;
-    FT_TRY(ck_read(e, c->num_hidden_layers, &xL));
-    xL += mb * ck_stride(e);
-    int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_HEAD, -1);
-    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->final_norm, T, C, c->rms_norm_eps));
+    int mk;
+    FT_TRY(head_begin(e, b, mb, &xL, &mk));
     if (dx) FT_TRY(be->ops->zero(be, e->dxf, (size_t)(T * C) * sizeof(float)));
     const int32_t *tg = e->targets + mb * e->T_max;
     for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
-        const int64_t *pr = b->pairs + (s / 2) * FT_PAIR_FIELDS;
-        int64_t t0 = pr[s % 2 ? FT_PAIR_REJECTED_START : FT_PAIR_CHOSEN_START];
-        int64_t n = pr[s % 2 ? FT_PAIR_REJECTED_LEN : FT_PAIR_CHOSEN_LEN];
+        int64_t t0, n;
+        seq_span(b, s, &t0, &n);
         FT_TRY(be->ops->lm_head_ce(be, &nll[s], &n_tok[s], dx ? e->dxf + t0 * C : NULL,
                                    e->xf + t0 * C, e->lm_head, tg + t0, n, C, c->vocab_size, 1.0f,
                                    e->ce_scratch, e->ce_chunk));
@@ -503,9 +518,8 @@ static int head_seq(ft_exec *e, const ft_batch *b, int64_t mb, float *dx, double
         double *scale = nll + 2 * b->n_pairs;
         FT_TRY(fn(user, mb, b, nll, n_tok, scale));
         for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
-            const int64_t *pr = b->pairs + (s / 2) * FT_PAIR_FIELDS;
-            int64_t t0 = pr[s % 2 ? FT_PAIR_REJECTED_START : FT_PAIR_CHOSEN_START];
-            int64_t n = pr[s % 2 ? FT_PAIR_REJECTED_LEN : FT_PAIR_CHOSEN_LEN];
+            int64_t t0, n;
+            seq_span(b, s, &t0, &n);
             FT_TRY(be->ops->scale(be, e->dxf + t0 * C, (float)scale[s], n * C));
         }
         FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
