@@ -436,6 +436,21 @@ static int head_begin(ft_exec *e, const ft_batch *b, int64_t mb, float **xL, int
                                    c->hidden_size, c->rms_norm_eps);
 }
 
+/* The end of a head: with dx, the gradient in e->dxf (T rows) through the final norm into dx
+ * (T, C); then the timeline mark mk closes and checkpoint L is released. */
+static int head_end(ft_exec *e, const ft_batch *b, const float *xL, float *dx, int mk)
+{
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    int64_t T = b->T, C = c->hidden_size;
+    if (dx) {
+        FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
+        FT_TRY(be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->final_norm, e->rstdf, T, C));
+    }
+    ft_exec_tl_end(e, mk);
+    return ck_used(e, c->num_hidden_layers);
+}
+
 /* Final norm + LM head + CE for micro-batch mb; dx (if non-NULL) gets d(final hidden). */
 static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, float *dx,
                 double *loss, int64_t *n)
@@ -449,12 +464,7 @@ static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, flo
     FT_TRY(be->ops->lm_head_ce(be, loss, n, dx ? e->dxf : NULL, e->xf, e->lm_head,
                                e->targets + mb * e->T_max, T, C, c->vocab_size, grad_scale,
                                e->ce_scratch, e->ce_chunk));
-    if (dx) {
-        FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
-        FT_TRY(be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->final_norm, e->rstdf, T, C));
-    }
-    ft_exec_tl_end(e, mk);
-    return ck_used(e, c->num_hidden_layers);
+    return head_end(e, b, xL, dx, mk);
 }
 
 /* Room for n sequences in e->seq_buf: nll, scale (doubles) and n_tok (int64). */
@@ -522,11 +532,8 @@ static int head_seq(ft_exec *e, const ft_batch *b, int64_t mb, float *dx, double
             seq_span(b, s, &t0, &n);
             FT_TRY(be->ops->scale(be, e->dxf + t0 * C, (float)scale[s], n * C));
         }
-        FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
-        FT_TRY(be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->final_norm, e->rstdf, T, C));
     }
-    ft_exec_tl_end(e, mk);
-    return ck_used(e, c->num_hidden_layers);
+    return head_end(e, b, xL, dx, mk);
 }
 
 /* The backward of all layers for micro-batches [0, n_mb), from the d(final hidden) in e->dx
