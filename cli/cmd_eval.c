@@ -15,6 +15,7 @@
 #include "src/core/err.h"
 #include "src/data/dataset.h"
 #include "src/train/dpo_run.h"
+#include "src/train/trainer.h"
 
 static int opt_format(const char *v, void *dst, char *err, size_t n)
 {
@@ -113,7 +114,9 @@ int ft_cmd_eval(int argc, char **argv)
     memset(&dc, 0, sizeof dc);
     dc.no_shuffle = 1;
     const char *method = "sft";
-    ft_dpo_cfg dpo = {FT_DPO_SIGMOID, 0.1, 0, 0.5}; /* the trainer's defaults */
+    ft_train_cfg defaults;
+    ft_train_defaults(&defaults);
+    ft_dpo_cfg dpo = defaults.dpo; /* the trainer's */
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &model, "model folder or .gguf", 0, "PATH"},
         {"adapter", FT_OPT_STR, &adapter, "PEFT adapter folder to apply", 0, "DIR"},
@@ -150,10 +153,8 @@ int ft_cmd_eval(int argc, char **argv)
     }
     if (is_dpo) {
         dc.preference = 1;
-        ft_dpo_pair probe;
-        if (ft_dpo_pair_loss(&dpo, 1, 1, 2, 1, 1, 2, &probe) < 0 || !isfinite(dpo.simpo_gamma)) {
-            fprintf(stderr, "ftune: --dpo-beta / --dpo-label-smoothing / --simpo-gamma: %s\n",
-                    isfinite(dpo.simpo_gamma) ? ft_errmsg() : "gamma must be finite");
+        if (ft_dpo_cfg_check(&dpo) < 0) {
+            fprintf(stderr, "ftune: %s\n", ft_errmsg());
             ft_str_list_free(&data);
             return 2;
         }

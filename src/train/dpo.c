@@ -25,11 +25,27 @@ static double sigmoid(double x)
     return e / (1.0 + e);
 }
 
+int ft_dpo_cfg_check(const ft_dpo_cfg *c)
+{
+    if (c->loss_type < FT_DPO_SIGMOID || c->loss_type > FT_DPO_SIMPO)
+        return ft_err(FT_E_INVALID, "--dpo-loss: unknown loss type %d", c->loss_type);
+    if (!(c->beta > 0) || !isfinite(c->beta))
+        return ft_err(FT_E_INVALID, "--dpo-beta must be a number > 0 (TRL's default 0.1)");
+    if (!(c->label_smoothing >= 0 && c->label_smoothing < 0.5))
+        return ft_err(FT_E_INVALID, "--dpo-label-smoothing must be in [0, 0.5)");
+    if (c->label_smoothing > 0 && c->loss_type != FT_DPO_ROBUST)
+        return ft_err(FT_E_INVALID, "--dpo-label-smoothing %g is used by --dpo-loss robust only (this run's loss: %s)",
+                      c->label_smoothing, ft_dpo_loss_name(c->loss_type));
+    if (!isfinite(c->simpo_gamma))
+        return ft_err(FT_E_INVALID, "--simpo-gamma must be a finite number");
+    return 0;
+}
+
 int ft_dpo_pair_loss(const ft_dpo_cfg *c, double nll_chosen, int64_t n_chosen,
                      double nll_rejected, int64_t n_rejected, double ref_nll_chosen,
                      double ref_nll_rejected, ft_dpo_pair *out)
 {
-    if (!(c->beta > 0)) return ft_err(FT_E_INVALID, "DPO: beta %g must be > 0", c->beta);
+    FT_TRY(ft_dpo_cfg_check(c));
     if (n_chosen < 1 || n_rejected < 1)
         return ft_err(FT_E_INVALID, "DPO: a completion without a trained token (%lld chosen, %lld rejected)",
                       (long long)n_chosen, (long long)n_rejected);
@@ -51,8 +67,6 @@ int ft_dpo_pair_loss(const ft_dpo_cfg *c, double nll_chosen, int64_t n_chosen,
         break;
     case FT_DPO_ROBUST: {
         double e = c->label_smoothing;
-        if (!(e >= 0 && e < 0.5))
-            return ft_err(FT_E_INVALID, "DPO: label smoothing %g must be in [0, 0.5)", e);
         out->loss = (-(1 - e) * log_sigmoid(b * delta) + e * log_sigmoid(-b * delta)) / (1 - 2 * e);
         dd = -b * ((1 - e) * sigmoid(-b * delta) + e * sigmoid(b * delta)) / (1 - 2 * e);
         break;
@@ -90,7 +104,7 @@ int ft_dpo_pair_loss(const ft_dpo_cfg *c, double nll_chosen, int64_t n_chosen,
         out->d_nll_rejected = 2.0 * g / (double)n_rejected;
         return 0;
     }
-    default:
+    default: /* ft_dpo_cfg_check refused it */
         return ft_err(FT_E_INVALID, "DPO: unknown loss type %d", c->loss_type);
     }
     /* d delta / d nll_c = -1, d delta / d nll_r = +1 */

@@ -60,12 +60,17 @@ typedef struct ft_dpo_pair {
     double reward_rejected;
 } ft_dpo_pair;
 
+/* Checks a configuration: a known loss type, a finite beta > 0, a label smoothing in
+ * [0, 0.5) and only with robust, a finite simpo gamma. Returns 0 or FT_E_INVALID with a
+ * message naming the flag (--dpo-beta, --dpo-label-smoothing, --simpo-gamma, --dpo-loss). */
+int ft_dpo_cfg_check(const ft_dpo_cfg *c);
+
 /* The loss of one pair and its derivatives. nll_* / ref_nll_*: summed negative
  * log-likelihoods (nats) of the completion under the policy and the reference; n_*: their
  * token counts (>= 1; used by ipo, orpo, simpo). Computed in double with a stable log-sigmoid
  * (and log(1 - e^x) for orpo, NaN when a completion's mean log-probability is not below 0).
- * Returns 0, or FT_E_INVALID for an unknown loss type, beta <= 0, a label smoothing outside
- * [0, 0.5), or a token count < 1. */
+ * Returns 0, or FT_E_INVALID for a configuration ft_dpo_cfg_check refuses or a token
+ * count < 1. */
 int ft_dpo_pair_loss(const ft_dpo_cfg *c, double nll_chosen, int64_t n_chosen,
                      double nll_rejected, int64_t n_rejected, double ref_nll_chosen,
                      double ref_nll_rejected, ft_dpo_pair *out);

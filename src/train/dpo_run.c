@@ -50,16 +50,23 @@ int ft_dpo_reference(ft_exec *ex, const ft_batch *b, int64_t n_b, int64_t cap, d
     return each_pair(ex, b, n_b, cap, store_ref, &c);
 }
 
+/* Pair p's loss (*o) from its policy nlls nll[0..1] (chosen, rejected) and the reference, added
+ * to st. */
+static int score_pair(const ft_dpo_cfg *c, const double *ref, int64_t p, const double *nll,
+                      const int64_t *n_tok, ft_dpo_stats *st, ft_dpo_pair *o)
+{
+    FT_TRY(ft_dpo_pair_loss(c, nll[0], n_tok[0], nll[1], n_tok[1], ref[2 * p], ref[2 * p + 1], o));
+    ft_dpo_stats_add(st, o, nll[0], n_tok[0], nll[1], n_tok[1]);
+    return 0;
+}
+
 typedef struct eval_ctx { const double *ref; const ft_dpo_cfg *cfg; ft_dpo_stats *st; } eval_ctx;
 
 static int add_pair(void *ctx, int64_t p, const double *nll, const int64_t *n_tok)
 {
     eval_ctx *c = ctx;
     ft_dpo_pair o;
-    FT_TRY(ft_dpo_pair_loss(c->cfg, nll[0], n_tok[0], nll[1], n_tok[1], c->ref[2 * p],
-                            c->ref[2 * p + 1], &o));
-    ft_dpo_stats_add(c->st, &o, nll[0], n_tok[0], nll[1], n_tok[1]);
-    return 0;
+    return score_pair(c->cfg, c->ref, p, nll, n_tok, c->st, &o);
 }
 
 int ft_dpo_evaluate(ft_exec *ex, const ft_batch *b, int64_t n_b, int64_t cap, const double *ref,
@@ -78,9 +85,7 @@ int ft_dpo_step_grad(void *user, int64_t mb, const ft_batch *b, const double *nl
     for (int64_t k = 0; k < b->n_pairs; k++) {
         int64_t p = b->pairs[k * FT_PAIR_FIELDS + FT_PAIR_INDEX];
         ft_dpo_pair o;
-        FT_TRY(ft_dpo_pair_loss(s->cfg, nll[2 * k], n_tok[2 * k], nll[2 * k + 1], n_tok[2 * k + 1],
-                                s->ref[2 * p], s->ref[2 * p + 1], &o));
-        ft_dpo_stats_add(&s->st, &o, nll[2 * k], n_tok[2 * k], nll[2 * k + 1], n_tok[2 * k + 1]);
+        FT_TRY(score_pair(s->cfg, s->ref, p, nll + 2 * k, n_tok + 2 * k, &s->st, &o));
         scale[2 * k] = o.d_nll_chosen * inv;
         scale[2 * k + 1] = o.d_nll_rejected * inv;
     }

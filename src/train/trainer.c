@@ -177,15 +177,7 @@ static int check_finite_cfg(const ft_train_cfg *c)
     if (c->method != FT_METHOD_SFT && c->method != FT_METHOD_DPO)
         return ft_err(FT_E_INVALID, "unknown training method %d", c->method);
     if (c->method == FT_METHOD_DPO) {
-        if (!(c->dpo.beta > 0) || !isfinite(c->dpo.beta))
-            return ft_err(FT_E_INVALID, "--dpo-beta must be a number > 0 (TRL's default 0.1)");
-        if (!(c->dpo.label_smoothing >= 0 && c->dpo.label_smoothing < 0.5))
-            return ft_err(FT_E_INVALID, "--dpo-label-smoothing must be in [0, 0.5)");
-        if (c->dpo.label_smoothing > 0 && c->dpo.loss_type != FT_DPO_ROBUST)
-            return ft_err(FT_E_INVALID, "--dpo-label-smoothing %g is used by --dpo-loss robust only (this run's loss: %s)",
-                          c->dpo.label_smoothing, ft_dpo_loss_name(c->dpo.loss_type));
-        if (!isfinite(c->dpo.simpo_gamma))
-            return ft_err(FT_E_INVALID, "--simpo-gamma must be a finite number");
+        FT_TRY(ft_dpo_cfg_check(&c->dpo));
         if (c->data_cfg.train_on_prompt)
             return ft_err(FT_E_INVALID, "--train-on-prompt does not apply to DPO: the pair's log-probabilities are those of its completions");
     }
