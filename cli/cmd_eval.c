@@ -41,25 +41,56 @@ static int opt_dpo_loss(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
-/* DPO: the pairs of b[0..nb) scored with the session's adapter against the base model (the
- * adapter switched off for the reference pass). */
-static int eval_pairs(ft_session *s, const ft_batch *b, int64_t nb, int64_t n_pairs,
-                      const ft_dpo_cfg *c, ft_dpo_stats *st)
+/* SFT: the mean token loss of every example of ds (packed as training packs them). */
+static int eval_tokens(ft_session *s, const ft_dataset *ds, int64_t seq_len, int64_t batch,
+                       double *loss, int64_t *tokens)
 {
+    ft_batch *b = NULL;
+    int64_t nb = 0;
+    int rc = ft_pack(&b, &nb, ds->train, ds->n_train, seq_len, batch, 0);
+    if (!rc) rc = ft_session_plan(s, batch * seq_len);
+    double sum = 0;
+    int64_t cnt = 0;
+    for (int64_t i = 0; !rc && i < nb; i++) {
+        double ls;
+        int64_t nv;
+        rc = ft_exec_eval(&s->ex, &b[i], &ls, &nv);
+        sum += ls;
+        cnt += nv;
+    }
+    *loss = cnt ? sum / cnt : NAN;
+    *tokens = cnt;
+    ft_batches_free(b, nb);
+    return rc;
+}
+
+/* DPO: the pairs of ds scored with the session's adapter against the base model (the adapter
+ * switched off for the reference pass; none for the reference-free losses): *st, the mean
+ * pair loss and the completion tokens read. */
+static int eval_pairs(ft_session *s, const ft_dataset *ds, int64_t seq_len, int64_t batch,
+                      const ft_dpo_cfg *c, ft_dpo_stats *st, double *loss, int64_t *tokens)
+{
+    ft_batch *b = NULL;
+    int64_t nb = 0, n_pairs = ds->n_train / 2;
     double *ref = calloc((size_t)(2 * (n_pairs ? n_pairs : 1)), sizeof *ref);
-    if (!ref) return ft_err(-ENOMEM, "out of memory for reference log-probabilities");
-    int rc = 0;
-    if (!ft_dpo_reference_free(c->loss_type)) {
+    int rc = ref ? 0 : ft_err(-ENOMEM, "out of memory for reference log-probabilities");
+    if (!rc) rc = ft_pack_pairs(&b, &nb, ds->train, n_pairs, seq_len, batch, 0);
+    if (!rc) rc = ft_session_plan(s, 2 * batch * seq_len);
+    if (!rc && !ft_dpo_reference_free(c->loss_type)) {
         ft_lora *adapter = s->ex.lora;
         s->ex.lora = NULL; /* the base model */
         rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
         s->ex.lora = adapter;
     }
     if (!rc) rc = ft_dpo_evaluate(&s->ex, b, nb, 0, ref, c, st);
+    *loss = !rc && st->pairs ? st->loss / (double)st->pairs : NAN;
+    *tokens = rc ? 0 : st->tokens;
     free(ref);
+    ft_batches_free(b, nb);
     return rc;
 }
 
+/* The model, adapter and data of the command, then eval_tokens (dpo NULL) or eval_pairs. */
 static int run_eval(const char *model, const char *adapter, const ft_str_list *data, ft_data_cfg *dc,
                     int64_t batch, const char *device, int threads, const ft_dpo_cfg *dpo,
                     ft_dpo_stats *pst, double *loss, int64_t *tokens)
@@ -67,8 +98,6 @@ static int run_eval(const char *model, const char *adapter, const ft_str_list *d
     ft_session s;
     ft_tokenizer *tok = NULL;
     ft_dataset ds;
-    ft_batch *b = NULL;
-    int64_t nb = 0;
     memset(&ds, 0, sizeof ds);
     int rc = ft_session_open(&s, model, adapter, 2, device, threads);
     if (!rc) rc = ft_model_tokenizer(s.model, &tok);
@@ -76,29 +105,8 @@ static int run_eval(const char *model, const char *adapter, const ft_str_list *d
         dc->seq_len = s.model->cfg.max_position_embeddings < 2048 ? s.model->cfg.max_position_embeddings : 2048;
     if (!rc) rc = ft_dataset_load_files(&ds, data->v, data->n, dc, tok);
     if (!rc && ds.n_train == 0) rc = ft_err(FT_E_INVALID, "%s: no examples to evaluate", data->v[0]);
-    if (dpo) {
-        if (!rc) rc = ft_pack_pairs(&b, &nb, ds.train, ds.n_train / 2, dc->seq_len, batch, 0);
-        if (!rc) rc = ft_session_plan(&s, 2 * batch * dc->seq_len);
-        if (!rc) rc = eval_pairs(&s, b, nb, ds.n_train / 2, dpo, pst);
-        *loss = !rc && pst->pairs ? pst->loss / (double)pst->pairs : NAN;
-        *tokens = rc ? 0 : pst->tokens;
-    }
-    if (!rc && !dpo) rc = ft_pack(&b, &nb, ds.train, ds.n_train, dc->seq_len, batch, 0);
-    if (!rc && !dpo) rc = ft_session_plan(&s, batch * dc->seq_len);
-    double sum = 0;
-    int64_t cnt = 0;
-    for (int64_t i = 0; !rc && !dpo && i < nb; i++) {
-        double ls;
-        int64_t nv;
-        rc = ft_exec_eval(&s.ex, &b[i], &ls, &nv);
-        sum += ls;
-        cnt += nv;
-    }
-    if (!dpo) {
-        *loss = cnt ? sum / cnt : NAN;
-        *tokens = cnt;
-    }
-    ft_batches_free(b, nb);
+    if (!rc) rc = dpo ? eval_pairs(&s, &ds, dc->seq_len, batch, dpo, pst, loss, tokens)
+                      : eval_tokens(&s, &ds, dc->seq_len, batch, loss, tokens);
     ft_dataset_free(&ds);
     ft_tok_free(tok);
     ft_session_close(&s);
