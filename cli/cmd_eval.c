@@ -33,14 +33,6 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
-static int opt_dpo_loss(const char *v, void *dst, char *err, size_t n)
-{
-    int k = ft_dpo_loss_parse(v);
-    if (k < 0) { snprintf(err, n, "unknown DPO loss '%s' (sigmoid, hinge, ipo, robust, orpo, simpo)", v); return -1; }
-    *(int *)dst = k;
-    return 0;
-}
-
 /* SFT: the mean token loss of every example of ds (packed as training packs them). */
 static int eval_tokens(ft_session *s, const ft_dataset *ds, int64_t seq_len, int64_t batch,
                        double *loss, int64_t *tokens)
@@ -136,7 +128,7 @@ int ft_cmd_eval(int argc, char **argv)
         {"train-on-prompt", FT_OPT_FLAG, &dc.train_on_prompt, "score prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &dc.skip_bad_records, "skip bad records"},
         {"method", FT_OPT_STR, &method, "sft (default) | dpo: the files hold preference records; print the mean DPO pair loss and TRL's reward metrics of --adapter against the base model", 0, "NAME"},
-        {"dpo-loss", FT_OPT_FN, &dpo.loss_type, "with --method dpo: sigmoid (default) | hinge | ipo | robust | orpo | simpo", opt_dpo_loss, "NAME"},
+        {"dpo-loss", FT_OPT_FN, &dpo.loss_type, "with --method dpo: sigmoid (default) | hinge | ipo | robust | orpo | simpo", ft_opt_dpo_loss, "NAME"},
         {"dpo-beta", FT_OPT_DBL, &dpo.beta, "with --method dpo: beta (default 0.1)"},
         {"dpo-label-smoothing", FT_OPT_DBL, &dpo.label_smoothing, "with --dpo-loss robust (default 0)"},
         {"simpo-gamma", FT_OPT_DBL, &dpo.simpo_gamma, "with --dpo-loss simpo (default 0.5)"},

@@ -131,17 +131,6 @@ static int opt_method(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
-static int opt_dpo_loss(const char *v, void *dst, char *err, size_t n)
-{
-    int k = ft_dpo_loss_parse(v);
-    if (k < 0) {
-        snprintf(err, n, "unknown DPO loss '%s' (sigmoid, hinge, ipo, robust, orpo, simpo)", v);
-        return -1;
-    }
-    *(int *)dst = k;
-    return 0;
-}
-
 /* --lora-dropout X: 0 <= X < 1, remembered as given (its default depends on --method) */
 typedef struct dropout_arg { float p; int set; } dropout_arg;
 
@@ -279,7 +268,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"max-grad-norm", FT_OPT_DBL, &c.max_grad_norm, "clip the global gradient norm (default 1.0; 0 = off)"},
         {"method", FT_OPT_FN, &c.method, "sft: supervised fine-tuning on instruction data (default) | dpo: Direct Preference Optimization on preference pairs (TRL's DPOTrainer: records with prompt/chosen/rejected, or chosen/rejected with the prompt implicit, or LLaMA-Factory's pairwise alpaca/sharegpt); --batch-size N then packs up to N full-length pairs (2 x N x seq-len tokens), the reference is the starting model", opt_method, "NAME"},
         {"dpo-beta", FT_OPT_FN, &c.dpo.beta, "DPO: beta, the strength of the pull toward the reference model (default 0.1)", opt_pos_ratio, "X"},
-        {"dpo-loss", FT_OPT_FN, &c.dpo.loss_type, "DPO loss: sigmoid (DPO, default) | hinge (SLiC) | ipo | robust (with --dpo-label-smoothing); reference-free on per-token mean log-probabilities, as LLaMA-Factory's pref_loss: orpo (the chosen NLL + beta x the odds-ratio loss) | simpo (with --simpo-gamma)", opt_dpo_loss, "NAME"},
+        {"dpo-loss", FT_OPT_FN, &c.dpo.loss_type, "DPO loss: sigmoid (DPO, default) | hinge (SLiC) | ipo | robust (with --dpo-label-smoothing); reference-free on per-token mean log-probabilities, as LLaMA-Factory's pref_loss: orpo (the chosen NLL + beta x the odds-ratio loss) | simpo (with --simpo-gamma)", ft_opt_dpo_loss, "NAME"},
         {"simpo-gamma", FT_OPT_DBL, &c.dpo.simpo_gamma, "--dpo-loss simpo: the target reward margin gamma (default 0.5)"},
         {"dpo-label-smoothing", FT_OPT_FN, &c.dpo.label_smoothing, "DPO robust loss: the assumed fraction of pairs whose preference is flipped, 0 <= X < 0.5 (default 0)", opt_nonneg, "X"},
         {"lora-r", FT_OPT_INT, &c.lora.r, "LoRA rank (default 16)"},

@@ -1,12 +1,14 @@
 /* session.c - shared set-up for eval and logits, training signals (see session.h). */
 #include "cli/session.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "adapters/peft.h"
 #include "src/core/err.h"
+#include "src/train/dpo.h"
 
 const char *ft_session_device(const char *opt)
 {
@@ -103,4 +105,15 @@ void ft_session_signals_restore(void)
     sigaction(SIGINT, &g_old_int, NULL);
     sigaction(SIGTERM, &g_old_term, NULL);
     g_installed = 0;
+}
+
+int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n)
+{
+    int k = ft_dpo_loss_parse(v);
+    if (k < 0) {
+        snprintf(err, n, "unknown DPO loss '%s' (sigmoid, hinge, ipo, robust, orpo, simpo)", v);
+        return -1;
+    }
+    *(int *)dst = k;
+    return 0;
 }

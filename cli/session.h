@@ -26,6 +26,10 @@ typedef struct ft_session {
 int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
                     const char *device, int threads);
 
+/* --dpo-loss NAME (train and eval): a loss of src/train/dpo.h into *(int *)dst; an ft_opt
+ * FN parser (cli/args.h): 0, or -1 with the message in err. */
+int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
+
 /* The device a command runs on: --device when given, else the FTUNE_DEVICE environment
  * variable, else "auto" (CUDA when a GPU is visible, else the CPU). */
 const char *ft_session_device(const char *opt);
