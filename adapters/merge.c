@@ -311,7 +311,7 @@ int mg_write_tensor(mg_sink *k, const mg_src *s, const mg_tensor *t, const ft_pe
     }
     if (!ft_quant_can_dequant(t->src_type))
         return ft_err(FT_E_UNSUPPORTED, "%s: tensor \"%s\" has type %s, which ftune cannot convert "
-                      "(F32, F16, BF16, Q8_0, Q4_0, Q4_1)", path, t->src_name, ft_quant_name(t->src_type));
+                      "(" FT_QUANT_DEQUANT_LIST ")", path, t->src_name, ft_quant_name(t->src_type));
     const int64_t rows = t->rows, cols = t->cols, hd = s->cfg.head_dim;
     const int64_t row_bytes = ft_quant_bytes(t->src_type, cols);
     if (row_bytes < 0)

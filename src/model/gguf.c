@@ -553,7 +553,7 @@ int ft_gguf_tensor_f32(const ft_gguf *g, const ft_gguf_tensor *t, float *out)
 {
     if (!ft_quant_can_dequant(t->type))
         return ft_err(FT_E_UNSUPPORTED, "%s: tensor \"%s\" has ggml type %s (%d); supported: "
-                      "F32, F16, BF16, Q8_0, Q4_0, Q4_1", g->path, t->name,
+                      FT_QUANT_DEQUANT_LIST, g->path, t->name,
                       ft_quant_name(t->type), t->type);
     int rc = ft_quant_dequant(t->type, t->data, out, t->n_elems);
     if (rc < 0)

@@ -591,7 +591,7 @@ static int gguf_tensor(const ft_gguf *g, const char *name, int64_t rows, int64_t
     }
     if (!ft_quant_can_dequant(t->type))
         return ft_err(FT_E_UNSUPPORTED, "%s: tensor \"%s\" has ggml type %s (%d); supported: "
-                      "F32, F16, BF16, Q8_0, Q4_0, Q4_1", path, name, ft_quant_name(t->type), t->type);
+                      FT_QUANT_DEQUANT_LIST, path, name, ft_quant_name(t->type), t->type);
     if (!dst) return 0; /* checking pass */
     if (!head_dim) return ft_gguf_tensor_f32(g, t, dst);
     FT_TRY(ft_gguf_tensor_f32(g, t, tmp));

@@ -1,6 +1,7 @@
 /* test_gguf.c - GGUF reader (formats.md 4.3), ggml dequantization (src/model/quant.h) and
  * GGUF model loading with llama.cpp's q/k permutation undone (formats.md 2.4).
- * Fixtures: tests/fixtures/gguf, made by tests/ref/make_gguf_fixtures.py with gguf-py. */
+ * Fixtures: tests/fixtures/gguf, made by tests/ref/make_gguf_fixtures.py with gguf-py, and
+ * kquant_<TYPE>.bin by tests/ref/make_kquant_fixtures.py. */
 #include "tests/unit/harness.h"
 
 #include <fcntl.h>
@@ -91,14 +92,15 @@ static void test_scalar_conversions(void **state)
     int64_t bn, bb;
     assert_int_equal(ft_quant_block(FT_GGML_Q4_1, &bn, &bb), 0);
     assert_true(bn == 32 && bb == 20);
-    assert_int_equal(ft_quant_block(12, &bn, &bb), 0); /* Q4_K parses, cannot dequantize */
-    assert_true(bn == 256 && bb == 144 && !ft_quant_can_dequant(12));
+    assert_int_equal(ft_quant_block(16, &bn, &bb), 0); /* IQ2_XXS parses, cannot dequantize */
+    assert_true(bn == 256 && bb == 66 && !ft_quant_can_dequant(16));
     assert_int_equal(ft_quant_block(4, &bn, &bb), FT_E_UNSUPPORTED); /* removed Q4_2 */
     assert_int_equal(ft_quant_bytes(FT_GGML_Q8_0, 64), 68);
     assert_int_equal(ft_quant_bytes(FT_GGML_Q8_0, 48), -1);
-    float out[32];
-    uint8_t blk[34] = {0};
-    expect_err(ft_quant_dequant(12, blk, out, 256), FT_E_UNSUPPORTED, "Q4_K", NULL);
+    float out[256];
+    uint8_t blk[66] = {0};
+    expect_err(ft_quant_dequant(16, blk, out, 256), FT_E_UNSUPPORTED, "IQ2_XXS", "Q4_K",
+               "IQ4_XS", NULL);
     expect_err(ft_quant_dequant(FT_GGML_Q8_0, blk, out, 16), FT_E_INVALID, "Q8_0", NULL);
     /* a hand-made Q4_0 block: d = 0.5 (fp16 0x3800); element 0 = low nibble of byte 0,
      * element 16 = its high nibble */
@@ -203,6 +205,73 @@ static void test_dequant_vs_gguf_py(void **state)
     assert_null(ft_gguf_find_tensor(g, "t_q4_2"));
     ft_st_close(ex);
     ft_gguf_close(g);
+}
+
+/* tests/fixtures/gguf/kquant_<TYPE>.bin (tests/ref/make_kquant_fixtures.py): n blocks of
+ * raw bytes, then the n * block_n float32 values gguf.quants.dequantize gives for them. */
+static void test_kquant_vs_gguf_py(void **state)
+{
+    static const struct { int type; const char *name; int block_n, block_bytes; } ts[] = {
+        {FT_GGML_Q5_0, "Q5_0", 32, 22},      {FT_GGML_Q5_1, "Q5_1", 32, 24},
+        {FT_GGML_Q2_K, "Q2_K", 256, 84},     {FT_GGML_Q3_K, "Q3_K", 256, 110},
+        {FT_GGML_Q4_K, "Q4_K", 256, 144},    {FT_GGML_Q5_K, "Q5_K", 256, 176},
+        {FT_GGML_Q6_K, "Q6_K", 256, 210},    {FT_GGML_IQ4_NL, "IQ4_NL", 32, 18},
+        {FT_GGML_IQ4_XS, "IQ4_XS", 256, 136},
+    };
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
+        int64_t bn, bb;
+        assert_int_equal(ft_quant_block(ts[k].type, &bn, &bb), 0);
+        assert_true(bn == ts[k].block_n && bb == ts[k].block_bytes);
+        assert_string_equal(ft_quant_name(ts[k].type), ts[k].name);
+        assert_true(ft_quant_can_dequant(ts[k].type));
+        char path[128];
+        snprintf(path, sizeof path, FIX "kquant_%s.bin", ts[k].name);
+        char *all;
+        size_t len;
+        if (ft_read_file(path, &all, &len)) fail_msg("%s", ft_errmsg());
+        size_t per = (size_t)(bb + 4 * bn);
+        if (len == 0 || len % per) fail_msg("%s: %zu bytes is not n x %zu", path, len, per);
+        int64_t nb = (int64_t)(len / per), n = nb * bn;
+        assert_int_equal(ft_quant_bytes(ts[k].type, n), nb * bb);
+        assert_int_equal(ft_quant_bytes(ts[k].type, n + 1), -1);
+        /* the blocks in a buffer of exactly their size (an over-read shows under ASan) */
+        uint8_t *blocks = malloc((size_t)(nb * bb));
+        float *ref = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+        assert_true(blocks && ref && got);
+        memcpy(blocks, all, (size_t)(nb * bb));
+        memcpy(ref, all + nb * bb, (size_t)n * 4); /* little-endian host */
+        memset(got, 0xff, (size_t)n * 4);          /* NaN: an element left unwritten fails */
+        assert_int_equal(ft_quant_dequant(ts[k].type, blocks, got, n), 0);
+        int64_t same = 0, nz = 0;
+        double amax = 0;
+        for (int64_t i = 0; i < n; i++) {
+            assert_false(isnan(ref[i]));
+            if (memcmp(&got[i], &ref[i], 4) || got[i] != ref[i]) {
+                uint32_t gb, rb;
+                memcpy(&gb, &got[i], 4);
+                memcpy(&rb, &ref[i], 4);
+                fail_msg("%s block %lld element %lld = %.9g (0x%08x), gguf.quants.dequantize "
+                         "gives %.9g (0x%08x)", ts[k].name, (long long)(i / bn),
+                         (long long)(i % bn), got[i], gb, ref[i], rb);
+            }
+            same++;
+            nz += ref[i] != 0;
+            amax = fmax(amax, fabs(ref[i]));
+        }
+        /* block 0 has d = 0 (K-quants with dmin can still be nonzero there) */
+        printf("  %-6s: %lld blocks, %lld/%lld floats bit-identical to gguf.quants.dequantize "
+               "(%lld nonzero, max |x| %.4g)\n", ts[k].name, (long long)nb, (long long)same,
+               (long long)n, (long long)nz, amax);
+        /* a count that is not whole blocks */
+        expect_err(ft_quant_dequant(ts[k].type, blocks, got, bn - 1 + (bn == 1)), FT_E_INVALID,
+                   ts[k].name, "not a multiple", NULL);
+        expect_err(ft_quant_dequant(ts[k].type, blocks, got, -bn), FT_E_INVALID, ts[k].name,
+                   NULL);
+        free(blocks);
+        free(ref);
+        free(got);
+        free(all);
+    }
 }
 
 static void test_metadata(void **state)
@@ -449,13 +518,13 @@ static void test_bad_files(void **state)
     EXPECT_G(o, FT_E_UNSUPPORTED, "\"b\"", "unknown ggml type 99", NULL);
     o = gdefault(); o.b_type = FT_GGML_Q8_0; o.b_ne0 = 16;
     EXPECT_G(o, FT_E_CORRUPT, "\"b\"", "ne[0] = 16", "Q8_0 block size 32", NULL);
-    /* a type ggml knows but ftune cannot dequantize: opens, conversion refuses */
-    o = gdefault(); o.b_type = 12; o.b_ne0 = 256; o.b_ne1 = 1;
+    /* a type ggml knows but ftune cannot dequantize (IQ2_XXS): opens, conversion refuses */
+    o = gdefault(); o.b_type = 16; o.b_ne0 = 256; o.b_ne1 = 1;
     assert_int_equal(open_built(&o, &p), 0);
     assert_int_equal(ft_gguf_open(&g, p), 0);
     static float big[256];
     expect_err(ft_gguf_tensor_f32(g, ft_gguf_find_tensor(g, "b"), big), FT_E_UNSUPPORTED, p,
-               "\"b\"", "Q4_K", NULL);
+               "\"b\"", "IQ2_XXS", "supported: F32", "IQ4_XS", NULL);
     ft_gguf_close(g);
     rm_tmp(p);
     /* short and missing files */
@@ -752,11 +821,17 @@ static void test_model_errors(void **state)
              "\"blk.0.ffn_gate.weight\"", "ne [64, 128]", "expected ne [64, 96]", "HF shape [96, 64]", NULL);
     uint32_t vt = FT_GGUF_STRING;
     EXPECT_M("llama.attention.head_count", 26, &vt, 4, 0, FT_E_CORRUPT, NULL);
-    /* blk.1.attn_v.weight: name, u32 n_dims, 2 x u64 ne, u32 type: Q4_0 (2) -> IQ4_NL (20),
-     * which has the same block size, so the file stays consistent */
+    /* blk.1.ffn_up.weight: name, u32 n_dims, 2 x u64 ne, u32 type: F32 (0) -> I32 (26),
+     * which has the same element size, so the file stays consistent; ggml knows I32 but it
+     * is no weight type */
+    uint32_t i32 = 26;
+    EXPECT_M("blk.1.ffn_up.weight", 19 + 4 + 16, &i32, 4, 0, FT_E_UNSUPPORTED,
+             "\"blk.1.ffn_up.weight\"", "I32", NULL);
+    /* blk.1.attn_v.weight Q4_0 (2) -> IQ4_NL (20), the same block geometry: loads */
     uint32_t iq = 20;
-    EXPECT_M("blk.1.attn_v.weight", 19 + 4 + 16, &iq, 4, 0, FT_E_UNSUPPORTED,
-             "\"blk.1.attn_v.weight\"", "IQ4_NL", NULL);
+    char *pq;
+    assert_int_equal(load_patched("blk.1.attn_v.weight", 19 + 4 + 16, &iq, 4, 0, &pq), 0);
+    rm_tmp(pq);
     /* a missing tensor: rename the only ffn_up of layer 1 */
     EXPECT_M("blk.1.ffn_up.weight", 0, "blk.1.ffn_xx.weight", 19, 0, FT_E_INVALID,
              "tensor \"blk.1.ffn_up.weight\" not found", NULL);
@@ -875,6 +950,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scalar_conversions),
         cmocka_unit_test(test_dequant_vs_gguf_py),
+        cmocka_unit_test(test_kquant_vs_gguf_py),
         cmocka_unit_test(test_metadata),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_truncations),
