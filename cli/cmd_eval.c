@@ -1,8 +1,8 @@
 /* cmd_eval.c - `ftune eval --model M --data F [--data F2 ...] [--adapter DIR]`: mean token
  * loss and perplexity over every record of the files (the same masks as training), one JSON
  * line. With --method dpo the files hold preference records and the line has the mean DPO
- * pair loss and TRL's reward metrics of the adapter against the base model as the reference
- * (src/train/dpo.h; the reference-free losses need none). */
+ * pair loss and TRL's reward metrics of the adapter against the reference: the base model, or
+ * the base with --ref-adapter (src/train/dpo.h; the reference-free losses need none). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -56,10 +56,12 @@ static int eval_tokens(ft_session *s, const ft_dataset *ds, int64_t seq_len, int
     return rc;
 }
 
-/* DPO: the pairs of ds scored with the session's adapter against the base model (the adapter
- * switched off for the reference pass; none for the reference-free losses): *st, the mean
- * pair loss and the completion tokens read. */
-static int eval_pairs(ft_session *s, const ft_dataset *ds, int64_t seq_len, int64_t batch,
+/* DPO: the pairs of ds scored with the session's adapter (from `adapter`) against the
+ * reference: the base model (the adapter switched off for the reference pass), or the base
+ * with the adapter of ref_adapter (loaded for the reference pass, then `adapter` again); none
+ * for the reference-free losses. *st, the mean pair loss and the completion tokens read. */
+static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapter,
+                      const ft_dataset *ds, int64_t seq_len, int64_t batch,
                       const ft_dpo_cfg *c, ft_dpo_stats *st, double *loss, int64_t *tokens)
 {
     ft_batch *b = NULL;
@@ -69,10 +71,17 @@ static int eval_pairs(ft_session *s, const ft_dataset *ds, int64_t seq_len, int6
     if (!rc) rc = ft_pack_pairs(&b, &nb, ds->train, n_pairs, seq_len, batch, 0);
     if (!rc) rc = ft_session_plan(s, 2 * batch * seq_len);
     if (!rc && !ft_dpo_reference_free(c->loss_type)) {
-        ft_lora *adapter = s->ex.lora;
-        s->ex.lora = NULL; /* the base model */
-        rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
-        s->ex.lora = adapter;
+        if (ref_adapter) {
+            rc = ft_session_set_adapter(s, ref_adapter, 2 * batch * seq_len);
+            if (rc < 0) rc = ft_err_prefix(rc, "--ref-adapter");
+            if (!rc) rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
+            if (!rc) rc = ft_session_set_adapter(s, adapter, 2 * batch * seq_len);
+        } else {
+            ft_lora *policy = s->ex.lora;
+            s->ex.lora = NULL; /* the base model */
+            rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
+            s->ex.lora = policy;
+        }
     }
     if (!rc) rc = ft_dpo_evaluate(&s->ex, b, nb, 0, ref, c, st);
     *loss = !rc && st->pairs ? st->loss / (double)st->pairs : NAN;
@@ -83,7 +92,8 @@ static int eval_pairs(ft_session *s, const ft_dataset *ds, int64_t seq_len, int6
 }
 
 /* The model, adapter and data of the command, then eval_tokens (dpo NULL) or eval_pairs. */
-static int run_eval(const char *model, const char *adapter, const ft_str_list *data, ft_data_cfg *dc,
+static int run_eval(const char *model, const char *adapter, const char *ref_adapter,
+                    const ft_str_list *data, ft_data_cfg *dc,
                     int64_t batch, const char *device, int threads, const ft_dpo_cfg *dpo,
                     ft_dpo_stats *pst, double *loss, int64_t *tokens)
 {
@@ -97,7 +107,7 @@ static int run_eval(const char *model, const char *adapter, const ft_str_list *d
         dc->seq_len = s.model->cfg.max_position_embeddings < 2048 ? s.model->cfg.max_position_embeddings : 2048;
     if (!rc) rc = ft_dataset_load_files(&ds, data->v, data->n, dc, tok);
     if (!rc && ds.n_train == 0) rc = ft_err(FT_E_INVALID, "%s: no examples to evaluate", data->v[0]);
-    if (!rc) rc = dpo ? eval_pairs(&s, &ds, dc->seq_len, batch, dpo, pst, loss, tokens)
+    if (!rc) rc = dpo ? eval_pairs(&s, adapter, ref_adapter, &ds, dc->seq_len, batch, dpo, pst, loss, tokens)
                       : eval_tokens(&s, &ds, dc->seq_len, batch, loss, tokens);
     ft_dataset_free(&ds);
     ft_tok_free(tok);
@@ -107,7 +117,7 @@ static int run_eval(const char *model, const char *adapter, const ft_str_list *d
 
 int ft_cmd_eval(int argc, char **argv)
 {
-    const char *model = NULL, *adapter = NULL, *device = NULL;
+    const char *model = NULL, *adapter = NULL, *ref_adapter = NULL, *device = NULL;
     ft_str_list data = {0};
     int64_t threads = 0, batch = 1;
     ft_data_cfg dc;
@@ -128,6 +138,7 @@ int ft_cmd_eval(int argc, char **argv)
         {"train-on-prompt", FT_OPT_FLAG, &dc.train_on_prompt, "score prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &dc.skip_bad_records, "skip bad records"},
         {"method", FT_OPT_STR, &method, "sft (default) | dpo: the files hold preference records; print the mean DPO pair loss and TRL's reward metrics of --adapter against the base model", 0, "NAME"},
+        {"ref-adapter", FT_OPT_STR, &ref_adapter, "with --method dpo: the reference is the base model with this PEFT adapter (the --init-adapter the run trained from) instead of the base model alone", 0, "DIR"},
         {"dpo-loss", FT_OPT_FN, &dpo.loss_type, "with --method dpo: sigmoid (default) | hinge | ipo | robust | orpo | simpo", ft_opt_dpo_loss, "NAME"},
         {"dpo-beta", FT_OPT_DBL, &dpo.beta, "with --method dpo: beta (default 0.1)"},
         {"dpo-label-smoothing", FT_OPT_DBL, &dpo.label_smoothing, "with --dpo-loss robust (default 0)"},
@@ -151,6 +162,17 @@ int ft_cmd_eval(int argc, char **argv)
         ft_str_list_free(&data);
         return 2;
     }
+    if (ref_adapter && !is_dpo) {
+        fprintf(stderr, "ftune: --ref-adapter is the DPO reference: it needs --method dpo\n");
+        ft_str_list_free(&data);
+        return 2;
+    }
+    if (ref_adapter && ft_dpo_reference_free(dpo.loss_type)) {
+        fprintf(stderr, "ftune: --ref-adapter: --dpo-loss %s is reference-free (it reads no reference model)\n",
+                ft_dpo_loss_name(dpo.loss_type));
+        ft_str_list_free(&data);
+        return 2;
+    }
     if (is_dpo) {
         dc.preference = 1;
         if (ft_dpo_cfg_check(&dpo) < 0) {
@@ -162,7 +184,7 @@ int ft_cmd_eval(int argc, char **argv)
     double loss = NAN;
     int64_t tokens = 0;
     ft_dpo_stats st = {0};
-    rc = run_eval(model, adapter, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
+    rc = run_eval(model, adapter, ref_adapter, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
                   is_dpo ? &dpo : NULL, &st, &loss, &tokens);
     ft_str_list_free(&data);
     if (rc < 0) {

@@ -16,21 +16,35 @@ const char *ft_session_device(const char *opt)
     return opt ? opt : env && *env ? env : "auto";
 }
 
+/* Loads the PEFT adapter of adapter_dir into s->lora (none before). */
+static int load_adapter(ft_session *s, const char *adapter_dir)
+{
+    ft_lora_cfg lc;
+    FT_TRY(ft_peft_read_config(adapter_dir, &lc));
+    lc.dropout = 0;
+    lc.seed = 0;
+    FT_TRY(ft_lora_init(&s->lora, s->model, &lc, s->be));
+    s->has_lora = 1;
+    return ft_peft_load_weights(adapter_dir, &s->lora);
+}
+
 int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
                     const char *device, int threads)
 {
     memset(s, 0, sizeof *s);
     FT_TRY(ft_model_load(&s->model, model));
     FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
-    if (adapter_dir) {
-        ft_lora_cfg lc;
-        FT_TRY(ft_peft_read_config(adapter_dir, &lc));
-        lc.dropout = 0;
-        lc.seed = 0;
-        FT_TRY(ft_lora_init(&s->lora, s->model, &lc, s->be));
-        s->has_lora = 1;
-        FT_TRY(ft_peft_load_weights(adapter_dir, &s->lora));
-    }
+    if (adapter_dir) FT_TRY(load_adapter(s, adapter_dir));
+    return ft_session_plan(s, T);
+}
+
+int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
+{
+    if (s->has_ex) ft_exec_free(&s->ex); /* it holds the adapter */
+    s->has_ex = 0;
+    if (s->has_lora) ft_lora_free(&s->lora);
+    s->has_lora = 0;
+    if (adapter_dir) FT_TRY(load_adapter(s, adapter_dir));
     return ft_session_plan(s, T);
 }
 

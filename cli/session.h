@@ -26,6 +26,10 @@ typedef struct ft_session {
 int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
                     const char *device, int threads);
 
+/* Replaces the session's adapter with the PEFT adapter in adapter_dir (NULL: none, the base
+ * model) and re-plans the executor for T tokens. Returns 0 or an error naming the folder. */
+int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T);
+
 /* --dpo-loss NAME (train and eval): a loss of src/train/dpo.h into *(int *)dst; an ft_opt
  * FN parser (cli/args.h): 0, or -1 with the message in err. */
 int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);

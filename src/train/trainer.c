@@ -24,6 +24,7 @@
 #include "src/model/model.h"
 #include "src/train/checkpoint.h"
 #include "src/train/correction.h"
+#include "src/train/dpo_refcache.h"
 #include "src/train/dpo_run.h"
 #include "src/train/metrics.h"
 #include "src/train/schedule.h"
@@ -118,6 +119,7 @@ typedef struct run {
     char *cfg_json;             /* the run config stored in checkpoints */
     double *ref_train, *ref_eval; /* DPO: reference nlls by pair (dpo_run.h), 2 per pair */
     double eval_reward_accuracy;  /* DPO: the last evaluation's (NAN before one) */
+    int quant;                    /* FT_PACK_QUANT_* of the base */
 } run;
 
 static void run_free(run *r)
@@ -458,8 +460,10 @@ static int pack_epoch(run *r, const ft_train_cfg *c, int64_t seq_len, int64_t ep
 
 /* DPO: the reference log-probabilities of every train and eval pair (dpo_run.h), from the
  * adapter as it is now: the run's starting adapter (a resume calls this before loading the
- * checkpoint's). */
-static int dpo_reference(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user)
+ * checkpoint's). They are kept in OUT/dpo_reference.bin under the run id st->run_id, and a
+ * resume reads back the parts of its run (dpo_refcache.h) instead of computing them again. */
+static int dpo_reference(run *r, const ft_train_cfg *c, const ft_ckpt_state *st, ft_train_cb cb,
+                         void *user)
 {
     double tr0 = now_s();
     int64_t np_train = r->ds.n_train / 2, np_eval = r->ds.n_eval / 2;
@@ -473,17 +477,41 @@ static int dpo_reference(run *r, const ft_train_cfg *c, ft_train_cb cb, void *us
              ft_dpo_loss_name(c->dpo.loss_type), c->dpo.beta, g, (long long)np_train, (long long)np_eval);
         return 0;
     }
-    FT_TRY(ft_dpo_reference(&r->ex, r->train_b, r->n_train_b, 0, r->ref_train, np_train));
-    if (r->n_eval_b)
+    ft_dpo_ref_key key;
+    memset(&key, 0, sizeof key);
+    snprintf(key.run_id, sizeof key.run_id, "%s", st->run_id);
+    eval_set_id(r, c, key.eval_set, sizeof key.eval_set);
+    snprintf(key.backend, sizeof key.backend, "%s", r->be->ops->name);
+    key.quant = r->quant;
+    int got_train = 0, got_eval = 0;
+    char why[512] = "";
+    if (c->resume)
+        FT_TRY(ft_dpo_ref_load(c->out, &key, r->ref_train, np_train, r->ref_eval, np_eval,
+                               &got_train, &got_eval, why, sizeof why));
+    if (why[0]) info(cb, user, FT_EV_INFO, "DPO reference log-probabilities computed again: %s", why);
+    if (!got_train)
+        FT_TRY(ft_dpo_reference(&r->ex, r->train_b, r->n_train_b, 0, r->ref_train, np_train));
+    if (r->n_eval_b && !got_eval)
         FT_TRY(ft_dpo_reference(&r->ex, r->eval_b, r->n_eval_b, c->eval_max_batches, r->ref_eval,
                                 np_eval));
+    if (!got_train || !got_eval) {
+        int rc = ft_dpo_ref_save(c->out, &key, r->ref_train, np_train, r->ref_eval, np_eval);
+        if (rc < 0) /* the run goes on: a resume would compute them again */
+            info(cb, user, FT_EV_WARN, "could not keep the DPO reference log-probabilities: %s", ft_errmsg());
+    }
     char ls[64] = "";
     if (c->dpo.loss_type == FT_DPO_ROBUST)
         snprintf(ls, sizeof ls, ", label smoothing %g", c->dpo.label_smoothing);
-    info(cb, user, FT_EV_INFO, "DPO (%s loss, beta %g%s): reference log-probabilities of %lld train and %lld eval pairs from the %s, in %.1f s",
-         ft_dpo_loss_name(c->dpo.loss_type), c->dpo.beta, ls, (long long)np_train,
-         (long long)np_eval, c->init_adapter ? "base model with --init-adapter" : "base model",
-         now_s() - tr0);
+    const char *from = c->init_adapter ? "base model with --init-adapter" : "base model";
+    if (got_train && got_eval)
+        info(cb, user, FT_EV_INFO, "DPO (%s loss, beta %g%s): reference log-probabilities of %lld train and %lld eval pairs from the %s, read back from %s/%s",
+             ft_dpo_loss_name(c->dpo.loss_type), c->dpo.beta, ls, (long long)np_train,
+             (long long)np_eval, from, c->out, FT_DPO_REF_FILE);
+    else
+        info(cb, user, FT_EV_INFO, "DPO (%s loss, beta %g%s): reference log-probabilities of %lld train and %lld eval pairs from the %s, in %.1f s%s",
+             ft_dpo_loss_name(c->dpo.loss_type), c->dpo.beta, ls, (long long)np_train,
+             (long long)np_eval, from, now_s() - tr0,
+             got_train ? " (the train pairs' read back, the eval pairs' computed)" : "");
     return 0;
 }
 
@@ -521,7 +549,7 @@ static int resume_from(run *r, const ft_train_cfg *c, ft_ckpt_state *st, int64_t
     }
     free(saved);
     /* DPO: the reference is the starting adapter, still in r->lora until the load below */
-    if (c->method == FT_METHOD_DPO) FT_TRY(dpo_reference(r, c, cb, user));
+    if (c->method == FT_METHOD_DPO) FT_TRY(dpo_reference(r, c, st, cb, user));
     rc = ft_ckpt_load(c->resume, st, NULL, &r->lora);
     if (rc < 0) return ft_err_prefix(rc, "--resume %s", c->resume);
     if (st->total_steps != want.total_steps || st->warmup_steps != want.warmup_steps)
@@ -988,7 +1016,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     int quant = FT_PACK_QUANT_BF16;
     char why[256];
     FT_TRY(choose_quant(r, c, T, &quant, why, sizeof why));
-    res->quant = quant;
+    res->quant = r->quant = quant;
     if (quant == FT_PACK_QUANT_NF4) FT_TRY(open_pack(r, c, cb, user));
     FT_TRY(setup_correction(r, c, quant, cb, user, res));
     if (r->pack && !r->be->ops->host_memory) {
@@ -1064,9 +1092,9 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         resume_eval_set(r, c, &st, cb, user);
         if (c->save_best) FT_TRY(resume_best(r, c, &st, cb, user));
     } else {
-        if (dpo) FT_TRY(dpo_reference(r, c, cb, user));
-        if (c->save_best) ft_ckpt_adapter_cleanup(c->out, FT_CKPT_BEST_DIR, 1); /* an earlier run's */
         new_run_id(st.run_id, sizeof st.run_id);
+        if (dpo) FT_TRY(dpo_reference(r, c, &st, cb, user));
+        if (c->save_best) ft_ckpt_adapter_cleanup(c->out, FT_CKPT_BEST_DIR, 1); /* an earlier run's */
         eval_set_id(r, c, st.eval_set, sizeof st.eval_set);
         if (n_old > 0)
             info(cb, user, FT_EV_INFO, "note: %s holds %d checkpoint(s) of an earlier run (latest %s%lld); this run starts over and removes them at its first checkpoint (stop now and add --resume to continue that run instead)",

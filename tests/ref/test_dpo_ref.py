@@ -434,6 +434,31 @@ def test_init_adapter_is_the_reference(main_run, data, numpy_model, tmp_path):
     pol = pair_logps(cfg, R.apply_peft_adapter(cfg, w, str(out)), data["eval_rows"])
     check_final_eval(out, "sigmoid", 0.1, 0.0, pol, ref0, "init-adapter, reference base + adapter")
 
+    # `ftune eval --ref-adapter` scores that run as its training did: the same final eval loss,
+    # and numpy's against the base + adapter reference; without it (the base as the reference)
+    # the loss differs
+    ev = data["args"][data["args"].index("--eval-data") + 1]
+    args = ["eval", "--method", "dpo", "--model", TINY, "--adapter", str(out), "--data", ev,
+            "--seq-len", str(SEQ), "--threads", "2", "--device", DEVICE]
+    r = run_ftune(args + ["--ref-adapter", str(main_run)])
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    want = trl_dpo("sigmoid", 0.1, 0.0, pol, ref0)
+    print(f"ftune eval --ref-adapter: loss {got['loss']!r}, training's final eval "
+          f"{evals[-1]['eval_loss']!r}, numpy {want['eval_loss']!r}")
+    assert abs(got["loss"] - evals[-1]["eval_loss"]) <= TOL_LOSS_REL * evals[-1]["eval_loss"]
+    assert abs(got["loss"] - want["eval_loss"]) <= TOL_LOSS_REL * want["eval_loss"]
+    assert abs(got["rewards/accuracies"] - want["eval_rewards/accuracies"]) <= 1e-9
+    base_ref = json.loads(run_ftune(args).stdout)["loss"]
+    assert abs(base_ref - got["loss"]) > MOVED, (base_ref, got["loss"])
+    # a reference-free loss reads no reference; --ref-adapter without --method dpo is refused
+    for extra, needle in ((["--dpo-loss", "simpo"], "reference-free"), (None, "--method dpo")):
+        a = args + ["--ref-adapter", str(main_run)] + (extra or [])
+        if extra is None:
+            a = [x for x in a if x not in ("--method", "dpo")]
+        r = run_ftune(a)
+        assert r.returncode == 2 and needle in r.stderr, (r.returncode, r.stderr)
+
     # control: with dropout on, the first step's policy differs from the reference
     drop = tmp_path / "drop"
     train(drop, data["args"] + COMMON, "--init-adapter", main_run, "--max-steps", 1,

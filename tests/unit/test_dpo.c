@@ -34,6 +34,7 @@
 #include "src/core/rng.h"
 #include "src/model/model.h"
 #include "src/train/dpo.h"
+#include "src/train/dpo_refcache.h"
 #include "src/train/dpo_run.h"
 #include "src/train/trainer.h"
 #include "tests/unit/stream_fixture.h"
@@ -548,6 +549,7 @@ typedef struct trace {
     double loss[MAX_TRACE], gnorm[MAX_TRACE], eval[8];
     int64_t n, n_eval;
     int pref_seen;                  /* events carried the reward metrics */
+    int ref_read_back, ref_computed; /* info lines: the DPO reference read from OUT, computed */
     int64_t stop_at;
     volatile sig_atomic_t *stop;
 } trace;
@@ -563,6 +565,10 @@ static void on_event(const ft_train_event *ev, void *user)
         if (t->stop_at > 0 && ev->step == t->stop_at) *t->stop = 1;
     }
     if (ev->kind == FT_EV_EVAL && t->n_eval < 8) t->eval[t->n_eval++] = ev->eval_loss;
+    if (ev->kind == FT_EV_INFO && ev->text && strstr(ev->text, "reference log-probabilities of")) {
+        t->ref_read_back += strstr(ev->text, "read back from") != NULL;
+        t->ref_computed += strstr(ev->text, " in ") != NULL && !strstr(ev->text, "read back");
+    }
 }
 
 static void run_cfg(ft_train_cfg *c, const char *out, double beta, int loss_type)
@@ -665,6 +671,81 @@ static int same_adapter(const char *a, const char *b)
     return same;
 }
 
+/* OUT/dpo_reference.bin: read back only for the same run, backend and base; the eval part only
+ * for the same held-out set; a missing, truncated or corrupted file gives nothing (with the
+ * reason), never stale numbers. */
+static void test_reference_file(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir();
+    assert_non_null(dir);
+    ft_dpo_ref_key k;
+    memset(&k, 0, sizeof k);
+    snprintf(k.run_id, sizeof k.run_id, "0123456789abcdef");
+    snprintf(k.eval_set, sizeof k.eval_set, "fedcba9876543210");
+    snprintf(k.backend, sizeof k.backend, "cpu");
+    k.quant = 0;
+    double tr[6] = {1.5, 2.25, -0.0, 1e300, 3.0, 4.0}, ev[4] = {7.0, 8.5, 9.0, 10.0};
+    double gt[6], ge[4];
+    int a, b;
+    char why[600];
+    /* no file: nothing, no reason */
+    assert_int_equal(ft_dpo_ref_load(dir, &k, gt, 3, ge, 2, &a, &b, why, sizeof why), 0);
+    assert_true(!a && !b && !why[0]);
+    assert_int_equal(ft_dpo_ref_save(dir, &k, tr, 3, ev, 2), 0);
+    memset(gt, 0, sizeof gt), memset(ge, 0, sizeof ge);
+    assert_int_equal(ft_dpo_ref_load(dir, &k, gt, 3, ge, 2, &a, &b, why, sizeof why), 0);
+    assert_true(a && b);
+    assert_memory_equal(gt, tr, sizeof tr);
+    assert_memory_equal(ge, ev, sizeof ev);
+    /* another held-out set: the train part only */
+    ft_dpo_ref_key k2 = k;
+    k2.eval_set[0] = '9';
+    memset(ge, 0, sizeof ge);
+    assert_int_equal(ft_dpo_ref_load(dir, &k2, gt, 3, ge, 2, &a, &b, why, sizeof why), 0);
+    assert_true(a && !b && ge[0] == 0.0);
+    print_message("other eval set: %s\n", why);
+    assert_non_null(strstr(why, "held-out set"));
+    /* another run, backend, base or pair count: nothing */
+    const char *what[4] = {"run", "backend", "quant", "pairs"};
+    for (int w = 0; w < 4; w++) {
+        k2 = k;
+        int64_t np = 3;
+        if (w == 0) k2.run_id[3] = 'x';
+        if (w == 1) snprintf(k2.backend, sizeof k2.backend, "cuda");
+        if (w == 2) k2.quant = 1;
+        if (w == 3) np = 2;
+        assert_int_equal(ft_dpo_ref_load(dir, &k2, gt, np, ge, 2, &a, &b, why, sizeof why), 0);
+        print_message("other %s: %s\n", what[w], why);
+        assert_true(!a && !b && strstr(why, "another run"));
+    }
+    /* a flipped bit anywhere, or a truncation: nothing, with the reason */
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, FT_DPO_REF_FILE);
+    char *raw = NULL;
+    size_t len = 0;
+    assert_int_equal(ft_read_file(path, &raw, &len), 0);
+    assert_int_equal(len, 96 + 10 * sizeof(double) + 8);
+    size_t at[4] = {20, 100, len - 3, 60};
+    for (int i = 0; i < 4; i++) {
+        raw[at[i]] ^= 0x10;
+        assert_int_equal(ft_write_file_atomic(path, raw, len), 0);
+        raw[at[i]] ^= 0x10;
+        assert_int_equal(ft_dpo_ref_load(dir, &k, gt, 3, ge, 2, &a, &b, why, sizeof why), 0);
+        print_message("bit flipped at %zu: %s\n", at[i], why);
+        assert_true(!a && !b && strstr(why, "checksum"));
+    }
+    assert_int_equal(ft_write_file_atomic(path, raw, len - 8), 0);
+    assert_int_equal(ft_dpo_ref_load(dir, &k, gt, 3, ge, 2, &a, &b, why, sizeof why), 0);
+    print_message("truncated: %s\n", why);
+    assert_true(!a && !b && strstr(why, "size"));
+    assert_int_equal(ft_write_file_atomic(path, raw, 50), 0);
+    assert_int_equal(ft_dpo_ref_load(dir, &k, gt, 3, ge, 2, &a, &b, why, sizeof why), 0);
+    assert_true(!a && !b && strstr(why, "truncated"));
+    free(raw);
+    assert_int_equal(t_rmtree(dir), 0);
+}
+
 static void test_resume_bit_identical(void **state)
 {
     (void)state;
@@ -702,8 +783,13 @@ static void test_resume_bit_identical(void **state)
     c.resume = ckpt;
     tp.stop_at = 0;
     tp.n_eval = 0;
+    assert_int_equal(tp.ref_computed, 1);
+    tp.ref_computed = 0;
     train_ok(&c, &tp, &res);
     assert_int_equal(res.resumed_from, 2);
+    /* the resume read the reference back from OUT/dpo_reference.bin (no second pass) */
+    assert_int_equal(tp.ref_read_back, 1);
+    assert_int_equal(tp.ref_computed, 0);
     assert_int_equal(tp.n, RUN_STEPS);
     for (int s = 0; s < RUN_STEPS; s++)
         print_message("step %d: loss %.17g (uninterrupted) %.17g (resumed)\n", s + 1, tf.loss[s], tp.loss[s]);
@@ -853,6 +939,7 @@ int main(void)
         cmocka_unit_test(test_streamed_same_as_resident),
         cmocka_unit_test(test_reference_by_pair_index),
         cmocka_unit_test(test_run),
+        cmocka_unit_test(test_reference_file),
         cmocka_unit_test(test_resume_bit_identical),
         cmocka_unit_test(test_resume_epochs_and_init_adapter),
         cmocka_unit_test(test_bad_settings_refused),

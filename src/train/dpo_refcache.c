@@ -1,0 +1,119 @@
+/* dpo_refcache.c - OUT/dpo_reference.bin (see dpo_refcache.h). */
+#include "src/train/dpo_refcache.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/core/err.h"
+#include "src/core/fsutil.h"
+#include "src/train/checkpoint.h"
+
+#define MAGIC "FTDPOREF"
+#define VERSION 1u
+#define HEADER 96
+
+/* The fixed-size header fields (dpo_refcache.h's layout). */
+typedef struct {
+    char magic[8];
+    uint32_t version, zero;
+    char run_id[24], eval_set[20], backend[16];
+    int32_t quant;
+    int64_t np_train, np_eval;
+} header;
+_Static_assert(sizeof(header) == HEADER, "dpo_reference.bin header layout");
+
+static void key_fields(header *h, const ft_dpo_ref_key *k)
+{
+    memset(h, 0, sizeof *h);
+    memcpy(h->magic, MAGIC, 8);
+    h->version = VERSION;
+    snprintf(h->run_id, sizeof h->run_id, "%s", k->run_id);
+    snprintf(h->eval_set, sizeof h->eval_set, "%s", k->eval_set);
+    snprintf(h->backend, sizeof h->backend, "%s", k->backend);
+    h->quant = k->quant;
+}
+
+int ft_dpo_ref_save(const char *out_dir, const ft_dpo_ref_key *k, const double *train,
+                    int64_t np_train, const double *eval, int64_t np_eval)
+{
+    char path[4096];
+    FT_TRY(ft_path_join(path, sizeof path, out_dir, FT_DPO_REF_FILE));
+    size_t nt = (size_t)(2 * np_train), ne = (size_t)(2 * np_eval);
+    size_t len = HEADER + (nt + ne) * sizeof(double) + sizeof(uint64_t);
+    unsigned char *buf = malloc(len);
+    if (!buf) return ft_err(-ENOMEM, "%s: out of memory (%zu bytes)", path, len);
+    header h;
+    key_fields(&h, k);
+    h.np_train = np_train;
+    h.np_eval = np_eval;
+    memcpy(buf, &h, HEADER);
+    if (nt) memcpy(buf + HEADER, train, nt * sizeof(double));
+    if (ne) memcpy(buf + HEADER + nt * sizeof(double), eval, ne * sizeof(double));
+    uint64_t sum = ft_ckpt_hash(FT_CKPT_HASH_INIT, buf, len - sizeof sum);
+    memcpy(buf + len - sizeof sum, &sum, sizeof sum);
+    int rc = ft_write_file_atomic(path, buf, len);
+    free(buf);
+    return rc;
+}
+
+int ft_dpo_ref_load(const char *out_dir, const ft_dpo_ref_key *k, double *train, int64_t np_train,
+                    double *eval, int64_t np_eval, int *got_train, int *got_eval, char *why,
+                    size_t n)
+{
+    *got_train = *got_eval = 0;
+    snprintf(why, n, "%s", "");
+    char path[4096];
+    if (ft_path_join(path, sizeof path, out_dir, FT_DPO_REF_FILE) < 0) return 0;
+    char *data = NULL;
+    size_t len = 0;
+    int rc = ft_read_file(path, &data, &len);
+    if (rc == -ENOMEM) return ft_err(rc, "%s: out of memory reading it", path);
+    if (rc < 0) {
+        if (rc != -ENOENT) snprintf(why, n, "%s", ft_errmsg());
+        return 0;
+    }
+    header h, want;
+    key_fields(&want, k);
+    uint64_t sum, got;
+    if (len < HEADER + sizeof sum) {
+        snprintf(why, n, "%s: truncated (%zu bytes)", path, len);
+        goto out;
+    }
+    memcpy(&h, data, HEADER);
+    memcpy(&sum, data + len - sizeof sum, sizeof sum);
+    if (memcmp(h.magic, MAGIC, 8) || h.version != VERSION) {
+        snprintf(why, n, "%s: not a version %u DPO reference file", path, VERSION);
+        goto out;
+    }
+    if (h.np_train < 0 || h.np_eval < 0 || h.np_train > (int64_t)(len / 16) ||
+        h.np_eval > (int64_t)(len / 16) ||
+        len != HEADER + (size_t)(2 * (h.np_train + h.np_eval)) * sizeof(double) + sizeof sum) {
+        snprintf(why, n, "%s: %zu bytes, not the size its header gives", path, len);
+        goto out;
+    }
+    if ((got = ft_ckpt_hash(FT_CKPT_HASH_INIT, data, len - sizeof sum)) != sum) {
+        snprintf(why, n, "%s: checksum mismatch (stored %016llx, computed %016llx)", path,
+                 (unsigned long long)sum, (unsigned long long)got);
+        goto out;
+    }
+    if (memcmp(h.run_id, want.run_id, sizeof h.run_id) || memcmp(h.backend, want.backend, sizeof h.backend) ||
+        h.quant != want.quant || h.np_train != np_train) {
+        snprintf(why, n, "%s: of another run, backend or base (run %.23s on %.15s)", path, h.run_id, h.backend);
+        goto out;
+    }
+    if (np_train) memcpy(train, data + HEADER, (size_t)(2 * np_train) * sizeof(double));
+    *got_train = 1;
+    if (!memcmp(h.eval_set, want.eval_set, sizeof h.eval_set) && h.np_eval == np_eval) {
+        if (np_eval)
+            memcpy(eval, data + HEADER + (size_t)(2 * np_train) * sizeof(double),
+                   (size_t)(2 * np_eval) * sizeof(double));
+        *got_eval = 1;
+    } else {
+        snprintf(why, n, "%s: its eval part is of another held-out set", path);
+    }
+out:
+    free(data);
+    return 0;
+}
