@@ -318,15 +318,16 @@ typedef struct ft_pack_ensure_info {
  * else the cached file is reused when it opens, its identity and settings match and every
  * checksum verifies (skipped when its verification stamp matches: info->verified);
  * otherwise it is (re)built, with the reason in info->reason ("block 3:
- * checksum ..."). force != 0 always rebuilds. Safetensors are streamed tensor by tensor;
- * a GGUF file is loaded (dequantized) first. Returns 0 or an error. */
+ * checksum ..."). force != 0 always rebuilds. Safetensors are streamed tensor by tensor, and
+ * a GGUF file's tensors dequantized row range by row range as the builder asks
+ * (ft_gguf_hf_rows), so memory stays bounded by a layer. Returns 0 or an error. */
 int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_settings *s,
                    int force, ft_pack_ensure_info *info);
 
 /* ft_pack_ensure for a model the caller has loaded already (ft_model_load of the same
- * path): a GGUF file is then packed from `loaded`'s fp32 weights instead of being loaded a
- * second time. loaded may be NULL (same as ft_pack_ensure); a folder is always streamed
- * from its safetensors. */
+ * path): a GGUF model with its weights in memory is packed from `loaded`'s fp32 weights (the
+ * same bytes as streaming it). loaded may be NULL or without weights (ft_model_load_deferred):
+ * then as ft_pack_ensure; a folder is always streamed from its safetensors. */
 int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
                           const ft_pack_settings *s, int force, ft_pack_ensure_info *info);
 

@@ -191,6 +191,34 @@ static int gguf_read_f32(void *user, int64_t l, int role, int64_t row0, int64_t 
     return 0;
 }
 
+/* ---- GGUF source streamed from the file (no fp32 model in memory) --------------------------- */
+
+typedef struct gguf_src {
+    const ft_gguf *g;
+    const ft_model_config *cfg;
+} gguf_src;
+
+/* Rows of a role's tensor, dequantized from the mapped file as the loader would
+ * (ft_gguf_hf_rows): the pack equals the one built from a loaded model, byte for byte. */
+static int gguf_stream_f32(void *user, int64_t l, int role, int64_t row0, int64_t n_rows,
+                           int64_t cols, float *dst)
+{
+    gguf_src *s = user;
+    char name[256];
+    FT_TRY(hf_name(s->cfg, l, role, name, sizeof name));
+    return ft_gguf_hf_rows(s->g, s->cfg, name, row0, n_rows, cols, dst);
+}
+
+static void gguf_stream_release(void *user, int64_t l, int role)
+{
+    gguf_src *s = user;
+    char name[256];
+    int perm;
+    if (hf_name(s->cfg, l, role, name, sizeof name) < 0) return;
+    const ft_gguf_tensor *t = ft_gguf_hf_tensor(s->g, name, &perm);
+    if (t) drop_pages(t->data, t->nbytes);
+}
+
 /* A config.json text for a model whose config came from GGUF metadata. */
 static char *config_json_of(const ft_model_config *c)
 {
@@ -461,16 +489,27 @@ static int build_from(const char *model, const ft_model *loaded, const char *pat
 {
     int isdir = ft_is_dir(model);
     if (isdir < 0) return ft_err(isdir, "%s: cannot open model: %s", model, strerror(-isdir));
-    if (!isdir) {
-        ft_model *m = NULL;
-        if (!loaded) FT_TRY(ft_model_load(&m, model));
-        const ft_model *use = loaded ? loaded : m;
-        char *js = config_json_of(&use->cfg);
+    if (!isdir && loaded && loaded->embed) { /* a GGUF model in memory: its weights */
+        char *js = config_json_of(&loaded->cfg);
         int rc = js ? 0 : ft_err(-ENOMEM, "out of memory");
-        ft_pack_src src = {(void *)use, gguf_read_f32, NULL, NULL};
-        if (!rc) rc = ft_pack_build(path, &use->cfg, js, strlen(js), identity, s, &src, st);
+        ft_pack_src src = {(void *)loaded, gguf_read_f32, NULL, NULL};
+        if (!rc) rc = ft_pack_build(path, &loaded->cfg, js, strlen(js), identity, s, &src, st);
         cJSON_free(js);
-        ft_model_free(m);
+        return rc;
+    }
+    if (!isdir) { /* a GGUF file, dequantized tensor by tensor as the builder asks */
+        ft_gguf *g;
+        FT_TRY(ft_gguf_open(&g, model));
+        ft_model_config cfg;
+        const char *arch;
+        int rc = ft_gguf_model_config(g, &cfg, &arch);
+        char *js = rc ? NULL : config_json_of(&cfg);
+        if (!rc && !js) rc = ft_err(-ENOMEM, "out of memory");
+        gguf_src gs = {g, &cfg};
+        ft_pack_src src = {&gs, gguf_stream_f32, NULL, gguf_stream_release};
+        if (!rc) rc = ft_pack_build(path, &cfg, js, strlen(js), identity, s, &src, st);
+        cJSON_free(js);
+        ft_gguf_close(g);
         return rc;
     }
     char p[4200], *json = NULL;

@@ -153,8 +153,9 @@ int64_t ft_model_n_params(const ft_model *m)
         n += 2 * c->hidden_size + (c->qk_norm ? 2 * c->head_dim : 0);
         for (int p = 0; p < FT_N_PROJ; p++) {
             /* a pack-only model has no bias arrays: the config says which exist */
-            int bias = m->pack_only[0] ? has_bias(c, p, strcmp(c->model_type, "qwen2") != 0)
-                                       : w->proj[p].b != NULL;
+            int bias = m->pack_only[0] || m->deferred
+                           ? has_bias(c, p, strcmp(c->model_type, "qwen2") != 0)
+                           : w->proj[p].b != NULL;
             n += w->proj[p].out_n * w->proj[p].in_n + (bias ? w->proj[p].out_n : 0);
         }
     }
@@ -245,6 +246,40 @@ static int same_shapes(const ft_model_config *a, const ft_model_config *b, char 
     return 1;
 }
 
+/* Frees the host weights of m (the model's shapes stay in m->cfg). */
+static void drop_weights(ft_model *m)
+{
+    model_priv *pv = m->priv;
+    if (pv) {
+        for (int64_t l = 0; l < pv->n_layer; l++) free(pv->layer[l]);
+        free(pv->layer);
+        free(pv->glob);
+        free(pv);
+    }
+    free(m->layers);
+    m->priv = NULL;
+    m->layers = NULL;
+    m->embed = m->final_norm = m->lm_head = NULL;
+}
+
+/* The shapes of m->cfg without weights (model.h's pack-only form): every projection's
+ * out_n/in_n, every array NULL. */
+static int shapes_only(ft_model *m)
+{
+    const ft_model_config *c = &m->cfg;
+    model_priv *pv = calloc(1, sizeof *pv);
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    if (!pv || !m->layers) {
+        free(pv);
+        return ft_err(-ENOMEM, "%s: out of memory", m->path);
+    }
+    m->priv = pv;
+    for (int64_t l = 0; l < c->num_hidden_layers; l++)
+        for (int q = 0; q < FT_N_PROJ; q++)
+            proj_dims(c, q, &m->layers[l].proj[q].out_n, &m->layers[l].proj[q].in_n);
+    return 0;
+}
+
 /* A folder of config.json + a pack (m->cfg loaded already): checks the pack's header, block
  * table and stored config, and gives the model shapes without weights (model.h). */
 static int load_pack_only(ft_model *m, const char *dir, const char *pack)
@@ -259,17 +294,7 @@ static int load_pack_only(ft_model *m, const char *dir, const char *pack)
                     pack, what);
     ft_pack_close(p);
     FT_TRY(rc);
-    const ft_model_config *c = &m->cfg;
-    model_priv *pv = calloc(1, sizeof *pv);
-    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
-    if (!pv || !m->layers) {
-        free(pv);
-        return ft_err(-ENOMEM, "%s: out of memory", dir);
-    }
-    m->priv = pv;
-    for (int64_t l = 0; l < c->num_hidden_layers; l++)
-        for (int q = 0; q < FT_N_PROJ; q++)
-            proj_dims(c, q, &m->layers[l].proj[q].out_n, &m->layers[l].proj[q].in_n);
+    FT_TRY(shapes_only(m));
     if (snprintf(m->pack_only, sizeof m->pack_only, "%s", pack) >= (int)sizeof m->pack_only)
         return ft_err(FT_E_RANGE, "%s: path too long", pack);
     return 0;
@@ -311,7 +336,9 @@ int ft_model_load_pack_globals(ft_model *m)
     return 0;
 }
 
-static int load_hf(ft_model *m, const char *dir)
+/* A Hugging Face folder (or a pack-only one). defer: check every tensor, read none (the
+ * shapes-only form, m->deferred = 1). */
+static int load_hf(ft_model *m, const char *dir, int defer)
 {
     char p[4200];
     FT_TRY(ft_path_join(p, sizeof p, dir, "config.json"));
@@ -336,7 +363,7 @@ static int load_hf(ft_model *m, const char *dir)
                     "attention_bias", dir);
     /* pass 0 checks every name, shape and dtype before anything is allocated (so the
      * allocation is bounded by the files' sizes); pass 1 converts */
-    for (int pass = 0; pass < 2 && !rc; pass++) {
+    for (int pass = 0; pass < (defer ? 1 : 2) && !rc; pass++) {
         if (pass == 1 && (rc = carve(m, o_bias)) < 0) break;
 #define DST(x) (pass ? (x) : NULL)
         rc = hf_tensor(s, dir, "model.embed_tokens.weight", 2, V, C, DST(m->embed));
@@ -377,6 +404,10 @@ static int load_hf(ft_model *m, const char *dir)
 #undef DST
     }
     ft_st_set_close(s);
+    if (!rc && defer) {
+        rc = shapes_only(m);
+        m->deferred = !rc;
+    }
     return rc;
 }
 
@@ -604,7 +635,8 @@ static int gguf_tensor(const ft_gguf *g, const char *name, int64_t rows, int64_t
     return 0;
 }
 
-static int load_gguf(ft_model *m, const char *path)
+/* A GGUF file. defer: check every tensor, read none (the shapes-only form, m->deferred). */
+static int load_gguf(ft_model *m, const char *path, int defer)
 {
     ft_gguf *g;
     FT_TRY(ft_gguf_open(&g, path));
@@ -618,7 +650,7 @@ static int load_gguf(ft_model *m, const char *path)
     const int64_t C = c->hidden_size, V = c->vocab_size, D = c->head_dim;
     char name[128];
     /* pass 0 checks names, shapes and types before allocating; pass 1 dequantizes */
-    for (int pass = 0; pass < 2 && !rc; pass++) {
+    for (int pass = 0; pass < (defer ? 1 : 2) && !rc; pass++) {
         if (pass == 1) {
             if ((rc = carve(m, o_bias)) < 0) break;
             int64_t out, in;
@@ -659,7 +691,111 @@ static int load_gguf(ft_model *m, const char *path)
     }
     free(tmp);
     ft_gguf_close(g);
+    if (!rc && defer) {
+        rc = shapes_only(m);
+        m->deferred = !rc;
+    }
     return rc;
+}
+
+/* ---- HF tensors of a GGUF model, by rows (a pack built from the file) -------------------- */
+
+/* Numbers "model.layers.N." off an HF name: N into *layer and the rest into *rest. */
+static int hf_layer_part(const char *hf, int64_t *layer, const char **rest)
+{
+    const char *pre = "model.layers.";
+    size_t np = strlen(pre);
+    if (strncmp(hf, pre, np) || hf[np] < '0' || hf[np] > '9') return 0;
+    char *end;
+    long long l = strtoll(hf + np, &end, 10);
+    if (*end != '.') return 0;
+    *layer = l;
+    *rest = end + 1;
+    return 1;
+}
+
+const ft_gguf_tensor *ft_gguf_hf_tensor(const ft_gguf *g, const char *hf_name, int *permuted)
+{
+    static const char *const glob[][2] = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                          {"model.norm.weight", "output_norm.weight"},
+                                          {"lm_head.weight", "output.weight"}};
+    static const char *const norms[][2] = {{"input_layernorm.weight", "attn_norm.weight"},
+                                           {"post_attention_layernorm.weight", "ffn_norm.weight"},
+                                           {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+                                           {"self_attn.k_norm.weight", "attn_k_norm.weight"}};
+    *permuted = 0;
+    char name[160];
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(hf_name, glob[k][0])) return ft_gguf_find_tensor(g, glob[k][1]);
+    int64_t l;
+    const char *rest;
+    if (!hf_layer_part(hf_name, &l, &rest)) return NULL;
+    for (int k = 0; k < 4; k++)
+        if (!strcmp(rest, norms[k][0])) {
+            snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, norms[k][1]);
+            return ft_gguf_find_tensor(g, name);
+        }
+    for (int p = 0; p < FT_N_PROJ; p++) {
+        char w[96];
+        snprintf(w, sizeof w, "%s.%s.", ft_proj_parent[p], ft_proj_name[p]);
+        size_t nw = strlen(w);
+        if (strncmp(rest, w, nw) || (strcmp(rest + nw, "weight") && strcmp(rest + nw, "bias")))
+            continue;
+        snprintf(name, sizeof name, "blk.%lld.%s.%s", (long long)l, k_gguf_proj[p], rest + nw);
+        const char *arch = NULL;
+        /* llama.cpp interleaves q/k rows for arch llama's NORM rope (formats.md 2.4) */
+        *permuted = (p == FT_Q || p == FT_K) && !ft_gguf_get_str(g, "general.architecture", &arch) &&
+                    !strcmp(arch, "llama");
+        return ft_gguf_find_tensor(g, name);
+    }
+    return NULL;
+}
+
+int ft_gguf_hf_rows(const ft_gguf *g, const ft_model_config *c, const char *hf_name, int64_t row0,
+                    int64_t n_rows, int64_t cols, float *dst)
+{
+    const char *path = ft_gguf_path(g);
+    int perm;
+    const ft_gguf_tensor *t = ft_gguf_hf_tensor(g, hf_name, &perm);
+    if (!t) return ft_err(FT_E_INVALID, "%s: no tensor for \"%s\"", path, hf_name);
+    int two_d = cols > 1 || t->n_dims == 2;
+    int64_t rows = two_d ? t->ne[1] : t->ne[0];
+    if ((two_d && (t->n_dims != 2 || t->ne[0] != cols)) || (!two_d && t->n_dims != 1) ||
+        row0 < 0 || n_rows < 0 || row0 + n_rows > rows)
+        return ft_err(FT_E_INVALID, "%s: tensor \"%s\" (ne %lld x %lld): rows [%lld, %lld) of %lld "
+                      "values asked for", path, t->name, (long long)t->ne[0], (long long)t->ne[1],
+                      (long long)row0, (long long)(row0 + n_rows), (long long)cols);
+    if (!ft_quant_can_dequant(t->type))
+        return ft_err(FT_E_UNSUPPORTED, "%s: tensor \"%s\" has ggml type %s (%d); supported: "
+                      FT_QUANT_DEQUANT_LIST, path, t->name, ft_quant_name(t->type), t->type);
+    const int64_t D = c->head_dim, half = D / 2;
+    if (perm && (D < 2 || rows % D))
+        return ft_err(FT_E_INVALID, "%s: tensor \"%s\": %lld rows are not whole heads of %lld",
+                      path, t->name, (long long)rows, (long long)D);
+    if (!two_d) { /* a norm or bias: small, dequantized whole */
+        float *tmp = alloc_floats(rows, path);
+        if (!tmp) return -ENOMEM;
+        int rc = ft_gguf_tensor_f32(g, t, tmp);
+        for (int64_t k = 0; !rc && k < n_rows; k++) {
+            int64_t r = row0 + k, h = r / (D ? D : 1), e = r % (D ? D : 1);
+            dst[k] = tmp[perm ? h * D + 2 * (e % half) + e / half : r];
+        }
+        free(tmp);
+        return rc;
+    }
+    int64_t rb = ft_quant_bytes(t->type, cols);
+    if (rb < 0)
+        return ft_err(FT_E_INVALID, "%s: tensor \"%s\": rows of %lld values are not whole %s blocks",
+                      path, t->name, (long long)cols, ft_quant_name(t->type));
+    for (int64_t k = 0; k < n_rows; k++) {
+        int64_t r = row0 + k, gr = r;
+        if (perm) { /* HF row h*D + j*half + i is GGUF row h*D + 2*i + j */
+            int64_t h = r / D, e = r % D;
+            gr = h * D + 2 * (e % half) + e / half;
+        }
+        FT_TRY(ft_quant_dequant(t->type, (const uint8_t *)t->data + gr * rb, dst + k * cols, cols));
+    }
+    return 0;
 }
 
 static int ends_with(const char *s, const char *suf)
@@ -668,7 +804,7 @@ static int ends_with(const char *s, const char *suf)
     return a >= b && !strcmp(s + a - b, suf);
 }
 
-int ft_model_load(ft_model **out, const char *path)
+static int model_load(ft_model **out, const char *path, int defer)
 {
     *out = NULL;
     int isdir = ft_is_dir(path);
@@ -682,10 +818,10 @@ int ft_model_load(ft_model **out, const char *path)
     }
     int rc;
     if (isdir) {
-        rc = load_hf(m, path);
+        rc = load_hf(m, path, defer);
     } else if (ends_with(path, ".gguf") || ends_with(path, ".GGUF")) {
         m->is_gguf = 1;
-        rc = load_gguf(m, path);
+        rc = load_gguf(m, path, defer);
     } else {
         /* a file without the extension: GGUF if it starts with the magic */
         FILE *f = fopen(path, "rb");
@@ -696,7 +832,7 @@ int ft_model_load(ft_model **out, const char *path)
         }
         if (!memcmp(mg, "GGUF", 4)) {
             m->is_gguf = 1;
-            rc = load_gguf(m, path);
+            rc = load_gguf(m, path, defer);
         } else {
             rc = ft_err(FT_E_UNSUPPORTED, "%s: expected a model folder (config.json + "
                         "*.safetensors) or a .gguf file", path);
@@ -708,6 +844,32 @@ int ft_model_load(ft_model **out, const char *path)
     }
     *out = m;
     return 0;
+}
+
+int ft_model_load(ft_model **out, const char *path)
+{
+    return model_load(out, path, 0);
+}
+
+int ft_model_load_deferred(ft_model **out, const char *path)
+{
+    return model_load(out, path, 1);
+}
+
+int ft_model_load_weights(ft_model *m)
+{
+    if (!m->deferred) return 0;
+    drop_weights(m);
+    m->deferred = 0;
+    return m->is_gguf ? load_gguf(m, m->path, 0) : load_hf(m, m->path, 0);
+}
+
+int ft_model_use_pack(ft_model *m, const char *pack)
+{
+    if (m->pack_only[0]) return 0;
+    drop_weights(m);
+    m->deferred = 0;
+    return load_pack_only(m, m->path, pack);
 }
 
 int ft_model_tokenizer(const ft_model *m, ft_tokenizer **out)

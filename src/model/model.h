@@ -2,7 +2,7 @@
  *
  * ft_model_load() accepts a Hugging Face folder (config.json + model.safetensors or a
  * sharded model.safetensors.index.json; F32/F16/BF16) or a GGUF file (formats.md 4.3;
- * F32/F16/BF16/Q8_0/Q4_0/Q4_1 dequantized at load, llama.cpp's q/k row permutation undone,
+ * the ggml types of src/model/quant.h dequantized at load, llama.cpp's q/k row permutation undone,
  * formats.md 2.4). Weights are converted to fp32 host arrays in HF layout: every linear
  * is (out, in) row-major, y = x W^T (+ b).
  */
@@ -55,6 +55,10 @@ typedef struct ft_model {
      * ft_model_load_pack_globals; the weights are read from the pack by the executor
      * (ft_exec_use_pack) and ft_pack_read_global. */
     char pack_only[4096];
+    /* 1 while a model from ft_model_load_deferred has no host weights yet (the pack-only
+     * form above without a pack): ft_model_load_weights reads them, ft_model_use_pack
+     * hands the base to a pack. */
+    int deferred;
 } ft_model;
 
 /* Loads a model folder or .gguf file. Errors name the file and offset/key:
@@ -68,6 +72,21 @@ typedef struct ft_model {
  * On success the caller owns *out and frees it with ft_model_free(). */
 int ft_model_load(ft_model **out, const char *path);
 void ft_model_free(ft_model *m); /* NULL-safe */
+
+/* As ft_model_load, but a Hugging Face folder's weights are only checked (names, shapes,
+ * dtypes: the same errors), not read: the model has the pack-only form's shapes and
+ * m->deferred = 1, for a run whose base may come from a pack (QLoRA), so host memory never
+ * holds the fp32 base (a 70B model is 280 GB of fp32). A GGUF file likewise (its tensors
+ * checked, none dequantized); a pack-only folder loads as with ft_model_load (deferred 0). */
+int ft_model_load_deferred(ft_model **out, const char *path);
+/* Reads the weights of a deferred model (no-op for any other). Returns ft_model_load's
+ * errors (-ENOMEM among them). */
+int ft_model_load_weights(ft_model *m);
+/* Makes m a pack-only model of the pack file `pack` (model.h's pack_only: the executor reads
+ * every weight, embeddings and norms included, from the pack), freeing its host weights if
+ * it had any: a QLoRA run once its pack is ready. No-op on a pack-only model. Returns 0,
+ * FT_E_INVALID (the pack's stored config has other shapes), or the pack's open errors. */
+int ft_model_use_pack(ft_model *m, const char *pack);
 
 /* 0 when m has host weights; for a pack-only model FT_E_UNSUPPORTED naming the folder and
  * `what` ("generate", "merge", ...): only training/eval through the executor read it. */
@@ -87,6 +106,22 @@ int ft_model_load_pack_globals(ft_model *m);
  * FT_E_UNSUPPORTED (architecture, rope type, partial rotary). */
 struct ft_gguf;
 int ft_gguf_model_config(const struct ft_gguf *g, ft_model_config *c, const char **arch);
+
+/* The GGUF tensor that holds the Hugging Face tensor hf_name ("model.layers.3.self_attn.
+ * q_proj.weight", "model.embed_tokens.weight", ...; gguf-py's TENSOR_NAMES, formats.md 4.2),
+ * or NULL; *permuted = 1 when its rows are in llama.cpp's interleaved q/k order (arch llama,
+ * q and k projections: formats.md 2.4). */
+struct ft_gguf_tensor;
+const struct ft_gguf_tensor *ft_gguf_hf_tensor(const struct ft_gguf *g, const char *hf_name,
+                                               int *permuted);
+/* Rows [row0, row0 + n_rows) of hf_name (cols values each; cols = 1 for a 1-D tensor) as fp32
+ * into dst: the values ft_model_load gives that tensor (dequantized, the q/k permutation
+ * undone with c->head_dim), reading only those rows of a 2-D tensor (each row is whole ggml
+ * blocks). For a pack built from a GGUF file without the fp32 model in memory. Returns 0,
+ * FT_E_INVALID (no such tensor; another shape; rows out of range; rows not whole blocks),
+ * FT_E_UNSUPPORTED (a type ftune cannot dequantize), -ENOMEM. */
+int ft_gguf_hf_rows(const struct ft_gguf *g, const ft_model_config *c, const char *hf_name,
+                    int64_t row0, int64_t n_rows, int64_t cols, float *dst);
 
 /* The model's tokenizer: DIR/tokenizer.json (+ tokenizer_config.json) for a folder, the
  * tokenizer.ggml.* metadata for a GGUF file (ft_tok_from_spec). Returns 0 or an error

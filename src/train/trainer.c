@@ -901,7 +901,9 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     FT_TRY(check_finite_cfg(c));
     if (!c->model) return ft_err(FT_E_INVALID, "missing --model");
     if (!c->data || c->n_data < 1) return ft_err(FT_E_INVALID, "missing --data");
-    FT_TRY(ft_model_load(&r->model, c->model));
+    /* the weights are read once the base's quantization is known: a QLoRA base comes from the
+     * pack, built by streaming the safetensors, so the fp32 model is never in host memory */
+    FT_TRY(ft_model_load_deferred(&r->model, c->model));
     const ft_model_config *mc = &r->model->cfg;
     FT_TRY(ft_model_tokenizer(r->model, &r->tok));
     info(cb, user, FT_EV_INFO, "model %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %.1fM params (loaded in %.1f s)",
@@ -1017,8 +1019,19 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     char why[256];
     FT_TRY(choose_quant(r, c, T, &quant, why, sizeof why));
     res->quant = r->quant = quant;
-    if (quant == FT_PACK_QUANT_NF4) FT_TRY(open_pack(r, c, cb, user));
+    if (quant == FT_PACK_QUANT_NF4) {
+        /* a fresh --quant-correction is computed from the unquantized weights */
+        if (c->quant_correction && !c->resume) FT_TRY(ft_model_load_weights(r->model));
+        FT_TRY(open_pack(r, c, cb, user));
+    } else if (!c->plan_only) {
+        double tl = now_s();
+        FT_TRY(ft_model_load_weights(r->model));
+        info(cb, user, FT_EV_INFO, "model weights read in %.1f s", now_s() - tl);
+    }
     FT_TRY(setup_correction(r, c, quant, cb, user, res));
+    /* from here the base is the pack's: the host copy (a GGUF file's dequantized weights, or
+     * those the correction read) is freed */
+    if (r->pack) FT_TRY(ft_model_use_pack(r->model, ft_pack_path(r->pack)));
     if (r->pack && !r->be->ops->host_memory) {
         FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user));
         if (c->plan_only) return 0;

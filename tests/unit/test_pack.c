@@ -15,7 +15,11 @@
  *   or serial source, nor (init-model) the generator's SIMD kernel; the parallel exact sum
  *   equals ft_nf4_fsum;
  *   ft_pack_read_global / ft_pack_global_info: row ranges of the embeddings, final norm and
- *   LM head equal the bf16 safetensors values widened, tied head and bad ranges refused. */
+ *   LM head equal the bf16 safetensors values widened, tied head and bad ranges refused;
+ *   GGUF models: a pack streamed from the file (ft_gguf_hf_rows) is byte-identical to the
+ *   one built from the loaded model, whose weights the row reads give bit for bit; a
+ *   deferred load (ft_model_load_deferred) has the shapes and no weights until
+ *   ft_model_load_weights, and ft_model_use_pack turns a model into a pack-only one. */
 #include "tests/unit/harness.h"
 
 #include <fcntl.h>
@@ -31,6 +35,7 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
+#include "src/model/gguf.h"
 #include "src/model/init_model.h"
 #include "src/model/model.h"
 
@@ -669,6 +674,118 @@ static void test_build_invariance(void **state)
 }
 
 
+/* GGUF models (llama with the q/k permutation, qwen2 with biases, llama3 rope): the streamed
+ * pack equals the loaded model's pack byte for byte; ft_gguf_hf_rows gives the loaded
+ * weights' rows bit for bit (permuted rows included); deferred loading and use_pack. */
+static void test_gguf_stream(void **state)
+{
+    (void)state;
+    static const char *const models[] = {"tests/fixtures/gguf/tiny-llama.gguf",
+                                         "tests/fixtures/gguf/qwen2-tiny.gguf",
+                                         "tests/fixtures/gguf/rope-llama3.gguf"};
+    char *dir = t_tmpdir(), da[700], db[700];
+    assert_non_null(dir);
+    uint64_t x = 7;
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        ft_model *m = NULL, *d = NULL;
+        assert_int_equal(ft_model_load(&m, models[mi]), 0);
+        const ft_model_config *c = &m->cfg;
+        /* rows of every tensor of layer 0 (and the globals) against the loaded weights */
+        ft_gguf *g;
+        assert_int_equal(ft_gguf_open(&g, models[mi]), 0);
+        char name[256];
+        int n_perm = 0;
+        for (int p = 0; p < FT_N_PROJ + 3; p++) {
+            const float *want;
+            int64_t rows, cols;
+            if (p < FT_N_PROJ) {
+                const ft_linear *li = &m->layers[0].proj[p];
+                snprintf(name, sizeof name, "model.layers.0.%s.%s.weight", ft_proj_parent[p], ft_proj_name[p]);
+                want = li->w, rows = li->out_n, cols = li->in_n;
+            } else if (p == FT_N_PROJ) {
+                snprintf(name, sizeof name, "model.embed_tokens.weight");
+                want = m->embed, rows = c->vocab_size, cols = c->hidden_size;
+            } else if (p == FT_N_PROJ + 1) {
+                snprintf(name, sizeof name, "model.layers.0.input_layernorm.weight");
+                want = m->layers[0].attn_norm, rows = c->hidden_size, cols = 1;
+            } else {
+                if (!m->layers[0].proj[FT_Q].b) continue;
+                snprintf(name, sizeof name, "model.layers.0.self_attn.q_proj.bias");
+                want = m->layers[0].proj[FT_Q].b, rows = m->layers[0].proj[FT_Q].out_n, cols = 1;
+            }
+            int perm;
+            assert_non_null(ft_gguf_hf_tensor(g, name, &perm));
+            n_perm += perm;
+            for (int k = 0; k < 4; k++) { /* whole, then random row ranges */
+                int64_t r0 = k ? (int64_t)(ft_splitmix64(&x) % (uint64_t)rows) : 0;
+                int64_t n = k ? 1 + (int64_t)(ft_splitmix64(&x) % (uint64_t)(rows - r0)) : rows;
+                float *got = malloc((size_t)(n * cols) * sizeof *got);
+                assert_non_null(got);
+                assert_int_equal(ft_gguf_hf_rows(g, c, name, r0, n, cols, got), 0);
+                if (memcmp(got, want + r0 * cols, (size_t)(n * cols) * sizeof *got))
+                    fail_msg("%s: %s rows [%lld, %lld) differ from the loaded model's", models[mi],
+                             name, (long long)r0, (long long)(r0 + n));
+                free(got);
+            }
+            float one;
+            assert_int_equal(ft_gguf_hf_rows(g, c, name, rows, 1, cols, &one), FT_E_INVALID);
+        }
+        print_message("%s: layer 0 and globals read by rows as loaded (%d permuted tensors)\n",
+                      models[mi], n_perm);
+        float v1;
+        assert_int_equal(ft_gguf_hf_rows(g, c, "model.layers.0.mlp.nope.weight", 0, 1, 1, &v1), FT_E_INVALID);
+        ft_gguf_close(g);
+        /* the streamed pack == the loaded model's pack, both quantizations */
+        for (int quant = FT_PACK_QUANT_BF16; quant <= FT_PACK_QUANT_NF4; quant++) {
+            ft_pack_settings s;
+            ft_pack_settings_default(&s, quant);
+            ft_pack_ensure_info ia, ib;
+            snprintf(da, sizeof da, "%s/a%zu", dir, mi);
+            snprintf(db, sizeof db, "%s/b%zu", dir, mi);
+            assert_int_equal(ft_pack_ensure_loaded(models[mi], m, da, &s, 1, &ia), 0);
+            assert_int_equal(ft_pack_ensure_loaded(models[mi], NULL, db, &s, 1, &ib), 0);
+            if (!files_equal(ia.path, ib.path))
+                fail_msg("%s quant %d: the streamed pack differs from the loaded model's", models[mi], quant);
+        }
+        /* deferred: shapes, no weights, the same parameter count; then the weights as loaded */
+        assert_int_equal(ft_model_load_deferred(&d, models[mi]), 0);
+        assert_true(d->deferred && !d->embed && !d->layers[0].proj[FT_Q].w && !d->layers[0].attn_norm);
+        assert_int_equal(d->layers[0].proj[FT_DOWN].in_n, c->intermediate_size);
+        assert_int_equal(ft_model_n_params(d), ft_model_n_params(m));
+        assert_int_equal(ft_model_load_weights(d), 0);
+        assert_false(d->deferred);
+        const ft_linear *a = &m->layers[0].proj[FT_K], *b = &d->layers[0].proj[FT_K];
+        assert_memory_equal(a->w, b->w, (size_t)(a->out_n * a->in_n) * sizeof(float));
+        assert_memory_equal(m->embed, d->embed, (size_t)(c->vocab_size * c->hidden_size) * sizeof(float));
+        /* handed to the pack: pack-only, no host weights */
+        ft_pack_ensure_info ib;
+        ft_pack_settings s;
+        ft_pack_settings_default(&s, FT_PACK_QUANT_NF4);
+        assert_int_equal(ft_pack_ensure_loaded(models[mi], NULL, db, &s, 0, &ib), 0);
+        assert_int_equal(ib.action, FT_PACK_REUSED);
+        assert_int_equal(ft_model_use_pack(d, ib.path), 0);
+        assert_true(d->pack_only[0] && !d->embed && !d->layers[0].proj[FT_K].w);
+        assert_int_equal(ft_model_n_params(d), ft_model_n_params(m));
+        ft_model_free(d);
+        ft_model_free(m);
+    }
+    /* a safetensors folder deferred: the same */
+    ft_model *m = NULL, *d = NULL;
+    assert_int_equal(ft_model_load(&m, TINY), 0);
+    assert_int_equal(ft_model_load_deferred(&d, TINY), 0);
+    assert_true(d->deferred && !d->embed && !d->final_norm && !d->layers[1].proj[FT_UP].w);
+    assert_int_equal(ft_model_n_params(d), ft_model_n_params(m));
+    assert_int_equal(ft_model_load_weights(d), 0);
+    const ft_linear *a = &m->layers[1].proj[FT_UP], *b = &d->layers[1].proj[FT_UP];
+    assert_memory_equal(a->w, b->w, (size_t)(a->out_n * a->in_n) * sizeof(float));
+    ft_model_free(d);
+    ft_model_free(m);
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
 /* A write failing in the writer thread (file size limit: EFBIG, as a full disk would give
  * ENOSPC) comes back as the build's error with the offset; nothing is left behind. */
 static void test_build_write_error(void **state)
@@ -827,6 +944,7 @@ int main(void)
         cmocka_unit_test(test_init_model),
         cmocka_unit_test(test_read_global),
         cmocka_unit_test(test_build_invariance),
+        cmocka_unit_test(test_gguf_stream),
         cmocka_unit_test(test_build_write_error),
         cmocka_unit_test(test_init_invariance),
         cmocka_unit_test(test_sum_nonneg),
