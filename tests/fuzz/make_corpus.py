@@ -520,6 +520,14 @@ def gguf_corpus():
         data = open(tmp, "rb").read()
         os.remove(tmp)
         put("gguf", f"tiny_llama_tok_{model}.gguf", data)
+    # a loadable Llama whose weights are K-quants (and Q5_0/Q5_1/IQ4_NL/IQ4_XS): every
+    # dequantizer of quant.c through ft_model_load; the builder and its dims live in
+    # tests/ref/test_gguf_kquant.py (write_fuzz_seed)
+    from test_gguf_kquant import write_fuzz_seed
+    write_fuzz_seed(tmp)
+    data = open(tmp, "rb").read()
+    os.remove(tmp)
+    put("gguf", "kquant_tiny.gguf", data)
     # a header-only cut of the big fixture: every key/tensor info, no data
     big = open(os.path.join(REPO, "tests/fixtures/gguf/tiny-llama.gguf"), "rb").read()
     put("gguf", "tiny_llama_truncated.gguf", big[:4096])
