@@ -15,7 +15,7 @@
  * temporary name, fsynced and renamed.
  *
  * Inputs: an HF folder (config.json, *.safetensors or a sharded index; F32/F16/BF16) or a
- * GGUF file (llama/qwen2; F32/F16/BF16/Q8_0/Q4_0/Q4_1); a PEFT adapter folder checked
+ * GGUF file (llama/qwen2/qwen3; the types of src/model/quant.h); a PEFT adapter folder checked
  * against the base (ft_peft_open, ft_peft_check_base). Outputs:
  *  - safetensors: DIR/model.safetensors, or DIR/model-0000i-of-0000n.safetensors +
  *    model.safetensors.index.json when the tensors exceed shard_bytes (transformers'

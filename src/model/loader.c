@@ -599,6 +599,20 @@ int ft_gguf_model_config(const ft_gguf *g, ft_model_config *c, const char **arch
     return 0;
 }
 
+/* FT_E_CORRUPT naming the tensor and the element when one of n dequantized values is not
+ * finite: a model has none, so an inf or NaN (a corrupt scale, say) is refused at load
+ * rather than surfacing as NaN losses. first is the index of v[0] in the tensor. */
+static int check_finite(const char *path, const char *name, const float *v, int64_t n,
+                        int64_t first)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return ft_err(FT_E_CORRUPT, "%s: tensor \"%s\": element %lld dequantizes to %s (a "
+                          "corrupt file)", path, name, (long long)(first + i),
+                          isnan(v[i]) ? "NaN" : "infinity");
+    return 0;
+}
+
 /* Dequantizes tensor `name`, which must have ggml ne = [cols, rows] (HF (rows, cols)), or
  * ne = [rows] when cols == 0; with dst NULL only checks name, shape and type. If perm_heads > 0 the rows are un-permuted from llama.cpp's
  * interleaved q/k layout: hf_row[h*hd + j*hd/2 + i] = gguf_row[h*hd + 2*i + j]. */
@@ -624,8 +638,12 @@ static int gguf_tensor(const ft_gguf *g, const char *name, int64_t rows, int64_t
         return ft_err(FT_E_UNSUPPORTED, "%s: tensor \"%s\" has ggml type %s (%d); supported: "
                       FT_QUANT_DEQUANT_LIST, path, name, ft_quant_name(t->type), t->type);
     if (!dst) return 0; /* checking pass */
-    if (!head_dim) return ft_gguf_tensor_f32(g, t, dst);
+    if (!head_dim) {
+        FT_TRY(ft_gguf_tensor_f32(g, t, dst));
+        return check_finite(path, name, dst, t->n_elems, 0);
+    }
     FT_TRY(ft_gguf_tensor_f32(g, t, tmp));
+    FT_TRY(check_finite(path, name, tmp, t->n_elems, 0));
     const int64_t w = cols ? cols : 1, half = head_dim / 2, heads = rows / head_dim;
     for (int64_t h = 0; h < heads; h++)
         for (int64_t j = 0; j < 2; j++)
@@ -776,6 +794,7 @@ int ft_gguf_hf_rows(const ft_gguf *g, const ft_model_config *c, const char *hf_n
         float *tmp = alloc_floats(rows, path);
         if (!tmp) return -ENOMEM;
         int rc = ft_gguf_tensor_f32(g, t, tmp);
+        if (!rc) rc = check_finite(path, t->name, tmp, rows, 0);
         for (int64_t k = 0; !rc && k < n_rows; k++) {
             int64_t r = row0 + k, h = r / (D ? D : 1), e = r % (D ? D : 1);
             dst[k] = tmp[perm ? h * D + 2 * (e % half) + e / half : r];
@@ -794,6 +813,7 @@ int ft_gguf_hf_rows(const ft_gguf *g, const ft_model_config *c, const char *hf_n
             gr = h * D + 2 * (e % half) + e / half;
         }
         FT_TRY(ft_quant_dequant(t->type, (const uint8_t *)t->data + gr * rb, dst + k * cols, cols));
+        FT_TRY(check_finite(path, t->name, dst + k * cols, cols, gr * cols));
     }
     return 0;
 }

@@ -62,7 +62,8 @@ typedef struct ft_model {
 } ft_model;
 
 /* Loads a model folder or .gguf file. Errors name the file and offset/key:
- * -errno (missing path), FT_E_INVALID/FT_E_CORRUPT (bad header, offsets past the end,
+ * -errno (missing path), FT_E_INVALID/FT_E_CORRUPT (bad header, offsets past the end, a
+ * GGUF weight that dequantizes to inf or NaN,
  * missing tensors, shape mismatch), FT_E_UNSUPPORTED (dtype, architecture).
  * A folder with no *.safetensors and no index but model-nf4.ftpack (preferred) or
  * model-bf16.ftpack loads as a pack-only model (m->pack_only, above): the pack's header and
@@ -119,7 +120,8 @@ const struct ft_gguf_tensor *ft_gguf_hf_tensor(const struct ft_gguf *g, const ch
  * undone with c->head_dim), reading only those rows of a 2-D tensor (each row is whole ggml
  * blocks). For a pack built from a GGUF file without the fp32 model in memory. Returns 0,
  * FT_E_INVALID (no such tensor; another shape; rows out of range; rows not whole blocks),
- * FT_E_UNSUPPORTED (a type ftune cannot dequantize), -ENOMEM. */
+ * FT_E_UNSUPPORTED (a type ftune cannot dequantize), FT_E_CORRUPT (a value dequantizes to
+ * inf or NaN, as ft_model_load refuses it), -ENOMEM. */
 int ft_gguf_hf_rows(const struct ft_gguf *g, const ft_model_config *c, const char *hf_name,
                     int64_t row0, int64_t n_rows, int64_t cols, float *dst);
 

@@ -841,6 +841,62 @@ static void test_model_errors(void **state)
     expect_err(ft_model_load(&m, "/nonexistent/x.gguf"), -ENOENT, "/nonexistent/x.gguf", NULL);
 }
 
+/* A weight that dequantizes to NaN or infinity (a corrupt value or scale) is refused at load,
+ * and by the row reads a streamed pack uses, naming the tensor and the element. */
+static void test_nonfinite_weights(void **state)
+{
+    (void)state;
+    ft_gguf *g;
+    assert_int_equal(ft_gguf_open(&g, FIX "tiny-llama.gguf"), 0);
+    const ft_gguf_tensor *tn = ft_gguf_find_tensor(g, "blk.0.attn_norm.weight");
+    const ft_gguf_tensor *tq = ft_gguf_find_tensor(g, "blk.1.attn_v.weight");
+    assert_non_null(tn);
+    assert_non_null(tq);
+    assert_int_equal(tn->type, FT_GGML_F32);
+    assert_int_equal(tq->type, FT_GGML_Q4_0);
+    int64_t off_n = tn->file_offset, off_q = tq->file_offset;
+    ft_gguf_close(g);
+    char *all;
+    size_t len;
+    assert_int_equal(ft_read_file(FIX "tiny-llama.gguf", &all, &len), 0);
+    for (int k = 0; k < 2; k++) {
+        char *copy = malloc(len);
+        assert_non_null(copy);
+        memcpy(copy, all, len);
+        if (k == 0) { /* element 5 of an F32 norm: NaN */
+            uint32_t nan = 0x7fc00000u;
+            memcpy(copy + off_n + 5 * 4, &nan, 4);
+        } else { /* block 2's fp16 scale of a Q4_0 weight: +inf */
+            uint16_t inf = 0x7c00u;
+            memcpy(copy + off_q + 2 * 18, &inf, 2);
+        }
+        char *path = t_write_tmp("m.gguf", copy, len);
+        ft_model *m = NULL;
+        ft_err_clear();
+        expect_err(ft_model_load(&m, path), FT_E_CORRUPT,
+                   k ? "\"blk.1.attn_v.weight\"" : "\"blk.0.attn_norm.weight\"",
+                   k ? "element 64" : "element 5 dequantizes to NaN", "corrupt", NULL);
+        /* the streamed rows (a pack built from the file) refuse it too */
+        ft_model *d = NULL;
+        assert_int_equal(ft_model_load_deferred(&d, path), 0);
+        assert_int_equal(ft_gguf_open(&g, path), 0);
+        int64_t out = k ? d->layers[1].proj[FT_V].out_n : d->cfg.hidden_size;
+        int64_t cols = k ? d->layers[1].proj[FT_V].in_n : 1;
+        float *buf = malloc((size_t)(out * cols) * sizeof *buf);
+        assert_non_null(buf);
+        expect_err(ft_gguf_hf_rows(g, &d->cfg, k ? "model.layers.1.self_attn.v_proj.weight"
+                                                 : "model.layers.0.input_layernorm.weight",
+                                   0, out, cols, buf),
+                   FT_E_CORRUPT, "dequantizes to", NULL);
+        free(buf);
+        ft_gguf_close(g);
+        ft_model_free(d);
+        rm_tmp(path);
+        free(copy);
+    }
+    free(all);
+}
+
 /* ---- the example model (SmolLM2-135M-Instruct Q4_1) ---------------------------------------- */
 
 static double now(void)
@@ -959,6 +1015,7 @@ int main(void)
         cmocka_unit_test(test_rope_freqs_llama3),
         cmocka_unit_test(test_qwen2_gguf),
         cmocka_unit_test(test_model_errors),
+        cmocka_unit_test(test_nonfinite_weights),
         cmocka_unit_test(test_example_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
