@@ -498,18 +498,18 @@ static int build_from(const char *model, const ft_model *loaded, const char *pat
         return rc;
     }
     if (!isdir) { /* a GGUF file, dequantized tensor by tensor as the builder asks */
-        ft_gguf *g;
-        FT_TRY(ft_gguf_open(&g, model));
-        ft_model_config cfg;
-        const char *arch;
-        int rc = ft_gguf_model_config(g, &cfg, &arch);
-        char *js = rc ? NULL : config_json_of(&cfg);
+        ft_model *m = NULL; /* every tensor's name, shape and type checked, none read */
+        FT_TRY(ft_model_load_deferred(&m, model));
+        ft_gguf *g = NULL;
+        int rc = ft_gguf_open(&g, model);
+        char *js = rc ? NULL : config_json_of(&m->cfg);
         if (!rc && !js) rc = ft_err(-ENOMEM, "out of memory");
-        gguf_src gs = {g, &cfg};
+        gguf_src gs = {g, &m->cfg};
         ft_pack_src src = {&gs, gguf_stream_f32, NULL, gguf_stream_release};
-        if (!rc) rc = ft_pack_build(path, &cfg, js, strlen(js), identity, s, &src, st);
+        if (!rc) rc = ft_pack_build(path, &m->cfg, js, strlen(js), identity, s, &src, st);
         cJSON_free(js);
         ft_gguf_close(g);
+        ft_model_free(m);
         return rc;
     }
     char p[4200], *json = NULL;

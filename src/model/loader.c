@@ -887,6 +887,12 @@ int ft_model_load_weights(ft_model *m)
 int ft_model_use_pack(ft_model *m, const char *pack)
 {
     if (m->pack_only[0]) return 0;
+    ft_pack_file *p; /* checked before anything is dropped: on an error m is as it was */
+    FT_TRY(ft_pack_open(&p, pack, 0));
+    char what[256];
+    int same = same_shapes(&m->cfg, ft_pack_config(p), what, sizeof what);
+    ft_pack_close(p);
+    if (!same) return ft_err(FT_E_INVALID, "%s: %s does not match the model: %s", m->path, pack, what);
     drop_weights(m);
     m->deferred = 0;
     return load_pack_only(m, m->path, pack);

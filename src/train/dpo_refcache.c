@@ -12,7 +12,7 @@
 
 #define MAGIC "FTDPOREF"
 #define VERSION 1u
-#define HEADER 96
+#define HEADER 104
 
 /* The fixed-size header fields (dpo_refcache.h's layout). */
 typedef struct {
@@ -20,6 +20,7 @@ typedef struct {
     uint32_t version, zero;
     char run_id[24], eval_set[20], backend[16];
     int32_t quant;
+    uint64_t model_id;
     int64_t np_train, np_eval;
 } header;
 _Static_assert(sizeof(header) == HEADER, "dpo_reference.bin header layout");
@@ -33,6 +34,7 @@ static void key_fields(header *h, const ft_dpo_ref_key *k)
     snprintf(h->eval_set, sizeof h->eval_set, "%s", k->eval_set);
     snprintf(h->backend, sizeof h->backend, "%s", k->backend);
     h->quant = k->quant;
+    h->model_id = k->model_id;
 }
 
 int ft_dpo_ref_save(const char *out_dir, const ft_dpo_ref_key *k, const double *train,
@@ -99,8 +101,9 @@ int ft_dpo_ref_load(const char *out_dir, const ft_dpo_ref_key *k, double *train,
         goto out;
     }
     if (memcmp(h.run_id, want.run_id, sizeof h.run_id) || memcmp(h.backend, want.backend, sizeof h.backend) ||
-        h.quant != want.quant || h.np_train != np_train) {
-        snprintf(why, n, "%s: of another run, backend or base (run %.23s on %.15s)", path, h.run_id, h.backend);
+        h.quant != want.quant || h.model_id != want.model_id || h.np_train != np_train) {
+        snprintf(why, n, "%s: of another run, model, backend or base (run %.23s, model %016llx, on %.15s)",
+                 path, h.run_id, (unsigned long long)h.model_id, h.backend);
         goto out;
     }
     if (np_train) memcpy(train, data + HEADER, (size_t)(2 * np_train) * sizeof(double));

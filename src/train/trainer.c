@@ -483,6 +483,9 @@ static int dpo_reference(run *r, const ft_train_cfg *c, const ft_ckpt_state *st,
     eval_set_id(r, c, key.eval_set, sizeof key.eval_set);
     snprintf(key.backend, sizeof key.backend, "%s", r->be->ops->name);
     key.quant = r->quant;
+    /* the model itself: a resume may name another folder or file of the same shapes */
+    if (r->pack) key.model_id = ft_pack_header(r->pack)->identity;
+    else if (ft_pack_model_identity(c->model, &key.model_id) < 0) key.model_id = 0;
     int got_train = 0, got_eval = 0;
     char why[512] = "";
     if (c->resume)
@@ -1030,8 +1033,14 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     }
     FT_TRY(setup_correction(r, c, quant, cb, user, res));
     /* from here the base is the pack's: the host copy (a GGUF file's dequantized weights, or
-     * those the correction read) is freed */
-    if (r->pack) FT_TRY(ft_model_use_pack(r->model, ft_pack_path(r->pack)));
+     * those the correction read) is freed. A device backend uploads the embeddings and LM
+     * head from host arrays (widened from the pack's bf16), as it did before the pack-only
+     * form existed: the path measured on the GPU, and the one that takes tied embeddings
+     * (a pack-only folder keeps its own path). */
+    if (r->pack && !r->model->pack_only[0]) {
+        FT_TRY(ft_model_use_pack(r->model, ft_pack_path(r->pack)));
+        if (!r->be->ops->host_memory) FT_TRY(ft_model_load_pack_globals(r->model));
+    }
     if (r->pack && !r->be->ops->host_memory) {
         FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user));
         if (c->plan_only) return 0;

@@ -685,6 +685,7 @@ static void test_reference_file(void **state)
     snprintf(k.eval_set, sizeof k.eval_set, "fedcba9876543210");
     snprintf(k.backend, sizeof k.backend, "cpu");
     k.quant = 0;
+    k.model_id = 0x1234abcdull;
     double tr[6] = {1.5, 2.25, -0.0, 1e300, 3.0, 4.0}, ev[4] = {7.0, 8.5, 9.0, 10.0};
     double gt[6], ge[4];
     int a, b;
@@ -706,15 +707,16 @@ static void test_reference_file(void **state)
     assert_true(a && !b && ge[0] == 0.0);
     print_message("other eval set: %s\n", why);
     assert_non_null(strstr(why, "held-out set"));
-    /* another run, backend, base or pair count: nothing */
-    const char *what[4] = {"run", "backend", "quant", "pairs"};
-    for (int w = 0; w < 4; w++) {
+    /* another run, backend, base, model or pair count: nothing */
+    const char *what[5] = {"run", "backend", "quant", "pairs", "model"};
+    for (int w = 0; w < 5; w++) {
         k2 = k;
         int64_t np = 3;
         if (w == 0) k2.run_id[3] = 'x';
         if (w == 1) snprintf(k2.backend, sizeof k2.backend, "cuda");
         if (w == 2) k2.quant = 1;
         if (w == 3) np = 2;
+        if (w == 4) k2.model_id ^= 1;
         assert_int_equal(ft_dpo_ref_load(dir, &k2, gt, np, ge, 2, &a, &b, why, sizeof why), 0);
         print_message("other %s: %s\n", what[w], why);
         assert_true(!a && !b && strstr(why, "another run"));
@@ -725,8 +727,8 @@ static void test_reference_file(void **state)
     char *raw = NULL;
     size_t len = 0;
     assert_int_equal(ft_read_file(path, &raw, &len), 0);
-    assert_int_equal(len, 96 + 10 * sizeof(double) + 8);
-    size_t at[4] = {20, 100, len - 3, 60};
+    assert_int_equal(len, 104 + 10 * sizeof(double) + 8);
+    size_t at[4] = {20, 110, len - 3, 82};
     for (int i = 0; i < 4; i++) {
         raw[at[i]] ^= 0x10;
         assert_int_equal(ft_write_file_atomic(path, raw, len), 0);
