@@ -130,17 +130,12 @@ static int carve(ft_model *m, int o_bias)
     return 0;
 }
 
+static void drop_weights(ft_model *m);
+
 void ft_model_free(ft_model *m)
 {
     if (!m) return;
-    model_priv *pv = m->priv;
-    if (pv) {
-        for (int64_t l = 0; l < pv->n_layer; l++) free(pv->layer[l]);
-        free(pv->layer);
-        free(pv->glob);
-        free(pv);
-    }
-    free(m->layers);
+    drop_weights(m);
     free(m);
 }
 
