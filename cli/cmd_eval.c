@@ -93,7 +93,7 @@ static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapte
 
 /* The model, adapter and data of the command, then eval_tokens (dpo NULL) or eval_pairs. */
 static int run_eval(const char *model, const char *adapter, const char *ref_adapter,
-                    const ft_str_list *data, ft_data_cfg *dc,
+                    int nf4, const char *cache_dir, const ft_str_list *data, ft_data_cfg *dc,
                     int64_t batch, const char *device, int threads, const ft_dpo_cfg *dpo,
                     ft_dpo_stats *pst, double *loss, int64_t *tokens)
 {
@@ -101,7 +101,8 @@ static int run_eval(const char *model, const char *adapter, const char *ref_adap
     ft_tokenizer *tok = NULL;
     ft_dataset ds;
     memset(&ds, 0, sizeof ds);
-    int rc = ft_session_open(&s, model, adapter, 2, device, threads);
+    int rc = nf4 ? ft_session_open_nf4(&s, model, adapter, 2, device, threads, cache_dir)
+                 : ft_session_open(&s, model, adapter, 2, device, threads);
     if (!rc) rc = ft_model_tokenizer(s.model, &tok);
     if (!rc && dc->seq_len == 0)
         dc->seq_len = s.model->cfg.max_position_embeddings < 2048 ? s.model->cfg.max_position_embeddings : 2048;
@@ -118,6 +119,7 @@ static int run_eval(const char *model, const char *adapter, const char *ref_adap
 int ft_cmd_eval(int argc, char **argv)
 {
     const char *model = NULL, *adapter = NULL, *ref_adapter = NULL, *device = NULL;
+    const char *quant = "bf16", *cache_dir = NULL;
     ft_str_list data = {0};
     int64_t threads = 0, batch = 1;
     ft_data_cfg dc;
@@ -143,6 +145,8 @@ int ft_cmd_eval(int argc, char **argv)
         {"dpo-beta", FT_OPT_DBL, &dpo.beta, "with --method dpo: beta (default 0.1)"},
         {"dpo-label-smoothing", FT_OPT_DBL, &dpo.label_smoothing, "with --dpo-loss robust (default 0)"},
         {"simpo-gamma", FT_OPT_DBL, &dpo.simpo_gamma, "with --dpo-loss simpo (default 0.5)"},
+        {"quant", FT_OPT_STR, &quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (as `ftune train --quant nf4` trains QLoRA: the NF4 pack, built or reused under --cache-dir, and no fp32 copy of the model in memory; every layer on the device)", 0, "TYPE"},
+        {"cache-dir", FT_OPT_STR, &cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
         {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
         {NULL},
@@ -159,6 +163,11 @@ int ft_cmd_eval(int argc, char **argv)
     int is_dpo = !strcmp(method, "dpo");
     if (!is_dpo && strcmp(method, "sft")) {
         fprintf(stderr, "ftune: --method: unknown method '%s' (sft, dpo)\n", method);
+        ft_str_list_free(&data);
+        return 2;
+    }
+    if (strcmp(quant, "bf16") && strcmp(quant, "nf4")) {
+        fprintf(stderr, "ftune: --quant: unknown base quantization '%s' (bf16, nf4)\n", quant);
         ft_str_list_free(&data);
         return 2;
     }
@@ -184,7 +193,7 @@ int ft_cmd_eval(int argc, char **argv)
     double loss = NAN;
     int64_t tokens = 0;
     ft_dpo_stats st = {0};
-    rc = run_eval(model, adapter, ref_adapter, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
+    rc = run_eval(model, adapter, ref_adapter, !strcmp(quant, "nf4"), cache_dir, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
                   is_dpo ? &dpo : NULL, &st, &loss, &tokens);
     ft_str_list_free(&data);
     if (rc < 0) {

@@ -38,6 +38,33 @@ int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, i
     return ft_session_plan(s, T);
 }
 
+int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
+                        const char *device, int threads, const char *cache_dir)
+{
+    memset(s, 0, sizeof *s);
+    FT_TRY(ft_model_load_deferred(&s->model, model));
+    FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
+    if (!s->model->pack_only[0]) {
+        ft_pack_settings ps;
+        ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
+        ft_pack_ensure_info *pi = malloc(sizeof *pi);
+        if (!pi) return ft_err(-ENOMEM, "out of memory");
+        int rc = ft_pack_ensure_loaded(model, s->model, cache_dir, &ps, 0, pi);
+        if (!rc && pi->action != FT_PACK_REUSED)
+            fprintf(stderr, "ftune: pack: built %s\n", pi->path);
+        if (!rc) rc = ft_model_use_pack(s->model, pi->path);
+        free(pi);
+        FT_TRY(rc);
+        /* a device uploads host embeddings/LM head (tied ones too), as training does */
+        if (!s->be->ops->host_memory) FT_TRY(ft_model_load_pack_globals(s->model));
+    } else if (strstr(s->model->pack_only, "bf16")) {
+        return ft_err(FT_E_INVALID, "%s holds only the bf16 pack %s: --quant nf4 cannot be served",
+                      model, s->model->pack_only);
+    }
+    if (adapter_dir) FT_TRY(load_adapter(s, adapter_dir));
+    return ft_session_plan(s, T);
+}
+
 int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
 {
     if (s->has_ex) ft_exec_free(&s->ex); /* it holds the adapter */

@@ -26,6 +26,14 @@ typedef struct ft_session {
 int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
                     const char *device, int threads);
 
+/* ft_session_open with the base in NF4 as a QLoRA run trains it: the model is loaded deferred
+ * (no fp32 copy), its NF4 pack found or built under cache_dir (NULL: the default; offload/
+ * pack.h ft_pack_ensure_loaded, as `ftune train --quant nf4`), and every base weight read from
+ * the pack (embeddings and LM head as its bf16 copies). Every layer is placed on the device
+ * (no offload planner). Returns 0 or an error naming the file. */
+int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
+                        const char *device, int threads, const char *cache_dir);
+
 /* Replaces the session's adapter with the PEFT adapter in adapter_dir (NULL: none, the base
  * model) and re-plans the executor for T tokens. Returns 0 or an error naming the folder. */
 int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T);

@@ -183,6 +183,30 @@ def test_train_nf4_pack_cache(tmp_path):
     assert "base bf16" in plan4 and s4["initial_eval_loss"] != s1["initial_eval_loss"]
 
 
+def test_eval_nf4_matches_training(tmp_path):
+    """`ftune eval --quant nf4` scores an adapter on the NF4 base as QLoRA training does: the
+    training run's final eval loss (the same held-out file, the same packing) to the 6
+    printed decimals, where the bf16 base gives another; the pack is reused from --cache-dir."""
+    cache, out = tmp_path / "cache", tmp_path / "q"
+    r = run_ftune(["train", "--model", TINY, "--data", SEED_DATA, "--eval-data", SEED_DATA,
+                   "--quant", "nf4", "--cache-dir", cache, "--max-steps", "2", "--seq-len", "128",
+                   "--threads", "1", "--save-every", "0", "--out", out, "--quiet"])
+    assert r.returncode == 0, r.stderr
+    final = json.loads((out / "summary.json").read_text())["final_eval_loss"]
+    got = {}
+    for q in ("nf4", "bf16"):
+        r = run_ftune(["eval", "--model", TINY, "--adapter", out, "--data", SEED_DATA,
+                       "--seq-len", "128", "--threads", "1", "--quant", q, "--cache-dir", cache])
+        assert r.returncode == 0, r.stderr
+        assert "pack: built" not in r.stderr
+        got[q] = json.loads(r.stdout)["loss"]
+    print(f"final eval {final!r}; ftune eval --quant nf4 {got['nf4']}, bf16 {got['bf16']}")
+    assert abs(got["nf4"] - final) <= 1e-6  # printed with 6 decimals
+    assert abs(got["bf16"] - final) > 1e-5
+    r = run_ftune(["eval", "--model", TINY, "--data", SEED_DATA, "--quant", "int8"])
+    assert r.returncode == 2 and "bf16, nf4" in r.stderr
+
+
 def test_quant_flag_errors(tmp_path):
     r = run_ftune(["train", "--model", TINY, "--data", SEED_DATA, "--quant", "int8"])
     assert r.returncode == 2 and "nf4, bf16, auto" in r.stderr
