@@ -1022,9 +1022,13 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     char why[256];
     FT_TRY(choose_quant(r, c, T, &quant, why, sizeof why));
     res->quant = r->quant = quant;
+    if (quant == FT_PACK_QUANT_NF4 && c->quant_correction && c->init_adapter && !c->resume)
+        FT_TRY(setup_correction(r, c, quant, cb, user, res)); /* refuses, before any reading */
     if (quant == FT_PACK_QUANT_NF4) {
-        /* a fresh --quant-correction is computed from the unquantized weights */
-        if (c->quant_correction && !c->resume) FT_TRY(ft_model_load_weights(r->model));
+        /* a fresh --quant-correction is computed from the unquantized weights (refused with
+         * --init-adapter before they are read: setup_correction's message) */
+        if (c->quant_correction && !c->resume && !c->init_adapter)
+            FT_TRY(ft_model_load_weights(r->model));
         FT_TRY(open_pack(r, c, cb, user));
     } else if (!c->plan_only) {
         double tl = now_s();
