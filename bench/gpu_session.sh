@@ -6,11 +6,14 @@
 #              (.gpu/ must be in .git/info/exclude; carry .gpu/bundle.tar.xz, under 64 MiB)
 # There:       mkdir -p $OUT && bash bench/gpu_session.sh          (run's timeout_s: 600)
 #
-# Sections, in ORDER (default "tests 8b 70b bench unit"), each skipped when the DEADLINE
+# Sections, in ORDER (default "tests smoke 8b 70b bench unit"), each skipped when the DEADLINE
 # (default 560 s from the start) is too near, so the results are always packed into
 # $OUT/results.tgz (the tool brings back 8 files at most):
 #   tests  the GPU tests: tensor-core attention (FTUNE_ATTN=mma) and the NF4 dequant-fused GEMM
 #          against their CPU twins, the ops, NF4, the streamed tiers
+#   smoke  seconds each, through the trainer on the tiny model (tied embeddings): QLoRA on
+#          CUDA (the model handed to its pack, host embeddings uploaded), `ftune eval --quant
+#          nf4` of that adapter against the run's final eval, and 2 steps of DPO
 #   8b     the Llama-3-8B shape (random weights), seq 2048, batch 1, 4 steps each: bf16 LoRA
 #          with the cuBLAS-tile attention (default) and with FTUNE_ATTN=mma (issue 4); QLoRA
 #          with a bf16 copy per layer visit (default), FTUNE_NF4_GEMM=fused (with --profile),
@@ -23,11 +26,26 @@
 # Usage there: [ORDER="8b 70b"] [DEADLINE=560] [STEPS8=4] bash bench/gpu_session.sh
 DEFAULT_TESTS="test_cuda_attn test_cuda_nf4_gemm test_cuda_ops test_cuda_nf4 test_cuda_stream"
 LOG_LINES=10
-ORDER=${ORDER:-tests 8b 70b bench unit}
+ORDER=${ORDER:-tests smoke 8b 70b bench unit}
 case " $ORDER " in *" tests "*) ;; *) TESTS=none;; esac
 . "$(dirname "$0")/offload/common.sh"
 grep -hE "self-check|mma max err|max err|FAILED|Failure" $OUT/test_cuda_attn.log $OUT/test_cuda_nf4_gemm.log 2>/dev/null | tail -12
 S8=${STEPS8:-4}
+
+sec_smoke() {
+  [ "$(left)" -lt 60 ] && { echo "smoke: skipped ($(left) s left)"; return; }
+  local D=examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl TL=tests/fixtures/tiny-llama
+  timeout $(cap 60) $F train --model $TL --data $D --eval-data $D --quant nf4 --device cuda --max-steps 2 \
+    --seq-len 128 --cache-dir /tmp/smokecache --save-every 0 --out /tmp/o_smoke 2>&1 | tail -4 > $OUT/smoke.log
+  echo "train rc=${PIPESTATUS[0]}; final_eval_loss $(grep -o '"final_eval_loss":[^,]*' /tmp/o_smoke/summary.json)" >> $OUT/smoke.log
+  timeout $(cap 60) $F eval --model $TL --adapter /tmp/o_smoke --data $D --quant nf4 --device cuda --seq-len 128 \
+    --cache-dir /tmp/smokecache >> $OUT/smoke.log 2>&1; echo "eval --quant nf4 rc=$?" >> $OUT/smoke.log
+  timeout $(cap 60) $F train --model $TL --data examples/data/alpaca-seed-tasks/alpaca_seed_pref.jsonl --method dpo \
+    --device cuda --max-steps 2 --seq-len 128 --save-every 0 --out /tmp/o_smoke_dpo 2>&1 | tail -3 >> $OUT/smoke.log
+  echo "dpo rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
+  cat $OUT/smoke.log
+  stamp smoke
+}
 
 sec_8b() {
   M=/tmp/m8b
@@ -77,6 +95,7 @@ sec_unit() {
 for s in $ORDER; do
   case $s in
     tests) ;;
+    smoke) sec_smoke ;;
     8b) sec_8b ;;
     70b) sec_70b ;;
     bench) sec_bench ;;
