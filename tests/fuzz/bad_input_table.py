@@ -400,6 +400,18 @@ def _(d):
     return gguf_patch(d, f)
 
 
+@case("GGUF", "a weight that dequantizes to NaN (element 5 of an F32 norm)",
+      "test_gguf.c test_nonfinite_weights; fuzz_gguf")
+def _(d):
+    import gguf
+    t = [t for t in gguf.GGUFReader(str(GGUF_TOK)).tensors if t.name == "blk.0.attn_norm.weight"][0]
+    off = int(t.data_offset) + 5 * 4
+
+    def f(b):
+        b[off:off + 4] = struct.pack("<I", 0x7fc00000)
+    return gguf_patch(d, f)
+
+
 @case("GGUF", "llama.block_count missing (key renamed)", "test_gguf.c test_model_errors")
 def _(d):
     def f(b):
