@@ -1037,13 +1037,15 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     }
     FT_TRY(setup_correction(r, c, quant, cb, user, res));
     /* from here the base is the pack's: the host copy (a GGUF file's dequantized weights, or
-     * those the correction read) is freed. A device backend uploads the embeddings and LM
-     * head from host arrays (widened from the pack's bf16), as it did before the pack-only
-     * form existed: the path measured on the GPU, and the one that takes tied embeddings
-     * (a pack-only folder keeps its own path). */
+     * those the correction read) is freed, and the executor reads every weight from the pack
+     * as for a pack-only folder (on a device: the LM head uploaded, the embedding rows of
+     * each micro-batch gathered from the pack; the path of the 70B runs). A device takes tied
+     * embeddings from host arrays instead (widened from the pack's bf16; the LM head is then
+     * the whole table on the device, which the pack-only path does not do). */
     if (r->pack && !r->model->pack_only[0]) {
         FT_TRY(ft_model_use_pack(r->model, ft_pack_path(r->pack)));
-        if (!r->be->ops->host_memory) FT_TRY(ft_model_load_pack_globals(r->model));
+        if (!r->be->ops->host_memory && r->model->cfg.tie_word_embeddings)
+            FT_TRY(ft_model_load_pack_globals(r->model));
     }
     if (r->pack && !r->be->ops->host_memory) {
         FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user));
