@@ -101,8 +101,14 @@ static int run_eval(const char *model, const char *adapter, const char *ref_adap
     ft_tokenizer *tok = NULL;
     ft_dataset ds;
     memset(&ds, 0, sizeof ds);
-    int rc = nf4 ? ft_session_open_nf4(&s, model, adapter, 2, device, threads, cache_dir)
+    int qcorr = 0;
+    int rc = nf4 ? ft_session_open_nf4(&s, model, adapter, 2, device, threads, cache_dir, &qcorr)
                  : ft_session_open(&s, model, adapter, 2, device, threads);
+    /* the DPO reference swaps the adapter out, and the correction with it */
+    if (!rc && qcorr && dpo && !ft_dpo_reference_free(dpo->loss_type))
+        rc = ft_err(FT_E_UNSUPPORTED, "%s: --method dpo --quant nf4 with an adapter trained with "
+                    "--quant-correction is not supported yet (its reference is the corrected base)",
+                    adapter);
     if (!rc) rc = ft_model_tokenizer(s.model, &tok);
     if (!rc && dc->seq_len == 0)
         dc->seq_len = s.model->cfg.max_position_embeddings < 2048 ? s.model->cfg.max_position_embeddings : 2048;

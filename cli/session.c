@@ -8,6 +8,7 @@
 
 #include "adapters/peft.h"
 #include "src/core/err.h"
+#include "src/train/correction.h"
 #include "src/train/dpo.h"
 
 const char *ft_session_device(const char *opt)
@@ -38,10 +39,27 @@ int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, i
     return ft_session_plan(s, T);
 }
 
+/* The run folder whose quant_correction belongs to adapter_dir: adapter_dir itself (OUT), or
+ * its parent (OUT/best, OUT/checkpoint-N); 0 when neither has one. */
+static int qcorr_home(const char *adapter_dir, char *out, size_t n)
+{
+    char p[4300];
+    snprintf(out, n, "%s", adapter_dir);
+    for (int up = 0; up < 2; up++) {
+        snprintf(p, sizeof p, "%s/" FT_QCORR_DIR "/adapter_config.json", out);
+        if (access(p, F_OK) == 0) return 1;
+        char *slash = strrchr(out, '/');
+        if (!up && slash && slash[1]) *slash = 0;
+        else if (!up) snprintf(out, n, "%s", adapter_dir[0] == '/' ? "/" : ".");
+    }
+    return 0;
+}
+
 int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
-                        const char *device, int threads, const char *cache_dir)
+                        const char *device, int threads, const char *cache_dir, int *qcorr)
 {
     memset(s, 0, sizeof *s);
+    if (qcorr) *qcorr = 0;
     FT_TRY(ft_model_load_deferred(&s->model, model));
     FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
     if (!s->model->pack_only[0]) {
@@ -62,7 +80,16 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
         return ft_err(FT_E_INVALID, "%s holds only the bf16 pack %s: --quant nf4 cannot be served",
                       model, s->model->pack_only);
     }
-    if (adapter_dir) FT_TRY(load_adapter(s, adapter_dir));
+    if (adapter_dir) {
+        FT_TRY(load_adapter(s, adapter_dir));
+        char home[4200];
+        if (qcorr_home(adapter_dir, home, sizeof home)) {
+            FT_TRY(ft_correction_load(&s->lora, home));
+            fprintf(stderr, "ftune: the NF4 base with its quantization correction %s/" FT_QCORR_DIR
+                    " (the adapter was trained on it)\n", home);
+            if (qcorr) *qcorr = 1;
+        }
+    }
     return ft_session_plan(s, T);
 }
 

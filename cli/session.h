@@ -30,9 +30,12 @@ int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, i
  * (no fp32 copy), its NF4 pack found or built under cache_dir (NULL: the default; offload/
  * pack.h ft_pack_ensure_loaded, as `ftune train --quant nf4`), and every base weight read from
  * the pack (embeddings and LM head as its bf16 copies). Every layer is placed on the device
- * (no offload planner). Returns 0 or an error naming the file. */
+ * (no offload planner). An adapter trained with --quant-correction gets its frozen correction
+ * back (src/train/correction.h: adapter_dir/quant_correction, or that of the run folder above
+ * it, for OUT/best and OUT/checkpoint-N), as part of the base; *qcorr (may be NULL) is set to
+ * 1 then. Returns 0 or an error naming the file. */
 int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
-                        const char *device, int threads, const char *cache_dir);
+                        const char *device, int threads, const char *cache_dir, int *qcorr);
 
 /* Replaces the session's adapter with the PEFT adapter in adapter_dir (NULL: none, the base
  * model) and re-plans the executor for T tokens. Returns 0 or an error naming the folder. */

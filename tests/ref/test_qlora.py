@@ -207,6 +207,31 @@ def test_eval_nf4_matches_training(tmp_path):
     assert r.returncode == 2 and "bf16, nf4" in r.stderr
 
 
+def test_eval_nf4_with_correction(tmp_path):
+    """An adapter trained with --quant-correction: `ftune eval --quant nf4` adds the run's
+    frozen correction back to the NF4 base (OUT/quant_correction, also for OUT/checkpoint-N)
+    and gives the training run's final eval loss; DPO scoring of such an adapter is refused."""
+    cache, out = tmp_path / "cache", tmp_path / "qc"
+    r = run_ftune(["train", "--model", TINY, "--data", SEED_DATA, "--eval-data", SEED_DATA,
+                   "--quant", "nf4", "--quant-correction", "calibrated", "--cache-dir", cache,
+                   "--max-steps", "2", "--seq-len", "128", "--threads", "1", "--save-every", "1",
+                   "--keep", "0", "--out", out, "--quiet"])
+    assert r.returncode == 0, r.stderr
+    final = json.loads((out / "summary.json").read_text())["final_eval_loss"]
+    for a in (out, out / "checkpoint-2"):
+        r = run_ftune(["eval", "--model", TINY, "--adapter", a, "--data", SEED_DATA,
+                       "--seq-len", "128", "--threads", "1", "--quant", "nf4", "--cache-dir", cache])
+        assert r.returncode == 0, r.stderr
+        assert "quantization correction" in r.stderr
+        got = json.loads(r.stdout)["loss"]
+        print(f"{a.name}: ftune eval --quant nf4 {got}, training's final eval {final!r}")
+        assert abs(got - final) <= 1e-6
+    pref = ROOT / "examples" / "data" / "alpaca-seed-tasks" / "alpaca_seed_pref.jsonl"
+    r = run_ftune(["eval", "--method", "dpo", "--model", TINY, "--adapter", out, "--data", pref,
+                   "--seq-len", "128", "--threads", "1", "--quant", "nf4", "--cache-dir", cache])
+    assert r.returncode == 1 and "not supported yet" in r.stderr, r.stderr
+
+
 def test_quant_flag_errors(tmp_path):
     r = run_ftune(["train", "--model", TINY, "--data", SEED_DATA, "--quant", "int8"])
     assert r.returncode == 2 and "nf4, bf16, auto" in r.stderr
