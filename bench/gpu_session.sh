@@ -12,8 +12,9 @@
 #   tests  the GPU tests: tensor-core attention (FTUNE_ATTN=mma) and the NF4 dequant-fused GEMM
 #          against their CPU twins, the ops, NF4, the streamed tiers
 #   smoke  seconds each, through the trainer on the tiny model (tied embeddings): QLoRA on
-#          CUDA (the model handed to its pack, host embeddings uploaded), `ftune eval --quant
-#          nf4` of that adapter against the run's final eval, and 2 steps of DPO
+#          CUDA (the model handed to its pack, the tied table read from the pack into device
+#          memory), `ftune eval --quant nf4` of that adapter against the run's final eval, and
+#          2 steps of DPO
 #   8b     the Llama-3-8B shape (random weights), seq 2048, batch 1, 4 steps each: bf16 LoRA
 #          with the cuBLAS-tile attention (default) and with FTUNE_ATTN=mma (issue 4); QLoRA
 #          with a bf16 copy per layer visit (default), FTUNE_NF4_GEMM=fused (with --profile),

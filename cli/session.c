@@ -73,9 +73,6 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
         if (!rc) rc = ft_model_use_pack(s->model, pi->path);
         free(pi);
         FT_TRY(rc);
-        /* tied embeddings on a device come from host arrays, as in training */
-        if (!s->be->ops->host_memory && s->model->cfg.tie_word_embeddings)
-            FT_TRY(ft_model_load_pack_globals(s->model));
     } else if (strstr(s->model->pack_only, "bf16")) {
         return ft_err(FT_E_INVALID, "%s holds only the bf16 pack %s: --quant nf4 cannot be served",
                       model, s->model->pack_only);

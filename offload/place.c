@@ -120,8 +120,9 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     size_t blocks = 0, biggest = ft_pack_max_layer_bytes(pack);
     for (int64_t l = 0; l < L; l++) blocks += ft_pack_block_bytes(pack, l);
     res->pack_bytes = blocks;
-    size_t globals = m->embed ? ft_exec_global_bytes(m)
-                              : (size_t)(C + 16 + (ft_exec_untied(m) ? V * C : 0)) * sizeof(float);
+    /* a pack-only model: the final norm and one V x C table (the untied LM head, or a tied
+     * model's embeddings, which are its LM head; tiers.c ft_exec_globals_from_pack) */
+    size_t globals = m->embed ? ft_exec_global_bytes(m) : (size_t)(C + 16 + V * C) * sizeof(float);
     size_t staging = ft_exec_staging_bytes(m, pack, res->nf4_fused);
     size_t ckpt = (size_t)(T * C) * sizeof(float), per_micro = ckpt + 16 * (size_t)T;
     const size_t spare = (size_t)1 << 30;

@@ -165,17 +165,21 @@ size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, cons
     return total;
 }
 
-/* The global tensors of a pack-only model: final norm and (untied) LM head into device
- * memory in row chunks through one host buffer; the embeddings stay in the file (gathered
- * per token, ft_exec_embed_from_pack). On a host-memory backend everything goes into host
- * memory, embeddings included. */
+/* The global tensors of a pack-only model: final norm and LM head into device memory in row
+ * chunks through one host buffer (tied: the LM head is the embedding table, which the
+ * embeddings then read on the device too); an untied model's embeddings stay in the file
+ * (gathered per token, ft_exec_embed_from_pack). On a host-memory backend everything goes
+ * into host memory, embeddings included. */
 int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
 {
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     int64_t C = c->hidden_size, V = c->vocab_size;
     int host = be->ops->host_memory, untied = ft_exec_untied(e->m);
-    size_t n = (size_t)(C + 16) + (untied ? (size_t)(V * C) : 0) + (host ? (size_t)(V * C) : 0);
+    /* a table in the backend's memory per role read: the LM head (untied) and the embeddings
+     * (host memory, or a tied model's on a device) */
+    int has_head = untied, has_emb = host || !untied;
+    size_t n = (size_t)(C + 16) + (size_t)(has_head + has_emb) * (size_t)(V * C);
     e->weights_bytes = n * sizeof(float);
     e->weights = be->ops->alloc(be, e->weights_bytes);
     if (!e->weights)
@@ -184,8 +188,8 @@ int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
     float *p = e->weights;
     float *fnorm = ft_exec_carve(&p, C);
     e->final_norm = fnorm;
-    float *head = untied ? ft_exec_carve(&p, V * C) : NULL;
-    float *emb = host ? ft_exec_carve(&p, V * C) : NULL;
+    float *head = has_head ? ft_exec_carve(&p, V * C) : NULL;
+    float *emb = has_emb ? ft_exec_carve(&p, V * C) : NULL;
     int64_t rows = (int64_t)((64u << 20) / (size_t)(C * 4));
     if (rows < 1) rows = 1;
     float *buf = host ? NULL : malloc((size_t)(rows * C) * sizeof(float));
@@ -212,12 +216,7 @@ int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
     if (rc) return rc;
     e->embed = emb;
     e->lm_head = untied ? head : emb;
-    if (!host) { /* tied on a device: the LM head is the embedding table, needed in full */
-        if (!untied) {
-            return ft_err(FT_E_UNSUPPORTED, "%s: a pack-only model with tied embeddings on %s is not "
-                          "supported yet (the LM head would need the embedding table in device "
-                          "memory)", ft_pack_path(pack), be->ops->name);
-        }
+    if (!emb) { /* an untied model on a device: the embedding rows come from the file */
         e->ids_host = malloc((size_t)e->T_max * sizeof(int32_t));
         e->embed_host = be->ops->host_alloc(be, (size_t)(e->T_max * C) * sizeof(float));
         if (!e->ids_host || !e->embed_host)

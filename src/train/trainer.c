@@ -658,6 +658,16 @@ static int open_pack(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user)
     return rc;
 }
 
+/* A fresh run's --quant-correction of an NF4 base with --init-adapter: refused (before any
+ * weight is read), since that adapter was trained without the correction. */
+static int check_correction(const ft_train_cfg *c, int quant)
+{
+    if (c->quant_correction && quant == FT_PACK_QUANT_NF4 && c->init_adapter && !c->resume)
+        return ft_err(FT_E_INVALID, "--quant-correction with --init-adapter: the adapter of %s was "
+                      "trained without this run's correction; drop one of them", c->init_adapter);
+    return 0;
+}
+
 /* The frozen correction of the NF4 base (--quant-correction, src/train/correction.h):
  * computed and saved to OUT/quant_correction on a fresh run, read back on --resume. */
 static int setup_correction(run *r, const ft_train_cfg *c, int quant, ft_train_cb cb, void *user,
@@ -668,9 +678,6 @@ static int setup_correction(run *r, const ft_train_cfg *c, int quant, ft_train_c
         info(cb, user, FT_EV_INFO, "quant correction: none (the base is not quantized)");
         return 0;
     }
-    if (c->init_adapter && !c->resume)
-        return ft_err(FT_E_INVALID, "--quant-correction with --init-adapter: the adapter of %s was "
-                      "trained without this run's correction; drop one of them", c->init_adapter);
     if (c->resume) {
         FT_TRY(ft_correction_load(&r->lora, c->out));
         info(cb, user, FT_EV_INFO, "quant correction: %s, read from %s/" FT_QCORR_DIR,
@@ -1022,13 +1029,10 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     char why[256];
     FT_TRY(choose_quant(r, c, T, &quant, why, sizeof why));
     res->quant = r->quant = quant;
-    if (quant == FT_PACK_QUANT_NF4 && c->quant_correction && c->init_adapter && !c->resume)
-        FT_TRY(setup_correction(r, c, quant, cb, user, res)); /* refuses, before any reading */
+    FT_TRY(check_correction(c, quant));
     if (quant == FT_PACK_QUANT_NF4) {
-        /* a fresh --quant-correction is computed from the unquantized weights (refused with
-         * --init-adapter before they are read: setup_correction's message) */
-        if (c->quant_correction && !c->resume && !c->init_adapter)
-            FT_TRY(ft_model_load_weights(r->model));
+        /* a fresh --quant-correction is computed from the unquantized weights */
+        if (c->quant_correction && !c->resume) FT_TRY(ft_model_load_weights(r->model));
         FT_TRY(open_pack(r, c, cb, user));
     } else if (!c->plan_only) {
         double tl = now_s();
@@ -1038,15 +1042,8 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     FT_TRY(setup_correction(r, c, quant, cb, user, res));
     /* from here the base is the pack's: the host copy (a GGUF file's dequantized weights, or
      * those the correction read) is freed, and the executor reads every weight from the pack
-     * as for a pack-only folder (on a device: the LM head uploaded, the embedding rows of
-     * each micro-batch gathered from the pack; the path of the 70B runs). A device takes tied
-     * embeddings from host arrays instead (widened from the pack's bf16; the LM head is then
-     * the whole table on the device, which the pack-only path does not do). */
-    if (r->pack && !r->model->pack_only[0]) {
-        FT_TRY(ft_model_use_pack(r->model, ft_pack_path(r->pack)));
-        if (!r->be->ops->host_memory && r->model->cfg.tie_word_embeddings)
-            FT_TRY(ft_model_load_pack_globals(r->model));
-    }
+     * as for a pack-only folder (offload/tiers.c ft_exec_globals_from_pack) */
+    if (r->pack) FT_TRY(ft_model_use_pack(r->model, ft_pack_path(r->pack)));
     if (r->pack && !r->be->ops->host_memory) {
         FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user));
         if (c->plan_only) return 0;

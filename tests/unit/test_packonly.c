@@ -5,7 +5,9 @@
  *   are refused naming the folder;
  *   ft_model_load_pack_globals gives the embeddings/norm/head of the safetensors model bit
  *   for bit, and the CPU executor over the pack then gives the same eval loss, bit for bit,
- *   as the safetensors model with the same pack;
+ *   as the safetensors model with the same pack; on a device backend (cpu-device) the
+ *   tied pack-only model's globals come from the pack to the device (the embedding table is
+ *   its LM head) and give the bits of the safetensors model's host globals uploaded;
  *   a BF16 pack loads too, NF4 is preferred when both exist;
  *   a corrupted, truncated or foreign pack, and a config.json that disagrees with the
  *   pack, give clear errors naming the file. */
@@ -143,6 +145,32 @@ static void test_load(void **state)
     ft_model_free(b);
 }
 
+/* The summed eval loss of bt (S tokens) with model m over the NF4 pack in folder dir: the
+ * CPU executor reading the pack (ft_exec_use_pack), or on a device backend every layer from
+ * the pack's tiers (ft_exec_use_pack_tiers). */
+static double pack_eval(ft_backend *be, ft_model *m, const char *dir, const ft_batch *bt, int64_t S)
+{
+    char pp[800];
+    snprintf(pp, sizeof pp, "%s/%s", dir, FT_PACK_LOCAL_NF4);
+    ft_pack_file *p;
+    assert_int_equal(ft_pack_open(&p, pp, 1), 0);
+    ft_exec ex;
+    int64_t nt;
+    double loss;
+    if (be->ops->host_memory) {
+        assert_int_equal(ft_exec_init(&ex, be, m, NULL, S, 1, S), 0);
+        assert_int_equal(ft_exec_use_pack(&ex, p), 0);
+    } else {
+        assert_int_equal(ft_exec_init_ex(&ex, be, m, NULL, S, 1, S, 0), 0);
+        if (ft_exec_use_pack_tiers(&ex, p, NULL, 2, 1) < 0) fail_msg("%s", ft_errmsg());
+    }
+    assert_int_equal(ft_exec_eval(&ex, bt, &loss, &nt), 0);
+    assert_int_equal(nt, bt->n_targets);
+    ft_exec_free(&ex);
+    ft_pack_close(p);
+    return loss;
+}
+
 static void test_globals_and_exec(void **state)
 {
     fx *f = *state;
@@ -179,25 +207,28 @@ static void test_globals_and_exec(void **state)
         bt.n_targets += bt.targets[t] >= 0;
     }
     double loss[2];
-    for (int k = 0; k < 2; k++) {
-        ft_model *m = k ? b : a;
-        char pp[800];
-        snprintf(pp, sizeof pp, "%s/%s", k ? f->only : f->full, FT_PACK_LOCAL_NF4);
-        ft_pack_file *p;
-        assert_int_equal(ft_pack_open(&p, pp, 1), 0);
-        ft_exec ex;
-        int64_t nt;
-        assert_int_equal(ft_exec_init(&ex, be, m, NULL, S, 1, S), 0);
-        assert_int_equal(ft_exec_use_pack(&ex, p), 0);
-        assert_int_equal(ft_exec_eval(&ex, &bt, &loss[k], &nt), 0);
-        assert_int_equal(nt, bt.n_targets);
-        ft_exec_free(&ex);
-        ft_pack_close(p);
-    }
+    for (int k = 0; k < 2; k++) loss[k] = pack_eval(be, k ? b : a, k ? f->only : f->full, &bt, S);
     fprintf(stderr, "eval loss over the NF4 pack: safetensors model %.6f, pack-only model %.6f\n",
             loss[0] / (double)bt.n_targets, loss[1] / (double)bt.n_targets);
     assert_true(loss[0] == loss[1]);
     assert_true(isfinite(loss[0]) && loss[0] > 0);
+    /* a device backend, the layers from the pack's tiers: the tied pack-only model (globals
+     * read from the pack into device memory) == the safetensors model (host globals copied) */
+    ft_backend *dev;
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
+    double dloss[2];
+    for (int k = 0; k < 2; k++) {
+        ft_model *m = NULL;
+        assert_int_equal(ft_model_load(&m, k ? f->only : f->full), 0);
+        assert_true(m->cfg.tie_word_embeddings && (k ? m->embed == NULL : m->embed != NULL));
+        dloss[k] = pack_eval(dev, m, k ? f->only : f->full, &bt, S);
+        ft_model_free(m);
+    }
+    fprintf(stderr, "cpu-device eval loss over the NF4 pack: host globals %.6f, tied globals "
+            "from the pack %.6f\n", dloss[0] / (double)bt.n_targets, dloss[1] / (double)bt.n_targets);
+    assert_true(dloss[0] == dloss[1]);
+    assert_true(isfinite(dloss[0]) && dloss[0] > 0);
+    ft_backend_free(dev);
     free(bt.ids); free(bt.targets); free(bt.pos); free(bt.seq_start);
     ft_backend_free(be);
     ft_model_free(a);
