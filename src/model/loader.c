@@ -148,7 +148,7 @@ int64_t ft_model_n_params(const ft_model *m)
         n += 2 * c->hidden_size + (c->qk_norm ? 2 * c->head_dim : 0);
         for (int p = 0; p < FT_N_PROJ; p++) {
             /* a pack-only model has no bias arrays: the config says which exist */
-            int bias = m->pack_only[0] || m->deferred
+            int bias = m->pack_only[0] || ft_model_deferred(m)
                            ? has_bias(c, p, strcmp(c->model_type, "qwen2") != 0)
                            : w->proj[p].b != NULL;
             n += w->proj[p].out_n * w->proj[p].in_n + (bias ? w->proj[p].out_n : 0);
@@ -332,7 +332,7 @@ int ft_model_load_pack_globals(ft_model *m)
 }
 
 /* A Hugging Face folder (or a pack-only one). defer: check every tensor, read none (the
- * shapes-only form, m->deferred = 1). */
+ * shapes-only form, ft_model_deferred). */
 static int load_hf(ft_model *m, const char *dir, int defer)
 {
     char p[4200];
@@ -399,10 +399,7 @@ static int load_hf(ft_model *m, const char *dir, int defer)
 #undef DST
     }
     ft_st_set_close(s);
-    if (!rc && defer) {
-        rc = shapes_only(m);
-        m->deferred = !rc;
-    }
+    if (!rc && defer) rc = shapes_only(m);
     return rc;
 }
 
@@ -648,7 +645,7 @@ static int gguf_tensor(const ft_gguf *g, const char *name, int64_t rows, int64_t
     return 0;
 }
 
-/* A GGUF file. defer: check every tensor, read none (the shapes-only form, m->deferred). */
+/* A GGUF file. defer: check every tensor, read none (the shapes-only form, ft_model_deferred). */
 static int load_gguf(ft_model *m, const char *path, int defer)
 {
     ft_gguf *g;
@@ -704,10 +701,7 @@ static int load_gguf(ft_model *m, const char *path, int defer)
     }
     free(tmp);
     ft_gguf_close(g);
-    if (!rc && defer) {
-        rc = shapes_only(m);
-        m->deferred = !rc;
-    }
+    if (!rc && defer) rc = shapes_only(m);
     return rc;
 }
 
@@ -873,9 +867,8 @@ int ft_model_load_deferred(ft_model **out, const char *path)
 
 int ft_model_load_weights(ft_model *m)
 {
-    if (!m->deferred) return 0;
+    if (!ft_model_deferred(m)) return 0;
     drop_weights(m);
-    m->deferred = 0;
     return m->is_gguf ? load_gguf(m, m->path, 0) : load_hf(m, m->path, 0);
 }
 
@@ -889,7 +882,6 @@ int ft_model_use_pack(ft_model *m, const char *pack)
     ft_pack_close(p);
     if (!same) return ft_err(FT_E_INVALID, "%s: %s does not match the model: %s", m->path, pack, what);
     drop_weights(m);
-    m->deferred = 0;
     return load_pack_only(m, m->path, pack);
 }
 

@@ -55,10 +55,6 @@ typedef struct ft_model {
      * ft_model_load_pack_globals; the weights are read from the pack by the executor
      * (ft_exec_use_pack) and ft_pack_read_global. */
     char pack_only[4096];
-    /* 1 while a model from ft_model_load_deferred has no host weights yet (the pack-only
-     * form above without a pack): ft_model_load_weights reads them, ft_model_use_pack
-     * hands the base to a pack. */
-    int deferred;
 } ft_model;
 
 /* Loads a model folder or .gguf file. Errors name the file and offset/key:
@@ -75,11 +71,14 @@ int ft_model_load(ft_model **out, const char *path);
 void ft_model_free(ft_model *m); /* NULL-safe */
 
 /* As ft_model_load, but a Hugging Face folder's weights are only checked (names, shapes,
- * dtypes: the same errors), not read: the model has the pack-only form's shapes and
- * m->deferred = 1, for a run whose base may come from a pack (QLoRA), so host memory never
+ * dtypes: the same errors), not read: the model has the pack-only form's shapes without a
+ * pack (ft_model_deferred), for a run whose base may come from a pack (QLoRA), so host memory never
  * holds the fp32 base (a 70B model is 280 GB of fp32). A GGUF file likewise (its tensors
- * checked, none dequantized); a pack-only folder loads as with ft_model_load (deferred 0). */
+ * checked, none dequantized); a pack-only folder loads as with ft_model_load. */
 int ft_model_load_deferred(ft_model **out, const char *path);
+/* 1 while a model from ft_model_load_deferred has no weights yet: neither host weights nor
+ * a pack (ft_model_load_weights reads them, ft_model_use_pack hands the base to a pack). */
+static inline int ft_model_deferred(const ft_model *m) { return !m->pack_only[0] && !m->embed; }
 /* Reads the weights of a deferred model (no-op for any other). Returns ft_model_load's
  * errors (-ENOMEM among them). */
 int ft_model_load_weights(ft_model *m);

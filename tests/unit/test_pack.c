@@ -749,11 +749,11 @@ static void test_gguf_stream(void **state)
         }
         /* deferred: shapes, no weights, the same parameter count; then the weights as loaded */
         assert_int_equal(ft_model_load_deferred(&d, models[mi]), 0);
-        assert_true(d->deferred && !d->embed && !d->layers[0].proj[FT_Q].w && !d->layers[0].attn_norm);
+        assert_true(ft_model_deferred(d) && !d->embed && !d->layers[0].proj[FT_Q].w && !d->layers[0].attn_norm);
         assert_int_equal(d->layers[0].proj[FT_DOWN].in_n, c->intermediate_size);
         assert_int_equal(ft_model_n_params(d), ft_model_n_params(m));
         assert_int_equal(ft_model_load_weights(d), 0);
-        assert_false(d->deferred);
+        assert_false(ft_model_deferred(d));
         const ft_linear *a = &m->layers[0].proj[FT_K], *b = &d->layers[0].proj[FT_K];
         assert_memory_equal(a->w, b->w, (size_t)(a->out_n * a->in_n) * sizeof(float));
         assert_memory_equal(m->embed, d->embed, (size_t)(c->vocab_size * c->hidden_size) * sizeof(float));
@@ -773,17 +773,14 @@ static void test_gguf_stream(void **state)
     ft_model *m = NULL, *d = NULL;
     assert_int_equal(ft_model_load(&m, TINY), 0);
     assert_int_equal(ft_model_load_deferred(&d, TINY), 0);
-    assert_true(d->deferred && !d->embed && !d->final_norm && !d->layers[1].proj[FT_UP].w);
+    assert_true(ft_model_deferred(d) && !d->embed && !d->final_norm && !d->layers[1].proj[FT_UP].w);
     assert_int_equal(ft_model_n_params(d), ft_model_n_params(m));
     assert_int_equal(ft_model_load_weights(d), 0);
     const ft_linear *a = &m->layers[1].proj[FT_UP], *b = &d->layers[1].proj[FT_UP];
     assert_memory_equal(a->w, b->w, (size_t)(a->out_n * a->in_n) * sizeof(float));
     ft_model_free(d);
     ft_model_free(m);
-    char cmd[800];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 /* A write failing in the writer thread (file size limit: EFBIG, as a full disk would give
