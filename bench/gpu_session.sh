@@ -13,8 +13,8 @@
 #          against their CPU twins, the ops, NF4, the streamed tiers
 #   smoke  seconds each, through the trainer on the tiny model (tied embeddings): QLoRA on
 #          CUDA (the model handed to its pack, the tied table read from the pack into device
-#          memory), `ftune eval --quant nf4` of that adapter against the run's final eval, and
-#          2 steps of DPO
+#          memory), `ftune eval --quant nf4` of that adapter against the run's final eval,
+#          `ftune generate` of it with --quant nf4 and bf16, and 2 steps of DPO
 #   8b     the Llama-3-8B shape (random weights), seq 2048, batch 1, 4 steps each: bf16 LoRA
 #          with the cuBLAS-tile attention (default) and with FTUNE_ATTN=mma (issue 4); QLoRA
 #          with a bf16 copy per layer visit (default), FTUNE_NF4_GEMM=fused (with --profile),
@@ -41,6 +41,11 @@ sec_smoke() {
   echo "train rc=${PIPESTATUS[0]}; final_eval_loss $(grep -o '"final_eval_loss":[^,]*' /tmp/o_smoke/summary.json)" >> $OUT/smoke.log
   timeout $(cap 60) $F eval --model $TL --adapter /tmp/o_smoke --data $D --quant nf4 --device cuda --seq-len 128 \
     --cache-dir /tmp/smokecache >> $OUT/smoke.log 2>&1; echo "eval --quant nf4 rc=$?" >> $OUT/smoke.log
+  for q in nf4 bf16; do  # generation on the pack's tiers (bf16 per visit) vs the fp32 device copy
+    timeout $(cap 30) $F generate --model $TL --adapter /tmp/o_smoke --raw --prompt "Once upon a time" --json \
+      --max-new-tokens 8 --device cuda --quant $q $([ $q = nf4 ] && echo --cache-dir /tmp/smokecache) \
+      2>&1 | tail -2 >> $OUT/smoke.log; echo "generate --quant $q rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
+  done
   timeout $(cap 60) $F train --model $TL --data examples/data/alpaca-seed-tasks/alpaca_seed_pref.jsonl --method dpo \
     --device cuda --max-steps 2 --seq-len 128 --save-every 0 --out /tmp/o_smoke_dpo 2>&1 | tail -3 >> $OUT/smoke.log
   echo "dpo rc=${PIPESTATUS[0]}" >> $OUT/smoke.log

@@ -20,6 +20,14 @@
  * no partial FILE). Record i samples with ft_gen_record_seed(seed, i) (record 0 with the
  * seed itself), so its reply is that of --prompt with that --seed.
  *
+ * --quant nf4 generates on the base a QLoRA adapter was trained on: the model's NF4 pack
+ * (built or reused under --cache-dir, as `ftune train --quant nf4` and `ftune eval --quant
+ * nf4`), with the run's --quant-correction when the adapter's run had one, and no fp32 copy of
+ * the model in memory; each token dequantizes every layer's block (on the CPU into fp32; on a
+ * GPU into bf16, or the fused NF4 GEMM), the pack held in memory (on a GPU every layer in
+ * device memory: no offload planner). A folder that holds only a pack (init-model --pack)
+ * is served the same way without the flag.
+ *
  * Defaults: greedy decoding (temperature 0), so that a run is reproducible and two adapters
  * can be compared on the same prompt. llama.cpp's CLI samples by default (temperature 0.8,
  * top-k 40, top-p 0.95, plus min-p 0.05); `--temperature 0.8 --top-k 40 --top-p 0.95` is
@@ -64,7 +72,7 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
 }
 
 typedef struct gen_opts {
-    const char *model, *adapter, *prompt, *system, *prompts, *out;
+    const char *model, *adapter, *prompt, *system, *prompts, *out, *quant, *cache_dir;
     int raw, json, tmpl, no_think;
     int64_t max_new, top_k, seed, threads;
     const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
@@ -83,11 +91,11 @@ typedef struct gen_result {
 
 /* What stays loaded across prompts. */
 typedef struct gen_env {
-    ft_model *m;
-    ft_backend *be;
+    ft_session s;               /* model, backend, adapter; the executor over the pack */
+    ft_model *m;                /* s.model */
     ft_tokenizer *tok;
-    ft_lora lora;
-    int has_lora;
+    ft_gen_source src;          /* the pack's weights (a pack-only model: --quant nf4, or a
+                                 * folder that holds only its pack) */
     ft_gen g;
     ft_sampler smp;
     float *logits;              /* (V) host */
@@ -104,25 +112,19 @@ static void put_piece(const char *s, size_t n, int *last_nl)
     *last_nl = s[n - 1] == '\n';
 }
 
-/* Loads the model, backend, adapter and tokenizer. */
+/* Loads the model, backend, adapter and tokenizer. With --quant nf4 the model is loaded
+ * deferred and every base weight is read from its NF4 pack (cli/session.h
+ * ft_session_open_nf4, as `ftune eval --quant nf4`: the base a QLoRA adapter was trained on,
+ * with the run's --quant-correction), no fp32 copy in memory. */
 static int env_open(gen_env *e, const gen_opts *o)
 {
     memset(e, 0, sizeof *e);
-    int rc = ft_model_load(&e->m, o->model);
-    if (!rc) rc = ft_backend_init(&e->be, ft_session_device(o->device), (int)o->threads);
-    if (!rc && o->adapter) {
-        ft_lora_cfg lc;
-        rc = ft_peft_read_config(o->adapter, &lc);
-        if (!rc) {
-            lc.dropout = 0;
-            lc.seed = 0;
-            rc = ft_lora_init(&e->lora, e->m, &lc, e->be);
-        }
-        if (!rc) {
-            e->has_lora = 1;
-            rc = ft_peft_load_weights(o->adapter, &e->lora);
-        }
-    }
+    const char *dev = o->device;
+    int rc = o->quant && !strcmp(o->quant, "nf4")
+                 ? ft_session_open_nf4(&e->s, o->model, o->adapter, 0, dev, (int)o->threads,
+                                       o->cache_dir, NULL)
+                 : ft_session_open(&e->s, o->model, o->adapter, 0, dev, (int)o->threads);
+    e->m = e->s.model;
     if (!rc) rc = ft_model_tokenizer(e->m, &e->tok);
     return rc;
 }
@@ -134,8 +136,18 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl)
 {
     const int64_t V = e->m->cfg.vocab_size;
     const int64_t chunk = max_prompt < FT_GEN_CHUNK_DEFAULT ? max_prompt : FT_GEN_CHUNK_DEFAULT;
-    FT_TRY(ft_gen_init(&e->g, e->be, e->m, e->has_lora ? &e->lora : NULL, max_prompt + o->max_new,
-                       chunk, 1));
+    const ft_lora *lora = e->s.has_lora ? &e->s.lora : NULL;
+    if (e->m->pack_only[0]) {
+        /* an executor over the pack for chunks of up to `chunk` tokens; on the CPU the whole
+         * pack in memory, as every token visits every layer */
+        e->s.pack_in_memory = 1;
+        FT_TRY(ft_session_plan(&e->s, chunk));
+        FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
+        FT_TRY(ft_gen_init_source(&e->g, e->s.be, e->m, lora, &e->src, max_prompt + o->max_new,
+                                  chunk, 1));
+    } else {
+        FT_TRY(ft_gen_init(&e->g, e->s.be, e->m, lora, max_prompt + o->max_new, chunk, 1));
+    }
     ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed};
     FT_TRY(ft_sampler_init(&e->smp, &sc, V));
     e->logits = malloc((size_t)V * sizeof(float));
@@ -161,10 +173,8 @@ static void env_close(gen_env *e)
     free(e->out_ids);
     ft_sampler_free(&e->smp);
     ft_gen_free(&e->g);
-    if (e->has_lora) ft_lora_free(&e->lora);
     ft_tok_free(e->tok);
-    ft_backend_free(e->be);
-    ft_model_free(e->m);
+    ft_session_close(&e->s);
     memset(e, 0, sizeof *e);
 }
 
@@ -536,12 +546,22 @@ int ft_cmd_generate(int argc, char **argv)
         {"json", FT_OPT_FLAG, &o.json, "print one JSON object (ids, text, timings), no streaming"},
         {"threads", FT_OPT_INT, &o.threads, "CPU threads"},
         {"device", FT_OPT_STR, &o.device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
+        {"quant", FT_OPT_STR, &o.quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; every layer on the device)", 0, "TYPE"},
+        {"cache-dir", FT_OPT_STR, &o.cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {NULL},
     };
     char err[1024];
     int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
+    if (o.quant && strcmp(o.quant, "bf16") && strcmp(o.quant, "nf4")) {
+        fprintf(stderr, "ftune: --quant: unknown base quantization '%s' (bf16, nf4)\n", o.quant);
+        return 2;
+    }
+    if (o.cache_dir && !(o.quant && !strcmp(o.quant, "nf4"))) {
+        fprintf(stderr, "ftune: generate: --cache-dir goes with --quant nf4\n");
+        return 2;
+    }
     if (!o.model || !o.prompt == !o.prompts) {
         fprintf(stderr, "ftune: generate needs --model and one of --prompt or --prompts (see ftune "
                 "generate --help)\n");

@@ -1,7 +1,8 @@
-/* cmd_logits.c - `ftune logits --model M --ids 1,2,3 [--adapter DIR] [--out FILE]`:
- * the raw logits of one sequence (debugging and the numpy reference test). Writes (T, V)
- * float32 little-endian to FILE and prints {"loss","n_tokens","vocab"} (mean next-token
- * cross-entropy over the T-1 predictions). */
+/* cmd_logits.c - `ftune logits --model M --ids 1,2,3 [--adapter DIR] [--out FILE]
+ * [--quant nf4 [--cache-dir DIR]]`: the raw logits of one sequence (debugging and the numpy
+ * reference test). Writes (T, V) float32 little-endian to FILE and prints
+ * {"loss","n_tokens","vocab"} (mean next-token cross-entropy over the T-1 predictions).
+ * --quant nf4: on the NF4 base as `ftune eval --quant nf4` (cli/session.h ft_session_open_nf4). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,7 @@ static int parse_ids(const char *s, int32_t **ids, int64_t *n)
 int ft_cmd_logits(int argc, char **argv)
 {
     const char *model = NULL, *adapter = NULL, *ids_s = NULL, *out = NULL, *device = NULL;
+    const char *quant = "bf16", *cache_dir = NULL;
     int64_t threads = 0;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &model, "model folder or .gguf", 0, "PATH"},
@@ -52,12 +54,23 @@ int ft_cmd_logits(int argc, char **argv)
         {"out", FT_OPT_STR, &out, "write (T, V) float32 logits here", 0, "FILE"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
         {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
+        {"quant", FT_OPT_STR, &quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the QLoRA base: the NF4 pack, built or reused under --cache-dir, with the adapter run's --quant-correction)", 0, "TYPE"},
+        {"cache-dir", FT_OPT_STR, &cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {NULL},
     };
     char err[1024];
     int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
+    if (strcmp(quant, "bf16") && strcmp(quant, "nf4")) {
+        fprintf(stderr, "ftune: --quant: unknown base quantization '%s' (bf16, nf4)\n", quant);
+        return 2;
+    }
+    int nf4 = !strcmp(quant, "nf4");
+    if (cache_dir && !nf4) {
+        fprintf(stderr, "ftune: logits: --cache-dir goes with --quant nf4\n");
+        return 2;
+    }
     int32_t *ids;
     int64_t T;
     if (!model || !ids_s || parse_ids(ids_s, &ids, &T) < 0) {
@@ -75,7 +88,8 @@ int ft_cmd_logits(int argc, char **argv)
     float *logits = NULL;
     double loss = 0;
     int64_t nv = 0;
-    rc = ft_session_open(&s, model, adapter, T, device, (int)threads);
+    rc = nf4 ? ft_session_open_nf4(&s, model, adapter, T, device, (int)threads, cache_dir, NULL)
+             : ft_session_open(&s, model, adapter, T, device, (int)threads);
     int64_t V = s.model ? s.model->cfg.vocab_size : 0;
     if (!rc) {
         logits = malloc((size_t)(T * V) * sizeof(float));

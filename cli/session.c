@@ -36,7 +36,7 @@ int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, i
     FT_TRY(ft_model_load(&s->model, model));
     FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
     if (adapter_dir) FT_TRY(load_adapter(s, adapter_dir));
-    return ft_session_plan(s, T);
+    return T > 0 ? ft_session_plan(s, T) : 0;
 }
 
 /* The run folder whose quant_correction belongs to adapter_dir: adapter_dir itself (OUT), or
@@ -87,7 +87,7 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
             if (qcorr) *qcorr = 1;
         }
     }
-    return ft_session_plan(s, T);
+    return T > 0 ? ft_session_plan(s, T) : 0;
 }
 
 int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
@@ -113,7 +113,7 @@ int ft_session_plan(ft_session *s, int64_t T)
     if (!s->pack) FT_TRY(ft_pack_open(&s->pack, s->model->pack_only, 0));
     FT_TRY(ft_exec_init_ex(&s->ex, s->be, s->model, s->has_lora ? &s->lora : NULL, T, 1, T, 0));
     s->has_ex = 1;
-    return s->be->ops->host_memory ? ft_exec_use_pack(&s->ex, s->pack)
+    return s->be->ops->host_memory ? ft_exec_use_pack_ex(&s->ex, s->pack, s->pack_in_memory)
                                    : ft_exec_use_pack_tiers(&s->ex, s->pack, NULL, 2, 1);
 }
 

@@ -19,14 +19,17 @@ typedef struct ft_session {
     ft_exec ex;
     int has_ex;
     ft_pack_file *pack;         /* a pack-only model's pack (its weights are read from there) */
+    int pack_in_memory;         /* host backends: ft_session_plan reads the whole pack into
+                                 * memory once (generation visits every layer per token)
+                                 * instead of one block per layer visit */
 } ft_session;
 
-/* Loads the model and (if adapter_dir) the PEFT adapter; plans an executor for T tokens.
- * Returns 0 or an error (ft_errmsg() names the file). */
+/* Loads the model and (if adapter_dir) the PEFT adapter; plans an executor for T tokens (T 0:
+ * none yet, ft_session_plan makes it). Returns 0 or an error (ft_errmsg() names the file). */
 int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
                     const char *device, int threads);
 
-/* ft_session_open with the base in NF4 as a QLoRA run trains it: the model is loaded deferred
+/* ft_session_open (T 0 as there) with the base in NF4 as a QLoRA run trains it: the model is loaded deferred
  * (no fp32 copy), its NF4 pack found or built under cache_dir (NULL: the default; offload/
  * pack.h ft_pack_ensure_loaded, as `ftune train --quant nf4`), and every base weight read from
  * the pack (embeddings and LM head as its bf16 copies). Every layer is placed on the device

@@ -317,6 +317,29 @@ static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
     return 0;
 }
 
+static int gen_begin(void *e) { return ft_exec_begin_op(e, 0); }
+static int gen_end(void *e) { return ft_exec_op_end(e); }
+static int gen_layer(void *e, int64_t l, const ft_layer_weights **w) { return fetch_layer(e, l, w); }
+
+static int gen_embed_rows(void *ctx, const int32_t *ids, int64_t n, float *out)
+{
+    ft_exec *e = ctx;
+    if (n > e->T_max)
+        return ft_err(FT_E_RANGE, "generate: %lld tokens in one forward, the executor takes %lld",
+                      (long long)n, (long long)e->T_max);
+    return ft_exec_embed_from_pack(e, ids, n, out);
+}
+
+int ft_exec_gen_source(ft_exec *e, ft_gen_source *s)
+{
+    memset(s, 0, sizeof *s);
+    if (!e->pack)
+        return ft_err(FT_E_INVALID, "generate: the executor reads no pack (ft_exec_use_pack first)");
+    *s = (ft_gen_source){e, gen_begin, gen_layer, gen_end, e->embed ? NULL : gen_embed_rows,
+                         e->embed, e->final_norm, e->lm_head};
+    return 0;
+}
+
 /* Checkpoints: ck_*() give the device buffers of checkpoint j (micro-batch mb at
  * + mb * ck_stride(e)): the arena's when every checkpoint stays on the device, the host
  * tier's otherwise (offload/ckpt.h; its hooks order the copies around compute). */

@@ -16,11 +16,12 @@
 
 /* Floats of every region, in carving order (each rounded up to 16 floats = 64 bytes). */
 typedef struct gen_layout {
-    int64_t kv, x, y, xn, rstd, q, att, lse, h, gate, up, act, u, logits, inv, ints;
+    int64_t kv, x, y, xn, rstd, q, att, lse, h, gate, up, act, u, logits, inv, ints, xd;
 } gen_layout;
 
+/* xd (linear_fwd's scratch) only with a source: the model's own weights are fp32 */
 static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int64_t chunk,
-                       int64_t rows)
+                       int64_t rows, int with_xd)
 {
     const ft_model_config *c = &m->cfg;
     const int64_t C = c->hidden_size, HD = c->num_attention_heads * c->head_dim;
@@ -35,6 +36,9 @@ static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int6
     L.logits = rows * c->vocab_size;
     L.inv = c->head_dim / 2 + 1;
     L.ints = 3 * chunk; /* ids, pos, seq_start: int32 in float-sized slots */
+    int64_t wide = C > HD ? C : HD;
+    if (c->intermediate_size > wide) wide = c->intermediate_size;
+    L.xd = with_xd ? chunk * wide : 0;
     return L;
 }
 
@@ -45,13 +49,13 @@ static int64_t plan_floats(const gen_layout *L)
     return 2 * up16(L->kv) + up16(L->x) + up16(L->y) + up16(L->xn) + up16(L->rstd) +
            up16(L->q) + up16(L->att) + up16(L->lse) + up16(L->h) + up16(L->gate) +
            up16(L->up) + up16(L->act) + up16(L->u) + up16(L->logits) + up16(L->inv) +
-           up16(L->ints);
+           up16(L->ints) + up16(L->xd);
 }
 
 size_t ft_gen_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max, int64_t chunk_max,
                     int64_t logit_rows_max)
 {
-    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max);
+    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, 0);
     return (size_t)plan_floats(&L) * sizeof(float);
 }
 
@@ -64,11 +68,15 @@ static float *carve(float **p, int64_t n)
 
 static int place_weights(ft_gen *g);
 
-int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
-                int64_t ctx_max, int64_t chunk_max, int64_t logit_rows_max)
+static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+                    const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
+                    int64_t logit_rows_max)
 {
     memset(g, 0, sizeof *g);
     if (!be || !m) return ft_err(FT_E_INVALID, "generate: no backend or model");
+    if (src && (!src->layer || !src->final_norm || !src->lm_head || (!src->embed && !src->embed_rows)))
+        return ft_err(FT_E_INVALID, "generate: the weight source lacks its layers, final norm, "
+                      "LM head or embeddings");
     if (ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 || chunk_max > ctx_max ||
         logit_rows_max > chunk_max)
         return ft_err(FT_E_INVALID,
@@ -88,7 +96,7 @@ int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lor
     if ((double)ctx_max * per_tok > 1e15 || (double)logit_rows_max * (double)c->vocab_size > 1e15)
         return ft_err(FT_E_RANGE, "generate: a context of %lld tokens is too large",
                       (long long)ctx_max);
-    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max);
+    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, src != NULL);
     g->arena_bytes = (size_t)plan_floats(&L) * sizeof(float);
     g->arena = be->ops->alloc(be, g->arena_bytes);
     if (!g->arena)
@@ -99,6 +107,7 @@ int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lor
     g->be = be;
     g->m = m;
     g->lora = lora;
+    g->src = src;
     g->ctx_max = ctx_max;
     g->chunk_max = chunk_max;
     g->logit_rows_max = logit_rows_max;
@@ -123,6 +132,7 @@ int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lor
     g->ids = ip;
     g->pos = ip + chunk_max;
     g->seq_start = ip + 2 * chunk_max;
+    g->xd = src ? carve(&p, L.xd) : NULL;
 
     int rc = place_weights(g);
     if (!rc) rc = be->ops->zero(be, g->seq_start, (size_t)chunk_max * sizeof(int32_t));
@@ -134,16 +144,38 @@ int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lor
     return rc;
 }
 
-/* The weights where the backend reads them (see ft_gen): in place on the host, else one fp32
- * device copy of every tensor (norms, projections, biases, embeddings, LM head). */
+int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+                int64_t ctx_max, int64_t chunk_max, int64_t logit_rows_max)
+{
+    return gen_init(g, be, m, lora, NULL, ctx_max, chunk_max, logit_rows_max);
+}
+
+int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+                       const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
+                       int64_t logit_rows_max)
+{
+    if (!src) return ft_err(FT_E_INVALID, "generate: no weight source");
+    return gen_init(g, be, m, lora, src, ctx_max, chunk_max, logit_rows_max);
+}
+
+/* The weights where the backend reads them (see ft_gen): the source's; else in place on the
+ * host, else one fp32 device copy of every tensor (norms, projections, biases, embeddings,
+ * LM head). */
 static int place_weights(ft_gen *g)
 {
     const ft_model *m = g->m;
     const ft_model_config *c = &m->cfg;
     ft_backend *be = g->be;
+    if (g->src) { /* the layers are fetched per visit (block) */
+        g->embed = g->src->embed;
+        g->final_norm = g->src->final_norm;
+        g->lm_head = g->src->lm_head;
+        return 0;
+    }
     if (!m->embed || !m->layers)
         return ft_err(FT_E_UNSUPPORTED, "%s: generate needs the model's weights (a pack-only model "
-                      "has none outside its pack)", m->path);
+                      "has none outside its pack: generate reads it with --quant nf4, or bf16 "
+                      "for a bf16 pack)", m->path);
     if (be->ops->host_memory) {
         g->layers = m->layers;
         g->embed = m->embed;
@@ -221,32 +253,49 @@ static float attn_scale(const ft_model_config *cfg, int64_t D)
     return m * m / sqrtf((float)D);
 }
 
-/* y (n, out) = x W^T (+ b) (+ scale * (x A^T) B^T): llama.c lin_fwd without dropout, the
- * same gemm calls in the same order. */
-static int lin(ft_gen *g, int64_t layer, int pj, const float *x, float *y, int64_t n)
+/* y (n, out) = x W^T (+ b) + scale * (x A^T) B^T (+ scale * (x A0^T) B0^T, the frozen
+ * correction of a quantized base): llama.c lin_fwd without dropout, the same calls in the same
+ * order (the adapter first, the frozen GEMM adding into y). fp32 weights go to gemm; the
+ * source's bf16/NF4 ones to linear_fwd with g->xd as its scratch. */
+static int lin(ft_gen *g, const ft_layer_weights *lw, int64_t layer, int pj, const float *x,
+               float *y, int64_t n)
 {
     ft_backend *be = g->be;
     const ft_backend_ops *o = be->ops;
-    const ft_linear *w = &g->layers[layer].proj[pj];
+    const ft_linear *w = &lw->proj[pj];
     const int64_t in = w->in_n, out = w->out_n;
-    FT_TRY(o->gemm(be, 0, 1, n, out, in, 1.0f, x, in, w->w, in, 0.0f, y, out));
-    if (w->b) FT_TRY(o->bias_add(be, y, w->b, n, out));
     const ft_lora *l = g->lora;
-    if (!l || !l->lin[layer][pj].A) return 0;
-    const ft_lora_linear *ll = &l->lin[layer][pj];
-    const int64_t r = l->cfg.r;
-    FT_TRY(o->gemm(be, 0, 1, n, r, in, 1.0f, x, in, ll->A, in, 0.0f, g->u, r));
-    return o->gemm(be, 0, 1, n, out, r, l->scale, g->u, r, ll->B, r, 1.0f, y, out);
+    const ft_lora_linear *ll = l && l->lin[layer][pj].A ? &l->lin[layer][pj] : NULL;
+    float beta = 0.0f;
+    if (ll) {
+        const int64_t r = l->cfg.r;
+        FT_TRY(o->gemm(be, 0, 1, n, r, in, 1.0f, x, in, ll->A, in, 0.0f, g->u, r));
+        FT_TRY(o->gemm(be, 0, 1, n, out, r, l->scale, g->u, r, ll->B, r, 0.0f, y, out));
+        beta = 1.0f;
+        if (ll->A0) {
+            FT_TRY(o->gemm(be, 0, 1, n, r, in, 1.0f, x, in, ll->A0, in, 0.0f, g->u, r));
+            FT_TRY(o->gemm(be, 0, 1, n, out, r, l->scale, g->u, r, ll->B0, r, 1.0f, y, out));
+        }
+    }
+    if (w->wtype == FT_W_F32)
+        FT_TRY(o->gemm(be, 0, 1, n, out, in, 1.0f, x, in, w->w, in, beta, y, out));
+    else
+        FT_TRY(o->linear_fwd(be, y, x, w->wtype == FT_W_NF4 ? (const void *)w->nf4 : (const void *)w->w,
+                             w->wtype, n, out, in, beta, g->xd));
+    if (w->b) FT_TRY(o->bias_add(be, y, w->b, n, out));
+    return 0;
 }
 
 /* One decoder block on the n tokens at positions [n_past, n_past + n): out (n, C) from
  * x (n, C); writes the tokens' k and v into the layer's cache rows. */
 static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
 {
+    const ft_layer_weights *w = NULL;
+    if (g->src) FT_TRY(g->src->layer(g->src->ctx, l, &w));
+    else w = &g->layers[l];
     ft_backend *be = g->be;
     const ft_backend_ops *o = be->ops;
     const ft_model_config *c = &g->m->cfg;
-    const ft_layer_weights *w = &g->layers[l];
     const int64_t C = c->hidden_size, H = c->num_attention_heads, Hkv = c->num_key_value_heads,
                   D = c->head_dim, F = c->intermediate_size, KD = Hkv * D, p = g->n_past;
     float *kl = g->kc + l * g->ctx_max * KD, *vl = g->vc + l * g->ctx_max * KD;
@@ -260,15 +309,15 @@ static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
         if (!w->q_norm || !w->k_norm)
             return ft_err(FT_E_INVALID, "generate: layer %lld has no q_norm/k_norm weights",
                           (long long)l);
-        FT_TRY(lin(g, l, FT_Q, g->xn, g->att, n));
+        FT_TRY(lin(g, w, l, FT_Q, g->xn, g->att, n));
         FT_TRY(o->rmsnorm_fwd(be, g->q, g->lse, g->att, w->q_norm, n * H, D, c->rms_norm_eps));
-        FT_TRY(lin(g, l, FT_K, g->xn, g->att, n));
+        FT_TRY(lin(g, w, l, FT_K, g->xn, g->att, n));
         FT_TRY(o->rmsnorm_fwd(be, kn, g->lse, g->att, w->k_norm, n * Hkv, D, c->rms_norm_eps));
     } else {
-        FT_TRY(lin(g, l, FT_Q, g->xn, g->q, n));
-        FT_TRY(lin(g, l, FT_K, g->xn, kn, n));
+        FT_TRY(lin(g, w, l, FT_Q, g->xn, g->q, n));
+        FT_TRY(lin(g, w, l, FT_K, g->xn, kn, n));
     }
-    FT_TRY(lin(g, l, FT_V, g->xn, vn, n));
+    FT_TRY(lin(g, w, l, FT_V, g->xn, vn, n));
     FT_TRY(o->rope_fwd(be, g->q, g->pos, g->inv_freq, n, H, D));
     FT_TRY(o->rope_fwd(be, kn, g->pos, g->inv_freq, n, Hkv, D));
     const float sc = attn_scale(c, D);
@@ -276,14 +325,14 @@ static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
         FT_TRY(o->attention_fwd(be, g->att, g->lse, g->q, kn, vn, g->seq_start, n, H, Hkv, D, sc));
     else
         FT_TRY(o->attention_kv_fwd(be, g->att, g->q, kl, vl, p, n, H, Hkv, D, sc));
-    FT_TRY(lin(g, l, FT_O, g->att, g->h, n));
+    FT_TRY(lin(g, w, l, FT_O, g->att, g->h, n));
     FT_TRY(o->axpy(be, 1.0f, x, g->h, n * C));
 
     FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, g->h, w->ffn_norm, n, C, c->rms_norm_eps));
-    FT_TRY(lin(g, l, FT_GATE, g->xn, g->gate, n));
-    FT_TRY(lin(g, l, FT_UP, g->xn, g->up, n));
+    FT_TRY(lin(g, w, l, FT_GATE, g->xn, g->gate, n));
+    FT_TRY(lin(g, w, l, FT_UP, g->xn, g->up, n));
     FT_TRY(o->swiglu_fwd(be, g->act, g->gate, g->up, n * F));
-    FT_TRY(lin(g, l, FT_DOWN, g->act, out, n));
+    FT_TRY(lin(g, w, l, FT_DOWN, g->act, out, n));
     return o->axpy(be, 1.0f, g->h, out, n * C);
 }
 
@@ -301,14 +350,17 @@ static int forward_rows(ft_gen *g, const int32_t *ids, int64_t n, float *logits,
         for (int64_t i = 0; i < k; i++) pos[i] = (int32_t)(g->n_past + i0 + i);
         FT_TRY(o->copy(be, g->pos + i0, pos, (size_t)k * sizeof(int32_t)));
     }
-    FT_TRY(o->embedding_fwd(be, g->x, g->ids, g->embed, n, C, V));
+    if (g->embed) FT_TRY(o->embedding_fwd(be, g->x, g->ids, g->embed, n, C, V));
+    else FT_TRY(g->src->embed_rows(g->src->ctx, ids, n, g->x));
     float *x = g->x, *y = g->y;
+    if (g->src && g->src->begin) FT_TRY(g->src->begin(g->src->ctx));
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
         FT_TRY(block(g, l, n, x, y));
         float *t = x;
         x = y;
         y = t;
     }
+    if (g->src && g->src->end) FT_TRY(g->src->end(g->src->ctx));
     FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x + (n - rows) * C, g->final_norm, rows, C,
                           c->rms_norm_eps));
     FT_TRY(o->lm_head_logits(be, g->logits, g->xn, g->lm_head, rows, C, V));

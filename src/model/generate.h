@@ -3,7 +3,8 @@
  * and an incremental detokenizer for streaming.
  *
  * The forward of each block is the op sequence of ft_block_fwd (src/model/llama.c) with
- * train = 0: RMSNorm, q/k/v projections (+ bias, + LoRA as x A^T B^T * scale, unmerged),
+ * train = 0: RMSNorm, q/k/v projections (+ bias, + LoRA as x A^T B^T * scale, unmerged, + the
+ * frozen correction of a QLoRA base when the adapter carries one),
  * the per-head q/k RMSNorm of qk_norm models (Qwen3), RoPE at the absolute positions,
  * attention, o projection + residual, RMSNorm, SwiGLU MLP + residual. The new tokens' k (after RoPE) and v are written straight into the cache,
  * per layer K and V (ctx_max, Hkv, D) fp32 in backend memory. Attention of a forward that
@@ -50,7 +51,28 @@ typedef struct ft_gen {
     ft_layer_weights *layers;
     const float *embed, *final_norm, *lm_head;
     float *wmem;
+    /* With a source (ft_gen_init_source): the layers come from it per visit instead, and
+     * xd is linear_fwd's scratch, chunk_max * max(C, H*D, F) floats. */
+    const struct ft_gen_source *src;
+    float *xd;
 } ft_gen;
+
+/* Where generation reads the weights of a model that has none in memory (a QLoRA base
+ * served from its NF4 pack, a pack-only folder): offload/exec.h ft_exec_gen_source gives
+ * one over an executor on the pack. All pointers are in the backend's memory.
+ *   begin(ctx) / end(ctx): around each forward's layer visits 0..L-1 (may be NULL);
+ *   layer(ctx, l, &w): layer l's weights (projections of any wtype the backend's linear_fwd
+ *     takes: fp32, bf16, NF4), valid until the next call;
+ *   embed: the (V, C) table, or NULL: embed_rows(ctx, ids (host), n, out (n, C)) gathers;
+ *   final_norm (C), lm_head (V, C). */
+typedef struct ft_gen_source {
+    void *ctx;
+    int (*begin)(void *ctx);
+    int (*layer)(void *ctx, int64_t l, const ft_layer_weights **w);
+    int (*end)(void *ctx);
+    int (*embed_rows)(void *ctx, const int32_t *ids, int64_t n, float *out);
+    const float *embed, *final_norm, *lm_head;
+} ft_gen_source;
 
 /* Plans and allocates (one backend allocation) a cache of ctx_max tokens and buffers for
  * forwards of up to chunk_max tokens returning up to logit_rows_max rows of logits.
@@ -59,6 +81,12 @@ typedef struct ft_gen {
  * FT_E_UNSUPPORTED (head_dim > 2048), FT_E_RANGE (a cache too large to address). */
 int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
                 int64_t ctx_max, int64_t chunk_max, int64_t logit_rows_max);
+/* ft_gen_init with the weights read from src (kept by pointer: it must outlive g) instead
+ * of m's arrays; m gives the shapes. Same sizes and errors, plus FT_E_INVALID for a source
+ * without layer() or without both embed and embed_rows. */
+int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+                       const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
+                       int64_t logit_rows_max);
 void ft_gen_free(ft_gen *g); /* NULL-safe; leaves g zeroed */
 
 /* Bytes ft_gen_init allocates for these sizes. */

@@ -2,18 +2,21 @@
  * recomputation, prefill against the training executor's logits, sampling (greedy,
  * temperature, top-k, top-p) with a fixed seed, stop tokens, generation prompts and the
  * streaming detokenizer, and the prompts of a --prompts file (records, their ids, per-record
- * seeds, a cache reused across prompts). Model: tests/fixtures/tiny-llama (2 layers, GQA 4/2 heads). */
+ * seeds, a cache reused across prompts), and the weights read from an NF4 pack through an
+ * executor (CPU streamed and resident, cpu-device tiers; tied and untied). Model: tests/fixtures/tiny-llama (2 layers, GQA 4/2 heads). */
 #include "tests/unit/harness.h"
 
 #include "adapters/lora.h"
 #include "kernels/kernels.h"
 #include "offload/exec.h"
+#include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
 #include "src/model/generate.h"
+#include "src/model/init_model.h"
 #include "src/model/model.h"
 #include "src/model/sample.h"
 #include "tests/unit/tok_template.h"
@@ -1161,6 +1164,146 @@ static void test_gen_cache_reuse(void **state)
     free(lb);
 }
 
+
+/* ---- weights from a pack (ftune generate --quant nf4, pack-only folders) ------------------ */
+
+/* A pack-only tiny-llama (config.json + NF4 pack + tokenizer) in out; untied: its config with
+ * tie_word_embeddings false, so the pack holds an LM head apart from the embeddings. */
+static void write_pack_only(const char *dir, const char *name, int untied, char *out, size_t n)
+{
+    char cfg[700];
+    snprintf(out, n, "%s/%s", dir, name);
+    snprintf(cfg, sizeof cfg, "%s", TINY "/config.json");
+    if (untied) {
+        char *txt;
+        size_t len;
+        assert_int_equal(ft_read_file(TINY "/config.json", &txt, &len), 0);
+        char *at = strstr(txt, "\"tie_word_embeddings\": true");
+        assert_non_null(at);
+        memcpy(at, "\"tie_word_embeddings\":false", 27);
+        snprintf(cfg, sizeof cfg, "%s/%s.json", dir, name);
+        assert_int_equal(ft_write_file_atomic(cfg, txt, len), 0);
+        free(txt);
+    }
+    ft_init_cfg c = {cfg, out, 5, 0, 0, FT_PACK_QUANT_NF4, TINY};
+    ft_init_result res;
+    assert_int_equal(ft_init_model(&c, &res), 0);
+}
+
+enum { PACK_STREAMED, PACK_RESIDENT, PACK_TIERS };
+
+/* Generation over an executor on the pack of `dir` (how: streamed or resident in host memory,
+ * or the device tiers) against the executor's own logits: a prompt prefilled in one forward
+ * gives them bit for bit; decoding token by token gives each row within the cached-decode
+ * bound. With an adapter: random A, B and a random frozen correction A0/B0 (as a QLoRA run's
+ * --quant-correction), which the comparison sees since the executor applies it. */
+static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lora,
+                          const char *label)
+{
+    ft_model *m = NULL;
+    assert_int_equal(ft_model_load(&m, dir), 0);
+    assert_true(m->pack_only[0] && !m->embed);
+    ft_pack_file *pack = NULL;
+    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
+    ft_lora lora, *lp = NULL;
+    if (with_lora) {
+        ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
+        assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
+        ft_rng rng;
+        ft_rng_seed(&rng, 99);
+        float *fixed = malloc((size_t)lora.n_params * sizeof(float));
+        for (int64_t i = 0; i < lora.n_params; i++) {
+            lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.4f;
+            fixed[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.4f;
+        }
+        assert_int_equal(ft_lora_push(&lora), 0);
+        assert_int_equal(ft_lora_set_fixed(&lora, fixed), 0);
+        free(fixed);
+        lp = &lora;
+    }
+    const int64_t T = N_SEQ, V = m->cfg.vocab_size;
+    ft_exec ex;
+    assert_int_equal(ft_exec_init_ex(&ex, be, m, lp, T, 1, T, 0), 0);
+    if (how == PACK_TIERS) assert_int_equal(ft_exec_use_pack_tiers(&ex, pack, NULL, 2, 1), 0);
+    else assert_int_equal(ft_exec_use_pack_ex(&ex, pack, how == PACK_RESIDENT), 0);
+    int32_t ids[N_SEQ], tg[N_SEQ], pos[N_SEQ], ss[N_SEQ] = {0};
+    for (int64_t t = 0; t < T; t++) {
+        ids[t] = SEQ[t];
+        pos[t] = (int32_t)t;
+        tg[t] = t + 1 < T ? SEQ[t + 1] : -100;
+    }
+    ft_batch b = {1, T, T, ids, tg, pos, ss, T - 1};
+    float *le = malloc((size_t)(T * V) * 4), *lg = malloc((size_t)(T * V) * 4);
+    assert_int_equal(ft_exec_logits(&ex, &b, le), 0);
+
+    ft_gen_source src;
+    assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
+    ft_gen g;
+    assert_int_equal(ft_gen_init_source(&g, be, m, lp, &src, T, T, T), 0);
+    assert_int_equal(ft_gen_forward(&g, ids, T, lg, T), 0);
+    printf("[%s] prefill logits over the pack vs ft_exec_logits: max abs diff %.3e (%s)\n", label,
+           max_diff(le, lg, T * V),
+           memcmp(le, lg, (size_t)(T * V) * 4) ? "not bit-identical" : "bit-identical");
+    assert_memory_equal(le, lg, (size_t)(T * V) * 4);
+    /* 4 tokens prefilled, then one at a time */
+    const int64_t a = 4;
+    ft_gen_reset(&g);
+    assert_int_equal(ft_gen_forward(&g, ids, a, lg, 1), 0);
+    double worst = 0;
+    for (int64_t t = a - 1; t < T; t++) {
+        double s = max_abs(le + t * V, V), d = max_diff(lg, le + t * V, V);
+        worst = fmax(worst, d / s);
+        assert_true(d <= FT_TOL_KV_DECODE_REL * s);
+        if (t + 1 < T) assert_int_equal(ft_gen_forward(&g, ids + t + 1, 1, lg, 1), 0);
+    }
+    printf("[%s] cached decode over the pack vs ft_exec_logits: max diff %.3e of max |logit|\n",
+           label, worst);
+    /* the comparison can fail: another row is far off */
+    assert_true(max_diff(lg, le + (T - 2) * V, V) > 100 * FT_TOL_KV_DECODE_REL * max_abs(lg, V));
+    ft_gen_free(&g);
+    /* a source must come from an executor that reads a pack, with its layers */
+    ft_gen_source bad = src;
+    bad.layer = NULL;
+    assert_int_equal(ft_gen_init_source(&g, be, m, lp, &bad, T, T, T), FT_E_INVALID);
+    ft_exec_free(&ex);
+    if (lp) ft_lora_free(lp);
+    ft_pack_close(pack);
+    ft_model_free(m);
+    free(le);
+    free(lg);
+}
+
+static void test_gen_from_pack(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir(), tied[700], untied[700];
+    write_pack_only(dir, "tied", 0, tied, sizeof tied);
+    write_pack_only(dir, "untied", 1, untied, sizeof untied);
+    ft_backend *cpu, *dev;
+    assert_int_equal(ft_backend_cpu_init(&cpu, 2), 0);
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
+    gen_pack_case(cpu, tied, PACK_RESIDENT, 0, "cpu, pack in memory, tied");
+    gen_pack_case(cpu, tied, PACK_STREAMED, 1, "cpu, pack streamed, tied, LoRA + correction");
+    gen_pack_case(cpu, untied, PACK_RESIDENT, 1, "cpu, pack in memory, untied, LoRA + correction");
+    gen_pack_case(dev, tied, PACK_TIERS, 1, "cpu-device, tiers, tied, LoRA + correction");
+    gen_pack_case(dev, untied, PACK_TIERS, 1, "cpu-device, tiers, untied (embedding rows from the pack), LoRA + correction");
+    /* an executor without a pack is no source; the model alone cannot generate */
+    ft_model *m = NULL;
+    assert_int_equal(ft_model_load(&m, tied), 0);
+    ft_exec ex;
+    assert_int_equal(ft_exec_init_ex(&ex, cpu, m, NULL, 4, 1, 4, 0), 0);
+    ft_gen_source src;
+    assert_int_equal(ft_exec_gen_source(&ex, &src), FT_E_INVALID);
+    ft_gen g;
+    assert_int_equal(ft_gen_init(&g, cpu, m, NULL, 8, 4, 1), FT_E_UNSUPPORTED);
+    assert_non_null(strstr(ft_errmsg(), "--quant nf4"));
+    ft_exec_free(&ex);
+    ft_model_free(m);
+    ft_backend_free(dev);
+    ft_backend_free(cpu);
+    t_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1181,6 +1324,7 @@ int main(void)
         cmocka_unit_test(test_gen_req_tools),
         cmocka_unit_test(test_gen_record_seed),
         cmocka_unit_test_setup_teardown(test_gen_cache_reuse, setup, teardown),
+        cmocka_unit_test(test_gen_from_pack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
