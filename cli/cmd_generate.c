@@ -26,7 +26,8 @@
  * the model in memory; each token dequantizes every layer's block (on the CPU into fp32; on a
  * GPU into bf16, or the fused NF4 GEMM), the pack held in memory (on a GPU every layer in
  * device memory: no offload planner). A folder that holds only a pack (init-model --pack)
- * is served the same way without the flag.
+ * is served the same way without the flag. On a GPU the bf16 base also goes through the
+ * executor: its bf16 weight copies, as training reads them (no fp32 copy on the device).
  *
  * Defaults: greedy decoding (temperature 0), so that a run is reproducible and two adapters
  * can be compared on the same prompt. llama.cpp's CLI samples by default (temperature 0.8,
@@ -137,9 +138,10 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl)
     const int64_t V = e->m->cfg.vocab_size;
     const int64_t chunk = max_prompt < FT_GEN_CHUNK_DEFAULT ? max_prompt : FT_GEN_CHUNK_DEFAULT;
     const ft_lora *lora = e->s.has_lora ? &e->s.lora : NULL;
-    if (e->m->pack_only[0]) {
-        /* an executor over the pack for chunks of up to `chunk` tokens; on the CPU the whole
-         * pack in memory, as every token visits every layer */
+    if (e->m->pack_only[0] || !e->s.be->ops->host_memory) {
+        /* the weights through an executor for chunks of up to `chunk` tokens: on a device the
+         * bf16 copies it places (as training reads them) or the pack's blocks; over a pack on
+         * the CPU the whole pack in memory, as every token visits every layer */
         e->s.pack_in_memory = 1;
         FT_TRY(ft_session_plan(&e->s, chunk));
         FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));

@@ -333,8 +333,9 @@ static int gen_embed_rows(void *ctx, const int32_t *ids, int64_t n, float *out)
 int ft_exec_gen_source(ft_exec *e, ft_gen_source *s)
 {
     memset(s, 0, sizeof *s);
-    if (!e->pack)
-        return ft_err(FT_E_INVALID, "generate: the executor reads no pack (ft_exec_use_pack first)");
+    if (!e->pack && !(e->layers && e->layers[0].attn_norm))
+        return ft_err(FT_E_INVALID, "generate: the executor holds no layer weights and reads no "
+                      "pack (ft_exec_use_pack first)");
     *s = (ft_gen_source){e, gen_begin, gen_layer, gen_end, e->embed ? NULL : gen_embed_rows,
                          e->embed, e->final_norm, e->lm_head};
     return 0;

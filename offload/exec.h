@@ -292,12 +292,14 @@ int ft_exec_eval_seq(ft_exec *e, const ft_batch *mb, double *nll, int64_t *n_tok
 /* Forward only: logits (T, V) of one micro-batch into host memory `logits`. */
 int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
 
-/* The weights of an executor over a pack (ft_exec_use_pack, _ex, _tiers), as generation reads
- * them (src/model/generate.h ft_gen_init_source): each layer fetched per visit as a training
- * forward fetches it (host: the block dequantized to fp32; device: bound in its tier, NF4
- * dequantized to bf16 or fused), the globals the executor placed; an untied model on a device
- * gathers its embedding rows from the pack (at most e->T_max tokens per forward). s keeps e by
- * pointer. Returns 0, or FT_E_INVALID when e reads no pack. */
+/* The weights of an executor, as generation reads them (src/model/generate.h
+ * ft_gen_init_source): each layer fetched per visit as a training forward fetches it (placed
+ * weights: the model's on the host, bf16 copies on a device; over a pack (ft_exec_use_pack,
+ * _ex, _tiers): the block dequantized to fp32 on the host, on a device bound in its tier with
+ * NF4 dequantized to bf16 or fused), the globals the executor placed; an untied pack-only
+ * model on a device gathers its embedding rows from the pack (at most e->T_max tokens per
+ * forward). s keeps e by pointer. Returns 0, or FT_E_INVALID when e has neither placed
+ * weights nor a pack. */
 int ft_exec_gen_source(ft_exec *e, ft_gen_source *s);
 
 #endif

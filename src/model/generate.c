@@ -158,14 +158,11 @@ int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lo
     return gen_init(g, be, m, lora, src, ctx_max, chunk_max, logit_rows_max);
 }
 
-/* The weights where the backend reads them (see ft_gen): the source's; else in place on the
- * host, else one fp32 device copy of every tensor (norms, projections, biases, embeddings,
- * LM head). */
+/* The weights where the backend reads them (see ft_gen): the source's, or the model's host
+ * arrays in place. */
 static int place_weights(ft_gen *g)
 {
     const ft_model *m = g->m;
-    const ft_model_config *c = &m->cfg;
-    ft_backend *be = g->be;
     if (g->src) { /* the layers are fetched per visit (block) */
         g->embed = g->src->embed;
         g->final_norm = g->src->final_norm;
@@ -176,59 +173,19 @@ static int place_weights(ft_gen *g)
         return ft_err(FT_E_UNSUPPORTED, "%s: generate needs the model's weights (a pack-only model "
                       "has none outside its pack: generate reads it with --quant nf4, or bf16 "
                       "for a bf16 pack)", m->path);
-    if (be->ops->host_memory) {
-        g->layers = m->layers;
-        g->embed = m->embed;
-        g->final_norm = m->final_norm;
-        g->lm_head = m->lm_head;
-        return 0;
-    }
-    int64_t L = c->num_hidden_layers, C = c->hidden_size, VC = c->vocab_size * C;
-    int64_t n = up16(VC) + (m->lm_head != m->embed ? up16(VC) : 0) + up16(C);
-    for (int64_t l = 0; l < L; l++) {
-        n += 2 * up16(C) + (m->layers[l].q_norm ? up16(c->head_dim) : 0) +
-             (m->layers[l].k_norm ? up16(c->head_dim) : 0);
-        for (int k = 0; k < FT_N_PROJ; k++) {
-            const ft_linear *li = &m->layers[l].proj[k];
-            n += up16(li->out_n * li->in_n) + (li->b ? up16(li->out_n) : 0);
-        }
-    }
-    g->layers = calloc((size_t)L, sizeof *g->layers);
-    g->wmem = g->layers ? be->ops->alloc(be, (size_t)n * sizeof(float)) : NULL;
-    if (!g->wmem)
-        return ft_err(-ENOMEM, "out of %s memory for the model's weights in fp32 (%.2f GiB)",
-                      be->ops->name, (double)n * 4 / 1073741824.0);
-    float *p = g->wmem;
-    int rc = 0;
-#define PUT(dst, src, cnt) do { float *d_ = carve(&p, (cnt)); \
-        if (!rc) { rc = be->ops->copy(be, d_, (src), (size_t)(cnt) * sizeof(float)); } \
-        (dst) = d_; } while (0)
-    PUT(g->embed, m->embed, VC);
-    if (m->lm_head != m->embed) PUT(g->lm_head, m->lm_head, VC);
-    else g->lm_head = g->embed;
-    PUT(g->final_norm, m->final_norm, C);
-    for (int64_t l = 0; l < L && !rc; l++) {
-        const ft_layer_weights *s = &m->layers[l];
-        ft_layer_weights *d = &g->layers[l];
-        *d = *s;
-        PUT(d->attn_norm, s->attn_norm, C);
-        PUT(d->ffn_norm, s->ffn_norm, C);
-        if (s->q_norm) PUT(d->q_norm, s->q_norm, c->head_dim);
-        if (s->k_norm) PUT(d->k_norm, s->k_norm, c->head_dim);
-        for (int k = 0; k < FT_N_PROJ; k++) {
-            PUT(d->proj[k].w, s->proj[k].w, s->proj[k].out_n * s->proj[k].in_n);
-            if (s->proj[k].b) PUT(d->proj[k].b, s->proj[k].b, s->proj[k].out_n);
-        }
-    }
-#undef PUT
-    return rc;
+    if (!g->be->ops->host_memory)
+        return ft_err(FT_E_UNSUPPORTED, "generate: on %s the weights are read through an executor "
+                      "(ft_gen_init_source, offload/exec.h ft_exec_gen_source)", g->be->ops->name);
+    g->layers = m->layers;
+    g->embed = m->embed;
+    g->final_norm = m->final_norm;
+    g->lm_head = m->lm_head;
+    return 0;
 }
 
 void ft_gen_free(ft_gen *g)
 {
     if (!g) return;
-    if (g->be) g->be->ops->free(g->be, g->wmem);
-    if (g->layers && g->m && g->layers != g->m->layers) free(g->layers);
     if (g->be) g->be->ops->free(g->be, g->arena);
     memset(g, 0, sizeof *g);
 }

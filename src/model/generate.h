@@ -47,12 +47,11 @@ typedef struct ft_gen {
     float *inv_freq;            /* (D/2) */
     int32_t *ids, *pos, *seq_start; /* (chunk_max) each */
     /* The weights as the backend reads them: the model's host arrays on a host-memory backend
-     * (CPU); on a device backend (CUDA) an fp32 copy in one device allocation (wmem). */
-    ft_layer_weights *layers;
+     * (CPU); with a source (ft_gen_init_source, needed on a device backend) the layers come
+     * from it per visit instead (layers NULL), and xd is linear_fwd's scratch,
+     * chunk_max * max(C, H*D, F) floats. */
+    const ft_layer_weights *layers;
     const float *embed, *final_norm, *lm_head;
-    float *wmem;
-    /* With a source (ft_gen_init_source): the layers come from it per visit instead, and
-     * xd is linear_fwd's scratch, chunk_max * max(C, H*D, F) floats. */
     const struct ft_gen_source *src;
     float *xd;
 } ft_gen;
@@ -75,10 +74,12 @@ typedef struct ft_gen_source {
 } ft_gen_source;
 
 /* Plans and allocates (one backend allocation) a cache of ctx_max tokens and buffers for
- * forwards of up to chunk_max tokens returning up to logit_rows_max rows of logits.
- * lora may be NULL. Returns 0, -ENOMEM (the message gives the bytes), FT_E_INVALID
- * (unless 1 <= logit_rows_max <= chunk_max <= ctx_max; an adapter of another depth),
- * FT_E_UNSUPPORTED (head_dim > 2048), FT_E_RANGE (a cache too large to address). */
+ * forwards of up to chunk_max tokens returning up to logit_rows_max rows of logits, the
+ * weights read in place from m's host arrays (a host-memory backend). lora may be NULL.
+ * Returns 0, -ENOMEM (the message gives the bytes), FT_E_INVALID (unless 1 <= logit_rows_max
+ * <= chunk_max <= ctx_max; an adapter of another depth), FT_E_UNSUPPORTED (head_dim > 2048;
+ * a model without host weights; a device backend: see ft_gen_init_source), FT_E_RANGE (a
+ * cache too large to address). */
 int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
                 int64_t ctx_max, int64_t chunk_max, int64_t logit_rows_max);
 /* ft_gen_init with the weights read from src (kept by pointer: it must outlive g) instead

@@ -2,8 +2,8 @@
  * recomputation, prefill against the training executor's logits, sampling (greedy,
  * temperature, top-k, top-p) with a fixed seed, stop tokens, generation prompts and the
  * streaming detokenizer, and the prompts of a --prompts file (records, their ids, per-record
- * seeds, a cache reused across prompts), and the weights read from an NF4 pack through an
- * executor (CPU streamed and resident, cpu-device tiers; tied and untied). Model: tests/fixtures/tiny-llama (2 layers, GQA 4/2 heads). */
+ * seeds, a cache reused across prompts), and the weights read through an executor (an NF4
+ * pack: CPU streamed and resident, cpu-device tiers, tied and untied; a device's bf16 copies). Model: tests/fixtures/tiny-llama (2 layers, GQA 4/2 heads). */
 #include "tests/unit/harness.h"
 
 #include "adapters/lora.h"
@@ -1190,10 +1190,11 @@ static void write_pack_only(const char *dir, const char *name, int untied, char 
     assert_int_equal(ft_init_model(&c, &res), 0);
 }
 
-enum { PACK_STREAMED, PACK_RESIDENT, PACK_TIERS };
+enum { PACK_STREAMED, PACK_RESIDENT, PACK_TIERS, NO_PACK };
 
 /* Generation over an executor on the pack of `dir` (how: streamed or resident in host memory,
- * or the device tiers) against the executor's own logits: a prompt prefilled in one forward
+ * or the device tiers; NO_PACK: the model's own weights, on a device the executor's bf16
+ * copies) against the executor's own logits: a prompt prefilled in one forward
  * gives them bit for bit; decoding token by token gives each row within the cached-decode
  * bound. With an adapter: random A, B and a random frozen correction A0/B0 (as a QLoRA run's
  * --quant-correction), which the comparison sees since the executor applies it. */
@@ -1202,9 +1203,11 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
 {
     ft_model *m = NULL;
     assert_int_equal(ft_model_load(&m, dir), 0);
-    assert_true(m->pack_only[0] && !m->embed);
     ft_pack_file *pack = NULL;
-    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
+    if (how != NO_PACK) {
+        assert_true(m->pack_only[0] && !m->embed);
+        assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
+    }
     ft_lora lora, *lp = NULL;
     if (with_lora) {
         ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
@@ -1223,9 +1226,9 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
     }
     const int64_t T = N_SEQ, V = m->cfg.vocab_size;
     ft_exec ex;
-    assert_int_equal(ft_exec_init_ex(&ex, be, m, lp, T, 1, T, 0), 0);
+    assert_int_equal(ft_exec_init_ex(&ex, be, m, lp, T, 1, T, how == NO_PACK), 0);
     if (how == PACK_TIERS) assert_int_equal(ft_exec_use_pack_tiers(&ex, pack, NULL, 2, 1), 0);
-    else assert_int_equal(ft_exec_use_pack_ex(&ex, pack, how == PACK_RESIDENT), 0);
+    else if (how != NO_PACK) assert_int_equal(ft_exec_use_pack_ex(&ex, pack, how == PACK_RESIDENT), 0);
     int32_t ids[N_SEQ], tg[N_SEQ], pos[N_SEQ], ss[N_SEQ] = {0};
     for (int64_t t = 0; t < T; t++) {
         ids[t] = SEQ[t];
@@ -1241,7 +1244,7 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
     ft_gen g;
     assert_int_equal(ft_gen_init_source(&g, be, m, lp, &src, T, T, T), 0);
     assert_int_equal(ft_gen_forward(&g, ids, T, lg, T), 0);
-    printf("[%s] prefill logits over the pack vs ft_exec_logits: max abs diff %.3e (%s)\n", label,
+    printf("[%s] prefill logits through the executor vs ft_exec_logits: max abs diff %.3e (%s)\n", label,
            max_diff(le, lg, T * V),
            memcmp(le, lg, (size_t)(T * V) * 4) ? "not bit-identical" : "bit-identical");
     assert_memory_equal(le, lg, (size_t)(T * V) * 4);
@@ -1256,7 +1259,7 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
         assert_true(d <= FT_TOL_KV_DECODE_REL * s);
         if (t + 1 < T) assert_int_equal(ft_gen_forward(&g, ids + t + 1, 1, lg, 1), 0);
     }
-    printf("[%s] cached decode over the pack vs ft_exec_logits: max diff %.3e of max |logit|\n",
+    printf("[%s] cached decode through the executor vs ft_exec_logits: max diff %.3e of max |logit|\n",
            label, worst);
     /* the comparison can fail: another row is far off */
     assert_true(max_diff(lg, le + (T - 2) * V, V) > 100 * FT_TOL_KV_DECODE_REL * max_abs(lg, V));
@@ -1273,7 +1276,7 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
     free(lg);
 }
 
-static void test_gen_from_pack(void **state)
+static void test_gen_through_exec(void **state)
 {
     (void)state;
     char *dir = t_tmpdir(), tied[700], untied[700];
@@ -1287,17 +1290,24 @@ static void test_gen_from_pack(void **state)
     gen_pack_case(cpu, untied, PACK_RESIDENT, 1, "cpu, pack in memory, untied, LoRA + correction");
     gen_pack_case(dev, tied, PACK_TIERS, 1, "cpu-device, tiers, tied, LoRA + correction");
     gen_pack_case(dev, untied, PACK_TIERS, 1, "cpu-device, tiers, untied (embedding rows from the pack), LoRA + correction");
-    /* an executor without a pack is no source; the model alone cannot generate */
+    /* a device generates through an executor also without a pack (its bf16 weight copies) */
+    gen_pack_case(dev, TINY, NO_PACK, 1, "cpu-device, the model's weights as the executor places them, LoRA + correction");
+    /* the model alone cannot generate: a pack-only one has no weights, a device reads them
+     * through an executor; an executor that placed no weights is no source */
     ft_model *m = NULL;
     assert_int_equal(ft_model_load(&m, tied), 0);
     ft_exec ex;
-    assert_int_equal(ft_exec_init_ex(&ex, cpu, m, NULL, 4, 1, 4, 0), 0);
+    assert_int_equal(ft_exec_init_ex(&ex, dev, m, NULL, 4, 1, 4, 0), 0);
     ft_gen_source src;
     assert_int_equal(ft_exec_gen_source(&ex, &src), FT_E_INVALID);
+    ft_exec_free(&ex);
     ft_gen g;
     assert_int_equal(ft_gen_init(&g, cpu, m, NULL, 8, 4, 1), FT_E_UNSUPPORTED);
     assert_non_null(strstr(ft_errmsg(), "--quant nf4"));
-    ft_exec_free(&ex);
+    ft_model_free(m);
+    assert_int_equal(ft_model_load(&m, TINY), 0);
+    assert_int_equal(ft_gen_init(&g, dev, m, NULL, 8, 4, 1), FT_E_UNSUPPORTED);
+    assert_non_null(strstr(ft_errmsg(), "ft_gen_init_source"));
     ft_model_free(m);
     ft_backend_free(dev);
     ft_backend_free(cpu);
@@ -1324,7 +1334,7 @@ int main(void)
         cmocka_unit_test(test_gen_req_tools),
         cmocka_unit_test(test_gen_record_seed),
         cmocka_unit_test_setup_teardown(test_gen_cache_reuse, setup, teardown),
-        cmocka_unit_test(test_gen_from_pack),
+        cmocka_unit_test(test_gen_through_exec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
