@@ -13,6 +13,7 @@
 #define FT_CPU_REAL float
 #define FT_CPU_SUFFIX f32
 #define FT_CPU_GEMM cblas_sgemm
+#define FT_CPU_GEMV cblas_sgemv
 #define FT_CPU_EXP ft_cpu_expf
 #define FT_CPU_SQRT sqrtf
 #include "kernels/cpu/ops_impl.h"

@@ -13,6 +13,7 @@
 #define FT_CPU_REAL double
 #define FT_CPU_SUFFIX f64
 #define FT_CPU_GEMM cblas_dgemm
+#define FT_CPU_GEMV cblas_dgemv
 #define FT_CPU_EXP exp
 #define FT_CPU_SQRT sqrt
 #include "kernels/cpu/ops_impl.h"

@@ -276,12 +276,14 @@ int ft_nf4_quantize(const float *x, const ft_nf4_layout *l, const float *map, ui
     return ft_nf4_quantize_nested(absmax_tmp, l, map, qabsmax, nested_absmax, offset);
 }
 
-float ft_nf4_block_absmax(const ft_nf4_view *v, int64_t b)
+static inline float block_absmax(const ft_nf4_view *v, int64_t b)
 {
     if (!v->lay.nested_blocksize) return v->absmax[b];
     float a = v->nested_map[v->qabsmax[b]] * v->nested_absmax[b / v->lay.nested_blocksize];
     return a + v->offset; /* two roundings, as bnb: dequantize_blockwise, then += offset */
 }
+
+float ft_nf4_block_absmax(const ft_nf4_view *v, int64_t b) { return block_absmax(v, b); }
 
 int ft_nf4_dequant_range(const ft_nf4_view *v, int64_t e0, int64_t count, float *out)
 {
@@ -294,17 +296,26 @@ int ft_nf4_dequant_range(const ft_nf4_view *v, int64_t e0, int64_t count, float 
                       (long long)e0, (long long)count, (long long)l->n);
     if (count == 0) return 0;
     const float *code = v->code;
+    const uint8_t *codes = v->codes;
     int64_t b0 = e0 / l->blocksize, b1 = (e0 + count - 1) / l->blocksize + 1;
 #pragma omp parallel for schedule(static) if (b1 - b0 > 1024)
     for (int64_t b = b0; b < b1; b++) {
-        float a = ft_nf4_block_absmax(v, b);
+        float a = block_absmax(v, b);
         int64_t s = b * l->blocksize, e = s + l->blocksize;
         if (s < e0) s = e0;
         if (e > e0 + count) e = e0 + count;
-        for (int64_t i = s; i < e; i++) {
-            uint8_t byte = v->codes[i / 2];
-            out[i - e0] = code[i & 1 ? byte & 15 : byte >> 4] * a;
+        float *o = out - e0;
+        int64_t i = s;
+        if (i & 1) { /* an odd start: its byte's low nibble */
+            o[i] = code[codes[i / 2] & 15] * a;
+            i++;
         }
+        for (; i + 1 < e; i += 2) { /* whole bytes: high nibble first (bitsandbytes' order) */
+            uint8_t byte = codes[i / 2];
+            o[i] = code[byte >> 4] * a;
+            o[i + 1] = code[byte & 15] * a;
+        }
+        if (i < e) o[i] = code[codes[i / 2] >> 4] * a;
     }
     return 0;
 }

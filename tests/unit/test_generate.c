@@ -33,6 +33,10 @@
  * attention summed in another order (attention_kv_fwd vs attention_fwd's BLAS tiles), so
  * fp32 reassociation only; relative to the largest |logit|. */
 #define FT_TOL_KV_DECODE_REL 1e-5
+/* The same on a device backend, which rounds each GEMM's activations to bf16 (cpu-device as
+ * CUDA): an fp32 reassociation can move an activation to the neighbouring bf16 value, one bf16
+ * ulp (2^-8 relative) of that term; measured 1.1e-4 of max |logit| at worst on tiny-llama. */
+#define FT_TOL_KV_DECODE_BF16_REL 3.90625e-3
 /* Empirical frequencies of N draws vs the distribution: |f - p| <= Z * sqrt(p(1-p)/N). */
 #define FT_SAMPLE_Z 5.0
 #define FT_SAMPLE_N 40000
@@ -1253,16 +1257,19 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
     ft_gen_reset(&g);
     assert_int_equal(ft_gen_forward(&g, ids, a, lg, 1), 0);
     double worst = 0;
+    const double tol = be->ops->host_memory ? FT_TOL_KV_DECODE_REL : FT_TOL_KV_DECODE_BF16_REL;
     for (int64_t t = a - 1; t < T; t++) {
         double s = max_abs(le + t * V, V), d = max_diff(lg, le + t * V, V);
         worst = fmax(worst, d / s);
-        assert_true(d <= FT_TOL_KV_DECODE_REL * s);
+        if (d > tol * s)
+            printf("  [%s] row %lld: max diff %.3e of max |logit| %.3g\n", label, (long long)t, d / s, s);
+        assert_true(d <= tol * s);
         if (t + 1 < T) assert_int_equal(ft_gen_forward(&g, ids + t + 1, 1, lg, 1), 0);
     }
-    printf("[%s] cached decode through the executor vs ft_exec_logits: max diff %.3e of max |logit|\n",
-           label, worst);
+    printf("[%s] cached decode through the executor vs ft_exec_logits: max diff %.3e of max |logit| "
+           "(bound %.1e)\n", label, worst, tol);
     /* the comparison can fail: another row is far off */
-    assert_true(max_diff(lg, le + (T - 2) * V, V) > 100 * FT_TOL_KV_DECODE_REL * max_abs(lg, V));
+    assert_true(max_diff(lg, le + (T - 2) * V, V) > 10 * tol * max_abs(lg, V));
     ft_gen_free(&g);
     /* a source must come from an executor that reads a pack, with its layers */
     ft_gen_source bad = src;
