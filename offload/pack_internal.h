@@ -1,5 +1,5 @@
-/* pack_internal.h - layout helpers shared by pack.c (reader), pack_build.c and pack_src.c;
- * not part of the public interface. */
+/* pack_internal.h - layout helpers shared by pack.c (reader), pack_build.c and pack_src.c,
+ * and tiers.c (which bias records a block holds); not part of the public interface. */
 #ifndef FT_PACK_INTERNAL_H
 #define FT_PACK_INTERNAL_H
 

@@ -80,6 +80,16 @@ static int probe_fused(ft_exec *probe, ft_pack_file *pack, int64_t T, const ft_p
     return 0;
 }
 
+/* Frees e (ft_exec_free) after a failure rc, keeping the failure's message: freeing may
+ * record errors of its own (the drain of the H2D lane, tiers.c). Returns rc. */
+static int free_keeping_err(ft_exec *e, int rc)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ft_errmsg());
+    ft_exec_free(e);
+    return ft_err(rc, "%s", msg);
+}
+
 int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
                     const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res)
 {
@@ -97,18 +107,19 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     ft_exec probe;
     double t_dq = 0, t_f = 0, t_b = 0;
     int mode = ft_exec_nf4_gemm_mode(be);
-    FT_TRY(ft_exec_init_ex(&probe, be, m, lora, T, 1, o->rope_seq_len, 0));
+    int rc = ft_exec_init_ex(&probe, be, m, lora, T, 1, o->rope_seq_len, 0);
+    if (rc < 0) return free_keeping_err(&probe, rc); /* a failed init leaves its allocations */
     float *outs = mode == FT_NF4_GEMM_AUTO ? malloc((size_t)(4 * T * C) * sizeof(float)) : NULL;
-    int rc = mode == FT_NF4_GEMM_AUTO && !outs ? ft_err(-ENOMEM, "probe: out of memory") : 0;
+    rc = mode == FT_NF4_GEMM_AUTO && !outs ? ft_err(-ENOMEM, "probe: out of memory") : 0;
     probe.nf4_fused = mode == FT_NF4_GEMM_FUSED;
     if (!rc) rc = ft_exec_probe_layer(&probe, pack, T, o->pos, o->seq_start, &t_dq, &t_f, &t_b, outs);
     if (!rc && outs) rc = probe_fused(&probe, pack, T, o, outs, &t_dq, &t_f, &t_b, res);
     res->nf4_fused = probe.nf4_fused;
     size_t kept1 = ft_exec_kept_bytes(&probe) / (size_t)L;
     size_t arena1 = probe.arena_bytes;
-    ft_exec_free(&probe);
     free(outs);
-    if (rc) return rc;
+    if (rc) return free_keeping_err(&probe, rc);
+    ft_exec_free(&probe);
     res->t_dequant = t_dq;
 
     /* 2. what the device holds already (context, adapter, workspaces prepared above) */
@@ -189,17 +200,21 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
      * and the last layers' checkpoints from the start */
     const ft_plan *pl = &res->plan;
     if (pl->ckpt_tier == FT_TIER_HOST)
-        FT_TRY(ft_exec_init_ckpt_host(ex, be, m, lora, T, pl->micro_batches, o->rope_seq_len, 0,
-                                      pl->ckpt_dev_layers, pl->ckpt_sets));
+        rc = ft_exec_init_ckpt_host(ex, be, m, lora, T, pl->micro_batches, o->rope_seq_len, 0,
+                                    pl->ckpt_dev_layers, pl->ckpt_sets);
     else
-        FT_TRY(ft_exec_init_ex(ex, be, m, lora, T, pl->micro_batches, o->rope_seq_len, 0));
-    ex->nf4_fused = res->nf4_fused;
-    int slots = res->plan.prefetch_depth < 2 ? 2 : res->plan.prefetch_depth > 8 ? 8 : res->plan.prefetch_depth;
-    int stage = res->plan.host_slots < 1 ? 1 : res->plan.host_slots > 8 ? 8 : res->plan.host_slots;
-    FT_TRY(ft_exec_use_pack_tiers(ex, pack, res->plan.tier, slots, stage));
-    if (res->plan.keep_acts) {
-        int k = ft_exec_keep_activations(ex, (size_t)-1);
-        if (k < 0) return k;
+        rc = ft_exec_init_ex(ex, be, m, lora, T, pl->micro_batches, o->rope_seq_len, 0);
+    if (!rc) {
+        ex->nf4_fused = res->nf4_fused;
+        int slots = pl->prefetch_depth < 2 ? 2 : pl->prefetch_depth > 8 ? 8 : pl->prefetch_depth;
+        int stage = pl->host_slots < 1 ? 1 : pl->host_slots > 8 ? 8 : pl->host_slots;
+        rc = ft_exec_use_pack_tiers(ex, pack, pl->tier, slots, stage);
     }
-    return 0;
+    if (!rc && pl->keep_acts) {
+        int k = ft_exec_keep_activations(ex, (size_t)-1);
+        rc = k < 0 ? k : 0;
+    }
+    /* the caller frees *ex only on success: on a failure, what the init (a failed init
+     * leaves its allocations too) and the calls after it allocated is freed here */
+    return rc < 0 ? free_keeping_err(ex, rc) : 0;
 }

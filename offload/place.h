@@ -51,7 +51,9 @@ typedef struct ft_place_result {
  * checkpoints; FTUNE_CKPT_HOST=1 in the environment makes it (ft_plan_in.ckpt_host_only).
  * lora must be allocated on be. With apply == 0 *ex is untouched (`ftune plan`). Returns 0,
  * FT_E_RANGE when no plan fits the budgets (the message names the smallest --gpu-mem and
- * --host-mem), or a probe/executor error. */
+ * --host-mem), or a probe/executor error. The caller owns *ex (ft_exec_free) only after 0:
+ * on an error nothing is left to free (a failure during or after the executor's init frees
+ * it and zeroes *ex), and ft_errmsg() is the first failure's message, not the cleanup's. */
 int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
                     const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res);
 

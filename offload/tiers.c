@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "offload/exec_internal.h"
+#include "offload/pack_internal.h"
 #include "offload/pinned.h"
 #include "offload/plan.h"
 #include "offload/prefetch.h"
@@ -637,8 +638,11 @@ static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_t
     }
     int complete = f->attn_norm && f->ffn_norm &&
                    (!e->m->cfg.qk_norm || (f->q_norm && f->k_norm));
+    /* which projections carry a bias comes from the config, by the pack builder's rule (the
+     * model's own bias pointers are NULL on a pack-only model) */
     for (int k = 0; k < FT_N_PROJ; k++)
-        complete &= (f->proj[k].w || f->proj[k].nf4) && (!e->m->layers[l].proj[k].b || f->proj[k].b);
+        complete &= (f->proj[k].w || f->proj[k].nf4) &&
+                    (!ft_pack_has_bias(&e->m->cfg, k) || f->proj[k].b);
     if (!complete)
         return ft_err(FT_E_CORRUPT, "%s: layer %lld: the block lacks a norm, projection or bias",
                       ft_pack_path(e->pack), (long long)l);

@@ -669,7 +669,9 @@ static int check_correction(const ft_train_cfg *c, int quant)
 }
 
 /* The frozen correction of the NF4 base (--quant-correction, src/train/correction.h):
- * computed and saved to OUT/quant_correction on a fresh run, read back on --resume. */
+ * computed and saved to OUT/quant_correction on a fresh run, read back on --resume. A fresh
+ * run's plan (plan_only) neither reads the weights nor computes or writes it: the adapter gets
+ * a zero correction instead, so that the plan counts its memory (A0/B0) as the run will. */
 static int setup_correction(run *r, const ft_train_cfg *c, int quant, ft_train_cb cb, void *user,
                             ft_train_result *res)
 {
@@ -682,6 +684,16 @@ static int setup_correction(run *r, const ft_train_cfg *c, int quant, ft_train_c
         FT_TRY(ft_correction_load(&r->lora, c->out));
         info(cb, user, FT_EV_INFO, "quant correction: %s, read from %s/" FT_QCORR_DIR,
              ft_qcorr_name(c->quant_correction), c->out);
+        return 0;
+    }
+    if (c->plan_only) {
+        float *zero = calloc((size_t)r->lora.n_params, sizeof *zero);
+        if (!zero) return ft_err(-ENOMEM, "out of memory");
+        int rc = ft_lora_set_fixed(&r->lora, zero);
+        free(zero);
+        if (rc) return rc;
+        info(cb, user, FT_EV_INFO, "quant correction: %s, computed at the start of the real run "
+             "(the plan counts its memory)", ft_qcorr_name(c->quant_correction));
         return 0;
     }
     ft_qcorr_cfg qc = {c->quant_correction, c->quant_correction_tokens, 0.01, c->threads, c->seed};
@@ -1032,7 +1044,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     FT_TRY(check_correction(c, quant));
     if (quant == FT_PACK_QUANT_NF4) {
         /* a fresh --quant-correction is computed from the unquantized weights */
-        if (c->quant_correction && !c->resume) FT_TRY(ft_model_load_weights(r->model));
+        if (c->quant_correction && !c->resume && !c->plan_only) FT_TRY(ft_model_load_weights(r->model));
         FT_TRY(open_pack(r, c, cb, user));
     } else if (!c->plan_only) {
         double tl = now_s();

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 from cli_helpers import ROOT, SEED_DATA, TINY, run_ftune
@@ -42,6 +43,9 @@ TOL_GAP_GROWTH = 0.01
 # The calibrated correction keeps at most this fraction of the untrained gap (measured:
 # 4.2 / 9.2 = 0.46).
 TOL_QCORR_GAP0_FRACTION = 0.6
+# ftune's fp32 forward (CPU) over the NF4 base vs numpy's float64 on the same dequantized
+# weights: fp32 rounding of GEMMs over <= 128 terms and of the softmax; relative to max |logit|.
+TOL_NF4_LOGITS = 1e-5
 # Both runs must learn: each lowers its eval loss by at least this fraction of its start.
 MIN_REL_IMPROVEMENT = 0.01
 
@@ -232,6 +236,84 @@ def test_eval_nf4_with_correction(tmp_path):
     assert r.returncode == 1 and "not supported yet" in r.stderr, r.stderr
 
 
+def nf4_base_weights(pack_path, w):
+    """The weights a pack serves, as float64 arrays by HF name: its NF4 projections dequantized
+    as bitsandbytes does (nf4_ref), every other tensor of w as it is (the tiny model is bf16,
+    so the pack's norms and bf16 embeddings are exact)."""
+    import nf4_ref as N
+    out = {k: np.asarray(v, np.float64) for k, v in w.items()}
+    _, blocks = N.read_pack(pack_path)
+    for b in blocks:
+        if b["layer"] < 0:
+            continue
+        for p, proj in enumerate(N.PROJ_ORDER):
+            t = b["tensors"][N.PACK_ROLE_W0 + p]
+            key = f"model.layers.{b['layer']}.{'self_attn' if p < 4 else 'mlp'}.{proj}.weight"
+            am = N.absmax_from_nested(t["qabsmax"], t["nested_absmax"], t["nested_map"],
+                                      t["offset"], t["nested_blocksize"])
+            dq = N.dequantize_nf4(t["codes"], am, t["n"], t["blocksize"])
+            out[key] = dq.reshape(out[key].shape).astype(np.float64)
+    return out
+
+
+def test_generate_and_logits_nf4_with_correction(tmp_path):
+    """`ftune generate --quant nf4` and `ftune logits --quant nf4` of a QLoRA adapter trained
+    with --quant-correction run on the base it was trained on: the NF4 pack (reused from
+    --cache-dir), the run's frozen correction and the adapter. Checked against numpy (float64)
+    on the pack's dequantized weights + the correction + the adapter: the logits within
+    TOL_NF4_LOGITS of max |logit| (and farther without the correction), and generate's greedy
+    tokens are the reference's argmax over its own prefix at every step."""
+    import llama_ref as L
+    cache, out = tmp_path / "cache", tmp_path / "qc"
+    r = run_ftune(["train", "--model", TINY, "--data", SEED_DATA, "--quant", "nf4",
+                   "--quant-correction", "calibrated", "--cache-dir", cache, "--max-steps", "3",
+                   "--lr", "3e-3", "--seq-len", "128", "--threads", "1", "--save-every", "0",
+                   "--out", out, "--quiet"])
+    assert r.returncode == 0, r.stderr
+    info, _ = pack(cache)
+    assert info["action"] == "reused"
+    cfg, w = L.load_model(str(TINY))
+    base = nf4_base_weights(info["path"], w)
+    with_corr = L.apply_peft_adapter(cfg, L.apply_peft_adapter(cfg, base, str(out / "quant_correction")), str(out))
+    without = L.apply_peft_adapter(cfg, base, str(out))
+
+    ids = [1, 415, 2936, 9060, 285, 1142, 461, 10575, 754, 272, 17898, 28705]
+    f = tmp_path / "logits.bin"
+    r = run_ftune(["logits", "--model", TINY, "--adapter", out, "--ids", ",".join(map(str, ids)),
+                   "--out", f, "--threads", "1", "--quant", "nf4", "--cache-dir", cache])
+    assert r.returncode == 0, r.stderr
+    assert "pack: built" not in r.stderr and "quantization correction" in r.stderr, r.stderr
+    got = np.fromfile(f, dtype=np.float32).reshape(len(ids), -1).astype(np.float64)
+    ref, ref_nc = L.forward(cfg, with_corr, ids), L.forward(cfg, without, ids)
+    scale = float(np.abs(ref).max())
+    d, d_nc = float(np.abs(got - ref).max()), float(np.abs(got - ref_nc).max())
+    print(f"ftune logits --quant nf4 vs numpy: max diff {d:.3e} ({d / scale:.1e} of max |logit|); "
+          f"vs numpy without the correction {d_nc:.3e}")
+    assert d <= TOL_NF4_LOGITS * scale
+    assert d_nc > 100 * TOL_NF4_LOGITS * scale
+
+    n_new = 12
+    r = run_ftune(["generate", "--model", TINY, "--adapter", out, "--raw", "--prompt",
+                   "Once upon a time, in a quiet village by the sea,", "--max-new-tokens", n_new,
+                   "--json", "--threads", "1", "--quant", "nf4", "--cache-dir", cache])
+    assert r.returncode == 0, r.stderr
+    assert "pack: built" not in r.stderr and "quantization correction" in r.stderr, r.stderr
+    g = json.loads(r.stdout)
+    prompt, new = g["prompt_ids"], g["ids"]
+    assert 0 < len(new) <= n_new
+    z = L.forward(cfg, with_corr, prompt + new)[len(prompt) - 1:len(prompt) - 1 + len(new)]
+    ref_ids = [int(np.argmax(row)) for row in z]
+    top2 = np.sort(np.partition(z, -2, axis=1)[:, -2:], axis=1)
+    print(f"generate --quant nf4: {len(new)} tokens {new}; numpy argmax {ref_ids}; smallest "
+          f"top-2 margin {float((top2[:, 1] - top2[:, 0]).min()):.3e}")
+    assert new == ref_ids
+    # the flags are checked
+    r = run_ftune(["generate", "--model", TINY, "--prompt", "x", "--quant", "int8"])
+    assert r.returncode == 2 and "bf16, nf4" in r.stderr
+    r = run_ftune(["logits", "--model", TINY, "--ids", "1,2", "--cache-dir", cache])
+    assert r.returncode == 2 and "goes with --quant nf4" in r.stderr
+
+
 def test_quant_flag_errors(tmp_path):
     r = run_ftune(["train", "--model", TINY, "--data", SEED_DATA, "--quant", "int8"])
     assert r.returncode == 2 and "nf4, bf16, auto" in r.stderr
@@ -269,6 +351,31 @@ def test_nf4_resume(tmp_path):
                                tmp_path / "full" / "checkpoint-1"])
     assert r.returncode == 1 and 'base_quant: "nf4" -> (absent)' in r.stderr, r.stderr
     resume_matches(base, tmp_path)
+
+
+# `ftune plan` must stay quick: on the tiny model it takes ~0.1 s (2-core VM); the bound only
+# catches a plan that does a run's work (the absent OUT/quant_correction is the real check).
+MAX_PLAN_SECONDS = 30
+
+
+def test_quant_correction_plan_only(tmp_path):
+    """`ftune plan` of a fresh --quant-correction run on an NF4 base neither reads the weights
+    nor computes or writes the correction (no OUT/quant_correction): it says the correction
+    is computed at the start of the real run, and the plan counts its memory (a zero
+    correction is installed on the adapter, src/train/trainer.c setup_correction)."""
+    cache, out = tmp_path / "cache", tmp_path / "plan"
+    pack(cache)  # built beforehand: the time below is the plan's
+    t0 = time.time()
+    r = run_ftune(["plan", "--model", TINY, "--data", SEED_DATA, "--quant", "nf4",
+                   "--quant-correction", "calibrated", "--cache-dir", cache, "--seq-len", "64",
+                   "--threads", "1", "--out", out])
+    dt = time.time() - t0
+    print(f"ftune plan with --quant-correction calibrated: {dt:.2f} s\n{r.stderr}")
+    assert r.returncode == 0, r.stderr
+    assert "quant correction: calibrated, computed at the start of the real run" in r.stderr, r.stderr
+    assert "calibration tokens" not in r.stderr and "ftune: plan: " in r.stderr, r.stderr
+    assert not (out / "quant_correction").exists()
+    assert dt < MAX_PLAN_SECONDS
 
 
 def test_quant_correction_resume_and_errors(tmp_path):

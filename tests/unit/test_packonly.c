@@ -323,6 +323,84 @@ static void test_bad_packs(void **state)
     assert_non_null(strstr(ft_errmsg(), d));
 }
 
+/* A pack-only llama with attention_bias (q/k/v/o biases in its pack, none on the host): on
+ * a device backend (cpu-device) its layers bind with their biases and evaluate; a block whose
+ * directory lacks the q bias is refused naming the pack, since the config says q has one
+ * (offload/tiers.c bind_block decides from the config, as the pack builder does: the
+ * model's bias pointers are NULL here). The pack file's own directory is checked against
+ * the config when read (ft_pack_block_dir), so the executor's copy of layer 0's directory
+ * is edited instead: its q bias record relabelled as a k norm, which this model lacks. */
+static void test_bias_from_config(void **state)
+{
+    fx *f = *state;
+    char cfgp[700], dir[700], pp[800];
+    snprintf(cfgp, sizeof cfgp, "%s/bias_config.json", f->dir);
+    snprintf(dir, sizeof dir, "%s/bias", f->dir);
+    FILE *in = fopen(TINY "/config.json", "rb");
+    assert_non_null(in);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, in);
+    fclose(in);
+    text[n] = 0;
+    char *at = strstr(text, "\"attention_bias\": false");
+    assert_non_null(at);
+    FILE *out = fopen(cfgp, "wb");
+    assert_non_null(out);
+    fprintf(out, "%.*s\"attention_bias\": true%s", (int)(at - text), text,
+            at + strlen("\"attention_bias\": false"));
+    fclose(out);
+    ft_init_cfg ic = {cfgp, dir, 5, 0, 0, FT_PACK_QUANT_NF4, TINY};
+    ft_init_result res;
+    if (ft_init_model(&ic, &res) < 0) fail_msg("%s", ft_errmsg());
+    ft_model *m;
+    if (ft_model_load(&m, dir) < 0) fail_msg("%s", ft_errmsg());
+    assert_true(m->cfg.attention_bias && m->layers[0].proj[FT_Q].b == NULL);
+
+    const int64_t S = 16, V = m->cfg.vocab_size;
+    ft_batch bt = {1, S, S};
+    bt.ids = calloc((size_t)S, 4);
+    bt.targets = calloc((size_t)S, 4);
+    bt.pos = calloc((size_t)S, 4);
+    bt.seq_start = calloc((size_t)S, 4);
+    for (int64_t t = 0; t < S; t++) {
+        bt.ids[t] = (int32_t)((t * 7919 + 11) % V);
+        bt.pos[t] = (int32_t)t;
+    }
+    for (int64_t t = 0; t < S; t++) {
+        bt.targets[t] = t + 1 < S ? bt.ids[t + 1] : -100;
+        bt.n_targets += bt.targets[t] >= 0;
+    }
+    ft_backend *dev;
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
+    snprintf(pp, sizeof pp, "%s/%s", dir, FT_PACK_LOCAL_NF4);
+    ft_pack_file *p;
+    assert_int_equal(ft_pack_open(&p, pp, 1), 0);
+    ft_exec ex;
+    assert_int_equal(ft_exec_init_ex(&ex, dev, m, NULL, S, 1, S, 0), 0);
+    if (ft_exec_use_pack_tiers(&ex, p, NULL, 2, 1) < 0) fail_msg("%s", ft_errmsg());
+    double loss;
+    int64_t nt;
+    if (ft_exec_eval(&ex, &bt, &loss, &nt) < 0) fail_msg("%s", ft_errmsg());
+    assert_true(isfinite(loss) && nt == bt.n_targets);
+    int found = 0;
+    for (int64_t i = 0; i < ex.pack_dir_n[0]; i++)
+        if (ex.pack_dir[0][i].role == FT_PACK_ROLE_B0 + FT_Q) {
+            ex.pack_dir[0][i].role = FT_PACK_ROLE_K_NORM;
+            found = 1;
+        }
+    assert_true(found);
+    int rc = ft_exec_eval(&ex, &bt, &loss, &nt);
+    fprintf(stderr, "  layer 0 without its q bias: %s\n", ft_errmsg());
+    assert_int_equal(rc, FT_E_CORRUPT);
+    assert_non_null(strstr(ft_errmsg(), "lacks a norm, projection or bias"));
+    assert_non_null(strstr(ft_errmsg(), pp));
+    ft_exec_free(&ex);
+    ft_pack_close(p);
+    ft_backend_free(dev);
+    free(bt.ids); free(bt.targets); free(bt.pos); free(bt.seq_start);
+    ft_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -330,6 +408,7 @@ int main(void)
         cmocka_unit_test(test_globals_and_exec),
         cmocka_unit_test(test_bf16_and_preference),
         cmocka_unit_test(test_bad_packs),
+        cmocka_unit_test(test_bias_from_config),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
