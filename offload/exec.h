@@ -135,7 +135,8 @@ typedef struct ft_exec {
 
 /* Plans and allocates everything for micro-batches of up to T_max tokens and up to
  * n_micro of them per step. rope_seq_len is passed to ft_rope_inv_freq (dynamic scaling).
- * Returns 0, -ENOMEM (message gives the bytes asked for), FT_E_INVALID. */
+ * Returns 0, -ENOMEM (message gives the bytes asked for), FT_E_INVALID; on an error nothing
+ * is left allocated (e zeroed; ft_exec_free is harmless). */
 int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
                  int64_t n_micro, int64_t rope_seq_len);
 /* As ft_exec_init; place_layers = 0 leaves the layers' weights out of a device backend's

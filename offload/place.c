@@ -108,7 +108,7 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     double t_dq = 0, t_f = 0, t_b = 0;
     int mode = ft_exec_nf4_gemm_mode(be);
     int rc = ft_exec_init_ex(&probe, be, m, lora, T, 1, o->rope_seq_len, 0);
-    if (rc < 0) return free_keeping_err(&probe, rc); /* a failed init leaves its allocations */
+    if (rc < 0) return rc; /* a failed init frees what it allocated */
     float *outs = mode == FT_NF4_GEMM_AUTO ? malloc((size_t)(4 * T * C) * sizeof(float)) : NULL;
     rc = mode == FT_NF4_GEMM_AUTO && !outs ? ft_err(-ENOMEM, "probe: out of memory") : 0;
     probe.nf4_fused = mode == FT_NF4_GEMM_FUSED;
@@ -214,7 +214,7 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
         int k = ft_exec_keep_activations(ex, (size_t)-1);
         rc = k < 0 ? k : 0;
     }
-    /* the caller frees *ex only on success: on a failure, what the init (a failed init
-     * leaves its allocations too) and the calls after it allocated is freed here */
+    /* the caller frees *ex only on success: on a failure, what the calls after the init
+     * allocated is freed here (a failed init frees its own) */
     return rc < 0 ? free_keeping_err(ex, rc) : 0;
 }
