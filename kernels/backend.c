@@ -55,7 +55,7 @@ int ft_backend_mem_free(ft_backend *be, size_t *free_bytes, size_t *total_bytes)
 #ifdef FT_HAVE_CUDA
     if (be && !strcmp(be->ops->name, "cuda")) return ft_backend_cuda_mem(be, free_bytes, total_bytes);
 #endif
-    (void)be;
+    if (be && !strcmp(be->ops->name, "cpu-device")) return ft_backend_cpu_device_mem(be, free_bytes, total_bytes);
     long pg = sysconf(_SC_PAGESIZE), av = sysconf(_SC_AVPHYS_PAGES), ph = sysconf(_SC_PHYS_PAGES);
     if (pg <= 0 || av < 0 || ph < 0) return ft_err(-EIO, "sysconf: cannot read the memory size");
     *free_bytes = (size_t)av * (size_t)pg;
@@ -81,6 +81,9 @@ int ft_backend_init(ft_backend **out, const char *device, int n_threads)
         return ft_backend_cpu_init(out, n_threads);
     }
     if (!strcmp(device, "cpu")) return ft_backend_cpu_init(out, n_threads);
+    /* the CPU backend in device mode: the GPU paths (device memory budget, offload planner,
+     * tiers, bf16 products) run end to end without a GPU, for tests; slow */
+    if (!strcmp(device, "cpu-device")) return ft_backend_cpu_device_init(out, n_threads);
     if (!strcmp(device, "cuda")) return ft_backend_cuda_init(out, 0);
     if (!strncmp(device, "cuda:", 5)) {
         char *end;

@@ -279,6 +279,11 @@ int ft_backend_cpu_init(ft_backend **out, int n_threads);
  * at once; events are host times. For tests of the device executor without a GPU. Returns 0
  * or -ENOMEM. */
 int ft_backend_cpu_device_init(ft_backend **out, int n_threads);
+/* A cpu-device backend's "device memory" (what ft_backend_mem_free reports for it): total =
+ * the machine's physical memory, free = total less the bytes the backend's alloc holds. So a
+ * --gpu-mem budget sees what the run placed, as on a GPU. Returns 0, FT_E_INVALID (not a
+ * cpu-device backend), -EIO. */
+int ft_backend_cpu_device_mem(ft_backend *be, size_t *free_bytes, size_t *total_bytes);
 /* Makes a cpu-device backend's H2D and D2H lanes asynchronous: one worker thread each runs
  * its copies (and event marks and waits) in order, each lag_us microseconds late, beside the
  * compute on the calling thread, so a transfer the executor does not order by events shows in
@@ -305,7 +310,8 @@ int ft_backend_profile_report(ft_backend *be, char *buf, size_t n, int reset);
 /* Waits for the backend's queued work (no-op on the CPU). Returns 0 or -EIO. */
 int ft_backend_sync(ft_backend *be);
 
-/* The backend named by `device`: "cpu", "cuda" (GPU 0), "cuda:N", or "auto"/NULL (CUDA
+/* The backend named by `device`: "cpu", "cuda" (GPU 0), "cuda:N", "cpu-device" (the CPU backend
+ * in device mode, ft_backend_cpu_device_init: tests of the GPU paths), or "auto"/NULL (CUDA
  * when a GPU is visible, else CPU). n_threads is the CPU thread count (cpu_init's rule).
  * Returns 0 or the chosen backend's init error (FT_E_INVALID for an unknown name). */
 int ft_backend_init(ft_backend **out, const char *device, int n_threads);

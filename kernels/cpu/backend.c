@@ -8,12 +8,14 @@
  */
 #include <cblas.h>
 #include <errno.h>
+#include <malloc.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_f32.h"
@@ -29,6 +31,7 @@ typedef struct ft_cpu_ctx {
     float *wtile;           /* DEV_TILE_FLOATS: bf16 weights widened to fp32, NF4 staging */
     double *ev_t;           /* FT_MAX_EVENTS host times of the last record, < 0: none */
     struct ft_cpu_lanes *lanes; /* asynchronous copy lanes (ft_backend_cpu_device_set_lag), or NULL */
+    size_t dev_bytes;       /* "device memory" in use: the usable size of every live alloc */
 } ft_cpu_ctx;
 
 static void lanes_stop(struct ft_cpu_lanes *q);
@@ -762,6 +765,24 @@ static void cpu_async_free(ft_backend *be, void *p)
     free(p);
 }
 
+/* Device memory of cpu-device: host memory, counted (malloc_usable_size, the same at alloc and
+ * free) so that ft_backend_mem_free reports what the backend holds as a GPU's would. */
+static void *cpu_dev_alloc(ft_backend *be, size_t bytes)
+{
+    void *p = cpu_alloc(be, bytes);
+    if (p) __atomic_add_fetch(&((ft_cpu_ctx *)be->ctx)->dev_bytes, malloc_usable_size(p), __ATOMIC_RELAXED);
+    return p;
+}
+
+static void cpu_dev_free(ft_backend *be, void *p)
+{
+    ft_cpu_ctx *ctx = be->ctx;
+    if (!p) return;
+    __atomic_sub_fetch(&ctx->dev_bytes, malloc_usable_size(p), __ATOMIC_RELAXED);
+    if (ctx->lanes) lanes_drain(ctx->lanes); /* a queued copy may still read it */
+    free(p);
+}
+
 /* ---- init / free ------------------------------------------------------------------------ */
 
 /* n_threads <= 0: omp_get_num_procs(). The thread count is process-wide state of OpenMP
@@ -816,7 +837,22 @@ int ft_backend_cpu_device_init(ft_backend **out, int n_threads)
     ctx->dev_ops.dequant_nf4 = cpu_dev_dequant_nf4;
     ctx->dev_ops.event_record = cpu_dev_event_record;
     ctx->dev_ops.event_elapsed = cpu_dev_event_elapsed;
+    ctx->dev_ops.alloc = cpu_dev_alloc;
+    ctx->dev_ops.free = cpu_dev_free;
     be->ops = &ctx->dev_ops;
+    return 0;
+}
+
+int ft_backend_cpu_device_mem(ft_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    ft_cpu_ctx *ctx = be ? be->ctx : NULL;
+    if (!ctx || !ctx->wtile) /* device mode (its table may be a caller's wrapped copy) */
+        return ft_err(FT_E_INVALID, "ft_backend_cpu_device_mem: not a cpu-device backend");
+    long pg = sysconf(_SC_PAGESIZE), ph = sysconf(_SC_PHYS_PAGES);
+    if (pg <= 0 || ph < 0) return ft_err(-EIO, "sysconf: cannot read the memory size");
+    size_t total = (size_t)ph * (size_t)pg, used = __atomic_load_n(&ctx->dev_bytes, __ATOMIC_RELAXED);
+    *free_bytes = used < total ? total - used : 0;
+    if (total_bytes) *total_bytes = total;
     return 0;
 }
 
@@ -849,7 +885,6 @@ int ft_backend_cpu_device_set_lag(ft_backend *be, long lag_us)
     ctx->dev_ops.event_record = cpu_async_event_record;
     ctx->dev_ops.event_wait = cpu_async_event_wait;
     ctx->dev_ops.event_sync = cpu_async_event_sync;
-    ctx->dev_ops.free = cpu_async_free;
-    ctx->dev_ops.host_free = cpu_async_free;
+    ctx->dev_ops.host_free = cpu_async_free; /* .free (cpu_dev_free) drains the lanes itself */
     return 0;
 }

@@ -585,13 +585,23 @@ static int device_budget(run *r, const ft_train_cfg *c, size_t *used, size_t *bu
     return 0;
 }
 
+/* The device memory (bytes) of a run with the bf16 base resident (every layer in device
+ * memory, plan_device_memory's executor, 1 GiB spare) and what the budget leaves for it. */
+static int resident_need(run *r, const ft_train_cfg *c, int64_t T, size_t *need, size_t *avail)
+{
+    size_t used, budget, total;
+    FT_TRY(device_budget(r, c, &used, &budget, avail, &total));
+    *need = ft_exec_bytes(r->be, r->model, &r->lora, T, c->grad_accum > 0 ? c->grad_accum : 1) +
+            ((size_t)1 << 30);
+    return 0;
+}
+
 /* Chooses the base's quantization (--quant, or auto: bf16 unless a device backend's budget
  * cannot hold the bf16 base, then nf4) and says why in `why`. NF4 needs a backend that
  * dequantizes it (the CPU on the host, CUDA with dequant_nf4): FT_E_UNSUPPORTED on another,
  * naming the way out. */
 static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, char *why, size_t n)
 {
-    const size_t spare = (size_t)1 << 30;
     why[0] = 0;
     if (r->model->pack_only[0]) { /* only the pack exists: its quantization it is */
         const char *nm = strrchr(r->model->pack_only, '/');
@@ -600,10 +610,6 @@ static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, ch
             return ft_err(FT_E_INVALID, "%s holds only %s (a pack-only model): --quant %s cannot be "
                           "served; drop --quant", c->model, r->model->pack_only,
                           ft_pack_quant_name(c->quant));
-        if (pq != FT_PACK_QUANT_NF4)
-            return ft_err(FT_E_UNSUPPORTED, "%s: training from a pack-only bf16 base is not supported "
-                          "yet (write the model with ftune init-model --pack --quant nf4, or with "
-                          "--safetensors)", c->model);
         *quant = pq;
         snprintf(why, n, "the model folder holds only the pack %.160s", r->model->pack_only);
     } else if (c->quant == FT_PACK_QUANT_NF4 || c->quant == FT_PACK_QUANT_BF16) {
@@ -614,13 +620,11 @@ static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, ch
         *quant = FT_PACK_QUANT_BF16;
         snprintf(why, n, "auto: the %s backend holds the base in host memory", r->be->ops->name);
     } else {
-        size_t used, budget, avail, total;
-        FT_TRY(device_budget(r, c, &used, &budget, &avail, &total));
-        size_t need = ft_exec_bytes(r->be, r->model, &r->lora, T, c->grad_accum > 0 ? c->grad_accum : 1);
-        *quant = need + spare <= avail ? FT_PACK_QUANT_BF16 : FT_PACK_QUANT_NF4;
+        size_t need, avail;
+        FT_TRY(resident_need(r, c, T, &need, &avail));
+        *quant = need <= avail ? FT_PACK_QUANT_BF16 : FT_PACK_QUANT_NF4;
         snprintf(why, n, "auto: the bf16 base run needs %.2f GiB, %s allows %.2f GiB",
-                 gib((double)(need + spare)), c->gpu_mem > 0 ? "--gpu-mem" : "the GPU",
-                 gib((double)avail));
+                 gib((double)need), c->gpu_mem > 0 ? "--gpu-mem" : "the GPU", gib((double)avail));
     }
     if (*quant == FT_PACK_QUANT_NF4 && !r->be->ops->host_memory && !r->be->ops->dequant_nf4)
         return ft_err(FT_E_UNSUPPORTED, "QLoRA (--quant nf4%s%s) needs NF4 kernels, which the %s "
@@ -632,13 +636,14 @@ static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, ch
     return 0;
 }
 
-/* Finds or builds the NF4 pack of the model under --cache-dir and opens it (checksums were
- * verified by ft_pack_ensure when it was reused); reports what happened: a rebuilt pack
- * (truncated, corrupted, other settings) as a warning naming the reason. */
-static int open_pack(run *r, const ft_train_cfg *c, ft_train_cb cb, void *user)
+/* Finds or builds the pack of the model in `quant` (NF4, or bf16 for a bf16 base streamed by
+ * the offload executor) under --cache-dir and opens it (checksums were verified by
+ * ft_pack_ensure when it was reused); reports what happened: a rebuilt pack (truncated,
+ * corrupted, other settings) as a warning naming the reason. */
+static int open_pack(run *r, const ft_train_cfg *c, int quant, ft_train_cb cb, void *user)
 {
     ft_pack_settings ps;
-    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
+    ft_pack_settings_default(&ps, quant);
     ft_pack_ensure_info *pi = malloc(sizeof *pi);
     if (!pi) return ft_err(-ENOMEM, "out of memory");
     int rc = ft_pack_ensure_loaded(c->model, r->model, c->cache_dir, &ps, 0, pi);
@@ -1042,10 +1047,24 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     FT_TRY(choose_quant(r, c, T, &quant, why, sizeof why));
     res->quant = r->quant = quant;
     FT_TRY(check_correction(c, quant));
-    if (quant == FT_PACK_QUANT_NF4) {
+    /* the base comes from a pack: NF4 (QLoRA), a pack-only folder, or a bf16 base that a
+     * device cannot hold whole, streamed by the offload executor as a QLoRA base is */
+    int packed = quant == FT_PACK_QUANT_NF4 || r->model->pack_only[0];
+    if (!packed && !r->be->ops->host_memory) {
+        size_t need, avail;
+        FT_TRY(resident_need(r, c, T, &need, &avail));
+        if (need > avail) {
+            packed = 1;
+            info(cb, user, FT_EV_INFO, "the bf16 base run needs %.2f GiB of GPU memory with every "
+                 "layer resident, %s allows %.2f GiB: the base is streamed from its bf16 pack",
+                 gib((double)need), c->gpu_mem > 0 ? "--gpu-mem" : "the GPU", gib((double)avail));
+        }
+    }
+    if (packed) {
         /* a fresh --quant-correction is computed from the unquantized weights */
-        if (c->quant_correction && !c->resume && !c->plan_only) FT_TRY(ft_model_load_weights(r->model));
-        FT_TRY(open_pack(r, c, cb, user));
+        if (quant == FT_PACK_QUANT_NF4 && c->quant_correction && !c->resume && !c->plan_only)
+            FT_TRY(ft_model_load_weights(r->model));
+        FT_TRY(open_pack(r, c, quant, cb, user));
     } else if (!c->plan_only) {
         double tl = now_s();
         FT_TRY(ft_model_load_weights(r->model));

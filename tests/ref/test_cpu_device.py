@@ -1,0 +1,132 @@
+"""The trainer's GPU paths end to end without a GPU: `--device cpu-device` is the CPU backend in
+device mode (kernels/kernels.h ft_backend_cpu_device_init: backend memory that is not host
+memory, bf16 products, NF4 dequantized to bf16, copy lanes, a device-memory count that
+--gpu-mem budgets see), so the device memory budget, the offload planner and placement, the
+streamed tiers and generation through the executor run as they do on CUDA, only slowly.
+
+  - a bf16 base that does not fit --gpu-mem is streamed from its bf16 pack by the offload
+    executor (pinned host tier), and trains the bit-identical adapter of the run that holds
+    every layer in device memory;
+  - QLoRA of the tied-embedding tiny model (its table read from the pack into device memory),
+    `ftune eval --quant nf4` of the adapter against training's final eval, and `ftune generate`
+    (--quant nf4 and bf16) whose greedy tokens are the argmax of `ftune logits` over the same
+    prefixes on the same device path;
+  - a folder holding only a bf16 pack trains its safetensors twin's adapter bit for bit, on the
+    CPU and on cpu-device.
+"""
+import json
+import re
+
+import numpy as np
+
+from cli_helpers import SEED_DATA, TINY, run_ftune
+
+DEV = ["--device", "cpu-device", "--threads", "2"]
+# A Llama-shaped model whose layers outweigh the rest (24 layers of hidden 256, MLP 2048;
+# embeddings 32000 x 256 from the tiny model's tokenizer): with every layer resident it needs
+# ~0.08 GiB more than with its layers streamed through two device slots.
+MID = {"hidden_size": 256, "intermediate_size": 2048, "num_hidden_layers": 24,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+TRAIN = ["--data", SEED_DATA, "--max-steps", "2", "--seq-len", "64", "--eval-max", "1",
+         "--lora-r", "2", "--save-every", "0"]
+# cached decode vs a full forward on a device backend: activations are rounded to bf16 before
+# each GEMM, so the two may round one to neighbouring values (test_generate.c's bound)
+TOL_BF16_REL = 2 ** -8
+
+
+def mid_model(tmp_path):
+    cfg = json.loads((TINY / "config.json").read_text())
+    cfg.update(MID)
+    (tmp_path / "mid.json").write_text(json.dumps(cfg))
+    out = tmp_path / "mid"
+    r = run_ftune(["init-model", "--config", tmp_path / "mid.json", "--out", out, "--tokenizer",
+                   TINY, "--seed", "3"])
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_bf16_streamed_equals_resident(tmp_path):
+    model, cache = mid_model(tmp_path), tmp_path / "cache"
+    # the budget the resident run needs, from the trainer's own line (a budget of 1 MiB fits
+    # neither way and is refused after saying it)
+    r = run_ftune(["train", "--model", model, "--out", tmp_path / "none", "--quant", "bf16",
+                   "--gpu-mem", "1M", "--cache-dir", cache, *TRAIN, *DEV])
+    m = re.search(r"the bf16 base run needs ([0-9.]+) GiB of GPU memory with every layer "
+                  r"resident", r.stderr)
+    assert r.returncode == 1 and m and "does not fit" in r.stderr, r.stderr
+    need = float(m.group(1))
+    runs = {}
+    for name, budget in (("resident", "8G"), ("streamed", f"{int((need - 0.03) * 1024)}M")):
+        out = tmp_path / name
+        r = run_ftune(["train", "--model", model, "--out", out, "--quant", "bf16", "--gpu-mem",
+                       budget, "--cache-dir", cache, *TRAIN, *DEV], timeout=600)
+        assert r.returncode == 0, r.stderr
+        runs[name] = (out, r.stderr)
+    plan = [l for l in runs["streamed"][1].splitlines() if "layers:" in l]
+    print(f"resident need {need} GiB; streamed run: {plan}")
+    assert "streamed from its bf16 pack" in runs["streamed"][1]
+    assert plan and "in pinned host memory" in plan[0]
+    assert "streamed from" not in runs["resident"][1]
+    a, b = ((runs[k][0] / "adapter_model.safetensors").read_bytes() for k in ("resident", "streamed"))
+    assert a == b, "the streamed bf16 base trained another adapter than the resident one"
+
+
+def greedy_matches_logits(model, adapter, extra):
+    """generate's greedy tokens == the argmax of `ftune logits` on prompt + the tokens before,
+    both on cpu-device, to the bf16 bound where two logits are that close."""
+    r = run_ftune(["generate", "--model", model, "--adapter", adapter, "--raw", "--prompt",
+                   "Once upon a time, in a quiet village", "--max-new-tokens", "6", "--json",
+                   *extra, *DEV])
+    assert r.returncode == 0, r.stderr
+    g = json.loads(r.stdout)
+    prompt, new = g["prompt_ids"], g["ids"]
+    assert new
+    ids = prompt + new
+    r = run_ftune(["logits", "--model", model, "--adapter", adapter, "--ids",
+                   ",".join(map(str, ids)), "--out", adapter / "logits.bin", *extra, *DEV])
+    assert r.returncode == 0, r.stderr
+    z = np.fromfile(adapter / "logits.bin", np.float32).reshape(len(ids), -1)
+    rows = z[len(prompt) - 1:len(ids) - 1]
+    for t, row in enumerate(rows):
+        top = float(row.max())
+        assert row[new[t]] >= top - TOL_BF16_REL * float(np.abs(row).max()), (t, new, row.argmax())
+    print(f"generate {extra}: {new} (logits argmax {[int(r.argmax()) for r in rows]})")
+
+
+def test_qlora_tied_eval_generate(tmp_path):
+    out, cache, held = tmp_path / "q", tmp_path / "cache", tmp_path / "held.jsonl"
+    held.write_text("".join(SEED_DATA.read_text().splitlines(keepends=True)[:4]))
+    r = run_ftune(["train", "--model", TINY, "--out", out, "--quant", "nf4", "--cache-dir", cache,
+                   "--data", SEED_DATA, "--eval-data", held, "--max-steps", "2", "--seq-len", "128",
+                   "--save-every", "0", "--quiet", *DEV])
+    assert r.returncode == 0, r.stderr
+    final = json.loads((out / "summary.json").read_text())["final_eval_loss"]
+    r = run_ftune(["eval", "--model", TINY, "--adapter", out, "--data", held, "--seq-len",
+                   "128", "--quant", "nf4", "--cache-dir", cache, *DEV])
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["loss"]
+    print(f"cpu-device QLoRA: final eval {final!r}, ftune eval --quant nf4 {got}")
+    assert abs(got - final) <= 1e-6
+    greedy_matches_logits(TINY, out, ["--quant", "nf4", "--cache-dir", cache])
+    greedy_matches_logits(TINY, out, [])
+
+
+def test_bf16_pack_only_folder(tmp_path):
+    """A folder holding only a bf16 pack (init-model --pack --quant bf16) trains, on the CPU
+    (every layer read from the pack per visit) and on cpu-device, the adapter its safetensors
+    twin (the same seed) trains: bit for bit, as bf16 -> fp32 is exact."""
+    for name, extra in (("pack", ["--pack", "--quant", "bf16"]), ("st", [])):
+        r = run_ftune(["init-model", "--config", TINY / "config.json", "--out", tmp_path / name,
+                       "--tokenizer", TINY, "--seed", "7", *extra])
+        assert r.returncode == 0, r.stderr
+    assert not list((tmp_path / "pack").glob("*.safetensors"))
+    for dev in (["--device", "cpu", "--threads", "1"], DEV):
+        got = []
+        for name in ("pack", "st"):
+            out = tmp_path / f"o-{name}-{dev[1]}"
+            r = run_ftune(["train", "--model", tmp_path / name, "--out", out, "--data", SEED_DATA,
+                           "--max-steps", "2", "--seq-len", "128", "--save-every", "0", "--quiet",
+                           "--cache-dir", tmp_path / "cache", *dev])
+            assert r.returncode == 0, r.stderr
+            got.append((out / "adapter_model.safetensors").read_bytes())
+        assert got[0] == got[1], f"{dev[1]}: the bf16 pack-only folder trained another adapter"
