@@ -41,7 +41,7 @@ sec_smoke() {
   echo "train rc=${PIPESTATUS[0]}; final_eval_loss $(grep -o '"final_eval_loss":[^,]*' /tmp/o_smoke/summary.json)" >> $OUT/smoke.log
   timeout $(cap 60) $F eval --model $TL --adapter /tmp/o_smoke --data $D --quant nf4 --device cuda --seq-len 128 \
     --cache-dir /tmp/smokecache >> $OUT/smoke.log 2>&1; echo "eval --quant nf4 rc=$?" >> $OUT/smoke.log
-  for q in nf4 bf16; do  # generation on the pack's tiers (bf16 per visit) vs the fp32 device copy
+  for q in nf4 bf16; do  # generation through the executor: the NF4 pack's tiers, the bf16 copies
     timeout $(cap 30) $F generate --model $TL --adapter /tmp/o_smoke --raw --prompt "Once upon a time" --json \
       --max-new-tokens 8 --device cuda --quant $q $([ $q = nf4 ] && echo --cache-dir /tmp/smokecache) \
       2>&1 | tail -2 >> $OUT/smoke.log; echo "generate --quant $q rc=${PIPESTATUS[0]}" >> $OUT/smoke.log

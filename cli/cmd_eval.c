@@ -92,8 +92,9 @@ static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapte
 }
 
 /* The model, adapter and data of the command, then eval_tokens (dpo NULL) or eval_pairs. */
+/* quant: 0 = not given (the model's weights as they are), 1 = bf16 given, 2 = nf4. */
 static int run_eval(const char *model, const char *adapter, const char *ref_adapter,
-                    int nf4, const char *cache_dir, const ft_str_list *data, ft_data_cfg *dc,
+                    int quant, const char *cache_dir, const ft_str_list *data, ft_data_cfg *dc,
                     int64_t batch, const char *device, int threads, const ft_dpo_cfg *dpo,
                     ft_dpo_stats *pst, double *loss, int64_t *tokens)
 {
@@ -102,8 +103,9 @@ static int run_eval(const char *model, const char *adapter, const char *ref_adap
     ft_dataset ds;
     memset(&ds, 0, sizeof ds);
     int qcorr = 0;
-    int rc = nf4 ? ft_session_open_nf4(&s, model, adapter, 2, device, threads, cache_dir, &qcorr)
-                 : ft_session_open(&s, model, adapter, 2, device, threads);
+    int rc = quant == 2 ? ft_session_open_nf4(&s, model, adapter, 2, device, threads, cache_dir, &qcorr)
+                        : ft_session_open(&s, model, adapter, 2, device, threads);
+    if (!rc && quant == 1) rc = ft_session_require_bf16(&s, model);
     /* the DPO reference swaps the adapter out, and the correction with it */
     if (!rc && qcorr && dpo && !ft_dpo_reference_free(dpo->loss_type))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: --method dpo --quant nf4 with an adapter trained with "
@@ -125,7 +127,7 @@ static int run_eval(const char *model, const char *adapter, const char *ref_adap
 int ft_cmd_eval(int argc, char **argv)
 {
     const char *model = NULL, *adapter = NULL, *ref_adapter = NULL, *device = NULL;
-    const char *quant = "bf16", *cache_dir = NULL;
+    const char *quant = NULL, *cache_dir = NULL;
     ft_str_list data = {0};
     int64_t threads = 0, batch = 1;
     ft_data_cfg dc;
@@ -154,7 +156,7 @@ int ft_cmd_eval(int argc, char **argv)
         {"quant", FT_OPT_STR, &quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (as `ftune train --quant nf4` trains QLoRA: the NF4 pack, built or reused under --cache-dir, and no fp32 copy of the model in memory; every layer on the device)", 0, "TYPE"},
         {"cache-dir", FT_OPT_STR, &cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
-        {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
+        {"device", FT_OPT_STR, &device, FT_DEVICE_HELP, 0, "DEV"},
         {NULL},
     };
     char err[1024];
@@ -172,7 +174,7 @@ int ft_cmd_eval(int argc, char **argv)
         ft_str_list_free(&data);
         return 2;
     }
-    if (strcmp(quant, "bf16") && strcmp(quant, "nf4")) {
+    if (quant && strcmp(quant, "bf16") && strcmp(quant, "nf4")) {
         fprintf(stderr, "ftune: --quant: unknown base quantization '%s' (bf16, nf4)\n", quant);
         ft_str_list_free(&data);
         return 2;
@@ -199,7 +201,7 @@ int ft_cmd_eval(int argc, char **argv)
     double loss = NAN;
     int64_t tokens = 0;
     ft_dpo_stats st = {0};
-    rc = run_eval(model, adapter, ref_adapter, !strcmp(quant, "nf4"), cache_dir, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
+    rc = run_eval(model, adapter, ref_adapter, !quant ? 0 : !strcmp(quant, "nf4") ? 2 : 1, cache_dir, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
                   is_dpo ? &dpo : NULL, &st, &loss, &tokens);
     ft_str_list_free(&data);
     if (rc < 0) {

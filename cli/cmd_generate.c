@@ -56,6 +56,7 @@
 #include "src/model/sample.h"
 
 #define MAX_STOP 16
+#define GEN_EXEC_T 64 /* tokens of the executor that serves generation its weights */
 
 static double now_s(void)
 {
@@ -126,6 +127,7 @@ static int env_open(gen_env *e, const gen_opts *o)
                                        o->cache_dir, NULL)
                  : ft_session_open(&e->s, o->model, o->adapter, 0, dev, (int)o->threads);
     e->m = e->s.model;
+    if (!rc && o->quant && !strcmp(o->quant, "bf16")) rc = ft_session_require_bf16(&e->s, o->model);
     if (!rc) rc = ft_model_tokenizer(e->m, &e->tok);
     return rc;
 }
@@ -143,7 +145,9 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl)
          * bf16 copies it places (as training reads them) or the pack's blocks; over a pack on
          * the CPU the whole pack in memory, as every token visits every layer */
         e->s.pack_in_memory = 1;
-        FT_TRY(ft_session_plan(&e->s, chunk));
+        /* generation reads only the executor's weights: its activation arena (sized by T)
+         * stays small, whatever the chunk (1024 tokens would be 1.65 GiB for an 8B model) */
+        FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
         FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
         FT_TRY(ft_gen_init_source(&e->g, e->s.be, e->m, lora, &e->src, max_prompt + o->max_new,
                                   chunk, 1));
@@ -547,7 +551,7 @@ int ft_cmd_generate(int argc, char **argv)
          "uses seed XOR (splitmix64 output i mod 2^53), record 0 the seed itself"},
         {"json", FT_OPT_FLAG, &o.json, "print one JSON object (ids, text, timings), no streaming"},
         {"threads", FT_OPT_INT, &o.threads, "CPU threads"},
-        {"device", FT_OPT_STR, &o.device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
+        {"device", FT_OPT_STR, &o.device, FT_DEVICE_HELP, 0, "DEV"},
         {"quant", FT_OPT_STR, &o.quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; every layer on the device)", 0, "TYPE"},
         {"cache-dir", FT_OPT_STR, &o.cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {NULL},

@@ -45,7 +45,7 @@ static int parse_ids(const char *s, int32_t **ids, int64_t *n)
 int ft_cmd_logits(int argc, char **argv)
 {
     const char *model = NULL, *adapter = NULL, *ids_s = NULL, *out = NULL, *device = NULL;
-    const char *quant = "bf16", *cache_dir = NULL;
+    const char *quant = NULL, *cache_dir = NULL;
     int64_t threads = 0;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &model, "model folder or .gguf", 0, "PATH"},
@@ -53,7 +53,7 @@ int ft_cmd_logits(int argc, char **argv)
         {"ids", FT_OPT_STR, &ids_s, "comma-separated token ids", 0, "LIST"},
         {"out", FT_OPT_STR, &out, "write (T, V) float32 logits here", 0, "FILE"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
-        {"device", FT_OPT_STR, &device, "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a GPU is visible)", 0, "DEV"},
+        {"device", FT_OPT_STR, &device, FT_DEVICE_HELP, 0, "DEV"},
         {"quant", FT_OPT_STR, &quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the QLoRA base: the NF4 pack, built or reused under --cache-dir, with the adapter run's --quant-correction)", 0, "TYPE"},
         {"cache-dir", FT_OPT_STR, &cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {NULL},
@@ -62,11 +62,11 @@ int ft_cmd_logits(int argc, char **argv)
     int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
-    if (strcmp(quant, "bf16") && strcmp(quant, "nf4")) {
+    if (quant && strcmp(quant, "bf16") && strcmp(quant, "nf4")) {
         fprintf(stderr, "ftune: --quant: unknown base quantization '%s' (bf16, nf4)\n", quant);
         return 2;
     }
-    int nf4 = !strcmp(quant, "nf4");
+    int nf4 = quant && !strcmp(quant, "nf4");
     if (cache_dir && !nf4) {
         fprintf(stderr, "ftune: logits: --cache-dir goes with --quant nf4\n");
         return 2;
@@ -90,6 +90,7 @@ int ft_cmd_logits(int argc, char **argv)
     int64_t nv = 0;
     rc = nf4 ? ft_session_open_nf4(&s, model, adapter, T, device, (int)threads, cache_dir, NULL)
              : ft_session_open(&s, model, adapter, T, device, (int)threads);
+    if (!rc && quant && !nf4) rc = ft_session_require_bf16(&s, model);
     int64_t V = s.model ? s.model->cfg.vocab_size : 0;
     if (!rc) {
         logits = malloc((size_t)(T * V) * sizeof(float));

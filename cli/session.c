@@ -29,6 +29,22 @@ static int load_adapter(ft_session *s, const char *adapter_dir)
     return ft_peft_load_weights(adapter_dir, &s->lora);
 }
 
+/* 1 when the pack-only model m's pack holds bf16 weights (its file name says the quantization:
+ * model-bf16.ftpack from init-model, <identity>-bf16.ftpack in the cache). */
+static int pack_is_bf16(const ft_model *m)
+{
+    const char *nm = strrchr(m->pack_only, '/');
+    return strstr(nm ? nm + 1 : m->pack_only, "bf16") != NULL;
+}
+
+int ft_session_require_bf16(const ft_session *s, const char *model)
+{
+    if (s->model && s->model->pack_only[0] && !pack_is_bf16(s->model))
+        return ft_err(FT_E_INVALID, "%s holds only the NF4 pack %s: --quant bf16 cannot be served "
+                      "(use --quant nf4, or drop --quant)", model, s->model->pack_only);
+    return 0;
+}
+
 int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
                     const char *device, int threads)
 {
@@ -73,7 +89,7 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
         if (!rc) rc = ft_model_use_pack(s->model, pi->path);
         free(pi);
         FT_TRY(rc);
-    } else if (strstr(s->model->pack_only, "bf16")) {
+    } else if (pack_is_bf16(s->model)) {
         return ft_err(FT_E_INVALID, "%s holds only the bf16 pack %s: --quant nf4 cannot be served",
                       model, s->model->pack_only);
     }

@@ -40,6 +40,10 @@ int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, i
 int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
                         const char *device, int threads, const char *cache_dir, int *qcorr);
 
+/* For an explicit --quant bf16: FT_E_INVALID, naming the folder, when the session's model is
+ * a pack-only folder whose pack is NF4 (it has no unquantized weights to serve); else 0. */
+int ft_session_require_bf16(const ft_session *s, const char *model);
+
 /* Replaces the session's adapter with the PEFT adapter in adapter_dir (NULL: none, the base
  * model) and re-plans the executor for T tokens. Returns 0 or an error naming the folder. */
 int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T);
@@ -47,6 +51,10 @@ int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T);
 /* --dpo-loss NAME (train and eval): a loss of src/train/dpo.h into *(int *)dst; an ft_opt
  * FN parser (cli/args.h): 0, or -1 with the message in err. */
 int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
+
+/* --device's help line, shared by the commands that take it. */
+#define FT_DEVICE_HELP "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a " \
+                       "GPU is visible) | cpu-device (the CPU posing as a GPU, for tests: slow)"
 
 /* The device a command runs on: --device when given, else the FTUNE_DEVICE environment
  * variable, else "auto" (CUDA when a GPU is visible, else the CPU). */

@@ -334,13 +334,16 @@ static int gen_begin(void *e) { return ft_exec_begin_op(e, 0); }
 static int gen_end(void *e) { return ft_exec_op_end(e); }
 static int gen_layer(void *e, int64_t l, const ft_layer_weights **w) { return fetch_layer(e, l, w); }
 
+/* The rows of n ids gathered from the pack, T_max at a time (the gather's host buffer). */
 static int gen_embed_rows(void *ctx, const int32_t *ids, int64_t n, float *out)
 {
     ft_exec *e = ctx;
-    if (n > e->T_max)
-        return ft_err(FT_E_RANGE, "generate: %lld tokens in one forward, the executor takes %lld",
-                      (long long)n, (long long)e->T_max);
-    return ft_exec_embed_from_pack(e, ids, n, out);
+    const int64_t C = e->m->cfg.hidden_size;
+    for (int64_t i = 0; i < n; i += e->T_max) {
+        int64_t k = n - i < e->T_max ? n - i : e->T_max;
+        FT_TRY(ft_exec_embed_from_pack(e, ids + i, k, out + i * C));
+    }
+    return 0;
 }
 
 int ft_exec_gen_source(ft_exec *e, ft_gen_source *s)

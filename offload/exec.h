@@ -298,8 +298,9 @@ int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
  * weights: the model's on the host, bf16 copies on a device; over a pack (ft_exec_use_pack,
  * _ex, _tiers): the block dequantized to fp32 on the host, on a device bound in its tier with
  * NF4 dequantized to bf16 or fused), the globals the executor placed; an untied pack-only
- * model on a device gathers its embedding rows from the pack (at most e->T_max tokens per
- * forward). s keeps e by pointer. Returns 0, or FT_E_INVALID when e has neither placed
+ * model on a device gathers its embedding rows from the pack (e->T_max at a time). None of the
+ * executor's activation memory is used, so an executor of a small T_max serves forwards of
+ * any length. s keeps e by pointer. Returns 0, or FT_E_INVALID when e has neither placed
  * weights nor a pack. */
 int ft_exec_gen_source(ft_exec *e, ft_gen_source *s);
 

@@ -106,7 +106,9 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
      * FTUNE_NF4_GEMM=auto both ways: NF4 dequantized into the staging, then fused) */
     ft_exec probe;
     double t_dq = 0, t_f = 0, t_b = 0;
-    int mode = ft_exec_nf4_gemm_mode(be);
+    /* the NF4 GEMM modes concern an NF4 pack only */
+    int mode = ft_pack_header(pack)->quant == FT_PACK_QUANT_NF4 ? ft_exec_nf4_gemm_mode(be)
+                                                                 : FT_NF4_GEMM_DEQUANT;
     int rc = ft_exec_init_ex(&probe, be, m, lora, T, 1, o->rope_seq_len, 0);
     if (rc < 0) return rc; /* a failed init frees what it allocated */
     float *outs = mode == FT_NF4_GEMM_AUTO ? malloc((size_t)(4 * T * C) * sizeof(float)) : NULL;

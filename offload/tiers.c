@@ -140,10 +140,12 @@ static int proj_fused(int fused, const ft_pack_hdr *h, int64_t out, int64_t in)
            ft_nf4_fusable(out, in, h->blocksize, h->nested_blocksize);
 }
 
-/* Floats of the bf16 staging one layer's dequantized projections need (16 at least). */
+/* Floats of the bf16 staging one layer's dequantized projections need (16 at least; a bf16
+ * pack's projections are read in place from their block, bind_block). */
 static int64_t staging_floats(const ft_model *m, const ft_pack_file *pack, int fused)
 {
     int64_t n = 16;
+    if (ft_pack_header(pack)->quant != FT_PACK_QUANT_NF4) return n;
     for (int k = 0; k < FT_N_PROJ; k++) {
         const ft_linear *li = &m->layers[0].proj[k];
         if (!proj_fused(fused, ft_pack_header(pack), li->out_n, li->in_n))

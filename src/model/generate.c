@@ -52,13 +52,6 @@ static int64_t plan_floats(const gen_layout *L)
            up16(L->ints) + up16(L->xd);
 }
 
-size_t ft_gen_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max, int64_t chunk_max,
-                    int64_t logit_rows_max)
-{
-    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, 0);
-    return (size_t)plan_floats(&L) * sizeof(float);
-}
-
 static float *carve(float **p, int64_t n)
 {
     float *r = *p;

@@ -90,10 +90,6 @@ int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lo
                        int64_t logit_rows_max);
 void ft_gen_free(ft_gen *g); /* NULL-safe; leaves g zeroed */
 
-/* Bytes ft_gen_init allocates for these sizes. */
-size_t ft_gen_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max, int64_t chunk_max,
-                    int64_t logit_rows_max);
-
 /* Empties the cache (the next forward starts at position 0). */
 void ft_gen_reset(ft_gen *g);
 

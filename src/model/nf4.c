@@ -304,18 +304,19 @@ int ft_nf4_dequant_range(const ft_nf4_view *v, int64_t e0, int64_t count, float 
         int64_t s = b * l->blocksize, e = s + l->blocksize;
         if (s < e0) s = e0;
         if (e > e0 + count) e = e0 + count;
-        float *o = out - e0;
-        int64_t i = s;
-        if (i & 1) { /* an odd start: its byte's low nibble */
-            o[i] = code[codes[i / 2] & 15] * a;
-            i++;
+        float *o = out + (s - e0);
+        const uint8_t *cb = codes + s / 2;
+        int64_t j = 0, len = e - s;
+        if (s & 1) { /* an odd start: its byte's low nibble */
+            o[0] = code[*cb++ & 15] * a;
+            j = 1;
         }
-        for (; i + 1 < e; i += 2) { /* whole bytes: high nibble first (bitsandbytes' order) */
-            uint8_t byte = codes[i / 2];
-            o[i] = code[byte >> 4] * a;
-            o[i + 1] = code[byte & 15] * a;
+        for (; j + 1 < len; j += 2) { /* whole bytes: high nibble first (bitsandbytes' order) */
+            uint8_t byte = *cb++;
+            o[j] = code[byte >> 4] * a;
+            o[j + 1] = code[byte & 15] * a;
         }
-        if (i < e) o[i] = code[codes[i / 2] >> 4] * a;
+        if (j < len) o[j] = code[*cb >> 4] * a;
     }
     return 0;
 }

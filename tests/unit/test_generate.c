@@ -1252,6 +1252,21 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
            max_diff(le, lg, T * V),
            memcmp(le, lg, (size_t)(T * V) * 4) ? "not bit-identical" : "bit-identical");
     assert_memory_equal(le, lg, (size_t)(T * V) * 4);
+    { /* an executor of a few tokens serves forwards of any length (as ftune generate's does):
+       * the same bits (untied on a device: the embedding rows gathered 5 at a time) */
+        ft_exec sx;
+        ft_gen_source s5;
+        ft_gen g5;
+        assert_int_equal(ft_exec_init_ex(&sx, be, m, lp, 5, 1, 5, how == NO_PACK), 0);
+        if (how == PACK_TIERS) assert_int_equal(ft_exec_use_pack_tiers(&sx, pack, NULL, 2, 1), 0);
+        else if (how != NO_PACK) assert_int_equal(ft_exec_use_pack_ex(&sx, pack, how == PACK_RESIDENT), 0);
+        assert_int_equal(ft_exec_gen_source(&sx, &s5), 0);
+        assert_int_equal(ft_gen_init_source(&g5, be, m, lp, &s5, T, T, T), 0);
+        assert_int_equal(ft_gen_forward(&g5, ids, T, lg, T), 0);
+        assert_memory_equal(le, lg, (size_t)(T * V) * 4);
+        ft_gen_free(&g5);
+        ft_exec_free(&sx);
+    }
     /* 4 tokens prefilled, then one at a time */
     const int64_t a = 4;
     ft_gen_reset(&g);
