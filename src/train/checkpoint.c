@@ -432,13 +432,14 @@ static int get_i64(const cJSON *o, const char *key, int64_t *v, const char *path
     return 0;
 }
 
-/* A number or null (NAN). */
+/* A finite number or null (NAN). The writer stores every non-finite value as null (add_num),
+ * so an infinity (cJSON reads 1e999 as one) is damage, not a value. */
 static int get_dbl(const cJSON *o, const char *key, double *v, const char *path)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (cJSON_IsNull(x)) *v = NAN;
-    else if (cJSON_IsNumber(x)) *v = x->valuedouble;
-    else return ft_err(FT_E_INVALID, "%s: \"%s\" must be a number or null", path, key);
+    else if (cJSON_IsNumber(x) && isfinite(x->valuedouble)) *v = x->valuedouble;
+    else return ft_err(FT_E_INVALID, "%s: \"%s\" must be a finite number or null", path, key);
     return 0;
 }
 
@@ -461,8 +462,50 @@ static int get_dbl_opt(const cJSON *o, const char *key, double *v, double def, c
     return get_dbl(o, key, v, path);
 }
 
+static int cmp_key(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A key that appears twice in one object of the tree o (at any depth), or NULL; *oom = 1
+ * when out of memory. cJSON keeps both items and its look-ups see the first, while
+ * ft_ckpt_config_diff walks every item: a stored config with a key twice would differ from
+ * itself. Sorted per object, so n keys cost n log n. */
+static const char *dup_key(const cJSON *o, int *oom)
+{
+    size_t n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        n++;
+        if (cJSON_IsObject(it) || cJSON_IsArray(it)) {
+            const char *d = dup_key(it, oom);
+            if (d || *oom) return d;
+        }
+    }
+    if (!cJSON_IsObject(o) || n < 2) return NULL;
+    const char **keys = malloc(n * sizeof *keys);
+    if (!keys) {
+        *oom = 1;
+        return NULL;
+    }
+    n = 0;
+    cJSON_ArrayForEach(it, o) keys[n++] = it->string ? it->string : "";
+    qsort(keys, n, sizeof *keys, cmp_key);
+    const char *d = NULL;
+    for (size_t i = 1; i < n && !d; i++)
+        if (!strcmp(keys[i - 1], keys[i])) d = keys[i];
+    free(keys);
+    return d;
+}
+
 static int parse_state(const cJSON *o, const char *path, ft_ckpt_state *st)
 {
+    int oom = 0;
+    const char *dup = dup_key(o, &oom);
+    if (oom) return ft_err(-ENOMEM, "%s: out of memory", path);
+    if (dup)
+        return ft_err(FT_E_INVALID, "%s: key \"%.64s\" appears twice in one object (damaged checkpoint)",
+                      path, dup);
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
     const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "version");
     const cJSON *rid = cJSON_GetObjectItemCaseSensitive(o, "run_id");
@@ -509,6 +552,8 @@ static int parse_state(const cJSON *o, const char *path, ft_ckpt_state *st)
                       path, (long long)st->step, (long long)st->best_eval_step, st->best_eval_loss,
                       (long long)st->best_saved_step, (long long)st->n_evals,
                       (long long)st->evals_no_improve);
+    if (st->elapsed_s < 0)
+        return ft_err(FT_E_INVALID, "%s: \"elapsed_s\" %g is negative", path, st->elapsed_s);
     if (st->best_eval_step == 0) st->best_eval_loss = NAN;
     if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(o, "config")))
         return ft_err(FT_E_INVALID, "%s: \"config\" must be an object", path);
@@ -559,6 +604,13 @@ static int load_moments(const char *dir, ft_lora *l)
                         path, names[k], (long long)l->n_params);
         else
             rc = ft_st_to_f32(t, l->host, l->n_params);
+        /* AdamW's moments are finite and the second one >= 0 (the adamw op); anything else
+         * would turn the first update's parameters into NaN */
+        for (int64_t i = 0; i < l->n_params && !rc; i++)
+            if (!isfinite(l->host[i]) || (k == 1 && l->host[i] < 0))
+                rc = ft_err(FT_E_CORRUPT, "%s: offset %lld: %s[%lld] is %g, not a %s number", path,
+                            (long long)(t->file_offset + 4 * i), names[k], (long long)i,
+                            (double)l->host[i], k ? "finite non-negative" : "finite");
         if (!rc) rc = l->be->ops->copy(l->be, dst[k], l->host, (size_t)l->n_params * sizeof(float));
     }
     ft_st_close(f);
@@ -592,6 +644,15 @@ int ft_ckpt_load(const char *dir, ft_ckpt_state *st, char **config_json, ft_lora
         free(txt);
         cJSON_Delete(o);
         return ft_err(FT_E_INVALID, "%s: offset %ld: not a JSON object (damaged checkpoint)", path, off);
+    }
+    /* the writer ends the object with a newline: anything else after it is damage (two
+     * states run together, a partial overwrite), not to be ignored */
+    while (ep && ep < txt + len && (*ep == ' ' || *ep == '\n' || *ep == '\r' || *ep == '\t')) ep++;
+    if (ep && ep < txt + len) {
+        long off = (long)(ep - txt);
+        free(txt);
+        cJSON_Delete(o);
+        return ft_err(FT_E_INVALID, "%s: offset %ld: text after the JSON object (damaged checkpoint)", path, off);
     }
     free(txt);
     int rc = parse_state(o, path, st);

@@ -104,10 +104,12 @@ int64_t ft_ckpt_adapter_step(const char *out_dir, const char *name);
 void ft_ckpt_adapter_cleanup(const char *out_dir, const char *name, int remove);
 
 /* Reads DIR/trainer_state.json into st and (if config_json != NULL) a malloc'ed copy of
- * its "config" object, checking the format, version and field types; with l == NULL
+ * its "config" object, checking the format, version and field types (numbers finite or
+ * null, elapsed_s >= 0, no key twice in an object, nothing after the object); with l == NULL
  * nothing else is read. With l: every listed file must exist with its recorded size and
  * hash, the adapter config must match l->cfg (r, targets, rsLoRA, alpha) and the moment
- * tensors l->n_params; then params, m and v are loaded into l. Returns 0, -errno,
+ * tensors l->n_params; then params, m and v are loaded into l (m finite, v finite and
+ * >= 0, else FT_E_CORRUPT with the offset). Returns 0, -errno,
  * FT_E_INVALID (malformed state), FT_E_CORRUPT (size or hash mismatch, truncated file),
  * FT_E_UNSUPPORTED (other format/version), each naming the file and key. */
 int ft_ckpt_load(const char *dir, ft_ckpt_state *st, char **config_json, ft_lora *l);

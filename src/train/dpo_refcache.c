@@ -2,6 +2,7 @@
 #include "src/train/dpo_refcache.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,27 @@ int ft_dpo_ref_save(const char *out_dir, const ft_dpo_ref_key *k, const double *
     return rc;
 }
 
+/* A fixed-size text field of the file for a message: up to n bytes before a NUL, each byte
+ * outside printable ASCII shown as '?' (a damaged or hostile file must not put control
+ * sequences on the user's terminal). */
+static void show_field(char *out, const char *f, size_t n)
+{
+    size_t i = 0;
+    for (; i < n && f[i]; i++) out[i] = f[i] >= 0x20 && f[i] < 0x7f ? f[i] : '?';
+    out[i] = 0;
+}
+
+/* The index of the first non-finite double of the n at p (unaligned), or -1. */
+static int64_t first_nonfinite(const char *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double v;
+        memcpy(&v, p + (size_t)i * sizeof v, sizeof v);
+        if (!isfinite(v)) return i;
+    }
+    return -1;
+}
+
 int ft_dpo_ref_load(const char *out_dir, const ft_dpo_ref_key *k, double *train, int64_t np_train,
                     double *eval, int64_t np_eval, int *got_train, int *got_eval, char *why,
                     size_t n)
@@ -80,41 +102,57 @@ int ft_dpo_ref_load(const char *out_dir, const ft_dpo_ref_key *k, double *train,
     key_fields(&want, k);
     uint64_t sum, got;
     if (len < HEADER + sizeof sum) {
-        snprintf(why, n, "%s: truncated (%zu bytes)", path, len);
+        snprintf(why, n, "%s: truncated (%zu bytes, the header alone is %d)", path, len,
+                 HEADER + (int)sizeof sum);
         goto out;
     }
     memcpy(&h, data, HEADER);
     memcpy(&sum, data + len - sizeof sum, sizeof sum);
-    if (memcmp(h.magic, MAGIC, 8) || h.version != VERSION) {
-        snprintf(why, n, "%s: not a version %u DPO reference file", path, VERSION);
+    if (memcmp(h.magic, MAGIC, 8) || h.version != VERSION || h.zero != 0) {
+        snprintf(why, n, "%s: not a version %u DPO reference file (offset 0: magic, 8: version, 12: reserved 0)",
+                 path, VERSION);
         goto out;
     }
+    /* each count is at most len / 16, so the sum below cannot overflow */
     if (h.np_train < 0 || h.np_eval < 0 || h.np_train > (int64_t)(len / 16) ||
         h.np_eval > (int64_t)(len / 16) ||
         len != HEADER + (size_t)(2 * (h.np_train + h.np_eval)) * sizeof(double) + sizeof sum) {
-        snprintf(why, n, "%s: %zu bytes, not the size its header gives", path, len);
+        snprintf(why, n, "%s: %zu bytes, not the size its header gives (offset 88: %lld train and %lld eval pairs)",
+                 path, len, (long long)h.np_train, (long long)h.np_eval);
         goto out;
     }
     if ((got = ft_ckpt_hash(FT_CKPT_HASH_INIT, data, len - sizeof sum)) != sum) {
-        snprintf(why, n, "%s: checksum mismatch (stored %016llx, computed %016llx)", path,
-                 (unsigned long long)sum, (unsigned long long)got);
+        snprintf(why, n, "%s: checksum mismatch at offset %zu (stored %016llx, computed %016llx)",
+                 path, len - sizeof sum, (unsigned long long)sum, (unsigned long long)got);
         goto out;
     }
     if (memcmp(h.run_id, want.run_id, sizeof h.run_id) || memcmp(h.backend, want.backend, sizeof h.backend) ||
         h.quant != want.quant || h.model_id != want.model_id || h.np_train != np_train) {
-        snprintf(why, n, "%s: of another run, model, backend or base (run %.23s, model %016llx, on %.15s)",
-                 path, h.run_id, (unsigned long long)h.model_id, h.backend);
+        char run[sizeof h.run_id + 1], be[sizeof h.backend + 1];
+        show_field(run, h.run_id, sizeof h.run_id - 1);
+        show_field(be, h.backend, sizeof h.backend - 1);
+        snprintf(why, n, "%s: of another run, model, backend or base (run %s, model %016llx, on %s)",
+                 path, run, (unsigned long long)h.model_id, be);
         goto out;
     }
-    if (np_train) memcpy(train, data + HEADER, (size_t)(2 * np_train) * sizeof(double));
+    /* a reference pass gives finite sums; anything else is computed again, not trained on */
+    const char *tp = data + HEADER, *ep = tp + (size_t)(2 * np_train) * sizeof(double);
+    int64_t bad = first_nonfinite(tp, 2 * np_train);
+    if (bad >= 0) {
+        snprintf(why, n, "%s: offset %zu: train value %lld is not finite", path,
+                 (size_t)HEADER + (size_t)bad * sizeof(double), (long long)bad);
+        goto out;
+    }
+    if (np_train) memcpy(train, tp, (size_t)(2 * np_train) * sizeof(double));
     *got_train = 1;
-    if (!memcmp(h.eval_set, want.eval_set, sizeof h.eval_set) && h.np_eval == np_eval) {
-        if (np_eval)
-            memcpy(eval, data + HEADER + (size_t)(2 * np_train) * sizeof(double),
-                   (size_t)(2 * np_eval) * sizeof(double));
-        *got_eval = 1;
-    } else {
+    if (memcmp(h.eval_set, want.eval_set, sizeof h.eval_set) || h.np_eval != np_eval) {
         snprintf(why, n, "%s: its eval part is of another held-out set", path);
+    } else if ((bad = first_nonfinite(ep, 2 * np_eval)) >= 0) {
+        snprintf(why, n, "%s: offset %zu: eval value %lld is not finite", path,
+                 (size_t)(ep - data) + (size_t)bad * sizeof(double), (long long)bad);
+    } else {
+        if (np_eval) memcpy(eval, ep, (size_t)(2 * np_eval) * sizeof(double));
+        *got_eval = 1;
     }
 out:
     free(data);

@@ -44,7 +44,7 @@ int ft_dpo_ref_save(const char *out_dir, const ft_dpo_ref_key *k, const double *
 /* Reads OUT/dpo_reference.bin into train / eval where the file is of run k->run_id, model,
  * backend and quant with np_train pairs (*got_train = 1), and for the eval part also of held-out set
  * k->eval_set with np_eval pairs (*got_eval = 1). Anything else (no file, another run, a
- * truncated or corrupted file) leaves both 0 and the arrays untouched, with the reason in why
+ * truncated or corrupted file, a reserved field set, a non-finite value) leaves both 0 and the arrays untouched, with the reason in why
  * (n bytes; "" when there is no file). Returns 0; -ENOMEM only. */
 int ft_dpo_ref_load(const char *out_dir, const ft_dpo_ref_key *k, double *train, int64_t np_train,
                     double *eval, int64_t np_eval, int *got_train, int *got_eval, char *why,
