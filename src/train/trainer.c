@@ -481,7 +481,11 @@ static int dpo_reference(run *r, const ft_train_cfg *c, const ft_ckpt_state *st,
     memset(&key, 0, sizeof key);
     snprintf(key.run_id, sizeof key.run_id, "%s", st->run_id);
     eval_set_id(r, c, key.eval_set, sizeof key.eval_set);
-    snprintf(key.backend, sizeof key.backend, "%s", r->be->ops->name);
+    /* a bf16 base read from its pack (streamed, or a pack-only folder) has the pack's bf16
+     * embeddings and LM head, the resident one the checkpoint's: for an fp32/fp16 checkpoint
+     * the reference differs, so the two are told apart ("cuda+pack") */
+    snprintf(key.backend, sizeof key.backend, "%.10s%s", r->be->ops->name,
+             r->pack && r->quant == FT_PACK_QUANT_BF16 ? "+pack" : "");
     key.quant = r->quant;
     /* the model itself: a resume may name another folder or file of the same shapes */
     if (r->pack) key.model_id = ft_pack_header(r->pack)->identity;
