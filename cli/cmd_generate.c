@@ -24,8 +24,9 @@
  * (built or reused under --cache-dir, as `ftune train --quant nf4` and `ftune eval --quant
  * nf4`), with the run's --quant-correction when the adapter's run had one, and no fp32 copy of
  * the model in memory; each token dequantizes every layer's block (on the CPU into fp32; on a
- * GPU into bf16, or the fused NF4 GEMM), the pack held in memory (on a GPU every layer in
- * device memory: no offload planner). A folder that holds only a pack (init-model --pack)
+ * GPU into bf16, or the fused NF4 GEMM), the pack held in memory (on a GPU placed within
+ * --gpu-mem / --host-mem by the offload planner, as training places it: the layers beyond the
+ * budget are streamed at every token). A folder that holds only a pack (init-model --pack)
  * is served the same way without the flag. On a GPU the bf16 base also goes through the
  * executor: its bf16 weight copies, as training reads them (no fp32 copy on the device).
  *
@@ -78,6 +79,7 @@ typedef struct gen_opts {
     int raw, json, tmpl, no_think;
     int64_t max_new, top_k, seed, threads;
     const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
+    int64_t gpu_mem, host_mem;  /* --gpu-mem, --host-mem (0: defaults) */
     float temperature, top_p;
 } gen_opts;
 
@@ -127,6 +129,8 @@ static int env_open(gen_env *e, const gen_opts *o)
                                        o->cache_dir, NULL)
                  : ft_session_open(&e->s, o->model, o->adapter, 0, dev, (int)o->threads);
     e->m = e->s.model;
+    e->s.gpu_mem = o->gpu_mem;
+    e->s.host_mem = o->host_mem;
     if (!rc && o->quant && !strcmp(o->quant, "bf16")) rc = ft_session_require_bf16(&e->s, o->model);
     if (!rc) rc = ft_model_tokenizer(e->m, &e->tok);
     return rc;
@@ -552,7 +556,9 @@ int ft_cmd_generate(int argc, char **argv)
         {"json", FT_OPT_FLAG, &o.json, "print one JSON object (ids, text, timings), no streaming"},
         {"threads", FT_OPT_INT, &o.threads, "CPU threads"},
         {"device", FT_OPT_STR, &o.device, FT_DEVICE_HELP, 0, "DEV"},
-        {"quant", FT_OPT_STR, &o.quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; every layer on the device)", 0, "TYPE"},
+        {"quant", FT_OPT_STR, &o.quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
+        {"gpu-mem", FT_OPT_FN, &o.gpu_mem, FT_GPU_MEM_HELP, ft_opt_bytes, "SIZE"},
+        {"host-mem", FT_OPT_FN, &o.host_mem, FT_HOST_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"cache-dir", FT_OPT_STR, &o.cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {NULL},
     };

@@ -46,6 +46,7 @@ int ft_cmd_logits(int argc, char **argv)
 {
     const char *model = NULL, *adapter = NULL, *ids_s = NULL, *out = NULL, *device = NULL;
     const char *quant = NULL, *cache_dir = NULL;
+    int64_t budget[2] = {0, 0}; /* --gpu-mem, --host-mem */
     int64_t threads = 0;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &model, "model folder or .gguf", 0, "PATH"},
@@ -55,6 +56,8 @@ int ft_cmd_logits(int argc, char **argv)
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
         {"device", FT_OPT_STR, &device, FT_DEVICE_HELP, 0, "DEV"},
         {"quant", FT_OPT_STR, &quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the QLoRA base: the NF4 pack, built or reused under --cache-dir, with the adapter run's --quant-correction)", 0, "TYPE"},
+        {"gpu-mem", FT_OPT_FN, &budget[0], FT_GPU_MEM_HELP, ft_opt_bytes, "SIZE"},
+        {"host-mem", FT_OPT_FN, &budget[1], FT_HOST_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"cache-dir", FT_OPT_STR, &cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {NULL},
     };
@@ -88,9 +91,12 @@ int ft_cmd_logits(int argc, char **argv)
     float *logits = NULL;
     double loss = 0;
     int64_t nv = 0;
-    rc = nf4 ? ft_session_open_nf4(&s, model, adapter, T, device, (int)threads, cache_dir, NULL)
-             : ft_session_open(&s, model, adapter, T, device, (int)threads);
+    rc = nf4 ? ft_session_open_nf4(&s, model, adapter, 0, device, (int)threads, cache_dir, NULL)
+             : ft_session_open(&s, model, adapter, 0, device, (int)threads);
+    s.gpu_mem = budget[0];
+    s.host_mem = budget[1];
     if (!rc && quant && !nf4) rc = ft_session_require_bf16(&s, model);
+    if (!rc) rc = ft_session_plan(&s, T);
     int64_t V = s.model ? s.model->cfg.vocab_size : 0;
     if (!rc) {
         logits = malloc((size_t)(T * V) * sizeof(float));

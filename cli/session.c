@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "adapters/peft.h"
+#include "offload/place.h"
 #include "src/core/err.h"
 #include "src/train/correction.h"
 #include "src/train/dpo.h"
@@ -127,10 +128,31 @@ int ft_session_plan(ft_session *s, int64_t T)
     }
     /* a pack-only model: every weight comes from its pack (layers per visit, globals at setup) */
     if (!s->pack) FT_TRY(ft_pack_open(&s->pack, s->model->pack_only, 0));
-    FT_TRY(ft_exec_init_ex(&s->ex, s->be, s->model, s->has_lora ? &s->lora : NULL, T, 1, T, 0));
-    s->has_ex = 1;
-    return s->be->ops->host_memory ? ft_exec_use_pack_ex(&s->ex, s->pack, s->pack_in_memory)
-                                   : ft_exec_use_pack_tiers(&s->ex, s->pack, NULL, 2, 1);
+    ft_lora *lora = s->has_lora ? &s->lora : NULL;
+    if (s->be->ops->host_memory) {
+        FT_TRY(ft_exec_init_ex(&s->ex, s->be, s->model, lora, T, 1, T, 0));
+        s->has_ex = 1;
+        return ft_exec_use_pack_ex(&s->ex, s->pack, s->pack_in_memory);
+    }
+    /* on a device, placed within the budgets as a training run is (offload/place.h) */
+    ft_place_opts po = {T, T, 1, (uint64_t)s->gpu_mem, (uint64_t)s->host_mem, NULL, NULL};
+    ft_place_result *pr = calloc(1, sizeof *pr);
+    if (!pr) return ft_err(-ENOMEM, "out of memory");
+    int rc = ft_place_packed(s->be, s->model, lora, s->pack, &po, 1, &s->ex, pr);
+    int streamed = 0;
+    for (int64_t l = 0; !rc && l < s->model->cfg.num_hidden_layers; l++)
+        streamed |= pr->plan.tier[l] != FT_TIER_GPU;
+    if (!rc && streamed) { /* say where the layers are, as training does */
+        char *line = pr->text, *nl;
+        while (line && *line) {
+            nl = strchr(line, '\n');
+            fprintf(stderr, "ftune: %.*s\n", nl ? (int)(nl - line) : (int)strlen(line), line);
+            line = nl ? nl + 1 : NULL;
+        }
+    }
+    free(pr);
+    if (!rc) s->has_ex = 1;
+    return rc;
 }
 
 void ft_session_close(ft_session *s)

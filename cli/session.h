@@ -22,6 +22,9 @@ typedef struct ft_session {
     int pack_in_memory;         /* host backends: ft_session_plan reads the whole pack into
                                  * memory once (generation visits every layer per token)
                                  * instead of one block per layer visit */
+    int64_t gpu_mem, host_mem;  /* device backends, a pack: the offload planner's budgets in
+                                 * bytes (--gpu-mem, --host-mem; 0: what is free / available
+                                 * less 4 GiB), set after opening, before ft_session_plan */
 } ft_session;
 
 /* Loads the model and (if adapter_dir) the PEFT adapter; plans an executor for T tokens (T 0:
@@ -32,8 +35,7 @@ int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, i
 /* ft_session_open (T 0 as there) with the base in NF4 as a QLoRA run trains it: the model is loaded deferred
  * (no fp32 copy), its NF4 pack found or built under cache_dir (NULL: the default; offload/
  * pack.h ft_pack_ensure_loaded, as `ftune train --quant nf4`), and every base weight read from
- * the pack (embeddings and LM head as its bf16 copies). Every layer is placed on the device
- * (no offload planner). An adapter trained with --quant-correction gets its frozen correction
+ * the pack (embeddings and LM head as its bf16 copies), placed by ft_session_plan. An adapter trained with --quant-correction gets its frozen correction
  * back (src/train/correction.h: adapter_dir/quant_correction, or that of the run folder above
  * it, for OUT/best and OUT/checkpoint-N), as part of the base; *qcorr (may be NULL) is set to
  * 1 then. Returns 0 or an error naming the file. */
@@ -52,6 +54,12 @@ int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T);
  * FN parser (cli/args.h): 0, or -1 with the message in err. */
 int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
 
+/* --gpu-mem / --host-mem of eval, generate and logits (a pack on a device: ft_session_plan). */
+#define FT_GPU_MEM_HELP "with a pack on a GPU (--quant nf4, a pack-only folder): the GPU memory it may use, " \
+                        "e.g. 24G (default: all that is free); layers beyond it are streamed as in training"
+#define FT_HOST_MEM_HELP "with --gpu-mem: host memory for the pinned pool of streamed layers (default: " \
+                         "available memory less 4 GiB); layers beyond it are read from the pack file"
+
 /* --device's help line, shared by the commands that take it. */
 #define FT_DEVICE_HELP "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a " \
                        "GPU is visible) | cpu-device (the CPU posing as a GPU, for tests: slow)"
@@ -59,7 +67,11 @@ int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
 /* The device a command runs on: --device when given, else the FTUNE_DEVICE environment
  * variable, else "auto" (CUDA when a GPU is visible, else the CPU). */
 const char *ft_session_device(const char *opt);
-/* Re-plans the executor for up to T tokens per micro-batch. */
+/* Re-plans the executor for up to T tokens per micro-batch. A pack on a device backend is
+ * placed by the offload planner (offload/place.h ft_place_packed) within s->gpu_mem and
+ * s->host_mem, as training places it: layers that do not fit the GPU are streamed from
+ * pinned host memory or the pack file; the plan's lines go to stderr when some are. Returns
+ * 0 or an error (FT_E_RANGE naming the smallest budgets when nothing fits). */
 int ft_session_plan(ft_session *s, int64_t T);
 void ft_session_close(ft_session *s);
 

@@ -699,9 +699,8 @@ int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     *t_dequant = *t_fwd = *t_bwd = 0;
-    if (be->ops->host_memory || !e->lora || T > e->T_max || T < 1)
-        return ft_err(FT_E_INVALID, "probe: needs a device backend, an adapter and T <= %lld",
-                      (long long)e->T_max);
+    if (be->ops->host_memory || T > e->T_max || T < 1)
+        return ft_err(FT_E_INVALID, "probe: needs a device backend and T <= %lld", (long long)e->T_max);
     size_t nb = ft_pack_block_bytes(pack, 0);
     int64_t C = c->hidden_size, stage_floats = staging_floats(e->m, pack, e->nf4_fused);
     uint8_t *host = be->ops->host_alloc(be, nb);
@@ -735,7 +734,7 @@ int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t
     e->layer_f32 = stage;
     e->pack = pack;
     ft_block_dims d = {T, C, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
-                       c->intermediate_size, e->lora->cfg.r};
+                       c->intermediate_size, e->lora ? e->lora->cfg.r : 1}; /* as dims_of */
     ft_block_io io = {e->pos, e->seq_start, e->inv_freq, 0};
     double best[3] = {1e30, 1e30, 1e30};
     for (int rep = 0; rep < 3 && !rc; rep++) { /* the first is a warm-up; best of the others */
@@ -767,7 +766,7 @@ int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t
         *t_bwd = best[2];
     }
     /* the probe's gradients must not reach the first step */
-    if (!rc) rc = be->ops->zero(be, e->lora->grads, (size_t)e->lora->n_params * sizeof(float));
+    if (!rc && e->lora) rc = be->ops->zero(be, e->lora->grads, (size_t)e->lora->n_params * sizeof(float));
     be->ops->host_free(be, host);
     be->ops->free(be, dev);
     be->ops->free(be, stage);

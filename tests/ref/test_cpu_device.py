@@ -12,7 +12,9 @@ streamed tiers and generation through the executor run as they do on CUDA, only 
     (--quant nf4 and bf16) whose greedy tokens are the argmax of `ftune logits` over the same
     prefixes on the same device path;
   - a folder holding only a bf16 pack trains its safetensors twin's adapter bit for bit, on the
-    CPU and on cpu-device.
+    CPU and on cpu-device;
+  - `ftune eval` and `generate` of an NF4 base within a --gpu-mem that streams part of it give
+    the loss and tokens of the all-resident run.
 """
 import json
 import re
@@ -130,3 +132,45 @@ def test_bf16_pack_only_folder(tmp_path):
             assert r.returncode == 0, r.stderr
             got.append((out / "adapter_model.safetensors").read_bytes())
         assert got[0] == got[1], f"{dev[1]}: the bf16 pack-only folder trained another adapter"
+
+
+def test_eval_generate_streamed_nf4(tmp_path):
+    """`ftune eval` and `generate` on a device place an NF4 base as training does: within
+    --gpu-mem, the layers that do not fit are streamed from pinned host memory (plan lines on
+    stderr); the eval loss and the greedy tokens are those of the run holding every layer."""
+    cfg = json.loads((TINY / "config.json").read_text())
+    cfg.update(hidden_size=512, intermediate_size=4096, num_hidden_layers=16,
+               num_attention_heads=8, num_key_value_heads=4, head_dim=64)
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    model = tmp_path / "m"
+    r = run_ftune(["init-model", "--config", tmp_path / "c.json", "--out", model, "--pack",
+                   "--tokenizer", TINY, "--seed", "3"])
+    assert r.returncode == 0, r.stderr
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"instruction": "What is the relation between the given pairs?",
+                               "input": "Night : Day :: Right : Left",
+                               "output": "They are opposites."}) + "\n")
+    ev = ["eval", "--model", model, "--data", one, "--seq-len", "128", *DEV]
+    # the fixed part and the slots of the smallest plan, from the refusal of a 1 MiB budget
+    r = run_ftune(ev + ["--gpu-mem", "1M"])
+    fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
+    slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
+    assert r.returncode == 1 and fixed and slots, r.stderr
+    # room for a few of the 16 layers (3.7 MB each) beyond the slots: the rest streamed
+    budget = f"{int((float(fixed.group(1)) + float(slots.group(2)) + 0.04) * 1024)}M"
+    gen = ["generate", "--model", model, "--raw", "--prompt", "Once upon a time",
+           "--max-new-tokens", "3", "--json", *DEV]
+    got = {}
+    for name, extra in (("resident", []), ("streamed", ["--gpu-mem", budget])):
+        r = run_ftune(ev + extra)
+        assert r.returncode == 0, r.stderr
+        plan = [l for l in r.stderr.splitlines() if " layers: " in l]
+        loss = json.loads(r.stdout)["loss"]
+        g = run_ftune(gen + extra)
+        assert g.returncode == 0, g.stderr
+        got[name] = (loss, json.loads(g.stdout)["ids"], plan)
+    print(f"budget {budget}: {got}")
+    assert not got["resident"][2]
+    assert got["streamed"][2] and "in pinned host memory" in got["streamed"][2][0]
+    assert " 0 in pinned host memory" not in got["streamed"][2][0]
+    assert got["streamed"][:2] == got["resident"][:2]
