@@ -24,10 +24,13 @@
 #          the planner's prediction, peak GPU memory and RSS (issue 6)
 #   bench  attn_bench and nf4_gemm: per-kernel TFLOP/s (the closing note's kernel table)
 #   unit   device-agnostic unit tests bundled with UNIT=..., run with FTUNE_DEVICE=cuda
+#   devtests  tests/ref/test_cpu_device.py with --device cuda: a bf16 base streamed within
+#          --gpu-mem vs resident (adapters), NF4 eval/generate streamed vs resident, QLoRA of
+#          the tied model with eval --quant nf4 and generate vs logits
 # Usage there: [ORDER="8b 70b"] [DEADLINE=560] [STEPS8=4] bash bench/gpu_session.sh
 DEFAULT_TESTS="test_cuda_attn test_cuda_nf4_gemm test_cuda_ops test_cuda_nf4 test_cuda_stream"
 LOG_LINES=10
-ORDER=${ORDER:-tests smoke 8b 70b bench unit}
+ORDER=${ORDER:-tests smoke 8b 70b bench unit devtests}
 case " $ORDER " in *" tests "*) ;; *) TESTS=none;; esac
 . "$(dirname "$0")/offload/common.sh"
 grep -hE "self-check|mma max err|max err|FAILED|Failure" $OUT/test_cuda_attn.log $OUT/test_cuda_nf4_gemm.log 2>/dev/null | tail -12
@@ -88,6 +91,13 @@ sec_bench() {
   stamp bench
 }
 
+sec_devtests() {  # the cpu-device end-to-end checks on the GPU: streamed vs resident bases
+  [ "$(left)" -lt 90 ] && { echo "devtests: skipped ($(left) s left)"; return; }
+  FTUNE_BIN=$F FTUNE_TEST_DEVICE=cuda timeout $(cap 150) python3 tests/ref/test_cpu_device.py \
+    > $OUT/devtests.txt 2>&1; echo "devtests rc=$?"; grep -E "^(PASS|FAIL) |passed" $OUT/devtests.txt
+  stamp devtests
+}
+
 sec_unit() {
   for t in /tmp/g/bin/test_*; do
     case $(basename $t) in test_cuda_*) continue;; esac
@@ -106,6 +116,7 @@ for s in $ORDER; do
     70b) sec_70b ;;
     bench) sec_bench ;;
     unit) sec_unit ;;
+    devtests) sec_devtests ;;
     *) echo "unknown section $s" ;;
   esac
 done

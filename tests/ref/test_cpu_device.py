@@ -17,13 +17,20 @@ streamed tiers and generation through the executor run as they do on CUDA, only 
     the loss and tokens of the all-resident run.
 """
 import json
+import os
 import re
+import sys
+import tempfile
+import traceback
+from pathlib import Path
 
 import numpy as np
 
 from cli_helpers import SEED_DATA, TINY, run_ftune
 
-DEV = ["--device", "cpu-device", "--threads", "2"]
+# FTUNE_TEST_DEVICE=cuda runs the same checks on a GPU (bench/gpu_session.sh, `python3
+# tests/ref/test_cpu_device.py` there: the GPU machine has no pytest)
+DEV = ["--device", os.environ.get("FTUNE_TEST_DEVICE", "cpu-device"), "--threads", "2"]
 # A Llama-shaped model whose layers outweigh the rest (24 layers of hidden 256, MLP 2048;
 # embeddings 32000 x 256 from the tiny model's tokenizer): with every layer resident it needs
 # ~0.08 GiB more than with its layers streamed through two device slots.
@@ -174,3 +181,19 @@ def test_eval_generate_streamed_nf4(tmp_path):
     assert got["streamed"][2] and "in pinned host memory" in got["streamed"][2][0]
     assert " 0 in pinned host memory" not in got["streamed"][2][0]
     assert got["streamed"][:2] == got["resident"][:2]
+
+
+if __name__ == "__main__":  # a plain runner: every test_* in its own temporary folder
+    failed = 0
+    names = [n for n in sorted(globals()) if n.startswith("test_")]
+    for n in names:
+        with tempfile.TemporaryDirectory() as d:
+            try:
+                globals()[n](Path(d))
+                print(f"PASS {n}", flush=True)
+            except Exception:
+                failed += 1
+                traceback.print_exc()
+                print(f"FAIL {n}", flush=True)
+    print(f"{len(names) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
