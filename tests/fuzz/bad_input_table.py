@@ -14,6 +14,7 @@ Each case runs in a fresh folder; paths in messages are relative to it. Needs th
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -635,6 +636,201 @@ def _(d):
     return ["train", "--config", "opts.json", "--model", TINY, "--data", ALPACA]
 
 
+@case("options", "`generate --quant int8` (unknown quantization)", "cli/cmd_generate.c")
+def _(d):
+    return ["generate", "--model", TINY, "--prompt", "hi", "--max-new-tokens", "2",
+            "--quant", "int8"]
+
+
+@case("options", "`generate --cache-dir` without `--quant nf4`", "cli/cmd_generate.c")
+def _(d):
+    return ["generate", "--model", TINY, "--prompt", "hi", "--max-new-tokens", "2",
+            "--cache-dir", "cache"]
+
+
+@case("options", "`logits --cache-dir` without `--quant nf4`", "cli/cmd_logits.c")
+def _(d):
+    return ["logits", "--model", TINY, "--ids", "1,2,3", "--out", "logits.bin",
+            "--cache-dir", "cache"]
+
+
+@case("options", "`train --device cpu-device --quant bf16 --gpu-mem 1M` (the base cannot fit)",
+      "offload/plan.c (budget refusal); --host-mem given so the row does not depend on the machine")
+def _(d):
+    return train(TINY, ALPACA, "--device", "cpu-device", "--quant", "bf16", "--gpu-mem", "1M",
+                 "--host-mem", "4G")
+
+
+# ---- pack-only model folders --------------------------------------------------------------
+
+def pack_only(d, *quant):
+    """A model folder holding only a pack (init-model --pack [--quant bf16]): random weights of
+    tiny-llama's shapes, its tokenizer."""
+    r = subprocess.run([FTUNE, "init-model", "--config", str(TINY / "config.json"), "--out",
+                        str(d / "packed"), "--pack", *quant, "--tokenizer", str(TINY)],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise SystemExit("cannot build the pack-only folder: " + r.stderr)
+    return "packed"
+
+
+def _pack_only_cases():
+    cmds = {
+        "eval": lambda q: ["eval", "--model", "packed", "--data", ALPACA, "--seq-len", "64",
+                           "--threads", "1", *q],
+        "generate": lambda q: ["generate", "--model", "packed", "--prompt", "hi",
+                               "--max-new-tokens", "2", "--threads", "1", *q],
+        "logits": lambda q: ["logits", "--model", "packed", "--ids", "1,2,3", "--out",
+                             "logits.bin", "--threads", "1", *q],
+    }
+    for name, argv in cmds.items():
+        @case("model folder",
+              f"`{name} --quant bf16` on a folder holding only an NF4 pack (`init-model --pack`)",
+              "cli/session.c ft_session_require_bf16")
+        def _(d, argv=argv):
+            pack_only(d)
+            return argv(["--quant", "bf16"])
+
+        @case("model folder", f"`{name} --quant nf4` on a folder holding only a bf16 pack "
+              "(`init-model --pack --quant bf16`)",
+              "cli/session.c ft_session_open_nf4")
+        def _(d, argv=argv):
+            pack_only(d, "--quant", "bf16")
+            return argv(["--quant", "nf4", "--cache-dir", "cache"])
+
+
+_pack_only_cases()
+
+
+# ---- checkpoints (--resume) ---------------------------------------------------------------
+
+M64 = (1 << 64) - 1
+
+
+def ckpt_hash(b, h=0xcbf29ce484222325):
+    """checkpoint.c ft_ckpt_hash: FNV-1a's step over 8-byte little-endian words, then bytes."""
+    n8 = len(b) - len(b) % 8
+    for i in range(0, n8, 8):
+        h = ((h ^ int.from_bytes(b[i:i + 8], "little")) * 0x100000001b3) & M64
+    for x in b[n8:]:
+        h = ((h ^ x) * 0x100000001b3) & M64
+    return h
+
+
+def checkpoint(d):
+    """A real checkpoint: tiny-llama trained 1 step with --save-every 1 into out/; the final
+    adapter is removed so that the adapter column tells what the resumed run wrote."""
+    r = subprocess.run([FTUNE, "train", "--model", str(TINY), "--data", str(ALPACA), "--out",
+                        str(d / "out"), *TRAIN, "--save-every", "1"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise SystemExit("cannot train the reference checkpoint: " + r.stderr)
+    for f in ("adapter_model.safetensors", "adapter_config.json"):
+        (d / "out" / f).unlink()
+    return d / "out" / "checkpoint-1"
+
+
+def resume(*extra):
+    return train(TINY, ALPACA, "--save-every", "1", *extra, "--resume", "out/checkpoint-1")
+
+
+def edit_state(ck, fn):
+    p = ck / "trainer_state.json"
+    s = p.read_text()
+    t = fn(s)
+    assert t != s, "the trainer state edit changed nothing"
+    p.write_text(t)
+
+
+def _num_key(key, value):
+    """Replaces the number after "key": (the first one) with value, as text."""
+    return lambda s: re.sub(r'("%s":\s*)[-+0-9.eE]+' % key, lambda m: m.group(1) + value, s,
+                            count=1)
+
+
+@case("checkpoint", "trainer_state.json: key `step` twice in one object", "fuzz_ckptstate (fixed)")
+def _(d):
+    edit_state(checkpoint(d), lambda s: s.replace('"run_id"', '"step":\t1,\n\t"run_id"', 1))
+    return resume()
+
+
+@case("checkpoint", "trainer_state.json: text after the JSON object", "fuzz_ckptstate (fixed)")
+def _(d):
+    # elapsed_s (a valid 1.5) given a fixed width, so that the offset is the same on every run
+    # (it still depends on the length of the checkout's path, recorded under "info")
+    edit_state(checkpoint(d), lambda s: _num_key("elapsed_s", "1.5")(s) + '{"step": 2}\n')
+    return resume()
+
+
+@case("checkpoint", "trainer_state.json: `elapsed_s` -1.5", "fuzz_ckptstate (fixed)")
+def _(d):
+    edit_state(checkpoint(d), _num_key("elapsed_s", "-1.5"))
+    return resume()
+
+
+@case("checkpoint", "trainer_state.json: `last_loss` 1e999 (infinite)", "fuzz_ckptstate (fixed)")
+def _(d):
+    edit_state(checkpoint(d), _num_key("last_loss", "1e999"))
+    return resume()
+
+
+def damage_moment(ck, name, i, value):
+    """Writes value into element i of tensor name of optimizer.safetensors, then records the
+    file's new hash in trainer_state.json's "files" (as fuzz_ckptstate does), so the load gets
+    past the hash check to the moment check."""
+    p = ck / "optimizer.safetensors"
+    old = "%016x" % ckpt_hash(p.read_bytes())
+    b, n, h = st_read(p)
+    b = bytearray(b)
+    off = 8 + n + h[name]["data_offsets"][0] + 4 * i
+    b[off:off + 4] = struct.pack("<f", value)
+    p.write_bytes(bytes(b))
+    edit_state(ck, lambda s: s.replace(old, "%016x" % ckpt_hash(bytes(b)), 1))
+
+
+@case("checkpoint", "optimizer.safetensors: `exp_avg[3]` NaN (hash recorded anew)",
+      "fuzz_ckptstate (fixed)")
+def _(d):
+    damage_moment(checkpoint(d), "exp_avg", 3, float("nan"))
+    return resume()
+
+
+@case("checkpoint", "optimizer.safetensors: `exp_avg_sq[5]` -1 (hash recorded anew)",
+      "fuzz_ckptstate (fixed)")
+def _(d):
+    damage_moment(checkpoint(d), "exp_avg_sq", 5, -1.0)
+    return resume()
+
+
+# ---- DPO reference cache ------------------------------------------------------------------
+
+PREF = ROOT / "examples" / "data" / "alpaca-seed-tasks" / "alpaca_seed_pref.jsonl"
+DPO = ["--method", "dpo", "--max-steps", "2", "--seq-len", "256", "--threads", "1",
+       "--eval-fraction", "0", "--save-every", "1"]
+
+
+@case("DPO reference", "dpo_reference.bin of a 2-step run on the first 8 pairs of "
+      "alpaca_seed_pref.jsonl: train value 0 NaN, checksum valid (not an error: computed "
+      "again; only the stderr lines naming the reference are shown, the run prints its "
+      "progress too)", "fuzz_dporef (fixed)")
+def _(d):
+    data(d, "".join(PREF.read_text().splitlines(True)[:8]), "pref.jsonl")
+    argv = ["train", "--model", str(TINY), "--data", "pref.jsonl", "--out", "out", *DPO]
+    r = subprocess.run([FTUNE, *argv, "--quiet"], cwd=d, capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        raise SystemExit("cannot train the reference DPO run: " + r.stderr)
+    p = d / "out" / "dpo_reference.bin"
+    b = bytearray(p.read_bytes())
+    assert ckpt_hash(bytes(b[:-8])) == struct.unpack("<Q", b[-8:])[0]
+    b[104:112] = struct.pack("<d", float("nan"))  # dpo_refcache.h: train[0] at offset 104
+    b[-8:] = struct.pack("<Q", ckpt_hash(bytes(b[:-8])))
+    p.write_bytes(bytes(b))
+    for f in ("adapter_model.safetensors", "adapter_config.json"):
+        (d / "out" / f).unlink()
+    return argv + ["--resume", "out/checkpoint-1"], "DPO reference"
+
+
 def md(s):
     return s.strip().replace("|", "\\|").replace("\n", "<br>") or "(nothing)"
 
@@ -651,11 +847,15 @@ def main():
     for group, what, source, fn in CASES:
         with tempfile.TemporaryDirectory(prefix="ftune-bad-") as td:
             d = Path(td)
-            argv = [str(x) for x in fn(d)]  # repository files absolute, the rest relative to d
+            got = fn(d)  # argv, or (argv, text): then only stderr lines holding text are shown
+            got, keep = got if isinstance(got, tuple) else (got, None)
+            argv = [str(x) for x in got]  # repository files absolute, the rest relative to d
             r = subprocess.run([FTUNE] + argv, cwd=d, capture_output=True,
                                text=True, timeout=600, errors="replace")
             adapter_written = (d / "out" / "adapter_model.safetensors").exists()
             err = r.stderr.replace(td + "/", "").replace(str(ROOT) + "/", "")
+            if keep:
+                err = "".join(ln for ln in err.splitlines(True) if keep in ln)
             if r.returncode < 0 or r.returncode >= 128:
                 crashes += 1
             shown = " ".join(argv).replace(str(ROOT) + "/", "")
@@ -673,7 +873,11 @@ def main():
         "(shortened to `...` below). The contract (err.h, STYLE C2): one line `ftune: ...`",
         "naming the file and the offset, line, record, key or tensor; exit status 1 or 2,",
         "never a signal; no adapter written. Exit status 0 marks an input that is accepted on",
-        "purpose (skipped records, byte fallback).",
+        "purpose (skipped records, byte fallback, a damaged DPO reference computed again).",
+        "Rows that need a checkpoint, a pack-only folder or a DPO run build it first with",
+        "`ftune` itself (a real run), then damage it as the row says; where a file's recorded",
+        "hash would catch the damage first, the hash is recorded anew (as the fuzz target",
+        "tests/fuzz/fuzz_ckptstate.c does) so that the check behind it is what the row shows.",
         "",
         f"{len(rows)} cases, {crashes} crashes (exit by a signal). Rows whose source names a",
         "fuzz target are the fuzzers' findings: before the fix, the `eos_token_id`, vocabulary",
