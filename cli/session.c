@@ -1,6 +1,7 @@
 /* session.c - shared set-up for eval and logits, training signals (see session.h). */
 #include "cli/session.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,19 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
 
 int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
 {
+    if (adapter_dir && s->has_lora && s->has_ex && s->ex.T_max >= T) {
+        /* an adapter of the same shape replaces the parameters in place: the executor (and
+         * the base it placed, probed and uploaded) stays */
+        ft_lora_cfg lc;
+        FT_TRY(ft_peft_read_config(adapter_dir, &lc));
+        if (lc.r == s->lora.cfg.r && lc.targets == s->lora.cfg.targets) {
+            FT_TRY(ft_peft_load_weights(adapter_dir, &s->lora));
+            s->lora.cfg.alpha = lc.alpha;
+            s->lora.cfg.use_rslora = lc.use_rslora;
+            s->lora.scale = lc.use_rslora ? lc.alpha / sqrtf((float)lc.r) : lc.alpha / (float)lc.r;
+            return 0;
+        }
+    }
     if (s->has_ex) ft_exec_free(&s->ex); /* it holds the adapter */
     s->has_ex = 0;
     if (s->has_lora) ft_lora_free(&s->lora);

@@ -47,7 +47,9 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
 int ft_session_require_bf16(const ft_session *s, const char *model);
 
 /* Replaces the session's adapter with the PEFT adapter in adapter_dir (NULL: none, the base
- * model) and re-plans the executor for T tokens. Returns 0 or an error naming the folder. */
+ * model) and re-plans the executor for T tokens; an adapter of the same rank and targets is
+ * loaded in place instead, keeping the executor (and the base it placed). Returns 0 or an
+ * error naming the folder. */
 int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T);
 
 /* --dpo-loss NAME (train and eval): a loss of src/train/dpo.h into *(int *)dst; an ft_opt
