@@ -271,6 +271,21 @@ static void test_kv_decode_matches_recompute(void **state)
     decode_vs_recompute(f, &f->lora, "tiny-llama + LoRA r4");
 }
 
+/* SEQ as one micro-batch (next-token targets): ids receives it, le (N_SEQ, V) the executor's
+ * logits of it. */
+static void exec_seq_logits(ft_exec *ex, int32_t *ids, float *le)
+{
+    const int64_t T = N_SEQ;
+    int32_t tg[N_SEQ], pos[N_SEQ], ss[N_SEQ] = {0};
+    for (int64_t t = 0; t < T; t++) {
+        ids[t] = SEQ[t];
+        pos[t] = (int32_t)t;
+        tg[t] = t + 1 < T ? SEQ[t + 1] : -100;
+    }
+    ft_batch b = {1, T, T, ids, tg, pos, ss, T - 1};
+    assert_int_equal(ft_exec_logits(ex, &b, le), 0);
+}
+
 /* A prompt prefilled in one forward gives the logits of the training executor (ftune
  * logits) bit for bit: the same ops on the same shapes in the same order. */
 static void prefill_vs_exec(fix *f, ft_lora *lora, const char *label)
@@ -278,15 +293,9 @@ static void prefill_vs_exec(fix *f, ft_lora *lora, const char *label)
     const int64_t T = N_SEQ, V = f->m->cfg.vocab_size;
     ft_exec ex;
     assert_int_equal(ft_exec_init(&ex, f->be, f->m, lora, T, 1, T), 0);
-    int32_t ids[N_SEQ], tg[N_SEQ], pos[N_SEQ], ss[N_SEQ] = {0};
-    for (int64_t t = 0; t < T; t++) {
-        ids[t] = SEQ[t];
-        pos[t] = (int32_t)t;
-        tg[t] = t + 1 < T ? SEQ[t + 1] : -100;
-    }
-    ft_batch b = {1, T, T, ids, tg, pos, ss, T - 1};
+    int32_t ids[N_SEQ];
     float *le = malloc((size_t)(T * V) * 4), *lg = malloc((size_t)(T * V) * 4);
-    assert_int_equal(ft_exec_logits(&ex, &b, le), 0);
+    exec_seq_logits(&ex, ids, le);
     ft_gen g;
     assert_int_equal(ft_gen_init(&g, f->be, f->m, lora, T, T, T), 0);
     assert_int_equal(ft_gen_forward(&g, ids, T, lg, T), 0);
@@ -1233,15 +1242,9 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
     assert_int_equal(ft_exec_init_ex(&ex, be, m, lp, T, 1, T, how == NO_PACK), 0);
     if (how == PACK_TIERS) assert_int_equal(ft_exec_use_pack_tiers(&ex, pack, NULL, 2, 1), 0);
     else if (how != NO_PACK) assert_int_equal(ft_exec_use_pack_ex(&ex, pack, how == PACK_RESIDENT), 0);
-    int32_t ids[N_SEQ], tg[N_SEQ], pos[N_SEQ], ss[N_SEQ] = {0};
-    for (int64_t t = 0; t < T; t++) {
-        ids[t] = SEQ[t];
-        pos[t] = (int32_t)t;
-        tg[t] = t + 1 < T ? SEQ[t + 1] : -100;
-    }
-    ft_batch b = {1, T, T, ids, tg, pos, ss, T - 1};
+    int32_t ids[N_SEQ];
     float *le = malloc((size_t)(T * V) * 4), *lg = malloc((size_t)(T * V) * 4);
-    assert_int_equal(ft_exec_logits(&ex, &b, le), 0);
+    exec_seq_logits(&ex, ids, le);
 
     ft_gen_source src;
     assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
