@@ -120,6 +120,7 @@ typedef struct run {
     double *ref_train, *ref_eval; /* DPO: reference nlls by pair (dpo_run.h), 2 per pair */
     double eval_reward_accuracy;  /* DPO: the last evaluation's (NAN before one) */
     int quant;                    /* FT_PACK_QUANT_* of the base */
+    ft_train_result *res;         /* the caller's result (place_offload fills base_layers) */
 } run;
 
 static void run_free(run *r)
@@ -805,6 +806,8 @@ static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_l
         if (io[0]) info(cb, user, FT_EV_INFO, "%s", io);
     }
     *grad_accum = pr->plan.micro_batches;
+    if (!rc)
+        for (int t = 0; t < 3; t++) r->res->base_layers[t] = pr->plan.n_tier[t];
     free(pr);
     return rc;
 }
@@ -1404,6 +1407,11 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     cJSON_AddNumberToObject(js, "resumed_from_step", (double)res->resumed_from);
     cJSON_AddStringToObject(js, "checkpoint", res->checkpoint);
     cJSON_AddStringToObject(js, "base_quant", ft_pack_quant_name(res->quant));
+    if (res->base_layers[0] >= 0) { /* where the offload planner put the base's layers */
+        cJSON *bl = cJSON_AddObjectToObject(js, "base_layers");
+        static const char *const tier[3] = {"gpu", "host", "disk"};
+        for (int t = 0; bl && t < 3; t++) cJSON_AddNumberToObject(bl, tier[t], (double)res->base_layers[t]);
+    }
     if (dpo) {
         cJSON_AddStringToObject(js, "method", "dpo");
         cJSON_AddStringToObject(js, "dpo_loss", ft_dpo_loss_name(c->dpo.loss_type));
@@ -1451,6 +1459,8 @@ int ft_train_run(const ft_train_cfg *cfg, ft_train_cb cb, void *user, ft_train_r
     memset(&r, 0, sizeof r);
     memset(res, 0, sizeof *res);
     res->final_eval_reward_accuracy = NAN;
+    res->base_layers[0] = res->base_layers[1] = res->base_layers[2] = -1;
+    r.res = res;
     int rc = train_inner(&r, cfg, cb, user, res);
     run_free(&r);
     return rc;

@@ -182,6 +182,9 @@ typedef struct ft_train_result {
     int64_t best_eval_step;     /* 0 if none */
     int quant;                  /* the base's quantization used (enum ft_pack_quant); 0 if
                                  * training did not get that far */
+    int64_t base_layers[3];     /* a packed base on a device, as the offload planner placed
+                                 * it: layers on the GPU, in pinned host memory, read from the
+                                 * pack file (enum ft_tier order); all -1 otherwise */
     char checkpoint[4200];      /* the last checkpoint written or resumed from ("" if none);
                                  * set on error too, for the resume hint */
 } ft_train_result;

@@ -76,6 +76,9 @@ def test_bf16_streamed_equals_resident(tmp_path):
     assert "streamed from its bf16 pack" in runs["streamed"][1]
     assert plan and "in pinned host memory" in plan[0]
     assert "streamed from" not in runs["resident"][1]
+    placed = json.loads((runs["streamed"][0] / "summary.json").read_text())["base_layers"]
+    assert placed["host"] > 0 and sum(placed.values()) == MID["num_hidden_layers"], placed
+    assert "base_layers" not in json.loads((runs["resident"][0] / "summary.json").read_text())
     a, b = ((runs[k][0] / "adapter_model.safetensors").read_bytes() for k in ("resident", "streamed"))
     assert a == b, "the streamed bf16 base trained another adapter than the resident one"
 
