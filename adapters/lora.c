@@ -18,6 +18,11 @@ static int64_t lin_out(const ft_model *m, int p)
     return m->layers[0].proj[p].out_n;
 }
 
+float ft_lora_scale(const ft_lora_cfg *c)
+{
+    return c->use_rslora ? c->alpha / sqrtf((float)c->r) : c->alpha / (float)c->r;
+}
+
 int ft_lora_init(ft_lora *l, const ft_model *m, const ft_lora_cfg *cfg, ft_backend *be)
 {
     memset(l, 0, sizeof *l);
@@ -30,7 +35,7 @@ int ft_lora_init(ft_lora *l, const ft_model *m, const ft_lora_cfg *cfg, ft_backe
     l->cfg = *cfg;
     l->be = be;
     l->n_layers = m->cfg.num_hidden_layers;
-    l->scale = cfg->use_rslora ? cfg->alpha / sqrtf((float)cfg->r) : cfg->alpha / (float)cfg->r;
+    l->scale = ft_lora_scale(cfg);
     int64_t per_layer = 0;
     for (int p = 0; p < FT_N_PROJ; p++)
         if (cfg->targets & (1u << p))

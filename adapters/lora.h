@@ -46,6 +46,10 @@ typedef struct ft_lora {
     ft_backend *be;
 } ft_lora;
 
+/* The adapter's output scale: alpha / r, or alpha / sqrt(r) with rsLoRA (PEFT
+ * LoraLayer.update_layer, formats.md 3.4). */
+float ft_lora_scale(const ft_lora_cfg *c);
+
 /* Allocates the adapter for `m` on backend `be` and initialises it as PEFT does
  * (init_lora_weights=True): A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a=sqrt(5)),
  * B = 0; grads and moments zero. Returns 0, -ENOMEM, FT_E_INVALID (r < 1, no targets). */

@@ -319,8 +319,7 @@ int ft_peft_open(ft_peft_file *a, const char *dir)
 {
     memset(a, 0, sizeof *a);
     FT_TRY(read_config(dir, &a->cfg, a->base_name, sizeof a->base_name));
-    a->scale = a->cfg.use_rslora ? a->cfg.alpha / sqrtf((float)a->cfg.r)
-                                 : a->cfg.alpha / (float)a->cfg.r;
+    a->scale = ft_lora_scale(&a->cfg);
     FT_TRY(ft_path_join(a->path, sizeof a->path, dir, "adapter_model.safetensors"));
     FT_TRY(ft_st_open(&a->st, a->path));
     int rc = open_checks(a);

@@ -111,9 +111,7 @@ static int carve_arena(ft_exec *e, int64_t ckpt_bufs)
 static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
                      int64_t n_micro, int64_t rope_seq_len, int place_layers, int64_t ckpt_bufs);
 
-/* A failed init frees what it had allocated (e zeroed), keeping the failure's message (a
- * device backend's free may record errors of its own). Returns rc. */
-static int init_failed(ft_exec *e, int rc)
+int ft_exec_free_keeping_err(ft_exec *e, int rc)
 {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", ft_errmsg());
@@ -125,7 +123,7 @@ int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora
                     int64_t n_micro, int64_t rope_seq_len, int place_layers)
 {
     int rc = init_impl(e, be, m, lora, T_max, n_micro, rope_seq_len, place_layers, -1);
-    return rc < 0 ? init_failed(e, rc) : rc;
+    return rc < 0 ? ft_exec_free_keeping_err(e, rc) : rc; /* a failed init frees its own */
 }
 
 int ft_exec_init_ckpt_host(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora,
@@ -137,7 +135,7 @@ int ft_exec_init_ckpt_host(ft_exec *e, ft_backend *be, const ft_model *m, ft_lor
     int rc = init_impl(e, be, m, lora, T_max, n_micro, rope_seq_len, place_layers,
                        ft_ckpt_tier_dev_buffers(n_micro, dev_layers, n_sets));
     if (!rc) rc = ft_ckpt_tier_init(e, dev_layers, n_sets);
-    return rc < 0 ? init_failed(e, rc) : rc;
+    return rc < 0 ? ft_exec_free_keeping_err(e, rc) : rc;
 }
 
 int ft_exec_ckpt_to_host(ft_exec *e, int64_t dev_layers, int n_sets)

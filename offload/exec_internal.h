@@ -32,6 +32,9 @@ int ft_exec_op_end(ft_exec *e);
 /* Pack-only models on a device backend: the embeddings of micro-batch mb gathered on the host
  * from the pack into ckpt (device). */
 int ft_exec_embed_from_pack(ft_exec *e, const int32_t *ids, int64_t T, float *out);
+/* Frees e (ft_exec_free: what it holds, e zeroed) after a failure rc, keeping the failure's
+ * message (a device backend's free may record errors of its own). Returns rc. */
+int ft_exec_free_keeping_err(ft_exec *e, int rc);
 /* Timeline marks around queued work (no-ops without a timeline): begin returns a mark id
  * (-1 when not recording), end closes it. */
 int ft_exec_tl_begin(ft_exec *e, int lane, int kind, int64_t layer);

@@ -125,6 +125,12 @@ const char *ft_pack_quant_name(int quant)
     return quant == FT_PACK_QUANT_NF4 ? "nf4" : quant == FT_PACK_QUANT_BF16 ? "bf16" : "unknown";
 }
 
+int ft_pack_quant_of_path(const char *path)
+{
+    const char *nm = strrchr(path, '/');
+    return strstr(nm ? nm + 1 : path, "bf16") ? FT_PACK_QUANT_BF16 : FT_PACK_QUANT_NF4;
+}
+
 uint64_t ft_pack_settings_hash(const ft_pack_settings *s)
 {
     /* everything that changes the bytes: format version, quant type, block sizes, and the

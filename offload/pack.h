@@ -124,6 +124,10 @@ void ft_pack_settings_default(ft_pack_settings *s, int quant);
 /* Parses "nf4" / "bf16" into *quant; FT_E_INVALID (message lists the choices) otherwise. */
 int ft_pack_quant_parse(const char *name, int *quant);
 const char *ft_pack_quant_name(int quant);
+/* The quantization a pack file's name says: FT_PACK_QUANT_BF16 when its base name has "bf16"
+ * (FT_PACK_LOCAL_BF16 from init-model, <identity>-bf16.ftpack in the cache), else
+ * FT_PACK_QUANT_NF4. */
+int ft_pack_quant_of_path(const char *path);
 /* Hash of everything that changes the bytes of a pack besides the model. */
 uint64_t ft_pack_settings_hash(const ft_pack_settings *s);
 

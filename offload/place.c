@@ -80,16 +80,6 @@ static int probe_fused(ft_exec *probe, ft_pack_file *pack, int64_t T, const ft_p
     return 0;
 }
 
-/* Frees e (ft_exec_free) after a failure rc, keeping the failure's message: freeing may
- * record errors of its own (the drain of the H2D lane, tiers.c). Returns rc. */
-static int free_keeping_err(ft_exec *e, int rc)
-{
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", ft_errmsg());
-    ft_exec_free(e);
-    return ft_err(rc, "%s", msg);
-}
-
 int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
                     const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res)
 {
@@ -120,7 +110,7 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     size_t kept1 = ft_exec_kept_bytes(&probe) / (size_t)L;
     size_t arena1 = probe.arena_bytes;
     free(outs);
-    if (rc) return free_keeping_err(&probe, rc);
+    if (rc) return ft_exec_free_keeping_err(&probe, rc);
     ft_exec_free(&probe);
     res->t_dequant = t_dq;
 
@@ -218,5 +208,5 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     }
     /* the caller frees *ex only on success: on a failure, what the calls after the init
      * allocated is freed here (a failed init frees its own) */
-    return rc < 0 ? free_keeping_err(ex, rc) : 0;
+    return rc < 0 ? ft_exec_free_keeping_err(ex, rc) : 0;
 }

@@ -120,7 +120,6 @@ typedef struct run {
     double *ref_train, *ref_eval; /* DPO: reference nlls by pair (dpo_run.h), 2 per pair */
     double eval_reward_accuracy;  /* DPO: the last evaluation's (NAN before one) */
     int quant;                    /* FT_PACK_QUANT_* of the base */
-    ft_train_result *res;         /* the caller's result (place_offload fills base_layers) */
 } run;
 
 static void run_free(run *r)
@@ -609,8 +608,7 @@ static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, ch
 {
     why[0] = 0;
     if (r->model->pack_only[0]) { /* only the pack exists: its quantization it is */
-        const char *nm = strrchr(r->model->pack_only, '/');
-        int pq = strstr(nm ? nm : r->model->pack_only, "bf16") ? FT_PACK_QUANT_BF16 : FT_PACK_QUANT_NF4;
+        int pq = ft_pack_quant_of_path(r->model->pack_only);
         if (c->quant != FT_TRAIN_QUANT_AUTO && c->quant != pq)
             return ft_err(FT_E_INVALID, "%s holds only %s (a pack-only model): --quant %s cannot be "
                           "served; drop --quant", c->model, r->model->pack_only,
@@ -758,9 +756,10 @@ static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t 
 }
 
 /* A packed base on a device backend: measured, planned (offload/place.h) and placed; the
- * plan's lines are reported; *grad_accum gets the planned micro-batch count. */
+ * plan's lines are reported; *grad_accum gets the planned micro-batch count, res->base_layers
+ * the layers per tier. */
 static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_len,
-                         int64_t *grad_accum, ft_train_cb cb, void *user)
+                         int64_t *grad_accum, ft_train_cb cb, void *user, ft_train_result *res)
 {
     ft_place_opts po = {T, seq_len, c->grad_accum, (uint64_t)c->gpu_mem, (uint64_t)c->host_mem,
                         NULL, NULL};
@@ -807,7 +806,7 @@ static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_l
     }
     *grad_accum = pr->plan.micro_batches;
     if (!rc)
-        for (int t = 0; t < 3; t++) r->res->base_layers[t] = pr->plan.n_tier[t];
+        for (int t = 0; t < 3; t++) res->base_layers[t] = pr->plan.n_tier[t];
     free(pr);
     return rc;
 }
@@ -1083,7 +1082,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
      * as for a pack-only folder (offload/tiers.c ft_exec_globals_from_pack) */
     if (r->pack) FT_TRY(ft_model_use_pack(r->model, ft_pack_path(r->pack)));
     if (r->pack && !r->be->ops->host_memory) {
-        FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user));
+        FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user, res));
         if (c->plan_only) return 0;
     } else {
         if (cm->grad_accum < 1) cm->grad_accum = 1;
@@ -1460,7 +1459,6 @@ int ft_train_run(const ft_train_cfg *cfg, ft_train_cb cb, void *user, ft_train_r
     memset(res, 0, sizeof *res);
     res->final_eval_reward_accuracy = NAN;
     res->base_layers[0] = res->base_layers[1] = res->base_layers[2] = -1;
-    r.res = res;
     int rc = train_inner(&r, cfg, cb, user, res);
     run_free(&r);
     return rc;
