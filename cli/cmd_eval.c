@@ -92,9 +92,9 @@ static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapte
 }
 
 /* The model, adapter and data of the command, then eval_tokens (dpo NULL) or eval_pairs. */
-/* quant: 0 = not given (the model's weights as they are), 1 = bf16 given, 2 = nf4. */
+/* quant, cache_dir, budget (--gpu-mem, --host-mem): as ft_session_open_quant takes them. */
 static int run_eval(const char *model, const char *adapter, const char *ref_adapter,
-                    int quant, const char *cache_dir, const int64_t budget[2],
+                    const char *quant, const char *cache_dir, const int64_t budget[2],
                     const ft_str_list *data, ft_data_cfg *dc,
                     int64_t batch, const char *device, int threads, const ft_dpo_cfg *dpo,
                     ft_dpo_stats *pst, double *loss, int64_t *tokens)
@@ -105,11 +105,8 @@ static int run_eval(const char *model, const char *adapter, const char *ref_adap
     memset(&ds, 0, sizeof ds);
     int qcorr = 0;
     /* the executor is planned once the batches' size is known (eval_tokens, eval_pairs) */
-    int rc = quant == 2 ? ft_session_open_nf4(&s, model, adapter, 0, device, threads, cache_dir, &qcorr)
-                        : ft_session_open(&s, model, adapter, 0, device, threads);
-    s.gpu_mem = budget[0];
-    s.host_mem = budget[1];
-    if (!rc && quant == 1) rc = ft_session_require_bf16(&s, model);
+    int rc = ft_session_open_quant(&s, model, adapter, device, threads, quant, cache_dir, budget[0],
+                                   budget[1], &qcorr);
     /* the DPO reference swaps the adapter out, and the correction with it */
     if (!rc && qcorr && dpo && !ft_dpo_reference_free(dpo->loss_type))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: --method dpo --quant nf4 with an adapter trained with "
@@ -159,7 +156,7 @@ int ft_cmd_eval(int argc, char **argv)
         {"dpo-label-smoothing", FT_OPT_DBL, &dpo.label_smoothing, "with --dpo-loss robust (default 0)"},
         {"simpo-gamma", FT_OPT_DBL, &dpo.simpo_gamma, "with --dpo-loss simpo (default 0.5)"},
         {"quant", FT_OPT_STR, &quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (as `ftune train --quant nf4` trains QLoRA: the NF4 pack, built or reused under --cache-dir, and no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
-        {"cache-dir", FT_OPT_STR, &cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
+        {"cache-dir", FT_OPT_STR, &cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
         {"gpu-mem", FT_OPT_FN, &budget[0], FT_GPU_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"host-mem", FT_OPT_FN, &budget[1], FT_HOST_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
@@ -181,8 +178,7 @@ int ft_cmd_eval(int argc, char **argv)
         ft_str_list_free(&data);
         return 2;
     }
-    if (quant && strcmp(quant, "bf16") && strcmp(quant, "nf4")) {
-        fprintf(stderr, "ftune: --quant: unknown base quantization '%s' (bf16, nf4)\n", quant);
+    if (ft_session_bad_quant(quant)) {
         ft_str_list_free(&data);
         return 2;
     }
@@ -208,7 +204,7 @@ int ft_cmd_eval(int argc, char **argv)
     double loss = NAN;
     int64_t tokens = 0;
     ft_dpo_stats st = {0};
-    rc = run_eval(model, adapter, ref_adapter, !quant ? 0 : !strcmp(quant, "nf4") ? 2 : 1, cache_dir, budget, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
+    rc = run_eval(model, adapter, ref_adapter, quant, cache_dir, budget, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
                   is_dpo ? &dpo : NULL, &st, &loss, &tokens);
     ft_str_list_free(&data);
     if (rc < 0) {

@@ -123,15 +123,9 @@ static void put_piece(const char *s, size_t n, int *last_nl)
 static int env_open(gen_env *e, const gen_opts *o)
 {
     memset(e, 0, sizeof *e);
-    const char *dev = o->device;
-    int rc = o->quant && !strcmp(o->quant, "nf4")
-                 ? ft_session_open_nf4(&e->s, o->model, o->adapter, 0, dev, (int)o->threads,
-                                       o->cache_dir, NULL)
-                 : ft_session_open(&e->s, o->model, o->adapter, 0, dev, (int)o->threads);
+    int rc = ft_session_open_quant(&e->s, o->model, o->adapter, o->device, (int)o->threads,
+                                   o->quant, o->cache_dir, o->gpu_mem, o->host_mem, NULL);
     e->m = e->s.model;
-    e->s.gpu_mem = o->gpu_mem;
-    e->s.host_mem = o->host_mem;
-    if (!rc && o->quant && !strcmp(o->quant, "bf16")) rc = ft_session_require_bf16(&e->s, o->model);
     if (!rc) rc = ft_model_tokenizer(e->m, &e->tok);
     return rc;
 }
@@ -559,17 +553,14 @@ int ft_cmd_generate(int argc, char **argv)
         {"quant", FT_OPT_STR, &o.quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
         {"gpu-mem", FT_OPT_FN, &o.gpu_mem, FT_GPU_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"host-mem", FT_OPT_FN, &o.host_mem, FT_HOST_MEM_HELP, ft_opt_bytes, "SIZE"},
-        {"cache-dir", FT_OPT_STR, &o.cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
+        {"cache-dir", FT_OPT_STR, &o.cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
         {NULL},
     };
     char err[1024];
     int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
-    if (o.quant && strcmp(o.quant, "bf16") && strcmp(o.quant, "nf4")) {
-        fprintf(stderr, "ftune: --quant: unknown base quantization '%s' (bf16, nf4)\n", o.quant);
-        return 2;
-    }
+    if (ft_session_bad_quant(o.quant)) return 2;
     if (o.cache_dir && !(o.quant && !strcmp(o.quant, "nf4"))) {
         fprintf(stderr, "ftune: generate: --cache-dir goes with --quant nf4\n");
         return 2;

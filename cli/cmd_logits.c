@@ -58,19 +58,15 @@ int ft_cmd_logits(int argc, char **argv)
         {"quant", FT_OPT_STR, &quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the QLoRA base: the NF4 pack, built or reused under --cache-dir, with the adapter run's --quant-correction)", 0, "TYPE"},
         {"gpu-mem", FT_OPT_FN, &budget[0], FT_GPU_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"host-mem", FT_OPT_FN, &budget[1], FT_HOST_MEM_HELP, ft_opt_bytes, "SIZE"},
-        {"cache-dir", FT_OPT_STR, &cache_dir, "with --quant nf4: where pack files are kept (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
+        {"cache-dir", FT_OPT_STR, &cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
         {NULL},
     };
     char err[1024];
     int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
-    if (quant && strcmp(quant, "bf16") && strcmp(quant, "nf4")) {
-        fprintf(stderr, "ftune: --quant: unknown base quantization '%s' (bf16, nf4)\n", quant);
-        return 2;
-    }
-    int nf4 = quant && !strcmp(quant, "nf4");
-    if (cache_dir && !nf4) {
+    if (ft_session_bad_quant(quant)) return 2;
+    if (cache_dir && !(quant && !strcmp(quant, "nf4"))) {
         fprintf(stderr, "ftune: logits: --cache-dir goes with --quant nf4\n");
         return 2;
     }
@@ -91,11 +87,8 @@ int ft_cmd_logits(int argc, char **argv)
     float *logits = NULL;
     double loss = 0;
     int64_t nv = 0;
-    rc = nf4 ? ft_session_open_nf4(&s, model, adapter, 0, device, (int)threads, cache_dir, NULL)
-             : ft_session_open(&s, model, adapter, 0, device, (int)threads);
-    s.gpu_mem = budget[0];
-    s.host_mem = budget[1];
-    if (!rc && quant && !nf4) rc = ft_session_require_bf16(&s, model);
+    rc = ft_session_open_quant(&s, model, adapter, device, (int)threads, quant, cache_dir, budget[0],
+                               budget[1], NULL);
     if (!rc) rc = ft_session_plan(&s, T);
     int64_t V = s.model ? s.model->cfg.vocab_size : 0;
     if (!rc) {

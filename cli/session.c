@@ -1,7 +1,6 @@
 /* session.c - shared set-up for eval and logits, training signals (see session.h). */
 #include "cli/session.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,20 +30,10 @@ static int load_adapter(ft_session *s, const char *adapter_dir)
     return ft_peft_load_weights(adapter_dir, &s->lora);
 }
 
-/* 1 when the pack-only model m's pack holds bf16 weights (its file name says the quantization:
- * model-bf16.ftpack from init-model, <identity>-bf16.ftpack in the cache). */
+/* 1 when the pack-only model m's pack holds bf16 weights. */
 static int pack_is_bf16(const ft_model *m)
 {
-    const char *nm = strrchr(m->pack_only, '/');
-    return strstr(nm ? nm + 1 : m->pack_only, "bf16") != NULL;
-}
-
-int ft_session_require_bf16(const ft_session *s, const char *model)
-{
-    if (s->model && s->model->pack_only[0] && !pack_is_bf16(s->model))
-        return ft_err(FT_E_INVALID, "%s holds only the NF4 pack %s: --quant bf16 cannot be served "
-                      "(use --quant nf4, or drop --quant)", model, s->model->pack_only);
-    return 0;
+    return ft_pack_quant_of_path(m->pack_only) == FT_PACK_QUANT_BF16;
 }
 
 int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
@@ -108,6 +97,29 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
     return T > 0 ? ft_session_plan(s, T) : 0;
 }
 
+int ft_session_open_quant(ft_session *s, const char *model, const char *adapter,
+                          const char *device, int threads, const char *quant,
+                          const char *cache_dir, int64_t gpu_mem, int64_t host_mem, int *qcorr)
+{
+    int nf4 = quant && !strcmp(quant, "nf4");
+    if (qcorr) *qcorr = 0;
+    int rc = nf4 ? ft_session_open_nf4(s, model, adapter, 0, device, threads, cache_dir, qcorr)
+                 : ft_session_open(s, model, adapter, 0, device, threads);
+    s->gpu_mem = gpu_mem;
+    s->host_mem = host_mem;
+    if (!rc && quant && !nf4 && s->model->pack_only[0] && !pack_is_bf16(s->model))
+        rc = ft_err(FT_E_INVALID, "%s holds only the NF4 pack %s: --quant bf16 cannot be served "
+                    "(use --quant nf4, or drop --quant)", model, s->model->pack_only);
+    return rc;
+}
+
+int ft_session_bad_quant(const char *quant)
+{
+    if (!quant || !strcmp(quant, "bf16") || !strcmp(quant, "nf4")) return 0;
+    fprintf(stderr, "ftune: --quant: unknown base quantization '%s' (bf16, nf4)\n", quant);
+    return 1;
+}
+
 int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
 {
     if (adapter_dir && s->has_lora && s->has_ex && s->ex.T_max >= T) {
@@ -119,7 +131,7 @@ int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
             FT_TRY(ft_peft_load_weights(adapter_dir, &s->lora));
             s->lora.cfg.alpha = lc.alpha;
             s->lora.cfg.use_rslora = lc.use_rslora;
-            s->lora.scale = lc.use_rslora ? lc.alpha / sqrtf((float)lc.r) : lc.alpha / (float)lc.r;
+            s->lora.scale = ft_lora_scale(&lc);
             return 0;
         }
     }
@@ -153,10 +165,8 @@ int ft_session_plan(ft_session *s, int64_t T)
     ft_place_result *pr = calloc(1, sizeof *pr);
     if (!pr) return ft_err(-ENOMEM, "out of memory");
     int rc = ft_place_packed(s->be, s->model, lora, s->pack, &po, 1, &s->ex, pr);
-    int streamed = 0;
-    for (int64_t l = 0; !rc && l < s->model->cfg.num_hidden_layers; l++)
-        streamed |= pr->plan.tier[l] != FT_TIER_GPU;
-    if (!rc && streamed) { /* say where the layers are, as training does */
+    if (!rc && pr->plan.n_tier[FT_TIER_GPU] < s->model->cfg.num_hidden_layers) {
+        /* some layers are streamed: say where they are, as training does */
         char *line = pr->text, *nl;
         while (line && *line) {
             nl = strchr(line, '\n');

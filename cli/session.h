@@ -42,9 +42,18 @@ int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, i
 int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
                         const char *device, int threads, const char *cache_dir, int *qcorr);
 
-/* For an explicit --quant bf16: FT_E_INVALID, naming the folder, when the session's model is
- * a pack-only folder whose pack is NF4 (it has no unquantized weights to serve); else 0. */
-int ft_session_require_bf16(const ft_session *s, const char *model);
+/* The session of eval, generate and logits from their flags, no executor yet
+ * (ft_session_plan): quant NULL (the model's weights as they are), "bf16" (FT_E_INVALID,
+ * naming the folder, for a folder holding only an NF4 pack: it has no unquantized weights to
+ * serve) or "nf4" (ft_session_open_nf4, the pack under cache_dir; *qcorr as there, may be
+ * NULL); gpu_mem / host_mem become the planner's budgets. Returns 0 or an error naming the
+ * file. */
+int ft_session_open_quant(ft_session *s, const char *model, const char *adapter,
+                          const char *device, int threads, const char *quant,
+                          const char *cache_dir, int64_t gpu_mem, int64_t host_mem, int *qcorr);
+
+/* 1 (after printing the usage error) when --quant is neither absent, bf16 nor nf4. */
+int ft_session_bad_quant(const char *quant);
 
 /* Replaces the session's adapter with the PEFT adapter in adapter_dir (NULL: none, the base
  * model) and re-plans the executor for T tokens; an adapter of the same rank and targets is
@@ -61,6 +70,9 @@ int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
                         "e.g. 24G (default: all that is free); layers beyond it are streamed as in training"
 #define FT_HOST_MEM_HELP "with --gpu-mem: host memory for the pinned pool of streamed layers (default: " \
                          "available memory less 4 GiB); layers beyond it are read from the pack file"
+
+#define FT_CACHE_DIR_HELP "with --quant nf4: where pack files are kept (default " \
+                          "$XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)"
 
 /* --device's help line, shared by the commands that take it. */
 #define FT_DEVICE_HELP "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a " \
