@@ -328,9 +328,37 @@ static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
     return 0;
 }
 
+/* Generation visits of at most this many tokens read an NF4 pack's projections in place on
+ * the host (ft_exec_gen_source); past it, dequantizing once and running sgemm is faster
+ * (measured on the example model: see kernels/cpu/nf4_gemv.c). */
+#define GEN_NF4_ROWS 8
+
+/* Layer l for a generation visit of n tokens: on a host-memory backend over an NF4 pack with
+ * n <= GEN_NF4_ROWS, the block's projections as stored (ft_pack_layer_weights_nf4; norms and
+ * biases in layer_f32, which then no longer holds a whole layer); else fetch_layer. */
+static int gen_layer(void *ctx, int64_t l, int64_t n, const ft_layer_weights **w)
+{
+    ft_exec *e = ctx;
+    if (!e->pack || e->pack_dev || !e->be->ops->host_memory || n > GEN_NF4_ROWS ||
+        ft_pack_header(e->pack)->quant != FT_PACK_QUANT_NF4)
+        return fetch_layer(e, l, w);
+    e->layer_fetches++;
+    const void *blk = e->pack_raw;
+    if (e->pack_host) {
+        blk = e->pack_host + e->pack_dev_off[l];
+    } else {
+        FT_TRY(ft_pack_read_block(e->pack, l, e->pack_raw, e->pack_raw_bytes, 1));
+        e->pack_reads++;
+    }
+    e->fetched_layer = -1;
+    FT_TRY(ft_pack_layer_weights_nf4(e->pack, l, blk, e->layer_f32, &e->fetched, e->fetched_nf4));
+    e->gen_nf4_fetches++;
+    *w = &e->fetched;
+    return 0;
+}
+
 static int gen_begin(void *e) { return ft_exec_begin_op(e, 0); }
 static int gen_end(void *e) { return ft_exec_op_end(e); }
-static int gen_layer(void *e, int64_t l, const ft_layer_weights **w) { return fetch_layer(e, l, w); }
 
 /* The rows of n ids gathered from the pack, T_max at a time (the gather's host buffer). */
 static int gen_embed_rows(void *ctx, const int32_t *ids, int64_t n, float *out)

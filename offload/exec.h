@@ -94,6 +94,7 @@ typedef struct ft_exec {
     int nf4_fused;
     ft_nf4_tensor fetched_nf4[FT_N_PROJ];
     int64_t pack_reads;         /* blocks read from the pack (test hook) */
+    int64_t gen_nf4_fetches;    /* generation visits served NF4 in place (test hook) */
     uint8_t *pack_host;         /* host-resident blocks (ft_exec_use_pack_ex resident), or NULL */
     /* Device backends (resident.c): every layer block of the pack in device memory. */
     uint8_t *pack_dev;
@@ -297,7 +298,11 @@ int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
  * ft_gen_init_source): each layer fetched per visit as a training forward fetches it (placed
  * weights: the model's on the host, bf16 copies on a device; over a pack (ft_exec_use_pack,
  * _ex, _tiers): the block dequantized to fp32 on the host, on a device bound in its tier with
- * NF4 dequantized to bf16 or fused), the globals the executor placed; an untied pack-only
+ * NF4 dequantized to bf16 or fused), the globals the executor placed. On the host, a visit of
+ * at most 8 tokens (a decode step) over an NF4 pack hands the projections to linear_fwd as
+ * stored, which the CPU reads in place (kernels/cpu/nf4_gemv.h: 4.5 bits per weight instead of
+ * a dequantized fp32 copy written and read back); longer ones (a prefill) dequantize as
+ * training does, so their logits are ft_exec_logits' bit for bit; an untied pack-only
  * model on a device gathers its embedding rows from the pack (e->T_max at a time). None of the
  * executor's activation memory is used, so an executor of a small T_max serves forwards of
  * any length. s keeps e by pointer. Returns 0, or FT_E_INVALID when e has neither placed

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "offload/pack_internal.h"
@@ -649,8 +650,21 @@ static int record_f32(const ft_pack_tensor *r, const uint8_t *blk, float *dst)
     return ft_nf4_dequant(&v, dst);
 }
 
-int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, float *dst,
-                          ft_layer_weights *w)
+void ft_pack_record_nf4(const ft_pack_tensor *r, const void *blk, struct ft_nf4_tensor *t)
+{
+    const uint8_t *b = blk;
+    const int nested = r->nested_blocksize != 0;
+    *t = (ft_nf4_tensor){r->rows * r->cols, r->blocksize, r->nested_blocksize, b + r->data_off,
+                         nested ? b + r->absmax_off : NULL,
+                         nested ? NULL : (const float *)(b + r->absmax_off),
+                         nested ? (const float *)(b + r->nested_off) : NULL,
+                         nested ? (const float *)(b + r->map_off) : NULL,
+                         (const float *)(b + r->code_off), r->offset};
+}
+
+/* ft_pack_layer_weights, and with nf4 != NULL ft_pack_layer_weights_nf4. */
+static int layer_weights(const ft_pack_file *p, int64_t l, const void *buf, float *dst,
+                         ft_layer_weights *w, struct ft_nf4_tensor *nf4)
 {
     if (l < 0 || l >= (int64_t)p->hdr.n_layers)
         return ft_err(FT_E_RANGE, "%s: no layer %lld", p->path, (long long)l);
@@ -682,6 +696,16 @@ int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, flo
     }
     for (int64_t i = 0; i < n; i++) {
         const ft_pack_tensor *r = &d[i];
+        if (nf4 && r->dtype == FT_PACK_DT_NF4 && r->role >= FT_PACK_ROLE_W0 &&
+            r->role < FT_PACK_ROLE_B0 &&
+            ft_nf4_fusable(r->rows, r->cols, r->blocksize, r->nested_blocksize)) {
+            int k = (int)(r->role - FT_PACK_ROLE_W0);
+            ft_pack_record_nf4(r, buf, &nf4[k]);
+            w->proj[k].wtype = FT_W_NF4;
+            w->proj[k].nf4 = &nf4[k];
+            w->proj[k].w = NULL;
+            continue;
+        }
         float *to = r->role == FT_PACK_ROLE_ATTN_NORM ? w->attn_norm
                   : r->role == FT_PACK_ROLE_FFN_NORM  ? w->ffn_norm
                   : r->role == FT_PACK_ROLE_Q_NORM    ? w->q_norm
@@ -691,6 +715,18 @@ int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, flo
         FT_TRY(record_f32(r, buf, to));
     }
     return 0;
+}
+
+int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, float *dst,
+                          ft_layer_weights *w)
+{
+    return layer_weights(p, l, buf, dst, w, NULL);
+}
+
+int ft_pack_layer_weights_nf4(const ft_pack_file *p, int64_t l, const void *buf, float *dst,
+                              ft_layer_weights *w, struct ft_nf4_tensor *nf4)
+{
+    return layer_weights(p, l, buf, dst, w, nf4);
 }
 
 /* ---- the global block, row ranges ------------------------------------------------------- */

@@ -261,6 +261,18 @@ int64_t ft_pack_layer_floats(const ft_model_config *cfg);
 int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, float *dst,
                           ft_layer_weights *w);
 
+/* ft_pack_layer_weights, except that NF4 projections of a shape the fused kernels take
+ * (kernels.h ft_nf4_fusable) stay as they are stored: proj[k].wtype FT_W_NF4, proj[k].nf4 =
+ * &nf4[k] (nf4: FT_N_PROJ entries) describing the codes and scales inside buf (valid while buf is), proj[k].w NULL.
+ * Norms, biases and the other projections go to dst as above. For a host-memory backend whose
+ * linear_fwd reads NF4 in place (the CPU's decode step). Returns 0 or FT_E_CORRUPT. */
+int ft_pack_layer_weights_nf4(const ft_pack_file *p, int64_t l, const void *buf, float *dst,
+                              ft_layer_weights *w, struct ft_nf4_tensor *nf4);
+
+/* t = record r (dtype NF4) of the block at blk, as the kernels take it (kernels.h): pointers
+ * into blk. No checks beyond ft_pack_block_dir's. */
+void ft_pack_record_nf4(const ft_pack_tensor *r, const void *blk, struct ft_nf4_tensor *t);
+
 /* The tensor directory of a block read into buf: *n entries; FT_E_CORRUPT if malformed. */
 int ft_pack_block_dir(const ft_pack_file *p, int64_t l, const void *buf, const ft_pack_tensor **dir,
                       int64_t *n);

@@ -615,12 +615,8 @@ static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_t
             return ft_err(FT_E_CORRUPT, "%s: layer %lld: %s is %lld x %lld, the model's is %lld x %lld",
                           ft_pack_path(e->pack), (long long)l, ft_proj_name[r->role - FT_PACK_ROLE_W0],
                           (long long)r->rows, (long long)r->cols, (long long)li->out_n, (long long)li->in_n);
-        ft_nf4_tensor t = {r->rows * r->cols, r->blocksize, r->nested_blocksize, blk + r->data_off,
-                           r->nested_blocksize ? blk + r->absmax_off : NULL,
-                           r->nested_blocksize ? NULL : (const float *)(blk + r->absmax_off),
-                           r->nested_blocksize ? (const float *)(blk + r->nested_off) : NULL,
-                           r->nested_blocksize ? (const float *)(blk + r->map_off) : NULL,
-                           (const float *)(blk + r->code_off), r->offset};
+        ft_nf4_tensor t;
+        ft_pack_record_nf4(r, blk, &t);
         int k = r->role - FT_PACK_ROLE_W0;
         const ft_pack_hdr *h = ft_pack_header(e->pack);
         if (proj_fused(e->nf4_fused, h, li->out_n, li->in_n)) { /* no staging was sized for it */

@@ -20,6 +20,7 @@
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_f32.h"
 #include "kernels/cpu/decode.h"
+#include "kernels/cpu/nf4_gemv.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/model/nf4.h"
@@ -114,12 +115,15 @@ static int cpu_gemm(ft_backend *be, int ta, int tb, int64_t m, int64_t n, int64_
     return ft_cpu_gemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+/* fp32 W, and FT_W_NF4 read in place (kernels/cpu/nf4_gemv.h: generation's decode step over a
+ * pack, offload/exec.c; not advertised in weight_types, as linear_bwd_x takes fp32 only). */
 static int cpu_linear_fwd(ft_backend *be, float *y, const float *x, const void *W, int wtype,
                           int64_t T, int64_t out, int64_t in, float beta, float *scratch)
 {
-    (void)scratch;
+    if (wtype == FT_W_NF4) return ft_cpu_nf4_gemv(y, x, W, T, out, in, beta, scratch);
     if (wtype != FT_W_F32)
-        return ft_err(FT_E_UNSUPPORTED, "cpu linear_fwd: weight type %d (the CPU backend takes fp32 weights)", wtype);
+        return ft_err(FT_E_UNSUPPORTED, "cpu linear_fwd: weight type %d (the CPU backend takes fp32 "
+                      "weights, NF4 for a few rows)", wtype);
     return cpu_gemm(be, 0, 1, T, out, in, 1.0f, x, in, (const float *)W, in, beta, y, out);
 }
 

@@ -241,7 +241,7 @@ static int lin(ft_gen *g, const ft_layer_weights *lw, int64_t layer, int pj, con
 static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
 {
     const ft_layer_weights *w = NULL;
-    if (g->src) FT_TRY(g->src->layer(g->src->ctx, l, &w));
+    if (g->src) FT_TRY(g->src->layer(g->src->ctx, l, n, &w));
     else w = &g->layers[l];
     ft_backend *be = g->be;
     const ft_backend_ops *o = be->ops;

@@ -60,14 +60,15 @@ typedef struct ft_gen {
  * served from its NF4 pack, a pack-only folder): offload/exec.h ft_exec_gen_source gives
  * one over an executor on the pack. All pointers are in the backend's memory.
  *   begin(ctx) / end(ctx): around each forward's layer visits 0..L-1 (may be NULL);
- *   layer(ctx, l, &w): layer l's weights (projections of any wtype the backend's linear_fwd
- *     takes: fp32, bf16, NF4), valid until the next call;
+ *   layer(ctx, l, n, &w): layer l's weights for a forward of n tokens (projections of any
+ *     wtype the backend's linear_fwd takes: fp32, bf16, NF4; a source may choose by n), valid
+ *     until the next call;
  *   embed: the (V, C) table, or NULL: embed_rows(ctx, ids (host), n, out (n, C)) gathers;
  *   final_norm (C), lm_head (V, C). */
 typedef struct ft_gen_source {
     void *ctx;
     int (*begin)(void *ctx);
-    int (*layer)(void *ctx, int64_t l, const ft_layer_weights **w);
+    int (*layer)(void *ctx, int64_t l, int64_t n, const ft_layer_weights **w);
     int (*end)(void *ctx);
     int (*embed_rows)(void *ctx, const int32_t *ids, int64_t n, float *out);
     const float *embed, *final_norm, *lm_head;

@@ -1286,6 +1286,10 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
     }
     printf("[%s] cached decode through the executor vs ft_exec_logits: max diff %.3e of max |logit| "
            "(bound %.1e)\n", label, worst, tol);
+    /* on the host the 4-token prefill and each decoded token read the NF4 blocks in place
+     * (offload/exec.c gen_layer); the 24-token prefills above dequantized them */
+    const int64_t nf4_visits = (T - a + 1) * m->cfg.num_hidden_layers;
+    assert_int_equal(ex.gen_nf4_fetches, be->ops->host_memory && how != NO_PACK ? nf4_visits : 0);
     /* the comparison can fail: another row is far off */
     assert_true(max_diff(lg, le + (T - 2) * V, V) > 10 * tol * max_abs(lg, V));
     ft_gen_free(&g);
