@@ -299,6 +299,20 @@ int ft_exec_use_pack_ex(ft_exec *e, ft_pack_file *pack, int resident)
     return 0;
 }
 
+/* *blk = layer l's pack block in host memory: its copy in pack_host (a resident pack), or
+ * read from the file into pack_raw (counted in pack_reads). */
+static int host_block(ft_exec *e, int64_t l, const void **blk)
+{
+    if (e->pack_host) {
+        *blk = e->pack_host + e->pack_dev_off[l];
+        return 0;
+    }
+    FT_TRY(ft_pack_read_block(e->pack, l, e->pack_raw, e->pack_raw_bytes, 1));
+    e->pack_reads++;
+    *blk = e->pack_raw;
+    return 0;
+}
+
 /* The base weights of layer l, ready for compute: the model's resident fp32 arrays, or
  * (ft_exec_use_pack) the layer's pack block read and dequantized into layer_f32 - kept when
  * the same layer is fetched again right away (the last layer of the forward pass is the
@@ -314,13 +328,8 @@ static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
     if (e->pack_dev) return ft_exec_fetch_device(e, l, w);
     if (e->fetched_layer != l) {
         e->fetched_layer = -1;
-        const void *blk = e->pack_raw;
-        if (e->pack_host) {
-            blk = e->pack_host + e->pack_dev_off[l];
-        } else {
-            FT_TRY(ft_pack_read_block(e->pack, l, e->pack_raw, e->pack_raw_bytes, 1));
-            e->pack_reads++;
-        }
+        const void *blk;
+        FT_TRY(host_block(e, l, &blk));
         FT_TRY(ft_pack_layer_weights(e->pack, l, blk, e->layer_f32, &e->fetched));
         e->fetched_layer = l;
     }
@@ -343,14 +352,9 @@ static int gen_layer(void *ctx, int64_t l, int64_t n, const ft_layer_weights **w
         ft_pack_header(e->pack)->quant != FT_PACK_QUANT_NF4)
         return fetch_layer(e, l, w);
     e->layer_fetches++;
-    const void *blk = e->pack_raw;
-    if (e->pack_host) {
-        blk = e->pack_host + e->pack_dev_off[l];
-    } else {
-        FT_TRY(ft_pack_read_block(e->pack, l, e->pack_raw, e->pack_raw_bytes, 1));
-        e->pack_reads++;
-    }
     e->fetched_layer = -1;
+    const void *blk;
+    FT_TRY(host_block(e, l, &blk));
     FT_TRY(ft_pack_layer_weights_nf4(e->pack, l, blk, e->layer_f32, &e->fetched, e->fetched_nf4));
     e->gen_nf4_fetches++;
     *w = &e->fetched;
