@@ -253,6 +253,16 @@ static cJSON *ids_json(const int32_t *ids, int64_t n)
     return a;
 }
 
+/* "seed": the seed as a JSON integer. cJSON prints numbers with %.15g, which writes a 16-digit
+ * seed ending in 0 as 1.79577021929528e+15: exact, but a script reading it back gets a float,
+ * which --seed refuses. Seeds are < 2^53 (--seed, the clock's, the per-record ones). */
+static void add_seed(cJSON *j, uint64_t seed)
+{
+    char b[24];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)seed);
+    cJSON_AddRawToObject(j, "seed", b);
+}
+
 static void print_json(const gen_opts *o, int tmpl, const gen_result *r)
 {
     cJSON *j = cJSON_CreateObject();
@@ -261,7 +271,7 @@ static void print_json(const gen_opts *o, int tmpl, const gen_result *r)
     cJSON_AddItemToObject(j, "ids", ids_json(r->out_ids, r->n_out));
     cJSON_AddStringToObject(j, "text", r->text ? r->text : "");
     cJSON_AddStringToObject(j, "stop", r->stopped ? "stop_token" : "length");
-    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    add_seed(j, (uint64_t)o->seed);
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(j, "decode_s", r->decode_s);
     cJSON_AddNumberToObject(j, "decode_forwards", (double)r->n_decode);
@@ -440,7 +450,7 @@ static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, c
     cJSON_AddNumberToObject(j, "new_tokens", (double)r->n_out);
     cJSON_AddStringToObject(j, "stop", r->stopped ? "stop_token" : "length");
     cJSON_AddNumberToObject(j, "seconds", seconds);
-    if (o->temperature > 0) cJSON_AddNumberToObject(j, "seed", (double)seed);
+    if (o->temperature > 0) add_seed(j, seed);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!s) return ft_err(-ENOMEM, "out of memory");

@@ -402,9 +402,13 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     if (plan_only) return 0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    if (!quiet)
-        fprintf(stderr, "ftune: done: %lld steps, %lld tokens (%lld with a loss target) in %.1f s (%.0f tok/s); eval loss %.4f -> %.4f; peak host RSS %.2f GiB\n",
+    if (!quiet) {
+        char ev[96] = "no held-out set"; /* --eval-fraction 0 without --eval-data: no eval loss */
+        if (!isnan(res.initial_eval_loss) || !isnan(res.final_eval_loss))
+            snprintf(ev, sizeof ev, "eval loss %.4f -> %.4f", res.initial_eval_loss, res.final_eval_loss);
+        fprintf(stderr, "ftune: done: %lld steps, %lld tokens (%lld with a loss target) in %.1f s (%.0f tok/s); %s; peak host RSS %.2f GiB\n",
                 (long long)res.steps, (long long)res.tokens, (long long)res.trained_tokens, res.time_s, res.tokens_per_s,
-                res.initial_eval_loss, res.final_eval_loss, ru.ru_maxrss / 1048576.0);
+                ev, ru.ru_maxrss / 1048576.0);
+    }
     return 0;
 }

@@ -164,6 +164,13 @@ def test_sampling_seeded_and_bad_flags(tiny):
     g, _ = ftune_generate(TINY, "--raw", "--prompt", TINY_PROMPT, "--max-new-tokens", 12)
     assert a["ids"] == b["ids"], "same seed, different tokens"
     assert a["ids"] != c["ids"] or a["ids"] != g["ids"], "sampling never departs from greedy"
+    # a large seed comes back as the JSON integer it is (cJSON's %.15g wrote this one as
+    # 1.79577021929528e+15, which json reads as a float and --seed refuses), and reruns
+    big = 1795770219295280
+    d, _ = ftune_generate(TINY, *args, "--seed", big)
+    assert type(d["seed"]) is int and d["seed"] == big, d["seed"]
+    e, _ = ftune_generate(TINY, *args, "--seed", d["seed"])
+    assert e["ids"] == d["ids"]
     for bad in (["--top-p", "0"], ["--temperature", "-1"], ["--max-new-tokens", "0"], ["--top-k", "-2"]):
         rc, _, err = ftune_generate(TINY, "--prompt", "x", *bad, json_out=False, check=False)
         assert rc == 2 and err.startswith("ftune:") and len(err.splitlines()) == 1, (bad, err)
