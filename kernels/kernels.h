@@ -40,8 +40,11 @@ enum ft_wtype {
      * arrays are in backend memory, n = out * in. The product is the one of W dequantized and
      * rounded to bf16 (dequant_nf4's values) with the activation rounded to bf16 and fp32
      * sums, without a bf16 copy of W in memory (the dequantization is fused into the GEMM).
-     * Backends take it when out and in are multiples of FT_NF4_FUSED_ALIGN and the blocksize
-     * is a power of two 32..4096 (ft_nf4_fusable). */
+     * Device backends take it when out and in are multiples of FT_NF4_FUSED_ALIGN and the
+     * blocksize is a power of two 32..4096 (ft_nf4_fusable). The CPU backend's linear_fwd
+     * (not linear_bwd_x, so not in its weight_types) takes it too, for generation's decode:
+     * there the product is in fp32, W at its dequantized fp32 values and x unrounded
+     * (kernels/cpu/nf4_gemv.h). */
     FT_W_NF4 = 2,
 };
 #define FT_WTYPE_BIT(t) (1u << (t))

@@ -338,8 +338,10 @@ static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
 }
 
 /* Generation visits of at most this many tokens read an NF4 pack's projections in place on
- * the host (ft_exec_gen_source); past it, dequantizing once and running sgemm is faster
- * (measured on the example model: see kernels/cpu/nf4_gemv.c). */
+ * the host (ft_exec_gen_source). At 8 rows the in-place product was still 1.5-2.4x faster than
+ * dequantizing the layer and running sgemm (kernels/cpu/nf4_gemv.c's measurements); past a
+ * few more, sgemm's reuse of each dequantized weight wins, and a longer prompt's prefill stays
+ * bit-identical to ft_exec_logits. */
 #define GEN_NF4_ROWS 8
 
 /* Layer l for a generation visit of n tokens: on a host-memory backend over an NF4 pack with

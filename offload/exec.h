@@ -300,9 +300,10 @@ int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
  * _ex, _tiers): the block dequantized to fp32 on the host, on a device bound in its tier with
  * NF4 dequantized to bf16 or fused), the globals the executor placed. On the host, a visit of
  * at most 8 tokens (a decode step) over an NF4 pack hands the projections to linear_fwd as
- * stored, which the CPU reads in place (kernels/cpu/nf4_gemv.h: 4.5 bits per weight instead of
- * a dequantized fp32 copy written and read back); longer ones (a prefill) dequantize as
- * training does, so their logits are ft_exec_logits' bit for bit; an untied pack-only
+ * stored, which the CPU reads in place (kernels/cpu/nf4_gemv.h: about 4.1 bits per weight
+ * instead of a dequantized fp32 copy written and read back), equal to the dequantized product
+ * up to fp32 rounding; visits of more than 8 tokens (a prefill of a longer prompt) dequantize
+ * as training does, so their logits are ft_exec_logits' bit for bit; an untied pack-only
  * model on a device gathers its embedding rows from the pack (e->T_max at a time). None of the
  * executor's activation memory is used, so an executor of a small T_max serves forwards of
  * any length. s keeps e by pointer. Returns 0, or FT_E_INVALID when e has neither placed

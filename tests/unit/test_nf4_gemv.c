@@ -2,7 +2,10 @@
  * both code paths (portable C, AVX2) against an fp64 product of the dequantized weight
  * (ft_nf4_dequant), nested and plain absmax, rows whose blocks span two rows, 1-9 activation
  * rows (the AVX2 path's groups of four and their remainders), beta, thread-count
- * independence, the CPU backend's linear_fwd with FT_W_NF4, and the refusals. */
+ * independence, the CPU backend's linear_fwd with FT_W_NF4, and the refusals; bit for bit
+ * against ft_nf4_dequant where the product is exact (x a unit vector: nibble order, the
+ * segment walk and nf4.c's block absmax arithmetic), over more than 64 rows (two passes),
+ * with NaN in y, and with the codes at an odd address. */
 #include "tests/unit/harness.h"
 
 #include <omp.h>
@@ -158,6 +161,102 @@ static void test_threads_and_auto(void **state)
     qt_free(&q);
 }
 
+/* Rows of x that are unit vectors e_k: each output is one product code[q] * absmax, rounded
+ * once as ft_nf4_dequant rounds it, so y[t, o] equals w[o, k_t] bit for bit (with beta,
+ * w + beta * y0 in fp32, the kernel's expression). Catches a swapped nibble, a block absmax
+ * computed otherwise than nf4.c's (two fp32 roundings) and a segment given the wrong block
+ * (blocks spanning 2 and 16 rows, a partial last block). T = 70: two passes of ROWS_MAX. */
+static void test_unit_rows_exact(void **state)
+{
+    (void)state;
+    const int64_t shapes[][4] = {{37, 48, 64, 256}, {40, 16, 256, 2}, {16, 80, 64, 0},
+                                 {9, 32, 32, 2}, {20, 576, 64, 256}};
+    const int64_t T = 70;
+    int paths[2] = {FT_NF4_GEMV_PORTABLE, FT_NF4_GEMV_AVX2};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t out = shapes[s][0], in = shapes[s][1];
+        qt q;
+        qt_make(&q, out, in, shapes[s][2], shapes[s][3], 200 + s);
+        float *x = calloc((size_t)(T * in), sizeof(float)), *y = malloc((size_t)(T * out) * sizeof(float));
+        float *y0 = malloc((size_t)(T * out) * sizeof(float)), *scr = malloc((size_t)(T * in) * sizeof(float));
+        int64_t k[70];
+        for (int64_t t = 0; t < T; t++) {
+            k[t] = (t * 7 + s) % in;
+            x[t * in + k[t]] = 1.0f;
+        }
+        ft_rng r;
+        ft_rng_seed(&r, 31 + s);
+        for (int64_t i = 0; i < T * out; i++) y0[i] = rnorm(&r);
+        for (int p = 0; p < 2; p++) {
+            if (paths[p] == FT_NF4_GEMV_AVX2 && !have_avx2()) continue;
+            for (int b = 0; b < 2; b++) {
+                const float beta = b ? 0.5f : 0.0f;
+                memcpy(y, y0, (size_t)(T * out) * sizeof(float));
+                assert_int_equal(ft_cpu_nf4_gemv_path(y, x, &q.t, T, out, in, beta, scr, paths[p]), 0);
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t o = 0; o < out; o++) {
+                        const float w = q.w[o * in + k[t]];
+                        const float want = b ? w + beta * y0[t * out + o] : w;
+                        if (y[t * out + o] != want)
+                            fail_msg("path %d, %lld x %lld (blocksize %lld), beta %g: y[%lld, %lld] "
+                                     "= %.9g, w[%lld, %lld] gives %.9g", paths[p], (long long)out,
+                                     (long long)in, (long long)shapes[s][2], beta, (long long)t,
+                                     (long long)o, y[t * out + o], (long long)o, (long long)k[t], want);
+                    }
+            }
+        }
+        free(x);
+        free(y);
+        free(y0);
+        free(scr);
+        qt_free(&q);
+    }
+}
+
+/* beta 0 overwrites y without reading it (NaN there stays out); beta != 0 reads it (NaN
+ * comes through, as in BLAS), for both paths; T = 130 (three passes of ROWS_MAX) agrees with
+ * the same rows computed one at a time; the codes at an odd address (a pack's bytes have
+ * any alignment, and the AVX2 path loads 8 of them at a time, the last 8 of the tensor
+ * included: codes_odd is exactly code_bytes long) give the same bits. */
+static void test_nan_passes_alignment(void **state)
+{
+    (void)state;
+    const int64_t out = 24, in = 48, T = 130;
+    qt q;
+    qt_make(&q, out, in, 64, 256, 17);
+    float *x = malloc((size_t)(T * in) * sizeof(float)), *scr = malloc((size_t)(T * in) * sizeof(float));
+    float *y = malloc((size_t)(T * out) * sizeof(float)), *y1 = malloc((size_t)(T * out) * sizeof(float));
+    ft_rng r;
+    ft_rng_seed(&r, 23);
+    for (int64_t i = 0; i < T * in; i++) x[i] = rnorm(&r);
+    uint8_t *raw = malloc((size_t)q.lay.code_bytes + 1);
+    memcpy(raw + 1, q.codes, (size_t)q.lay.code_bytes);
+    ft_nf4_tensor odd = q.t;
+    odd.codes = raw + 1;
+    int paths[2] = {FT_NF4_GEMV_PORTABLE, FT_NF4_GEMV_AVX2};
+    for (int p = 0; p < 2; p++) {
+        if (paths[p] == FT_NF4_GEMV_AVX2 && !have_avx2()) continue;
+        for (int64_t i = 0; i < T * out; i++) y[i] = NAN;
+        assert_int_equal(ft_cpu_nf4_gemv_path(y, x, &q.t, T, out, in, 0.0f, scr, paths[p]), 0);
+        for (int64_t i = 0; i < T * out; i++) assert_false(isnan(y[i]));
+        for (int64_t t = 0; t < T; t++) /* one row at a time: one pass each */
+            assert_int_equal(ft_cpu_nf4_gemv_path(y1 + t * out, x + t * in, &q.t, 1, out, in, 0.0f,
+                                                  scr, paths[p]), 0);
+        assert_memory_equal(y, y1, (size_t)(T * out) * sizeof(float));
+        assert_int_equal(ft_cpu_nf4_gemv_path(y1, x, &odd, T, out, in, 0.0f, scr, paths[p]), 0);
+        assert_memory_equal(y, y1, (size_t)(T * out) * sizeof(float));
+        y1[5] = NAN; /* beta != 0: that output, and only it, is NaN */
+        assert_int_equal(ft_cpu_nf4_gemv_path(y1, x, &q.t, T, out, in, 1.0f, scr, paths[p]), 0);
+        for (int64_t i = 0; i < T * out; i++) assert_int_equal(isnan(y1[i]) != 0, i == 5);
+    }
+    free(raw);
+    free(x);
+    free(scr);
+    free(y);
+    free(y1);
+    qt_free(&q);
+}
+
 /* The CPU backend's linear_fwd takes FT_W_NF4 and gives the kernel's result. */
 static void test_backend_linear_fwd(void **state)
 {
@@ -190,6 +289,8 @@ static void test_refusals(void **state)
     assert_int_equal(ft_cpu_nf4_gemv(y, x, &q.t, 0, 8, 40, 0.0f, scr), 0); /* nothing to do */
     assert_int_equal(ft_cpu_nf4_gemv(NULL, x, &q.t, 1, 8, 40, 0.0f, scr), FT_E_INVALID);
     assert_false(ft_cpu_nf4_gemv_ok(NULL, 8, 40));
+    assert_int_equal(ft_cpu_nf4_gemv(y, x, NULL, 1, 8, 40, 0.0f, scr), FT_E_INVALID);
+    assert_int_equal(ft_cpu_nf4_gemv_path(y, x, &q.t, 1, 8, 40, 0.0f, scr, 7), FT_E_INVALID);
     qt_free(&q);
 }
 
@@ -198,6 +299,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paths_match_fp64),
         cmocka_unit_test(test_threads_and_auto),
+        cmocka_unit_test(test_unit_rows_exact),
+        cmocka_unit_test(test_nan_passes_alignment),
         cmocka_unit_test(test_backend_linear_fwd),
         cmocka_unit_test(test_refusals),
     };

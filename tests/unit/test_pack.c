@@ -31,6 +31,7 @@
 
 #include "adapters/lora.h"
 #include "offload/exec.h"
+#include "kernels/kernels.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -288,6 +289,55 @@ static void test_layer_weights(void **state)
         fprintf(stderr, "%s pack: %lld of %lld weights differ from the expected fp32 values\n",
                 ft_pack_quant_name(quant), (long long)mismatches, (long long)(7 * c->num_hidden_layers));
         assert_int_equal(mismatches, 0);
+        if (quant == FT_PACK_QUANT_NF4) {
+            /* the in-place binding (generation's decode on the CPU): projections of a fusable
+             * shape stay NF4, pointing into the block, and dequantize to the fp32 values; the
+             * others (tiny-llama's 32 x 64 k/v) and the norms come as fp32 */
+            const int64_t L = c->num_hidden_layers;
+            assert_int_equal(ft_pack_read_block(p, L - 1, buf, n, 1), 0);
+            ft_layer_weights w, wf;
+            ft_nf4_tensor t[FT_N_PROJ];
+            float *f32 = aligned_alloc(64, (size_t)ft_pack_layer_floats(c) * 4);
+            assert_int_equal(ft_pack_layer_weights(p, L - 1, buf, f32, &wf), 0);
+            assert_int_equal(ft_pack_layer_weights_nf4(p, L - 1, buf, w32, &w, t), 0);
+            assert_memory_equal(w.attn_norm, wf.attn_norm, (size_t)c->hidden_size * 4);
+            int n_nf4 = 0;
+            for (int q = 0; q < FT_N_PROJ; q++) {
+                const ft_linear *a = &w.proj[q];
+                int64_t e = a->out_n * a->in_n;
+                int fus = ft_nf4_fusable(a->out_n, a->in_n, 64, 256);
+                assert_int_equal(a->wtype, fus ? FT_W_NF4 : FT_W_F32);
+                if (!fus) {
+                    assert_memory_equal(a->w, wf.proj[q].w, (size_t)e * 4);
+                    continue;
+                }
+                n_nf4++;
+                assert_ptr_equal(a->nf4, &t[q]);
+                assert_null(a->w);
+                assert_true(t[q].codes > (const uint8_t *)buf && t[q].codes < (const uint8_t *)buf + n);
+                ft_nf4_view v = {{0}, t[q].codes, t[q].qabsmax, t[q].absmax, t[q].nested_absmax,
+                                 t[q].nested_map, t[q].code, t[q].offset};
+                assert_int_equal(ft_nf4_layout_init(&v.lay, t[q].n, t[q].blocksize, t[q].nested_blocksize), 0);
+                float *dq = malloc((size_t)e * 4);
+                assert_int_equal(ft_nf4_dequant(&v, dq), 0);
+                assert_memory_equal(dq, wf.proj[q].w, (size_t)e * 4);
+                free(dq);
+            }
+            assert_int_equal(n_nf4, 5); /* q, o, gate, up, down */
+            /* a record whose float arrays are misaligned is refused (check_record's 4-byte
+             * rule: they are read in place through float pointers) */
+            const ft_pack_tensor *dir;
+            int64_t nd;
+            assert_int_equal(ft_pack_block_dir(p, L - 1, buf, &dir, &nd), 0);
+            for (int64_t i = 0; i < nd; i++)
+                if (dir[i].dtype == FT_PACK_DT_NF4) {
+                    ((ft_pack_tensor *)buf)[i].code_off += 2;
+                    break;
+                }
+            assert_int_equal(ft_pack_layer_weights_nf4(p, L - 1, buf, w32, &w, t), FT_E_CORRUPT);
+            assert_int_equal(ft_pack_layer_weights(p, L - 1, buf, w32, &w), FT_E_CORRUPT);
+            free(f32);
+        }
         /* a block of another layer is refused */
         assert_int_equal(ft_pack_read_block(p, 0, buf, n, 1), 0);
         ft_layer_weights w;
