@@ -560,7 +560,7 @@ int ft_cmd_generate(int argc, char **argv)
         {"json", FT_OPT_FLAG, &o.json, "print one JSON object (ids, text, timings), no streaming"},
         {"threads", FT_OPT_INT, &o.threads, "CPU threads"},
         {"device", FT_OPT_STR, &o.device, FT_DEVICE_HELP, 0, "DEV"},
-        {"quant", FT_OPT_STR, &o.quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
+        {"quant", FT_OPT_STR, &o.quant, "base linear weights: bf16 (default: the model's weights unquantized; on a GPU streamed from its bf16 pack, as in training, when its layers do not all fit --gpu-mem) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
         {"gpu-mem", FT_OPT_FN, &o.gpu_mem, FT_GPU_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"host-mem", FT_OPT_FN, &o.host_mem, FT_HOST_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"cache-dir", FT_OPT_STR, &o.cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
@@ -571,10 +571,6 @@ int ft_cmd_generate(int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
     if (ft_session_bad_quant(o.quant)) return 2;
-    if (o.cache_dir && !(o.quant && !strcmp(o.quant, "nf4"))) {
-        fprintf(stderr, "ftune: generate: --cache-dir goes with --quant nf4\n");
-        return 2;
-    }
     if (!o.model || !o.prompt == !o.prompts) {
         fprintf(stderr, "ftune: generate needs --model and one of --prompt or --prompts (see ftune "
                 "generate --help)\n");

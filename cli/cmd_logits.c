@@ -55,7 +55,7 @@ int ft_cmd_logits(int argc, char **argv)
         {"out", FT_OPT_STR, &out, "write (T, V) float32 logits here", 0, "FILE"},
         {"threads", FT_OPT_INT, &threads, "CPU threads"},
         {"device", FT_OPT_STR, &device, FT_DEVICE_HELP, 0, "DEV"},
-        {"quant", FT_OPT_STR, &quant, "base linear weights: bf16 (default: the model's weights unquantized) | nf4 (the QLoRA base: the NF4 pack, built or reused under --cache-dir, with the adapter run's --quant-correction)", 0, "TYPE"},
+        {"quant", FT_OPT_STR, &quant, "base linear weights: bf16 (default: the model's weights unquantized; on a GPU streamed from its bf16 pack, as in training, when its layers do not all fit --gpu-mem) | nf4 (the QLoRA base: the NF4 pack, built or reused under --cache-dir, with the adapter run's --quant-correction)", 0, "TYPE"},
         {"gpu-mem", FT_OPT_FN, &budget[0], FT_GPU_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"host-mem", FT_OPT_FN, &budget[1], FT_HOST_MEM_HELP, ft_opt_bytes, "SIZE"},
         {"cache-dir", FT_OPT_STR, &cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
@@ -66,10 +66,6 @@ int ft_cmd_logits(int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
     if (ft_session_bad_quant(quant)) return 2;
-    if (cache_dir && !(quant && !strcmp(quant, "nf4"))) {
-        fprintf(stderr, "ftune: logits: --cache-dir goes with --quant nf4\n");
-        return 2;
-    }
     int32_t *ids;
     int64_t T;
     if (!model || !ids_s || parse_ids(ids_s, &ids, &T) < 0) {

@@ -97,6 +97,22 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
     return T > 0 ? ft_session_plan(s, T) : 0;
 }
 
+/* ft_session_open without an executor, for the unquantized base: on a host backend the weights
+ * are read at once; on a device the model stays deferred (bf16_deferred) until ft_session_plan
+ * knows the tokens per forward and can tell whether every layer fits. */
+static int open_bf16(ft_session *s, const char *model, const char *adapter_dir, const char *device,
+                     int threads, const char *cache_dir)
+{
+    memset(s, 0, sizeof *s);
+    FT_TRY(ft_model_load_deferred(&s->model, model));
+    FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
+    if (s->be->ops->host_memory || s->model->pack_only[0]) FT_TRY(ft_model_load_weights(s->model));
+    else s->bf16_deferred = 1;
+    s->cache_dir = cache_dir;
+    if (adapter_dir) FT_TRY(load_adapter(s, adapter_dir));
+    return 0;
+}
+
 int ft_session_open_quant(ft_session *s, const char *model, const char *adapter,
                           const char *device, int threads, const char *quant,
                           const char *cache_dir, int64_t gpu_mem, int64_t host_mem, int *qcorr)
@@ -104,7 +120,7 @@ int ft_session_open_quant(ft_session *s, const char *model, const char *adapter,
     int nf4 = quant && !strcmp(quant, "nf4");
     if (qcorr) *qcorr = 0;
     int rc = nf4 ? ft_session_open_nf4(s, model, adapter, 0, device, threads, cache_dir, qcorr)
-                 : ft_session_open(s, model, adapter, 0, device, threads);
+                 : open_bf16(s, model, adapter, device, threads, cache_dir);
     s->gpu_mem = gpu_mem;
     s->host_mem = host_mem;
     if (!rc && quant && !nf4 && s->model->pack_only[0] && !pack_is_bf16(s->model))
@@ -143,10 +159,42 @@ int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
     return ft_session_plan(s, T);
 }
 
+/* A deferred bf16 base on a device (bf16_deferred), for forwards of T tokens: with every
+ * layer resident the executor needs ft_exec_bytes + a 1 GiB spare (the trainer's
+ * resident_need); if the budget (gpu_mem, else the device's total, less what is in use,
+ * never more than is free) holds that, the weights are read; otherwise the base is handed to
+ * its bf16 pack (found or built under cache_dir, as `ftune train` streams such a base) and
+ * placed by the offload planner. */
+static int resolve_bf16(ft_session *s, int64_t T)
+{
+    s->bf16_deferred = 0;
+    size_t free_b = 0, total_b = 0;
+    FT_TRY(ft_backend_mem_free(s->be, &free_b, &total_b));
+    size_t used = total_b - free_b, budget = s->gpu_mem > 0 ? (size_t)s->gpu_mem : total_b;
+    size_t avail = budget > used ? budget - used : 0;
+    if (avail > free_b) avail = free_b;
+    size_t need = ft_exec_bytes(s->be, s->model, s->has_lora ? &s->lora : NULL, T, 1) +
+                  ((size_t)1 << 30);
+    if (need <= avail) return ft_model_load_weights(s->model);
+    fprintf(stderr, "ftune: the bf16 base needs %.2f GiB of GPU memory with every layer resident, "
+            "%s allows %.2f GiB: it is streamed from its bf16 pack\n", need / 1073741824.0,
+            s->gpu_mem > 0 ? "--gpu-mem" : "the GPU", avail / 1073741824.0);
+    ft_pack_settings ps;
+    ft_pack_settings_default(&ps, FT_PACK_QUANT_BF16);
+    ft_pack_ensure_info *pi = malloc(sizeof *pi);
+    if (!pi) return ft_err(-ENOMEM, "out of memory");
+    int rc = ft_pack_ensure_loaded(s->model->path, s->model, s->cache_dir, &ps, 0, pi);
+    if (!rc && pi->action != FT_PACK_REUSED) fprintf(stderr, "ftune: pack: built %s\n", pi->path);
+    if (!rc) rc = ft_model_use_pack(s->model, pi->path);
+    free(pi);
+    return rc;
+}
+
 int ft_session_plan(ft_session *s, int64_t T)
 {
     if (s->has_ex) ft_exec_free(&s->ex);
     s->has_ex = 0;
+    if (s->bf16_deferred) FT_TRY(resolve_bf16(s, T));
     if (!s->model->pack_only[0]) {
         FT_TRY(ft_exec_init(&s->ex, s->be, s->model, s->has_lora ? &s->lora : NULL, T, 1, T));
         s->has_ex = 1;

@@ -25,6 +25,10 @@ typedef struct ft_session {
     int64_t gpu_mem, host_mem;  /* device backends, a pack: the offload planner's budgets in
                                  * bytes (--gpu-mem, --host-mem; 0: what is free / available
                                  * less 4 GiB), set after opening, before ft_session_plan */
+    int bf16_deferred;          /* a bf16 base on a device, its weights not read yet:
+                                 * ft_session_plan reads them, or streams the base from its
+                                 * bf16 pack when the resident run does not fit gpu_mem */
+    const char *cache_dir;      /* where that pack is kept (NULL: the default) */
 } ft_session;
 
 /* Loads the model and (if adapter_dir) the PEFT adapter; plans an executor for T tokens (T 0:
@@ -46,8 +50,11 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
  * (ft_session_plan): quant NULL (the model's weights as they are), "bf16" (FT_E_INVALID,
  * naming the folder, for a folder holding only an NF4 pack: it has no unquantized weights to
  * serve) or "nf4" (ft_session_open_nf4, the pack under cache_dir; *qcorr as there, may be
- * NULL); gpu_mem / host_mem become the planner's budgets. Returns 0 or an error naming the
- * file. */
+ * NULL); gpu_mem / host_mem become the planner's budgets. The unquantized base on a device
+ * backend is loaded deferred (bf16_deferred): ft_session_plan decides, as training does, between
+ * reading the weights (every layer resident) and streaming the base from its bf16 pack under
+ * cache_dir, so that an adapter trained on a streamed bf16 base runs on the same GPU without
+ * the fp32 model in host memory. Returns 0 or an error naming the file. */
 int ft_session_open_quant(ft_session *s, const char *model, const char *adapter,
                           const char *device, int threads, const char *quant,
                           const char *cache_dir, int64_t gpu_mem, int64_t host_mem, int *qcorr);
@@ -66,13 +73,14 @@ int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T);
 int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
 
 /* --gpu-mem / --host-mem of eval, generate and logits (a pack on a device: ft_session_plan). */
-#define FT_GPU_MEM_HELP "with a pack on a GPU (--quant nf4, a pack-only folder): the GPU memory it may use, " \
-                        "e.g. 24G (default: all that is free); layers beyond it are streamed as in training"
+#define FT_GPU_MEM_HELP "on a GPU: the memory it may use, e.g. 24G (default: all that is free); " \
+                        "layers beyond it are streamed as in training (a bf16 base from its bf16 pack)"
 #define FT_HOST_MEM_HELP "with --gpu-mem: host memory for the pinned pool of streamed layers (default: " \
                          "available memory less 4 GiB); layers beyond it are read from the pack file"
 
-#define FT_CACHE_DIR_HELP "with --quant nf4: where pack files are kept (default " \
-                          "$XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)"
+#define FT_CACHE_DIR_HELP "where pack files are kept: --quant nf4, or on a GPU a bf16 base that " \
+                          "does not fit --gpu-mem, streamed from its bf16 pack as in training " \
+                          "(default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)"
 
 /* --device's help line, shared by the commands that take it. */
 #define FT_DEVICE_HELP "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a " \

@@ -642,18 +642,6 @@ def _(d):
             "--quant", "int8"]
 
 
-@case("options", "`generate --cache-dir` without `--quant nf4`", "cli/cmd_generate.c")
-def _(d):
-    return ["generate", "--model", TINY, "--prompt", "hi", "--max-new-tokens", "2",
-            "--cache-dir", "cache"]
-
-
-@case("options", "`logits --cache-dir` without `--quant nf4`", "cli/cmd_logits.c")
-def _(d):
-    return ["logits", "--model", TINY, "--ids", "1,2,3", "--out", "logits.bin",
-            "--cache-dir", "cache"]
-
-
 @case("options", "`train --device cpu-device --quant bf16 --gpu-mem 1M` (the base cannot fit)",
       "offload/plan.c (budget refusal); --host-mem given so the row does not depend on the machine")
 def _(d):

@@ -6,7 +6,8 @@ streamed tiers and generation through the executor run as they do on CUDA, only 
 
   - a bf16 base that does not fit --gpu-mem is streamed from its bf16 pack by the offload
     executor (pinned host tier), and trains the bit-identical adapter of the run that holds
-    every layer in device memory;
+    every layer in device memory; `ftune eval` and `generate` of it within the same budget
+    stream it from the same pack, with the resident run's loss and tokens;
   - QLoRA of the tied-embedding tiny model (its table read from the pack into device memory),
     `ftune eval --quant nf4` of the adapter against training's final eval, and `ftune generate`
     (--quant nf4 and bf16) whose greedy tokens are the argmax of `ftune logits` over the same
@@ -81,6 +82,27 @@ def test_bf16_streamed_equals_resident(tmp_path):
     assert "base_layers" not in json.loads((runs["resident"][0] / "summary.json").read_text())
     a, b = ((runs[k][0] / "adapter_model.safetensors").read_bytes() for k in ("resident", "streamed"))
     assert a == b, "the streamed bf16 base trained another adapter than the resident one"
+    # eval and generate of that adapter decide as training did: within the same --gpu-mem the
+    # base is streamed from the pack training built (reused: no fp32 model in host memory),
+    # with the loss and tokens of the resident run
+    out = runs["streamed"][0]
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"instruction": "Name a colour.", "input": "", "output": "Blue."}) + "\n")
+    got = {}
+    for name, budget in (("resident", "8G"), ("streamed", f"{int((need - 0.03) * 1024)}M")):
+        common = ["--model", model, "--adapter", out, "--gpu-mem", budget, "--cache-dir", cache, *DEV]
+        r = run_ftune(["eval", "--data", one, "--seq-len", "64", *common])
+        assert r.returncode == 0, r.stderr
+        g = run_ftune(["generate", "--raw", "--prompt", "Once upon a time", "--max-new-tokens",
+                       "3", "--json", *common])
+        assert g.returncode == 0, g.stderr
+        got[name] = (json.loads(r.stdout)["loss"], json.loads(g.stdout)["ids"],
+                     "streamed from its bf16 pack" in r.stderr, "pack: built" in r.stderr + g.stderr,
+                     "streamed from its bf16 pack" in g.stderr)
+    print(f"eval/generate of the streamed run's adapter: {got}")
+    assert got["streamed"][2] and not got["resident"][2], got
+    assert not got["streamed"][3], "eval/generate rebuilt the bf16 pack training had built"
+    assert got["streamed"][:2] == got["resident"][:2], got
 
 
 def greedy_matches_logits(model, adapter, extra):
