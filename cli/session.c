@@ -36,16 +36,6 @@ static int pack_is_bf16(const ft_model *m)
     return ft_pack_quant_of_path(m->pack_only) == FT_PACK_QUANT_BF16;
 }
 
-int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
-                    const char *device, int threads)
-{
-    memset(s, 0, sizeof *s);
-    FT_TRY(ft_model_load(&s->model, model));
-    FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
-    if (adapter_dir) FT_TRY(load_adapter(s, adapter_dir));
-    return T > 0 ? ft_session_plan(s, T) : 0;
-}
-
 /* The run folder whose quant_correction belongs to adapter_dir: adapter_dir itself (OUT), or
  * its parent (OUT/best, OUT/checkpoint-N); 0 when neither has one. */
 static int qcorr_home(const char *adapter_dir, char *out, size_t n)
@@ -97,8 +87,8 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
     return T > 0 ? ft_session_plan(s, T) : 0;
 }
 
-/* ft_session_open without an executor, for the unquantized base: on a host backend the weights
- * are read at once; on a device the model stays deferred (bf16_deferred) until ft_session_plan
+/* The session of the unquantized base, without an executor: the model, backend and (if
+ * adapter_dir) PEFT adapter; on a host backend the weights are read at once; on a device the model stays deferred (bf16_deferred) until ft_session_plan
  * knows the tokens per forward and can tell whether every layer fits. */
 static int open_bf16(ft_session *s, const char *model, const char *adapter_dir, const char *device,
                      int threads, const char *cache_dir)

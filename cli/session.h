@@ -31,15 +31,12 @@ typedef struct ft_session {
     const char *cache_dir;      /* where that pack is kept (NULL: the default) */
 } ft_session;
 
-/* Loads the model and (if adapter_dir) the PEFT adapter; plans an executor for T tokens (T 0:
- * none yet, ft_session_plan makes it). Returns 0 or an error (ft_errmsg() names the file). */
-int ft_session_open(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
-                    const char *device, int threads);
-
-/* ft_session_open (T 0 as there) with the base in NF4 as a QLoRA run trains it: the model is loaded deferred
- * (no fp32 copy), its NF4 pack found or built under cache_dir (NULL: the default; offload/
- * pack.h ft_pack_ensure_loaded, as `ftune train --quant nf4`), and every base weight read from
- * the pack (embeddings and LM head as its bf16 copies), placed by ft_session_plan. An adapter trained with --quant-correction gets its frozen correction
+/* Loads the model, the backend and (if adapter_dir) the PEFT adapter with the base in NF4 as a
+ * QLoRA run trains it, and plans an executor for T tokens (T 0: none yet, ft_session_plan
+ * makes it): the model is loaded deferred (no fp32 copy), its NF4 pack found or built under
+ * cache_dir (NULL: the default; offload/pack.h ft_pack_ensure_loaded, as `ftune train --quant
+ * nf4`), and every base weight read from the pack (embeddings and LM head as its bf16 copies),
+ * placed by ft_session_plan. An adapter trained with --quant-correction gets its frozen correction
  * back (src/train/correction.h: adapter_dir/quant_correction, or that of the run folder above
  * it, for OUT/best and OUT/checkpoint-N), as part of the base; *qcorr (may be NULL) is set to
  * 1 then. Returns 0 or an error naming the file. */
