@@ -116,10 +116,11 @@ static void put_piece(const char *s, size_t n, int *last_nl)
     *last_nl = s[n - 1] == '\n';
 }
 
-/* Loads the model, backend, adapter and tokenizer. With --quant nf4 the model is loaded
- * deferred and every base weight is read from its NF4 pack (cli/session.h
- * ft_session_open_nf4, as `ftune eval --quant nf4`: the base a QLoRA adapter was trained on,
- * with the run's --quant-correction), no fp32 copy in memory. */
+/* Loads the model, backend, adapter and tokenizer (cli/session.h ft_session_open_quant). With
+ * --quant nf4 the model is loaded deferred and every base weight is read from its NF4 pack
+ * (as `ftune eval --quant nf4`: the base a QLoRA adapter was trained on, with the run's
+ * --quant-correction), no fp32 copy in memory; on a device the bf16 base stays deferred too
+ * until env_plan's ft_session_plan reads it or streams it from its bf16 pack. */
 static int env_open(gen_env *e, const gen_opts *o)
 {
     memset(e, 0, sizeof *e);
@@ -145,6 +146,10 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl)
         e->s.pack_in_memory = 1;
         /* generation reads only the executor's weights: its activation arena (sized by T)
          * stays small, whatever the chunk (1024 tokens would be 1.65 GiB for an 8B model) */
+        /* the KV cache and buffers allocated after the placement: kept out of its budget */
+        if (!e->s.be->ops->host_memory)
+            e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, max_prompt + o->max_new,
+                                                            chunk, 1);
         FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
         FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
         FT_TRY(ft_gen_init_source(&e->g, e->s.be, e->m, lora, &e->src, max_prompt + o->max_new,

@@ -1,8 +1,9 @@
 /* cmd_logits.c - `ftune logits --model M --ids 1,2,3 [--adapter DIR] [--out FILE]
- * [--quant nf4 [--cache-dir DIR]]`: the raw logits of one sequence (debugging and the numpy
- * reference test). Writes (T, V) float32 little-endian to FILE and prints
+ * [--quant nf4] [--cache-dir DIR] [--gpu-mem SIZE]`: the raw logits of one sequence (debugging
+ * and the numpy reference test). Writes (T, V) float32 little-endian to FILE and prints
  * {"loss","n_tokens","vocab"} (mean next-token cross-entropy over the T-1 predictions).
- * --quant nf4: on the NF4 base as `ftune eval --quant nf4` (cli/session.h ft_session_open_nf4). */
+ * --quant nf4: on the NF4 base as `ftune eval --quant nf4`; on a GPU a bf16 base that does not
+ * fit --gpu-mem is streamed from its bf16 pack (cli/session.h ft_session_open_quant). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* session.c - shared set-up for eval and logits, training signals (see session.h). */
+/* session.c - shared set-up for eval, generate and logits, training signals (see session.h). */
 #include "cli/session.h"
 
 #include <stdio.h>
@@ -88,8 +88,10 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
 }
 
 /* The session of the unquantized base, without an executor: the model, backend and (if
- * adapter_dir) PEFT adapter; on a host backend the weights are read at once; on a device the model stays deferred (bf16_deferred) until ft_session_plan
- * knows the tokens per forward and can tell whether every layer fits. */
+ * adapter_dir) PEFT adapter (its shapes come from the model's config, so it loads before the
+ * weights). On a host backend the weights are read at once; on a device the model stays
+ * deferred (bf16_deferred) until ft_session_plan knows the tokens per forward and can tell
+ * whether every layer fits. A pack-only folder is its pack either way. */
 static int open_bf16(ft_session *s, const char *model, const char *adapter_dir, const char *device,
                      int threads, const char *cache_dir)
 {
@@ -149,26 +151,45 @@ int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
     return ft_session_plan(s, T);
 }
 
+/* The device bytes the base and executor may hold in all: --gpu-mem (else the device's total)
+ * less gpu_reserve, the caller's own later allocations; *free_b, *total_b as
+ * ft_backend_mem_free reports them. */
+static int device_budget(ft_session *s, size_t *budget, size_t *free_b, size_t *total_b)
+{
+    FT_TRY(ft_backend_mem_free(s->be, free_b, total_b));
+    size_t b = s->gpu_mem > 0 ? (size_t)s->gpu_mem : *total_b;
+    size_t r = s->gpu_reserve > 0 ? (size_t)s->gpu_reserve : 0;
+    *budget = b > r ? b - r : 0;
+    return 0;
+}
+
 /* A deferred bf16 base on a device (bf16_deferred), for forwards of T tokens: with every
  * layer resident the executor needs ft_exec_bytes + a 1 GiB spare (the trainer's
- * resident_need); if the budget (gpu_mem, else the device's total, less what is in use,
- * never more than is free) holds that, the weights are read; otherwise the base is handed to
+ * resident_need); if the budget (device_budget: gpu_mem, else the device's total, less
+ * gpu_reserve; less what is in use, never more than is free less gpu_reserve) holds that,
+ * the weights are read; otherwise the base is handed to
  * its bf16 pack (found or built under cache_dir, as `ftune train` streams such a base) and
- * placed by the offload planner. */
+ * placed by the offload planner. Counts one micro-batch (training counts its --grad-accum
+ * ones). Clears bf16_deferred once the base has its weights or its pack. */
 static int resolve_bf16(ft_session *s, int64_t T)
 {
-    s->bf16_deferred = 0;
-    size_t free_b = 0, total_b = 0;
-    FT_TRY(ft_backend_mem_free(s->be, &free_b, &total_b));
-    size_t used = total_b - free_b, budget = s->gpu_mem > 0 ? (size_t)s->gpu_mem : total_b;
+    size_t free_b = 0, total_b = 0, budget;
+    FT_TRY(device_budget(s, &budget, &free_b, &total_b));
+    size_t used = total_b - free_b, r = s->gpu_reserve > 0 ? (size_t)s->gpu_reserve : 0;
     size_t avail = budget > used ? budget - used : 0;
-    if (avail > free_b) avail = free_b;
+    if (avail > (free_b > r ? free_b - r : 0)) avail = free_b > r ? free_b - r : 0;
     size_t need = ft_exec_bytes(s->be, s->model, s->has_lora ? &s->lora : NULL, T, 1) +
                   ((size_t)1 << 30);
-    if (need <= avail) return ft_model_load_weights(s->model);
-    fprintf(stderr, "ftune: the bf16 base needs %.2f GiB of GPU memory with every layer resident, "
-            "%s allows %.2f GiB: it is streamed from its bf16 pack\n", need / 1073741824.0,
-            s->gpu_mem > 0 ? "--gpu-mem" : "the GPU", avail / 1073741824.0);
+    if (need <= avail) {
+        FT_TRY(ft_model_load_weights(s->model));
+        s->bf16_deferred = 0;
+        return 0;
+    }
+    fprintf(stderr, "ftune: the bf16 base run needs %.3f GiB of GPU memory with every layer "
+            "resident, %s allows %.3f GiB (%.3f GiB in use, %.3f GiB kept for generation's KV "
+            "cache and buffers): it is streamed from its bf16 pack\n", need / 1073741824.0,
+            s->gpu_mem > 0 ? "--gpu-mem" : "the GPU", avail / 1073741824.0, used / 1073741824.0,
+            r / 1073741824.0);
     ft_pack_settings ps;
     ft_pack_settings_default(&ps, FT_PACK_QUANT_BF16);
     ft_pack_ensure_info *pi = malloc(sizeof *pi);
@@ -177,6 +198,10 @@ static int resolve_bf16(ft_session *s, int64_t T)
     if (!rc && pi->action != FT_PACK_REUSED) fprintf(stderr, "ftune: pack: built %s\n", pi->path);
     if (!rc) rc = ft_model_use_pack(s->model, pi->path);
     free(pi);
+    /* on an error the model is still deferred (ft_model_use_pack checks the pack before it
+     * drops anything) and so is the session: a later ft_session_plan decides again instead
+     * of building an executor over a base without weights */
+    if (!rc) s->bf16_deferred = 0;
     return rc;
 }
 
@@ -199,7 +224,13 @@ int ft_session_plan(ft_session *s, int64_t T)
         return ft_exec_use_pack_ex(&s->ex, s->pack, s->pack_in_memory);
     }
     /* on a device, placed within the budgets as a training run is (offload/place.h) */
-    ft_place_opts po = {T, T, 1, (uint64_t)s->gpu_mem, (uint64_t)s->host_mem, NULL, NULL};
+    uint64_t gpu_budget = (uint64_t)s->gpu_mem; /* 0: the device's total */
+    if (s->gpu_reserve > 0) {
+        size_t b, f, t;
+        FT_TRY(device_budget(s, &b, &f, &t));
+        gpu_budget = b ? b : 1; /* nothing left: a budget that refuses, naming what it needs */
+    }
+    ft_place_opts po = {T, T, 1, gpu_budget, (uint64_t)s->host_mem, NULL, NULL};
     ft_place_result *pr = calloc(1, sizeof *pr);
     if (!pr) return ft_err(-ENOMEM, "out of memory");
     int rc = ft_place_packed(s->be, s->model, lora, s->pack, &po, 1, &s->ex, pr);

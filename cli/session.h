@@ -1,6 +1,6 @@
-/* session.h - what eval, logits (and later generate) share: a model, an optional adapter,
- * a backend and an executor sized for one micro-batch; and the signal handling of a
- * training run (library code installs no handlers). */
+/* session.h - what eval, generate and logits share: a model, an optional adapter, a backend
+ * and an executor sized for one micro-batch; and the signal handling of a training run
+ * (library code installs no handlers). */
 #ifndef FT_SESSION_H
 #define FT_SESSION_H
 
@@ -29,6 +29,9 @@ typedef struct ft_session {
                                  * ft_session_plan reads them, or streams the base from its
                                  * bf16 pack when the resident run does not fit gpu_mem */
     const char *cache_dir;      /* where that pack is kept (NULL: the default) */
+    int64_t gpu_reserve;        /* device bytes the caller allocates after ft_session_plan
+                                 * (generation's KV cache and buffers, ft_gen_source_bytes):
+                                 * kept out of the budget the base is placed in */
 } ft_session;
 
 /* Loads the model, the backend and (if adapter_dir) the PEFT adapter with the base in NF4 as a
@@ -86,11 +89,17 @@ int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
 /* The device a command runs on: --device when given, else the FTUNE_DEVICE environment
  * variable, else "auto" (CUDA when a GPU is visible, else the CPU). */
 const char *ft_session_device(const char *opt);
-/* Re-plans the executor for up to T tokens per micro-batch. A pack on a device backend is
+/* Re-plans the executor for up to T tokens per micro-batch. A deferred bf16 base
+ * (bf16_deferred) is resolved first, once, as the trainer decides: its weights are read when
+ * the executor for T tokens with every layer resident (ft_exec_bytes) plus 1 GiB fits what
+ * s->gpu_mem (0: the device's total) leaves; otherwise one stderr line says so and the model
+ * becomes its bf16 pack, found or built under s->cache_dir (offload/pack.h
+ * ft_pack_ensure_loaded; the build prints "pack: built PATH"). A pack on a device backend is
  * placed by the offload planner (offload/place.h ft_place_packed) within s->gpu_mem and
  * s->host_mem, as training places it: layers that do not fit the GPU are streamed from
  * pinned host memory or the pack file; the plan's lines go to stderr when some are. Returns
- * 0 or an error (FT_E_RANGE naming the smallest budgets when nothing fits). */
+ * 0 or an error: the model's read errors, the pack's build errors (the session stays
+ * deferred then), FT_E_RANGE naming the smallest budgets when nothing fits. */
 int ft_session_plan(ft_session *s, int64_t T);
 void ft_session_close(ft_session *s);
 

@@ -52,6 +52,20 @@ static int64_t plan_floats(const gen_layout *L)
            up16(L->ints) + up16(L->xd);
 }
 
+size_t ft_gen_source_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max,
+                           int64_t chunk_max, int64_t logit_rows_max)
+{
+    const ft_model_config *c = &m->cfg;
+    if (ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 || chunk_max > ctx_max ||
+        logit_rows_max > chunk_max ||
+        (double)ctx_max * (double)c->num_hidden_layers * (double)c->num_key_value_heads *
+                (double)c->head_dim > 1e15 ||
+        (double)logit_rows_max * (double)c->vocab_size > 1e15)
+        return 0;
+    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, 1);
+    return (size_t)plan_floats(&L) * sizeof(float);
+}
+
 static float *carve(float **p, int64_t n)
 {
     float *r = *p;

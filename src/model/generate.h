@@ -91,6 +91,12 @@ int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lo
                        int64_t logit_rows_max);
 void ft_gen_free(ft_gen *g); /* NULL-safe; leaves g zeroed */
 
+/* The backend bytes ft_gen_init_source allocates for these sizes (one arena: the fp32 KV
+ * cache of ctx_max tokens and the buffers of chunk_max-token forwards), so that a caller
+ * placing the weights on a device first can leave room for it; 0 for sizes it would refuse. */
+size_t ft_gen_source_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max,
+                           int64_t chunk_max, int64_t logit_rows_max);
+
 /* Empties the cache (the next forward starts at position 0). */
 void ft_gen_reset(ft_gen *g);
 

@@ -869,7 +869,15 @@ int ft_model_load_weights(ft_model *m)
 {
     if (!ft_model_deferred(m)) return 0;
     drop_weights(m);
-    return m->is_gguf ? load_gguf(m, m->path, 0) : load_hf(m, m->path, 0);
+    int rc = m->is_gguf ? load_gguf(m, m->path, 0) : load_hf(m, m->path, 0);
+    if (rc < 0) { /* back to the deferred form, not half loaded; the read's message stays */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ft_errmsg());
+        drop_weights(m);
+        shapes_only(m);
+        return ft_err(rc, "%s", msg);
+    }
+    return rc;
 }
 
 int ft_model_use_pack(ft_model *m, const char *pack)

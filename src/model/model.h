@@ -80,7 +80,7 @@ int ft_model_load_deferred(ft_model **out, const char *path);
  * a pack (ft_model_load_weights reads them, ft_model_use_pack hands the base to a pack). */
 static inline int ft_model_deferred(const ft_model *m) { return !m->pack_only[0] && !m->embed; }
 /* Reads the weights of a deferred model (no-op for any other). Returns ft_model_load's
- * errors (-ENOMEM among them). */
+ * errors (-ENOMEM among them); after one the model is deferred again (shapes, no weights). */
 int ft_model_load_weights(ft_model *m);
 /* Makes m a pack-only model of the pack file `pack` (model.h's pack_only: the executor reads
  * every weight, embeddings and norms included, from the pack), freeing its host weights if

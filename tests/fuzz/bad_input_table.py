@@ -674,7 +674,7 @@ def _pack_only_cases():
     for name, argv in cmds.items():
         @case("model folder",
               f"`{name} --quant bf16` on a folder holding only an NF4 pack (`init-model --pack`)",
-              "cli/session.c ft_session_require_bf16")
+              "cli/session.c ft_session_open_quant")
         def _(d, argv=argv):
             pack_only(d)
             return argv(["--quant", "bf16"])

@@ -82,27 +82,72 @@ def test_bf16_streamed_equals_resident(tmp_path):
     assert "base_layers" not in json.loads((runs["resident"][0] / "summary.json").read_text())
     a, b = ((runs[k][0] / "adapter_model.safetensors").read_bytes() for k in ("resident", "streamed"))
     assert a == b, "the streamed bf16 base trained another adapter than the resident one"
-    # eval and generate of that adapter decide as training did: within the same --gpu-mem the
-    # base is streamed from the pack training built (reused: no fp32 model in host memory),
-    # with the loss and tokens of the resident run
+    # eval, generate and logits of that adapter decide as training did: within the same
+    # --gpu-mem the base is streamed from the pack training built (reused: no fp32 model in
+    # host memory), with the loss, tokens and logits (bit for bit) of the resident run; DPO
+    # eval too, its reference pass (the base: the adapter switched off) on the streamed base
     out = runs["streamed"][0]
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps({"instruction": "Name a colour.", "input": "", "output": "Blue."}) + "\n")
-    got = {}
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "The sky is", "chosen": " blue.", "rejected": " green."})
+                     + "\n")
+    got, streamed, built = {}, {}, {}
     for name, budget in (("resident", "8G"), ("streamed", f"{int((need - 0.03) * 1024)}M")):
         common = ["--model", model, "--adapter", out, "--gpu-mem", budget, "--cache-dir", cache, *DEV]
-        r = run_ftune(["eval", "--data", one, "--seq-len", "64", *common])
-        assert r.returncode == 0, r.stderr
-        g = run_ftune(["generate", "--raw", "--prompt", "Once upon a time", "--max-new-tokens",
-                       "3", "--json", *common])
-        assert g.returncode == 0, g.stderr
-        got[name] = (json.loads(r.stdout)["loss"], json.loads(g.stdout)["ids"],
-                     "streamed from its bf16 pack" in r.stderr, "pack: built" in r.stderr + g.stderr,
-                     "streamed from its bf16 pack" in g.stderr)
-    print(f"eval/generate of the streamed run's adapter: {got}")
-    assert got["streamed"][2] and not got["resident"][2], got
-    assert not got["streamed"][3], "eval/generate rebuilt the bf16 pack training had built"
-    assert got["streamed"][:2] == got["resident"][:2], got
+        runs_ = {"eval": ["eval", "--data", one, "--seq-len", "64"],
+                 "dpo": ["eval", "--method", "dpo", "--data", pairs, "--seq-len", "64"],
+                 "generate": ["generate", "--raw", "--prompt", "Once upon a time",
+                              "--max-new-tokens", "3", "--json"],
+                 "logits": ["logits", "--ids", "1,450,4996,17354,1701", "--out",
+                            tmp_path / f"logits-{name}.bin"]}
+        res = {}
+        for cmd, args in runs_.items():
+            r = run_ftune([*args, *common])
+            assert r.returncode == 0, f"{cmd} ({name}): {r.stderr}"
+            res[cmd] = r
+        got[name] = (json.loads(res["eval"].stdout)["loss"], json.loads(res["dpo"].stdout)["loss"],
+                     json.loads(res["generate"].stdout)["ids"],
+                     (tmp_path / f"logits-{name}.bin").read_bytes())
+        streamed[name] = {k: "streamed from its bf16 pack" in r.stderr for k, r in res.items()}
+        built[name] = [k for k, r in res.items() if "pack: built" in r.stderr]
+    print(f"eval/dpo/generate of the streamed run's adapter: "
+          f"{ {k: v[:3] for k, v in got.items()} }; streamed: {streamed}")
+    assert all(streamed["streamed"].values()) and not any(streamed["resident"].values()), streamed
+    assert not built["streamed"], f"{built} rebuilt the bf16 pack training had built"
+    assert got["streamed"][:3] == got["resident"][:3], got
+    assert got["streamed"][3] == got["resident"][3], "streamed logits differ from the resident ones"
+
+
+def test_generate_budget_keeps_cache(tmp_path):
+    """generate places the base with its own KV cache and buffers kept out of --gpu-mem
+    (ft_gen_source_bytes): at a budget between the two, a short prompt's run holds every layer,
+    while a 900-token prompt's larger cache sends the base to its bf16 pack."""
+    model, cache = mid_model(tmp_path), tmp_path / "cache"
+    msg = re.compile(r"the bf16 base run needs ([0-9.]+) GiB of GPU memory with every layer "
+                     r"resident, --gpu-mem allows [0-9.]+ GiB \(([0-9.]+) GiB in use, ([0-9.]+) "
+                     r"GiB kept for generation's KV cache and buffers\)")
+    prompts = {"short": " ".join(["word"] * 80), "long": " ".join(["word"] * 900)}
+    gen = ["generate", "--model", model, "--raw", "--max-new-tokens", "2", "--json",
+           "--cache-dir", cache, *DEV]
+    parts = {}
+    for name, p in prompts.items():  # a 1 MiB budget: the need, what is in use, the reserve
+        r = run_ftune([*gen, "--prompt", p, "--gpu-mem", "1M"])
+        m = msg.search(r.stderr)
+        assert r.returncode == 1 and m, r.stderr
+        parts[name] = tuple(float(x) for x in m.groups())
+    (need, used, r_short), (need_l, used_l, r_long) = parts["short"], parts["long"]
+    print(f"need {need} GiB, in use {used}, kept for generation: {r_short} vs {r_long}")
+    assert need == need_l and used == used_l and r_long > r_short + 0.02, parts
+    budget = f"{int((need + used + (r_short + r_long) / 2) * 1024)}M"
+    out = {}
+    for name, p in prompts.items():
+        r = run_ftune([*gen, "--prompt", p, "--gpu-mem", budget])
+        out[name] = ("streamed from its bf16 pack" in r.stderr, r.returncode, r.stderr)
+    print(f"--gpu-mem {budget}: short streamed {out['short'][0]}, long streamed {out['long'][0]}")
+    assert not out["short"][0] and out["short"][1] == 0, out["short"][2]
+    # the long prompt's run streams (the planner may then place it or refuse the budget)
+    assert out["long"][0] and (out["long"][1] == 0 or "does not fit" in out["long"][2]), out["long"][2]
 
 
 def greedy_matches_logits(model, adapter, extra):
