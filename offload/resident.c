@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "offload/exec_internal.h"
+#include "offload/pack_internal.h"
 #include "src/core/err.h"
 
 /* bf16 for the projections when the backend takes it and its memory is not the host's (a
@@ -40,10 +41,11 @@ size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m)
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
         const ft_layer_weights *w = &m->layers[l];
         n += 2 * floats_for(c->hidden_size, FT_W_F32);
-        if (w->q_norm) n += 2 * floats_for(c->head_dim, FT_W_F32);
+        /* by the config as well as the pointers: a deferred or pack-only model has none */
+        if (w->q_norm || c->qk_norm) n += 2 * floats_for(c->head_dim, FT_W_F32);
         for (int p = 0; p < FT_N_PROJ; p++)
             n += floats_for(w->proj[p].out_n * w->proj[p].in_n, wt) +
-                 (w->proj[p].b ? floats_for(w->proj[p].out_n, FT_W_F32) : 0);
+                 (w->proj[p].b || ft_pack_has_bias(c, p) ? floats_for(w->proj[p].out_n, FT_W_F32) : 0);
     }
     return (n + 64) * sizeof(float);
 }

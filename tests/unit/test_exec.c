@@ -255,6 +255,29 @@ static void test_peft_roundtrip(void **state)
     free(dir);
 }
 
+/* The device bytes of the base count the same whether the model's weights are read or only
+ * its shapes are known (a deferred model: the resident/streamed decision is taken before any
+ * weight is read): qwen2's q/k/v biases included, which a deferred model has no pointers for. */
+static void test_weight_bytes_deferred(void **state)
+{
+    (void)state;
+    ft_backend *dev;
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 1), 0);
+    const char *models[] = {TINY, "tests/fixtures/gguf/qwen2-tiny.gguf"};
+    for (int i = 0; i < 2; i++) {
+        ft_model *a = NULL, *b = NULL;
+        assert_int_equal(ft_model_load(&a, models[i]), 0);
+        assert_int_equal(ft_model_load_deferred(&b, models[i]), 0);
+        assert_true(ft_model_deferred(b));
+        size_t wa = ft_exec_weight_bytes(dev, a), wb = ft_exec_weight_bytes(dev, b);
+        printf("%s: %zu bytes loaded, %zu deferred\n", models[i], wa, wb);
+        assert_true(wa == wb);
+        ft_model_free(a);
+        ft_model_free(b);
+    }
+    ft_backend_free(dev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -263,6 +286,7 @@ int main(void)
         cmocka_unit_test(test_kept_activations_bit_identical),
         cmocka_unit_test(test_lora_grad_fd),
         cmocka_unit_test(test_peft_roundtrip),
+        cmocka_unit_test(test_weight_bytes_deferred),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
