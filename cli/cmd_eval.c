@@ -69,14 +69,18 @@ static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapte
     double *ref = calloc((size_t)(2 * (n_pairs ? n_pairs : 1)), sizeof *ref);
     int rc = ref ? 0 : ft_err(-ENOMEM, "out of memory for reference log-probabilities");
     if (!rc) rc = ft_pack_pairs(&b, &nb, ds->train, n_pairs, seq_len, batch, 0);
-    if (!rc) rc = ft_session_plan(s, 2 * batch * seq_len);
-    if (!rc && !ft_dpo_reference_free(c->loss_type)) {
-        if (ref_adapter) {
-            rc = ft_session_set_adapter(s, ref_adapter, 2 * batch * seq_len);
-            if (rc < 0) rc = ft_err_prefix(rc, "--ref-adapter");
-            if (!rc) rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
-            if (!rc) rc = ft_session_set_adapter(s, adapter, 2 * batch * seq_len);
-        } else {
+    const int64_t T = 2 * batch * seq_len;
+    if (!rc && ref_adapter && !ft_dpo_reference_free(c->loss_type)) {
+        /* the reference adapter first (the session has no executor yet: the base is placed
+         * for it), then the policy's, in place when it has the same rank and targets: one
+         * placement of the base, two when they differ (three if the policy came first) */
+        rc = ft_session_set_adapter(s, ref_adapter, T);
+        if (rc < 0) rc = ft_err_prefix(rc, "--ref-adapter");
+        if (!rc) rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
+        if (!rc) rc = ft_session_set_adapter(s, adapter, T);
+    } else {
+        if (!rc) rc = ft_session_plan(s, T);
+        if (!rc && !ft_dpo_reference_free(c->loss_type)) {
             ft_lora *policy = s->ex.lora;
             s->ex.lora = NULL; /* the base model */
             rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);

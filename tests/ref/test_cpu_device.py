@@ -117,6 +117,23 @@ def test_bf16_streamed_equals_resident(tmp_path):
     assert not built["streamed"], f"{built} rebuilt the bf16 pack training had built"
     assert got["streamed"][:3] == got["resident"][:3], got
     assert got["streamed"][3] == got["resident"][3], "streamed logits differ from the resident ones"
+    # DPO eval against a reference adapter of another rank places the streamed base twice
+    # (for the reference, then for the policy), and scores as the resident run does
+    r4 = tmp_path / "r4"
+    r = run_ftune(["train", "--model", model, "--out", r4, "--quant", "bf16", "--gpu-mem", "8G",
+                   "--cache-dir", cache, "--data", SEED_DATA, "--max-steps", "1", "--seq-len",
+                   "64", "--eval-max", "1", "--lora-r", "4", "--save-every", "0", *DEV])
+    assert r.returncode == 0, r.stderr
+    refd = {}
+    for name, budget in (("resident", "8G"), ("streamed", f"{int((need - 0.03) * 1024)}M")):
+        r = run_ftune(["eval", "--method", "dpo", "--data", pairs, "--seq-len", "64", "--model",
+                       model, "--adapter", out, "--ref-adapter", r4, "--gpu-mem", budget,
+                       "--cache-dir", cache, *DEV])
+        assert r.returncode == 0, r.stderr
+        refd[name] = (json.loads(r.stdout)["loss"], sum(" layers: " in l for l in r.stderr.splitlines()))
+    print(f"dpo eval with a rank-4 reference adapter: {refd}")
+    assert refd["streamed"][1] == 2 and refd["resident"][1] == 0, refd
+    assert refd["streamed"][0] == refd["resident"][0], refd
 
 
 def test_generate_budget_keeps_cache(tmp_path):
