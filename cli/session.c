@@ -185,11 +185,13 @@ static int resolve_bf16(ft_session *s, int64_t T)
         s->bf16_deferred = 0;
         return 0;
     }
+    char kept[80] = "";
+    if (r) snprintf(kept, sizeof kept, ", %.3f GiB kept for generation's KV cache and buffers",
+                    r / 1073741824.0);
     fprintf(stderr, "ftune: the bf16 base run needs %.3f GiB of GPU memory with every layer "
-            "resident, %s allows %.3f GiB (%.3f GiB in use, %.3f GiB kept for generation's KV "
-            "cache and buffers): it is streamed from its bf16 pack\n", need / 1073741824.0,
-            s->gpu_mem > 0 ? "--gpu-mem" : "the GPU", avail / 1073741824.0, used / 1073741824.0,
-            r / 1073741824.0);
+            "resident, %s allows %.3f GiB (%.3f GiB in use%s): it is streamed from its bf16 "
+            "pack\n", need / 1073741824.0, s->gpu_mem > 0 ? "--gpu-mem" : "the GPU",
+            avail / 1073741824.0, used / 1073741824.0, kept);
     ft_pack_settings ps;
     ft_pack_settings_default(&ps, FT_PACK_QUANT_BF16);
     ft_pack_ensure_info *pi = malloc(sizeof *pi);
