@@ -52,6 +52,23 @@ static int qcorr_home(const char *adapter_dir, char *out, size_t n)
     return 0;
 }
 
+/* Hands the session's deferred base to its pack of quantization `quant` (enum ft_pack_quant),
+ * found or built under cache_dir (NULL: the default; offload/pack.h ft_pack_ensure_loaded, as
+ * `ftune train` does); says so on stderr when it was built. On an error the model is as it
+ * was (ft_model_use_pack checks the pack before it drops anything). */
+static int base_to_pack(ft_session *s, int quant, const char *cache_dir)
+{
+    ft_pack_settings ps;
+    ft_pack_settings_default(&ps, quant);
+    ft_pack_ensure_info *pi = malloc(sizeof *pi);
+    if (!pi) return ft_err(-ENOMEM, "out of memory");
+    int rc = ft_pack_ensure_loaded(s->model->path, s->model, cache_dir, &ps, 0, pi);
+    if (!rc && pi->action != FT_PACK_REUSED) fprintf(stderr, "ftune: pack: built %s\n", pi->path);
+    if (!rc) rc = ft_model_use_pack(s->model, pi->path);
+    free(pi);
+    return rc;
+}
+
 int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_dir, int64_t T,
                         const char *device, int threads, const char *cache_dir, int *qcorr)
 {
@@ -60,16 +77,7 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
     FT_TRY(ft_model_load_deferred(&s->model, model));
     FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
     if (!s->model->pack_only[0]) {
-        ft_pack_settings ps;
-        ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
-        ft_pack_ensure_info *pi = malloc(sizeof *pi);
-        if (!pi) return ft_err(-ENOMEM, "out of memory");
-        int rc = ft_pack_ensure_loaded(model, s->model, cache_dir, &ps, 0, pi);
-        if (!rc && pi->action != FT_PACK_REUSED)
-            fprintf(stderr, "ftune: pack: built %s\n", pi->path);
-        if (!rc) rc = ft_model_use_pack(s->model, pi->path);
-        free(pi);
-        FT_TRY(rc);
+        FT_TRY(base_to_pack(s, FT_PACK_QUANT_NF4, cache_dir));
     } else if (pack_is_bf16(s->model)) {
         return ft_err(FT_E_INVALID, "%s holds only the bf16 pack %s: --quant nf4 cannot be served",
                       model, s->model->pack_only);
@@ -151,36 +159,27 @@ int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
     return ft_session_plan(s, T);
 }
 
-/* The device bytes the base and executor may hold in all: --gpu-mem (else the device's total)
- * less gpu_reserve, the caller's own later allocations; *free_b, *total_b as
- * ft_backend_mem_free reports them. */
-static int device_budget(ft_session *s, size_t *budget, size_t *free_b, size_t *total_b)
+/* The device memory budget of the base and executor: --gpu-mem (else the device's total)
+ * less gpu_reserve, the caller's own later allocations (kernels.h ft_backend_mem_budget). */
+static int device_budget(ft_session *s, ft_mem_budget *b)
 {
-    FT_TRY(ft_backend_mem_free(s->be, free_b, total_b));
-    size_t b = s->gpu_mem > 0 ? (size_t)s->gpu_mem : *total_b;
-    size_t r = s->gpu_reserve > 0 ? (size_t)s->gpu_reserve : 0;
-    *budget = b > r ? b - r : 0;
-    return 0;
+    return ft_backend_mem_budget(s->be, s->gpu_mem, s->gpu_reserve > 0 ? (size_t)s->gpu_reserve : 0, b);
 }
 
 /* A deferred bf16 base on a device (bf16_deferred), for forwards of T tokens: with every
- * layer resident the executor needs ft_exec_bytes + a 1 GiB spare (the trainer's
- * resident_need); if the budget (device_budget: gpu_mem, else the device's total, less
- * gpu_reserve; less what is in use, never more than is free less gpu_reserve) holds that,
- * the weights are read; otherwise the base is handed to
- * its bf16 pack (found or built under cache_dir, as `ftune train` streams such a base) and
- * placed by the offload planner. Counts one micro-batch (training counts its --grad-accum
+ * layer resident the executor needs ft_exec_bytes + FT_EXEC_SPARE_BYTES (the trainer's
+ * resident_need); if what device_budget leaves beyond the memory in use holds that, the
+ * weights are read; otherwise the base is handed to its bf16 pack (base_to_pack, as `ftune
+ * train` streams such a base) and placed by the offload planner. Counts one micro-batch (training counts its --grad-accum
  * ones). Clears bf16_deferred once the base has its weights or its pack. */
 static int resolve_bf16(ft_session *s, int64_t T)
 {
-    size_t free_b = 0, total_b = 0, budget;
-    FT_TRY(device_budget(s, &budget, &free_b, &total_b));
-    size_t used = total_b - free_b, r = s->gpu_reserve > 0 ? (size_t)s->gpu_reserve : 0;
-    size_t avail = budget > used ? budget - used : 0;
-    if (avail > (free_b > r ? free_b - r : 0)) avail = free_b > r ? free_b - r : 0;
+    ft_mem_budget mb;
+    FT_TRY(device_budget(s, &mb));
+    const size_t r = s->gpu_reserve > 0 ? (size_t)s->gpu_reserve : 0;
     size_t need = ft_exec_bytes(s->be, s->model, s->has_lora ? &s->lora : NULL, T, 1) +
-                  ((size_t)1 << 30);
-    if (need <= avail) {
+                  FT_EXEC_SPARE_BYTES;
+    if (need <= mb.avail) {
         FT_TRY(ft_model_load_weights(s->model));
         s->bf16_deferred = 0;
         return 0;
@@ -191,20 +190,12 @@ static int resolve_bf16(ft_session *s, int64_t T)
     fprintf(stderr, "ftune: the bf16 base run needs %.3f GiB of GPU memory with every layer "
             "resident, %s allows %.3f GiB (%.3f GiB in use%s): it is streamed from its bf16 "
             "pack\n", need / 1073741824.0, s->gpu_mem > 0 ? "--gpu-mem" : "the GPU",
-            avail / 1073741824.0, used / 1073741824.0, kept);
-    ft_pack_settings ps;
-    ft_pack_settings_default(&ps, FT_PACK_QUANT_BF16);
-    ft_pack_ensure_info *pi = malloc(sizeof *pi);
-    if (!pi) return ft_err(-ENOMEM, "out of memory");
-    int rc = ft_pack_ensure_loaded(s->model->path, s->model, s->cache_dir, &ps, 0, pi);
-    if (!rc && pi->action != FT_PACK_REUSED) fprintf(stderr, "ftune: pack: built %s\n", pi->path);
-    if (!rc) rc = ft_model_use_pack(s->model, pi->path);
-    free(pi);
-    /* on an error the model is still deferred (ft_model_use_pack checks the pack before it
-     * drops anything) and so is the session: a later ft_session_plan decides again instead
-     * of building an executor over a base without weights */
-    if (!rc) s->bf16_deferred = 0;
-    return rc;
+            mb.avail / 1073741824.0, mb.used / 1073741824.0, kept);
+    /* on an error the model is still deferred and so is the session: a later ft_session_plan
+     * decides again instead of building an executor over a base without weights */
+    FT_TRY(base_to_pack(s, FT_PACK_QUANT_BF16, s->cache_dir));
+    s->bf16_deferred = 0;
+    return 0;
 }
 
 int ft_session_plan(ft_session *s, int64_t T)
@@ -228,9 +219,9 @@ int ft_session_plan(ft_session *s, int64_t T)
     /* on a device, placed within the budgets as a training run is (offload/place.h) */
     uint64_t gpu_budget = (uint64_t)s->gpu_mem; /* 0: the device's total */
     if (s->gpu_reserve > 0) {
-        size_t b, f, t;
-        FT_TRY(device_budget(s, &b, &f, &t));
-        gpu_budget = b ? b : 1; /* nothing left: a budget that refuses, naming what it needs */
+        ft_mem_budget mb;
+        FT_TRY(device_budget(s, &mb));
+        gpu_budget = mb.budget ? mb.budget : 1; /* nothing left: a budget that refuses, naming what it needs */
     }
     ft_place_opts po = {T, T, 1, gpu_budget, (uint64_t)s->host_mem, NULL, NULL};
     ft_place_result *pr = calloc(1, sizeof *pr);

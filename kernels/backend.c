@@ -63,6 +63,20 @@ int ft_backend_mem_free(ft_backend *be, size_t *free_bytes, size_t *total_bytes)
     return 0;
 }
 
+int ft_backend_mem_budget(ft_backend *be, int64_t gpu_mem, size_t reserve, ft_mem_budget *b)
+{
+    size_t free_b = 0, total_b = 0;
+    FT_TRY(ft_backend_mem_free(be, &free_b, &total_b));
+    size_t cap = gpu_mem > 0 ? (size_t)gpu_mem : total_b;
+    size_t room = free_b > reserve ? free_b - reserve : 0;
+    b->total = total_b;
+    b->used = total_b - free_b;
+    b->budget = cap > reserve ? cap - reserve : 0;
+    b->avail = b->budget > b->used ? b->budget - b->used : 0;
+    if (b->avail > room) b->avail = room;
+    return 0;
+}
+
 int ft_backend_sync(ft_backend *be)
 {
 #ifdef FT_HAVE_CUDA

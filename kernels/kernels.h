@@ -304,6 +304,13 @@ int ft_backend_cuda_set_precise(ft_backend *be, int precise);
 /* Bytes of backend memory free now (CUDA: cudaMemGetInfo; CPU: available physical memory
  * from sysconf). Returns 0 or -EIO. */
 int ft_backend_mem_free(ft_backend *be, size_t *free_bytes, size_t *total_bytes);
+
+/* The backend memory a run may still take, from ft_backend_mem_free: *budget = gpu_mem bytes
+ * (> 0: --gpu-mem) or the device's total, less reserve (bytes the caller allocates later);
+ * *used = what is in use now; *avail = *budget - *used, never more than is free less
+ * reserve, 0 when nothing is left; *total = the device's total. Returns 0 or -EIO. */
+typedef struct ft_mem_budget { size_t used, budget, avail, total; } ft_mem_budget;
+int ft_backend_mem_budget(ft_backend *be, int64_t gpu_mem, size_t reserve, ft_mem_budget *b);
 /* Per-op GPU timing (CUDA only): on = 1 routes every op through event-timed wrappers (no
  * synchronization per op), on = 0 restores the plain table. The report is a text table of
  * GPU milliseconds per op, largest first, written into buf; reset = 1 zeroes the sums.

@@ -193,6 +193,11 @@ int ft_exec_use_pack_ex(ft_exec *e, ft_pack_file *pack, int resident);
 /* Bytes ft_exec_use_pack allocates for this pack. */
 size_t ft_exec_pack_bytes(const ft_pack_file *pack);
 
+/* Device memory a run keeps free beyond ft_exec_bytes with every layer resident (the CUDA
+ * allocator's slack, cuBLAS workspaces): the trainer's --gpu-mem check and the resident/streamed
+ * decision of training and of eval, generate and logits. */
+#define FT_EXEC_SPARE_BYTES ((size_t)1 << 30)
+
 /* Bytes ft_exec_init would allocate for these sizes on backend be (for the plan printed
  * before training and the --gpu-mem check): the arena, plus on a device backend the resident
  * copy of the base weights (ft_exec_weight_bytes). */

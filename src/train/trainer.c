@@ -579,13 +579,12 @@ static double gib(double bytes) { return bytes / 1073741824.0; }
 static int device_budget(run *r, const ft_train_cfg *c, size_t *used, size_t *budget,
                          size_t *avail, size_t *total)
 {
-    size_t free_b = 0, total_b = 0;
-    FT_TRY(ft_backend_mem_free(r->be, &free_b, &total_b));
-    *used = total_b - free_b;
-    *budget = c->gpu_mem > 0 ? (size_t)c->gpu_mem : total_b;
-    *avail = *budget > *used ? *budget - *used : 0;
-    if (*avail > free_b) *avail = free_b;
-    *total = total_b;
+    ft_mem_budget b;
+    FT_TRY(ft_backend_mem_budget(r->be, c->gpu_mem, 0, &b));
+    *used = b.used;
+    *budget = b.budget;
+    *avail = b.avail;
+    *total = b.total;
     return 0;
 }
 
@@ -596,7 +595,7 @@ static int resident_need(run *r, const ft_train_cfg *c, int64_t T, size_t *need,
     size_t used, budget, total;
     FT_TRY(device_budget(r, c, &used, &budget, avail, &total));
     *need = ft_exec_bytes(r->be, r->model, &r->lora, T, c->grad_accum > 0 ? c->grad_accum : 1) +
-            ((size_t)1 << 30);
+            FT_EXEC_SPARE_BYTES;
     return 0;
 }
 
@@ -737,7 +736,7 @@ static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t 
     size_t used, budget, avail, total_b;
     FT_TRY(device_budget(r, c, &used, &budget, &avail, &total_b));
     size_t free_b = total_b - used;
-    const size_t spare = (size_t)1 << 30;
+    const size_t spare = FT_EXEC_SPARE_BYTES;
     if (need + spare > avail)
         return ft_err(FT_E_RANGE, "the run needs at least %.2f GiB of GPU memory (%.2f GiB in use "
                       "by the CUDA context and the adapter, %.2f GiB of base weights, "
