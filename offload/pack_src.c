@@ -127,8 +127,11 @@ static int hf_read_f32(void *user, int64_t l, int role, int64_t row0, int64_t n_
     size_t es = ft_st_dtype_size(t->dtype);
     sub.data = (const uint8_t *)t->data + (size_t)(row0 * cols) * es;
     sub.nbytes = (size_t)(n_rows * cols) * es;
+    sub.file_offset += (int64_t)((size_t)(row0 * cols) * es);
     int rc = ft_st_to_f32(&sub, dst, n_rows * cols);
-    if (rc < 0) return ft_err_prefix(rc, "%s", ft_st_path(f));
+    if (rc < 0) /* an element index counts from row row0 */
+        return ft_err_prefix(rc, "%s (rows %lld-%lld)", ft_st_path(f), (long long)row0,
+                             (long long)(row0 + n_rows - 1));
     drop_pages(sub.data, sub.nbytes); /* chunks come in order: these rows are done */
     return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,6 +354,22 @@ const char *ft_st_meta(const ft_st_file *f, const char *key)
     return NULL;
 }
 
+/* FT_E_CORRUPT naming the tensor and the first element of out (n values) that is not finite,
+ * or 0. No checkpoint holds an inf or NaN weight: one found at load is refused there rather
+ * than surfacing steps later as NaN losses (the GGUF loader's rule, loader.c check_finite). */
+static int check_finite(const ft_st_tensor *t, const float *out, int64_t n)
+{
+    int64_t bad = n;
+#pragma omp parallel for schedule(static) reduction(min : bad) if (n > 262144)
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(out[i]) && i < bad) bad = i;
+    if (bad == n) return 0;
+    return ft_err(FT_E_CORRUPT, "offset %lld: tensor \"%s\" element %lld is %s, where a model "
+                  "or adapter file holds only finite values (a corrupt or diverged file)",
+                  (long long)(t->file_offset + bad * (int64_t)ft_st_dtype_size(t->dtype)), t->name,
+                  (long long)bad, isnan(out[bad]) ? "NaN" : "infinite");
+}
+
 int ft_st_to_f32(const ft_st_tensor *t, float *out, int64_t n)
 {
     int64_t numel = 1;
@@ -364,7 +381,7 @@ int ft_st_to_f32(const ft_st_tensor *t, float *out, int64_t n)
     switch (t->dtype) {
     case FT_ST_F32:
         memcpy(out, s, (size_t)n * 4);
-        return 0;
+        return check_finite(t, out, n);
     case FT_ST_F16:
     case FT_ST_BF16: {
         int bf = t->dtype == FT_ST_BF16;
@@ -374,7 +391,7 @@ int ft_st_to_f32(const ft_st_tensor *t, float *out, int64_t n)
             memcpy(&h, s + 2 * i, 2);
             out[i] = bf ? ft_quant_bf16_to_f32(h) : ft_quant_f16_to_f32(h);
         }
-        return 0;
+        return check_finite(t, out, n);
     }
     default:
         return ft_err(FT_E_UNSUPPORTED, "tensor \"%s\": dtype %s cannot be converted to fp32 "

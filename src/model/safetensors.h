@@ -47,7 +47,10 @@ void ft_st_set_close(ft_st_set *s);
 /* Finds a tensor by name across shards; NULL if absent. */
 const ft_st_tensor *ft_st_set_find(const ft_st_set *s, const char *name, const ft_st_file **file);
 
-/* Converts n elements of a tensor (F32/F16/BF16) to fp32. Returns 0 or FT_E_UNSUPPORTED. */
+/* Converts the first n elements of a tensor (F32/F16/BF16) to fp32. Returns 0,
+ * FT_E_UNSUPPORTED (another dtype), FT_E_RANGE (n beyond the tensor) or FT_E_CORRUPT when a
+ * converted value is NaN or infinite (the message names its file offset, the tensor and the
+ * element; callers prefix the file's path). */
 int ft_st_to_f32(const ft_st_tensor *t, float *out, int64_t n);
 
 /* Writing. Tensors are written in the order given, back to back, after a compact JSON

@@ -604,6 +604,7 @@ static int load_moments(const char *dir, ft_lora *l)
                         path, names[k], (long long)l->n_params);
         else
             rc = ft_st_to_f32(t, l->host, l->n_params);
+        if (rc < 0) ft_err_prefix(rc, "%s", path);
         /* AdamW's moments are finite and the second one >= 0 (the adamw op); anything else
          * would turn the first update's parameters into NaN */
         for (int64_t i = 0; i < l->n_params && !rc; i++)

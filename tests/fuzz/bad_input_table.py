@@ -268,6 +268,32 @@ def _(d):
     return train("model", ALPACA)
 
 
+def _st_nan(d, name, elem):
+    """The tiny model with element `elem` of tensor `name` (BF16) set to NaN."""
+    m = model(d); st = m / "model.safetensors"
+    b, n, h = st_read(st)
+    t = h[name]
+    assert t["dtype"] == "BF16"
+    off = 8 + n + t["data_offsets"][0] + 2 * elem
+    b = bytearray(b); b[off:off + 2] = struct.pack("<H", 0x7fc0)
+    st.write_bytes(bytes(b))
+    return m
+
+
+@case("model.safetensors", "a NaN weight (element 7 of the final norm)",
+      "test_safetensors.c test_load_errors, test_roundtrip")
+def _(d):
+    _st_nan(d, "model.norm.weight", 7)
+    return train("model", ALPACA)
+
+
+@case("model.safetensors", "a NaN in a projection, --quant nf4 (read while building the pack)",
+      "test_safetensors.c test_roundtrip")
+def _(d):
+    _st_nan(d, "model.layers.1.mlp.up_proj.weight", 64 * 3 + 5)
+    return train("model", ALPACA, "--quant", "nf4", "--cache-dir", "cache")
+
+
 @case("model folder", "only pytorch_model.bin", "test_safetensors.c test_sets")
 def _(d):
     m = model(d); (m / "model.safetensors").unlink(); (m / "pytorch_model.bin").write_bytes(b"PK")

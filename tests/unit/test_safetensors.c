@@ -151,6 +151,31 @@ static void test_roundtrip(void **state)
     expect_err(ft_st_to_f32(ft_st_find(f, "a.f16"), out, 5), FT_E_RANGE, "a.f16", NULL);
     ft_st_close(f);
 
+    /* a NaN or infinity is refused, naming the tensor, the element and its file offset */
+    float nanf32[5] = {1.0f, 2.0f, NAN, INFINITY, 0.0f};
+    uint16_t inf16[3] = {ft_quant_f32_to_f16(1.0f), 0x7c00 /* +inf */, 0};
+    uint16_t nanbf[4] = {0, 0, 0, 0xffc1 /* NaN */};
+    ft_st_out bad[] = {
+        {"w.nan", FT_ST_F32, 1, {5}, nanf32},
+        {"w.inf16", FT_ST_F16, 1, {3}, inf16},
+        {"w.nanbf", FT_ST_BF16, 2, {2, 2}, nanbf},
+    };
+    char bpath[560];
+    snprintf(bpath, sizeof bpath, "%s/bad.safetensors", dir);
+    assert_int_equal(ft_st_write(bpath, bad, 3, NULL, NULL, 0), 0);
+    assert_int_equal(ft_st_open(&f, bpath), 0);
+    const ft_st_tensor *tn = ft_st_find(f, "w.nan"), *ti = ft_st_find(f, "w.inf16"),
+                       *tb = ft_st_find(f, "w.nanbf");
+    char off[64];
+    snprintf(off, sizeof off, "offset %lld:", (long long)(tn->file_offset + 8));
+    expect_err(ft_st_to_f32(tn, out, 5), FT_E_CORRUPT, off, "\"w.nan\"", "element 2 is NaN", NULL);
+    assert_int_equal(ft_st_to_f32(tn, out, 2), 0); /* the finite prefix converts */
+    snprintf(off, sizeof off, "offset %lld:", (long long)(ti->file_offset + 2));
+    expect_err(ft_st_to_f32(ti, out, 3), FT_E_CORRUPT, off, "element 1 is infinite", NULL);
+    expect_err(ft_st_to_f32(tb, out, 4), FT_E_CORRUPT, "\"w.nanbf\"", "element 3 is NaN", NULL);
+    ft_st_close(f);
+    unlink(bpath);
+
     /* header layout: compact, __metadata__ first, padded with spaces to 8 */
     char *txt;
     size_t len;
@@ -646,6 +671,22 @@ static void test_load_errors(void **state)
     dir = make_variant(&v4);
     expect_err(ft_model_load(&m, dir), FT_E_UNSUPPORTED, "model.safetensors", "\"model.norm.weight\"",
                "I32", NULL);
+    rm_dir(dir);
+    /* a weight that is not finite: refused when the weights are read, naming file, tensor
+     * and element (the GGUF loader's rule) */
+    float normw[64];
+    for (int i = 0; i < 64; i++) normw[i] = 1.0f;
+    normw[7] = NAN;
+    ft_st_out nn = {"model.norm.weight", FT_ST_F32, 1, {64}, normw};
+    variant v4b = {.drop = "model.norm.weight", .extra = &nn};
+    dir = make_variant(&v4b);
+    expect_err(ft_model_load(&m, dir), FT_E_CORRUPT, "model.safetensors", "\"model.norm.weight\"",
+               "element 7 is NaN", NULL);
+    assert_null(m);
+    assert_int_equal(ft_model_load_deferred(&m, dir), 0); /* the shapes alone are fine */
+    expect_err(ft_model_load_weights(m), FT_E_CORRUPT, "\"model.norm.weight\"", "element 7", NULL);
+    ft_model_free(m);
+    m = NULL;
     rm_dir(dir);
     /* biases present but not configured */
     float bias[64] = {0};
