@@ -223,7 +223,7 @@ int ft_session_plan(ft_session *s, int64_t T)
         FT_TRY(device_budget(s, &mb));
         gpu_budget = mb.budget ? mb.budget : 1; /* nothing left: a budget that refuses, naming what it needs */
     }
-    ft_place_opts po = {T, T, 1, gpu_budget, (uint64_t)s->host_mem, NULL, NULL};
+    ft_place_opts po = {T, T, 1, gpu_budget, (uint64_t)s->host_mem, NULL, NULL, 1};
     ft_place_result *pr = calloc(1, sizeof *pr);
     if (!pr) return ft_err(-ENOMEM, "out of memory");
     int rc = ft_place_packed(s->be, s->model, lora, s->pack, &po, 1, &s->ex, pr);

@@ -141,11 +141,14 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     in->kept_bytes = kept1;
     in->host_fixed = ft_place_rss();
     in->t_fwd_layer = t_f + t_dq;
-    in->t_bwd_layer = t_b;
+    in->t_bwd_layer = o->forward_only ? 0 : t_b;
     double P = layer_params(m);
     in->flops_fwd_layer = 2.0 * (double)T * P;
-    in->flops_bwd_layer = 2.0 * in->flops_fwd_layer;
-    in->flops_head = 4.0 * (double)T * (double)C * (double)V;
+    in->flops_bwd_layer = o->forward_only ? 0 : 2.0 * in->flops_fwd_layer;
+    /* the LM head's forward (2 T C V), and with a backward its input gradient (as much again) */
+    in->flops_head = (o->forward_only ? 2.0 : 4.0) * (double)T * (double)C * (double)V;
+    in->forward_only = o->forward_only;
+    if (o->forward_only) in->kept_bytes = 0; /* nothing is kept for a backward */
     double rate = t_f > 0 ? in->flops_fwd_layer / t_f : 0;
     in->t_head = rate > 0 ? in->flops_head / rate : 0;
     in->tokens_per_micro = T;

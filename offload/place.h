@@ -22,6 +22,8 @@ typedef struct ft_place_opts {
     uint64_t host_budget;       /* host bytes for the pinned pool and staging (0: available
                                  * physical memory less 4 GiB) */
     const int32_t *pos, *seq_start; /* a real micro-batch's layout (T each) for the probe, or NULL */
+    int forward_only;           /* 1: eval, logits, generation (ft_plan_in.forward_only): the
+                                 * plan predicts a forward pass of T tokens, no backward */
 } ft_place_opts;
 
 #define FT_PLACE_NF4_MAX_ERR 1e-2 /* the same bf16 operands; only the fp32 summation order differs */

@@ -134,6 +134,7 @@ static int check_in(const ft_plan_in *in, cost *c)
             return ft_err(FT_E_INVALID, "offload plan: %s time %g s / %g FLOP must be finite and >= 0",
                           nm[i], t, fl);
         if (t > 0) out[i] = t;
+        else if (i == 1 && in->forward_only) out[i] = 0; /* no backward visits */
         else if (fl > 0 && r->flops > 0) out[i] = fl / r->flops;
         else if (i == 2 && fl == 0) out[i] = 0; /* no head cost given: none counted */
         else
@@ -148,8 +149,12 @@ static int check_in(const ft_plan_in *in, cost *c)
 
 static uint64_t slot_of(const ft_plan_in *in) { return in->slot_bytes ? in->slot_bytes : in->layer_bytes; }
 static int depth_for(int64_t streamed) { return streamed <= 0 ? 0 : PLAN_DEPTH; }
-/* Checkpoints may go to the host: a device backend with a known d2h rate. */
-static int ckpt_host_ok(const ft_plan_in *in) { return in->device && in->rates.d2h > 0; }
+/* Checkpoints may go to the host: a device backend with a known d2h rate, in a run with a
+ * backward to load them for. */
+static int ckpt_host_ok(const ft_plan_in *in)
+{
+    return in->device && in->rates.d2h > 0 && !in->forward_only;
+}
 /* The checkpoint tiers to consider, ck_lo(in)..ck_hi(in). */
 static int ck_lo(const ft_plan_in *in)
 {
@@ -323,7 +328,8 @@ static void simulate(const ft_plan_in *in, const cost *c, const ft_plan *p, sim_
         prev_end = comp;
         ring = 0;
         for (int i = 0; i < PLAN_MAX_CKPT_SETS; i++) set_hold[i] = -1;
-        for (int64_t v = 0; v <= 2 * L; v++) {
+        const int64_t last_v = in->forward_only ? L : 2 * L; /* the head is visit L */
+        for (int64_t v = 0; v <= last_v; v++) {
             int fwd = v < L, head = v == L;
             int64_t l = fwd ? v : 2 * L - v;
             double dur = head ? chd : fwd ? cf : cb, ready = comp;
@@ -491,16 +497,20 @@ static void describe(const ft_plan_in *in, int64_t m, int64_t k, int ck, char *b
     int64_t d = in->packed ? s : 0, j = s - d;
     size_t o = 0;
 #define PUT(...) do { if (o < n) o += (size_t)snprintf(buf + o, n - o, __VA_ARGS__); } while (0)
-    PUT("%s: %.2fG fixed (global tensors, LoRA parameters, gradients and AdamW state, working set, "
-        "workspaces)", in->device ? "GPU" : "memory", gib(in->gpu_fixed));
+    PUT("%s: %.2fG fixed (global tensors, %s, working set, workspaces)", in->device ? "GPU" : "memory",
+        gib(in->gpu_fixed), in->forward_only ? "the adapter" : "LoRA parameters, gradients and AdamW state");
     if (k) PUT(", %lld resident layers %.2fG", (long long)k, gib(mul_u((uint64_t)k, in->layer_bytes)));
     if (depth) PUT(", %d layer slots %.2fG", depth, gib(mul_u((uint64_t)depth, slot_of(in))));
-    if (ck == FT_TIER_GPU)
+    if (in->forward_only)
+        PUT(", layer inputs %.2fG, buffers %.2fG", gib(ckpt_all(in, m)),
+            gib(mul_u((uint64_t)m, in->per_micro_bytes)));
+    else if (ck == FT_TIER_GPU)
         PUT(", checkpoints %.2fG (%lld x %lld micro-batches)", gib(ckpt_all(in, m)), (long long)(L + 1),
             (long long)m);
     else
         PUT(", %d checkpoint sets %.2fG", PLAN_CKPT_SETS, gib(ckpt_gpu(in, m, ck, 0, PLAN_CKPT_SETS)));
-    PUT(", %lld micro-batch buffers %.2fG", (long long)m, gib(mul_u((uint64_t)m, in->per_micro_bytes)));
+    if (!in->forward_only)
+        PUT(", %lld micro-batch buffers %.2fG", (long long)m, gib(mul_u((uint64_t)m, in->per_micro_bytes)));
     if (in->device) {
         PUT("; host pool:");
         int any = 0;
@@ -542,10 +552,15 @@ static int refuse(const ft_plan_in *in)
                           gib_up(g), gib_up(h), what);
         }
     }
+    char unit[96];
+    if (in->forward_only)
+        snprintf(unit, sizeof unit, "a forward pass of %lld tokens", (long long)in->tokens_per_micro);
+    else
+        snprintf(unit, sizeof unit, "%lld micro-batch%s of %lld tokens", (long long)m, m == 1 ? "" : "es",
+                 (long long)in->tokens_per_micro);
     return ft_err(FT_E_RANGE, "offload plan: does not fit in --gpu-mem %.1fG --host-mem %.1fG: needs at "
-                  "least --gpu-mem %.1fG and --host-mem %.1fG (%lld micro-batch%s of %lld tokens); %s",
-                  gib(in->gpu_budget), gib(in->host_budget), gib_up(g), gib_up(h), (long long)m,
-                  m == 1 ? "" : "es", (long long)in->tokens_per_micro, what);
+                  "least --gpu-mem %.1fG and --host-mem %.1fG (%s); %s", gib(in->gpu_budget),
+                  gib(in->host_budget), gib_up(g), gib_up(h), unit, what);
 }
 
 int ft_plan_make(const ft_plan_in *in, ft_plan *out)
@@ -689,10 +704,15 @@ int ft_plan_format(const ft_plan_in *in, const ft_plan *p, char *buf, size_t n)
         (long long)p->n_layers, (long long)p->n_tier[0], dev ? "on the GPU" : "resident in memory", rg[0],
         (long long)p->n_tier[1], rg[1], (long long)p->n_tier[2], rg[2], p->prefetch_depth);
     if (p->host_slots) PUT(", %d NVMe staging buffers", p->host_slots);
-    PUT("; %lld micro-batch%s of %lld tokens per step; activations %s\n", (long long)p->micro_batches,
-        p->micro_batches == 1 ? "" : "es", (long long)in->tokens_per_micro,
-        p->keep_acts ? "kept" : "recomputed");
-    if (p->ckpt_tier == FT_TIER_HOST) {
+    if (in->forward_only)
+        PUT("; forward passes of %lld tokens (no backward)\n", (long long)in->tokens_per_micro);
+    else
+        PUT("; %lld micro-batch%s of %lld tokens per step; activations %s\n", (long long)p->micro_batches,
+            p->micro_batches == 1 ? "" : "es", (long long)in->tokens_per_micro,
+            p->keep_acts ? "kept" : "recomputed");
+    if (in->forward_only) {
+        /* layer inputs stay in the executor's arena; nothing is stored for a backward */
+    } else if (p->ckpt_tier == FT_TIER_HOST) {
         char lay[48] = "no layer";
         if (p->ckpt_host_layers == 1) snprintf(lay, sizeof lay, "layer 0");
         else if (p->ckpt_host_layers > 1)
@@ -716,9 +736,9 @@ int ft_plan_format(const ft_plan_in *in, const ft_plan *p, char *buf, size_t n)
     else
         PUT("plan: memory %.1f of %.1f GiB", gib(p->gpu_bytes), gib(in->gpu_budget));
     if (in->host_fixed) PUT(" (+%.1f GiB of process memory outside the budget)", gib(in->host_fixed));
-    PUT("; predicted %.3g s/step (compute %.3g, PCIe H2D %.3g, D2H %.3g, disk %.3g), %.0f tokens/s, "
-        "%s-bound\n", p->t_step, p->t_compute, p->t_h2d, p->t_d2h, p->t_disk, p->tokens_per_s,
-        p->bound ? p->bound : "compute");
+    PUT("; predicted %.3g s/%s (compute %.3g, PCIe H2D %.3g, D2H %.3g, disk %.3g), %.0f tokens/s, "
+        "%s-bound\n", p->t_step, in->forward_only ? "forward pass" : "step", p->t_compute, p->t_h2d,
+        p->t_d2h, p->t_disk, p->tokens_per_s, p->bound ? p->bound : "compute");
 #undef PUT
     return (int)(o < n ? o : n - 1);
 }

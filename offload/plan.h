@@ -67,6 +67,9 @@ typedef struct ft_plan_in {
                                  * offload awaits its first GPU run); 0: chosen by predicted time */
     uint64_t gpu_budget;        /* bytes the run may use on the device */
     uint64_t host_budget;       /* bytes of host memory for the pinned pool (and staging) */
+    int forward_only;           /* 1: eval, logits, generation: a pass is the forward visits and
+                                 * the head's forward (t_head), each streamed layer fetched once;
+                                 * no backward (t_bwd_layer unused), checkpoints on the device */
     ft_plan_rates rates;
 } ft_plan_in;
 

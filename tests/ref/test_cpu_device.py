@@ -250,6 +250,8 @@ def test_eval_generate_streamed_nf4(tmp_path):
     fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
     slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
     assert r.returncode == 1 and fixed and slots, r.stderr
+    # planned as forward passes: no optimizer state or backward in the refusal
+    assert "(a forward pass of 128 tokens)" in r.stderr and "AdamW" not in r.stderr, r.stderr
     # room for a few of the 16 layers (3.7 MB each) beyond the slots: the rest streamed
     budget = f"{int((float(fixed.group(1)) + float(slots.group(2)) + 0.04) * 1024)}M"
     gen = ["generate", "--model", model, "--raw", "--prompt", "Once upon a time",
@@ -258,7 +260,7 @@ def test_eval_generate_streamed_nf4(tmp_path):
     for name, extra in (("resident", []), ("streamed", ["--gpu-mem", budget])):
         r = run_ftune(ev + extra)
         assert r.returncode == 0, r.stderr
-        plan = [l for l in r.stderr.splitlines() if " layers: " in l]
+        plan = [l for l in r.stderr.splitlines() if "plan: " in l]
         loss = json.loads(r.stdout)["loss"]
         g = run_ftune(gen + extra)
         assert g.returncode == 0, g.stderr
@@ -267,6 +269,7 @@ def test_eval_generate_streamed_nf4(tmp_path):
     assert not got["resident"][2]
     assert got["streamed"][2] and "in pinned host memory" in got["streamed"][2][0]
     assert " 0 in pinned host memory" not in got["streamed"][2][0]
+    assert any(" s/forward pass " in l for l in got["streamed"][2]), got["streamed"][2]
     assert got["streamed"][:2] == got["resident"][:2]
 
 

@@ -719,6 +719,71 @@ static void test_format(void **st)
     assert_memory_equal(small, buf, 15);
 }
 
+/* forward_only (eval, logits, generation): a pass is the forward visits and the head; every
+ * streamed layer is fetched once per pass, nothing is kept for or timed as a backward, the
+ * checkpoints never go to the host, and the texts speak of forward passes. */
+static void test_forward_only(void **st)
+{
+    (void)st;
+    ft_plan_in in = in70();
+    in.forward_only = 1;
+    in.t_bwd_layer = 0;
+    in.t_head = 0.01;
+    in.micro_batches = 1;
+    in.ckpt_bytes = 0;
+    for (double h2d = 8e9; h2d <= 50e9; h2d += 14e9) {
+        in.rates.h2d = in.rates.d2h = h2d;
+        uint64_t g, h;
+        ft_plan_min_budgets(&in, &g, &h);
+        in.gpu_budget = g;
+        in.host_budget = gib_b(64);
+        ft_plan p;
+        assert_int_equal(ft_plan_make(&in, &p), 0);
+        assert_int_equal(p.n_tier[FT_TIER_HOST], 80);
+        assert_int_equal(p.ckpt_tier, FT_TIER_GPU);
+        assert_int_equal(p.keep_acts, 0);
+        double x = (double)in.layer_bytes / h2d, f = in.t_fwd_layer;
+        /* 80 fetches per pass (the next pass starts again at layer 0) */
+        assert_true(fabs(p.t_h2d - 80 * x) <= REL_EPS * p.t_h2d);
+        assert_true(fabs(p.t_compute - (80 * f + in.t_head)) <= REL_EPS * p.t_compute);
+        double sum = in.t_head + 80 * fmax(f, x);
+        printf("forward only, h2d %.0f GB/s: pass %.4f s, sum of maxima %.4f s, bound %s\n",
+               h2d / 1e9, p.t_step, sum, p.bound);
+        assert_true(fabs(p.t_step - sum) <= fmax(x, f) + REL_EPS);
+        char buf[1024];
+        ft_plan_format(&in, &p, buf, sizeof buf);
+        assert_non_null(strstr(buf, "forward passes of 2048 tokens (no backward)"));
+        assert_non_null(strstr(buf, " s/forward pass"));
+        assert_null(strstr(buf, "micro-batch"));
+        assert_null(strstr(buf, "checkpoints"));
+    }
+    /* the same inputs as a training step: twice the fetches, the backward timed */
+    ft_plan_in tr = in;
+    tr.forward_only = 0;
+    tr.t_bwd_layer = 0.024;
+    ft_plan pf, pt;
+    assert_int_equal(ft_plan_make(&in, &pf), 0);
+    assert_int_equal(ft_plan_make(&tr, &pt), 0);
+    assert_true(pt.t_step > 2 * pf.t_step);
+    /* without a backward time a training plan is refused; a forward-only one is not */
+    tr.t_bwd_layer = 0;
+    assert_int_equal(ft_plan_make(&tr, &pt), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "layer backward time is unknown"));
+    /* a budget that cannot fit: the refusal names a forward pass and the adapter */
+    in.gpu_budget = gib_b(1);
+    assert_int_equal(ft_plan_make(&in, &pf), FT_E_RANGE);
+    printf("%s\n", ft_errmsg());
+    assert_non_null(strstr(ft_errmsg(), "(a forward pass of 2048 tokens)"));
+    assert_non_null(strstr(ft_errmsg(), "the adapter, working set"));
+    assert_null(strstr(ft_errmsg(), "micro-batch"));
+    assert_null(strstr(ft_errmsg(), "checkpoint"));
+    ft_plan_in tr2 = in70();
+    tr2.gpu_budget = gib_b(1);
+    assert_int_equal(ft_plan_make(&tr2, &pt), FT_E_RANGE);
+    assert_non_null(strstr(ft_errmsg(), "micro-batch of 2048 tokens"));
+    assert_non_null(strstr(ft_errmsg(), "gradients and AdamW state"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -729,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),           cmocka_unit_test(test_format),
         cmocka_unit_test(test_host_checkpoints),
         cmocka_unit_test(test_host_checkpoints_last_resort),
+        cmocka_unit_test(test_forward_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
