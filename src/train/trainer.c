@@ -754,6 +754,27 @@ static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t 
     return rc < 0 ? rc : 0;
 }
 
+/* Test hook (fault injection for tests/ref/test_resume.py): FTUNE_TEST_INF_EMBEDDING=ID sets
+ * the input embedding row of token ID to +Inf once the weights are read, so that the
+ * micro-batches holding that token give non-finite losses and gradients (the skipped-step
+ * path) while the others train. A model file cannot carry such a row: the loaders refuse
+ * non-finite weights. Only an untied model's table is touched (tied, the LM head would be
+ * poisoned for every token). */
+static int test_inf_embedding(ft_model *m, ft_train_cb cb, void *user)
+{
+    const char *v = getenv("FTUNE_TEST_INF_EMBEDDING");
+    if (!v || !*v) return 0;
+    char *end;
+    long long id = strtoll(v, &end, 10);
+    const int64_t C = m->cfg.hidden_size;
+    if (*end || id < 0 || id >= m->cfg.vocab_size || !m->embed || m->embed == m->lm_head)
+        return ft_err(FT_E_INVALID, "FTUNE_TEST_INF_EMBEDDING=%s: expected a token id below %lld of "
+                      "a model with untied embeddings read into memory", v, (long long)m->cfg.vocab_size);
+    for (int64_t i = 0; i < C; i++) m->embed[id * C + i] = INFINITY;
+    info(cb, user, FT_EV_WARN, "test hook: the input embedding of token %lld is +Inf", id);
+    return 0;
+}
+
 /* A packed base on a device backend: measured, planned (offload/place.h) and placed; the
  * plan's lines are reported; *grad_accum gets the planned micro-batch count, res->base_layers
  * the layers per tier. */
@@ -1074,6 +1095,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         double tl = now_s();
         FT_TRY(ft_model_load_weights(r->model));
         info(cb, user, FT_EV_INFO, "model weights read in %.1f s", now_s() - tl);
+        FT_TRY(test_inf_embedding(r->model, cb, user));
     }
     FT_TRY(setup_correction(r, c, quant, cb, user, res));
     /* from here the base is the pack's: the host copy (a GGUF file's dequantized weights, or

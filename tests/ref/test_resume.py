@@ -267,11 +267,13 @@ cp -a {q([str(mnt)])}/. {q([str(res / "out")])}
 
 
 def poisoned_model(dst, target_share=0.12):
-    """A copy of the tiny model, untied (lm_head = the original embedding), whose input
-    embedding row of one token is +Inf: a micro-batch holding that token yields NaN
-    activations, loss and gradients, the others are unaffected. The token is one that
-    appears in about `target_share` of the examples the trainer keeps at --seq-len 64
-    (found with `ftune tokenize`), so some steps are bad and most are not."""
+    """A copy of the tiny model, untied (lm_head = the original embedding), and a token whose
+    input embedding row the trainer's fault-injection hook sets to +Inf
+    (FTUNE_TEST_INF_EMBEDDING: a model file cannot hold an Inf, the loaders refuse it): a
+    micro-batch holding that token yields NaN activations, loss and gradients, the others are
+    unaffected. The token is one that appears in about `target_share` of the examples the
+    trainer keeps at --seq-len 64 (found with `ftune tokenize`), so some steps are bad and
+    most are not."""
     sys.path.insert(0, str(ROOT / "tests" / "ref"))
     from llama_ref import read_safetensors
     from safetensors.numpy import save_file
@@ -295,9 +297,6 @@ def poisoned_model(dst, target_share=0.12):
     cfg.update(tie_word_embeddings=False, torch_dtype="float32")
     (dst / "config.json").write_text(json.dumps(cfg))
     w["lm_head.weight"] = w["model.embed_tokens.weight"].copy()
-    emb = w["model.embed_tokens.weight"].copy()
-    emb[tok, :] = np.inf
-    w["model.embed_tokens.weight"] = emb
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()},
               str(dst / "model.safetensors"), metadata={"format": "pt"})
     return tok, df[tok], kept
@@ -308,7 +307,9 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path):
     tok, n, kept = poisoned_model(model)
     print(f"token {tok} (+Inf embedding) is in {n} of {kept} kept examples")
     out = tmp_path / "run"
-    r = run(cmd(out, "--keep", "0", "--max-bad-steps", str(STEPS), model=model))
+    env = dict(os.environ, FTUNE_TEST_INF_EMBEDDING=str(tok))
+    r = run(cmd(out, "--keep", "0", "--max-bad-steps", str(STEPS), model=model), env=env)
+    assert f"test hook: the input embedding of token {tok} is +Inf" in r.stderr
     steps, _ = metrics(out)
     bad = [s["step"] for s in steps if s.get("skipped")]
     summ = json.loads((out / "summary.json").read_text())
