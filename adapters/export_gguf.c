@@ -13,6 +13,7 @@
 
 #include "adapters/peft.h"
 #include "src/core/err.h"
+#include "src/model/hub_cache.h"
 #include "src/core/fsutil.h"
 #include "src/model/gguf.h"
 #include "src/model/model.h"
@@ -161,13 +162,20 @@ int ft_export_gguf_lora(const char *adapter_dir, const char *out, const char *mo
     ft_peft_file a;
     FT_TRY(ft_peft_open(&a, adapter_dir));
     int rc = 0;
+    char hub[4096];
     if (!model) {
-        if (!path_exists(a.base_name))
+        /* a local path, or an id in the Hugging Face cache (what training writes for a model
+         * it found there) */
+        int h = path_exists(a.base_name) ? 0 : ft_hub_resolve(a.base_name, hub, sizeof hub);
+        model = h == 1 ? hub : a.base_name;
+        if (h < 0)
+            rc = ft_err_prefix(h, "%s/adapter_config.json: base_model_name_or_path (or give the base "
+                               "model with --model)", adapter_dir);
+        else if (h == 0 && !path_exists(a.base_name))
             rc = ft_err(FT_E_INVALID, "%s/adapter_config.json: base_model_name_or_path \"%s\" is not a "
-                        "local model folder or .gguf file: give the base model with --model (its "
-                        "config sets the architecture and the heads of the q/k permutation)",
-                        adapter_dir, a.base_name);
-        model = a.base_name;
+                        "local model folder or .gguf file, nor a Hugging Face id: give the base "
+                        "model with --model (its config sets the architecture and the heads of the "
+                        "q/k permutation)", adapter_dir, a.base_name);
     }
     ft_model_config c;
     if (!rc) rc = ft_export_base_config(model, &c, info->arch, sizeof info->arch, NULL);

@@ -176,6 +176,11 @@ int ft_cmd_eval(int argc, char **argv)
         ft_str_list_free(&data);
         return 2;
     }
+    char model_buf[4096];
+    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0)) {
+        ft_str_list_free(&data);
+        return 1;
+    }
     int is_dpo = !strcmp(method, "dpo");
     if (!is_dpo && strcmp(method, "sft")) {
         fprintf(stderr, "ftune: --method: unknown method '%s' (sft, dpo)\n", method);

@@ -581,6 +581,8 @@ int ft_cmd_generate(int argc, char **argv)
                 "generate --help)\n");
         return 2;
     }
+    char model_buf[4096];
+    if (ft_session_model_path(&o.model, model_buf, sizeof model_buf, 0)) return 1;
     if (o.prompts && o.json) {
         fprintf(stderr, "ftune: generate: --json is for --prompt; --prompts always writes JSON lines\n");
         return 2;

@@ -73,6 +73,11 @@ int ft_cmd_logits(int argc, char **argv)
         fprintf(stderr, "ftune: logits needs --model and --ids with comma-separated token ids\n");
         return 2;
     }
+    char model_buf[4096];
+    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0)) {
+        free(ids);
+        return 1;
+    }
     int32_t *targets = malloc((size_t)T * sizeof(int32_t)), *pos = malloc((size_t)T * sizeof(int32_t)),
             *ss = calloc((size_t)T, sizeof(int32_t));
     for (int64_t t = 0; t < T; t++) {

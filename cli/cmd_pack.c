@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "cli/session.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "offload/pack.h"
@@ -57,6 +58,8 @@ int ft_cmd_pack(int argc, char **argv)
         fprintf(stderr, "ftune: pack needs --model (see ftune pack --help)\n");
         return 2;
     }
+    char model_buf[4096];
+    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0)) return 1;
     if (threads > 0) omp_set_num_threads((int)threads);
     ft_pack_settings s;
     ft_pack_settings_default(&s, quant);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli/session.h"
 #include "cli/commands.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -310,6 +311,11 @@ int ft_cmd_tokenize(int argc, char **argv)
         usage(stderr);
         free(files);
         return 2;
+    }
+    char model_buf[4096];
+    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 1)) {
+        free(files);
+        return 1;
     }
     if (preference && !data) {
         fprintf(stderr, "ftune: tokenize: --preference reads preference records: it needs --data\n");

@@ -353,6 +353,11 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         fprintf(stderr, "ftune: train needs --model and --data (see ftune train --help)\n");
         return 2;
     }
+    char model_buf[4096];
+    if (ft_session_model_path(&c.model, model_buf, sizeof model_buf, quiet)) {
+        ft_str_list_free(&data);
+        return 1;
+    }
     c.threads = (int)threads;
     c.device = ft_session_device(device);
     char latest[4200];

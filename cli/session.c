@@ -9,8 +9,22 @@
 #include "adapters/peft.h"
 #include "offload/place.h"
 #include "src/core/err.h"
+#include "src/model/hub_cache.h"
 #include "src/train/correction.h"
 #include "src/train/dpo.h"
+
+int ft_session_model_path(const char **model, char *buf, size_t n, int quiet)
+{
+    if (!*model) return 0;
+    int rc = ft_hub_resolve(*model, buf, n);
+    if (rc < 0) {
+        fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        return 1;
+    }
+    if (rc == 1 && !quiet) fprintf(stderr, "ftune: model %s: %s (Hugging Face cache)\n", *model, buf);
+    if (rc == 1) *model = buf;
+    return 0;
+}
 
 const char *ft_session_device(const char *opt)
 {

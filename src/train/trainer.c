@@ -21,6 +21,7 @@
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
 #include "src/data/chat.h"
+#include "src/model/hub_cache.h"
 #include "src/model/model.h"
 #include "src/train/checkpoint.h"
 #include "src/train/correction.h"
@@ -120,6 +121,8 @@ typedef struct run {
     double *ref_train, *ref_eval; /* DPO: reference nlls by pair (dpo_run.h), 2 per pair */
     double eval_reward_accuracy;  /* DPO: the last evaluation's (NAN before one) */
     int quant;                    /* FT_PACK_QUANT_* of the base */
+    char base_name[512];          /* adapter_config.json's base_model_name_or_path: --model, or
+                                   * the id of a Hugging Face cache snapshot (hub_cache.h) */
 } run;
 
 static void run_free(run *r)
@@ -429,7 +432,7 @@ static int save_checkpoint(run *r, const ft_train_cfg *c, ft_ckpt_state *st, dou
 {
     char path[4200];
     st->elapsed_s = elapsed;
-    int rc = ft_ckpt_save(c->out, st, r->cfg_json, &r->lora, r->model, c->model, path, sizeof path);
+    int rc = ft_ckpt_save(c->out, st, r->cfg_json, &r->lora, r->model, r->base_name, path, sizeof path);
     if (rc < 0) {
         char msg[2048];
         snprintf(msg, sizeof msg, "%s", ft_errmsg());
@@ -706,7 +709,7 @@ static int setup_correction(run *r, const ft_train_cfg *c, int quant, ft_train_c
     ft_qcorr_cfg qc = {c->quant_correction, c->quant_correction_tokens, 0.01, c->threads, c->seed};
     ft_qcorr_stats st;
     FT_TRY(ft_correction_compute(&r->lora, r->model, r->pack, r->train_b, r->n_train_b, &qc,
-                                 c->out, c->model, &st));
+                                 c->out, r->base_name, &st));
     double red = st.err_before > 0 ? 1.0 - st.err_after / st.err_before : 0.0;
     res->qcorr_reduction = red;
     res->qcorr_tokens = st.tokens;
@@ -890,7 +893,7 @@ static int track_eval(run *r, const ft_train_cfg *c, ft_ckpt_state *st, double l
     st->best_eval_loss = loss;
     st->best_eval_step = step;
     if (!c->save_best) return 0;
-    FT_TRY(ft_ckpt_save_adapter(c->out, FT_CKPT_BEST_DIR, &r->lora, NULL, c->model, step, loss));
+    FT_TRY(ft_ckpt_save_adapter(c->out, FT_CKPT_BEST_DIR, &r->lora, NULL, r->base_name, step, loss));
     st->best_saved_step = step;
     return 0;
 }
@@ -916,7 +919,7 @@ static int resume_best(run *r, const ft_train_cfg *c, ft_ckpt_state *st, ft_trai
         float *vals = malloc((size_t)r->lora.n_params * sizeof *vals);
         if (!vals) return ft_err(-ENOMEM, "out of memory");
         int rc = ft_peft_load_values(ck, &r->lora, vals);
-        if (!rc) rc = ft_ckpt_save_adapter(c->out, FT_CKPT_BEST_DIR, &r->lora, vals, c->model,
+        if (!rc) rc = ft_ckpt_save_adapter(c->out, FT_CKPT_BEST_DIR, &r->lora, vals, r->base_name,
                                            st->best_eval_step, st->best_eval_loss);
         free(vals);
         FT_TRY(rc);
@@ -953,6 +956,9 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     double t0 = now_s();
     FT_TRY(check_finite_cfg(c));
     if (!c->model) return ft_err(FT_E_INVALID, "missing --model");
+    /* a model from the Hugging Face cache is named by its id, so PEFT and vLLM find the base */
+    if (!ft_hub_repo_id(c->model, r->base_name, sizeof r->base_name))
+        snprintf(r->base_name, sizeof r->base_name, "%s", c->model);
     if (!c->data || c->n_data < 1) return ft_err(FT_E_INVALID, "missing --data");
     /* the weights are read once the base's quantization is known: a QLoRA base comes from the
      * pack, built by streaming the safetensors, so the fp32 model is never in host memory */
@@ -1380,7 +1386,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     res->final_eval_loss = st.last_eval_loss;
     res->final_eval_reward_accuracy = r->eval_reward_accuracy;
     res->time_s = base_s + now_s() - t0;
-    FT_TRY(ft_peft_save(c->out, &r->lora, r->model, c->model));
+    FT_TRY(ft_peft_save(c->out, &r->lora, r->model, r->base_name));
     char hint[512];
     if (ft_peft_serving_hints(&r->lora.cfg, hint, sizeof hint) > 0)
         info(cb, user, FT_EV_WARN, "serving: %s", hint);

@@ -310,6 +310,14 @@ def _(d):
     return train("model", ALPACA)
 
 
+@case("model folder", "a Hugging Face id that is not in the local cache",
+      "test_hub_cache.c, test_hub_cache.py")
+def _(d):
+    # relative to the case's folder; the later cases name local paths, which the cache never affects
+    os.environ["HF_HUB_CACHE"] = "hub"
+    return train("meta-llama/Llama-3.1-8B", ALPACA)
+
+
 @case("model folder", "path does not exist", "test_bad_input.py")
 def _(d):
     return train("no-such-model", ALPACA)

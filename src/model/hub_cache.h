@@ -1,0 +1,38 @@
+/* hub_cache.h - a Hugging Face model id ("org/name") resolved to its snapshot in the local
+ * Hugging Face cache, as transformers, vLLM and llama.cpp find models a user downloaded once.
+ *
+ * ftune reads local files only: nothing is downloaded. Layout (huggingface.co/docs/hub/
+ * local-cache, "Hub Local Cache"): <cache>/models--<org>--<name>/refs/<revision> holds a
+ * commit hash; <cache>/models--<org>--<name>/snapshots/<commit>/ holds the repository's files
+ * (symbolic links into blobs/). The cache is $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE (the
+ * older name), else $HF_HOME/hub, else ${XDG_CACHE_HOME:-~/.cache}/huggingface/hub, as
+ * huggingface_hub's constants.py chooses it.
+ */
+#ifndef FT_HUB_CACHE_H
+#define FT_HUB_CACHE_H
+
+#include <stddef.h>
+
+/* The hub cache folder (see above) into out (n bytes). Returns 0, or FT_E_RANGE when it
+ * does not fit, FT_E_NOTFOUND when neither an environment variable nor $HOME names it. */
+int ft_hub_cache_dir(char *out, size_t n);
+
+/* Resolves a --model argument. An existing path is used as given (a local folder named like
+ * an id wins, as in transformers). Otherwise an id "org/name", "org/name@REV" (a branch or
+ * tag under refs/, or a full commit hash) or "org/name[@REV]/FILE" (a file inside the
+ * snapshot, e.g. one of a repository's GGUF files) is looked up in the cache; a snapshot
+ * without config.json that holds exactly one .gguf file resolves to that file.
+ * Returns 1 with the snapshot path in out (n bytes), 0 with arg copied to out (not an id:
+ * the loader reports the missing path), or < 0: FT_E_NOTFOUND naming the cache folder
+ * looked in and how to download the model (not cached, an unknown revision, a snapshot
+ * missing), FT_E_INVALID (a GGUF-only snapshot with several .gguf files: their names are
+ * listed), FT_E_RANGE (a path longer than n). */
+int ft_hub_resolve(const char *arg, char *out, size_t n);
+
+/* The id "org/name" of a path inside a cache snapshot (".../models--org--name/snapshots/
+ * <commit>[/FILE]") into out: what adapter_config.json's base_model_name_or_path should say,
+ * so that PEFT and vLLM load the base by its id. Returns 1, or 0 when path is not in a
+ * snapshot (out unchanged). */
+int ft_hub_repo_id(const char *path, char *out, size_t n);
+
+#endif
