@@ -176,8 +176,10 @@ int ft_cmd_eval(int argc, char **argv)
         ft_str_list_free(&data);
         return 2;
     }
-    char model_buf[4096];
-    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0)) {
+    char model_buf[4096], adapter_buf[4096], ref_buf[4096];
+    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0) ||
+        ft_session_hub_path(&adapter, adapter_buf, sizeof adapter_buf, 0, "adapter") ||
+        ft_session_hub_path(&ref_adapter, ref_buf, sizeof ref_buf, 0, "ref-adapter")) {
         ft_str_list_free(&data);
         return 1;
     }

@@ -7,6 +7,7 @@
 #include "adapters/export_gguf.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/session.h"
 #include "src/core/err.h"
 #include "src/model/quant.h"
 
@@ -43,6 +44,10 @@ int ft_cmd_export(int argc, char **argv)
         fprintf(stderr, "ftune: export --dtype '%s': expected f32 or f16\n", dtype);
         return 2;
     }
+    char model_buf[4096], adapter_buf[4096];
+    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0) ||
+        ft_session_hub_path(&adapter, adapter_buf, sizeof adapter_buf, 0, "adapter"))
+        return 1;
     ft_export_info info;
     rc = ft_export_gguf_lora(adapter, out, model, type, &info);
     if (rc < 0) {

@@ -581,8 +581,10 @@ int ft_cmd_generate(int argc, char **argv)
                 "generate --help)\n");
         return 2;
     }
-    char model_buf[4096];
-    if (ft_session_model_path(&o.model, model_buf, sizeof model_buf, 0)) return 1;
+    char model_buf[4096], adapter_buf[4096];
+    if (ft_session_model_path(&o.model, model_buf, sizeof model_buf, 0) ||
+        ft_session_hub_path(&o.adapter, adapter_buf, sizeof adapter_buf, 0, "adapter"))
+        return 1;
     if (o.prompts && o.json) {
         fprintf(stderr, "ftune: generate: --json is for --prompt; --prompts always writes JSON lines\n");
         return 2;

@@ -73,8 +73,9 @@ int ft_cmd_logits(int argc, char **argv)
         fprintf(stderr, "ftune: logits needs --model and --ids with comma-separated token ids\n");
         return 2;
     }
-    char model_buf[4096];
-    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0)) {
+    char model_buf[4096], adapter_buf[4096];
+    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0) ||
+        ft_session_hub_path(&adapter, adapter_buf, sizeof adapter_buf, 0, "adapter")) {
         free(ids);
         return 1;
     }

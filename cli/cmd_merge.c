@@ -8,10 +8,10 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "cli/session.h"
 #include "adapters/merge.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/session.h"
 #include "src/core/err.h"
 #include "src/model/quant.h"
 
@@ -82,8 +82,10 @@ int ft_cmd_merge(int argc, char **argv)
         fprintf(stderr, "ftune: merge needs --model, --adapter and --out\n");
         return 2;
     }
-    char model_buf[4096];
-    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0)) return 1;
+    char model_buf[4096], adapter_buf[4096];
+    if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0) ||
+        ft_session_hub_path(&adapter, adapter_buf, sizeof adapter_buf, 0, "adapter"))
+        return 1;
     ft_merge_opts o = {0};
     o.shard_bytes = shard;
     if (!strcmp(format, "safetensors")) o.format = FT_MERGE_SAFETENSORS;

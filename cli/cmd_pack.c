@@ -11,9 +11,9 @@
 
 #include <cjson/cJSON.h>
 
-#include "cli/session.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/session.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
 

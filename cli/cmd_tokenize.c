@@ -20,8 +20,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cli/session.h"
 #include "cli/commands.h"
+#include "cli/session.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/data/dataset.h"

@@ -353,8 +353,9 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         fprintf(stderr, "ftune: train needs --model and --data (see ftune train --help)\n");
         return 2;
     }
-    char model_buf[4096];
-    if (ft_session_model_path(&c.model, model_buf, sizeof model_buf, quiet)) {
+    char model_buf[4096], init_buf[4096];
+    if (ft_session_model_path(&c.model, model_buf, sizeof model_buf, quiet) ||
+        ft_session_hub_path(&c.init_adapter, init_buf, sizeof init_buf, quiet, "init-adapter")) {
         ft_str_list_free(&data);
         return 1;
     }

@@ -13,16 +13,17 @@
 #include "src/train/correction.h"
 #include "src/train/dpo.h"
 
-int ft_session_model_path(const char **model, char *buf, size_t n, int quiet)
+int ft_session_hub_path(const char **path, char *buf, size_t n, int quiet, const char *what)
 {
-    if (!*model) return 0;
-    int rc = ft_hub_resolve(*model, buf, n);
+    if (!*path) return 0;
+    int rc = ft_hub_resolve(*path, buf, n);
     if (rc < 0) {
+        ft_err_prefix(rc, "--%s", what);
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         return 1;
     }
-    if (rc == 1 && !quiet) fprintf(stderr, "ftune: model %s: %s (Hugging Face cache)\n", *model, buf);
-    if (rc == 1) *model = buf;
+    if (rc == 1 && !quiet) fprintf(stderr, "ftune: %s %s: %s (Hugging Face cache)\n", what, *path, buf);
+    if (rc == 1) *path = buf;
     return 0;
 }
 

@@ -86,12 +86,14 @@ int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
 #define FT_DEVICE_HELP "cpu | cuda | cuda:N | auto (default: $FTUNE_DEVICE, else auto: cuda when a " \
                        "GPU is visible) | cpu-device (the CPU posing as a GPU, for tests: slow)"
 
-/* --model for every command: an existing path as given, else a Hugging Face id ("org/name",
- * "org/name@REV", "org/name/FILE.gguf") resolved to its snapshot in the local hub cache
- * (src/model/hub_cache.h ft_hub_resolve); *model then points at buf (n bytes), and unless
- * quiet the snapshot is named on stderr. Returns 0, or 1 after printing the error (the
- * command exits 1). */
-int ft_session_model_path(const char **model, char *buf, size_t n, int quiet);
+/* --model (and --adapter, --init-adapter, --ref-adapter: `what` names the flag) for every
+ * command: an existing path as given, else a Hugging Face id ("org/name", "org/name@REV",
+ * "org/name/FILE.gguf") resolved to its snapshot in the local hub cache
+ * (src/model/hub_cache.h ft_hub_resolve); *path then points at buf (n bytes), and unless
+ * quiet the snapshot is named on stderr. NULL *path: nothing to do. Returns 0, or 1 after
+ * printing the error (the command exits 1). */
+int ft_session_hub_path(const char **path, char *buf, size_t n, int quiet, const char *what);
+#define ft_session_model_path(m, buf, n, quiet) ft_session_hub_path(m, buf, n, quiet, "model")
 
 /* The device a command runs on: --device when given, else the FTUNE_DEVICE environment
  * variable, else "auto" (CUDA when a GPU is visible, else the CPU). */

@@ -130,7 +130,7 @@ static void only_gguf(const char *dir, char *name, size_t n, int *count)
     do {                                                                                           \
         int w_ = snprintf(buf, sizeof buf, __VA_ARGS__);                                           \
         if (w_ < 0 || (size_t)w_ >= sizeof buf)                                                    \
-            return ft_err(FT_E_RANGE, "model %s: the Hugging Face cache path is too long", arg);    \
+            return ft_err(FT_E_RANGE, "%s: the Hugging Face cache path is too long", arg);    \
     } while (0)
 
 int ft_hub_resolve(const char *arg, char *out, size_t n)
@@ -145,7 +145,7 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
     FT_TRY(ft_hub_cache_dir(cache, sizeof cache));
     PUT_PATH(repo, "%s/models--%s--%s", cache, id.org, id.name);
     if (ft_is_dir(repo) != 1)
-        return ft_err(FT_E_NOTFOUND, "model %s: no such file or folder, and %s/%s is not in the "
+        return ft_err(FT_E_NOTFOUND, "%s: no such file or folder, and %s/%s is not in the "
                       "Hugging Face cache (%s does not exist). ftune reads local files only: "
                       "download it first (hf download %s/%s, or huggingface-cli download), or "
                       "pass its folder", arg, id.org, id.name, repo, id.org, id.name);
@@ -162,7 +162,7 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
             int k;
             PUT_PATH(dir, "%s/refs", repo);
             list_names(dir, NULL, refs, sizeof refs, &k);
-            return ft_err(FT_E_NOTFOUND, "model %s: the Hugging Face cache has no revision '%s' of "
+            return ft_err(FT_E_NOTFOUND, "%s: the Hugging Face cache has no revision '%s' of "
                           "%s/%s (no %s; revisions there: %s)%s", arg, id.rev, id.org, id.name, ref,
                           k ? refs : "none", k ? ": name one as ORG/NAME@REV" : "");
         }
@@ -173,20 +173,21 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
         if (ok) snprintf(commit, sizeof commit, "%.*s", (int)(b - a), txt + a);
         free(txt);
         if (!ok)
-            return ft_err(FT_E_INVALID, "model %s: %s does not hold a commit hash", arg, ref);
+            return ft_err(FT_E_INVALID, "%s: %s does not hold a commit hash", arg, ref);
     }
     PUT_PATH(snap, "%s/snapshots/%s", repo, commit);
     if (ft_is_dir(snap) != 1)
-        return ft_err(FT_E_NOTFOUND, "model %s: revision '%s' is commit %s, but its snapshot %s is "
+        return ft_err(FT_E_NOTFOUND, "%s: revision '%s' is commit %s, but its snapshot %s is "
                       "missing (an interrupted download?): download %s/%s again", arg, id.rev,
                       commit, snap, id.org, id.name);
     if (id.file) {
         PUT_PATH(got, "%s/%s", snap, id.file);
     } else {
-        char cfg[4700];
+        char cfg[4700], acfg[4700];
         PUT_PATH(cfg, "%s/config.json", snap);
+        PUT_PATH(acfg, "%s/adapter_config.json", snap);
         snprintf(got, sizeof got, "%s", snap);
-        if (!path_exists(cfg)) { /* a GGUF repository: its file, when there is one */
+        if (!path_exists(cfg) && !path_exists(acfg)) { /* a GGUF repository: its file, when there is one */
             char name[256] = "";
             int k;
             only_gguf(snap, name, sizeof name, &k);
@@ -195,14 +196,14 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
             } else if (k > 1) {
                 char names[1024];
                 list_names(snap, ".gguf", names, sizeof names, &k);
-                return ft_err(FT_E_INVALID, "model %s: the snapshot %s holds %d GGUF files (%s) and "
+                return ft_err(FT_E_INVALID, "%s: the snapshot %s holds %d GGUF files (%s) and "
                               "no config.json: name one as %s/%s/FILE.gguf", arg, snap, k, names,
                               id.org, id.name);
             }
         }
     }
     if (snprintf(out, n, "%s", got) >= (int)n)
-        return ft_err(FT_E_RANGE, "model %s: the snapshot path is too long", arg);
+        return ft_err(FT_E_RANGE, "%s: the snapshot path is too long", arg);
     return 1;
 }
 

@@ -21,7 +21,8 @@ int ft_hub_cache_dir(char *out, size_t n);
  * an id wins, as in transformers). Otherwise an id "org/name", "org/name@REV" (a branch or
  * tag under refs/, or a full commit hash) or "org/name[@REV]/FILE" (a file inside the
  * snapshot, e.g. one of a repository's GGUF files) is looked up in the cache; a snapshot
- * without config.json that holds exactly one .gguf file resolves to that file.
+ * without config.json (a model) or adapter_config.json (a PEFT adapter) that holds exactly
+ * one .gguf file resolves to that file.
  * Returns 1 with the snapshot path in out (n bytes), 0 with arg copied to out (not an id:
  * the loader reports the missing path), or < 0: FT_E_NOTFOUND naming the cache folder
  * looked in and how to download the model (not cached, an unknown revision, a snapshot

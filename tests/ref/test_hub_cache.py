@@ -61,6 +61,20 @@ def test_train_eval_export_by_id(tmp_path):
         assert e.returncode == 0, e.stderr
         losses.append(json.loads(e.stdout)["loss"])
     assert losses[0] == losses[1]
+    # the adapter by id too (a PEFT adapter repository in the cache: adapter_config.json)
+    arepo = cache / "models--acme--tiny-lora"
+    (arepo / "refs").mkdir(parents=True)
+    (arepo / "refs" / "main").write_text(COMMIT)
+    shutil.copytree(out, arepo / "snapshots" / COMMIT,
+                    ignore=shutil.ignore_patterns("checkpoint-*", "*.jsonl", "summary.json"))
+    e = run_env(["eval", "--model", "acme/tiny-llama", "--adapter", "acme/tiny-lora", "--data", few,
+                 "--seq-len", "256", "--threads", "1"], env, tmp_path)
+    assert e.returncode == 0, e.stderr
+    assert "ftune: adapter acme/tiny-lora: " in e.stderr
+    assert json.loads(e.stdout)["loss"] == losses[0]
+    e = run_env(["eval", "--model", "acme/tiny-llama", "--adapter", "acme/no-lora", "--data", few],
+                env, tmp_path)
+    assert e.returncode == 1 and "--adapter: acme/no-lora: no such file or folder" in e.stderr, e.stderr
     # export finds the base through the id the adapter names
     x = run_env(["export", "--adapter", out, "--format", "gguf", "--out", tmp_path / "a.gguf"],
                 env, tmp_path)
