@@ -77,7 +77,7 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
 typedef struct gen_opts {
     const char *model, *adapter, *prompt, *system, *prompts, *out, *quant, *cache_dir;
     int raw, json, tmpl, no_think;
-    int64_t max_new, top_k, seed, threads;
+    int64_t max_new, top_k, seed, threads, batch;
     const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
     int64_t gpu_mem, host_mem;  /* --gpu-mem, --host-mem (0: defaults) */
     float temperature, top_p;
@@ -102,8 +102,9 @@ typedef struct gen_env {
                                  * folder that holds only its pack) */
     ft_gen g;
     ft_sampler smp;
-    float *logits;              /* (V) host */
-    int32_t *out_ids;           /* (max_new) host */
+    float *logits;              /* (slots, V) host */
+    int32_t *out_ids;           /* (slots, max_new) host */
+    int64_t slots;              /* sequences decoded together (--batch with --prompts) */
     int32_t stop[MAX_STOP];
     int n_stop;
 } gen_env;
@@ -131,13 +132,16 @@ static int env_open(gen_env *e, const gen_opts *o)
     return rc;
 }
 
-/* Sizes the KV cache for prompts of up to max_prompt tokens (prefill chunks of at most
- * FT_GEN_CHUNK_DEFAULT) plus --max-new-tokens; the sampler, buffers and stop tokens of the
- * resolved template tmpl. */
-static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl)
+/* Sizes the KV caches of `slots` sequences (decoded together) for prompts of up to
+ * max_prompt tokens (prefill chunks of at most FT_GEN_CHUNK_DEFAULT) plus
+ * --max-new-tokens; the sampler, buffers and stop tokens of the resolved template tmpl. */
+static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl, int64_t slots)
 {
-    const int64_t V = e->m->cfg.vocab_size;
-    const int64_t chunk = max_prompt < FT_GEN_CHUNK_DEFAULT ? max_prompt : FT_GEN_CHUNK_DEFAULT;
+    const int64_t V = e->m->cfg.vocab_size, ctx = max_prompt + o->max_new;
+    if (slots > ctx) slots = ctx; /* a decode step has at most chunk <= ctx rows */
+    e->slots = slots;
+    int64_t chunk = max_prompt < FT_GEN_CHUNK_DEFAULT ? max_prompt : FT_GEN_CHUNK_DEFAULT;
+    if (chunk < slots) chunk = slots;
     const ft_lora *lora = e->s.has_lora ? &e->s.lora : NULL;
     if (e->m->pack_only[0] || !e->s.be->ops->host_memory) {
         /* the weights through an executor for chunks of up to `chunk` tokens: on a device the
@@ -148,19 +152,17 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl)
          * stays small, whatever the chunk (1024 tokens would be 1.65 GiB for an 8B model) */
         /* the KV cache and buffers allocated after the placement: kept out of its budget */
         if (!e->s.be->ops->host_memory)
-            e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, max_prompt + o->max_new,
-                                                            chunk, 1);
+            e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots);
         FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
         FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
-        FT_TRY(ft_gen_init_source(&e->g, e->s.be, e->m, lora, &e->src, max_prompt + o->max_new,
-                                  chunk, 1));
+        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, chunk, slots, slots));
     } else {
-        FT_TRY(ft_gen_init(&e->g, e->s.be, e->m, lora, max_prompt + o->max_new, chunk, 1));
+        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, chunk, slots, slots));
     }
     ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed};
     FT_TRY(ft_sampler_init(&e->smp, &sc, V));
-    e->logits = malloc((size_t)V * sizeof(float));
-    e->out_ids = malloc((size_t)o->max_new * sizeof(int32_t));
+    e->logits = malloc((size_t)(slots * V) * sizeof(float));
+    e->out_ids = malloc((size_t)(slots * o->max_new) * sizeof(int32_t));
     if (!e->logits || !e->out_ids) return ft_err(-ENOMEM, "out of memory");
     const char *eot = ft_chat_end_of_turn(tmpl);
     char jeot[64];
@@ -327,7 +329,7 @@ static int run_one(const gen_opts *o)
     if (!rc) warn_no_think(o, e.tok, tmpl);
     if (!rc && n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
     if (!rc) warn_context(&e, n, o->max_new, "");
-    if (!rc) rc = env_plan(&e, o, n, tmpl);
+    if (!rc) rc = env_plan(&e, o, n, tmpl, 1);
     if (!rc) rc = gen_one(&e, o, ids, n, (uint64_t)o->seed, !o->json, &r);
     if (!rc && o->json) print_json(o, tmpl, &r);
     if (!rc) {
@@ -464,7 +466,76 @@ static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, c
     return bad ? ft_err(-EIO, "%s: write failed: %s", o->out ? o->out : "stdout", strerror(errno)) : 0;
 }
 
-/* Every record of --prompts, one JSON line each. */
+/* A sequence being generated in one of the env's slots (--prompts with --batch). */
+typedef struct slot_run {
+    int64_t rec;                /* the record, -1: the slot is free */
+    gen_result r;
+    ft_rng rng;                 /* the record's sampling state (ft_gen_record_seed) */
+    int32_t next;               /* the sampled token to feed, when pending */
+    int pending;                /* 1: `next` needs a decode forward */
+    double t0;
+} slot_run;
+
+/* A finished record, held until the records before it are written. */
+typedef struct done_rec {
+    int done;
+    gen_result r;
+    double seconds;
+} done_rec;
+
+/* Samples slot k's next token from logits (V) and updates its reply: finished (a stop token,
+ * or --max-new-tokens reached) or pending with the token to feed. *fin = 1 when finished. */
+static int slot_advance(gen_env *e, const gen_opts *o, slot_run *sr, const float *logits, int *fin)
+{
+    int32_t t;
+    *fin = 0;
+    e->smp.rng = sr->rng;
+    int rc = ft_sample_next(&e->smp, logits, &t);
+    sr->rng = e->smp.rng;
+    if (rc) return rc;
+    int is_stop = 0;
+    for (int s = 0; s < e->n_stop; s++) is_stop |= t == e->stop[s];
+    sr->pending = 0;
+    if (is_stop) {
+        sr->r.stopped = 1;
+        *fin = 1;
+        return 0;
+    }
+    ((int32_t *)sr->r.out_ids)[sr->r.n_out++] = t;
+    if (sr->r.n_out >= o->max_new) *fin = 1;
+    else sr->next = t, sr->pending = 1;
+    return 0;
+}
+
+/* Starts record i in slot k: its prompt prefilled into the slot's cache, its first token
+ * sampled. */
+static int slot_start(gen_env *e, const gen_opts *o, slot_run *sr, int64_t k, const batch_rec *x,
+                      int64_t i, int *fin)
+{
+    memset(&sr->r, 0, sizeof sr->r);
+    sr->rec = i;
+    sr->r.prompt_ids = x->ids;
+    sr->r.n_prompt = x->n;
+    sr->r.out_ids = e->out_ids + k * o->max_new;
+    sr->t0 = now_s();
+    ft_sampler_reseed(&e->smp, ft_gen_record_seed((uint64_t)o->seed, i));
+    sr->rng = e->smp.rng;
+    ft_gen_reset_slot(&e->g, k);
+    /* RoPE as a cache sized for this prompt alone would have it (dynamic NTK scaling) */
+    int rc = ft_gen_set_rope_len_slot(&e->g, k, x->n + o->max_new);
+    float *lg = e->logits + k * e->m->cfg.vocab_size;
+    for (int64_t j = 0; !rc && j < x->n; j += e->g.chunk_max) {
+        int64_t c = x->n - j < e->g.chunk_max ? x->n - j : e->g.chunk_max;
+        rc = ft_gen_forward_slot(&e->g, k, x->ids + j, c, lg, 1);
+    }
+    sr->r.prefill_s = now_s() - sr->t0;
+    return rc ? rc : slot_advance(e, o, sr, lg, fin);
+}
+
+/* Every record of --prompts, one JSON line each, in record order. Up to e.slots records are
+ * generated together: each prompt is prefilled alone, then one forward per step decodes the
+ * next token of every unfinished one (ft_gen_decode), so each layer's weights are read once
+ * per step for all of them; a finished record's slot takes the next record. */
 static int run_batch(const gen_opts *o)
 {
     batch b = {0};
@@ -497,36 +568,97 @@ static int run_batch(const gen_opts *o)
         warn_context(&e, over_len, o->max_new, what);
     }
     if (!rc) warn_no_think(o, e.tok, tmpl);
-    if (!rc) rc = env_plan(&e, o, max_prompt, tmpl);
+    if (!rc) rc = env_plan(&e, o, max_prompt, tmpl, o->batch < b.n ? o->batch : b.n);
     if (!rc)
-        fprintf(stderr, "ftune: %lld prompts from %s (template %s, KV cache of %lld tokens)\n",
-                (long long)b.n, o->prompts, o->raw ? "raw" : ft_chat_template_name(tmpl),
-                (long long)e.g.ctx_max);
-    int64_t total_new = 0;
+        fprintf(stderr, "ftune: %lld prompts from %s (template %s, %lld at a time, KV cache of %lld "
+                "tokens each)\n", (long long)b.n, o->prompts, o->raw ? "raw" : ft_chat_template_name(tmpl),
+                (long long)e.slots, (long long)e.g.ctx_max);
+    const int64_t V = e.m ? e.m->cfg.vocab_size : 0;
+    slot_run *sl = calloc((size_t)(e.slots > 0 ? e.slots : 1), sizeof *sl);
+    done_rec *dn = calloc((size_t)(b.n > 0 ? b.n : 1), sizeof *dn);
+    int64_t *act = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *act);
+    int32_t *tok = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *tok);
+    if (!rc && (!sl || !dn || !act || !tok)) rc = ft_err(-ENOMEM, "out of memory");
+    for (int64_t k = 0; !rc && k < e.slots; k++) sl[k].rec = -1;
+    int64_t next = 0, emitted = 0, total_new = 0, steps = 0;
     double t_all = now_s();
-    for (int64_t i = 0; !rc && i < b.n; i++) {
-        batch_rec *x = &b.r[i];
-        gen_result r;
-        const uint64_t seed = ft_gen_record_seed((uint64_t)o->seed, i);
-        double t0 = now_s();
-        rc = gen_one(&e, o, x->ids, x->n, seed, 0, &r);
-        double dt = now_s() - t0;
-        if (!rc) rc = put_line(of.f ? of.f : stdout, o, i, x, &r, seed, dt);
-        else ft_err_prefix(rc, "%s", x->where);
-        if (!rc) {
-            total_new += r.n_out;
-            fprintf(stderr, "ftune: [%lld/%lld] %lld prompt + %lld new tokens in %.3f s; stop: %s\n",
-                    (long long)(i + 1), (long long)b.n, (long long)r.n_prompt, (long long)r.n_out,
-                    dt, r.stopped ? "end token" : "--max-new-tokens");
+    while (!rc && emitted < b.n) {
+        /* free slots take the next records; a record may finish at its first token */
+        for (int64_t k = 0; !rc && k < e.slots; k++) {
+            while (!rc && sl[k].rec < 0 && next < b.n) {
+                int fin = 0;
+                rc = slot_start(&e, o, &sl[k], k, &b.r[next], next, &fin);
+                if (rc) ft_err_prefix(rc, "%s", b.r[next].where);
+                next++;
+                if (!rc && fin) {
+                    done_rec *d = &dn[sl[k].rec];
+                    d->r = sl[k].r;
+                    d->seconds = now_s() - sl[k].t0;
+                    d->done = 1;
+                    sl[k].rec = -1;
+                }
+            }
         }
-        free(r.text);
+        /* one decode step of every pending sequence */
+        int64_t n = 0;
+        for (int64_t k = 0; !rc && k < e.slots; k++)
+            if (sl[k].rec >= 0 && sl[k].pending) {
+                act[n] = k;
+                tok[n++] = sl[k].next;
+            }
+        if (!rc && n) {
+            double t0 = now_s();
+            rc = ft_gen_decode(&e.g, act, tok, n, e.logits);
+            double dt = now_s() - t0;
+            steps++;
+            for (int64_t i = 0; !rc && i < n; i++) {
+                slot_run *sr = &sl[act[i]];
+                int fin = 0;
+                sr->r.n_decode++;
+                sr->r.decode_s += dt;
+                rc = slot_advance(&e, o, sr, e.logits + i * V, &fin);
+                if (!rc && fin) {
+                    done_rec *d = &dn[sr->rec];
+                    d->r = sr->r;
+                    d->seconds = now_s() - sr->t0;
+                    d->done = 1;
+                    sr->rec = -1;
+                }
+            }
+            if (rc) ft_err_prefix(rc, "decoding %lld prompts together", (long long)n);
+        }
+        /* the finished records, in order */
+        while (!rc && emitted < b.n && dn[emitted].done) {
+            done_rec *d = &dn[emitted];
+            batch_rec *x = &b.r[emitted];
+            rc = ft_tok_decode(e.tok, d->r.out_ids, d->r.n_out, 1, &d->r.text);
+            const uint64_t seed = ft_gen_record_seed((uint64_t)o->seed, emitted);
+            if (!rc) rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, seed, d->seconds);
+            if (rc) {
+                ft_err_prefix(rc, "%s", x->where);
+            } else {
+                total_new += d->r.n_out;
+                fprintf(stderr, "ftune: [%lld/%lld] %lld prompt + %lld new tokens in %.3f s; stop: %s\n",
+                        (long long)(emitted + 1), (long long)b.n, (long long)d->r.n_prompt,
+                        (long long)d->r.n_out, d->seconds, d->r.stopped ? "end token" : "--max-new-tokens");
+            }
+            free(d->r.text);
+            d->r.text = NULL;
+            emitted++;
+        }
+        if (!rc && !n && emitted < b.n && next >= b.n) /* cannot happen: every record finishes */
+            rc = ft_err(FT_E_INVALID, "generate: %lld records left unfinished", (long long)(b.n - emitted));
     }
     if (!rc) {
         double t = now_s() - t_all;
-        fprintf(stderr, "ftune: %lld prompts, %lld new tokens in %.3f s (%.2f tok/s)%s%s\n",
-                (long long)b.n, (long long)total_new, t, t > 0 ? total_new / t : 0.0,
-                o->out ? "; wrote " : "", o->out ? o->out : "");
+        fprintf(stderr, "ftune: %lld prompts, %lld new tokens in %.3f s (%.2f tok/s; %lld decode "
+                "steps)%s%s\n", (long long)b.n, (long long)total_new, t, t > 0 ? total_new / t : 0.0,
+                (long long)steps, o->out ? "; wrote " : "", o->out ? o->out : "");
     }
+    free(sl);
+    free(dn);
+    free(act);
+    free(tok);
     int rc2 = out_close(&of, o->out, !rc);
     if (!rc) rc = rc2;
     env_close(&e);
@@ -541,6 +673,7 @@ int ft_cmd_generate(int argc, char **argv)
     o.max_new = 256;
     o.seed = -1;
     o.top_p = 1.0f;
+    o.batch = 8;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &o.model, "model folder or .gguf", 0, "PATH"},
         {"adapter", FT_OPT_STR, &o.adapter, "PEFT adapter folder to apply", 0, "DIR"},
@@ -560,6 +693,10 @@ int ft_cmd_generate(int argc, char **argv)
         {"temperature", FT_OPT_FLOAT, &o.temperature, "0: greedy (default); > 0: sample"},
         {"top-k", FT_OPT_INT, &o.top_k, "sample among the k most likely tokens (0: off)"},
         {"top-p", FT_OPT_FLOAT, &o.top_p, "nucleus sampling mass (1: off)"},
+        {"batch", FT_OPT_INT, &o.batch, "with --prompts: generate up to N records together, one forward per "
+         "token step for all of them (each layer's weights read once per step; default 8; 1: one "
+         "record after the other). A record's reply may differ in the last bits of its logits "
+         "from --batch 1 (the GEMMs sum N rows)", 0, "N"},
         {"seed", FT_OPT_INT, &o.seed, "sampling seed (default: from the clock, printed); --prompts record i "
          "uses seed XOR (splitmix64 output i mod 2^53), record 0 the seed itself"},
         {"json", FT_OPT_FLAG, &o.json, "print one JSON object (ids, text, timings), no streaming"},
@@ -595,6 +732,11 @@ int ft_cmd_generate(int argc, char **argv)
     }
     if (o.out && !o.prompts) {
         fprintf(stderr, "ftune: generate: --out goes with --prompts\n");
+        return 2;
+    }
+    if (o.batch < 1 || o.batch > FT_GEN_MAX_SLOTS) {
+        fprintf(stderr, "ftune: generate: --batch %lld: expected 1..%d\n", (long long)o.batch,
+                FT_GEN_MAX_SLOTS);
         return 2;
     }
     if (o.max_new < 1 || o.max_new > 1000000 || o.top_k < 0 || !(o.temperature >= 0) ||

@@ -16,17 +16,20 @@
 
 /* Floats of every region, in carving order (each rounded up to 16 floats = 64 bytes). */
 typedef struct gen_layout {
-    int64_t kv, x, y, xn, rstd, q, att, lse, h, gate, up, act, u, logits, inv, ints, xd;
+    int64_t kv, x, y, xn, rstd, q, att, lse, h, gate, up, act, u, logits, inv, ints, xd, kt;
 } gen_layout;
+
+static int64_t up16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
 /* xd (linear_fwd's scratch) only with a source: the model's own weights are fp32 */
 static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int64_t chunk,
-                       int64_t rows, int with_xd)
+                       int64_t rows, int64_t slots, int with_xd)
 {
     const ft_model_config *c = &m->cfg;
     const int64_t C = c->hidden_size, HD = c->num_attention_heads * c->head_dim;
+    const int64_t KD = c->num_key_value_heads * c->head_dim;
     gen_layout L;
-    L.kv = c->num_hidden_layers * ctx * c->num_key_value_heads * c->head_dim;
+    L.kv = slots * c->num_hidden_layers * ctx * KD;
     L.x = L.y = L.xn = L.h = chunk * C;
     L.rstd = chunk;
     L.q = L.att = chunk * HD;
@@ -34,35 +37,39 @@ static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int6
     L.gate = L.up = L.act = chunk * c->intermediate_size;
     L.u = chunk * (lora ? lora->cfg.r : 1);
     L.logits = rows * c->vocab_size;
-    L.inv = c->head_dim / 2 + 1;
+    L.inv = slots * up16(c->head_dim / 2 + 1); /* one RoPE table per slot */
     L.ints = 3 * chunk; /* ids, pos, seq_start: int32 in float-sized slots */
     int64_t wide = C > HD ? C : HD;
     if (c->intermediate_size > wide) wide = c->intermediate_size;
     L.xd = with_xd ? chunk * wide : 0;
+    L.kt = slots > 1 ? 2 * chunk * KD : 0; /* a batched decode's new k and v rows */
     return L;
 }
-
-static int64_t up16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
 static int64_t plan_floats(const gen_layout *L)
 {
     return 2 * up16(L->kv) + up16(L->x) + up16(L->y) + up16(L->xn) + up16(L->rstd) +
            up16(L->q) + up16(L->att) + up16(L->lse) + up16(L->h) + up16(L->gate) +
            up16(L->up) + up16(L->act) + up16(L->u) + up16(L->logits) + up16(L->inv) +
-           up16(L->ints) + up16(L->xd);
+           up16(L->ints) + up16(L->xd) + up16(L->kt);
+}
+
+/* 1 when the sizes are out of range (gen_init's checks, without messages). */
+static int bad_sizes(const ft_model_config *c, int64_t ctx_max, int64_t chunk_max,
+                     int64_t logit_rows_max, int64_t n_slots)
+{
+    return ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 || chunk_max > ctx_max ||
+           logit_rows_max > chunk_max || n_slots < 1 || n_slots > FT_GEN_MAX_SLOTS ||
+           (double)n_slots * (double)ctx_max * (double)c->num_hidden_layers *
+                   (double)c->num_key_value_heads * (double)c->head_dim > 1e15 ||
+           (double)logit_rows_max * (double)c->vocab_size > 1e15;
 }
 
 size_t ft_gen_source_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max,
-                           int64_t chunk_max, int64_t logit_rows_max)
+                           int64_t chunk_max, int64_t logit_rows_max, int64_t n_slots)
 {
-    const ft_model_config *c = &m->cfg;
-    if (ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 || chunk_max > ctx_max ||
-        logit_rows_max > chunk_max ||
-        (double)ctx_max * (double)c->num_hidden_layers * (double)c->num_key_value_heads *
-                (double)c->head_dim > 1e15 ||
-        (double)logit_rows_max * (double)c->vocab_size > 1e15)
-        return 0;
-    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, 1);
+    if (bad_sizes(&m->cfg, ctx_max, chunk_max, logit_rows_max, n_slots)) return 0;
+    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, n_slots, 1);
     return (size_t)plan_floats(&L) * sizeof(float);
 }
 
@@ -75,9 +82,15 @@ static float *carve(float **p, int64_t n)
 
 static int place_weights(ft_gen *g);
 
+/* Slot s's RoPE table (head_dim / 2 floats, backend memory). */
+static float *inv_of(const ft_gen *g, int64_t s)
+{
+    return g->inv_freq + s * up16(g->m->cfg.head_dim / 2 + 1);
+}
+
 static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
                     const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
-                    int64_t logit_rows_max)
+                    int64_t logit_rows_max, int64_t n_slots)
 {
     memset(g, 0, sizeof *g);
     if (!be || !m) return ft_err(FT_E_INVALID, "generate: no backend or model");
@@ -90,6 +103,9 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
                       "generate: sizes context %lld, chunk %lld, logit rows %lld; expected "
                       "1 <= logit rows <= chunk <= context",
                       (long long)ctx_max, (long long)chunk_max, (long long)logit_rows_max);
+    if (n_slots < 1 || n_slots > FT_GEN_MAX_SLOTS)
+        return ft_err(FT_E_INVALID, "generate: %lld sequences at once, expected 1..%d",
+                      (long long)n_slots, FT_GEN_MAX_SLOTS);
     const ft_model_config *c = &m->cfg;
     if (c->head_dim / 2 > GEN_MAX_HALF_D)
         return ft_err(FT_E_UNSUPPORTED, "generate: head_dim %lld, at most %d supported",
@@ -98,19 +114,23 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
         return ft_err(FT_E_INVALID, "generate: the adapter has %lld layers, the model %lld",
                       (long long)lora->n_layers, (long long)c->num_hidden_layers);
     /* the largest region must fit int64 floats with room for the sum */
-    const double per_tok = (double)c->num_hidden_layers * (double)c->num_key_value_heads *
-                           (double)c->head_dim;
-    if ((double)ctx_max * per_tok > 1e15 || (double)logit_rows_max * (double)c->vocab_size > 1e15)
-        return ft_err(FT_E_RANGE, "generate: a context of %lld tokens is too large",
-                      (long long)ctx_max);
-    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, src != NULL);
+    if (bad_sizes(c, ctx_max, chunk_max, logit_rows_max, n_slots))
+        return ft_err(FT_E_RANGE, "generate: a context of %lld tokens x %lld sequences is too large",
+                      (long long)ctx_max, (long long)n_slots);
+    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, n_slots, src != NULL);
+    g->past = calloc((size_t)n_slots, sizeof *g->past);
+    if (!g->past) return ft_err(-ENOMEM, "out of memory");
     g->arena_bytes = (size_t)plan_floats(&L) * sizeof(float);
     g->arena = be->ops->alloc(be, g->arena_bytes);
-    if (!g->arena)
+    if (!g->arena) {
+        free(g->past);
+        g->past = NULL;
         return ft_err(-ENOMEM, "out of memory: generation needs %.1f MiB (KV cache of %lld "
-                      "tokens: %.1f MiB; try fewer --max-new-tokens or a shorter prompt)",
-                      g->arena_bytes / 1048576.0, (long long)ctx_max,
+                      "tokens x %lld sequences: %.1f MiB; try fewer --max-new-tokens, a shorter "
+                      "prompt or a smaller --batch)",
+                      g->arena_bytes / 1048576.0, (long long)ctx_max, (long long)n_slots,
                       2.0 * (double)L.kv * sizeof(float) / 1048576.0);
+    }
     g->be = be;
     g->m = m;
     g->lora = lora;
@@ -118,6 +138,7 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
     g->ctx_max = ctx_max;
     g->chunk_max = chunk_max;
     g->logit_rows_max = logit_rows_max;
+    g->n_slots = n_slots;
     float *p = g->arena;
     g->kc = carve(&p, L.kv);
     g->vc = carve(&p, L.kv);
@@ -140,13 +161,14 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
     g->pos = ip + chunk_max;
     g->seq_start = ip + 2 * chunk_max;
     g->xd = src ? carve(&p, L.xd) : NULL;
+    g->kt = n_slots > 1 ? carve(&p, L.kt) : NULL;
 
     int rc = place_weights(g);
     if (!rc) rc = be->ops->zero(be, g->seq_start, (size_t)chunk_max * sizeof(int32_t));
     float inv[GEN_MAX_HALF_D];
     ft_rope_inv_freq(c, ctx_max, inv);
-    if (!rc)
-        rc = be->ops->copy(be, g->inv_freq, inv, (size_t)(c->head_dim / 2) * sizeof(float));
+    for (int64_t s = 0; !rc && s < n_slots; s++)
+        rc = be->ops->copy(be, inv_of(g, s), inv, (size_t)(c->head_dim / 2) * sizeof(float));
     if (rc) ft_gen_free(g);
     return rc;
 }
@@ -154,7 +176,7 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
 int ft_gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
                 int64_t ctx_max, int64_t chunk_max, int64_t logit_rows_max)
 {
-    return gen_init(g, be, m, lora, NULL, ctx_max, chunk_max, logit_rows_max);
+    return gen_init(g, be, m, lora, NULL, ctx_max, chunk_max, logit_rows_max, 1);
 }
 
 int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
@@ -162,7 +184,14 @@ int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lo
                        int64_t logit_rows_max)
 {
     if (!src) return ft_err(FT_E_INVALID, "generate: no weight source");
-    return gen_init(g, be, m, lora, src, ctx_max, chunk_max, logit_rows_max);
+    return gen_init(g, be, m, lora, src, ctx_max, chunk_max, logit_rows_max, 1);
+}
+
+int ft_gen_init_slots(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+                      const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
+                      int64_t logit_rows_max, int64_t n_slots)
+{
+    return gen_init(g, be, m, lora, src, ctx_max, chunk_max, logit_rows_max, n_slots);
 }
 
 /* The weights where the backend reads them (see ft_gen): the source's, or the model's host
@@ -194,17 +223,29 @@ void ft_gen_free(ft_gen *g)
 {
     if (!g) return;
     if (g->be) g->be->ops->free(g->be, g->arena);
+    free(g->past);
     memset(g, 0, sizeof *g);
 }
 
-void ft_gen_reset(ft_gen *g) { g->n_past = 0; }
+void ft_gen_reset(ft_gen *g) { ft_gen_reset_slot(g, 0); }
 
-int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len)
+void ft_gen_reset_slot(ft_gen *g, int64_t slot)
 {
+    if (!g || !g->past || slot < 0 || slot >= g->n_slots) return;
+    g->past[slot] = 0;
+    if (slot == 0) g->n_past = 0;
+}
+
+int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len) { return ft_gen_set_rope_len_slot(g, 0, seq_len); }
+
+int ft_gen_set_rope_len_slot(ft_gen *g, int64_t slot, int64_t seq_len)
+{
+    if (!g || !g->arena || slot < 0 || slot >= g->n_slots)
+        return ft_err(FT_E_INVALID, "generate: no sequence slot %lld", (long long)slot);
     const ft_model_config *c = &g->m->cfg;
     float inv[GEN_MAX_HALF_D];
     ft_rope_inv_freq(c, seq_len, inv);
-    return g->be->ops->copy(g->be, g->inv_freq, inv, (size_t)(c->head_dim / 2) * sizeof(float));
+    return g->be->ops->copy(g->be, inv_of(g, slot), inv, (size_t)(c->head_dim / 2) * sizeof(float));
 }
 
 /* ---- forward ---------------------------------------------------------------------------- */
@@ -250,9 +291,38 @@ static int lin(ft_gen *g, const ft_layer_weights *lw, int64_t layer, int pj, con
     return 0;
 }
 
-/* One decoder block on the n tokens at positions [n_past, n_past + n): out (n, C) from
- * x (n, C); writes the tokens' k and v into the layer's cache rows. */
-static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
+/* The rows of one forward: either a chunk of n tokens of one sequence (slots NULL: slot
+ * `slot`, positions past[slot] + i), or one token of each of n sequences (row i: slot
+ * slots[i] at position past[slots[i]]). */
+typedef struct gen_rows {
+    int64_t slot;
+    const int64_t *slots;
+} gen_rows;
+
+/* Layer l's K and V cache of slot s: (ctx_max, Hkv, D) each. */
+static float *kv_of(const ft_gen *g, float *base, int64_t s, int64_t l)
+{
+    const ft_model_config *c = &g->m->cfg;
+    const int64_t KD = c->num_key_value_heads * c->head_dim;
+    return base + ((s * c->num_hidden_layers + l) * g->ctx_max) * KD;
+}
+
+static int rope_rows(ft_gen *g, const gen_rows *rw, float *x, int64_t n, int64_t heads)
+{
+    const ft_model_config *c = &g->m->cfg;
+    const ft_backend_ops *o = g->be->ops;
+    if (!rw->slots) return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->slot), n, heads, c->head_dim);
+    if (c->rope_type != FT_ROPE_DYNAMIC) /* every slot's table is the same */
+        return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->slots[0]), n, heads, c->head_dim);
+    for (int64_t i = 0; i < n; i++) /* dynamic NTK: each sequence's own table */
+        FT_TRY(o->rope_fwd(g->be, x + i * heads * c->head_dim, g->pos + i, inv_of(g, rw->slots[i]),
+                           1, heads, c->head_dim));
+    return 0;
+}
+
+/* One decoder block on the forward's n rows: out (n, C) from x (n, C); writes the tokens'
+ * k and v into their cache rows. */
+static int block(ft_gen *g, int64_t l, const gen_rows *rw, int64_t n, const float *x, float *out)
 {
     const ft_layer_weights *w = NULL;
     if (g->src) FT_TRY(g->src->layer(g->src->ctx, l, n, &w));
@@ -261,9 +331,18 @@ static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
     const ft_backend_ops *o = be->ops;
     const ft_model_config *c = &g->m->cfg;
     const int64_t C = c->hidden_size, H = c->num_attention_heads, Hkv = c->num_key_value_heads,
-                  D = c->head_dim, F = c->intermediate_size, KD = Hkv * D, p = g->n_past;
-    float *kl = g->kc + l * g->ctx_max * KD, *vl = g->vc + l * g->ctx_max * KD;
-    float *kn = kl + p * KD, *vn = vl + p * KD; /* the new tokens' rows */
+                  D = c->head_dim, F = c->intermediate_size, KD = Hkv * D;
+    const int64_t p = rw->slots ? 0 : g->past[rw->slot];
+    /* the new tokens' k and v: straight into the cache rows of a one-sequence chunk, or
+     * staged (kt) and copied into each sequence's cache */
+    float *kn, *vn;
+    if (rw->slots) {
+        kn = g->kt;
+        vn = g->kt + n * KD;
+    } else {
+        kn = kv_of(g, g->kc, rw->slot, l) + p * KD;
+        vn = kv_of(g, g->vc, rw->slot, l) + p * KD;
+    }
 
     FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x, w->attn_norm, n, C, c->rms_norm_eps));
     if (c->qk_norm) {
@@ -282,13 +361,25 @@ static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
         FT_TRY(lin(g, w, l, FT_K, g->xn, kn, n));
     }
     FT_TRY(lin(g, w, l, FT_V, g->xn, vn, n));
-    FT_TRY(o->rope_fwd(be, g->q, g->pos, g->inv_freq, n, H, D));
-    FT_TRY(o->rope_fwd(be, kn, g->pos, g->inv_freq, n, Hkv, D));
+    FT_TRY(rope_rows(g, rw, g->q, n, H));
+    FT_TRY(rope_rows(g, rw, kn, n, Hkv));
     const float sc = attn_scale(c, D);
-    if (p == 0) /* an empty cache: the training kernel on one sequence */
+    if (rw->slots) {
+        /* each row: its k/v appended to its sequence's cache, then attention over it */
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t s = rw->slots[i], ps = g->past[s];
+            float *kl = kv_of(g, g->kc, s, l), *vl = kv_of(g, g->vc, s, l);
+            FT_TRY(o->copy(be, kl + ps * KD, kn + i * KD, (size_t)KD * sizeof(float)));
+            FT_TRY(o->copy(be, vl + ps * KD, vn + i * KD, (size_t)KD * sizeof(float)));
+            FT_TRY(o->attention_kv_fwd(be, g->att + i * H * D, g->q + i * H * D, kl, vl, ps, 1, H,
+                                       Hkv, D, sc));
+        }
+    } else if (p == 0) { /* an empty cache: the training kernel on one sequence */
         FT_TRY(o->attention_fwd(be, g->att, g->lse, g->q, kn, vn, g->seq_start, n, H, Hkv, D, sc));
-    else
-        FT_TRY(o->attention_kv_fwd(be, g->att, g->q, kl, vl, p, n, H, Hkv, D, sc));
+    } else {
+        FT_TRY(o->attention_kv_fwd(be, g->att, g->q, kv_of(g, g->kc, rw->slot, l),
+                                   kv_of(g, g->vc, rw->slot, l), p, n, H, Hkv, D, sc));
+    }
     FT_TRY(lin(g, w, l, FT_O, g->att, g->h, n));
     FT_TRY(o->axpy(be, 1.0f, x, g->h, n * C));
 
@@ -300,7 +391,8 @@ static int block(ft_gen *g, int64_t l, int64_t n, const float *x, float *out)
     return o->axpy(be, 1.0f, g->h, out, n * C);
 }
 
-static int forward_rows(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows)
+static int forward_rows(ft_gen *g, const gen_rows *rw, const int32_t *ids, int64_t n, float *logits,
+                        int64_t rows)
 {
     ft_backend *be = g->be;
     const ft_backend_ops *o = be->ops;
@@ -311,7 +403,8 @@ static int forward_rows(ft_gen *g, const int32_t *ids, int64_t n, float *logits,
     FT_TRY(o->copy(be, g->ids, ids, (size_t)n * sizeof(int32_t)));
     for (int64_t i0 = 0; i0 < n; i0 += 256) { /* positions, staged through the stack */
         const int64_t k = n - i0 < 256 ? n - i0 : 256;
-        for (int64_t i = 0; i < k; i++) pos[i] = (int32_t)(g->n_past + i0 + i);
+        for (int64_t i = 0; i < k; i++)
+            pos[i] = (int32_t)(rw->slots ? g->past[rw->slots[i0 + i]] : g->past[rw->slot] + i0 + i);
         FT_TRY(o->copy(be, g->pos + i0, pos, (size_t)k * sizeof(int32_t)));
     }
     if (g->embed) FT_TRY(o->embedding_fwd(be, g->x, g->ids, g->embed, n, C, V));
@@ -319,7 +412,7 @@ static int forward_rows(ft_gen *g, const int32_t *ids, int64_t n, float *logits,
     float *x = g->x, *y = g->y;
     if (g->src && g->src->begin) FT_TRY(g->src->begin(g->src->ctx));
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
-        FT_TRY(block(g, l, n, x, y));
+        FT_TRY(block(g, l, rw, n, x, y));
         float *t = x;
         x = y;
         y = t;
@@ -331,9 +424,29 @@ static int forward_rows(ft_gen *g, const int32_t *ids, int64_t n, float *logits,
     return o->copy(be, logits, g->logits, (size_t)(rows * V) * sizeof(float));
 }
 
+/* FT_E_INVALID unless every id is in the vocabulary. */
+static int check_ids(const ft_gen *g, const int32_t *ids, int64_t n)
+{
+    const int64_t V = g->m->cfg.vocab_size;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return ft_err(FT_E_INVALID, "generate: token %lld has id %d, expected 0..%lld",
+                          (long long)i, ids[i], (long long)V - 1);
+    return 0;
+}
+
 int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows)
 {
+    return ft_gen_forward_slot(g, 0, ids, n, logits, rows);
+}
+
+int ft_gen_forward_slot(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, float *logits,
+                        int64_t rows)
+{
     if (!g || !g->arena) return ft_err(FT_E_INVALID, "generate: not initialised");
+    if (slot < 0 || slot >= g->n_slots)
+        return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)slot,
+                      (long long)g->n_slots - 1);
     if (n < 1 || n > g->chunk_max)
         return ft_err(FT_E_RANGE, "generate: %lld tokens in one forward, expected 1..%lld",
                       (long long)n, (long long)g->chunk_max);
@@ -341,23 +454,52 @@ int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int6
     if (rows < 1 || rows > rmax)
         return ft_err(FT_E_RANGE, "generate: %lld logits rows, expected 1..%lld", (long long)rows,
                       (long long)rmax);
-    if (g->n_past + n > g->ctx_max)
+    if (g->past[slot] + n > g->ctx_max)
         return ft_err(FT_E_RANGE, "generate: context full: %lld cached + %lld new tokens exceed "
-                      "the %lld planned", (long long)g->n_past, (long long)n,
+                      "the %lld planned", (long long)g->past[slot], (long long)n,
                       (long long)g->ctx_max);
     if (!ids || !logits) return ft_err(FT_E_INVALID, "generate: NULL ids or logits");
-    const int64_t V = g->m->cfg.vocab_size;
-    for (int64_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= V)
-            return ft_err(FT_E_INVALID, "generate: token %lld has id %d, expected 0..%lld",
-                          (long long)i, ids[i], (long long)V - 1);
-    int rc = forward_rows(g, ids, n, logits, rows);
-    if (rc) {
-        g->n_past = 0; /* the cache rows of this forward are partly written */
-        return rc;
+    FT_TRY(check_ids(g, ids, n));
+    gen_rows rw = {slot, NULL};
+    int rc = forward_rows(g, &rw, ids, n, logits, rows);
+    g->past[slot] = rc ? 0 : g->past[slot] + n; /* on a failure the rows are partly written */
+    if (slot == 0) g->n_past = g->past[0];
+    return rc;
+}
+
+int ft_gen_decode(ft_gen *g, const int64_t *slots, const int32_t *ids, int64_t n, float *logits)
+{
+    if (!g || !g->arena) return ft_err(FT_E_INVALID, "generate: not initialised");
+    if (!slots || !ids || !logits) return ft_err(FT_E_INVALID, "generate: NULL slots, ids or logits");
+    if (n < 1 || n > g->n_slots || n > g->chunk_max || n > g->logit_rows_max)
+        return ft_err(FT_E_RANGE, "generate: %lld sequences in one decode step, expected 1..%lld",
+                      (long long)n, (long long)(g->n_slots < g->logit_rows_max ? g->n_slots
+                                                                                : g->logit_rows_max));
+    if (n > 1 && !g->kt) return ft_err(FT_E_INVALID, "generate: one sequence slot only");
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t s = slots[i];
+        if (s < 0 || s >= g->n_slots)
+            return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)s,
+                          (long long)g->n_slots - 1);
+        for (int64_t j = 0; j < i; j++)
+            if (slots[j] == s)
+                return ft_err(FT_E_INVALID, "generate: sequence slot %lld twice in one decode step",
+                              (long long)s);
+        if (g->past[s] < 1)
+            return ft_err(FT_E_INVALID, "generate: sequence slot %lld is empty (a decode step "
+                          "follows its prompt)", (long long)s);
+        if (g->past[s] + 1 > g->ctx_max)
+            return ft_err(FT_E_RANGE, "generate: context full: slot %lld holds %lld tokens of the "
+                          "%lld planned", (long long)s, (long long)g->past[s], (long long)g->ctx_max);
     }
-    g->n_past += n;
-    return 0;
+    FT_TRY(check_ids(g, ids, n));
+    if (n == 1) return ft_gen_forward_slot(g, slots[0], ids, 1, logits, 1);
+    gen_rows rw = {0, slots};
+    int rc = forward_rows(g, &rw, ids, n, logits, n);
+    for (int64_t i = 0; i < n; i++) /* on a failure each sequence's rows are partly written */
+        g->past[slots[i]] = rc ? 0 : g->past[slots[i]] + 1;
+    g->n_past = g->past[0];
+    return rc;
 }
 
 /* ---- prompt ------------------------------------------------------------------------------ */

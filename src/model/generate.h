@@ -29,6 +29,8 @@
 
 /* Tokens per forward when a prompt is longer than this (prefill in chunks). */
 #define FT_GEN_CHUNK_DEFAULT 1024
+/* Most sequences one ft_gen decodes together (ft_gen_init_slots). */
+#define FT_GEN_MAX_SLOTS 256
 
 typedef struct ft_gen {
     ft_backend *be;
@@ -37,14 +39,19 @@ typedef struct ft_gen {
     int64_t ctx_max;            /* KV cache capacity in tokens */
     int64_t chunk_max;          /* most tokens per ft_gen_forward */
     int64_t logit_rows_max;     /* most logits rows per ft_gen_forward */
-    int64_t n_past;             /* tokens in the cache (the next position) */
+    int64_t n_slots;            /* sequences with a cache each (ft_gen_init_slots; else 1) */
+    int64_t *past;              /* (n_slots) host: tokens in each sequence's cache */
+    int64_t n_past;             /* past[0]: tokens in slot 0's cache (the next position) */
     void *arena;                /* the one backend allocation */
     size_t arena_bytes;
-    float *kc, *vc;             /* (L, ctx_max, Hkv, D) each */
+    float *kc, *vc;             /* (n_slots, L, ctx_max, Hkv, D) each */
+    float *kt;                  /* a batched decode's new k, v rows (2, chunk_max, Hkv, D);
+                                 * NULL with one slot */
     float *x, *y, *xn, *rstd, *q, *att, *lse, *h, *gate, *up, *act, *u;
                                 /* chunk_max * {C, C, C, 1, H*D, H*D, H, C, F, F, F, r} */
     float *logits;              /* (logit_rows_max, V) */
-    float *inv_freq;            /* (D/2) */
+    float *inv_freq;            /* (n_slots, D/2 rounded up to 16 floats + 16): each slot's
+                                 * RoPE inverse frequencies */
     int32_t *ids, *pos, *seq_start; /* (chunk_max) each */
     /* The weights as the backend reads them: the model's host arrays on a host-memory backend
      * (CPU); with a source (ft_gen_init_source, needed on a device backend) the layers come
@@ -91,20 +98,34 @@ int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lo
                        int64_t logit_rows_max);
 void ft_gen_free(ft_gen *g); /* NULL-safe; leaves g zeroed */
 
-/* The backend bytes ft_gen_init_source allocates for these sizes (one arena: the fp32 KV
- * cache of ctx_max tokens and the buffers of chunk_max-token forwards), so that a caller
- * placing the weights on a device first can leave room for it; 0 for sizes it would refuse. */
+/* ft_gen_init_source for n_slots sequences decoded together (src NULL: ft_gen_init's
+ * in-place host weights): each slot has its own KV cache of ctx_max tokens and RoPE table;
+ * ft_gen_forward_slot prefills one, ft_gen_decode advances several by one token in one
+ * forward, so each layer's weights are read (or streamed) once for all of them. Same sizes
+ * and errors as ft_gen_init_source, plus FT_E_INVALID unless 1 <= n_slots <=
+ * FT_GEN_MAX_SLOTS; a decode of n sequences needs n <= logit_rows_max <= chunk_max. */
+int ft_gen_init_slots(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+                      const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
+                      int64_t logit_rows_max, int64_t n_slots);
+
+/* The backend bytes ft_gen_init_slots allocates for these sizes with a source (one arena:
+ * the fp32 KV caches of n_slots x ctx_max tokens and the buffers of chunk_max-token
+ * forwards), so that a caller placing the weights on a device first can leave room for it;
+ * 0 for sizes it would refuse. */
 size_t ft_gen_source_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max,
-                           int64_t chunk_max, int64_t logit_rows_max);
+                           int64_t chunk_max, int64_t logit_rows_max, int64_t n_slots);
 
-/* Empties the cache (the next forward starts at position 0). */
+/* Empties slot 0's cache (the next forward starts at position 0); ft_gen_reset_slot any
+ * slot's (out-of-range slots are ignored). */
 void ft_gen_reset(ft_gen *g);
+void ft_gen_reset_slot(ft_gen *g, int64_t slot);
 
-/* Recomputes the RoPE inverse frequencies for a sequence of seq_len tokens (ft_gen_init
- * uses ctx_max). Only FT_ROPE_DYNAMIC depends on it: a cache sized for several prompts
- * then rotates each one as a cache sized for that prompt alone would. Returns 0 or a
- * backend copy error. */
+/* Recomputes slot 0's (ft_gen_set_rope_len_slot: any slot's) RoPE inverse frequencies for a
+ * sequence of seq_len tokens (ft_gen_init uses ctx_max). Only FT_ROPE_DYNAMIC depends on
+ * it: a cache sized for several prompts then rotates each one as a cache sized for that
+ * prompt alone would. Returns 0, FT_E_INVALID (no such slot) or a backend copy error. */
 int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len);
+int ft_gen_set_rope_len_slot(ft_gen *g, int64_t slot, int64_t seq_len);
 
 /* Runs the n tokens ids (host memory) at positions [n_past, n_past + n), appends their
  * k/v to the cache and advances n_past. logits (host memory) receives the logits of the
@@ -113,6 +134,20 @@ int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len);
  * cache would exceed ctx_max; nothing changes), FT_E_INVALID (an id outside the
  * vocabulary), or a kernel error (the cache is then reset). */
 int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows);
+/* ft_gen_forward on slot `slot`'s cache (its own positions and RoPE table); FT_E_RANGE for
+ * a slot outside 0..n_slots-1. */
+int ft_gen_forward_slot(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, float *logits,
+                        int64_t rows);
+
+/* One decode step of n sequences in one forward: token ids[i] (host) is appended to slot
+ * slots[i] (distinct, each holding at least its prompt) at its next position; logits (host)
+ * receives (n, V) fp32, row i for slots[i]. Each row's attention is the one-sequence decode's
+ * (attention_kv_fwd over its own cache); the projections run on n rows at once, so a row's
+ * values may differ from a one-sequence decode in the last bits (the GEMM's summation
+ * order). Returns 0, FT_E_RANGE (n outside 1..min(n_slots, logit_rows_max), a slot out of
+ * range or with a full cache), FT_E_INVALID (a repeated or empty slot, an id outside the
+ * vocabulary; nothing changes) or a kernel error (the n slots are then reset). */
+int ft_gen_decode(ft_gen *g, const int64_t *slots, const int32_t *ids, int64_t n, float *logits);
 
 /* Flags of ft_gen_prompt_ids / ft_gen_req_ids. */
 enum {

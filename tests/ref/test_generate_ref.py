@@ -321,6 +321,14 @@ def test_tiny_prompts_file_greedy(tmp_path):
     lines, err = check_same_as_prompt(TINY, path, THREE, ["--max-new-tokens", 6])
     assert "seed" not in lines[0]
     assert re.search(r"\[3/3\] \d+ prompt \+ 6 new tokens", err), err
+    # the three decoded together (--batch, default 8): one forward per token step for all, the
+    # lines those of one record at a time (--batch 1), in record order either way
+    steps = lambda e: int(re.search(r"\((?:[0-9.]+) tok/s; (\d+) decode steps\)", e).group(1))
+    assert "3 at a time" in err and steps(err) == 5, err
+    _, one_by_one, err1 = ftune_prompts(TINY, path, "--max-new-tokens", 6, "--batch", 1)
+    assert "1 at a time" in err1 and steps(err1) == 15, err1
+    drop = lambda xs: [{k: v for k, v in x.items() if k != "seconds"} for x in xs]
+    assert drop(one_by_one) == drop(lines)
     # a JSON array with an alpaca record (output: the reference) and the --chat-template path
     arr = tmp_path / "p.json"
     recs = [({"instruction": "Add.", "input": "2 and 3", "output": "5"}, None, "5"), THREE[1]]

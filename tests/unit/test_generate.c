@@ -1348,6 +1348,140 @@ static void test_gen_through_exec(void **state)
     t_rmtree(dir);
 }
 
+/* Batched decoding (ft_gen_init_slots / ft_gen_decode): three sequences with prompts of 3, 7
+ * and 5 tokens in their own slots, advanced together (all three, then two, then one), give
+ * each sequence's logits of a one-sequence ft_gen within the KV-decode tolerance; a finished
+ * slot is reset and reused. The refusals leave every slot as it was. */
+static void slots_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
+                       const ft_gen_source *src, const char *label)
+{
+    const int64_t V = m->cfg.vocab_size, S = 3, CTX = 16;
+    ft_gen g, one;
+    assert_int_equal(ft_gen_init_slots(&g, be, m, lora, src, CTX, 8, S, S), 0);
+    if (src) assert_int_equal(ft_gen_init_source(&one, be, m, lora, src, CTX, 8, 1), 0);
+    else assert_int_equal(ft_gen_init(&one, be, m, lora, CTX, 8, 1), 0);
+    const int64_t plen[3] = {3, 7, 5}, off[3] = {0, 3, 10};
+    float *lb = malloc((size_t)(S * V) * 4), *lr = malloc((size_t)V * 4), *tmp = malloc((size_t)V * 4);
+    /* prompts: SEQ[off[s] .. off[s] + plen[s]) */
+    for (int64_t s = 0; s < S; s++) {
+        assert_int_equal(ft_gen_forward_slot(&g, s, SEQ + off[s], plen[s], lb + s * V, 1), 0);
+        assert_int_equal(g.past[s], plen[s]);
+    }
+    double worst = 0;
+    int64_t n_checked = 0;
+    /* steps: all three (x2), slots 2 and 0 (x2), slot 1 alone */
+    const int64_t plan[5][3] = {{0, 1, 2}, {2, 1, 0}, {2, 0, -1}, {0, 2, -1}, {1, -1, -1}};
+    int64_t fed[3] = {0, 0, 0};
+    for (int st = 0; st < 5; st++) {
+        int64_t sl[3], n = 0;
+        int32_t tk[3];
+        for (int i = 0; i < 3 && plan[st][i] >= 0; i++) {
+            sl[n] = plan[st][i];
+            tk[n] = SEQ[(off[sl[n]] + plen[sl[n]] + fed[sl[n]]) % N_SEQ];
+            n++;
+        }
+        assert_int_equal(ft_gen_decode(&g, sl, tk, n, lb), 0);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t s = sl[i];
+            fed[s]++;
+            assert_int_equal(g.past[s], plen[s] + fed[s]);
+            /* the reference: the same tokens through a one-sequence cache */
+            int32_t ids[16];
+            for (int64_t j = 0; j < plen[s]; j++) ids[j] = SEQ[off[s] + j];
+            for (int64_t j = 0; j < fed[s]; j++) ids[plen[s] + j] = SEQ[(off[s] + plen[s] + j) % N_SEQ];
+            ft_gen_reset(&one);
+            assert_int_equal(ft_gen_forward(&one, ids, plen[s], tmp, 1), 0);
+            for (int64_t j = 0; j < fed[s]; j++)
+                assert_int_equal(ft_gen_forward(&one, ids + plen[s] + j, 1, lr, 1), 0);
+            double d = max_diff(lb + i * V, lr, V), sc = max_abs(lr, V);
+            worst = fmax(worst, d / sc);
+            assert_true(d <= FT_TOL_KV_DECODE_REL * sc);
+            n_checked++;
+        }
+    }
+    /* the check can fail: slot 1's last logits (lb row 0) against slot 0's sequence */
+    {
+        int32_t ids[16];
+        for (int64_t j = 0; j < plen[0]; j++) ids[j] = SEQ[off[0] + j];
+        for (int64_t j = 0; j < fed[0]; j++) ids[plen[0] + j] = SEQ[(off[0] + plen[0] + j) % N_SEQ];
+        ft_gen_reset(&one);
+        assert_int_equal(ft_gen_forward(&one, ids, plen[0] + fed[0], tmp, 1), 0);
+        assert_true(max_diff(lb, tmp, V) > 100 * FT_TOL_KV_DECODE_REL * max_abs(tmp, V));
+    }
+    printf("[%s] %lld batched decode rows vs one-sequence decoding: max diff %.3e of max |logit| "
+           "(bound %.0e)\n", label, (long long)n_checked, worst, FT_TOL_KV_DECODE_REL);
+    /* refusals: nothing changes */
+    int64_t before[3] = {g.past[0], g.past[1], g.past[2]};
+    int64_t rep[2] = {1, 1}, bad[1] = {3}, all4[4] = {0, 1, 2, 0};
+    int32_t t2[4] = {5, 6, 7, 8}, badid[1] = {(int32_t)V};
+    assert_int_equal(ft_gen_decode(&g, rep, t2, 2, lb), FT_E_INVALID);
+    assert_int_equal(ft_gen_decode(&g, bad, t2, 1, lb), FT_E_RANGE);
+    assert_int_equal(ft_gen_decode(&g, all4, t2, 4, lb), FT_E_RANGE);
+    assert_int_equal(ft_gen_decode(&g, rep, badid, 1, lb), FT_E_INVALID);
+    assert_int_equal(ft_gen_forward_slot(&g, 3, SEQ, 1, lb, 1), FT_E_RANGE);
+    ft_gen_reset_slot(&g, 2);
+    int64_t s2[1] = {2};
+    assert_int_equal(ft_gen_decode(&g, s2, t2, 1, lb), FT_E_INVALID); /* empty: no prompt yet */
+    assert_non_null(strstr(ft_errmsg(), "empty"));
+    assert_int_equal(g.past[0], before[0]);
+    assert_int_equal(g.past[1], before[1]);
+    assert_int_equal(g.past[2], 0);
+    /* a reused slot starts afresh: its prompt's logits are the one-sequence ones */
+    assert_int_equal(ft_gen_forward_slot(&g, 2, SEQ + 1, 4, lb, 1), 0);
+    ft_gen_reset(&one);
+    assert_int_equal(ft_gen_forward(&one, SEQ + 1, 4, lr, 1), 0);
+    assert_true(max_diff(lb, lr, V) <= FT_TOL_KV_DECODE_REL * max_abs(lr, V));
+    /* a full slot refuses the step */
+    int64_t s1[1] = {1};
+    while (g.past[1] < CTX) assert_int_equal(ft_gen_decode(&g, s1, t2, 1, lb), 0);
+    assert_int_equal(ft_gen_decode(&g, s1, t2, 1, lb), FT_E_RANGE);
+    /* sizes */
+    ft_gen h;
+    assert_int_equal(ft_gen_init_slots(&h, be, m, lora, src, CTX, 8, 1, 0), FT_E_INVALID);
+    assert_int_equal(ft_gen_init_slots(&h, be, m, lora, src, CTX, 8, 1, FT_GEN_MAX_SLOTS + 1), FT_E_INVALID);
+    assert_true(ft_gen_source_bytes(m, lora, CTX, 8, 3, 3) > ft_gen_source_bytes(m, lora, CTX, 8, 3, 1));
+    assert_int_equal(ft_gen_source_bytes(m, lora, CTX, 8, 3, 0), 0);
+    free(lb);
+    free(lr);
+    free(tmp);
+    ft_gen_free(&g);
+    ft_gen_free(&one);
+}
+
+static void test_gen_slots(void **state)
+{
+    fix *f = *state;
+    slots_case(f->be, f->m, &f->lora, NULL, "cpu, host weights, LoRA");
+    slots_case(f->be, f->m, NULL, NULL, "cpu, host weights, no adapter");
+    /* through an executor on cpu-device (bf16 products) */
+    ft_backend *dev;
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
+    ft_exec ex;
+    assert_int_equal(ft_exec_init_ex(&ex, dev, f->m, NULL, 8, 1, 8, 1), 0);
+    ft_gen_source src;
+    assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
+    slots_case(dev, f->m, NULL, &src, "cpu-device, the executor's weights");
+    ft_exec_free(&ex);
+    ft_backend_free(dev);
+    /* an NF4 pack on the CPU: visits of up to 8 rows read the NF4 codes in place */
+    char *dir = t_tmpdir(), tied[700];
+    write_pack_only(dir, "tied", 0, tied, sizeof tied);
+    ft_model *m = NULL;
+    assert_int_equal(ft_model_load(&m, tied), 0);
+    ft_pack_file *pack = NULL;
+    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
+    assert_int_equal(ft_exec_init_ex(&ex, f->be, m, NULL, 8, 1, 8, 0), 0);
+    assert_int_equal(ft_exec_use_pack_ex(&ex, pack, 1), 0);
+    assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
+    int64_t before = ex.gen_nf4_fetches;
+    slots_case(f->be, m, NULL, &src, "cpu, NF4 pack in memory, codes read in place");
+    assert_true(ex.gen_nf4_fetches > before);
+    ft_exec_free(&ex);
+    ft_pack_close(pack);
+    ft_model_free(m);
+    t_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1369,6 +1503,7 @@ int main(void)
         cmocka_unit_test(test_gen_record_seed),
         cmocka_unit_test_setup_teardown(test_gen_cache_reuse, setup, teardown),
         cmocka_unit_test(test_gen_through_exec),
+        cmocka_unit_test_setup_teardown(test_gen_slots, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
