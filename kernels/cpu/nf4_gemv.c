@@ -9,14 +9,16 @@
  * elements, so that the high and low nibbles of consecutive bytes meet contiguous x values.
  * The AVX2 path looks the 16-entry code up with two 8-lane permutes and a blend on bit 3 of
  * the nibble; the portable path with a 256-entry table of byte -> (high, low) values. The
- * order of the sums is fixed by the shape (each row is summed by one thread), so the result
- * does not depend on the thread count; the two paths round differently. Only x86-64 builds
- * have the AVX2 path (elsewhere _AVX2 is refused and _AUTO takes the portable one).
+ * order of the sums is fixed by the shape (each row is summed by one thread, in the same order
+ * whatever the other rows of x), so the result depends neither on the thread count nor on the
+ * rows computed with it; the two paths round differently. Only x86-64 builds have the AVX2
+ * path (elsewhere _AVX2 is refused and _AUTO takes the portable one).
  *
  * Measured (2-core VM, AVX2, one thread, 2026-11-27; the AVX2 path against ft_nf4_dequant of
  * the whole weight followed by OpenBLAS sgemv / sgemm, double-quantized, blocksize 64):
- *   4096 x 4096:  T = 1: 3.04 vs 19.4 ms (6.4x; 5.5 G weights/s)   T = 4: 10.4 vs 36.3 ms
- *                 T = 8: 16.7 vs 40.0 ms (2.4x)
+ *   4096 x 4096:  T = 1: 3.04 vs 19.4 ms (6.4x; 5.5 G weights/s)   T = 4: 6.7 vs 36.3 ms
+ *                 T = 8: 13.5 vs 40.0 ms (3.0x); with one FMA chain per row in groups of
+ *                 four (before the rows were made independent) T = 4 took 10.4, T = 8 16.7
  *   1536 x 576 (the example model's gate/up):  T = 1: 0.197 vs 0.886 ms   T = 8: 0.72 vs 1.10 ms
  * so offload/exec.c reads NF4 in place for generation visits of up to 8 tokens. */
 #include "kernels/cpu/nf4_gemv.h"
@@ -110,9 +112,12 @@ static inline AVX2 float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* row_c for a constant T (1..4, inlined per value): 16 weights per step; one row of x sums
- * the high and low nibbles in two accumulators (two chains of FMAs), several rows in one
- * each (their chains are independent already, and two per row would not fit the registers). */
+/* row_c for a constant T (1 or 2, inlined per value): 16 weights per step, decoded once for the
+ * T rows of x. Each row sums the high and the low nibbles in two accumulators (two chains of
+ * FMAs: 2T chains), added at the end of each block segment and
+ * scaled by its absmax, so every row is summed in the same order whatever T is: a row's
+ * result does not depend on the rows computed with it (batched decoding gives the bits of
+ * one-row decoding). */
 static inline AVX2 __attribute__((always_inline)) void
 row_avx2_t(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe, const float *xo,
            const int T, __m256 c0, __m256 c1, float *res)
@@ -120,48 +125,41 @@ row_avx2_t(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe, const
     const int64_t h = in / 2;
     const uint8_t *cb = t->codes + o * h;
     const __m256i m15 = _mm256_set1_epi32(15);
-    __m256 acc[4];
+    __m256 acc[2];
     for (int i = 0; i < T; i++) acc[i] = _mm256_setzero_ps();
     int64_t e0 = o * in, j0, j1;
     float a;
     while (segment(t, o, in, &e0, &j0, &j1, &a)) {
-        __m256 sh[4], sl[4];
+        __m256 sh[2], sl[2];
         for (int i = 0; i < T; i++) sh[i] = sl[i] = _mm256_setzero_ps();
         for (int64_t j = j0; j < j1; j += 8) {
             __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cb + j)));
             __m256 wh = lut16(_mm256_srli_epi32(v, 4), c0, c1);
             __m256 wl = lut16(_mm256_and_si256(v, m15), c0, c1);
-            if (T == 1) { /* two chains: the high and the low nibbles */
-                sh[0] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(xe + j), sh[0]);
-                sl[0] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(xo + j), sl[0]);
-            } else { /* one chain per row of x (T chains; 16 ymm registers) */
-                for (int i = 0; i < T; i++) {
-                    sh[i] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(xe + i * h + j), sh[i]);
-                    sh[i] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(xo + i * h + j), sh[i]);
-                }
+            for (int i = 0; i < T; i++) {
+                sh[i] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(xe + i * h + j), sh[i]);
+                sl[i] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(xo + i * h + j), sl[i]);
             }
         }
         const __m256 av = _mm256_set1_ps(a);
-        for (int i = 0; i < T; i++)
-            acc[i] = _mm256_fmadd_ps(T == 1 ? _mm256_add_ps(sh[0], sl[0]) : sh[i], av, acc[i]);
+        for (int i = 0; i < T; i++) acc[i] = _mm256_fmadd_ps(_mm256_add_ps(sh[i], sl[i]), av, acc[i]);
     }
     for (int i = 0; i < T; i++) res[i] = hsum8(acc[i]);
 }
 
+
+/* The rows of x two at a time: one decode of the weights for both, four FMA chains. With four
+ * rows (eight chains, the absmax-scaled sums and the LUT registers) the loop spills, and two
+ * passes of two were faster on the 2-core VM (4096 x 4096, one thread, 2026-11-27: T = 4
+ * 6.6-7.2 vs 7.9-8.7 ms, T = 8 13.0-15.1 vs 15.4-15.5 ms). */
 static AVX2 void row_avx2(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe,
                           const float *xo, int64_t T, float *res)
 {
     const __m256 c0 = _mm256_loadu_ps(t->code), c1 = _mm256_loadu_ps(t->code + 8);
     const int64_t h = in / 2;
-    for (int64_t i = 0; i < T; i += 4) { /* the rows of x four at a time */
-        const float *e = xe + i * h, *d = xo + i * h;
-        switch (T - i < 4 ? T - i : 4) {
-        case 1: row_avx2_t(t, o, in, e, d, 1, c0, c1, res + i); break;
-        case 2: row_avx2_t(t, o, in, e, d, 2, c0, c1, res + i); break;
-        case 3: row_avx2_t(t, o, in, e, d, 3, c0, c1, res + i); break;
-        default: row_avx2_t(t, o, in, e, d, 4, c0, c1, res + i); break;
-        }
-    }
+    int64_t i = 0;
+    for (; i + 1 < T; i += 2) row_avx2_t(t, o, in, xe + i * h, xo + i * h, 2, c0, c1, res + i);
+    if (i < T) row_avx2_t(t, o, in, xe + i * h, xo + i * h, 1, c0, c1, res + i);
 }
 
 static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }

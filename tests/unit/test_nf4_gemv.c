@@ -257,6 +257,39 @@ static void test_nan_passes_alignment(void **state)
     qt_free(&q);
 }
 
+/* A row's result does not depend on the rows computed with it: T = 1..9 rows of a wide
+ * weight (long block segments, where one-chain and two-chain sums round differently) equal
+ * the same rows computed one at a time, bit for bit, on both paths (batched decoding relies
+ * on it). */
+static void test_rows_independent(void **state)
+{
+    (void)state;
+    const int64_t out = 48, in = 2048, TM = 9;
+    qt q;
+    qt_make(&q, out, in, 64, 256, 31);
+    float *x = malloc((size_t)(TM * in) * sizeof(float)), *scr = malloc((size_t)(TM * in) * sizeof(float));
+    float *y = malloc((size_t)(TM * out) * sizeof(float)), *y1 = malloc((size_t)(TM * out) * sizeof(float));
+    ft_rng r;
+    ft_rng_seed(&r, 77);
+    for (int64_t i = 0; i < TM * in; i++) x[i] = rnorm(&r);
+    int paths[2] = {FT_NF4_GEMV_PORTABLE, FT_NF4_GEMV_AVX2};
+    for (int p = 0; p < 2; p++) {
+        if (paths[p] == FT_NF4_GEMV_AVX2 && !have_avx2()) continue;
+        for (int64_t t = 0; t < TM; t++)
+            assert_int_equal(ft_cpu_nf4_gemv_path(y1 + t * out, x + t * in, &q.t, 1, out, in, 0.0f,
+                                                  scr, paths[p]), 0);
+        for (int64_t T = 2; T <= TM; T++) {
+            assert_int_equal(ft_cpu_nf4_gemv_path(y, x, &q.t, T, out, in, 0.0f, scr, paths[p]), 0);
+            assert_memory_equal(y, y1, (size_t)(T * out) * sizeof(float));
+        }
+    }
+    free(x);
+    free(scr);
+    free(y);
+    free(y1);
+    qt_free(&q);
+}
+
 /* The CPU backend's linear_fwd takes FT_W_NF4 and gives the kernel's result. */
 static void test_backend_linear_fwd(void **state)
 {
@@ -299,6 +332,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paths_match_fp64),
         cmocka_unit_test(test_threads_and_auto),
+        cmocka_unit_test(test_rows_independent),
         cmocka_unit_test(test_unit_rows_exact),
         cmocka_unit_test(test_nan_passes_alignment),
         cmocka_unit_test(test_backend_linear_fwd),
