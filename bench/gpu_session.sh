@@ -50,6 +50,16 @@ sec_smoke() {
       --max-new-tokens 8 --device $DEV --quant $q $([ $q = nf4 ] && echo --cache-dir $TMPW/smokecache) \
       2>&1 | tail -2 >> $OUT/smoke.log; echo "generate --quant $q rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
   done
+  # batched decoding on the device (ft_gen_decode: per-row attention, k/v rows copied into each
+  # sequence's cache): --batch 3 gives --batch 1's replies
+  printf '"Once upon a time"\n"The capital of France is"\n"One, two, three,"\n' > $TMPW/p3.jsonl
+  for bt in 1 3; do
+    timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --raw --prompts $TMPW/p3.jsonl \
+      --max-new-tokens 8 --device $DEV --quant nf4 --cache-dir $TMPW/smokecache --batch $bt \
+      --out $TMPW/gb$bt.jsonl 2>&1 | tail -1 >> $OUT/smoke.log; echo "generate --prompts --batch $bt rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
+  done
+  python3 -c "import json,sys; r=[[{k: v for k, v in json.loads(l).items() if k != 'seconds'} for l in open(f)] for f in sys.argv[1:]]; print('generate --batch 3 vs 1:', 'same replies' if r[0] == r[1] else 'DIFFER')" \
+    $TMPW/gb1.jsonl $TMPW/gb3.jsonl >> $OUT/smoke.log 2>&1
   timeout $(cap 60) $F train --model $TL --data examples/data/alpaca-seed-tasks/alpaca_seed_pref.jsonl --method dpo \
     --device $DEV --max-steps 2 --seq-len 128 --save-every 0 --out $TMPW/o_smoke_dpo 2>&1 | tail -3 >> $OUT/smoke.log
   echo "dpo rc=${PIPESTATUS[0]}" >> $OUT/smoke.log

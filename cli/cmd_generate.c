@@ -12,10 +12,13 @@
  * --prompts FILE answers many prompts in one process: the model, adapter and KV cache are
  * loaded once (the cache sized for the longest prompt), every record of FILE (JSONL or a JSON
  * array; ft_gen_req_parse in src/model/generate.h lists the schemas) is read and encoded
- * before anything is generated, so that a bad record stops the run with its line, then the
- * cache is reset per record. One JSON line per record goes to stdout, in input order:
+ * before anything is generated, so that a bad record stops the run with its line; up to
+ * --batch records are decoded together (run_batch), each in its own cache slot, reset when a
+ * record takes it. One JSON line per record goes to stdout, in input order:
  *   {"index", "prompt", "reply", "reference"?, "prompt_tokens", "new_tokens",
  *    "stop" ("stop_token" | "length", as --json), "seconds", "seed"? (when sampling)}
+ * ("seconds": from the start of the record's prefill to its last token, the records decoded
+ * alongside it included)
  * or to --out FILE, written as FILE.tmp.PID and renamed at the end (an interrupted run leaves
  * no partial FILE). Record i samples with ft_gen_record_seed(seed, i) (record 0 with the
  * seed itself), so its reply is that of --prompt with that --seed.
@@ -476,12 +479,26 @@ typedef struct slot_run {
     double t0;
 } slot_run;
 
-/* A finished record, held until the records before it are written. */
+/* A finished record, held until the records before it are written: its reply decoded when it
+ * finishes (r.text), as its tokens are in the slot's buffer, which the next record takes. */
 typedef struct done_rec {
     int done;
-    gen_result r;
+    gen_result r;               /* r.out_ids NULL */
     double seconds;
 } done_rec;
+
+/* Records slot sr's finished reply in dn[sr->rec] (its text decoded now) and frees the slot. */
+static int slot_finish(gen_env *e, slot_run *sr, done_rec *dn)
+{
+    done_rec *d = &dn[sr->rec];
+    d->r = sr->r;
+    d->r.out_ids = NULL;
+    d->r.text = NULL;
+    d->seconds = now_s() - sr->t0;
+    d->done = 1;
+    sr->rec = -1;
+    return ft_tok_decode(e->tok, sr->r.out_ids, sr->r.n_out, 1, &d->r.text);
+}
 
 /* Samples slot k's next token from logits (V) and updates its reply: finished (a stop token,
  * or --max-new-tokens reached) or pending with the token to feed. *fin = 1 when finished. */
@@ -588,15 +605,9 @@ static int run_batch(const gen_opts *o)
             while (!rc && sl[k].rec < 0 && next < b.n) {
                 int fin = 0;
                 rc = slot_start(&e, o, &sl[k], k, &b.r[next], next, &fin);
+                if (!rc && fin) rc = slot_finish(&e, &sl[k], dn);
                 if (rc) ft_err_prefix(rc, "%s", b.r[next].where);
                 next++;
-                if (!rc && fin) {
-                    done_rec *d = &dn[sl[k].rec];
-                    d->r = sl[k].r;
-                    d->seconds = now_s() - sl[k].t0;
-                    d->done = 1;
-                    sl[k].rec = -1;
-                }
             }
         }
         /* one decode step of every pending sequence */
@@ -611,29 +622,25 @@ static int run_batch(const gen_opts *o)
             rc = ft_gen_decode(&e.g, act, tok, n, e.logits);
             double dt = now_s() - t0;
             steps++;
+            if (rc && n == 1) ft_err_prefix(rc, "%s", b.r[sl[act[0]].rec].where);
+            else if (rc) ft_err_prefix(rc, "decoding %lld prompts together", (long long)n);
             for (int64_t i = 0; !rc && i < n; i++) {
                 slot_run *sr = &sl[act[i]];
+                const int64_t rec = sr->rec;
                 int fin = 0;
                 sr->r.n_decode++;
                 sr->r.decode_s += dt;
                 rc = slot_advance(&e, o, sr, e.logits + i * V, &fin);
-                if (!rc && fin) {
-                    done_rec *d = &dn[sr->rec];
-                    d->r = sr->r;
-                    d->seconds = now_s() - sr->t0;
-                    d->done = 1;
-                    sr->rec = -1;
-                }
+                if (!rc && fin) rc = slot_finish(&e, sr, dn);
+                if (rc) ft_err_prefix(rc, "%s", b.r[rec].where);
             }
-            if (rc) ft_err_prefix(rc, "decoding %lld prompts together", (long long)n);
         }
         /* the finished records, in order */
         while (!rc && emitted < b.n && dn[emitted].done) {
             done_rec *d = &dn[emitted];
             batch_rec *x = &b.r[emitted];
-            rc = ft_tok_decode(e.tok, d->r.out_ids, d->r.n_out, 1, &d->r.text);
             const uint64_t seed = ft_gen_record_seed((uint64_t)o->seed, emitted);
-            if (!rc) rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, seed, d->seconds);
+            rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, seed, d->seconds);
             if (rc) {
                 ft_err_prefix(rc, "%s", x->where);
             } else {
@@ -656,6 +663,7 @@ static int run_batch(const gen_opts *o)
                 (long long)steps, o->out ? "; wrote " : "", o->out ? o->out : "");
     }
     free(sl);
+    for (int64_t i = emitted; dn && i < b.n; i++) free(dn[i].r.text); /* held when a run fails */
     free(dn);
     free(act);
     free(tok);

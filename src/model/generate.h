@@ -50,8 +50,8 @@ typedef struct ft_gen {
     float *x, *y, *xn, *rstd, *q, *att, *lse, *h, *gate, *up, *act, *u;
                                 /* chunk_max * {C, C, C, 1, H*D, H*D, H, C, F, F, F, r} */
     float *logits;              /* (logit_rows_max, V) */
-    float *inv_freq;            /* (n_slots, D/2 rounded up to 16 floats + 16): each slot's
-                                 * RoPE inverse frequencies */
+    float *inv_freq;            /* (n_slots, D/2 + 1 rounded up to 16) floats: each slot's
+                                 * RoPE inverse frequencies (D/2 of them) */
     int32_t *ids, *pos, *seq_start; /* (chunk_max) each */
     /* The weights as the backend reads them: the model's host arrays on a host-memory backend
      * (CPU); with a source (ft_gen_init_source, needed on a device backend) the layers come

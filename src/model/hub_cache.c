@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,7 +121,7 @@ static void only_gguf(const char *dir, char *name, size_t n, int *count)
     const struct dirent *e;
     while ((e = readdir(d))) {
         size_t l = strlen(e->d_name);
-        if (l > 5 && !strcmp(e->d_name + l - 5, ".gguf") && ++*count == 1)
+        if (e->d_name[0] != '.' && l > 5 && !strcmp(e->d_name + l - 5, ".gguf") && ++*count == 1)
             snprintf(name, n, "%s", e->d_name);
     }
     closedir(d);
@@ -157,7 +158,10 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
         PUT_PATH(ref, "%s/refs/%s", repo, id.rev);
         char *txt = NULL;
         size_t len = 0;
-        if (ft_read_file(ref, &txt, &len) < 0) {
+        int r = ft_read_file(ref, &txt, &len);
+        if (r < 0 && r != -ENOENT && r != -ENOTDIR && r != -EISDIR) /* there, but unreadable */
+            return ft_err_prefix(r, "%s: revision '%s'", arg, id.rev);
+        if (r < 0) {
             char refs[512], dir[4500];
             int k;
             PUT_PATH(dir, "%s/refs", repo);
@@ -169,7 +173,9 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
         size_t a = 0, b = len;
         while (a < b && isspace((unsigned char)txt[a])) a++;
         while (b > a && isspace((unsigned char)txt[b - 1])) b--;
-        int ok = b - a > 0 && b - a < sizeof commit && !memchr(txt + a, '/', b - a);
+        /* a folder name under snapshots/ (a 40-digit hash as huggingface_hub writes it):
+         * never "..", which would name the repository folder itself */
+        int ok = name_ok(txt + a, b - a);
         if (ok) snprintf(commit, sizeof commit, "%.*s", (int)(b - a), txt + a);
         free(txt);
         if (!ok)
@@ -210,12 +216,16 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
 int ft_hub_repo_id(const char *path, char *out, size_t n)
 {
     if (!path) return 0;
-    const char *s = strstr(path, "/snapshots/");
+    /* the first "/snapshots/" after a models--ORG--NAME component (or models--NAME for an id
+     * without an org): the cache folder's own path may hold another */
+    const char *s = path, *c = NULL;
+    while ((s = strstr(s, "/snapshots/"))) {
+        c = s;
+        while (c > path && c[-1] != '/') c--;
+        if (!strncmp(c, "models--", 8)) break;
+        s++;
+    }
     if (!s) return 0;
-    /* the component before: models--ORG--NAME (or models--NAME for an id without an org) */
-    const char *c = s;
-    while (c > path && c[-1] != '/') c--;
-    if (strncmp(c, "models--", 8)) return 0;
     const char *on = c + 8, *sep = NULL;
     for (const char *p = on; p + 1 < s; p++)
         if (p[0] == '-' && p[1] == '-') {
@@ -228,7 +238,7 @@ int ft_hub_repo_id(const char *path, char *out, size_t n)
     if ((sep && !name_ok(on, ol)) || !name_ok(nm, nl)) return 0;
     /* then a commit folder */
     const char *cm = s + 11, *e = strchr(cm, '/');
-    if ((e ? (size_t)(e - cm) : strlen(cm)) == 0) return 0;
+    if (!name_ok(cm, e ? (size_t)(e - cm) : strlen(cm))) return 0;
     if ((sep ? ol + 1 : 0) + nl + 1 > n) return 0;
     if (sep) snprintf(out, n, "%.*s/%.*s", (int)ol, on, (int)nl, nm);
     else snprintf(out, n, "%.*s", (int)nl, nm);

@@ -27,13 +27,15 @@ int ft_hub_cache_dir(char *out, size_t n);
  * the loader reports the missing path), or < 0: FT_E_NOTFOUND naming the cache folder
  * looked in and how to download the model (not cached, an unknown revision, a snapshot
  * missing), FT_E_INVALID (a GGUF-only snapshot with several .gguf files: their names are
- * listed), FT_E_RANGE (a path longer than n). */
+ * listed; a refs file that holds no snapshot folder name), -errno (a refs file there but
+ * unreadable), FT_E_RANGE (a path longer than n). REV has no '/' (not "refs/pr/N"). */
 int ft_hub_resolve(const char *arg, char *out, size_t n);
 
 /* The id "org/name" of a path inside a cache snapshot (".../models--org--name/snapshots/
  * <commit>[/FILE]") into out: what adapter_config.json's base_model_name_or_path should say,
- * so that PEFT and vLLM load the base by its id. Returns 1, or 0 when path is not in a
- * snapshot (out unchanged). */
+ * so that PEFT and vLLM load the base by its id (the revision is not kept: the path names
+ * a commit, not the ref it was reached by). Returns 1, or 0 when path is not in a snapshot
+ * or out (n bytes) is too small (out unchanged). */
 int ft_hub_repo_id(const char *path, char *out, size_t n);
 
 #endif

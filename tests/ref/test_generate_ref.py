@@ -339,6 +339,21 @@ def test_tiny_prompts_file_greedy(tmp_path):
     assert got[1]["reply"] == one["text"] and got[1]["prompt_tokens"] == len(one["prompt_ids"])
 
 
+def test_tiny_prompts_file_one_new_token(tmp_path):
+    """--max-new-tokens 1: every record finishes at the token its prefill samples, so its slot
+    takes the next record at once and the finished lines wait to be written in order; each
+    keeps its own token (they shared the slot's token buffer: every line had the last
+    record's token, at any --batch)."""
+    path = write_jsonl(tmp_path / "p.jsonl", [r for r, _, _ in THREE])
+    extra = ["--max-new-tokens", 1, "--temperature", 1.0, "--seed", 7]
+    steps = lambda e: int(re.search(r"\((?:[0-9.]+) tok/s; (\d+) decode steps\)", e).group(1))
+    for batch in (8, 1):
+        lines, err = check_same_as_prompt(TINY, path, THREE, extra + ["--batch", batch],
+                                          seed_of=lambda x: x["seed"])
+        assert steps(err) == 0 and all(x["new_tokens"] == 1 for x in lines), err
+        assert len({x["reply"] for x in lines}) == 3, lines
+
+
 def test_tiny_prompts_file_sampled_seeds(tmp_path):
     """Sampling: record i draws with the seed the line reports (record 0 with --seed itself),
     and a separate --prompt run with that seed gives the same tokens. The tiny random model's

@@ -1431,6 +1431,30 @@ static void slots_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
     ft_gen_reset(&one);
     assert_int_equal(ft_gen_forward(&one, SEQ + 1, 4, lr, 1), 0);
     assert_true(max_diff(lb, lr, V) <= FT_TOL_KV_DECODE_REL * max_abs(lr, V));
+    /* a prompt longer than the chunk (8 + 4 tokens) prefilled into slot 2 while slot 0 is
+     * mid-decode, then the two decoded together: each row as its one-sequence decode */
+    ft_gen_reset_slot(&g, 2);
+    assert_int_equal(ft_gen_forward_slot(&g, 2, SEQ + 6, 8, lb, 1), 0);
+    assert_int_equal(ft_gen_forward_slot(&g, 2, SEQ + 14, 4, lb, 1), 0);
+    {
+        const int64_t s20[2] = {2, 0};
+        int32_t ids[16], t20[2] = {SEQ[18], SEQ[(off[0] + plen[0] + fed[0]) % N_SEQ]};
+        assert_int_equal(ft_gen_decode(&g, s20, t20, 2, lb), 0);
+        ft_gen_reset(&one);
+        assert_int_equal(ft_gen_forward(&one, SEQ + 6, 8, lr, 1), 0);
+        assert_int_equal(ft_gen_forward(&one, SEQ + 14, 4, lr, 1), 0);
+        assert_int_equal(ft_gen_forward(&one, t20, 1, lr, 1), 0);
+        assert_true(max_diff(lb, lr, V) <= FT_TOL_KV_DECODE_REL * max_abs(lr, V));
+        for (int64_t j = 0; j < plen[0]; j++) ids[j] = SEQ[off[0] + j];
+        for (int64_t j = 0; j <= fed[0]; j++) ids[plen[0] + j] = SEQ[(off[0] + plen[0] + j) % N_SEQ];
+        ft_gen_reset(&one);
+        assert_int_equal(ft_gen_forward(&one, ids, plen[0], lr, 1), 0);
+        for (int64_t j = 0; j <= fed[0]; j++)
+            assert_int_equal(ft_gen_forward(&one, ids + plen[0] + j, 1, lr, 1), 0);
+        assert_true(max_diff(lb + V, lr, V) <= FT_TOL_KV_DECODE_REL * max_abs(lr, V));
+        assert_int_equal(g.past[2], 13);
+        assert_int_equal(g.past[0], plen[0] + fed[0] + 1);
+    }
     /* a full slot refuses the step */
     int64_t s1[1] = {1};
     while (g.past[1] < CTX) assert_int_equal(ft_gen_decode(&g, s1, t2, 1, lb), 0);
@@ -1444,6 +1468,66 @@ static void slots_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
     free(lb);
     free(lr);
     free(tmp);
+    ft_gen_free(&g);
+    ft_gen_free(&one);
+}
+
+/* Dynamic NTK RoPE in batched decoding: the inverse frequencies depend on each sequence's
+ * length (ft_gen_set_rope_len_slot), so a decode step rotates each row with its own slot's
+ * table. Two slots with prompts of 3 and 9 tokens, decoded together (slot 1 first in the
+ * step), each within the KV-decode tolerance of a one-sequence ft_gen with that table, and
+ * far from one with the other slot's table (what using the step's first slot's table for
+ * every row would give). */
+static void test_gen_slots_dynamic_rope(void **state)
+{
+    fix *f = *state;
+    const ft_model_config saved = f->m->cfg;
+    f->m->cfg.rope_type = FT_ROPE_DYNAMIC;
+    f->m->cfg.rope_factor = 4.0;
+    f->m->cfg.rope_original_max_position_embeddings = 4; /* every length here scales the base */
+    const int64_t V = f->m->cfg.vocab_size, CTX = 32, NEW = 4, plen[2] = {3, 9}, off[2] = {0, 5};
+    ft_gen g, one;
+    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, &f->lora, NULL, CTX, 16, 2, 2), 0);
+    assert_int_equal(ft_gen_init(&one, f->be, f->m, &f->lora, CTX, 16, 1), 0);
+    float *lb = malloc((size_t)(2 * V) * 4), *lr = malloc((size_t)V * 4), *lo = malloc((size_t)V * 4);
+    assert_non_null(lb);
+    assert_non_null(lr);
+    assert_non_null(lo);
+    for (int64_t s = 0; s < 2; s++) {
+        assert_int_equal(ft_gen_set_rope_len_slot(&g, s, plen[s] + NEW), 0);
+        assert_int_equal(ft_gen_forward_slot(&g, s, SEQ + off[s], plen[s], lb + s * V, 1), 0);
+    }
+    const int64_t order[2] = {1, 0};
+    for (int64_t t = 0; t < NEW - 1; t++) {
+        int32_t tk[2];
+        for (int i = 0; i < 2; i++) tk[i] = SEQ[off[order[i]] + plen[order[i]] + t];
+        assert_int_equal(ft_gen_decode(&g, order, tk, 2, lb), 0);
+    }
+    double worst = 0, nearest_other = INFINITY;
+    for (int i = 0; i < 2; i++) {
+        const int64_t s = order[i], n = plen[s] + NEW - 1;
+        for (int k = 0; k < 2; k++) { /* k = 0: slot s's own length; 1: the other slot's */
+            const int64_t len = plen[k ? 1 - s : s] + NEW;
+            float *out = k ? lo : lr;
+            ft_gen_reset(&one);
+            assert_int_equal(ft_gen_set_rope_len(&one, len), 0);
+            assert_int_equal(ft_gen_forward(&one, SEQ + off[s], plen[s], out, 1), 0);
+            for (int64_t j = plen[s]; j < n; j++)
+                assert_int_equal(ft_gen_forward(&one, SEQ + off[s] + j, 1, out, 1), 0);
+        }
+        const double sc = max_abs(lr, V), d = max_diff(lb + i * V, lr, V);
+        worst = fmax(worst, d / sc);
+        nearest_other = fmin(nearest_other, max_diff(lb + i * V, lo, V) / sc);
+        assert_true(d <= FT_TOL_KV_DECODE_REL * sc);
+    }
+    printf("dynamic RoPE, 2 slots decoded together: max diff %.3e of max |logit| vs each one's "
+           "own table (bound %.0e), %.3e vs the other slot's\n", worst, FT_TOL_KV_DECODE_REL,
+           nearest_other);
+    assert_true(nearest_other > 100 * FT_TOL_KV_DECODE_REL);
+    f->m->cfg = saved;
+    free(lb);
+    free(lr);
+    free(lo);
     ft_gen_free(&g);
     ft_gen_free(&one);
 }
@@ -1504,6 +1588,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gen_cache_reuse, setup, teardown),
         cmocka_unit_test(test_gen_through_exec),
         cmocka_unit_test_setup_teardown(test_gen_slots, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gen_slots_dynamic_rope, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,9 @@
  * huggingface.co/docs/hub/local-cache describes. */
 #include "tests/unit/harness.h"
 
+#include <errno.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "src/core/err.h"
 #include "src/model/hub_cache.h"
@@ -121,6 +123,23 @@ static void test_resolve(void **st)
     expect_fail("acme/bad", FT_E_INVALID, "does not hold a commit hash", NULL);
     put(c, "models--acme--empty/refs/main", " \n");
     expect_fail("acme/empty", FT_E_INVALID, "refs/main", NULL);
+    /* a ref of ".." named snapshots/.., the repository folder itself, taken as a snapshot */
+    put(c, "models--acme--up/refs/main", "..\n");
+    put(c, "models--acme--up/snapshots/" H1 "/config.json", "{}");
+    expect_fail("acme/up", FT_E_INVALID, "does not hold a commit hash", "refs/main");
+    put(c, "models--acme--up/refs/v1", ".");
+    expect_fail("acme/up@v1", FT_E_INVALID, "does not hold a commit hash", "refs/v1");
+    /* a refs file that is there but cannot be read: its error, not "no revision" (root reads
+     * it anyway) */
+    put(c, "models--acme--locked/refs/main", H1);
+    put(c, "models--acme--locked/snapshots/" H1 "/config.json", "{}");
+    if (geteuid() != 0) {
+        char lk[2048];
+        snprintf(lk, sizeof lk, "%s/models--acme--locked/refs/main", c);
+        assert_int_equal(chmod(lk, 0), 0);
+        expect_fail("acme/locked", -EACCES, "revision 'main'", "Permission denied");
+        assert_int_equal(chmod(lk, 0644), 0);
+    }
 
     /* GGUF repositories: one file is the model; several must be named */
     put(c, "models--acme--one-GGUF/refs/main", H1);
@@ -158,9 +177,14 @@ static void test_repo_id(void **st)
     assert_string_equal(id, "acme/m-GGUF");
     assert_int_equal(ft_hub_repo_id("/h/models--gpt2/snapshots/" H1 "/", id, sizeof id), 1);
     assert_string_equal(id, "gpt2");
+    /* a cache folder under a folder named snapshots: the snapshots/ after models--ORG--NAME */
+    assert_int_equal(ft_hub_repo_id("/data/snapshots/hub/models--acme--m/snapshots/" H1 "/m.gguf",
+                                    id, sizeof id), 1);
+    assert_string_equal(id, "acme/m");
     strcpy(id, "unchanged");
     const char *no[] = {"/models/llama", "/h/models--acme--m/snapshots/", "/h/models--acme--m/blobs/x",
                         "/h/datasets--acme--m/snapshots/" H1, "/h/models--ac me--m/snapshots/" H1,
+                        "/h/models--acme--m/snapshots/../../x", "/snapshots/x",
                         "tests/fixtures/tiny-llama", NULL};
     for (int i = 0; no[i]; i++) assert_int_equal(ft_hub_repo_id(no[i], id, sizeof id), 0);
     assert_int_equal(ft_hub_repo_id(NULL, id, sizeof id), 0);
