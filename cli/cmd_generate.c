@@ -61,6 +61,7 @@
 
 #define MAX_STOP 16
 #define GEN_EXEC_T 64 /* tokens of the executor that serves generation its weights */
+#define GEN_BATCH_DEFAULT 8 /* --prompts records decoded together unless --batch says */
 
 static double now_s(void)
 {
@@ -81,6 +82,7 @@ typedef struct gen_opts {
     const char *model, *adapter, *prompt, *system, *prompts, *out, *quant, *cache_dir;
     int raw, json, tmpl, no_think;
     int64_t max_new, top_k, seed, threads, batch;
+    int batch_set;              /* --batch given (else GEN_BATCH_DEFAULT, fitted to a GPU budget) */
     const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
     int64_t gpu_mem, host_mem;  /* --gpu-mem, --host-mem (0: defaults) */
     float temperature, top_p;
@@ -154,8 +156,25 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl,
         /* generation reads only the executor's weights: its activation arena (sized by T)
          * stays small, whatever the chunk (1024 tokens would be 1.65 GiB for an 8B model) */
         /* the KV cache and buffers allocated after the placement: kept out of its budget */
-        if (!e->s.be->ops->host_memory)
+        if (!e->s.be->ops->host_memory) {
+            /* the default batch on a GPU: at most a quarter of the budget for the KV caches
+             * (each sequence has its own), so that they do not push base layers out to the
+             * streamed tiers; an explicit --batch is taken as given */
+            size_t fb = 0, tb = 0;
+            uint64_t budget = o->gpu_mem > 0 ? (uint64_t)o->gpu_mem
+                              : !ft_backend_mem_free(e->s.be, &fb, &tb) ? (uint64_t)tb : 0;
+            const int64_t asked = slots;
+            while (!o->batch_set && slots > 1 && budget &&
+                   ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots) > budget / 4)
+                slots--;
+            if (slots < asked) {
+                fprintf(stderr, "ftune: %lld prompts at a time, not %lld: their KV caches of %lld "
+                        "tokens would take more than a quarter of the GPU budget (--batch sets it)\n",
+                        (long long)slots, (long long)asked, (long long)ctx);
+                e->slots = slots;
+            }
             e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots);
+        }
         FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
         FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
         FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, chunk, slots, slots));
@@ -681,7 +700,6 @@ int ft_cmd_generate(int argc, char **argv)
     o.max_new = 256;
     o.seed = -1;
     o.top_p = 1.0f;
-    o.batch = 8;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &o.model, "model folder or .gguf", 0, "PATH"},
         {"adapter", FT_OPT_STR, &o.adapter, "PEFT adapter folder to apply", 0, "DIR"},
@@ -702,9 +720,10 @@ int ft_cmd_generate(int argc, char **argv)
         {"top-k", FT_OPT_INT, &o.top_k, "sample among the k most likely tokens (0: off)"},
         {"top-p", FT_OPT_FLOAT, &o.top_p, "nucleus sampling mass (1: off)"},
         {"batch", FT_OPT_INT, &o.batch, "with --prompts: generate up to N records together, one forward per "
-         "token step for all of them (each layer's weights read once per step; default 8; 1: one "
-         "record after the other). A record's reply may differ in the last bits of its logits "
-         "from --batch 1 (the GEMMs sum N rows)", 0, "N"},
+         "token step for all of them (each layer's weights read once per step; 1: one record after "
+         "the other; default 8, on a GPU fewer when their KV caches would take more than a quarter "
+         "of the budget). A record's logits may differ from --batch 1's in the last bits where "
+         "fp32 or bf16 GEMMs sum N rows (not the CPU's in-place NF4 products)", 0, "N"},
         {"seed", FT_OPT_INT, &o.seed, "sampling seed (default: from the clock, printed); --prompts record i "
          "uses seed XOR (splitmix64 output i mod 2^53), record 0 the seed itself"},
         {"json", FT_OPT_FLAG, &o.json, "print one JSON object (ids, text, timings), no streaming"},
@@ -742,11 +761,17 @@ int ft_cmd_generate(int argc, char **argv)
         fprintf(stderr, "ftune: generate: --out goes with --prompts\n");
         return 2;
     }
-    if (o.batch < 1 || o.batch > FT_GEN_MAX_SLOTS) {
+    if (o.batch && !o.prompts) {
+        fprintf(stderr, "ftune: generate: --batch goes with --prompts\n");
+        return 2;
+    }
+    if (o.batch < 0 || o.batch > FT_GEN_MAX_SLOTS) {
         fprintf(stderr, "ftune: generate: --batch %lld: expected 1..%d\n", (long long)o.batch,
                 FT_GEN_MAX_SLOTS);
         return 2;
     }
+    o.batch_set = o.batch > 0;
+    if (!o.batch) o.batch = GEN_BATCH_DEFAULT;
     if (o.max_new < 1 || o.max_new > 1000000 || o.top_k < 0 || !(o.temperature >= 0) ||
         !(o.top_p > 0 && o.top_p <= 1)) {
         fprintf(stderr, "ftune: generate: --max-new-tokens must be 1..1000000, --top-k >= 0, "

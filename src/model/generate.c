@@ -3,6 +3,7 @@
 #include "src/model/generate.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -411,13 +412,22 @@ static int forward_rows(ft_gen *g, const gen_rows *rw, const int32_t *ids, int64
     else FT_TRY(g->src->embed_rows(g->src->ctx, ids, n, g->x));
     float *x = g->x, *y = g->y;
     if (g->src && g->src->begin) FT_TRY(g->src->begin(g->src->ctx));
-    for (int64_t l = 0; l < c->num_hidden_layers; l++) {
-        FT_TRY(block(g, l, rw, n, x, y));
+    int rc = 0;
+    for (int64_t l = 0; !rc && l < c->num_hidden_layers; l++) {
+        rc = block(g, l, rw, n, x, y);
         float *t = x;
         x = y;
         y = t;
     }
-    if (g->src && g->src->end) FT_TRY(g->src->end(g->src->ctx));
+    /* the source's visit ends also after a failed layer (its message kept) */
+    if (g->src && g->src->end) {
+        char msg[1024];
+        if (rc) snprintf(msg, sizeof msg, "%s", ft_errmsg());
+        int re = g->src->end(g->src->ctx);
+        if (rc) return ft_err(rc, "%s", msg);
+        FT_TRY(re);
+    }
+    FT_TRY(rc);
     FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x + (n - rows) * C, g->final_norm, rows, C,
                           c->rms_norm_eps));
     FT_TRY(o->lm_head_logits(be, g->logits, g->xn, g->lm_head, rows, C, V));

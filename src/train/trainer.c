@@ -121,7 +121,7 @@ typedef struct run {
     double *ref_train, *ref_eval; /* DPO: reference nlls by pair (dpo_run.h), 2 per pair */
     double eval_reward_accuracy;  /* DPO: the last evaluation's (NAN before one) */
     int quant;                    /* FT_PACK_QUANT_* of the base */
-    char base_name[512];          /* adapter_config.json's base_model_name_or_path: --model, or
+    char base_name[4200];         /* adapter_config.json's base_model_name_or_path: --model, or
                                    * the id of a Hugging Face cache snapshot (hub_cache.h) */
 } run;
 
