@@ -297,10 +297,11 @@ def ftune_prompts(model, path, *extra, check=True):
     return p.returncode, lines, err
 
 
-def check_same_as_prompt(model, path, records, extra, seed_of=None):
-    """Each JSON line of a --prompts run equals a separate --prompt --json run of that
-    record (the same prompt ids: same count, and same draws when sampling; same reply)."""
-    _, lines, err = ftune_prompts(model, path, *extra)
+def check_same_as_prompt(model, path, records, extra, seed_of=None, batch=()):
+    """Each JSON line of a --prompts run (with the flags `batch`, e.g. ["--batch", 1]) equals a
+    separate --prompt --json run of that record (the same prompt ids: same count, and same
+    draws when sampling; same reply)."""
+    _, lines, err = ftune_prompts(model, path, *extra, *batch)
     assert [x["index"] for x in lines] == list(range(len(records))), lines
     for (rec, flags, ref), x in zip(records, lines):
         seed = [] if seed_of is None else ["--seed", seed_of(x)]
@@ -348,8 +349,8 @@ def test_tiny_prompts_file_one_new_token(tmp_path):
     extra = ["--max-new-tokens", 1, "--temperature", 1.0, "--seed", 7]
     steps = lambda e: int(re.search(r"\((?:[0-9.]+) tok/s; (\d+) decode steps\)", e).group(1))
     for batch in (8, 1):
-        lines, err = check_same_as_prompt(TINY, path, THREE, extra + ["--batch", batch],
-                                          seed_of=lambda x: x["seed"])
+        lines, err = check_same_as_prompt(TINY, path, THREE, extra, seed_of=lambda x: x["seed"],
+                                          batch=["--batch", batch])
         assert steps(err) == 0 and all(x["new_tokens"] == 1 for x in lines), err
         assert len({x["reply"] for x in lines}) == 3, lines
 
