@@ -35,6 +35,7 @@ stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 cap() { local l n=$(( $1 * TSCALE )); l=$(( $(left) - 10 )); [ "$n" -lt "$l" ] && echo "$n" || echo "$l"; }
 FINAL_OUT=$OUT
+mkdir -p "$FINAL_OUT"  # the results.tgz of the EXIT trap lands there
 OUT=$TMPW/res
 mkdir -p $OUT
 trap 'tar czf "$FINAL_OUT/results.tgz" -C "$TMPW" res 2>/dev/null; ls -la "$FINAL_OUT"
