@@ -597,12 +597,10 @@ int ft_gguf_model_config(const ft_gguf *g, ft_model_config *c, const char **arch
 static int check_finite(const char *path, const char *name, const float *v, int64_t n,
                         int64_t first)
 {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(v[i]))
-            return ft_err(FT_E_CORRUPT, "%s: tensor \"%s\": element %lld dequantizes to %s (a "
-                          "corrupt file)", path, name, (long long)(first + i),
-                          isnan(v[i]) ? "NaN" : "infinity");
-    return 0;
+    const int64_t i = ft_quant_first_nonfinite(v, n);
+    if (i == n) return 0;
+    return ft_err(FT_E_CORRUPT, "%s: tensor \"%s\": element %lld dequantizes to %s (a corrupt "
+                  "file)", path, name, (long long)(first + i), isnan(v[i]) ? "NaN" : "infinity");
 }
 
 /* Dequantizes tensor `name`, which must have ggml ne = [cols, rows] (HF (rows, cols)), or

@@ -108,6 +108,15 @@ float ft_quant_f16_to_f32(uint16_t h)
     return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+int64_t ft_quant_first_nonfinite(const float *v, int64_t n)
+{
+    int64_t bad = n;
+#pragma omp parallel for schedule(static) reduction(min : bad) if (n > 262144)
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i]) && i < bad) bad = i;
+    return bad;
+}
+
 float ft_quant_bf16_to_f32(uint16_t b)
 {
     return bits_f32((uint32_t)b << 16);

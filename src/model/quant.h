@@ -82,6 +82,11 @@ int64_t ft_quant_bytes(int type, int64_t n);
  * a multiple of the block size); records a message naming the type. */
 int ft_quant_dequant(int type, const void *src, float *dst, int64_t n);
 
+/* The index of the first of v[0..n) that is NaN or infinite, or n when all are finite (the
+ * loaders' check that a model holds no such value: loader.c for GGUF tensors, safetensors.c
+ * ft_st_to_f32). Large n is scanned in parallel (OpenMP); the answer is the same. */
+int64_t ft_quant_first_nonfinite(const float *v, int64_t n);
+
 /* Exact IEEE binary16 -> binary32 (subnormals, inf, NaN kept). */
 float ft_quant_f16_to_f32(uint16_t h);
 /* Exact bfloat16 -> binary32 (the top 16 bits of the float). */

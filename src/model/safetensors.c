@@ -359,10 +359,7 @@ const char *ft_st_meta(const ft_st_file *f, const char *key)
  * than surfacing steps later as NaN losses (the GGUF loader's rule, loader.c check_finite). */
 static int check_finite(const ft_st_tensor *t, const float *out, int64_t n)
 {
-    int64_t bad = n;
-#pragma omp parallel for schedule(static) reduction(min : bad) if (n > 262144)
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(out[i]) && i < bad) bad = i;
+    const int64_t bad = ft_quant_first_nonfinite(out, n);
     if (bad == n) return 0;
     return ft_err(FT_E_CORRUPT, "offset %lld: tensor \"%s\" element %lld is %s, where a model "
                   "or adapter file holds only finite values (a corrupt or diverged file)",
