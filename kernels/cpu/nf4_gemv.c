@@ -25,11 +25,7 @@
 
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define FT_NF4_GEMV_X86 1
-#endif
-
+#include "kernels/cpu/simd_x86.h"
 #include "src/core/err.h"
 
 int ft_cpu_nf4_gemv_ok(const ft_nf4_tensor *t, int64_t out, int64_t in)
@@ -93,23 +89,13 @@ static void row_c(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe
 
 /* ---- AVX2 + FMA -------------------------------------------------------------------------- */
 
-#ifdef FT_NF4_GEMV_X86
-
-#define AVX2 __attribute__((target("avx2,fma")))
+#ifdef FT_CPU_X86
 
 /* The code values of the 8 nibbles in v (0..15 each): entries 0-7 from c0, 8-15 from c1. */
-static inline AVX2 __m256 lut16(__m256i v, __m256 c0, __m256 c1)
+static inline FT_AVX2 __m256 lut16(__m256i v, __m256 c0, __m256 c1)
 {
     __m256 lo = _mm256_permutevar8x32_ps(c0, v), hi = _mm256_permutevar8x32_ps(c1, v);
     return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
-}
-
-static inline AVX2 float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* row_c for a constant T (1 or 2, inlined per value): 16 weights per step, decoded once for the
@@ -118,7 +104,7 @@ static inline AVX2 float hsum8(__m256 v)
  * scaled by its absmax, so every row is summed in the same order whatever T is: a row's
  * result does not depend on the rows computed with it (batched decoding gives the bits of
  * one-row decoding). */
-static inline AVX2 __attribute__((always_inline)) void
+static inline FT_AVX2 __attribute__((always_inline)) void
 row_avx2_t(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe, const float *xo,
            const int T, __m256 c0, __m256 c1, float *res)
 {
@@ -144,7 +130,7 @@ row_avx2_t(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe, const
         const __m256 av = _mm256_set1_ps(a);
         for (int i = 0; i < T; i++) acc[i] = _mm256_fmadd_ps(_mm256_add_ps(sh[i], sl[i]), av, acc[i]);
     }
-    for (int i = 0; i < T; i++) res[i] = hsum8(acc[i]);
+    for (int i = 0; i < T; i++) res[i] = ft_hsum8(acc[i]);
 }
 
 
@@ -152,8 +138,8 @@ row_avx2_t(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe, const
  * rows (eight chains, the absmax-scaled sums and the LUT registers) the loop spills, and two
  * passes of two were faster on the 2-core VM (4096 x 4096, one thread, 2026-11-27: T = 4
  * 6.6-7.2 vs 7.9-8.7 ms, T = 8 13.0-15.1 vs 15.4-15.5 ms). */
-static AVX2 void row_avx2(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe,
-                          const float *xo, int64_t T, float *res)
+static FT_AVX2 void row_avx2(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe,
+                             const float *xo, int64_t T, float *res)
 {
     const __m256 c0 = _mm256_loadu_ps(t->code), c1 = _mm256_loadu_ps(t->code + 8);
     const int64_t h = in / 2;
@@ -162,9 +148,6 @@ static AVX2 void row_avx2(const ft_nf4_tensor *t, int64_t o, int64_t in, const f
     if (i < T) row_avx2_t(t, o, in, xe + i * h, xo + i * h, 1, c0, c1, res + i);
 }
 
-static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-#else
-static int have_avx2(void) { return 0; }
 #endif
 
 /* ---- the entry ----------------------------------------------------------------------------- */
@@ -192,7 +175,7 @@ int ft_cpu_nf4_gemv_path(float *y, const float *x, const ft_nf4_tensor *t, int64
                       "for %lld x %lld", (long long)t->n, (long long)t->blocksize, (long long)out,
                       (long long)in);
     const int64_t h = in / 2;
-    const int have = have_avx2();
+    const int have = ft_cpu_have_avx2();
     if (path == FT_NF4_GEMV_AVX2 && !have)
         return ft_err(FT_E_UNSUPPORTED, "nf4 gemv: this CPU has no AVX2 and FMA");
     const int avx2 = path == FT_NF4_GEMV_AVX2 || (path == FT_NF4_GEMV_AUTO && have);
@@ -214,7 +197,7 @@ int ft_cpu_nf4_gemv_path(float *y, const float *x, const ft_nf4_tensor *t, int64
 #pragma omp parallel for schedule(static) if (out * in * n > 65536)
         for (int64_t o = 0; o < out; o++) {
             float res[ROWS_MAX];
-#ifdef FT_NF4_GEMV_X86
+#ifdef FT_CPU_X86
             if (avx2) row_avx2(t, o, in, xe, xo, n, res);
             else
 #endif

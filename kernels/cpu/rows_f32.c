@@ -16,11 +16,7 @@
  * nothing measurable at --batch 1, with the same replies. */
 #include "kernels/cpu/rows_f32.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define FT_ROWS_F32_X86 1
-#endif
-
+#include "kernels/cpu/simd_x86.h"
 #include "src/core/err.h"
 
 /* ---- portable C ------------------------------------------------------------------------ */
@@ -37,20 +33,10 @@ static void row_c(const float *w, const float *x, int64_t T, int64_t C, float *r
 
 /* ---- AVX2 + FMA -------------------------------------------------------------------------- */
 
-#ifdef FT_ROWS_F32_X86
-
-#define AVX2 __attribute__((target("avx2,fma")))
-
-static inline AVX2 float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#ifdef FT_CPU_X86
 
 /* res[i] (i < N, N constant 1..4: inlined per value) = w . x_i, one accumulator per row. */
-static inline AVX2 __attribute__((always_inline)) void
+static inline FT_AVX2 __attribute__((always_inline)) void
 dots(const float *w, const float *x, int64_t C, const int N, float *res)
 {
     __m256 a[4];
@@ -61,13 +47,13 @@ dots(const float *w, const float *x, int64_t C, const int N, float *res)
         for (int i = 0; i < N; i++) a[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * C + c), a[i]);
     }
     for (int i = 0; i < N; i++) {
-        float s = hsum8(a[i]);
+        float s = ft_hsum8(a[i]);
         for (int64_t k = c; k < C; k++) s += w[k] * x[i * C + k];
         res[i] = s;
     }
 }
 
-static AVX2 void row_avx2(const float *w, const float *x, int64_t T, int64_t C, float *res)
+static FT_AVX2 void row_avx2(const float *w, const float *x, int64_t T, int64_t C, float *res)
 {
     for (int64_t t = 0; t < T; t += 4) {
         const float *xt = x + t * C;
@@ -80,9 +66,6 @@ static AVX2 void row_avx2(const float *w, const float *x, int64_t T, int64_t C, 
     }
 }
 
-static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-#else
-static int have_avx2(void) { return 0; }
 #endif
 
 /* ---- the entry ----------------------------------------------------------------------------- */
@@ -99,7 +82,7 @@ int ft_cpu_rows_f32(float *y, const float *x, const float *W, int64_t T, int64_t
         return ft_err(FT_E_INVALID, "rows_f32: code path %d", path);
     if (!T || !V) return 0;
     if (!y || !x || !W) return ft_err(FT_E_INVALID, "rows_f32: NULL y, x or W");
-    const int have = have_avx2();
+    const int have = ft_cpu_have_avx2();
     if (path == FT_ROWS_F32_AVX2 && !have)
         return ft_err(FT_E_UNSUPPORTED, "rows_f32: this CPU has no AVX2 and FMA");
     const int avx2 = path == FT_ROWS_F32_AVX2 || (path == FT_ROWS_F32_AUTO && have);
@@ -111,7 +94,7 @@ int ft_cpu_rows_f32(float *y, const float *x, const float *W, int64_t T, int64_t
 #pragma omp parallel for schedule(static) if (V * C * n > 65536)
         for (int64_t v = 0; v < V; v++) {
             float res[ROWS_PASS];
-#ifdef FT_ROWS_F32_X86
+#ifdef FT_CPU_X86
             if (avx2) row_avx2(W + v * C, xr, n, C, res);
             else
 #endif

@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include "kernels/cpu/simd_x86.h"
 #include "kernels/cpu/nf4_gemv.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
@@ -104,7 +105,6 @@ static void check_path(const qt *q, int64_t out, int64_t in, int64_t T, float be
     free(scr);
 }
 
-static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
 /* Shapes: blocks within rows (in a multiple of 64), blocks spanning two rows (in = 48, 80),
  * nested and plain absmax, blocksize 32..256. */
@@ -121,7 +121,7 @@ static void test_paths_match_fp64(void **state)
         qt_make(&q, out, in, shapes[s][2], shapes[s][3], 100 + s);
         assert_true(ft_cpu_nf4_gemv_ok(&q.t, out, in));
         for (int p = 0; p < 2; p++) {
-            if (paths[p] == FT_NF4_GEMV_AVX2 && !have_avx2()) continue;
+            if (paths[p] == FT_NF4_GEMV_AVX2 && !ft_cpu_have_avx2()) continue;
             for (int64_t T = 1; T <= 9; T += (T < 5 ? 1 : 4))
                 for (int b = 0; b < 2; b++) check_path(&q, out, in, T, b ? 0.5f : 0.0f, paths[p], 7 * T + b);
         }
@@ -150,7 +150,7 @@ static void test_threads_and_auto(void **state)
     assert_int_equal(ft_cpu_nf4_gemv(y2, x, &q.t, T, out, in, 0.0f, scr), 0);
     omp_set_num_threads(nt);
     assert_memory_equal(y1, y2, (size_t)(T * out) * sizeof(float));
-    int path = have_avx2() ? FT_NF4_GEMV_AVX2 : FT_NF4_GEMV_PORTABLE;
+    int path = ft_cpu_have_avx2() ? FT_NF4_GEMV_AVX2 : FT_NF4_GEMV_PORTABLE;
     assert_int_equal(ft_cpu_nf4_gemv_path(y3, x, &q.t, T, out, in, 0.0f, scr, path), 0);
     assert_memory_equal(y1, y3, (size_t)(T * out) * sizeof(float));
     free(x);
@@ -188,7 +188,7 @@ static void test_unit_rows_exact(void **state)
         ft_rng_seed(&r, 31 + s);
         for (int64_t i = 0; i < T * out; i++) y0[i] = rnorm(&r);
         for (int p = 0; p < 2; p++) {
-            if (paths[p] == FT_NF4_GEMV_AVX2 && !have_avx2()) continue;
+            if (paths[p] == FT_NF4_GEMV_AVX2 && !ft_cpu_have_avx2()) continue;
             for (int b = 0; b < 2; b++) {
                 const float beta = b ? 0.5f : 0.0f;
                 memcpy(y, y0, (size_t)(T * out) * sizeof(float));
@@ -235,7 +235,7 @@ static void test_nan_passes_alignment(void **state)
     odd.codes = raw + 1;
     int paths[2] = {FT_NF4_GEMV_PORTABLE, FT_NF4_GEMV_AVX2};
     for (int p = 0; p < 2; p++) {
-        if (paths[p] == FT_NF4_GEMV_AVX2 && !have_avx2()) continue;
+        if (paths[p] == FT_NF4_GEMV_AVX2 && !ft_cpu_have_avx2()) continue;
         for (int64_t i = 0; i < T * out; i++) y[i] = NAN;
         assert_int_equal(ft_cpu_nf4_gemv_path(y, x, &q.t, T, out, in, 0.0f, scr, paths[p]), 0);
         for (int64_t i = 0; i < T * out; i++) assert_false(isnan(y[i]));
@@ -274,7 +274,7 @@ static void test_rows_independent(void **state)
     for (int64_t i = 0; i < TM * in; i++) x[i] = rnorm(&r);
     int paths[2] = {FT_NF4_GEMV_PORTABLE, FT_NF4_GEMV_AVX2};
     for (int p = 0; p < 2; p++) {
-        if (paths[p] == FT_NF4_GEMV_AVX2 && !have_avx2()) continue;
+        if (paths[p] == FT_NF4_GEMV_AVX2 && !ft_cpu_have_avx2()) continue;
         for (int64_t t = 0; t < TM; t++)
             assert_int_equal(ft_cpu_nf4_gemv_path(y1 + t * out, x + t * in, &q.t, 1, out, in, 0.0f,
                                                   scr, paths[p]), 0);

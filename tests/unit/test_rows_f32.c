@@ -7,12 +7,12 @@
 
 #include <omp.h>
 
+#include "kernels/cpu/simd_x86.h"
 #include "kernels/cpu/rows_f32.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
 
-static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
 static float *randv(int64_t n, uint64_t seed)
 {
@@ -33,7 +33,7 @@ static void test_vs_fp64(void **state)
         float *W = randv(V * C, 10 + s), *x = randv(TM * C, 20 + s);
         float *y = malloc((size_t)(TM * V) * sizeof(float)), *y1 = malloc((size_t)V * sizeof(float));
         for (int p = 0; p < 2; p++) {
-            if (paths[p] == FT_ROWS_F32_AVX2 && !have_avx2()) continue;
+            if (paths[p] == FT_ROWS_F32_AVX2 && !ft_cpu_have_avx2()) continue;
             for (int64_t T = 1; T <= TM; T += T < 9 ? 1 : 61) {
                 assert_int_equal(ft_cpu_rows_f32(y, x, W, T, C, V, paths[p]), 0);
                 double worst = 0;
