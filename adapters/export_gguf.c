@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "adapters/peft.h"
 #include "src/core/err.h"
@@ -146,12 +145,6 @@ static int write_pair(ft_gguf_w *w, const ft_peft_file *a, int64_t l, int p, int
     return rc;
 }
 
-static int path_exists(const char *p)
-{
-    struct stat st;
-    return p[0] && stat(p, &st) == 0;
-}
-
 int ft_export_gguf_lora(const char *adapter_dir, const char *out, const char *model, int type,
                         ft_export_info *info)
 {
@@ -166,12 +159,12 @@ int ft_export_gguf_lora(const char *adapter_dir, const char *out, const char *mo
     if (!model) {
         /* a local path, or an id in the Hugging Face cache (what training writes for a model
          * it found there) */
-        int h = path_exists(a.base_name) ? 0 : ft_hub_resolve(a.base_name, hub, sizeof hub);
+        int h = ft_path_exists(a.base_name) ? 0 : ft_hub_resolve(a.base_name, hub, sizeof hub);
         model = h == 1 ? hub : a.base_name;
         if (h < 0)
             rc = ft_err_prefix(h, "%s/adapter_config.json: base_model_name_or_path (or give the base "
                                "model with --model)", adapter_dir);
-        else if (h == 0 && !path_exists(a.base_name))
+        else if (h == 0 && !ft_path_exists(a.base_name))
             rc = ft_err(FT_E_INVALID, "%s/adapter_config.json: base_model_name_or_path \"%s\" is not a "
                         "local model folder or .gguf file, nor a Hugging Face id: give the base "
                         "model with --model (its config sets the architecture and the heads of the "

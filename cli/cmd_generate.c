@@ -114,6 +114,14 @@ typedef struct gen_env {
     int n_stop;
 } gen_env;
 
+/* 1 when token t ends a reply (the template's end-of-turn or an EOS id). */
+static int is_stop(const gen_env *e, int32_t t)
+{
+    for (int s = 0; s < e->n_stop; s++)
+        if (t == e->stop[s]) return 1;
+    return 0;
+}
+
 static void put_piece(const char *s, size_t n, int *last_nl)
 {
     if (!n) return;
@@ -160,9 +168,8 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl,
             /* the default batch on a GPU: at most a quarter of the budget for the KV caches
              * (each sequence has its own), so that they do not push base layers out to the
              * streamed tiers; an explicit --batch is taken as given */
-            size_t fb = 0, tb = 0;
-            uint64_t budget = o->gpu_mem > 0 ? (uint64_t)o->gpu_mem
-                              : !ft_backend_mem_free(e->s.be, &fb, &tb) ? (uint64_t)tb : 0;
+            ft_mem_budget mb = {0};
+            const uint64_t budget = ft_backend_mem_budget(e->s.be, o->gpu_mem, 0, &mb) ? 0 : mb.budget;
             const int64_t asked = slots;
             while (!o->batch_set && slots > 1 && budget &&
                    ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots) > budget / 4)
@@ -243,9 +250,7 @@ static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n,
         int32_t t;
         rc = ft_sample_next(&e->smp, e->logits, &t);
         if (rc) break;
-        int is_stop = 0;
-        for (int s = 0; s < e->n_stop; s++) is_stop |= t == e->stop[s];
-        if (is_stop) {
+        if (is_stop(e, t)) {
             r->stopped = 1;
             break;
         }
@@ -529,10 +534,8 @@ static int slot_advance(gen_env *e, const gen_opts *o, slot_run *sr, const float
     int rc = ft_sample_next(&e->smp, logits, &t);
     sr->rng = e->smp.rng;
     if (rc) return rc;
-    int is_stop = 0;
-    for (int s = 0; s < e->n_stop; s++) is_stop |= t == e->stop[s];
     sr->pending = 0;
-    if (is_stop) {
+    if (is_stop(e, t)) {
         sr->r.stopped = 1;
         *fin = 1;
         return 0;

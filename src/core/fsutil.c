@@ -157,6 +157,12 @@ int ft_mkdir_p(const char *path)
     return 0;
 }
 
+int ft_path_exists(const char *path)
+{
+    struct stat st;
+    return path && stat(path, &st) == 0;
+}
+
 int ft_is_dir(const char *path)
 {
     struct stat st;

@@ -22,6 +22,9 @@ int ft_write_file_atomic(const char *path, const void *data, size_t len);
 /* mkdir -p. Returns 0 or -errno. */
 int ft_mkdir_p(const char *path);
 
+/* 1 if path names something stat() reaches (a file, a folder, a link's target), else 0. */
+int ft_path_exists(const char *path);
+
 /* 1 if path is a directory, 0 if it is something else, -errno if it cannot be stat'ed. */
 int ft_is_dir(const char *path);
 

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -27,12 +26,6 @@ int ft_hub_cache_dir(char *out, size_t n)
                        "XDG_CACHE_HOME or HOME is set");
     if (w < 0 || (size_t)w >= n) return ft_err(FT_E_RANGE, "the Hugging Face cache path is too long");
     return 0;
-}
-
-static int path_exists(const char *p)
-{
-    struct stat st;
-    return stat(p, &st) == 0;
 }
 
 /* An org, repository or revision name: 1..ID_MAX of [A-Za-z0-9._-], not starting with '.'
@@ -137,7 +130,7 @@ static void only_gguf(const char *dir, char *name, size_t n, int *count)
 int ft_hub_resolve(const char *arg, char *out, size_t n)
 {
     hub_id id;
-    if (!arg || path_exists(arg) || !parse_id(arg, &id)) {
+    if (!arg || ft_path_exists(arg) || !parse_id(arg, &id)) {
         if (snprintf(out, n, "%s", arg ? arg : "") >= (int)n)
             return ft_err(FT_E_RANGE, "model path too long: %s", arg);
         return 0;
@@ -193,7 +186,7 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
         PUT_PATH(cfg, "%s/config.json", snap);
         PUT_PATH(acfg, "%s/adapter_config.json", snap);
         snprintf(got, sizeof got, "%s", snap);
-        if (!path_exists(cfg) && !path_exists(acfg)) { /* a GGUF repository: its file, when there is one */
+        if (!ft_path_exists(cfg) && !ft_path_exists(acfg)) { /* a GGUF repository: its file, when there is one */
             char name[256] = "";
             int k;
             only_gguf(snap, name, sizeof name, &k);
