@@ -9,6 +9,7 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/model/hub_cache.h"
 #include "src/model/quant.h"
 #include "src/model/safetensors.h"
 
@@ -22,8 +23,11 @@ static int write_config(const char *path, const ft_lora *l, const char *base_nam
 {
     /* Keys in sorted order, as PEFT writes them (json.dumps(sort_keys=True)). */
     cJSON *o = cJSON_CreateObject();
+    /* "org/name@REV": the id, and REV as PEFT's revision of the base */
+    char id[256], rev[128];
+    const int pinned = ft_hub_split_rev(base_name, id, sizeof id, rev, sizeof rev);
     cJSON_AddItemToObject(o, "alpha_pattern", cJSON_CreateObject());
-    cJSON_AddStringToObject(o, "base_model_name_or_path", base_name ? base_name : "");
+    cJSON_AddStringToObject(o, "base_model_name_or_path", pinned ? id : base_name ? base_name : "");
     cJSON_AddStringToObject(o, "bias", "none");
     cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(o, "inference_mode", 1);
@@ -36,7 +40,8 @@ static int write_config(const char *path, const ft_lora *l, const char *base_nam
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", (double)l->cfg.r);
     cJSON_AddItemToObject(o, "rank_pattern", cJSON_CreateObject());
-    cJSON_AddNullToObject(o, "revision");
+    if (pinned) cJSON_AddStringToObject(o, "revision", rev);
+    else cJSON_AddNullToObject(o, "revision");
     cJSON *t = cJSON_AddArrayToObject(o, "target_modules");
     for (int p = 0; p < FT_N_PROJ; p++)
         if (l->cfg.targets & (1u << p))
@@ -138,9 +143,18 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
     const cJSON *bn = cJSON_GetObjectItemCaseSensitive(o, "base_model_name_or_path");
     memset(cfg, 0, sizeof *cfg);
+    const cJSON *rev = cJSON_GetObjectItemCaseSensitive(o, "revision");
     if (base && base_n) {
         base[0] = 0;
         if (cJSON_IsString(bn)) snprintf(base, base_n, "%s", bn->valuestring);
+        /* a hub id with PEFT's revision reads as "org/name@REV", as --model takes it */
+        char id[256], rv[128];
+        size_t bl = strlen(base);
+        if (bl && cJSON_IsString(rev) && rev->valuestring[0] && !strchr(base, '@') &&
+            bl + 1 + strlen(rev->valuestring) < base_n) {
+            snprintf(base + bl, base_n - bl, "@%s", rev->valuestring);
+            if (!ft_hub_split_rev(base, id, sizeof id, rv, sizeof rv)) base[bl] = 0; /* a path */
+        }
     }
     if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "LORA"))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: \"peft_type\" must be \"LORA\"", path);

@@ -11,7 +11,10 @@
 
 /* Writes DIR/adapter_model.safetensors then DIR/adapter_config.json, each to a temporary
  * name, fsynced and renamed (a failure leaves no partial file under the final names).
- * base_name goes to base_model_name_or_path. Creates DIR. Returns 0 or -errno. */
+ * base_name goes to base_model_name_or_path; a Hugging Face id with a revision, "org/name@REV"
+ * (hub_cache.h ft_hub_split_rev), goes there as "org/name" with "revision": "REV", PEFT's
+ * revision of the base (peft/config.py; AutoPeftModel loads the base at it). Creates DIR.
+ * Returns 0 or -errno. */
 int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *base_name);
 /* ft_peft_save of other values in l's layout (values: l->n_params host floats, A where l's A
  * is, B where its B is), e.g. the frozen correction of a quantized base (adapters/qcorr.h). */
@@ -55,7 +58,8 @@ void ft_peft_key(char *out, size_t n, int64_t layer, int p, char which);
 typedef struct ft_peft_file {
     ft_lora_cfg cfg;                 /* r, alpha, use_rslora, targets (dropout, seed unused) */
     float scale;                     /* alpha / r, or alpha / sqrt(r) with rsLoRA (fp32) */
-    char base_name[1024];            /* base_model_name_or_path ("" if absent or null) */
+    char base_name[1024];            /* base_model_name_or_path ("" if absent or null); a hub
+                                      * id with a "revision" reads "org/name@REV" */
     char path[4200];                 /* DIR/adapter_model.safetensors */
     int64_t n_layers;
     int64_t in_n[FT_N_PROJ], out_n[FT_N_PROJ]; /* per targeted projection */

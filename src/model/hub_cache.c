@@ -237,3 +237,51 @@ int ft_hub_repo_id(const char *path, char *out, size_t n)
     else snprintf(out, n, "%.*s", (int)nl, nm);
     return 1;
 }
+
+int ft_hub_pinned_commit(const char *path, char *out, size_t n)
+{
+    char id[2 * ID_MAX + 2];
+    if (!ft_hub_repo_id(path, id, sizeof id)) return 0;
+    /* ft_hub_repo_id found a "/snapshots/<commit>" after a models--... component: the same
+     * search gives the repository folder and the commit */
+    const char *s = path, *c = NULL;
+    while ((s = strstr(s, "/snapshots/"))) {
+        c = s;
+        while (c > path && c[-1] != '/') c--;
+        if (!strncmp(c, "models--", 8)) break;
+        s++;
+    }
+    if (!s) return 0;
+    const char *cm = s + 11, *e = strchr(cm, '/');
+    size_t cl = e ? (size_t)(e - cm) : strlen(cm);
+    char ref[4800];
+    int w = snprintf(ref, sizeof ref, "%.*s/refs/main", (int)(s - path), path);
+    if (w < 0 || (size_t)w >= sizeof ref || cl + 1 > n) return 0;
+    char *txt = NULL;
+    size_t len = 0;
+    int r = ft_read_file(ref, &txt, &len);
+    int pinned;
+    if (r < 0) {
+        ft_err_clear();
+        pinned = r == -ENOENT; /* no main branch: the commit is the only name */
+    } else {
+        size_t a = 0, b = len;
+        while (a < b && isspace((unsigned char)txt[a])) a++;
+        while (b > a && isspace((unsigned char)txt[b - 1])) b--;
+        pinned = !(b - a == cl && !memcmp(txt + a, cm, cl));
+        free(txt);
+    }
+    if (!pinned) return 0;
+    snprintf(out, n, "%.*s", (int)cl, cm);
+    return 1;
+}
+
+int ft_hub_split_rev(const char *s, char *id, size_t n, char *rev, size_t rn)
+{
+    hub_id h;
+    if (!s || !strchr(s, '@') || !parse_id(s, &h) || h.file) return 0;
+    int w = snprintf(id, n, "%s/%s", h.org, h.name);
+    if (w < 0 || (size_t)w >= n) return 0;
+    w = snprintf(rev, rn, "%s", h.rev);
+    return w >= 0 && (size_t)w < rn;
+}

@@ -38,4 +38,17 @@ int ft_hub_resolve(const char *arg, char *out, size_t n);
  * or out (n bytes) is too small (out unchanged). */
 int ft_hub_repo_id(const char *path, char *out, size_t n);
 
+/* The commit of a path inside a cache snapshot (as ft_hub_repo_id takes it) into out (n
+ * bytes) when the repository's refs/main does not name that snapshot (it was reached by
+ * another branch, a tag or a commit, or there is no refs/main): what PEFT's `revision` should
+ * say so that the base loads at that commit. Returns 1, or 0 when the snapshot is main's, the
+ * path is not in a snapshot, refs/main cannot be read apart from being absent, or out is too
+ * small. Reads <cache>/models--<org>--<name>/refs/main. */
+int ft_hub_pinned_commit(const char *path, char *out, size_t n);
+
+/* Splits s = "org/name@REV" (an id with a revision and no FILE part, the shape
+ * ft_hub_resolve takes) into id (n bytes) and rev (rn bytes). Returns 1, or 0 when s has
+ * another shape or a part does not fit (id and rev then unspecified). */
+int ft_hub_split_rev(const char *s, char *id, size_t n, char *rev, size_t rn);
+
 #endif

@@ -957,8 +957,16 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     FT_TRY(check_finite_cfg(c));
     if (!c->model) return ft_err(FT_E_INVALID, "missing --model");
     /* a model from the Hugging Face cache is named by its id, so PEFT and vLLM find the base */
-    if (!ft_hub_repo_id(c->model, r->base_name, sizeof r->base_name))
+    if (!ft_hub_repo_id(c->model, r->base_name, sizeof r->base_name)) {
         snprintf(r->base_name, sizeof r->base_name, "%s", c->model);
+    } else {
+        /* reached by another branch, a tag or a commit than main: "org/name@<commit>",
+         * written as PEFT's revision (adapters/peft.h) */
+        char commit[128];
+        size_t bl = strlen(r->base_name);
+        if (ft_hub_pinned_commit(c->model, commit, sizeof commit))
+            snprintf(r->base_name + bl, sizeof r->base_name - bl, "@%s", commit);
+    }
     if (!c->data || c->n_data < 1) return ft_err(FT_E_INVALID, "missing --data");
     /* the weights are read once the base's quantization is known: a QLoRA base comes from the
      * pack, built by streaming the safetensors, so the fp32 model is never in host memory */

@@ -104,3 +104,39 @@ def test_revision_and_missing_ref(tmp_path):
     assert a.stdout == b.stdout and json.loads(a.stdout.splitlines()[0])["ids"]
     c = run_env(args + ["acme/tiny-llama@v2"], env, tmp_path)
     assert c.returncode == 1 and "no revision 'v2'" in c.stderr and "main" in c.stderr, c.stderr
+
+
+def test_revision_written_for_peft(tmp_path):
+    """`--model org/name@v2` (a tag naming another commit than main): the adapter names the
+    base by its id and pins the commit in PEFT's "revision" (AutoPeftModel loads the base at
+    it); export reads both and finds that snapshot; main's snapshot leaves revision null."""
+    cache, snap = fake_cache(tmp_path)
+    env = env_with(cache)
+    repo = cache / "models--acme--tiny-llama"
+    other = "0ddc0ffee0ddba11c0de5eed0123456789abcdef"
+    shutil.copytree(snap, repo / "snapshots" / other, symlinks=True)
+    (repo / "refs" / "v2").write_text(other + "\n")
+    common = ["--data", SEED_DATA, "--max-steps", "1", "--seq-len", "64", "--threads", "1",
+              "--eval-fraction", "0"]
+    for model, want in (("acme/tiny-llama@v2", other), (f"acme/tiny-llama@{other}", other),
+                        ("acme/tiny-llama", None), (f"acme/tiny-llama@{COMMIT}", None)):
+        out = tmp_path / ("out-" + model.replace("/", "_"))
+        r = run_env(["train", "--model", model, "--out", out] + common, env, tmp_path)
+        assert r.returncode == 0, r.stderr
+        cfg = json.loads((out / "adapter_config.json").read_text())
+        assert cfg["base_model_name_or_path"] == "acme/tiny-llama", cfg
+        assert cfg["revision"] == want, (model, cfg["revision"])
+    # export resolves id + revision: with v2's snapshot gone the pinned adapter is refused
+    # (naming the commit), main's still exports
+    pinned, plain = tmp_path / "out-acme_tiny-llama@v2", tmp_path / "out-acme_tiny-llama"
+    x = run_env(["export", "--adapter", pinned, "--format", "gguf", "--out", tmp_path / "a.gguf"],
+                env, tmp_path)
+    assert x.returncode == 0, x.stderr
+    shutil.rmtree(repo / "snapshots" / other)
+    x = run_env(["export", "--adapter", pinned, "--format", "gguf", "--out", tmp_path / "b.gguf"],
+                env, tmp_path)
+    assert x.returncode == 1 and other in x.stderr, x.stderr
+    assert not (tmp_path / "b.gguf").exists()
+    x = run_env(["export", "--adapter", plain, "--format", "gguf", "--out", tmp_path / "c.gguf"],
+                env, tmp_path)
+    assert x.returncode == 0, x.stderr

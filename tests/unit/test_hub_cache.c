@@ -194,12 +194,51 @@ static void test_repo_id(void **st)
     assert_string_equal(id, "acme/m");
 }
 
+/* PEFT's revision of a base found in the cache: the snapshot's commit unless refs/main
+ * names it; and "org/name@REV" split back for writing. */
+static void test_pinned_commit(void **st)
+{
+    (void)st;
+    char *c = t_tmpdir();
+    char snap1[1024], snap2[1024], out[64];
+    put(c, "models--acme--m/refs/main", H1 "\n");
+    put(c, "models--acme--m/refs/v2", H2);
+    put(c, "models--acme--m/snapshots/" H1 "/config.json", "{}");
+    put(c, "models--acme--m/snapshots/" H2 "/config.json", "{}");
+    snprintf(snap1, sizeof snap1, "%s/models--acme--m/snapshots/" H1, c);
+    snprintf(snap2, sizeof snap2, "%s/models--acme--m/snapshots/" H2 "/config.json", c);
+    assert_int_equal(ft_hub_pinned_commit(snap1, out, sizeof out), 0); /* main's */
+    assert_int_equal(ft_hub_pinned_commit(snap2, out, sizeof out), 1);
+    assert_string_equal(out, H2);
+    assert_int_equal(ft_hub_pinned_commit(snap2, out, 40), 0); /* no room for the NUL */
+    assert_int_equal(ft_hub_pinned_commit("/models/llama", out, sizeof out), 0);
+    /* a repository without a main branch: the commit is the only name */
+    put(c, "models--acme--nomain/snapshots/" H1 "/config.json", "{}");
+    snprintf(snap1, sizeof snap1, "%s/models--acme--nomain/snapshots/" H1, c);
+    assert_int_equal(ft_hub_pinned_commit(snap1, out, sizeof out), 1);
+    assert_string_equal(out, H1);
+
+    char id[64], rev[64];
+    assert_int_equal(ft_hub_split_rev("acme/m@" H2, id, sizeof id, rev, sizeof rev), 1);
+    assert_string_equal(id, "acme/m");
+    assert_string_equal(rev, H2);
+    assert_int_equal(ft_hub_split_rev("acme/m@v2", id, sizeof id, rev, sizeof rev), 1);
+    assert_string_equal(rev, "v2");
+    const char *no[] = {"acme/m", "/abs/acme@v2", "acme/m@v2/x.gguf", "acme/m@", "acme@v2",
+                        "./a/b@v2", "acme/m@../x", NULL};
+    for (int i = 0; no[i]; i++) assert_int_equal(ft_hub_split_rev(no[i], id, sizeof id, rev, sizeof rev), 0);
+    assert_int_equal(ft_hub_split_rev(NULL, id, sizeof id, rev, sizeof rev), 0);
+    assert_int_equal(ft_hub_split_rev("acme/m@v2", id, 6, rev, sizeof rev), 0);
+    t_rmtree(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cache_dir),
         cmocka_unit_test(test_resolve),
         cmocka_unit_test(test_repo_id),
+        cmocka_unit_test(test_pinned_commit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
