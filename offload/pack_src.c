@@ -171,6 +171,13 @@ static void hf_release(void *user, int64_t l, int role)
 
 /* ---- GGUF source (through the loader: dequantized, q/k unpermuted) ------------------------ */
 
+/* A llama-arch GGUF with attention biases may lack blk.N.attn_output.bias (llama.cpp loads
+ * it as optional; the loader then gives o_proj none), while the pack's layout, from the
+ * config alone (ft_pack_has_bias), has an o bias for every llama-type model with
+ * attention_bias, as transformers' LlamaAttention does. Its slot is then zeros: the same
+ * outputs as no bias. */
+#define O_BIAS (FT_PACK_ROLE_B0 + FT_O)
+
 static const float *gguf_base(const ft_model *m, int64_t l, int role)
 {
     if (l < 0)
@@ -189,6 +196,10 @@ static int gguf_read_f32(void *user, int64_t l, int role, int64_t row0, int64_t 
                          int64_t cols, float *dst)
 {
     const float *b = gguf_base(user, l, role);
+    if (!b && role == O_BIAS) { /* see O_BIAS */
+        memset(dst, 0, (size_t)(n_rows * cols) * sizeof *dst);
+        return 0;
+    }
     if (!b) return ft_err(FT_E_INVALID, "layer %lld: tensor role %d missing", (long long)l, role);
     memcpy(dst, b + row0 * cols, (size_t)(n_rows * cols) * sizeof *dst);
     return 0;
@@ -209,6 +220,11 @@ static int gguf_stream_f32(void *user, int64_t l, int role, int64_t row0, int64_
     gguf_src *s = user;
     char name[256];
     FT_TRY(hf_name(s->cfg, l, role, name, sizeof name));
+    int perm;
+    if (role == O_BIAS && !ft_gguf_hf_tensor(s->g, name, &perm)) { /* see O_BIAS */
+        memset(dst, 0, (size_t)(n_rows * cols) * sizeof *dst);
+        return 0;
+    }
     return ft_gguf_hf_rows(s->g, s->cfg, name, row0, n_rows, cols, dst);
 }
 

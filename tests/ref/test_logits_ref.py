@@ -312,3 +312,61 @@ def test_adapter_example_gguf(tmp_path, example):
     j, got = ftune_logits(tmp_path, path, SMOL_IDS, adapter=ad)
     ref = check("SmolLM2-135M Q4_1 + LoRA q,k,v,o", cfg, wa, SMOL_IDS, j, got, TOL_LOGITS_REL_DEEP)
     assert_effect("SmolLM2 adapter removed", ref, R.forward(cfg, w, SMOL_IDS), TOL_LOGITS_REL_DEEP)
+
+
+def write_llama_qkv_bias_gguf(path):
+    """A 1-layer llama-arch GGUF with q/k/v biases and no attn_output.bias (llama.cpp loads the
+    o bias as optional), q/k rows and biases permuted as convert_hf_to_gguf.py does, F32
+    values of make_gguf_fixtures.pattern (names in HF order before the permutation)."""
+    import gguf
+    from make_gguf_fixtures import llama_kv, pattern, permute
+    C, F, H, Hkv, D, V = 64, 128, 4, 2, 16, 32
+    w = gguf.GGUFWriter(str(path), "llama")
+    llama_kv(w, 1, C, F, H, Hkv, D, V, 1e-5, 10000.0, 256)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    shapes = {"token_embd.weight": (V, C), "output_norm.weight": (C,), "output.weight": (V, C),
+              "blk.0.attn_norm.weight": (C,), "blk.0.ffn_norm.weight": (C,),
+              "blk.0.attn_q.weight": (H * D, C), "blk.0.attn_q.bias": (H * D,),
+              "blk.0.attn_k.weight": (Hkv * D, C), "blk.0.attn_k.bias": (Hkv * D,),
+              "blk.0.attn_v.weight": (Hkv * D, C), "blk.0.attn_v.bias": (Hkv * D,),
+              "blk.0.attn_output.weight": (C, H * D), "blk.0.ffn_gate.weight": (F, C),
+              "blk.0.ffn_up.weight": (F, C), "blk.0.ffn_down.weight": (C, F)}
+    for name, shape in shapes.items():
+        a = pattern(name, shape) * (8 if ".bias" in name or "attn_q" in name or "attn_k" in name else 1)
+        if name.startswith("blk.0.attn_q."):
+            a = permute(a, H, H)
+        elif name.startswith("blk.0.attn_k."):
+            a = permute(a, H, Hkv)
+        w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_llama_qkv_bias_without_o_bias(tmp_path):
+    """Such a file loads (the o projection without bias, as llama.cpp runs it: against the
+    reference), and its NF4 pack, whose layout gives every llama-type model with attention
+    biases an o bias (as transformers' LlamaAttention), builds with that slot zero: --quant
+    nf4 runs, within NF4's error of the fp32 logits. (The pack build had failed: the o bias
+    was missing from the file.)"""
+    path = tmp_path / "llama-qkv-bias.gguf"
+    write_llama_qkv_bias_gguf(path)
+    ids = [(i * 5 + 3) % 32 for i in range(20)]
+    cfg, w = R.load_gguf(str(path))
+    assert "model.layers.0.self_attn.q_proj.bias" in w and "model.layers.0.self_attn.o_proj.bias" not in w
+    j, got = ftune_logits(tmp_path, path, ids)
+    ref = check("llama q/k/v bias, no o bias", cfg, w, ids, j, got, TOL_LOGITS_REL_SMALL)
+    w2 = {k: v for k, v in w.items() if not k.endswith(".bias")}
+    assert_effect("llama q/k/v bias dropped", ref, R.forward(cfg, w2, ids), TOL_LOGITS_REL_SMALL)
+    out = tmp_path / "nf4.f32"
+    cmd = [ftune_bin(), "logits", "--model", str(path), "--ids", ",".join(map(str, ids)),
+           "--out", str(out), "--quant", "nf4", "--cache-dir", str(tmp_path / "packs")]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    nf4 = np.fromfile(out, dtype="<f4").reshape(got.shape)
+    scale = float(np.abs(got).max())
+    err = float(np.abs(nf4 - got).max())
+    print(f"[nf4 pack] max |nf4 - fp32| {err:.3e} of max |logit| {scale:.3e}")
+    assert np.all(np.isfinite(nf4)) and 0 < err <= 0.1 * scale
