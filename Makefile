@@ -37,6 +37,12 @@ NVCC         ?= $(shell command -v nvcc 2>/dev/null)
 NUMA_A       ?= $(firstword $(wildcard $(shell $(CC) -print-file-name=libnuma.a 2>/dev/null) /usr/lib/x86_64-linux-gnu/libnuma.a /usr/lib64/libnuma.a))
 NUMA         ?= $(if $(and $(NUMA_A),$(wildcard /usr/include/numa.h)),1,0)
 
+# zlib (src/core/fsutil.c: gzip data files, --data train.jsonl.gz): linked statically from
+# libz.a when found, as libnuma is (the lent GPU machine has libz.so.1 but maybe no libz.so
+# link to link against), else -lz. Debian: zlib1g-dev. ZLIB_LIBS can name another.
+ZLIB_A       ?= $(firstword $(wildcard $(shell $(CC) -print-file-name=libz.a 2>/dev/null) /usr/lib/x86_64-linux-gnu/libz.a /usr/lib64/libz.a))
+ZLIB_LIBS    ?= $(or $(ZLIB_A),-lz)
+
 have = $(if $(1),yes,NO)
 # CUDA backend (kernels/cuda/*.cu): built whenever nvcc is found, unless CUDA=0. The
 # sanitizer build leaves it out (ASan's shadow memory and the CUDA driver do not mix).
@@ -54,7 +60,7 @@ CUDA_LIBS  := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart_static -ldl -l
 CFLAGS     += -DFT_HAVE_CUDA
 endif
 
-$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) utf8proc=$(call have,$(UTF8PROC_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) libnuma=$(NUMA) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
+$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) utf8proc=$(call have,$(UTF8PROC_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) libnuma=$(NUMA) zlib=$(if $(ZLIB_A),static,-lz) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
 
 # liburing (offload/uring.c, the NVMe reader): used when found; without it the reader falls
 # back to pread and says so. URING_LIBS can name the static archive for the GPU bundle.
@@ -69,7 +75,7 @@ NUMA_LIBS  ?= $(NUMA_A)
 endif
 
 CFLAGS += $(BLAS_CFLAGS) $(CJSON_CFLAGS)
-LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(UTF8PROC_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(CUDA_LIBS) -lm -lpthread
+LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(UTF8PROC_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(ZLIB_LIBS) $(CUDA_LIBS) -lm -lpthread
 
 LIB_SRC := $(wildcard src/*/*.c kernels/*.c kernels/cpu/*.c offload/*.c adapters/*.c)
 CU_SRC  := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu) $(CU_EXTRA))

@@ -11,6 +11,8 @@
  *   --data FILE   the data set through ft_dataset_load (file order, no eval split, no
  *                 truncation); one line {"ids":[...],"labels":[...]} per example; repeated,
  *                 the files in the order given (ft_dataset_load_files)
+ * FILE may be "-" (standard input, for one of them), a pipe (<(cmd)) or gzip-compressed
+ * (ft_read_input's FT_INPUT_DATA).
  * Special tokens are added (post-processor, e.g. BOS) unless --no-special.
  * Exit codes: 0 success, 1 error (message "ftune: ..." on stderr), 2 usage.
  */
@@ -37,6 +39,7 @@ static void usage(FILE *f)
         "  --texts FILE         FILE holds one JSON string per line; print one JSON array of ids per line\n"
         "  --data FILE          tokenize a data set; print {\"ids\":[...],\"labels\":[...]} per example\n"
         "                       (repeat it for several files, printed in the order given)\n"
+        "                       FILE may be - (standard input), a pipe (<(cmd)) or gzip-compressed\n"
         "  --no-special         do not add the post-processor's special tokens (BOS)\n"
         "  --data-format NAME   alpaca, messages, sharegpt, prompt-completion, text (default: auto)\n"
         "  --chat-template NAME llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca, jinja (default: auto)\n"
@@ -144,7 +147,8 @@ static int run_texts(const ft_tokenizer *tok, const char *path, int add_special,
 {
     char *data;
     size_t len;
-    FT_TRY(ft_read_file(path, &data, &len));
+    FT_TRY(ft_read_input(path, "a text file", &data, &len, FT_INPUT_DATA));
+    path = ft_input_name(path); /* "<stdin>" for "-", in messages */
     char *buf = malloc(len + 1);
     if (!buf) { free(data); return -ENOMEM; }
     int rc = 0;
@@ -265,7 +269,7 @@ static int is_gguf(const char *m)
 int ft_cmd_tokenize(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *texts = NULL, *data = NULL, *fmt = NULL, *tmpl = NULL;
-    int no_special = 0, train_on_prompt = 0, decode = 0, preference = 0;
+    int no_special = 0, train_on_prompt = 0, decode = 0, preference = 0, n_stdin = 0;
     /* the --data files in order (at most argc / 2 of them) */
     const char **files = malloc((size_t)(argc / 2 + 1) * sizeof *files);
     int64_t n_files = 0;
@@ -287,6 +291,13 @@ int ft_cmd_tokenize(int argc, char **argv)
             }
             *dst = argv[++i];
             if (dst == &data) files[n_files++] = data;
+            if ((dst == &data || dst == &texts) && ft_input_is_stdin(*dst)) {
+                if (n_stdin++) { /* standard input can be read once */
+                    fprintf(stderr, "ftune: tokenize: %s - is the second input named -: standard input can be read once\n", a);
+                    free(files);
+                    return 2;
+                }
+            }
         } else if (!strcmp(a, "--no-special")) {
             no_special = 1;
         } else if (!strcmp(a, "--train-on-prompt")) {

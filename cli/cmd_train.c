@@ -17,6 +17,7 @@
 #include "cli/session.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
+#include "src/core/fsutil.h"
 #include "src/train/checkpoint.h"
 #include "src/train/dpo.h"
 #include "src/train/schedule.h"
@@ -248,7 +249,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     ft_str_list data = {0};
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &c.model, "model folder (config.json + safetensors) or .gguf file", 0, "PATH"},
-        {"data", FT_OPT_LIST, &data, "training data: JSON array or JSONL; repeat it to train on several files (each with its own schema, --data-format auto), their examples joined in the order given, then shuffled and split as one; in --config a file or a list of files", 0, "FILE"},
+        {"data", FT_OPT_LIST, &data, "training data: JSON array or JSONL, gzip-compressed or not; - reads standard input, a pipe such as <(cmd) is read to its end; repeat it to train on several files (each with its own schema, --data-format auto), their examples joined in the order given, then shuffled and split as one; in --config a file or a list of files", 0, "FILE"},
         {"out", FT_OPT_STR, &c.out, "output folder for the PEFT adapter, metrics.jsonl, summary.json (default ftune-out)", 0, "DIR"},
         {"init-adapter", FT_OPT_STR, &c.init_adapter, "start from this PEFT LoRA adapter folder", 0, "DIR"},
         {"seq-len", FT_OPT_INT, &c.seq_len, "tokens per packed row (default min(2048, model max))"},
@@ -283,7 +284,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"train-on-prompt", FT_OPT_FLAG, &c.data_cfg.train_on_prompt, "take the loss on prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &c.data_cfg.skip_bad_records, "skip and count bad records instead of failing"},
         {"eval-fraction", FT_OPT_DBL, &c.data_cfg.eval_fraction, "held-out fraction of examples (default 0.05; ignored with --eval-data)"},
-        {"eval-data", FT_OPT_STR, &c.eval_data, "held-out examples from this JSON array or JSONL file instead (a validation set; read as --data is); every --data example then trains", 0, "FILE"},
+        {"eval-data", FT_OPT_STR, &c.eval_data, "held-out examples from this JSON array or JSONL file instead (a validation set; read as --data is, - or .gz too); every --data example then trains", 0, "FILE"},
         {"eval-max", FT_OPT_INT, &c.data_cfg.eval_max, "cap on held-out examples (default 200); with --eval-data the first N of FILE in file order"},
         {"eval-every", FT_OPT_INT, &c.eval_every, "evaluate every N steps (default: start and end)"},
         {"save-best", FT_OPT_FLAG, &c.save_best, "keep the adapter of the lowest eval loss so far in OUT/best/ (a PEFT folder, rewritten at each new best of the --eval-every evaluations and the final one; the step-0 eval is no candidate, as in transformers); OUT itself keeps the last step's adapter; summary.json names best_eval_loss, best_eval_step and best_adapter"},
@@ -352,6 +353,22 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         ft_str_list_free(&data);
         fprintf(stderr, "ftune: train needs --model and --data (see ftune train --help)\n");
         return 2;
+    }
+    { /* standard input can be read once: at most one input may be "-" */
+        const char *first = NULL;
+        for (int64_t i = 0; i < c.n_data + 1; i++) {
+            const char *flag = i < c.n_data ? "--data" : "--eval-data";
+            if (!ft_input_is_stdin(i < c.n_data ? c.data[i] : c.eval_data)) continue;
+            if (first) {
+                if (!strcmp(first, flag))
+                    fprintf(stderr, "ftune: %s - is given twice: standard input can be read once (name the other input's file, or pass it as <(cmd))\n", flag);
+                else
+                    fprintf(stderr, "ftune: %s - and %s - both name standard input, which can be read once (name one of them's file, or pass it as <(cmd))\n", first, flag);
+                ft_str_list_free(&data);
+                return 2;
+            }
+            first = flag;
+        }
     }
     char model_buf[4096], init_buf[4096];
     if (ft_session_model_path(&c.model, model_buf, sizeof model_buf, quiet) ||

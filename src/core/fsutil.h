@@ -4,9 +4,43 @@
 
 #include <stddef.h>
 
-/* Reads a whole file into a malloc'ed NUL-terminated buffer. Returns 0 or -errno with a
- * message naming the path. */
+/* Reads a whole regular file into a malloc'ed NUL-terminated buffer (*len may be NULL).
+ * Opens with O_NONBLOCK, so a FIFO at path is refused at once rather than waited on.
+ * Returns 0, -errno (-EISDIR for a directory), FT_E_INVALID (not a regular file) or -ENOMEM,
+ * with a message naming the path. = ft_read_input(path, "a file", data, len, 0). */
 int ft_read_file(const char *path, char **data, size_t *len);
+
+/* ft_read_input flags. */
+#define FT_INPUT_STREAM 1u /* also "-" (standard input, once per process), pipes (/dev/fd/N,
+                            * <(cmd)), FIFOs and devices: read to EOF */
+#define FT_INPUT_GZIP   2u /* content starting with the gzip magic 1f 8b, whatever the name,
+                            * is decompressed (zlib; every member of a concatenation) */
+#define FT_INPUT_DATA   (FT_INPUT_STREAM | FT_INPUT_GZIP) /* what a user's data file may be */
+
+/* The most bytes ft_read_input returns (after decompression): 64 GiB (a gzip bomb fails
+ * with -ENOMEM instead of exhausting memory). */
+#define FT_INPUT_MAX_BYTES ((size_t)64 << 30)
+
+/* Reads a user's input into a malloc'ed NUL-terminated buffer *data of *len bytes (len may
+ * be NULL). A regular file is read as ft_read_file reads it; `flags` (FT_INPUT_*) widen what
+ * path may be. Nothing blocks in open(): a named FIFO with no writer is refused at once
+ * (FT_E_INVALID); one with a writer, or a pipe, is read to its EOF. `what` names the
+ * expected kind in messages ("a data file"); messages name the path, "<stdin>" for "-".
+ * Returns 0, -errno (-EISDIR for a directory), FT_E_INVALID (not a kind flags allow; "-" a
+ * second time; stdin a terminal), FT_E_CORRUPT (gzip data corrupt or truncated: "NAME: gzip
+ * data corrupt at byte N (zlib's reason)", "NAME: gzip data truncated at byte N", N the
+ * compressed offset) or -ENOMEM (out of memory, or more than FT_INPUT_MAX_BYTES). */
+int ft_read_input(const char *path, const char *what, char **data, size_t *len, unsigned flags);
+
+/* ft_read_input with another limit than FT_INPUT_MAX_BYTES on the bytes returned (and read). */
+int ft_read_input_max(const char *path, const char *what, char **data, size_t *len,
+                      unsigned flags, size_t max_bytes);
+
+/* 1 if path is "-", standard input for ft_read_input with FT_INPUT_STREAM. */
+int ft_input_is_stdin(const char *path);
+
+/* The name messages give an input: "<stdin>" for "-", else path itself. */
+const char *ft_input_name(const char *path);
 
 /* Maps a whole regular file read-only (MAP_PRIVATE). *map is NULL for an empty file.
  * `what` names the expected kind in messages ("a .safetensors file"). Returns 0, -errno

@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "src/core/err.h"
+#include "src/core/fsutil.h"
 #include "src/core/rng.h"
 #include "src/data/chat.h"
 #include "src/data/pref.h"
@@ -926,10 +927,10 @@ static int read_file(const char *path, const ft_data_cfg *cfg, int tmpl, const f
     ft_records_close(&rr);
     fs->n_examples = x->n - n0;
     if (rc == 0 && fs->n_records == 0)
-        rc = ft_err(FT_E_INVALID, "%s: no records (the file is empty or blank)", path);
+        rc = ft_err(FT_E_INVALID, "%s: no records (the file is empty or blank)", ft_input_name(path));
     if (rc == 0 && fs->n_examples == 0)
         rc = ft_err(FT_E_INVALID, "%s: no usable records (%lld read, %lld skipped as bad, "
-                    "%lld without a trained token in the first %lld tokens)", path,
+                    "%lld without a trained token in the first %lld tokens)", ft_input_name(path),
                     (long long)fs->n_records, (long long)fs->n_skipped, (long long)fs->n_dropped,
                     (long long)cfg->seq_len);
     if (rc < 0) {

@@ -38,9 +38,9 @@ static void line_col(const char *data, size_t off, int64_t *line, int64_t *col)
 int ft_records_open(ft_records *r, const char *path)
 {
     memset(r, 0, sizeof *r);
-    r->path = strdup(path);
+    r->path = strdup(ft_input_name(path)); /* "<stdin>" for "-" */
     if (!r->path) return ft_err(-ENOMEM, "%s: out of memory", path);
-    int rc = ft_read_file(path, &r->data, &r->len);
+    int rc = ft_read_input(path, "a data file", &r->data, &r->len, FT_INPUT_DATA);
     if (rc < 0) {
         ft_records_close(r);
         return rc;
@@ -62,7 +62,7 @@ int ft_records_open(ft_records *r, const char *path)
         char near[32];
         snippet(near, sizeof near, r->data + eo, r->len - eo);
         rc = ft_err(FT_E_INVALID, "%s: line %lld, column %lld: malformed JSON array (near '%s')",
-                    path, (long long)line, (long long)col, near);
+                    r->path, (long long)line, (long long)col, near);
         ft_records_close(r);
         return rc;
     }
@@ -72,7 +72,7 @@ int ft_records_open(ft_records *r, const char *path)
         int64_t line, col;
         line_col(r->data, q, &line, &col);
         rc = ft_err(FT_E_INVALID, "%s: line %lld, column %lld: unexpected text after the JSON array",
-                    path, (long long)line, (long long)col);
+                    r->path, (long long)line, (long long)col);
         ft_records_close(r);
         return rc;
     }

@@ -16,7 +16,7 @@
 #include <cjson/cJSON.h>
 
 typedef struct ft_records {
-    char *path;          /* copy of the file name (for messages) */
+    char *path;          /* copy of the file name (for messages; "<stdin>" for "-") */
     char *data;          /* whole file, NUL-terminated */
     size_t len;
     int is_array;        /* 1: JSON array; 0: JSONL */
@@ -36,10 +36,13 @@ typedef struct ft_record {
     char err[160];       /* json == NULL: why ("malformed JSON at column C: ...") */
 } ft_record;
 
-/* Opens path and, for a JSON array, parses it. Returns 0, -errno (message names the path),
- * -ENOMEM, FT_E_INVALID ("FILE: line L, column C: malformed JSON array ..." or
- * "FILE: expected a JSON array of records, found ..."). An empty or blank file is not an
- * error here: the first ft_records_next returns 0. */
+/* Opens path and, for a JSON array, parses it. path is read by ft_read_input with
+ * FT_INPUT_DATA: a regular file, "-" (standard input; FILE in messages is then "<stdin>"),
+ * a pipe (/dev/fd/N), a FIFO with a writer or a device, gzip content decompressed. Returns
+ * 0, -errno (message names the path), -ENOMEM, FT_E_CORRUPT (gzip data corrupt or
+ * truncated), FT_E_INVALID ("FILE: line L, column C: malformed JSON array ..." or
+ * "FILE: expected a JSON array of records, found ..."; a FIFO with no writer). An empty or
+ * blank file is not an error here: the first ft_records_next returns 0. */
 int ft_records_open(ft_records *r, const char *path);
 
 /* The next record: returns 1 with *rec filled (rec->json valid until the next call or
