@@ -488,6 +488,30 @@ def _(d):
     return train("model", ALPACA)
 
 
+@case("data", "gzip file cut off mid-stream", "test_fsutil.c, test_data_input.py")
+def _(d):
+    import gzip
+    z = gzip.compress((GOOD * 40).encode())
+    (d / "data.jsonl.gz").write_bytes(z[: len(z) // 2])
+    return train(TINY, "data.jsonl.gz")
+
+
+@case("data", "gzip file with a corrupt byte", "test_fsutil.c, test_data_input.py")
+def _(d):
+    import gzip
+    z = bytearray(gzip.compress((GOOD * 40).encode()))
+    z[len(z) // 2] ^= 0x55
+    (d / "data.jsonl.gz").write_bytes(bytes(z))
+    return train(TINY, "data.jsonl.gz")
+
+
+@case("data", "a named FIFO that no program writes (had hung in open())",
+      "test_fsutil.c, test_data_input.py")
+def _(d):
+    os.mkfifo(d / "fifo.jsonl")
+    return train(TINY, "fifo.jsonl")
+
+
 @case("data", "empty file", "test_bad_input.py, test_dataset.c")
 def _(d):
     data(d, "")
