@@ -287,3 +287,39 @@ if __name__ == "__main__":  # a plain runner: every test_* in its own temporary 
                 print(f"FAIL {n}", flush=True)
     print(f"{len(names) - failed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
+
+
+def test_generate_default_batch_fits_budget(tmp_path):
+    """`generate --prompts` on a device lowers its default --batch (here the 4 records) until
+    the KV caches of the sequences decoded together take at most a quarter of --gpu-mem, and
+    says so; the lines are those of --batch 1, which is taken as given. The model is made for
+    large caches at little compute: 8 layers of 64 KV heads of 256, 1 MiB of K and V per token."""
+    cfg = json.loads((TINY / "config.json").read_text())
+    cfg.update({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8,
+                "num_attention_heads": 64, "num_key_value_heads": 64, "head_dim": 256})
+    (tmp_path / "kv.json").write_text(json.dumps(cfg))
+    model = tmp_path / "kv"
+    r = run_ftune(["init-model", "--config", tmp_path / "kv.json", "--out", model, "--tokenizer",
+                   TINY, "--seed", "3"])
+    assert r.returncode == 0, r.stderr
+    recs = [{"prompt": " ".join(["word"] * (90 + 3 * i))} for i in range(4)]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    gen = ["generate", "--model", model, "--raw", "--prompts", prompts, "--max-new-tokens", "3",
+           "--gpu-mem", "1600M", *DEV]
+    capped = run_ftune(gen)
+    assert capped.returncode == 0, capped.stderr
+    m = re.search(r"ftune: (\d+) prompts at a time, not 4: their KV caches of (\d+) tokens would "
+                  r"take more than a quarter of the GPU budget", capped.stderr)
+    assert m, capped.stderr
+    n, ctx = int(m.group(1)), int(m.group(2))
+    # the budget's quarter (400 MiB) holds the caches of n sequences (and the buffers), not n + 1
+    kv = 2 * 8 * 64 * 256 * 4 * ctx
+    print(f"default batch lowered to {n} (caches of {ctx} tokens, {kv / 2**20:.1f} MiB each)")
+    assert 1 <= n < 4 and n * kv <= 400 * 2**20 < (n + 1) * kv + 100 * 2**20, (n, ctx)
+    one = run_ftune(gen + ["--batch", "1"])
+    assert one.returncode == 0, one.stderr
+    assert "prompts at a time" not in one.stderr
+    strip = lambda out: [{k: v for k, v in json.loads(l).items() if k != "seconds"}
+                         for l in out.splitlines()]
+    assert len(strip(capped.stdout)) == 4 and strip(capped.stdout) == strip(one.stdout)
