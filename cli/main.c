@@ -15,13 +15,16 @@ static void usage(FILE *f)
         "       ftune eval --model M --data FILE [--adapter DIR]           loss and perplexity\n"
         "       ftune tokenize --model M (--text S | --texts FILE | --data FILE)\n"
         "       ftune generate --model M [--adapter DIR] --prompt S        reply (chat template)\n"
+        "       ftune generate --model M --prompts F.jsonl [--out R.jsonl]  many prompts, decoded together\n"
         "       ftune export --adapter DIR --format gguf --out FILE        GGUF LoRA for llama.cpp\n"
         "       ftune merge --model M --adapter DIR --out DIR [--format gguf]  merged model\n"
         "       ftune logits --model M --ids 1,2,3 [--out FILE]            debug: raw logits\n"
+        "       ftune pack --model DIR [--quant nf4|bf16]                  build the layer pack (QLoRA base)\n"
+        "       ftune init-model --config config.json --out DIR [--pack]   random weights (benchmarks)\n"
         "       ftune plan --model M [train options]                       where weights and checkpoints go\n"
         "       ftune bench io --path FILE | bench step --model M ...     disk/PCIe rates, step timeline\n"
         "       ftune --version | --help\n\n"
-        "`ftune train --help` lists the training options.\n", FTUNE_VERSION);
+        "`ftune train --help` lists the training options; `ftune COMMAND --help` each command's.\n", FTUNE_VERSION);
 }
 
 int main(int argc, char **argv)
