@@ -4,10 +4,22 @@
  * The prompt goes through the model's chat template with the generation prompt (unless
  * --raw), is prefilled in one batched forward (chunks of FT_GEN_CHUNK_DEFAULT tokens when
  * longer), then tokens are chosen one by one (greedy by default; --temperature > 0 samples,
- * with --top-k / --top-p; src/model/sample.h) and each runs one forward against the KV
- * cache, until an EOS or end-of-turn token or --max-new-tokens. Text is printed as whole
- * UTF-8 characters become available; speeds go to stderr. --json prints one JSON object
- * instead (prompt and generated ids, text, stop reason, timings) for scripts and tests.
+ * with --top-k / --top-p / --min-p; --repetition-penalty for either; src/model/sample.h) and
+ * each runs one forward against the KV cache, until an EOS or end-of-turn token, a --stop
+ * string or --max-new-tokens. Text is printed as whole UTF-8 characters become available;
+ * speeds go to stderr. --json prints one JSON object instead (prompt and generated ids, text,
+ * stop reason, timings) for scripts and tests.
+ *
+ * --stop STR (repeatable, up to MAX_STOP_STR; in --config a string or a list) as vLLM's
+ * SamplingParams.stop: the reply ends as soon as its decoded text (special tokens skipped,
+ * whole UTF-8 characters) contains one of them, and its text stops before that string (the
+ * string is not included); "stop": "stop_string" and "stop_reason": the string that matched
+ * (vLLM's CompletionOutput.stop_reason). Its ids and new_tokens still count every token
+ * generated, the one(s) that completed the string included (vLLM keeps them in token_ids).
+ * When one token completes two of them, the one that ends first wins, then the one listed
+ * first (vLLM's check_stop_strings takes the first listed that the new text completes).
+ * Streaming holds back the longest end of the text that begins a stop string until the next
+ * tokens settle it, so that nothing printed is later cut (as vLLM and llama.cpp's server do).
  *
  * --prompts FILE answers many prompts in one process: the model, adapter and KV cache are
  * loaded once (the cache sized for the longest prompt), every record of FILE (JSONL or a JSON
@@ -16,7 +28,8 @@
  * --batch records are decoded together (run_batch), each in its own cache slot, reset when a
  * record takes it. One JSON line per record goes to stdout, in input order:
  *   {"index", "prompt", "reply", "reference"?, "prompt_tokens", "new_tokens",
- *    "stop" ("stop_token" | "length", as --json), "seconds", "seed"? (when sampling)}
+ *    "stop" ("stop_token" | "stop_string" | "length", as --json), "stop_reason"? (the --stop
+ *    string, with "stop_string"), "seconds", "seed"? (when sampling)}
  * ("seconds": from the start of the record's prefill to its last token, the records decoded
  * alongside it included)
  * or to --out FILE, written as FILE.tmp.PID and renamed at the end (an interrupted run leaves
@@ -40,6 +53,7 @@
  * and prints it on stderr.
  */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,8 +72,10 @@
 #include "src/data/records.h"
 #include "src/model/generate.h"
 #include "src/model/sample.h"
+#include "src/model/stop_text.h"
 
-#define MAX_STOP 16
+#define MAX_STOP 16     /* stop token ids */
+#define MAX_STOP_STR 16 /* --stop strings */
 #define GEN_EXEC_T 64 /* tokens of the executor that serves generation its weights */
 #define GEN_BATCH_DEFAULT 8 /* --prompts records decoded together unless --batch says */
 
@@ -85,14 +101,19 @@ typedef struct gen_opts {
     int batch_set;              /* --batch given (else GEN_BATCH_DEFAULT, fitted to a GPU budget) */
     const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
     int64_t gpu_mem, host_mem;  /* --gpu-mem, --host-mem (0: defaults) */
-    float temperature, top_p;
+    float temperature, top_p, min_p, rep_penalty;
+    ft_str_list stop;           /* --stop strings */
 } gen_opts;
+
+/* What ended a reply. */
+enum { GEN_STOP_LENGTH, GEN_STOP_TOKEN, GEN_STOP_STRING };
 
 /* The reply to one prompt. */
 typedef struct gen_result {
     const int32_t *prompt_ids, *out_ids; /* out_ids: the env's buffer, valid until the next prompt */
     int64_t n_prompt, n_out;
-    int stopped;                /* 1: a stop token ended the reply */
+    int stop;                   /* GEN_STOP_*: --max-new-tokens, a stop token or a --stop string */
+    int stop_str;               /* GEN_STOP_STRING: the --stop string that matched */
     double prefill_s, decode_s; /* decode_s covers n_out - 1 forwards (+ sampling) */
     int64_t n_decode;           /* decode forwards */
     char *text;                 /* full decode of out_ids (skip special), malloc'ed */
@@ -107,6 +128,8 @@ typedef struct gen_env {
                                  * folder that holds only its pack) */
     ft_gen g;
     ft_sampler smp;
+    ft_sample_seen *seen;       /* (slots) the ids each sequence holds, with --repetition-penalty;
+                                 * else NULL */
     float *logits;              /* (slots, V) host */
     int32_t *out_ids;           /* (slots, max_new) host */
     int64_t slots;              /* sequences decoded together (--batch with --prompts) */
@@ -128,6 +151,28 @@ static void put_piece(const char *s, size_t n, int *last_nl)
     fwrite(s, 1, n, stdout);
     fflush(stdout);
     *last_nl = s[n - 1] == '\n';
+}
+
+/* "stop" of the JSON output. */
+static const char *stop_name(const gen_result *r)
+{
+    return r->stop == GEN_STOP_STRING ? "stop_string" : r->stop == GEN_STOP_TOKEN ? "stop_token" : "length";
+}
+
+/* The same, for the stderr summaries. */
+static const char *stop_said(const gen_result *r)
+{
+    return r->stop == GEN_STOP_STRING ? "stop string" : r->stop == GEN_STOP_TOKEN ? "end token" : "--max-new-tokens";
+}
+
+/* Streams what ft_stop_text_safe allows of a reply's text (stop_text.h). */
+static void st_show(ft_stop_text *x, const ft_str_list *stop, int final, int *last_nl)
+{
+    const size_t safe = ft_stop_text_safe(x, stop->v, stop->n, final);
+    if (safe > x->shown) {
+        put_piece(x->buf + x->shown, safe - x->shown, last_nl);
+        x->shown = safe;
+    }
 }
 
 /* Loads the model, backend, adapter and tokenizer (cli/session.h ft_session_open_quant). With
@@ -188,8 +233,13 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl,
     } else {
         FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, chunk, slots, slots));
     }
-    ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed};
+    ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed, o->rep_penalty, o->min_p};
     FT_TRY(ft_sampler_init(&e->smp, &sc, V));
+    if (o->rep_penalty != 1) { /* each sequence's ids, for the penalty */
+        e->seen = calloc((size_t)slots, sizeof *e->seen);
+        if (!e->seen) return ft_err(-ENOMEM, "out of memory");
+        for (int64_t k = 0; k < slots; k++) FT_TRY(ft_sample_seen_init(&e->seen[k], V));
+    }
     e->logits = malloc((size_t)(slots * V) * sizeof(float));
     e->out_ids = malloc((size_t)(slots * o->max_new) * sizeof(int32_t));
     if (!e->logits || !e->out_ids) return ft_err(-ENOMEM, "out of memory");
@@ -209,6 +259,8 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl,
 
 static void env_close(gen_env *e)
 {
+    for (int64_t k = 0; e->seen && k < e->slots; k++) ft_sample_seen_free(&e->seen[k]);
+    free(e->seen);
     free(e->logits);
     free(e->out_ids);
     ft_sampler_free(&e->smp);
@@ -229,8 +281,14 @@ static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n,
     r->out_ids = e->out_ids;
     ft_gen_reset(&e->g);
     ft_sampler_reseed(&e->smp, seed);
-    ft_detok dt;
-    ft_detok_init(&dt, e->tok);
+    ft_sample_seen *seen = e->seen; /* slot 0's; NULL without --repetition-penalty */
+    if (seen) {
+        ft_sample_seen_clear(seen);
+        ft_sample_seen_add(seen, ids, n); /* the prompt's ids are penalised too */
+    }
+    ft_stop_text st; /* streamed text and --stop */
+    ft_stop_text_init(&st, e->tok);
+    const int use_st = stream || o->stop.n > 0;
     /* RoPE as a cache sized for this prompt alone would have it (dynamic NTK scaling) */
     int rc = ft_gen_set_rope_len(&e->g, n + o->max_new);
     const int64_t chunk = e->g.chunk_max;
@@ -248,35 +306,36 @@ static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n,
     t0 = now_s();
     while (!rc && r->n_out < o->max_new) {
         int32_t t;
-        rc = ft_sample_next(&e->smp, e->logits, &t);
+        rc = ft_sample_next_seen(&e->smp, e->logits, seen, &t);
         if (rc) break;
         if (is_stop(e, t)) {
-            r->stopped = 1;
+            r->stop = GEN_STOP_TOKEN;
             break;
         }
         e->out_ids[r->n_out++] = t;
-        if (stream) {
-            const char *piece;
-            size_t pn;
-            rc = ft_detok_push(&dt, t, &piece, &pn);
-            if (!rc) put_piece(piece, pn, &last_nl);
-        }
+        if (seen) ft_sample_seen_add(seen, &t, 1);
+        if (use_st) rc = ft_stop_text_push(&st, o->stop.v, o->stop.n, t);
+        if (!rc && stream) st_show(&st, &o->stop, 0, &last_nl);
+        if (!rc && st.hit >= 0) break;
         if (!rc && r->n_out < o->max_new) {
             rc = ft_gen_forward(&e->g, &t, 1, e->logits, 1);
             r->n_decode++;
         }
     }
     r->decode_s = now_s() - t0;
+    if (!rc && use_st) rc = ft_stop_text_flush(&st, o->stop.v, o->stop.n);
+    if (!rc && st.hit >= 0) {
+        r->stop = GEN_STOP_STRING;
+        r->stop_str = st.hit;
+    }
     if (!rc && stream) {
-        const char *piece;
-        size_t pn;
-        rc = ft_detok_flush(&dt, &piece, &pn);
-        if (!rc) put_piece(piece, pn, &last_nl);
+        st_show(&st, &o->stop, 1, &last_nl);
         if (!last_nl) putchar('\n');
         fflush(stdout);
     }
-    if (!rc) rc = ft_tok_decode(e->tok, e->out_ids, r->n_out, 1, &r->text);
-    ft_detok_free(&dt);
+    /* with --stop the text cut before the stop string; else the ids decoded */
+    if (!rc) rc = o->stop.n ? ft_stop_text_take(&st, &r->text) : ft_tok_decode(e->tok, e->out_ids, r->n_out, 1, &r->text);
+    ft_stop_text_free(&st);
     return rc;
 }
 
@@ -304,7 +363,8 @@ static void print_json(const gen_opts *o, int tmpl, const gen_result *r)
     cJSON_AddItemToObject(j, "prompt_ids", ids_json(r->prompt_ids, r->n_prompt));
     cJSON_AddItemToObject(j, "ids", ids_json(r->out_ids, r->n_out));
     cJSON_AddStringToObject(j, "text", r->text ? r->text : "");
-    cJSON_AddStringToObject(j, "stop", r->stopped ? "stop_token" : "length");
+    cJSON_AddStringToObject(j, "stop", stop_name(r));
+    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", o->stop.v[r->stop_str]);
     add_seed(j, (uint64_t)o->seed);
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(j, "decode_s", r->decode_s);
@@ -364,8 +424,7 @@ static int run_one(const gen_opts *o)
                 "%.3f s (%.2f tok/s); stop: %s",
                 (long long)r.n_prompt, r.prefill_s, r.prefill_s > 0 ? r.n_prompt / r.prefill_s : 0.0,
                 (long long)r.n_out, r.decode_s,
-                r.decode_s > 0 && r.n_decode > 0 ? r.n_decode / r.decode_s : 0.0,
-                r.stopped ? "end token" : "--max-new-tokens");
+                r.decode_s > 0 && r.n_decode > 0 ? r.n_decode / r.decode_s : 0.0, stop_said(&r));
         if (o->temperature > 0) fprintf(stderr, "; seed %lld", (long long)o->seed);
         fputc('\n', stderr);
     }
@@ -482,7 +541,8 @@ static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, c
     if (x->q.reference) cJSON_AddStringToObject(j, "reference", x->q.reference);
     cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->n_prompt);
     cJSON_AddNumberToObject(j, "new_tokens", (double)r->n_out);
-    cJSON_AddStringToObject(j, "stop", r->stopped ? "stop_token" : "length");
+    cJSON_AddStringToObject(j, "stop", stop_name(r));
+    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", o->stop.v[r->stop_str]);
     cJSON_AddNumberToObject(j, "seconds", seconds);
     if (o->temperature > 0) add_seed(j, seed);
     char *s = cJSON_PrintUnformatted(j);
@@ -501,6 +561,8 @@ typedef struct slot_run {
     int32_t next;               /* the sampled token to feed, when pending */
     int pending;                /* 1: `next` needs a decode forward */
     double t0;
+    ft_stop_text st;            /* the reply's text, with --stop */
+    ft_sample_seen *seen;       /* the slot's ids (env's seen[k]), with --repetition-penalty */
 } slot_run;
 
 /* A finished record, held until the records before it are written: its reply decoded when it
@@ -511,9 +573,15 @@ typedef struct done_rec {
     double seconds;
 } done_rec;
 
-/* Records slot sr's finished reply in dn[sr->rec] (its text decoded now) and frees the slot. */
-static int slot_finish(gen_env *e, slot_run *sr, done_rec *dn)
+/* Records slot sr's finished reply in dn[sr->rec] (its text decoded now, or with --stop the
+ * text cut before the stop string) and frees the slot. */
+static int slot_finish(gen_env *e, const gen_opts *o, slot_run *sr, done_rec *dn)
 {
+    int rc = o->stop.n ? ft_stop_text_flush(&sr->st, o->stop.v, o->stop.n) : 0;
+    if (!rc && sr->st.hit >= 0) {
+        sr->r.stop = GEN_STOP_STRING;
+        sr->r.stop_str = sr->st.hit;
+    }
     done_rec *d = &dn[sr->rec];
     d->r = sr->r;
     d->r.out_ids = NULL;
@@ -521,27 +589,33 @@ static int slot_finish(gen_env *e, slot_run *sr, done_rec *dn)
     d->seconds = now_s() - sr->t0;
     d->done = 1;
     sr->rec = -1;
-    return ft_tok_decode(e->tok, sr->r.out_ids, sr->r.n_out, 1, &d->r.text);
+    if (!rc) rc = o->stop.n ? ft_stop_text_take(&sr->st, &d->r.text)
+                            : ft_tok_decode(e->tok, sr->r.out_ids, sr->r.n_out, 1, &d->r.text);
+    ft_stop_text_free(&sr->st);
+    return rc;
 }
 
 /* Samples slot k's next token from logits (V) and updates its reply: finished (a stop token,
- * or --max-new-tokens reached) or pending with the token to feed. *fin = 1 when finished. */
+ * a --stop string, or --max-new-tokens reached) or pending with the token to feed. *fin = 1
+ * when finished. */
 static int slot_advance(gen_env *e, const gen_opts *o, slot_run *sr, const float *logits, int *fin)
 {
     int32_t t;
     *fin = 0;
     e->smp.rng = sr->rng;
-    int rc = ft_sample_next(&e->smp, logits, &t);
+    int rc = ft_sample_next_seen(&e->smp, logits, sr->seen, &t);
     sr->rng = e->smp.rng;
     if (rc) return rc;
     sr->pending = 0;
     if (is_stop(e, t)) {
-        sr->r.stopped = 1;
+        sr->r.stop = GEN_STOP_TOKEN;
         *fin = 1;
         return 0;
     }
     ((int32_t *)sr->r.out_ids)[sr->r.n_out++] = t;
-    if (sr->r.n_out >= o->max_new) *fin = 1;
+    if (sr->seen) ft_sample_seen_add(sr->seen, &t, 1);
+    if (o->stop.n) FT_TRY(ft_stop_text_push(&sr->st, o->stop.v, o->stop.n, t));
+    if (sr->st.hit >= 0 || sr->r.n_out >= o->max_new) *fin = 1;
     else sr->next = t, sr->pending = 1;
     return 0;
 }
@@ -559,6 +633,13 @@ static int slot_start(gen_env *e, const gen_opts *o, slot_run *sr, int64_t k, co
     sr->t0 = now_s();
     ft_sampler_reseed(&e->smp, ft_gen_record_seed((uint64_t)o->seed, i));
     sr->rng = e->smp.rng;
+    ft_stop_text_free(&sr->st);
+    ft_stop_text_init(&sr->st, e->tok);
+    sr->seen = e->seen ? &e->seen[k] : NULL;
+    if (sr->seen) {
+        ft_sample_seen_clear(sr->seen);
+        ft_sample_seen_add(sr->seen, x->ids, x->n); /* the prompt's ids are penalised too */
+    }
     ft_gen_reset_slot(&e->g, k);
     /* RoPE as a cache sized for this prompt alone would have it (dynamic NTK scaling) */
     int rc = ft_gen_set_rope_len_slot(&e->g, k, x->n + o->max_new);
@@ -627,7 +708,7 @@ static int run_batch(const gen_opts *o)
             while (!rc && sl[k].rec < 0 && next < b.n) {
                 int fin = 0;
                 rc = slot_start(&e, o, &sl[k], k, &b.r[next], next, &fin);
-                if (!rc && fin) rc = slot_finish(&e, &sl[k], dn);
+                if (!rc && fin) rc = slot_finish(&e, o, &sl[k], dn);
                 if (rc) ft_err_prefix(rc, "%s", b.r[next].where);
                 next++;
             }
@@ -653,7 +734,7 @@ static int run_batch(const gen_opts *o)
                 sr->r.n_decode++;
                 sr->r.decode_s += dt;
                 rc = slot_advance(&e, o, sr, e.logits + i * V, &fin);
-                if (!rc && fin) rc = slot_finish(&e, sr, dn);
+                if (!rc && fin) rc = slot_finish(&e, o, sr, dn);
                 if (rc) ft_err_prefix(rc, "%s", b.r[rec].where);
             }
         }
@@ -669,7 +750,7 @@ static int run_batch(const gen_opts *o)
                 total_new += d->r.n_out;
                 fprintf(stderr, "ftune: [%lld/%lld] %lld prompt + %lld new tokens in %.3f s; stop: %s\n",
                         (long long)(emitted + 1), (long long)b.n, (long long)d->r.n_prompt,
-                        (long long)d->r.n_out, d->seconds, d->r.stopped ? "end token" : "--max-new-tokens");
+                        (long long)d->r.n_out, d->seconds, stop_said(&d->r));
             }
             free(d->r.text);
             d->r.text = NULL;
@@ -684,6 +765,7 @@ static int run_batch(const gen_opts *o)
                 "steps)%s%s\n", (long long)b.n, (long long)total_new, t, t > 0 ? total_new / t : 0.0,
                 (long long)steps, o->out ? "; wrote " : "", o->out ? o->out : "");
     }
+    for (int64_t k = 0; sl && k < e.slots; k++) ft_stop_text_free(&sl[k].st); /* a run that fails */
     free(sl);
     for (int64_t i = emitted; dn && i < b.n; i++) free(dn[i].r.text); /* held when a run fails */
     free(dn);
@@ -696,96 +778,131 @@ static int run_batch(const gen_opts *o)
     return rc;
 }
 
-int ft_cmd_generate(int argc, char **argv)
+/* `ftune generate` with the options in *o (zeroed; its --stop list is the caller's to free). */
+static int generate_cmd(gen_opts *o, int argc, char **argv)
 {
-    gen_opts o = {0};
-    o.tmpl = FT_CHAT_AUTO;
-    o.max_new = 256;
-    o.seed = -1;
-    o.top_p = 1.0f;
+    o->tmpl = FT_CHAT_AUTO;
+    o->max_new = 256;
+    o->seed = -1;
+    o->top_p = 1.0f;
+    o->rep_penalty = 1.0f;
     const ft_opt opts[] = {
-        {"model", FT_OPT_STR, &o.model, "model folder or .gguf", 0, "PATH"},
-        {"adapter", FT_OPT_STR, &o.adapter, "PEFT adapter folder to apply", 0, "DIR"},
-        {"prompt", FT_OPT_STR, &o.prompt, "the user message (the whole text with --raw)", 0, "S"},
-        {"prompts", FT_OPT_STR, &o.prompts, "instead of --prompt: a JSONL file or JSON array of strings, "
+        {"model", FT_OPT_STR, &o->model, "model folder or .gguf", 0, "PATH"},
+        {"adapter", FT_OPT_STR, &o->adapter, "PEFT adapter folder to apply", 0, "DIR"},
+        {"prompt", FT_OPT_STR, &o->prompt, "the user message (the whole text with --raw)", 0, "S"},
+        {"prompts", FT_OPT_STR, &o->prompts, "instead of --prompt: a JSONL file or JSON array of strings, "
          "{prompt, system?}, or any conversational record --data reads (messages, sharegpt, alpaca, "
          "prompt/completion lists; a final assistant turn or \"output\": the \"reference\"); one JSON line each: {index, prompt, reply, reference?, prompt_tokens, "
-         "new_tokens, stop, seconds, seed?}", 0, "FILE"},
-        {"out", FT_OPT_STR, &o.out, "with --prompts: write the JSON lines to FILE (renamed into place "
+         "new_tokens, stop, stop_reason?, seconds, seed?}", 0, "FILE"},
+        {"out", FT_OPT_STR, &o->out, "with --prompts: write the JSON lines to FILE (renamed into place "
          "when complete) instead of stdout", 0, "FILE"},
-        {"system", FT_OPT_STR, &o.system, "a system message before it (with --prompts: for records without one)", 0, "S"},
-        {"raw", FT_OPT_FLAG, &o.raw, "no chat template: encode --prompt (or a --prompts record: a string or {prompt}) as is (with BOS)"},
-        {"chat-template", FT_OPT_FN, &o.tmpl, "llama3|llama3.1|chatml|qwen3|llama2|mistral|zephyr|alpaca|jinja (default: from the tokenizer; jinja: its own template, rendered as transformers does)", opt_template, "NAME"},
-        {"no-think", FT_OPT_FLAG, &o.no_think, "qwen3: answer without thinking (the template's enable_thinking=False: "
+        {"system", FT_OPT_STR, &o->system, "a system message before it (with --prompts: for records without one)", 0, "S"},
+        {"raw", FT_OPT_FLAG, &o->raw, "no chat template: encode --prompt (or a --prompts record: a string or {prompt}) as is (with BOS)"},
+        {"chat-template", FT_OPT_FN, &o->tmpl, "llama3|llama3.1|chatml|qwen3|llama2|mistral|zephyr|alpaca|jinja (default: from the tokenizer; jinja: its own template, rendered as transformers does)", opt_template, "NAME"},
+        {"no-think", FT_OPT_FLAG, &o->no_think, "qwen3: answer without thinking (the template's enable_thinking=False: "
          "the prompt ends with an empty <think></think> block)"},
-        {"max-new-tokens", FT_OPT_INT, &o.max_new, "most tokens to generate (default 256)"},
-        {"temperature", FT_OPT_FLOAT, &o.temperature, "0: greedy (default); > 0: sample"},
-        {"top-k", FT_OPT_INT, &o.top_k, "sample among the k most likely tokens (0: off)"},
-        {"top-p", FT_OPT_FLOAT, &o.top_p, "nucleus sampling mass (1: off)"},
-        {"batch", FT_OPT_INT, &o.batch, "with --prompts: generate up to N records together, one forward per "
+        {"max-new-tokens", FT_OPT_INT, &o->max_new, "most tokens to generate (default 256)"},
+        {"temperature", FT_OPT_FLOAT, &o->temperature, "0: greedy (default); > 0: sample"},
+        {"top-k", FT_OPT_INT, &o->top_k, "sample among the k most likely tokens (0: off)"},
+        {"top-p", FT_OPT_FLOAT, &o->top_p, "nucleus sampling mass (1: off)"},
+        {"min-p", FT_OPT_FLOAT, &o->min_p, "with --temperature > 0: keep the tokens whose probability is at least X "
+         "times the most likely one's, after top-k and top-p (transformers' min_p; 0: off, the default)", 0, "X"},
+        {"repetition-penalty", FT_OPT_FLOAT, &o->rep_penalty, "divide the logit of every token already in the "
+         "prompt or the reply by X (a negative logit: multiply), before sampling or the greedy choice "
+         "(transformers' repetition_penalty, CTRL; 1: off, the default; > 1 discourages repeats)", 0, "X"},
+        {"stop", FT_OPT_LIST, &o->stop, "end the reply where its text contains STR, the text cut before it "
+         "(\"stop\": \"stop_string\", \"stop_reason\": STR); repeat it for up to 16; in --config a string "
+         "or a list", 0, "STR"},
+        {"batch", FT_OPT_INT, &o->batch, "with --prompts: generate up to N records together, one forward per "
          "token step for all of them (each layer's weights read once per step; 1: one record after "
          "the other; default 8, on a GPU fewer when their KV caches would take more than a quarter "
          "of the budget). A record's logits may differ from --batch 1's in the last bits where "
          "fp32 or bf16 GEMMs sum N rows (not the CPU's in-place NF4 products)", 0, "N"},
-        {"seed", FT_OPT_INT, &o.seed, "sampling seed (default: from the clock, printed); --prompts record i "
+        {"seed", FT_OPT_INT, &o->seed, "sampling seed (default: from the clock, printed); --prompts record i "
          "uses seed XOR (splitmix64 output i mod 2^53), record 0 the seed itself"},
-        {"json", FT_OPT_FLAG, &o.json, "print one JSON object (ids, text, timings), no streaming"},
-        {"threads", FT_OPT_INT, &o.threads, "CPU threads"},
-        {"device", FT_OPT_STR, &o.device, FT_DEVICE_HELP, 0, "DEV"},
-        {"quant", FT_OPT_STR, &o.quant, "base linear weights: bf16 (default: the model's weights unquantized; on a GPU streamed from its bf16 pack, as in training, when its layers do not all fit --gpu-mem) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
-        {"gpu-mem", FT_OPT_FN, &o.gpu_mem, FT_GPU_MEM_HELP, ft_opt_bytes, "SIZE"},
-        {"host-mem", FT_OPT_FN, &o.host_mem, FT_HOST_MEM_HELP, ft_opt_bytes, "SIZE"},
-        {"cache-dir", FT_OPT_STR, &o.cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
+        {"json", FT_OPT_FLAG, &o->json, "print one JSON object (ids, text, timings), no streaming"},
+        {"threads", FT_OPT_INT, &o->threads, "CPU threads"},
+        {"device", FT_OPT_STR, &o->device, FT_DEVICE_HELP, 0, "DEV"},
+        {"quant", FT_OPT_STR, &o->quant, "base linear weights: bf16 (default: the model's weights unquantized; on a GPU streamed from its bf16 pack, as in training, when its layers do not all fit --gpu-mem) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
+        {"gpu-mem", FT_OPT_FN, &o->gpu_mem, FT_GPU_MEM_HELP, ft_opt_bytes, "SIZE"},
+        {"host-mem", FT_OPT_FN, &o->host_mem, FT_HOST_MEM_HELP, ft_opt_bytes, "SIZE"},
+        {"cache-dir", FT_OPT_STR, &o->cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
         {NULL},
     };
     char err[1024];
     int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
-    if (ft_session_bad_quant(o.quant)) return 2;
-    if (!o.model || !o.prompt == !o.prompts) {
+    if (ft_session_bad_quant(o->quant)) return 2;
+    if (!o->model || !o->prompt == !o->prompts) {
         fprintf(stderr, "ftune: generate needs --model and one of --prompt or --prompts (see ftune "
                 "generate --help)\n");
         return 2;
     }
     char model_buf[4096], adapter_buf[4096];
-    if (ft_session_model_path(&o.model, model_buf, sizeof model_buf, 0) ||
-        ft_session_hub_path(&o.adapter, adapter_buf, sizeof adapter_buf, 0, "adapter"))
+    if (ft_session_model_path(&o->model, model_buf, sizeof model_buf, 0) ||
+        ft_session_hub_path(&o->adapter, adapter_buf, sizeof adapter_buf, 0, "adapter"))
         return 1;
-    if (o.prompts && o.json) {
+    if (o->prompts && o->json) {
         fprintf(stderr, "ftune: generate: --json is for --prompt; --prompts always writes JSON lines\n");
         return 2;
     }
-    if (o.no_think && o.raw) {
+    if (o->no_think && o->raw) {
         fprintf(stderr, "ftune: generate: --no-think changes the chat template's prompt; --raw has none\n");
         return 2;
     }
-    if (o.out && !o.prompts) {
+    if (o->out && !o->prompts) {
         fprintf(stderr, "ftune: generate: --out goes with --prompts\n");
         return 2;
     }
-    if (o.batch && !o.prompts) {
+    if (o->batch && !o->prompts) {
         fprintf(stderr, "ftune: generate: --batch goes with --prompts\n");
         return 2;
     }
-    if (o.batch < 0 || o.batch > FT_GEN_MAX_SLOTS) {
-        fprintf(stderr, "ftune: generate: --batch %lld: expected 1..%d\n", (long long)o.batch,
+    if (o->batch < 0 || o->batch > FT_GEN_MAX_SLOTS) {
+        fprintf(stderr, "ftune: generate: --batch %lld: expected 1..%d\n", (long long)o->batch,
                 FT_GEN_MAX_SLOTS);
         return 2;
     }
-    o.batch_set = o.batch > 0;
-    if (!o.batch) o.batch = GEN_BATCH_DEFAULT;
-    if (o.max_new < 1 || o.max_new > 1000000 || o.top_k < 0 || !(o.temperature >= 0) ||
-        !(o.top_p > 0 && o.top_p <= 1)) {
+    o->batch_set = o->batch > 0;
+    if (!o->batch) o->batch = GEN_BATCH_DEFAULT;
+    if (o->max_new < 1 || o->max_new > 1000000 || o->top_k < 0 || !(o->temperature >= 0) ||
+        !(o->top_p > 0 && o->top_p <= 1)) {
         fprintf(stderr, "ftune: generate: --max-new-tokens must be 1..1000000, --top-k >= 0, "
                 "--temperature >= 0, 0 < --top-p <= 1\n");
         return 2;
     }
-    if (o.seed < 0) /* 53 bits: exact in the JSON number */
-        o.seed = (int64_t)((((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid()) & ((1ull << 53) - 1));
-    if (o.prompts && o.temperature > 0) fprintf(stderr, "ftune: seed %lld\n", (long long)o.seed);
+    if (!(o->rep_penalty > 0) || !isfinite(o->rep_penalty)) {
+        fprintf(stderr, "ftune: generate: --repetition-penalty %g: expected a finite value > 0 (1: off)\n",
+                (double)o->rep_penalty);
+        return 2;
+    }
+    if (!(o->min_p >= 0 && o->min_p <= 1)) {
+        fprintf(stderr, "ftune: generate: --min-p %g: expected 0 <= --min-p <= 1 (0: off)\n", (double)o->min_p);
+        return 2;
+    }
+    if (o->stop.n > MAX_STOP_STR) {
+        fprintf(stderr, "ftune: generate: %lld --stop strings: at most %d\n", (long long)o->stop.n, MAX_STOP_STR);
+        return 2;
+    }
+    for (int64_t i = 0; i < o->stop.n; i++)
+        if (!o->stop.v[i][0]) { /* args.c refuses them already; an empty one would match at once */
+            fprintf(stderr, "ftune: generate: --stop: expected a non-empty string\n");
+            return 2;
+        }
+    if (o->seed < 0) /* 53 bits: exact in the JSON number */
+        o->seed = (int64_t)((((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid()) & ((1ull << 53) - 1));
+    if (o->prompts && o->temperature > 0) fprintf(stderr, "ftune: seed %lld\n", (long long)o->seed);
 
-    rc = o.prompts ? run_batch(&o) : run_one(&o);
+    rc = o->prompts ? run_batch(o) : run_one(o);
     if (rc) fprintf(stderr, "ftune: %s\n", ft_errmsg());
     return rc ? 1 : 0;
+}
+
+int ft_cmd_generate(int argc, char **argv)
+{
+    gen_opts o = {0};
+    int rc = generate_cmd(&o, argc, argv);
+    ft_str_list_free(&o.stop);
+    return rc;
 }

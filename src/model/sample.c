@@ -1,5 +1,5 @@
-/* sample.c - greedy / temperature / top-k / top-p next-token choice and the stop set
- * (see sample.h for the order of the filters and their sources). */
+/* sample.c - repetition penalty, greedy / temperature / top-k / top-p / min-p next-token
+ * choice and the stop set (see sample.h for the order of the filters and their sources). */
 #include "src/model/sample.h"
 
 #include <math.h>
@@ -31,6 +31,12 @@ int ft_sampler_init(ft_sampler *s, const ft_sample_cfg *cfg, int64_t V)
     if (!(cfg->top_p > 0 && cfg->top_p <= 1))
         return ft_err(FT_E_INVALID, "sampler: top-p %g, expected 0 < top-p <= 1 (1: off)",
                       (double)cfg->top_p);
+    if (!(cfg->repetition_penalty >= 0) || !isfinite(cfg->repetition_penalty))
+        return ft_err(FT_E_INVALID, "sampler: repetition penalty %g, expected a finite value > 0 "
+                      "(1: off)", (double)cfg->repetition_penalty);
+    if (!(cfg->min_p >= 0 && cfg->min_p <= 1))
+        return ft_err(FT_E_INVALID, "sampler: min-p %g, expected 0 <= min-p <= 1 (0: off)",
+                      (double)cfg->min_p);
     if (V < 1 || V > INT32_MAX)
         return ft_err(FT_E_INVALID, "sampler: vocabulary of %lld logits, expected 1..%d",
                       (long long)V, INT32_MAX);
@@ -60,6 +66,60 @@ void ft_sampler_free(ft_sampler *s)
     free(s->cand_p);
     free(s->pairs);
     memset(s, 0, sizeof *s);
+}
+
+/* ---- the ids a sequence holds (repetition penalty) ---------------------------------------- */
+
+int ft_sample_seen_init(ft_sample_seen *h, int64_t V)
+{
+    memset(h, 0, sizeof *h);
+    if (V < 1 || V > INT32_MAX)
+        return ft_err(FT_E_INVALID, "sampler: vocabulary of %lld ids, expected 1..%d",
+                      (long long)V, INT32_MAX);
+    h->bits = calloc((size_t)((V + 63) / 64), sizeof *h->bits);
+    if (!h->bits) return ft_err(-ENOMEM, "sampler: out of memory for %lld ids", (long long)V);
+    h->V = V;
+    return 0;
+}
+
+void ft_sample_seen_free(ft_sample_seen *h)
+{
+    if (!h) return;
+    free(h->bits);
+    memset(h, 0, sizeof *h);
+}
+
+void ft_sample_seen_clear(ft_sample_seen *h)
+{
+    if (h->bits) memset(h->bits, 0, (size_t)((h->V + 63) / 64) * sizeof *h->bits);
+}
+
+void ft_sample_seen_add(ft_sample_seen *h, const int32_t *ids, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < h->V) h->bits[ids[i] >> 6] |= 1ull << (ids[i] & 63);
+}
+
+int ft_sample_seen_has(const ft_sample_seen *h, int64_t id)
+{
+    return id >= 0 && id < h->V && (h->bits[id >> 6] >> (id & 63) & 1);
+}
+
+/* The penalty factor to apply to the ids of seen: 0 when there is none (no set, or a
+ * penalty of 1 or unset). */
+static float penalty_of(const ft_sampler *s, const ft_sample_seen *seen)
+{
+    const float rp = s->cfg.repetition_penalty;
+    return seen && seen->bits && rp > 0 && rp != 1 ? rp : 0;
+}
+
+/* Logit i after the repetition penalty rp (0: none), as transformers'
+ * RepetitionPenaltyLogitsProcessor computes it in float: x < 0 ? x * rp : x / rp. */
+static inline float penalised(const float *logits, int64_t i, const ft_sample_seen *seen, float rp)
+{
+    const float x = logits[i];
+    if (!rp || !(seen->bits[i >> 6] >> (i & 63) & 1)) return x;
+    return x < 0 ? x * rp : x / rp;
 }
 
 int32_t ft_sample_argmax(const float *x, int64_t n)
@@ -118,14 +178,17 @@ static void top_k_select(zpair *p, int64_t n, int64_t k)
 
 /* Fills cand_* with the n sorted pairs p[0..n) weighted exp(z - zmax), keeping the head
  * whose mass reaches top_p of `total` (the mass of every survivor, which may include
- * tokens beyond p[n)), renormalised. */
+ * tokens beyond p[n)), then of that head the tokens that min-p keeps (a weight of at least
+ * min_p, the top token's being exp(0) = 1: both filters cut a tail of the sorted list, so
+ * the shorter head is what applying top-p and then min-p leaves), renormalised. */
 static void take_sorted(ft_sampler *s, const zpair *p, int64_t n, float zmax, double total)
 {
-    const double top_p = s->cfg.top_p;
+    const double top_p = s->cfg.top_p, min_p = s->cfg.min_p;
     double cum = 0;
     int64_t m = 0;
     for (; m < n; m++) {
         double w = exp((double)p[m].z - (double)zmax);
+        if (w < min_p) break; /* never the first: its w is 1 */
         s->cand_id[m] = p[m].id;
         s->cand_p[m] = w;
         cum += w;
@@ -137,13 +200,27 @@ static void take_sorted(ft_sampler *s, const zpair *p, int64_t n, float zmax, do
 
 int ft_sample_dist(ft_sampler *s, const float *logits)
 {
+    return ft_sample_dist_seen(s, logits, NULL);
+}
+
+int ft_sample_dist_seen(ft_sampler *s, const float *logits, const ft_sample_seen *seen)
+{
     const int64_t V = s->V;
+    const float rp = penalty_of(s, seen);
     for (int64_t i = 0; i < V; i++)
         if (logits[i] != logits[i] || logits[i] == INFINITY)
             return ft_err(FT_E_NUMERIC, "sampler: logit %lld is %g: no distribution",
                           (long long)i, (double)logits[i]);
-    if (s->cfg.temperature == 0) {
-        int32_t a = ft_sample_argmax(logits, V);
+    if (s->cfg.temperature == 0) { /* the argmax of the penalised logits, the lowest id on ties */
+        int32_t a = -1;
+        float best = -INFINITY;
+        for (int64_t i = 0; i < V; i++) {
+            const float x = penalised(logits, i, seen, rp);
+            if (a < 0 || x > best) {
+                a = (int32_t)i;
+                best = x;
+            }
+        }
         if (a < 0) return ft_err(FT_E_NUMERIC, "sampler: no finite logit");
         s->cand_id[0] = a;
         s->cand_p[0] = 1.0;
@@ -154,7 +231,7 @@ int ft_sample_dist(ft_sampler *s, const float *logits)
     const float invT = 1.0f / s->cfg.temperature;
     float zmax = -INFINITY;
     for (int64_t i = 0; i < V; i++) {
-        p[i].z = logits[i] * invT; /* as HF: logits / temperature in float */
+        p[i].z = penalised(logits, i, seen, rp) * invT; /* as HF: logits / temperature in float */
         p[i].id = (int32_t)i;
         zmax = p[i].z > zmax ? p[i].z : zmax;
     }
@@ -190,22 +267,32 @@ int ft_sample_dist(ft_sampler *s, const float *logits)
         take_sorted(s, p, nh, zmax, total);
         return 0;
     }
-    /* no filter: softmax of every token, in id order */
+    /* no top-k or top-p: softmax of every token (min-p: of those with a weight of at least
+     * min_p, the top token's weight being 1), in id order */
+    const double min_p = s->cfg.min_p;
     double total = 0;
+    int64_t m = 0;
     for (int64_t i = 0; i < V; i++) {
         double w = exp((double)p[i].z - (double)zmax);
-        s->cand_id[i] = (int32_t)i;
-        s->cand_p[i] = w;
+        if (w < min_p) continue;
+        s->cand_id[m] = (int32_t)i;
+        s->cand_p[m++] = w;
         total += w;
     }
-    for (int64_t i = 0; i < V; i++) s->cand_p[i] /= total;
-    s->n_cand = V;
+    for (int64_t i = 0; i < m; i++) s->cand_p[i] /= total;
+    s->n_cand = m;
     return 0;
 }
 
 int ft_sample_next(ft_sampler *s, const float *logits, int32_t *token)
 {
-    FT_TRY(ft_sample_dist(s, logits));
+    return ft_sample_next_seen(s, logits, NULL, token);
+}
+
+int ft_sample_next_seen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
+                        int32_t *token)
+{
+    FT_TRY(ft_sample_dist_seen(s, logits, seen));
     if (s->n_cand == 1) {
         *token = s->cand_id[0];
         return 0;
