@@ -228,10 +228,10 @@ int ft_sample_dist_seen(ft_sampler *s, const float *logits, const ft_sample_seen
         return 0;
     }
     zpair *p = s->pairs;
-    const float invT = 1.0f / s->cfg.temperature;
+    const float T = s->cfg.temperature;
     float zmax = -INFINITY;
     for (int64_t i = 0; i < V; i++) {
-        p[i].z = penalised(logits, i, seen, rp) * invT; /* as HF: logits / temperature in float */
+        p[i].z = penalised(logits, i, seen, rp) / T; /* as HF: scores / temperature in float */
         p[i].id = (int32_t)i;
         zmax = p[i].z > zmax ? p[i].z : zmax;
     }
