@@ -147,13 +147,19 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
     if (base && base_n) {
         base[0] = 0;
         if (cJSON_IsString(bn)) snprintf(base, base_n, "%s", bn->valuestring);
-        /* a hub id with PEFT's revision reads as "org/name@REV", as --model takes it */
+        /* a hub id with PEFT's revision reads as "org/name@REV", as --model takes it; a
+         * local folder named like an id stays as it is (transformers ignores the revision
+         * of a local path) */
         char id[256], rv[128];
         size_t bl = strlen(base);
         if (bl && cJSON_IsString(rev) && rev->valuestring[0] && !strchr(base, '@') &&
+            !ft_path_exists(base) &&
             bl + 1 + strlen(rev->valuestring) < base_n) {
             snprintf(base + bl, base_n - bl, "@%s", rev->valuestring);
-            if (!ft_hub_split_rev(base, id, sizeof id, rv, sizeof rv)) base[bl] = 0; /* a path */
+            /* kept as an id with a revision, or as a local folder "name@REV" (which an
+             * adapter of such a folder once split into name and revision) */
+            if (!ft_path_exists(base) && !ft_hub_split_rev(base, id, sizeof id, rv, sizeof rv))
+                base[bl] = 0; /* a path */
         }
     }
     if (!cJSON_IsString(pt) || strcmp(pt->valuestring, "LORA"))

@@ -13,7 +13,8 @@
  * name, fsynced and renamed (a failure leaves no partial file under the final names).
  * base_name goes to base_model_name_or_path; a Hugging Face id with a revision, "org/name@REV"
  * (hub_cache.h ft_hub_split_rev), goes there as "org/name" with "revision": "REV", PEFT's
- * revision of the base (peft/config.py; AutoPeftModel loads the base at it). Creates DIR.
+ * revision of the base (peft/config.py; AutoPeftModel loads the base at it); an existing
+ * local path with an '@' in its name stays whole. Creates DIR.
  * Returns 0 or -errno. */
 int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *base_name);
 /* ft_peft_save of other values in l's layout (values: l->n_params host floats, A where l's A

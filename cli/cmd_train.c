@@ -361,9 +361,9 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
             if (!ft_input_is_stdin(i < c.n_data ? c.data[i] : c.eval_data)) continue;
             if (first) {
                 if (!strcmp(first, flag))
-                    fprintf(stderr, "ftune: %s - is given twice: standard input can be read once (name the other input's file, or pass it as <(cmd))\n", flag);
+                    fprintf(stderr, "ftune: %s - is given twice: standard input can be read once (give the other input as a file, or as <(cmd))\n", flag);
                 else
-                    fprintf(stderr, "ftune: %s - and %s - both name standard input, which can be read once (name one of them's file, or pass it as <(cmd))\n", first, flag);
+                    fprintf(stderr, "ftune: %s - and %s - both name standard input, which can be read once (give one of them as a file, or as <(cmd))\n", first, flag);
                 ft_str_list_free(&data);
                 return 2;
             }

@@ -269,12 +269,13 @@ int ft_read_input_max(const char *path, const char *what, char **data, size_t *l
     size_t n = 0;
     int rc;
     if ((flags & FT_INPUT_STREAM) && ft_input_is_stdin(path)) {
-        if (__atomic_exchange_n(&g_stdin_taken, 1, __ATOMIC_SEQ_CST))
-            return ft_err(FT_E_INVALID, "%s: standard input was already read by another input "
-                          "named '-' (one input at most can be '-')", name);
+        /* a terminal is refused before standard input is marked read: nothing was read */
         if (isatty(STDIN_FILENO))
             return ft_err(FT_E_INVALID, "%s: standard input is a terminal: pipe %s into it "
                           "(cmd | ftune ... -) or name a file", name, what);
+        if (__atomic_exchange_n(&g_stdin_taken, 1, __ATOMIC_SEQ_CST))
+            return ft_err(FT_E_INVALID, "%s: standard input was already read by another input "
+                          "named '-' (one input at most can be '-')", name);
         FT_TRY(read_stream(STDIN_FILENO, name, max_bytes, NULL, 0, &raw, &n));
     } else {
         int fd = -1;

@@ -6,8 +6,9 @@
 
 /* Reads a whole regular file into a malloc'ed NUL-terminated buffer (*len may be NULL).
  * Opens with O_NONBLOCK, so a FIFO at path is refused at once rather than waited on.
- * Returns 0, -errno (-EISDIR for a directory), FT_E_INVALID (not a regular file) or -ENOMEM,
- * with a message naming the path. = ft_read_input(path, "a file", data, len, 0). */
+ * Returns 0, -errno (-EISDIR for a directory), FT_E_INVALID (not a regular file) or -ENOMEM
+ * (also a file over FT_INPUT_MAX_BYTES), with a message naming the path.
+ * = ft_read_input(path, "a file", data, len, 0). */
 int ft_read_file(const char *path, char **data, size_t *len);
 
 /* ft_read_input flags. */
@@ -17,8 +18,9 @@ int ft_read_file(const char *path, char **data, size_t *len);
                             * is decompressed (zlib; every member of a concatenation) */
 #define FT_INPUT_DATA   (FT_INPUT_STREAM | FT_INPUT_GZIP) /* what a user's data file may be */
 
-/* The most bytes ft_read_input returns (after decompression): 64 GiB (a gzip bomb fails
- * with -ENOMEM instead of exhausting memory). */
+/* The most bytes ft_read_input returns (after decompression): 64 GiB. A gzip bomb stops
+ * there with -ENOMEM; on a machine with less free memory the buffer's doubling meets a
+ * failed allocation (-ENOMEM) or the kernel's OOM killer first. */
 #define FT_INPUT_MAX_BYTES ((size_t)64 << 30)
 
 /* Reads a user's input into a malloc'ed NUL-terminated buffer *data of *len bytes (len may

@@ -279,7 +279,9 @@ int ft_hub_pinned_commit(const char *path, char *out, size_t n)
 int ft_hub_split_rev(const char *s, char *id, size_t n, char *rev, size_t rn)
 {
     hub_id h;
-    if (!s || !strchr(s, '@') || !parse_id(s, &h) || h.file) return 0;
+    /* an existing path wins over an id, as in ft_hub_resolve: "models/tiny@v2" (a folder)
+     * or "models/tiny@q4.gguf" is a local model, never an id and a revision */
+    if (!s || !strchr(s, '@') || !parse_id(s, &h) || h.file || ft_path_exists(s)) return 0;
     int w = snprintf(id, n, "%s/%s", h.org, h.name);
     if (w < 0 || (size_t)w >= n) return 0;
     w = snprintf(rev, rn, "%s", h.rev);

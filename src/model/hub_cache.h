@@ -48,7 +48,8 @@ int ft_hub_pinned_commit(const char *path, char *out, size_t n);
 
 /* Splits s = "org/name@REV" (an id with a revision and no FILE part, the shape
  * ft_hub_resolve takes) into id (n bytes) and rev (rn bytes). Returns 1, or 0 when s has
- * another shape or a part does not fit (id and rev then unspecified). */
+ * another shape, is an existing local path (a folder "models/tiny@v2" is no id, as in
+ * ft_hub_resolve), or a part does not fit (id and rev then unspecified). */
 int ft_hub_split_rev(const char *s, char *id, size_t n, char *rev, size_t rn);
 
 #endif

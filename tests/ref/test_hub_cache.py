@@ -140,3 +140,37 @@ def test_revision_written_for_peft(tmp_path):
     x = run_env(["export", "--adapter", plain, "--format", "gguf", "--out", tmp_path / "c.gguf"],
                 env, tmp_path)
     assert x.returncode == 0, x.stderr
+
+
+def test_local_path_with_at_is_not_a_revision(tmp_path):
+    """A local model folder named like an id with a revision ("mdl/tiny@v2") is a path: the
+    adapter names it whole, with revision null (it had been split into "mdl/tiny" at
+    revision "v2"). And an adapter whose base is a local folder keeps that folder when
+    adapter_config.json also has a revision: export finds the folder (transformers ignores a
+    local path's revision), where it had looked for "mdl/tiny@v2" in the hub cache."""
+    cache, _ = fake_cache(tmp_path)
+    env = env_with(cache)
+    shutil.copytree(TINY, tmp_path / "mdl" / "tiny@v2")
+    shutil.copytree(TINY, tmp_path / "local" / "tiny")
+    out = tmp_path / "out"
+    r = run_env(["train", "--model", "mdl/tiny@v2", "--out", out, "--data", SEED_DATA,
+                 "--max-steps", "1", "--seq-len", "64", "--threads", "1", "--eval-fraction", "0"],
+                env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["base_model_name_or_path"] == "mdl/tiny@v2" and cfg["revision"] is None, cfg
+    x = run_env(["export", "--adapter", out, "--format", "gguf", "--out", tmp_path / "a.gguf"],
+                env, tmp_path)
+    assert x.returncode == 0, x.stderr
+    cfg.update(base_model_name_or_path="local/tiny", revision="v2")
+    (out / "adapter_config.json").write_text(json.dumps(cfg))
+    x = run_env(["export", "--adapter", out, "--format", "gguf", "--out", tmp_path / "b.gguf"],
+                env, tmp_path)
+    assert x.returncode == 0, x.stderr
+    assert (tmp_path / "b.gguf").exists()
+    # an adapter of "mdl/tiny@v2" as the split had written it still finds that folder
+    cfg.update(base_model_name_or_path="mdl/tiny", revision="v2")
+    (out / "adapter_config.json").write_text(json.dumps(cfg))
+    x = run_env(["export", "--adapter", out, "--format", "gguf", "--out", tmp_path / "c.gguf"],
+                env, tmp_path)
+    assert x.returncode == 0 and "mdl/tiny@v2" in x.stderr, x.stderr

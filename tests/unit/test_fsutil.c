@@ -459,6 +459,145 @@ static void test_records_gz(void **st)
     free(z);
 }
 
+/* Edge cases: sizes exactly at the limit (a regular file, a pipe, gzip output), a gzip whose
+ * first member is empty, a member followed by a bare magic, symbolic links (the hub cache's
+ * snapshot files are links into blobs/), and "-" when standard input is a regular file read
+ * from its current offset, /dev/null, or a pipe left non-blocking by someone else. */
+static void test_edges(void **st)
+{
+    (void)st;
+    alarm(ALARM_S);
+    char *text = make_text(5000);
+    char *p = write_tmp("cap.jsonl", text, 5000);
+    char *d;
+    size_t n;
+    assert_int_equal(ft_read_input_max(p, "a data file", &d, &n, FT_INPUT_DATA, 5000), 0);
+    assert_int_equal(n, 5000);
+    free(d);
+    expect_err(p, FT_INPUT_DATA, 4999, -ENOMEM, "cap.jsonl", "the limit");
+    /* a pipe of exactly the limit, and one byte over */
+    for (size_t lim = 5000; lim >= 4999; lim--) {
+        int fds[2];
+        assert_int_equal(pipe(fds), 0);
+        write_all(fds[1], text, 5000); /* fits in the pipe's buffer */
+        close(fds[1]);
+        char path[64];
+        snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
+        if (lim == 5000) {
+            assert_int_equal(ft_read_input_max(path, "a data file", &d, &n, FT_INPUT_DATA, lim), 0);
+            assert_int_equal(n, 5000);
+            assert_memory_equal(d, text, n);
+            free(d);
+        } else {
+            expect_err(path, FT_INPUT_DATA, lim, -ENOMEM, path, "the limit");
+        }
+        close(fds[0]);
+    }
+    /* an empty first member, then the data: the data */
+    size_t en, zn;
+    unsigned char *e = gz("", 0, &en), *z = gz(text, 5000, &zn);
+    unsigned char *cat = malloc(en + zn + 2);
+    memcpy(cat, e, en);
+    memcpy(cat + en, z, zn);
+    char *pc = write_tmp("empty-first.gz", cat, en + zn);
+    expect_data(pc, FT_INPUT_DATA, text, 5000);
+    assert_int_equal(ft_read_input_max(pc, "a data file", &d, &n, FT_INPUT_DATA, 5000), 0);
+    free(d);
+    expect_err(pc, FT_INPUT_DATA, 4999, -ENOMEM, "empty-first.gz", "the limit");
+    /* a member followed by a bare magic: truncated (a member that never came), no crash */
+    memcpy(cat + en + zn, "\x1f\x8b", 2);
+    char *pm = write_tmp("magic-tail.gz", cat, en + zn + 2);
+    expect_err(pm, FT_INPUT_DATA, FT_INPUT_MAX_BYTES, FT_E_CORRUPT, "magic-tail.gz", "truncated");
+    /* symbolic links: to a file (read), to a FIFO without a writer (refused at once) */
+    char *dir = t_tmpdir(), lnk[300], fifo[300];
+    snprintf(lnk, sizeof lnk, "%s/link.json", dir);
+    assert_int_equal(symlink(p, lnk), 0);
+    assert_int_equal(ft_read_file(lnk, &d, &n), 0);
+    assert_int_equal(n, 5000);
+    free(d);
+    expect_data(lnk, FT_INPUT_DATA, text, 5000);
+    snprintf(fifo, sizeof fifo, "%s/f", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    snprintf(lnk, sizeof lnk, "%s/link-fifo.json", dir);
+    assert_int_equal(symlink(fifo, lnk), 0);
+    assert_int_equal(ft_read_file(lnk, &d, &n), FT_E_INVALID);
+    expect_err(lnk, FT_INPUT_DATA, FT_INPUT_MAX_BYTES, FT_E_INVALID, lnk, "no writer");
+
+    /* "-": each case in a child (standard input is read once per process) */
+    for (int k = 0; k < 3; k++) {
+        int fds[2] = {-1, -1};
+        if (k == 2) assert_int_equal(pipe(fds), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            int fd = k == 0 ? open(pc, O_RDONLY) : k == 1 ? open("/dev/null", O_RDONLY) : fds[0];
+            if (fd < 0 || dup2(fd, 0) < 0) _exit(10);
+            if (k == 2) {
+                close(fds[1]);
+                if (fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK) < 0) _exit(11);
+            }
+            char skip[8];
+            if (k == 0 && read(0, skip, 1) != 1) _exit(12); /* the offset is 1: no magic there */
+            if (ft_read_input("-", "a data file", &d, &n, FT_INPUT_DATA)) _exit(13);
+            if (k == 0 && (n != en + zn - 1 || memcmp(d, cat + 1, n))) _exit(14);
+            if (k == 1 && n != 0) _exit(15);
+            if (k == 2 && (n != 5000 || memcmp(d, text, n))) _exit(16);
+            _exit(0);
+        }
+        if (k == 2) { /* the writer comes late: the reader polls */
+            close(fds[0]);
+            usleep(50000);
+            write_all(fds[1], z, zn);
+            close(fds[1]);
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (!WIFEXITED(status) || WEXITSTATUS(status)) fail_msg("case %d: child status %d", k, status);
+    }
+    t_rmtree(dir);
+    free(pm);
+    free(pc);
+    free(cat);
+    free(z);
+    free(e);
+    free(p);
+    free(text);
+    alarm(0);
+}
+
+/* "-" when standard input is a terminal: refused, every time. The refusal reads nothing, so
+ * it does not use up standard input's one read (a second try said "already read"). */
+static void test_stdin_tty(void **st)
+{
+    (void)st;
+    alarm(ALARM_S);
+    int m = posix_openpt(O_RDWR | O_NOCTTY);
+    if (m < 0 || grantpt(m) || unlockpt(m) || !ptsname(m)) {
+        printf("  no pseudo-terminal here: skipped\n");
+        if (m >= 0) close(m);
+        alarm(0);
+        return;
+    }
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int t = open(ptsname(m), O_RDONLY | O_NOCTTY);
+        if (t < 0 || dup2(t, 0) < 0 || !isatty(0)) _exit(10);
+        char *d;
+        size_t n;
+        for (int k = 0; k < 2; k++) {
+            if (ft_read_input("-", "a data file", &d, &n, FT_INPUT_DATA) != FT_E_INVALID) _exit(11);
+            if (!strstr(ft_errmsg(), "<stdin>: standard input is a terminal")) _exit(12 + k);
+        }
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    close(m);
+    if (!WIFEXITED(status) || WEXITSTATUS(status)) fail_msg("child status %d", WEXITSTATUS(status));
+    alarm(0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -472,6 +611,8 @@ int main(void)
         cmocka_unit_test(test_fifo_writer),
         cmocka_unit_test(test_stdin),
         cmocka_unit_test(test_records_gz),
+        cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_stdin_tty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -229,6 +229,17 @@ static void test_pinned_commit(void **st)
     for (int i = 0; no[i]; i++) assert_int_equal(ft_hub_split_rev(no[i], id, sizeof id, rev, sizeof rev), 0);
     assert_int_equal(ft_hub_split_rev(NULL, id, sizeof id, rev, sizeof rev), 0);
     assert_int_equal(ft_hub_split_rev("acme/m@v2", id, 6, rev, sizeof rev), 0);
+    /* a local folder or file named like an id with a revision is a path, never split (the
+     * adapter would have named "acme/m" at revision "v2" instead of the folder trained on) */
+    char cwd[4096];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(chdir(c), 0);
+    put(c, "acme/m@v2/config.json", "{}");
+    put(c, "acme/tiny@q4.gguf", "GGUF");
+    assert_int_equal(ft_hub_split_rev("acme/m@v2", id, sizeof id, rev, sizeof rev), 0);
+    assert_int_equal(ft_hub_split_rev("acme/tiny@q4.gguf", id, sizeof id, rev, sizeof rev), 0);
+    assert_int_equal(ft_hub_split_rev("acme/m@v3", id, sizeof id, rev, sizeof rev), 1);
+    assert_int_equal(chdir(cwd), 0);
     t_rmtree(c);
 }
 
