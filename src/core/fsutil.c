@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +266,7 @@ int ft_read_input_max(const char *path, const char *what, char **data, size_t *l
                       unsigned flags, size_t max_bytes)
 {
     const char *name = ft_input_name(path);
+    if (max_bytes > SIZE_MAX / 4) max_bytes = SIZE_MAX / 4; /* grow()'s max + 1 and doubling stay in range */
     char *raw = NULL;
     size_t n = 0;
     int rc;
