@@ -10,7 +10,7 @@
  * speeds go to stderr. --json prints one JSON object instead (prompt and generated ids, text,
  * stop reason, timings) for scripts and tests.
  *
- * --stop STR (repeatable, up to MAX_STOP_STR; in --config a string or a list) as vLLM's
+ * --stop STR (repeatable, up to FT_GEN_MAX_STOP_STR; in --config a string or a list) as vLLM's
  * SamplingParams.stop: the reply ends as soon as its decoded text (special tokens skipped,
  * whole UTF-8 characters) contains one of them, and its text stops before that string (the
  * string is not included); "stop": "stop_string" and "stop_reason": the string that matched
@@ -35,6 +35,14 @@
  * or to --out FILE, written as FILE.tmp.PID and renamed at the end (an interrupted run leaves
  * no partial FILE). Record i samples with ft_gen_record_seed(seed, i) (record 0 with the
  * seed itself), so its reply is that of --prompt with that --seed.
+ * A record (an object) may set its own "max_new_tokens" (or "max_tokens"), "temperature",
+ * "top_p", "top_k", "min_p", "repetition_penalty", "stop" (a string or a list) and "seed"
+ * (ft_gen_req_parse), as vLLM's LLM.generate takes one SamplingParams per prompt: each
+ * replaces the flag for that record only, so its line is that of --prompt with the flags so
+ * changed ("seed": its own when it sets one; "seed" is written when the record samples). Each
+ * KV cache holds the largest prompt + new tokens of any record; each slot samples with its
+ * record's settings and draws (one ft_sampler, its cfg and PRNG swapped per slot), and keeps
+ * the ids it holds when any record has a repetition penalty.
  *
  * --quant nf4 generates on the base a QLoRA adapter was trained on: the model's NF4 pack
  * (built or reused under --cache-dir, as `ftune train --quant nf4` and `ftune eval --quant
@@ -75,7 +83,6 @@
 #include "src/model/stop_text.h"
 
 #define MAX_STOP 16     /* stop token ids */
-#define MAX_STOP_STR 16 /* --stop strings */
 #define GEN_EXEC_T 64 /* tokens of the executor that serves generation its weights */
 #define GEN_BATCH_DEFAULT 8 /* --prompts records decoded together unless --batch says */
 
@@ -132,6 +139,7 @@ typedef struct gen_env {
                                  * else NULL */
     float *logits;              /* (slots, V) host */
     int32_t *out_ids;           /* (slots, max_new) host */
+    int64_t max_new;            /* out_ids tokens per slot: the most new tokens of any reply */
     int64_t slots;              /* sequences decoded together (--batch with --prompts) */
     int32_t stop[MAX_STOP];
     int n_stop;
@@ -190,12 +198,21 @@ static int env_open(gen_env *e, const gen_opts *o)
     return rc;
 }
 
-/* Sizes the KV caches of `slots` sequences (decoded together) for prompts of up to
- * max_prompt tokens (prefill chunks of at most FT_GEN_CHUNK_DEFAULT) plus
- * --max-new-tokens; the sampler, buffers and stop tokens of the resolved template tmpl. */
-static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl, int64_t slots)
+/* What env_plan sizes for: the longest prompt, the longest prompt plus the new tokens asked
+ * of its reply (tokens per KV cache), the most new tokens of any reply, and whether some
+ * sequence has a repetition penalty (each slot then keeps the ids it holds). */
+typedef struct gen_need {
+    int64_t max_prompt, ctx, max_new;
+    int seen;
+} gen_need;
+
+/* Sizes the KV caches of `slots` sequences (decoded together) for nd->ctx tokens each
+ * (prompts of up to nd->max_prompt tokens, prefilled in chunks of at most
+ * FT_GEN_CHUNK_DEFAULT, and their replies); the sampler (the command line's settings), the
+ * buffers and the stop tokens of the resolved template tmpl. */
+static int env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, int64_t slots)
 {
-    const int64_t V = e->m->cfg.vocab_size, ctx = max_prompt + o->max_new;
+    const int64_t V = e->m->cfg.vocab_size, ctx = nd->ctx, max_prompt = nd->max_prompt;
     if (slots > ctx) slots = ctx; /* a decode step has at most chunk <= ctx rows */
     e->slots = slots;
     int64_t chunk = max_prompt < FT_GEN_CHUNK_DEFAULT ? max_prompt : FT_GEN_CHUNK_DEFAULT;
@@ -235,13 +252,14 @@ static int env_plan(gen_env *e, const gen_opts *o, int64_t max_prompt, int tmpl,
     }
     ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed, o->rep_penalty, o->min_p};
     FT_TRY(ft_sampler_init(&e->smp, &sc, V));
-    if (o->rep_penalty != 1) { /* each sequence's ids, for the penalty */
+    if (nd->seen) { /* each sequence's ids, for the penalty */
         e->seen = calloc((size_t)slots, sizeof *e->seen);
         if (!e->seen) return ft_err(-ENOMEM, "out of memory");
         for (int64_t k = 0; k < slots; k++) FT_TRY(ft_sample_seen_init(&e->seen[k], V));
     }
     e->logits = malloc((size_t)(slots * V) * sizeof(float));
-    e->out_ids = malloc((size_t)(slots * o->max_new) * sizeof(int32_t));
+    e->max_new = nd->max_new;
+    e->out_ids = malloc((size_t)(slots * nd->max_new) * sizeof(int32_t));
     if (!e->logits || !e->out_ids) return ft_err(-ENOMEM, "out of memory");
     const char *eot = ft_chat_end_of_turn(tmpl);
     char jeot[64];
@@ -416,7 +434,8 @@ static int run_one(const gen_opts *o)
     if (!rc) warn_no_think(o, e.tok, tmpl);
     if (!rc && n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
     if (!rc) warn_context(&e, n, o->max_new, "");
-    if (!rc) rc = env_plan(&e, o, n, tmpl, 1);
+    const gen_need nd = {n, n + o->max_new, o->max_new, o->rep_penalty != 1};
+    if (!rc) rc = env_plan(&e, o, &nd, tmpl, 1);
     if (!rc) rc = gen_one(&e, o, ids, n, (uint64_t)o->seed, !o->json, &r);
     if (!rc && o->json) print_json(o, tmpl, &r);
     if (!rc) {
@@ -441,6 +460,11 @@ typedef struct batch_rec {
     char where[300];            /* "FILE: line N" / "FILE: record N" */
     int32_t *ids;
     int64_t n;
+    /* its settings: the command line's, replaced by those the record sets (q.params) */
+    ft_sample_cfg sc;           /* sc.seed: the record's "seed", else ft_gen_record_seed's */
+    int64_t max_new;
+    const char *const *stop;    /* n_stop: the --stop strings or the record's "stop" */
+    int64_t n_stop;
 } batch_rec;
 
 typedef struct batch {
@@ -456,6 +480,24 @@ static void batch_free(batch *b)
     }
     free(b->r);
     memset(b, 0, sizeof *b);
+}
+
+/* Record i's settings (x->sc, max_new, stop): the command line's, with the record's own. */
+static void rec_settings(batch_rec *x, const gen_opts *o, int64_t i)
+{
+    const ft_gen_params *p = &x->q.params;
+    const unsigned set = p->set;
+    x->sc = (ft_sample_cfg){o->temperature, o->top_k, o->top_p, ft_gen_record_seed((uint64_t)o->seed, i),
+                            o->rep_penalty, o->min_p};
+    if (set & FT_GEN_SET_TEMPERATURE) x->sc.temperature = p->temperature;
+    if (set & FT_GEN_SET_TOP_K) x->sc.top_k = p->top_k;
+    if (set & FT_GEN_SET_TOP_P) x->sc.top_p = p->top_p;
+    if (set & FT_GEN_SET_MIN_P) x->sc.min_p = p->min_p;
+    if (set & FT_GEN_SET_REP_PENALTY) x->sc.repetition_penalty = p->repetition_penalty;
+    if (set & FT_GEN_SET_SEED) x->sc.seed = p->seed;
+    x->max_new = set & FT_GEN_SET_MAX_NEW ? p->max_new_tokens : o->max_new;
+    x->stop = set & FT_GEN_SET_STOP ? (const char *const *)p->stop : o->stop.v;
+    x->n_stop = set & FT_GEN_SET_STOP ? p->n_stop : o->stop.n;
 }
 
 /* Reads and checks every record of o->prompts (no model needed). */
@@ -487,6 +529,7 @@ static int batch_read(batch *b, const gen_opts *o)
             ft_err_prefix(rc, "%s", x->where);
             break;
         }
+        rec_settings(x, o, b->n);
         b->n++;
     }
     if (!rc && k < 0) rc = k;
@@ -532,7 +575,7 @@ static int out_close(out_file *of, const char *path, int ok)
 }
 
 static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, const gen_result *r,
-                    uint64_t seed, double seconds)
+                    double seconds)
 {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "index", (double)i);
@@ -542,9 +585,9 @@ static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, c
     cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->n_prompt);
     cJSON_AddNumberToObject(j, "new_tokens", (double)r->n_out);
     cJSON_AddStringToObject(j, "stop", stop_name(r));
-    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", o->stop.v[r->stop_str]);
+    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
     cJSON_AddNumberToObject(j, "seconds", seconds);
-    if (o->temperature > 0) add_seed(j, seed);
+    if (x->sc.temperature > 0) add_seed(j, x->sc.seed);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!s) return ft_err(-ENOMEM, "out of memory");
@@ -556,13 +599,14 @@ static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, c
 /* A sequence being generated in one of the env's slots (--prompts with --batch). */
 typedef struct slot_run {
     int64_t rec;                /* the record, -1: the slot is free */
+    const batch_rec *x;         /* its prompt and settings */
     gen_result r;
-    ft_rng rng;                 /* the record's sampling state (ft_gen_record_seed) */
+    ft_rng rng;                 /* the record's sampling state (seeded with x->sc.seed) */
     int32_t next;               /* the sampled token to feed, when pending */
     int pending;                /* 1: `next` needs a decode forward */
     double t0;
-    ft_stop_text st;            /* the reply's text, with --stop */
-    ft_sample_seen *seen;       /* the slot's ids (env's seen[k]), with --repetition-penalty */
+    ft_stop_text st;            /* the reply's text, with stop strings */
+    ft_sample_seen *seen;       /* the slot's ids (env's seen[k]), with a repetition penalty */
 } slot_run;
 
 /* A finished record, held until the records before it are written: its reply decoded when it
@@ -573,11 +617,12 @@ typedef struct done_rec {
     double seconds;
 } done_rec;
 
-/* Records slot sr's finished reply in dn[sr->rec] (its text decoded now, or with --stop the
- * text cut before the stop string) and frees the slot. */
-static int slot_finish(gen_env *e, const gen_opts *o, slot_run *sr, done_rec *dn)
+/* Records slot sr's finished reply in dn[sr->rec] (its text decoded now, or with stop strings
+ * the text cut before the one that matched) and frees the slot. */
+static int slot_finish(gen_env *e, slot_run *sr, done_rec *dn)
 {
-    int rc = o->stop.n ? ft_stop_text_flush(&sr->st, o->stop.v, o->stop.n) : 0;
+    const batch_rec *x = sr->x;
+    int rc = x->n_stop ? ft_stop_text_flush(&sr->st, x->stop, x->n_stop) : 0;
     if (!rc && sr->st.hit >= 0) {
         sr->r.stop = GEN_STOP_STRING;
         sr->r.stop_str = sr->st.hit;
@@ -589,19 +634,21 @@ static int slot_finish(gen_env *e, const gen_opts *o, slot_run *sr, done_rec *dn
     d->seconds = now_s() - sr->t0;
     d->done = 1;
     sr->rec = -1;
-    if (!rc) rc = o->stop.n ? ft_stop_text_take(&sr->st, &d->r.text)
+    if (!rc) rc = x->n_stop ? ft_stop_text_take(&sr->st, &d->r.text)
                             : ft_tok_decode(e->tok, sr->r.out_ids, sr->r.n_out, 1, &d->r.text);
     ft_stop_text_free(&sr->st);
     return rc;
 }
 
-/* Samples slot k's next token from logits (V) and updates its reply: finished (a stop token,
- * a --stop string, or --max-new-tokens reached) or pending with the token to feed. *fin = 1
- * when finished. */
-static int slot_advance(gen_env *e, const gen_opts *o, slot_run *sr, const float *logits, int *fin)
+/* Samples slot k's next token from logits (V) with its record's settings and draws, and
+ * updates its reply: finished (a stop token, a stop string, or its max new tokens reached) or
+ * pending with the token to feed. *fin = 1 when finished. */
+static int slot_advance(gen_env *e, slot_run *sr, const float *logits, int *fin)
 {
+    const batch_rec *x = sr->x;
     int32_t t;
     *fin = 0;
+    e->smp.cfg = x->sc; /* checked in slot_start; the sampler derives nothing from it */
     e->smp.rng = sr->rng;
     int rc = ft_sample_next_seen(&e->smp, logits, sr->seen, &t);
     sr->rng = e->smp.rng;
@@ -614,42 +661,42 @@ static int slot_advance(gen_env *e, const gen_opts *o, slot_run *sr, const float
     }
     ((int32_t *)sr->r.out_ids)[sr->r.n_out++] = t;
     if (sr->seen) ft_sample_seen_add(sr->seen, &t, 1);
-    if (o->stop.n) FT_TRY(ft_stop_text_push(&sr->st, o->stop.v, o->stop.n, t));
-    if (sr->st.hit >= 0 || sr->r.n_out >= o->max_new) *fin = 1;
+    if (x->n_stop) FT_TRY(ft_stop_text_push(&sr->st, x->stop, x->n_stop, t));
+    if (sr->st.hit >= 0 || sr->r.n_out >= x->max_new) *fin = 1;
     else sr->next = t, sr->pending = 1;
     return 0;
 }
 
 /* Starts record i in slot k: its prompt prefilled into the slot's cache, its first token
  * sampled. */
-static int slot_start(gen_env *e, const gen_opts *o, slot_run *sr, int64_t k, const batch_rec *x,
-                      int64_t i, int *fin)
+static int slot_start(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, int64_t i, int *fin)
 {
     memset(&sr->r, 0, sizeof sr->r);
+    FT_TRY(ft_sample_cfg_check(&x->sc));
     sr->rec = i;
+    sr->x = x;
     sr->r.prompt_ids = x->ids;
     sr->r.n_prompt = x->n;
-    sr->r.out_ids = e->out_ids + k * o->max_new;
+    sr->r.out_ids = e->out_ids + k * e->max_new;
     sr->t0 = now_s();
-    ft_sampler_reseed(&e->smp, ft_gen_record_seed((uint64_t)o->seed, i));
-    sr->rng = e->smp.rng;
+    ft_rng_seed(&sr->rng, x->sc.seed); /* as ft_sampler_reseed */
     ft_stop_text_free(&sr->st);
     ft_stop_text_init(&sr->st, e->tok);
-    sr->seen = e->seen ? &e->seen[k] : NULL;
+    sr->seen = e->seen && x->sc.repetition_penalty != 1 ? &e->seen[k] : NULL;
     if (sr->seen) {
         ft_sample_seen_clear(sr->seen);
         ft_sample_seen_add(sr->seen, x->ids, x->n); /* the prompt's ids are penalised too */
     }
     ft_gen_reset_slot(&e->g, k);
     /* RoPE as a cache sized for this prompt alone would have it (dynamic NTK scaling) */
-    int rc = ft_gen_set_rope_len_slot(&e->g, k, x->n + o->max_new);
+    int rc = ft_gen_set_rope_len_slot(&e->g, k, x->n + x->max_new);
     float *lg = e->logits + k * e->m->cfg.vocab_size;
     for (int64_t j = 0; !rc && j < x->n; j += e->g.chunk_max) {
         int64_t c = x->n - j < e->g.chunk_max ? x->n - j : e->g.chunk_max;
         rc = ft_gen_forward_slot(&e->g, k, x->ids + j, c, lg, 1);
     }
     sr->r.prefill_s = now_s() - sr->t0;
-    return rc ? rc : slot_advance(e, o, sr, lg, fin);
+    return rc ? rc : slot_advance(e, sr, lg, fin);
 }
 
 /* Every record of --prompts, one JSON line each, in record order. Up to e.slots records are
@@ -665,7 +712,8 @@ static int run_batch(const gen_opts *o)
     int tmpl = 0, rc = batch_read(&b, o);
     if (!rc) rc = out_open(&of, o->out);
     if (!rc) rc = env_open(&e, o);
-    int64_t max_prompt = 0, n_over = 0, over_len = 0;
+    gen_need nd = {0, 0, 0, 0};
+    int64_t n_over = 0, over_len = 0, over_new = 0, n_sampled = 0;
     const int64_t maxpos = e.m ? e.m->cfg.max_position_embeddings : 0;
     for (int64_t i = 0; !rc && i < b.n; i++) {
         batch_rec *x = &b.r[i];
@@ -675,20 +723,29 @@ static int run_batch(const gen_opts *o)
             ft_err_prefix(rc, "%s", x->where);
             break;
         }
-        if (x->n > max_prompt) max_prompt = x->n;
-        if (maxpos > 0 && x->n + o->max_new > maxpos) {
-            n_over++;
-            if (x->n > over_len) over_len = x->n;
+        /* the caches hold the longest prompt + reply; a slot's buffer the longest reply */
+        if (x->n > nd.max_prompt) nd.max_prompt = x->n;
+        if (x->n + x->max_new > nd.ctx) nd.ctx = x->n + x->max_new;
+        if (x->max_new > nd.max_new) nd.max_new = x->max_new;
+        nd.seen |= x->sc.repetition_penalty != 1;
+        n_sampled += x->sc.temperature > 0 && !(x->q.params.set & FT_GEN_SET_SEED);
+        if (maxpos > 0 && x->n + x->max_new > maxpos) {
+            if (!n_over++ || x->n + x->max_new > over_len + over_new) {
+                over_len = x->n;
+                over_new = x->max_new;
+            }
         }
     }
     if (!rc && n_over) {
         char what[96];
         snprintf(what, sizeof what, "%lld of %lld records, the longest with ", (long long)n_over,
                  (long long)b.n);
-        warn_context(&e, over_len, o->max_new, what);
+        warn_context(&e, over_len, over_new, what);
     }
+    /* the seed the records' own derive from (unless they set theirs) */
+    if (!rc && n_sampled) fprintf(stderr, "ftune: seed %lld\n", (long long)o->seed);
     if (!rc) warn_no_think(o, e.tok, tmpl);
-    if (!rc) rc = env_plan(&e, o, max_prompt, tmpl, o->batch < b.n ? o->batch : b.n);
+    if (!rc) rc = env_plan(&e, o, &nd, tmpl, o->batch < b.n ? o->batch : b.n);
     if (!rc)
         fprintf(stderr, "ftune: %lld prompts from %s (template %s, %lld at a time, KV cache of %lld "
                 "tokens each)\n", (long long)b.n, o->prompts, o->raw ? "raw" : ft_chat_template_name(tmpl),
@@ -707,8 +764,8 @@ static int run_batch(const gen_opts *o)
         for (int64_t k = 0; !rc && k < e.slots; k++) {
             while (!rc && sl[k].rec < 0 && next < b.n) {
                 int fin = 0;
-                rc = slot_start(&e, o, &sl[k], k, &b.r[next], next, &fin);
-                if (!rc && fin) rc = slot_finish(&e, o, &sl[k], dn);
+                rc = slot_start(&e, &sl[k], k, &b.r[next], next, &fin);
+                if (!rc && fin) rc = slot_finish(&e, &sl[k], dn);
                 if (rc) ft_err_prefix(rc, "%s", b.r[next].where);
                 next++;
             }
@@ -733,8 +790,8 @@ static int run_batch(const gen_opts *o)
                 int fin = 0;
                 sr->r.n_decode++;
                 sr->r.decode_s += dt;
-                rc = slot_advance(&e, o, sr, e.logits + i * V, &fin);
-                if (!rc && fin) rc = slot_finish(&e, o, sr, dn);
+                rc = slot_advance(&e, sr, e.logits + i * V, &fin);
+                if (!rc && fin) rc = slot_finish(&e, sr, dn);
                 if (rc) ft_err_prefix(rc, "%s", b.r[rec].where);
             }
         }
@@ -742,8 +799,7 @@ static int run_batch(const gen_opts *o)
         while (!rc && emitted < b.n && dn[emitted].done) {
             done_rec *d = &dn[emitted];
             batch_rec *x = &b.r[emitted];
-            const uint64_t seed = ft_gen_record_seed((uint64_t)o->seed, emitted);
-            rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, seed, d->seconds);
+            rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, d->seconds);
             if (rc) {
                 ft_err_prefix(rc, "%s", x->where);
             } else {
@@ -792,7 +848,10 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {"prompt", FT_OPT_STR, &o->prompt, "the user message (the whole text with --raw)", 0, "S"},
         {"prompts", FT_OPT_STR, &o->prompts, "instead of --prompt: a JSONL file or JSON array of strings, "
          "{prompt, system?}, or any conversational record --data reads (messages, sharegpt, alpaca, "
-         "prompt/completion lists; a final assistant turn or \"output\": the \"reference\"); one JSON line each: {index, prompt, reply, reference?, prompt_tokens, "
+         "prompt/completion lists; a final assistant turn or \"output\": the \"reference\"); an object record "
+         "may set its own max_new_tokens (or max_tokens), temperature, top_p, top_k, min_p, "
+         "repetition_penalty, stop (a string or a list) and seed, each replacing the flag for that "
+         "record; one JSON line each: {index, prompt, reply, reference?, prompt_tokens, "
          "new_tokens, stop, stop_reason?, seconds, seed?}", 0, "FILE"},
         {"out", FT_OPT_STR, &o->out, "with --prompts: write the JSON lines to FILE (renamed into place "
          "when complete) instead of stdout", 0, "FILE"},
@@ -866,7 +925,7 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     }
     o->batch_set = o->batch > 0;
     if (!o->batch) o->batch = GEN_BATCH_DEFAULT;
-    if (o->max_new < 1 || o->max_new > 1000000 || o->top_k < 0 || !(o->temperature >= 0) ||
+    if (o->max_new < 1 || o->max_new > FT_GEN_MAX_NEW_TOKENS || o->top_k < 0 || !(o->temperature >= 0) ||
         !(o->top_p > 0 && o->top_p <= 1)) {
         fprintf(stderr, "ftune: generate: --max-new-tokens must be 1..1000000, --top-k >= 0, "
                 "--temperature >= 0, 0 < --top-p <= 1\n");
@@ -881,8 +940,9 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         fprintf(stderr, "ftune: generate: --min-p %g: expected 0 <= --min-p <= 1 (0: off)\n", (double)o->min_p);
         return 2;
     }
-    if (o->stop.n > MAX_STOP_STR) {
-        fprintf(stderr, "ftune: generate: %lld --stop strings: at most %d\n", (long long)o->stop.n, MAX_STOP_STR);
+    if (o->stop.n > FT_GEN_MAX_STOP_STR) {
+        fprintf(stderr, "ftune: generate: %lld --stop strings: at most %d\n", (long long)o->stop.n,
+                FT_GEN_MAX_STOP_STR);
         return 2;
     }
     for (int64_t i = 0; i < o->stop.n; i++)
@@ -892,7 +952,6 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         }
     if (o->seed < 0) /* 53 bits: exact in the JSON number */
         o->seed = (int64_t)((((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid()) & ((1ull << 53) - 1));
-    if (o->prompts && o->temperature > 0) fprintf(stderr, "ftune: seed %lld\n", (long long)o->seed);
 
     rc = o->prompts ? run_batch(o) : run_one(o);
     if (rc) fprintf(stderr, "ftune: %s\n", ft_errmsg());

@@ -2,6 +2,7 @@
  * generate.h). */
 #include "src/model/generate.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -575,6 +576,8 @@ void ft_gen_req_free(ft_gen_req *q)
     cJSON_Delete(q->tools);
     free(q->user);
     free(q->reference);
+    for (int64_t i = 0; i < q->params.n_stop; i++) free(q->params.stop[i]);
+    free(q->params.stop);
     memset(q, 0, sizeof *q);
 }
 
@@ -693,7 +696,129 @@ static const char *json_type(const cJSON *j)
     if (cJSON_IsNull(j)) return "null";
     if (cJSON_IsArray(j)) return "a list";
     if (cJSON_IsObject(j)) return "an object";
+    if (cJSON_IsString(j)) return "a string";
     return "another JSON type";
+}
+
+/* ---- a record's generation settings ---- */
+
+/* Record key `key`: NULL when absent or null. */
+static const cJSON *param_item(const cJSON *rec, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rec, key);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* A number in [lo, hi] (lo_open: lo excluded), as float (the flags' strtod -> float); finite. */
+static int param_float(const cJSON *v, const char *key, double lo, int lo_open, double hi,
+                       const char *expect, float *out)
+{
+    /* beyond float's range the conversion is undefined: taken as not finite */
+    const float f = cJSON_IsNumber(v) && fabs(v->valuedouble) <= FLT_MAX ? (float)v->valuedouble : NAN;
+    if (!cJSON_IsNumber(v) || !isfinite(f) || f < lo || (lo_open && f == lo) || f > hi) {
+        if (cJSON_IsNumber(v))
+            return ft_err(FT_E_INVALID, "'%s' %g: expected %s", key, v->valuedouble, expect);
+        return ft_err(FT_E_INVALID, "'%s' must be a number, found %s", key, json_type(v));
+    }
+    *out = f;
+    return 0;
+}
+
+/* An integer in [lo, hi] (a JSON number without a fraction). */
+static int param_int(const cJSON *v, const char *key, int64_t lo, int64_t hi, const char *expect,
+                     int64_t *out)
+{
+    if (!cJSON_IsNumber(v))
+        return ft_err(FT_E_INVALID, "'%s' must be an integer, found %s", key, json_type(v));
+    const double d = v->valuedouble;
+    if (!(d >= (double)lo && d <= (double)hi) || d != floor(d))
+        return ft_err(FT_E_INVALID, "'%s' %.17g: expected %s", key, d, expect);
+    *out = (int64_t)d;
+    return 0;
+}
+
+/* "stop": a non-empty string or a list of up to FT_GEN_MAX_STOP_STR of them. */
+static int param_stop(const cJSON *v, ft_gen_params *p)
+{
+    const int list = cJSON_IsArray(v);
+    const int64_t n = list ? cJSON_GetArraySize(v) : 1;
+    if (!list && !cJSON_IsString(v))
+        return ft_err(FT_E_INVALID, "'stop' must be a string or a list of strings, found %s",
+                      json_type(v));
+    if (n > FT_GEN_MAX_STOP_STR)
+        return ft_err(FT_E_INVALID, "'stop': %lld strings, at most %d", (long long)n,
+                      FT_GEN_MAX_STOP_STR);
+    p->stop = calloc((size_t)(n ? n : 1), sizeof *p->stop);
+    if (!p->stop) return ft_err(-ENOMEM, "out of memory");
+    const cJSON *e = list ? v->child : v;
+    for (int64_t i = 0; i < n; i++, e = e->next) {
+        if (!cJSON_IsString(e))
+            return ft_err(FT_E_INVALID, "'stop' item %lld must be a string, found %s",
+                          (long long)i + 1, json_type(e));
+        if (!e->valuestring[0] && list) /* it would match at once */
+            return ft_err(FT_E_INVALID, "'stop' item %lld: expected a non-empty string", (long long)i + 1);
+        if (!e->valuestring[0])
+            return ft_err(FT_E_INVALID, "'stop': expected a non-empty string");
+        if (!(p->stop[i] = dup_str(e->valuestring, strlen(e->valuestring))))
+            return ft_err(-ENOMEM, "out of memory");
+        p->n_stop = i + 1;
+    }
+    return 0;
+}
+
+/* The generation settings of object record rec into *p (see ft_gen_req_parse). On error
+ * *p may hold a partial stop list (ft_gen_req_free frees it). */
+static int req_params(ft_gen_params *p, const cJSON *rec)
+{
+    static const char *const max_keys[] = {"max_new_tokens", "max_tokens", "max_completion_tokens"};
+    const char *max_key = NULL;
+    for (int i = 0; i < 3; i++) {
+        const cJSON *v = param_item(rec, max_keys[i]);
+        int64_t m;
+        if (!v) continue;
+        FT_TRY(param_int(v, max_keys[i], 1, FT_GEN_MAX_NEW_TOKENS, "1..1000000", &m));
+        if (max_key && m != p->max_new_tokens)
+            return ft_err(FT_E_INVALID, "'%s' %lld and '%s' %lld: give one of them",
+                          max_key, (long long)p->max_new_tokens, max_keys[i], (long long)m);
+        max_key = max_keys[i];
+        p->max_new_tokens = m;
+        p->set |= FT_GEN_SET_MAX_NEW;
+    }
+    const cJSON *v;
+    if ((v = param_item(rec, "temperature"))) {
+        FT_TRY(param_float(v, "temperature", 0, 0, INFINITY, "a finite value >= 0 (0: greedy)",
+                           &p->temperature));
+        p->set |= FT_GEN_SET_TEMPERATURE;
+    }
+    if ((v = param_item(rec, "top_p"))) {
+        FT_TRY(param_float(v, "top_p", 0, 1, 1, "0 < top_p <= 1 (1: off)", &p->top_p));
+        p->set |= FT_GEN_SET_TOP_P;
+    }
+    if ((v = param_item(rec, "top_k"))) {
+        FT_TRY(param_int(v, "top_k", 0, (INT64_C(1) << 53) - 1, "an integer >= 0 (0: off)",
+                         &p->top_k));
+        p->set |= FT_GEN_SET_TOP_K;
+    }
+    if ((v = param_item(rec, "min_p"))) {
+        FT_TRY(param_float(v, "min_p", 0, 0, 1, "0 <= min_p <= 1 (0: off)", &p->min_p));
+        p->set |= FT_GEN_SET_MIN_P;
+    }
+    if ((v = param_item(rec, "repetition_penalty"))) {
+        FT_TRY(param_float(v, "repetition_penalty", 0, 1, INFINITY, "a finite value > 0 (1: off)",
+                           &p->repetition_penalty));
+        p->set |= FT_GEN_SET_REP_PENALTY;
+    }
+    if ((v = param_item(rec, "stop"))) {
+        FT_TRY(param_stop(v, p));
+        p->set |= FT_GEN_SET_STOP;
+    }
+    if ((v = param_item(rec, "seed"))) {
+        int64_t sd;
+        FT_TRY(param_int(v, "seed", 0, (INT64_C(1) << 53) - 1, "an integer 0..2^53 - 1", &sd));
+        p->seed = (uint64_t)sd;
+        p->set |= FT_GEN_SET_SEED;
+    }
+    return 0;
 }
 
 int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
@@ -718,6 +843,7 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     }
     /* function schemas, as training reads them (the model's template writes them) */
     if (!rc && !raw && cJSON_IsObject(rec)) rc = ft_data_record_tools(rec, &q->tools);
+    if (!rc && cJSON_IsObject(rec)) rc = req_params(&q->params, rec);
     if (rc) ft_gen_req_free(q);
     return rc;
 }

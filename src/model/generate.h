@@ -171,6 +171,40 @@ int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, con
 
 /* ---- prompts files (ftune generate --prompts) ----------------------------------------------- */
 
+/* Largest --max-new-tokens (and a record's "max_new_tokens"). */
+#define FT_GEN_MAX_NEW_TOKENS 1000000
+/* Most stop strings of a reply (--stop flags, a record's "stop" list). */
+#define FT_GEN_MAX_STOP_STR 16
+
+/* Bits of ft_gen_params.set: the fields a record gives. */
+enum {
+    FT_GEN_SET_MAX_NEW = 1 << 0,
+    FT_GEN_SET_TEMPERATURE = 1 << 1,
+    FT_GEN_SET_TOP_P = 1 << 2,
+    FT_GEN_SET_TOP_K = 1 << 3,
+    FT_GEN_SET_MIN_P = 1 << 4,
+    FT_GEN_SET_REP_PENALTY = 1 << 5,
+    FT_GEN_SET_STOP = 1 << 6,
+    FT_GEN_SET_SEED = 1 << 7,
+};
+
+/* Generation settings of one prompts-file record, each replacing the command line's for that
+ * record only (vLLM's LLM.generate with one SamplingParams per prompt; the body of an OpenAI
+ * batch request). A field counts only when its FT_GEN_SET_* bit is in `set`; the ranges are
+ * those of the flags (sample.h ft_sample_cfg). */
+typedef struct ft_gen_params {
+    unsigned set;               /* FT_GEN_SET_* */
+    int64_t max_new_tokens;     /* 1..FT_GEN_MAX_NEW_TOKENS */
+    float temperature;          /* finite, >= 0; 0: greedy */
+    float top_p;                /* (0, 1] */
+    int64_t top_k;              /* >= 0; 0: off */
+    float min_p;                /* [0, 1] */
+    float repetition_penalty;   /* finite, > 0; 1: off */
+    char **stop;                /* n_stop non-empty strings, malloc'ed (an empty list: none) */
+    int64_t n_stop;             /* 0..FT_GEN_MAX_STOP_STR */
+    uint64_t seed;              /* 0..2^53 - 1: replaces ft_gen_record_seed's */
+} ft_gen_params;
+
 /* One prompt read from a record of a prompts file; it owns its strings and JSON (the record
  * may be freed). msgs[0..n_msgs) is the conversation to render, ending with a user (or tool)
  * turn; user is the text reported as the prompt: the last user turn (an alpaca record's
@@ -189,6 +223,7 @@ typedef struct ft_gen_req {
     char *reference;         /* the expected reply, NULL if none: a final assistant turn
                               * (dropped from the prompt; its tool_calls as compact JSON when
                               * it has calls and no content), alpaca "output", "completion" */
+    ft_gen_params params;    /* the record's own generation settings (none: set = 0) */
 } ft_gen_req;
 
 /* Reads one record (formats.md 8.1 schemas, as a prompt):
@@ -205,6 +240,17 @@ typedef struct ft_gen_req {
  * system (may be NULL) is the default system message (--system) for a record without one.
  * With raw = 1 only "S" and {"prompt": S[, "completion": R]} are accepted (S encoded as is;
  * "tools" refused).
+ * An object record of any of these forms may also set its own generation settings, into
+ * q->params (null is the same as absent; other keys are ignored):
+ *   "max_new_tokens" | "max_tokens" (OpenAI's and vLLM's name) | "max_completion_tokens"
+ *       (OpenAI's newer one): an integer 1..FT_GEN_MAX_NEW_TOKENS (two of them: refused
+ *       unless equal);
+ *   "temperature" (finite, >= 0), "top_p" (0 < x <= 1), "top_k" (an integer >= 0),
+ *   "min_p" (0..1), "repetition_penalty" (finite, > 0): numbers, as the flags;
+ *   "stop": a non-empty string or a list of up to FT_GEN_MAX_STOP_STR of them ([]: none), as
+ *       OpenAI's API and vLLM's SamplingParams.stop;
+ *   "seed": an integer 0..2^53 - 1, the record's sampling seed.
+ * A bad value is FT_E_INVALID with a message naming the key.
  * Returns 0, -ENOMEM, FT_E_INVALID (the message says what is wrong, without a location:
  * callers prefix it with ft_err_prefix). On error *q is left empty. Free with
  * ft_gen_req_free. */

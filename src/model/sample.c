@@ -18,9 +18,8 @@ typedef struct zpair {
  * to sorting everything when their mass does not reach top_p (so the result is exact). */
 #define PREFILTER_GAP 25.0f
 
-int ft_sampler_init(ft_sampler *s, const ft_sample_cfg *cfg, int64_t V)
+int ft_sample_cfg_check(const ft_sample_cfg *cfg)
 {
-    memset(s, 0, sizeof *s);
     if (!cfg) return ft_err(FT_E_INVALID, "sampler: no settings");
     if (!(cfg->temperature >= 0) || !isfinite(cfg->temperature))
         return ft_err(FT_E_INVALID, "sampler: temperature %g, expected a finite value >= 0",
@@ -37,6 +36,13 @@ int ft_sampler_init(ft_sampler *s, const ft_sample_cfg *cfg, int64_t V)
     if (!(cfg->min_p >= 0 && cfg->min_p <= 1))
         return ft_err(FT_E_INVALID, "sampler: min-p %g, expected 0 <= min-p <= 1 (0: off)",
                       (double)cfg->min_p);
+    return 0;
+}
+
+int ft_sampler_init(ft_sampler *s, const ft_sample_cfg *cfg, int64_t V)
+{
+    memset(s, 0, sizeof *s);
+    FT_TRY(ft_sample_cfg_check(cfg));
     if (V < 1 || V > INT32_MAX)
         return ft_err(FT_E_INVALID, "sampler: vocabulary of %lld logits, expected 1..%d",
                       (long long)V, INT32_MAX);
@@ -206,6 +212,9 @@ int ft_sample_dist(ft_sampler *s, const float *logits)
 int ft_sample_dist_seen(ft_sampler *s, const float *logits, const ft_sample_seen *seen)
 {
     const int64_t V = s->V;
+    if (seen && seen->bits && seen->V != V) /* its bits would be read past their end */
+        return ft_err(FT_E_INVALID, "sampler: a set of %lld ids for %lld logits",
+                      (long long)seen->V, (long long)V);
     const float rp = penalty_of(s, seen);
     for (int64_t i = 0; i < V; i++)
         if (logits[i] != logits[i] || logits[i] == INFINITY)

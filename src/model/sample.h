@@ -56,6 +56,10 @@ typedef struct ft_sample_seen {
     int64_t V;
 } ft_sample_seen;
 
+/* A sampler's settings and PRNG state are plain values: one sampler may serve several
+ * sequences decoded together, each with its own settings and draws, by swapping cfg (one that
+ * ft_sample_cfg_check accepts; nothing is derived from it at init: the scratch is sized by V
+ * alone) and rng before each call (generate --prompts does, per record). */
 typedef struct ft_sampler {
     ft_sample_cfg cfg;
     ft_rng rng;
@@ -68,6 +72,10 @@ typedef struct ft_sampler {
     double *cand_p;
     void *pairs;         /* V (scaled logit, id) pairs: scratch */
 } ft_sampler;
+
+/* 0 when cfg is within the ranges below (ft_sampler_init's checks); else FT_E_INVALID, the
+ * message naming the setting. */
+int ft_sample_cfg_check(const ft_sample_cfg *cfg);
 
 /* Checks cfg and allocates the scratch for V logits. Returns 0, -ENOMEM, FT_E_INVALID
  * (temperature < 0 or not finite, top_k < 0, top_p outside (0, 1], repetition_penalty < 0
@@ -88,7 +96,8 @@ void ft_sampler_reseed(ft_sampler *s, uint64_t seed);
 int ft_sample_dist(ft_sampler *s, const float *logits);
 
 /* As ft_sample_dist, with the repetition penalty of s->cfg applied to the logits of the ids
- * in seen (NULL: none) first; logits are not modified. */
+ * in seen (NULL: none) first; logits are not modified. FT_E_INVALID for a set of another
+ * vocabulary size than s->V. */
 int ft_sample_dist_seen(ft_sampler *s, const float *logits, const ft_sample_seen *seen);
 
 /* Chooses the next token from logits (V) in host memory: greedy or one draw (which

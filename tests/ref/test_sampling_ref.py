@@ -255,6 +255,18 @@ def test_stop_not_matched_and_template(tok):
     # an empty reply streams nothing (not even the held-back "::")
     out = generate("--prompt", "Name three colors.", "--max-new-tokens", 8, "--stop", ":::", stream=True)
     assert out == "", repr(out)
+    # only the reply's text counts: a stop string of the prompt ("village"), one across the
+    # prompt's end and the reply's start (the prompt ends with "sea,", the reply begins ",")
+    assert PROMPT.endswith("sea,") and plain["text"].startswith(",") and "village" in PROMPT
+    got = generate(*base, "--stop", "village", "--stop", "sea,,")
+    assert (got["ids"], got["text"], got["stop"]) == (plain["ids"], plain["text"], "length")
+    # a stop string longer than the whole reply, which the reply begins: held back while
+    # streaming, then all of it printed
+    long = plain["text"] + "x" * 200
+    assert generate(*base, "--stop", long, stream=True) == plain["text"] + "\n"
+    # --max-new-tokens 1, its token completing a stop string: an empty text, "stop_string"
+    one = generate("--raw", "--prompt", PROMPT, "--max-new-tokens", 1, "--stop", ",")
+    assert (one["ids"], one["text"], one["stop"]) == (plain["ids"][:1], "", "stop_string")
 
 
 def test_stop_prompts_batch(tmp_path, tok):
@@ -308,3 +320,117 @@ def test_config_and_bad_flags(tmp_path):
     cfg.write_text(json.dumps({"stop": ""}))
     rc, _, err = run("generate", "--model", TINY, "--prompt", "x", "--config", cfg)
     assert rc == 2 and str(cfg) in err and len(err.splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------------------------------
+# per-record settings in a --prompts file (vLLM's one SamplingParams per prompt)
+
+def record_seed(seed, i):
+    """ft_gen_record_seed: seed XOR (splitmix64 output i mod 2^53), record 0 the seed itself."""
+    m = (1 << 64) - 1
+    z = (i * 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    z ^= z >> 31
+    return seed ^ (z & ((1 << 53) - 1))
+
+
+# record key -> the flag it replaces
+FLAG_OF = {"max_new_tokens": "--max-new-tokens", "max_tokens": "--max-new-tokens",
+           "max_completion_tokens": "--max-new-tokens", "temperature": "--temperature",
+           "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
+           "repetition_penalty": "--repetition-penalty", "seed": "--seed"}
+
+
+def flags_of(base, rec):
+    """The command line `base` (flag -> value, "--stop" -> list) with the record's settings."""
+    f = dict(base)
+    for k, v in rec.items():
+        if v is None:  # null: the command line's
+            continue
+        if k in FLAG_OF:
+            f[FLAG_OF[k]] = v
+        elif k == "stop":
+            f["--stop"] = [v] if isinstance(v, str) else v
+    args = []
+    for k, v in f.items():
+        args += [a for s in v for a in ("--stop", s)] if k == "--stop" else [k, v]
+    return args, f
+
+
+def test_prompts_per_record_settings(tmp_path):
+    """Records that set their own max_new_tokens / max_tokens, temperature + seed, top_k,
+    top_p, min_p, stop (a string, a list, [] for none) and repetition_penalty: each line is the
+    --prompt run with the command line's flags so replaced (the record's seed, else its derived
+    one, reported as "seed" when it samples); --batch 3 equals --batch 1; the KV caches hold the
+    longest prompt plus the new tokens its own record asks; a penalty asked by one record only
+    (none on the command line) applies to that record."""
+    base = {"--max-new-tokens": 10, "--temperature": 0.8, "--seed": 4, "--stop": ["ing"]}
+    recs = [
+        {"prompt": RAW_PROMPTS[0], "max_new_tokens": 3, "temperature": 0},
+        {"prompt": RAW_PROMPTS[1], "temperature": 0.9, "seed": 5, "top_k": 200, "max_tokens": 7},
+        {"prompt": RAW_PROMPTS[2], "stop": "'\" '", "temperature": 0, "top_p": None},
+        {"prompt": RAW_PROMPTS[3], "repetition_penalty": 1.4, "stop": [], "temperature": 0},
+        {"prompt": RAW_PROMPTS[4], "min_p": 0.3, "top_p": 0.95, "temperature": 1.0,
+         "max_new_tokens": 12, "max_tokens": 12},
+        PROMPT,
+        {"prompt": PROMPT, "max_new_tokens": 1, "stop": [","], "temperature": 0},  # token 1 is ","
+    ]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    cl, _ = flags_of(base, {})
+    a, err = prompts_run(path, "--raw", *cl, "--batch", 3)
+    b, _ = prompts_run(path, "--raw", *cl, "--batch", 1)
+    drop = lambda xs: [{k: v for k, v in x.items() if k != "seconds"} for x in xs]
+    assert drop(a) == drop(b)
+    print("\n" + "\n".join(f"{x['new_tokens']:2d} {x['stop']:11s} {x.get('seed')} {x['reply']!r}" for x in a))
+    news = []
+    for i, (rec, x) in enumerate(zip(recs, a)):
+        rec = rec if isinstance(rec, dict) else {}
+        # the record's own seed, else the one derived from --seed and its index
+        args, f = flags_of({**base, "--seed": record_seed(4, i)}, rec)
+        if float(f["--temperature"]) > 0:
+            assert x["seed"] == f["--seed"], (i, x)
+        else:
+            assert "seed" not in x, (i, x)
+        one = generate("--raw", "--prompt", x["prompt"], *args)
+        assert (x["reply"], x["new_tokens"], x["stop"], x.get("stop_reason"), x["prompt_tokens"]) == \
+            (one["text"], len(one["ids"]), one["stop"], one.get("stop_reason"), len(one["prompt_ids"])), (i, x, one)
+        news.append(int(f["--max-new-tokens"]))
+    assert [x["new_tokens"] for x in a][:2] == [3, 7]
+    assert a[2]["stop_reason"] == "'\" '" and "stop_reason" not in a[3], a
+    assert (a[6]["new_tokens"], a[6]["reply"], a[6]["stop_reason"]) == (1, "", ","), a[6]
+    # without the record's penalty the reply is another (the seen ids exist for its slot)
+    plain = generate("--raw", "--prompt", RAW_PROMPTS[3], "--max-new-tokens", 10)
+    assert plain["text"] != a[3]["reply"]
+    ctx = max(x["prompt_tokens"] + n for x, n in zip(a, news))
+    assert f"KV cache of {ctx} tokens each" in err, err
+    assert ctx < max(x["prompt_tokens"] for x in a) + max(news)  # the tighter bound
+    # with the chat template: a messages record and an alpaca one carry settings too
+    recs = [{"messages": [{"role": "user", "content": "Name three colors."}], "max_completion_tokens": 5,
+             "stop": ":::"},
+            {"instruction": "Name three colors.", "temperature": 0.7, "seed": 11, "max_tokens": 6}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    a, _ = prompts_run(path, "--max-new-tokens", 3)
+    one = generate("--prompt", "Name three colors.", "--max-new-tokens", 5, "--stop", ":::")
+    assert (a[0]["reply"], a[0]["new_tokens"], a[0]["stop"]) == (one["text"], len(one["ids"]), "stop_string")
+    one = generate("--prompt", "Name three colors.", "--max-new-tokens", 6, "--temperature", 0.7, "--seed", 11)
+    assert (a[1]["reply"], a[1]["new_tokens"], a[1]["seed"]) == (one["text"], len(one["ids"]), 11)
+
+
+@pytest.mark.parametrize("rec,what", [
+    ({"temperature": -1}, "'temperature' -1"), ({"temperature": "0.5"}, "'temperature' must be a number"),
+    ({"top_p": 0}, "'top_p' 0"), ({"top_p": 1.5}, "'top_p' 1.5"), ({"top_k": -1}, "'top_k' -1"),
+    ({"top_k": 2.5}, "'top_k' 2.5"), ({"min_p": 1.5}, "'min_p' 1.5"),
+    ({"repetition_penalty": 0}, "'repetition_penalty' 0"), ({"max_new_tokens": 0}, "'max_new_tokens' 0"),
+    ({"max_tokens": 1000001}, "'max_tokens' 1000001"), ({"max_tokens": 3, "max_new_tokens": 4}, "'max_new_tokens' 4 and 'max_tokens' 3"),
+    ({"stop": ""}, "'stop': expected a non-empty"), ({"stop": ["a", 1]}, "'stop' item 2"),
+    ({"stop": [f"s{i}" for i in range(17)]}, "'stop': 17 strings"), ({"seed": -3}, "'seed' -3"),
+    ({"seed": 2 ** 53}, "'seed' 9007199254740992"), ({"seed": True}, "'seed' must be an integer"),
+])
+def test_prompts_bad_record_settings(tmp_path, rec, what):
+    """A bad setting stops the run before anything is generated, naming the file, line and key."""
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps("ok") + "\n" + json.dumps({"prompt": "x", **rec}) + "\n")
+    rc, out, err = run("generate", "--model", TINY, "--prompts", path, "--raw", "--max-new-tokens", 2)
+    assert rc == 1 and out == "" and f"{path}: line 2: {what}" in err and "[1/" not in err, err

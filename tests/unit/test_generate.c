@@ -823,6 +823,8 @@ static void expect_refused(const bad_req *bad, size_t n)
         assert_int_equal(q.n_msgs, 0);
         assert_null(q.user);
         assert_null(q.tools);
+        assert_null(q.params.stop);
+        assert_int_equal(q.params.set, 0);
     }
 }
 
@@ -937,6 +939,88 @@ static void test_gen_req_parse(void **state)
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}", 1, "--raw"},
         {"{\"instruction\": \"a\"}", 1, "--raw"},
         {"{\"prompt\": \"a\", \"system\": \"s\"}", 1, "--raw"},
+    };
+    expect_refused(bad, sizeof bad / sizeof *bad);
+}
+
+/* A record's own generation settings (ft_gen_params): every key, OpenAI's / vLLM's names,
+ * null as absent, in each record form; bad values refused naming the key. */
+static void test_gen_req_params(void **state)
+{
+    ft_gen_req q;
+    /* a string record and an object without settings: none */
+    assert_int_equal(parse_req(&q, "\"Hi\"", NULL, 0), 0);
+    assert_int_equal(q.params.set, 0);
+    ft_gen_req_free(&q);
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"id\": 3, \"n\": 2, \"temperature\": null}", NULL, 0), 0);
+    assert_int_equal(q.params.set, 0);
+    ft_gen_req_free(&q);
+    /* all of them */
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"max_new_tokens\": 7, \"temperature\": 0.7, "
+                                   "\"top_p\": 0.9, \"top_k\": 40, \"min_p\": 0.05, "
+                                   "\"repetition_penalty\": 1.3, \"stop\": [\"a\", \"bc\"], "
+                                   "\"seed\": 9007199254740991}", NULL, 0), 0);
+    const ft_gen_params *p = &q.params;
+    assert_int_equal(p->set, FT_GEN_SET_MAX_NEW | FT_GEN_SET_TEMPERATURE | FT_GEN_SET_TOP_P |
+                                 FT_GEN_SET_TOP_K | FT_GEN_SET_MIN_P | FT_GEN_SET_REP_PENALTY |
+                                 FT_GEN_SET_STOP | FT_GEN_SET_SEED);
+    assert_int_equal(p->max_new_tokens, 7);
+    assert_true(p->temperature == (float)0.7 && p->top_p == (float)0.9 && p->min_p == (float)0.05 &&
+                p->repetition_penalty == (float)1.3);
+    assert_int_equal(p->top_k, 40);
+    assert_int_equal(p->n_stop, 2);
+    assert_string_equal(p->stop[0], "a");
+    assert_string_equal(p->stop[1], "bc");
+    assert_true(p->seed == 9007199254740991ull);
+    ft_gen_req_free(&q);
+    assert_null(q.params.stop);
+    /* OpenAI's names; a stop string alone; [] is no stop string (set: it replaces --stop) */
+    assert_int_equal(parse_req(&q, "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], "
+                                   "\"max_tokens\": 5, \"stop\": \"END\", \"temperature\": 0}", NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_MAX_NEW | FT_GEN_SET_STOP | FT_GEN_SET_TEMPERATURE);
+    assert_int_equal(q.params.max_new_tokens, 5);
+    assert_int_equal(q.params.n_stop, 1);
+    assert_string_equal(q.params.stop[0], "END");
+    assert_true(q.params.temperature == 0);
+    ft_gen_req_free(&q);
+    assert_int_equal(parse_req(&q, "{\"instruction\": \"i\", \"max_completion_tokens\": 4, "
+                                   "\"max_tokens\": 4, \"stop\": []}", NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_MAX_NEW | FT_GEN_SET_STOP);
+    assert_int_equal(q.params.max_new_tokens, 4);
+    assert_int_equal(q.params.n_stop, 0);
+    ft_gen_req_free(&q);
+    /* --raw records carry them too */
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"<s>x\", \"seed\": 0, \"top_k\": 0}", NULL, 1), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_SEED | FT_GEN_SET_TOP_K);
+    ft_gen_req_free(&q);
+
+    static const bad_req bad[] = {
+        {"{\"prompt\": \"a\", \"temperature\": -0.5}", 0, "'temperature' -0.5: expected a finite value >= 0"},
+        {"{\"prompt\": \"a\", \"temperature\": 1e39}", 0, "'temperature' 1e+39"},
+        {"{\"prompt\": \"a\", \"temperature\": \"1\"}", 0, "'temperature' must be a number, found a string"},
+        {"{\"prompt\": \"a\", \"top_p\": 0}", 0, "'top_p' 0: expected 0 < top_p <= 1"},
+        {"{\"prompt\": \"a\", \"top_p\": 1.01}", 0, "'top_p' 1.01"},
+        {"{\"prompt\": \"a\", \"top_k\": -1}", 0, "'top_k' -1: expected an integer >= 0"},
+        {"{\"prompt\": \"a\", \"top_k\": 0.5}", 0, "'top_k' 0.5"},
+        {"{\"prompt\": \"a\", \"min_p\": -0.1}", 0, "'min_p' -0.1"},
+        {"{\"prompt\": \"a\", \"repetition_penalty\": 0}", 0, "'repetition_penalty' 0: expected a finite value > 0"},
+        {"{\"prompt\": \"a\", \"repetition_penalty\": [1]}", 0, "'repetition_penalty' must be a number, found a list"},
+        {"{\"prompt\": \"a\", \"max_new_tokens\": 0}", 0, "'max_new_tokens' 0: expected 1..1000000"},
+        {"{\"prompt\": \"a\", \"max_tokens\": 1000001}", 0, "'max_tokens' 1000001"},
+        {"{\"prompt\": \"a\", \"max_tokens\": 2.5}", 0, "'max_tokens' 2.5"},
+        {"{\"prompt\": \"a\", \"max_tokens\": 2, \"max_completion_tokens\": 3}", 0,
+         "'max_tokens' 2 and 'max_completion_tokens' 3"},
+        {"{\"prompt\": \"a\", \"stop\": \"\"}", 0, "'stop': expected a non-empty string"},
+        {"{\"prompt\": \"a\", \"stop\": [\"x\", \"\"]}", 0, "'stop' item 2: expected a non-empty"},
+        {"{\"prompt\": \"a\", \"stop\": [\"x\", null]}", 0, "'stop' item 2 must be a string, found null"},
+        {"{\"prompt\": \"a\", \"stop\": 3}", 0, "'stop' must be a string or a list of strings, found a number"},
+        {"{\"prompt\": \"a\", \"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\","
+         "\"10\",\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}", 0, "'stop': 17 strings, at most 16"},
+        {"{\"prompt\": \"a\", \"seed\": -1}", 0, "'seed' -1"},
+        {"{\"prompt\": \"a\", \"seed\": 9007199254740992}", 0, "'seed' 9007199254740992"},
+        {"{\"prompt\": \"a\", \"seed\": true}", 0, "'seed' must be an integer, found a boolean"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"top_p\": 2}", 0, "'top_p' 2"},
+        {"{\"prompt\": \"a\", \"min_p\": 2}", 1, "'min_p' 2"},
     };
     expect_refused(bad, sizeof bad / sizeof *bad);
 }
@@ -1582,6 +1666,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stop_ids_and_prompt, setup, teardown),
         cmocka_unit_test(test_stream_utf8),
         cmocka_unit_test(test_gen_req_parse),
+        cmocka_unit_test(test_gen_req_params),
         cmocka_unit_test(test_gen_req_ids),
         cmocka_unit_test(test_gen_req_tools),
         cmocka_unit_test(test_gen_record_seed),

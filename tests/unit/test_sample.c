@@ -448,6 +448,85 @@ static void test_reuse_across_records(void **state)
     free(x);
 }
 
+/* Settings swapped per sequence (generate --prompts: each record its own): one sampler whose
+ * cfg and PRNG are swapped between interleaved draws of three sequences gives each the tokens
+ * of a sampler made with that sequence's settings alone (nothing is derived from cfg at init,
+ * e.g. no scratch sized by top_k); a penalty set for one sequence only; ft_sample_cfg_check;
+ * a seen set of another vocabulary refused (it would be read past its end). */
+static void test_cfg_per_sequence(void **state)
+{
+    const int64_t V = 500;
+    float *x = malloc((size_t)V * sizeof *x);
+    ft_rng r;
+    ft_rng_seed(&r, 8);
+    for (int64_t i = 0; i < V; i++) x[i] = 5.0f * ft_rng_uniform(&r) - 2.0f;
+    ft_sample_cfg c[3] = {cfg(0.0f, 0, 1.0f, 0.0f, 1.5f), cfg(1.2f, 5, 1.0f, 0.1f, 1.0f),
+                          cfg(0.8f, 0, 0.5f, 0.0f, 1.2f)};
+    c[1].seed = 21;
+    c[2].seed = 22;
+    const int32_t prompt[3] = {3, 4, 5};
+    enum { N = 30 };
+    int32_t alone[3][N], mixed[3][N];
+    ft_sample_seen seen[3];
+    for (int k = 0; k < 3; k++) assert_int_equal(ft_sample_seen_init(&seen[k], V), 0);
+    for (int k = 0; k < 3; k++) { /* each alone */
+        ft_sampler s;
+        assert_int_equal(ft_sampler_init(&s, &c[k], V), 0);
+        ft_sample_seen_clear(&seen[k]);
+        ft_sample_seen_add(&seen[k], prompt, 3);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(ft_sample_next_seen(&s, x, &seen[k], &alone[k][i]), 0);
+            ft_sample_seen_add(&seen[k], &alone[k][i], 1);
+        }
+        ft_sampler_free(&s);
+    }
+    ft_sampler s; /* made with the command line's settings (the first), serving all three */
+    assert_int_equal(ft_sampler_init(&s, &c[0], V), 0);
+    ft_rng rng[3];
+    for (int k = 0; k < 3; k++) {
+        ft_rng_seed(&rng[k], c[k].seed);
+        ft_sample_seen_clear(&seen[k]);
+        ft_sample_seen_add(&seen[k], prompt, 3);
+    }
+    for (int i = 0; i < N; i++)
+        for (int k = 2; k >= 0; k--) {
+            assert_int_equal(ft_sample_cfg_check(&c[k]), 0);
+            s.cfg = c[k];
+            s.rng = rng[k];
+            assert_int_equal(ft_sample_next_seen(&s, x, &seen[k], &mixed[k][i]), 0);
+            rng[k] = s.rng;
+            ft_sample_seen_add(&seen[k], &mixed[k][i], 1);
+        }
+    for (int k = 0; k < 3; k++) assert_memory_equal(alone[k], mixed[k], sizeof alone[k]);
+    /* the three differ, and greedy with the penalty is not plain greedy */
+    assert_memory_not_equal(alone[0], alone[1], sizeof alone[0]);
+    assert_memory_not_equal(alone[1], alone[2], sizeof alone[0]);
+    int32_t g;
+    s.cfg = cfg(0.0f, 0, 1.0f, 0.0f, 1.0f);
+    assert_int_equal(ft_sample_next_seen(&s, x, &seen[0], &g), 0);
+    assert_int_equal(g, ft_sample_argmax(x, V));
+    assert_true(g != alone[0][0] || g != alone[0][1]);
+    /* checks */
+    ft_sample_cfg bad = cfg(1.0f, -1, 1.0f, 0.0f, 1.0f);
+    assert_int_equal(ft_sample_cfg_check(&bad), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "top-k"));
+    bad = cfg(1.0f, 0, 0.0f, 0.0f, 1.0f);
+    assert_int_equal(ft_sample_cfg_check(&bad), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "top-p"));
+    bad = cfg(INFINITY, 0, 1.0f, 0.0f, 1.0f);
+    assert_int_equal(ft_sample_cfg_check(&bad), FT_E_INVALID);
+    assert_int_equal(ft_sample_cfg_check(NULL), FT_E_INVALID);
+    ft_sample_seen small;
+    assert_int_equal(ft_sample_seen_init(&small, 64), 0);
+    s.cfg = c[0];
+    assert_int_equal(ft_sample_next_seen(&s, x, &small, &g), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "a set of 64 ids for 500 logits"));
+    ft_sample_seen_free(&small);
+    for (int k = 0; k < 3; k++) ft_sample_seen_free(&seen[k]);
+    ft_sampler_free(&s);
+    free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -458,6 +537,7 @@ int main(void)
         cmocka_unit_test(test_order),
         cmocka_unit_test(test_large_vocab_brute),
         cmocka_unit_test(test_reuse_across_records),
+        cmocka_unit_test(test_cfg_per_sequence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

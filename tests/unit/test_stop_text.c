@@ -3,6 +3,7 @@
  * nothing appended after a match, and the held-back end that streaming must not show yet. */
 #include "tests/unit/harness.h"
 
+#include "src/data/tokenizer.h"
 #include "src/model/stop_text.h"
 
 static void feed(ft_stop_text *x, const char *const *stop, int64_t n, const char *const *pieces)
@@ -95,12 +96,90 @@ static void test_safe(void **st)
     ft_stop_text_free(NULL);
 }
 
+/* 1 when s[0..n) is whole UTF-8 characters (a cut never splits one). */
+static int whole_utf8(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)s[i];
+        const size_t L = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!L || i + L > n) return 0;
+        i += L;
+    }
+    return 1;
+}
+
+/* Tokens whose characters are split across several of them (byte-level BPE; SentencePiece's
+ * <0xHH> byte fallback): a stop string holding such characters is found at the first token
+ * whose text (ft_tok_decode of the ids so far) contains it, the text cut before it; what
+ * streaming may show is never cut later and never splits a character. */
+static void split_chars(const char *dir)
+{
+    static const char *const text = "Tokyo \xe2\x80\x94 \xe6\x9d\xb1\xe4\xba\xac \xf0\x9f\x98\x80 caf\xc3\xa9 and more";
+    static const char *const stops[] = {"\xe6\x9d\xb1\xe4\xba\xac", "\xe4\xba\xac \xf0\x9f\x98\x80",
+                                        "\xf0\x9f\x98\x80 ca", "\xc3\xa9 and", "\xc3\xa9", "more!"};
+    ft_tokenizer *t;
+    assert_int_equal(ft_tok_load_dir(&t, dir), 0);
+    int32_t *ids;
+    int64_t n;
+    assert_int_equal(ft_tok_encode(t, text, strlen(text), 0, &ids, &n), 0);
+    for (size_t si = 0; si < sizeof stops / sizeof *stops; si++) {
+        const char *stop[1] = {stops[si]};
+        /* the reference: the first k whose decode contains the string */
+        int64_t k_ref = -1;
+        char *cut_ref = NULL;
+        for (int64_t k = 1; k <= n && k_ref < 0; k++) {
+            char *d;
+            assert_int_equal(ft_tok_decode(t, ids, k, 1, &d), 0);
+            const char *f = d ? strstr(d, stop[0]) : NULL;
+            if (f) {
+                k_ref = k;
+                cut_ref = strndup(d, (size_t)(f - d));
+            }
+            free(d);
+        }
+        ft_stop_text x;
+        ft_stop_text_init(&x, t);
+        int64_t k = 0;
+        size_t shown = 0;
+        while (k < n && x.hit < 0) {
+            assert_int_equal(ft_stop_text_push(&x, stop, 1, ids[k++]), 0);
+            const size_t safe = ft_stop_text_safe(&x, stop, 1, 0);
+            assert_true(safe >= shown && whole_utf8(x.buf, safe));
+            shown = safe;
+            x.shown = safe;
+        }
+        if (x.hit < 0) assert_int_equal(ft_stop_text_flush(&x, stop, 1), 0);
+        if (k_ref < 0) { /* "more!" never comes: the whole text, all shown at the end */
+            assert_int_equal(x.hit, -1);
+            assert_string_equal(x.buf, text);
+            assert_int_equal(ft_stop_text_safe(&x, stop, 1, 1), strlen(text));
+        } else {
+            assert_int_equal(x.hit, 0);
+            assert_int_equal(k, k_ref);
+            assert_string_equal(x.buf, cut_ref);
+            assert_true(shown <= x.len); /* nothing shown was cut */
+        }
+        free(cut_ref);
+        ft_stop_text_free(&x);
+    }
+    free(ids);
+    ft_tok_free(t);
+}
+
+static void test_split_characters(void **st)
+{
+    (void)st;
+    split_chars("tests/fixtures/tokenizers/llama3"); /* byte-level BPE */
+    split_chars("tests/fixtures/tokenizers/llama2"); /* SentencePiece with byte fallback */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_match_and_cut),
         cmocka_unit_test(test_ties),
         cmocka_unit_test(test_safe),
+        cmocka_unit_test(test_split_characters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
