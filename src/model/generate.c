@@ -808,7 +808,9 @@ static int req_params(ft_gen_params *p, const cJSON *rec)
                            &p->repetition_penalty));
         p->set |= FT_GEN_SET_REP_PENALTY;
     }
-    if ((v = param_item(rec, "stop"))) {
+    /* a line that `ftune generate --prompts` wrote ("reply" is no input key) fed back as a
+     * prompts file: its "stop" is why that reply ended ("length", ...), not a stop string */
+    if ((v = param_item(rec, "stop")) && !cJSON_GetObjectItemCaseSensitive(rec, "reply")) {
         FT_TRY(param_stop(v, p));
         p->set |= FT_GEN_SET_STOP;
     }

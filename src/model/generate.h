@@ -250,6 +250,8 @@ typedef struct ft_gen_req {
  *   "stop": a non-empty string or a list of up to FT_GEN_MAX_STOP_STR of them ([]: none), as
  *       OpenAI's API and vLLM's SamplingParams.stop;
  *   "seed": an integer 0..2^53 - 1, the record's sampling seed.
+ * A record with a "reply" key (a line `ftune generate --prompts` wrote, fed back) keeps its
+ * "stop", the reason that reply ended, out of its settings.
  * A bad value is FT_E_INVALID with a message naming the key.
  * Returns 0, -ENOMEM, FT_E_INVALID (the message says what is wrong, without a location:
  * callers prefix it with ft_err_prefix). On error *q is left empty. Free with

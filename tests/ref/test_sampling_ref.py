@@ -434,3 +434,19 @@ def test_prompts_bad_record_settings(tmp_path, rec, what):
     path.write_text(json.dumps("ok") + "\n" + json.dumps({"prompt": "x", **rec}) + "\n")
     rc, out, err = run("generate", "--model", TINY, "--prompts", path, "--raw", "--max-new-tokens", 2)
     assert rc == 1 and out == "" and f"{path}: line 2: {what}" in err and "[1/" not in err, err
+
+
+def test_prompts_output_fed_back(tmp_path):
+    """A --prompts output file fed back as a prompts file: each line's "stop" ("length", ...)
+    is why that reply ended, not a stop string, and its "seed" is the record's seed, so the
+    same lines come out again."""
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in RAW_PROMPTS[:3]))
+    a, _ = prompts_run(path, "--raw", "--max-new-tokens", 6, "--temperature", 0.9, "--seed", 7)
+    assert all(x["stop"] == "length" for x in a), a
+    out = tmp_path / "out.jsonl"
+    out.write_text("".join(json.dumps(x) + "\n" for x in a))
+    # (test_generate.c test_gen_req_params checks that such a "stop" sets no stop string)
+    b, _ = prompts_run(out, "--raw", "--max-new-tokens", 6, "--temperature", 0.9, "--seed", 1)
+    drop = lambda xs: [{k: v for k, v in x.items() if k != "seconds"} for x in xs]
+    assert drop(a) == drop(b)

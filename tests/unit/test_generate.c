@@ -974,6 +974,16 @@ static void test_gen_req_params(void **state)
     assert_true(p->seed == 9007199254740991ull);
     ft_gen_req_free(&q);
     assert_null(q.params.stop);
+    /* a line `generate --prompts` wrote, fed back: its "stop" is why the reply ended, not a
+     * stop string; its "seed" stays the record's */
+    assert_int_equal(parse_req(&q, "{\"index\": 0, \"prompt\": \"P\", \"reply\": \"R\", "
+                                   "\"stop\": \"length\", \"seed\": 5}", NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_SEED);
+    assert_int_equal(q.params.n_stop, 0);
+    ft_gen_req_free(&q);
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"stop\": \"length\"}", NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_STOP);
+    ft_gen_req_free(&q);
     /* OpenAI's names; a stop string alone; [] is no stop string (set: it replaces --stop) */
     assert_int_equal(parse_req(&q, "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], "
                                    "\"max_tokens\": 5, \"stop\": \"END\", \"temperature\": 0}", NULL, 0), 0);
