@@ -81,17 +81,7 @@
 #include "src/model/generate.h"
 #include "src/model/sample.h"
 #include "src/model/stop_text.h"
-
-#define MAX_STOP 16     /* stop token ids */
-#define GEN_EXEC_T 64 /* tokens of the executor that serves generation its weights */
-#define GEN_BATCH_DEFAULT 8 /* --prompts records decoded together unless --batch says */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "cli/gen_env.h"
 
 static int opt_template(const char *v, void *dst, char *err, size_t n)
 {
@@ -99,193 +89,6 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
     if (k < 0) { snprintf(err, n, "unknown chat template '%s' (auto, llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca, jinja)", v); return -1; }
     *(int *)dst = k;
     return 0;
-}
-
-typedef struct gen_opts {
-    const char *model, *adapter, *prompt, *system, *prompts, *out, *quant, *cache_dir;
-    int raw, json, tmpl, no_think;
-    int64_t max_new, top_k, seed, threads, batch;
-    int batch_set;              /* --batch given (else GEN_BATCH_DEFAULT, fitted to a GPU budget) */
-    const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
-    int64_t gpu_mem, host_mem;  /* --gpu-mem, --host-mem (0: defaults) */
-    float temperature, top_p, min_p, rep_penalty;
-    ft_str_list stop;           /* --stop strings */
-} gen_opts;
-
-/* What ended a reply. */
-enum { GEN_STOP_LENGTH, GEN_STOP_TOKEN, GEN_STOP_STRING };
-
-/* The reply to one prompt. */
-typedef struct gen_result {
-    const int32_t *prompt_ids, *out_ids; /* out_ids: the env's buffer, valid until the next prompt */
-    int64_t n_prompt, n_out;
-    int stop;                   /* GEN_STOP_*: --max-new-tokens, a stop token or a --stop string */
-    int stop_str;               /* GEN_STOP_STRING: the --stop string that matched */
-    double prefill_s, decode_s; /* decode_s covers n_out - 1 forwards (+ sampling) */
-    int64_t n_decode;           /* decode forwards */
-    char *text;                 /* full decode of out_ids (skip special), malloc'ed */
-} gen_result;
-
-/* What stays loaded across prompts. */
-typedef struct gen_env {
-    ft_session s;               /* model, backend, adapter; the executor over the pack */
-    ft_model *m;                /* s.model */
-    ft_tokenizer *tok;
-    ft_gen_source src;          /* the pack's weights (a pack-only model: --quant nf4, or a
-                                 * folder that holds only its pack) */
-    ft_gen g;
-    ft_sampler smp;
-    ft_sample_seen *seen;       /* (slots) the ids each sequence holds, with --repetition-penalty;
-                                 * else NULL */
-    float *logits;              /* (slots, V) host */
-    int32_t *out_ids;           /* (slots, max_new) host */
-    int64_t max_new;            /* out_ids tokens per slot: the most new tokens of any reply */
-    int64_t slots;              /* sequences decoded together (--batch with --prompts) */
-    int32_t stop[MAX_STOP];
-    int n_stop;
-} gen_env;
-
-/* 1 when token t ends a reply (the template's end-of-turn or an EOS id). */
-static int is_stop(const gen_env *e, int32_t t)
-{
-    for (int s = 0; s < e->n_stop; s++)
-        if (t == e->stop[s]) return 1;
-    return 0;
-}
-
-static void put_piece(const char *s, size_t n, int *last_nl)
-{
-    if (!n) return;
-    fwrite(s, 1, n, stdout);
-    fflush(stdout);
-    *last_nl = s[n - 1] == '\n';
-}
-
-/* "stop" of the JSON output. */
-static const char *stop_name(const gen_result *r)
-{
-    return r->stop == GEN_STOP_STRING ? "stop_string" : r->stop == GEN_STOP_TOKEN ? "stop_token" : "length";
-}
-
-/* The same, for the stderr summaries. */
-static const char *stop_said(const gen_result *r)
-{
-    return r->stop == GEN_STOP_STRING ? "stop string" : r->stop == GEN_STOP_TOKEN ? "end token" : "--max-new-tokens";
-}
-
-/* Streams what ft_stop_text_safe allows of a reply's text (stop_text.h). */
-static void st_show(ft_stop_text *x, const ft_str_list *stop, int final, int *last_nl)
-{
-    const size_t safe = ft_stop_text_safe(x, stop->v, stop->n, final);
-    if (safe > x->shown) {
-        put_piece(x->buf + x->shown, safe - x->shown, last_nl);
-        x->shown = safe;
-    }
-}
-
-/* Loads the model, backend, adapter and tokenizer (cli/session.h ft_session_open_quant). With
- * --quant nf4 the model is loaded deferred and every base weight is read from its NF4 pack
- * (as `ftune eval --quant nf4`: the base a QLoRA adapter was trained on, with the run's
- * --quant-correction), no fp32 copy in memory; on a device the bf16 base stays deferred too
- * until env_plan's ft_session_plan reads it or streams it from its bf16 pack. */
-static int env_open(gen_env *e, const gen_opts *o)
-{
-    memset(e, 0, sizeof *e);
-    int rc = ft_session_open_quant(&e->s, o->model, o->adapter, o->device, (int)o->threads,
-                                   o->quant, o->cache_dir, o->gpu_mem, o->host_mem, NULL);
-    e->m = e->s.model;
-    if (!rc) rc = ft_model_tokenizer(e->m, &e->tok);
-    return rc;
-}
-
-/* What env_plan sizes for: the longest prompt, the longest prompt plus the new tokens asked
- * of its reply (tokens per KV cache), the most new tokens of any reply, and whether some
- * sequence has a repetition penalty (each slot then keeps the ids it holds). */
-typedef struct gen_need {
-    int64_t max_prompt, ctx, max_new;
-    int seen;
-} gen_need;
-
-/* Sizes the KV caches of `slots` sequences (decoded together) for nd->ctx tokens each
- * (prompts of up to nd->max_prompt tokens, prefilled in chunks of at most
- * FT_GEN_CHUNK_DEFAULT, and their replies); the sampler (the command line's settings), the
- * buffers and the stop tokens of the resolved template tmpl. */
-static int env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, int64_t slots)
-{
-    const int64_t V = e->m->cfg.vocab_size, ctx = nd->ctx, max_prompt = nd->max_prompt;
-    if (slots > ctx) slots = ctx; /* a decode step has at most chunk <= ctx rows */
-    e->slots = slots;
-    int64_t chunk = max_prompt < FT_GEN_CHUNK_DEFAULT ? max_prompt : FT_GEN_CHUNK_DEFAULT;
-    if (chunk < slots) chunk = slots;
-    const ft_lora *lora = e->s.has_lora ? &e->s.lora : NULL;
-    if (e->m->pack_only[0] || !e->s.be->ops->host_memory) {
-        /* the weights through an executor for chunks of up to `chunk` tokens: on a device the
-         * bf16 copies it places (as training reads them) or the pack's blocks; over a pack on
-         * the CPU the whole pack in memory, as every token visits every layer */
-        e->s.pack_in_memory = 1;
-        /* generation reads only the executor's weights: its activation arena (sized by T)
-         * stays small, whatever the chunk (1024 tokens would be 1.65 GiB for an 8B model) */
-        /* the KV cache and buffers allocated after the placement: kept out of its budget */
-        if (!e->s.be->ops->host_memory) {
-            /* the default batch on a GPU: at most a quarter of the budget for the KV caches
-             * (each sequence has its own), so that they do not push base layers out to the
-             * streamed tiers; an explicit --batch is taken as given */
-            ft_mem_budget mb = {0};
-            const uint64_t budget = ft_backend_mem_budget(e->s.be, o->gpu_mem, 0, &mb) ? 0 : mb.budget;
-            const int64_t asked = slots;
-            while (!o->batch_set && slots > 1 && budget &&
-                   ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots) > budget / 4)
-                slots--;
-            if (slots < asked) {
-                fprintf(stderr, "ftune: %lld prompts at a time, not %lld: their KV caches of %lld "
-                        "tokens would take more than a quarter of the GPU budget (--batch sets it)\n",
-                        (long long)slots, (long long)asked, (long long)ctx);
-                e->slots = slots;
-            }
-            e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots);
-        }
-        FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
-        FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
-        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, chunk, slots, slots));
-    } else {
-        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, chunk, slots, slots));
-    }
-    ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed, o->rep_penalty, o->min_p};
-    FT_TRY(ft_sampler_init(&e->smp, &sc, V));
-    if (nd->seen) { /* each sequence's ids, for the penalty */
-        e->seen = calloc((size_t)slots, sizeof *e->seen);
-        if (!e->seen) return ft_err(-ENOMEM, "out of memory");
-        for (int64_t k = 0; k < slots; k++) FT_TRY(ft_sample_seen_init(&e->seen[k], V));
-    }
-    e->logits = malloc((size_t)(slots * V) * sizeof(float));
-    e->max_new = nd->max_new;
-    e->out_ids = malloc((size_t)(slots * nd->max_new) * sizeof(int32_t));
-    if (!e->logits || !e->out_ids) return ft_err(-ENOMEM, "out of memory");
-    const char *eot = ft_chat_end_of_turn(tmpl);
-    char jeot[64];
-    if (tmpl == FT_CHAT_JINJA) { /* what the model's template writes after a reply */
-        ft_chat_ctx ctx = {ft_tok_bos_str(e->tok), ft_tok_eos_str(e->tok), ft_tok_chat_template(e->tok)};
-        /* a template that cannot render the probe leaves only the EOS ids to stop on */
-        if (ft_chat_jinja_end_of_turn(&ctx, jeot, sizeof jeot))
-            fprintf(stderr, "ftune: warning: no end-of-turn word from the chat template (%s); "
-                    "stopping on the EOS only\n", ft_errmsg());
-        eot = jeot[0] ? jeot : NULL;
-    }
-    e->n_stop = ft_sample_stop_ids(&e->m->cfg, e->tok, eot, e->stop, MAX_STOP);
-    return 0;
-}
-
-static void env_close(gen_env *e)
-{
-    for (int64_t k = 0; e->seen && k < e->slots; k++) ft_sample_seen_free(&e->seen[k]);
-    free(e->seen);
-    free(e->logits);
-    free(e->out_ids);
-    ft_sampler_free(&e->smp);
-    ft_gen_free(&e->g);
-    ft_tok_free(e->tok);
-    ft_session_close(&e->s);
-    memset(e, 0, sizeof *e);
 }
 
 /* The reply to prompt ids[0..n) from an empty cache, sampling with `seed`; streamed to stdout
@@ -312,42 +115,42 @@ static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n,
     const int64_t chunk = e->g.chunk_max;
 
     /* prefill, in chunks of at most `chunk` tokens */
-    double t0 = now_s();
+    double t0 = gen_now_s();
     for (int64_t i = 0; !rc && i < n; i += chunk) {
         int64_t k = n - i < chunk ? n - i : chunk;
         rc = ft_gen_forward(&e->g, ids + i, k, e->logits, 1);
     }
-    r->prefill_s = now_s() - t0;
+    r->prefill_s = gen_now_s() - t0;
 
     /* decode */
     int last_nl = 1;
-    t0 = now_s();
+    t0 = gen_now_s();
     while (!rc && r->n_out < o->max_new) {
         int32_t t;
         rc = ft_sample_next_seen(&e->smp, e->logits, seen, &t);
         if (rc) break;
-        if (is_stop(e, t)) {
+        if (gen_is_stop(e, t)) {
             r->stop = GEN_STOP_TOKEN;
             break;
         }
         e->out_ids[r->n_out++] = t;
         if (seen) ft_sample_seen_add(seen, &t, 1);
         if (use_st) rc = ft_stop_text_push(&st, o->stop.v, o->stop.n, t);
-        if (!rc && stream) st_show(&st, &o->stop, 0, &last_nl);
+        if (!rc && stream) gen_show_text(&st, &o->stop, 0, &last_nl);
         if (!rc && st.hit >= 0) break;
         if (!rc && r->n_out < o->max_new) {
             rc = ft_gen_forward(&e->g, &t, 1, e->logits, 1);
             r->n_decode++;
         }
     }
-    r->decode_s = now_s() - t0;
+    r->decode_s = gen_now_s() - t0;
     if (!rc && use_st) rc = ft_stop_text_flush(&st, o->stop.v, o->stop.n);
     if (!rc && st.hit >= 0) {
         r->stop = GEN_STOP_STRING;
         r->stop_str = st.hit;
     }
     if (!rc && stream) {
-        st_show(&st, &o->stop, 1, &last_nl);
+        gen_show_text(&st, &o->stop, 1, &last_nl);
         if (!last_nl) putchar('\n');
         fflush(stdout);
     }
@@ -357,33 +160,16 @@ static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n,
     return rc;
 }
 
-static cJSON *ids_json(const int32_t *ids, int64_t n)
-{
-    cJSON *a = cJSON_CreateArray();
-    for (int64_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
-    return a;
-}
-
-/* "seed": the seed as a JSON integer. cJSON prints numbers with %.15g, which writes a 16-digit
- * seed ending in 0 as 1.79577021929528e+15: exact, but a script reading it back gets a float,
- * which --seed refuses. Seeds are < 2^53 (--seed, the clock's, the per-record ones). */
-static void add_seed(cJSON *j, uint64_t seed)
-{
-    char b[24];
-    snprintf(b, sizeof b, "%llu", (unsigned long long)seed);
-    cJSON_AddRawToObject(j, "seed", b);
-}
-
 static void print_json(const gen_opts *o, int tmpl, const gen_result *r)
 {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "template", o->raw ? "raw" : ft_chat_template_name(tmpl));
-    cJSON_AddItemToObject(j, "prompt_ids", ids_json(r->prompt_ids, r->n_prompt));
-    cJSON_AddItemToObject(j, "ids", ids_json(r->out_ids, r->n_out));
+    cJSON_AddItemToObject(j, "prompt_ids", gen_ids_json(r->prompt_ids, r->n_prompt));
+    cJSON_AddItemToObject(j, "ids", gen_ids_json(r->out_ids, r->n_out));
     cJSON_AddStringToObject(j, "text", r->text ? r->text : "");
-    cJSON_AddStringToObject(j, "stop", stop_name(r));
+    cJSON_AddStringToObject(j, "stop", gen_stop_name(r));
     if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", o->stop.v[r->stop_str]);
-    add_seed(j, (uint64_t)o->seed);
+    gen_add_seed(j, (uint64_t)o->seed);
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(j, "decode_s", r->decode_s);
     cJSON_AddNumberToObject(j, "decode_forwards", (double)r->n_decode);
@@ -391,33 +177,6 @@ static void print_json(const gen_opts *o, int tmpl, const gen_result *r)
     if (s) printf("%s\n", s);
     free(s);
     cJSON_Delete(j);
-}
-
-static void warn_context(const gen_env *e, int64_t n_prompt, int64_t max_new, const char *what)
-{
-    const int64_t maxpos = e->m->cfg.max_position_embeddings;
-    if (maxpos > 0 && n_prompt + max_new > maxpos)
-        fprintf(stderr, "ftune: warning: %s%lld prompt + %lld new tokens exceed the model's "
-                "max_position_embeddings (%lld)\n", what, (long long)n_prompt, (long long)max_new,
-                (long long)maxpos);
-}
-
-/* FT_GEN_* flags of the options. */
-static int gen_flags(const gen_opts *o)
-{
-    return (o->raw ? FT_GEN_RAW : 0) | (o->no_think ? FT_GEN_NO_THINK : 0);
-}
-
-/* --no-think with a template that has no enable_thinking switch: said once, as transformers
- * passes enable_thinking to any template and those ignore it. */
-static void warn_no_think(const gen_opts *o, const ft_tokenizer *tok, int tmpl)
-{
-    const char *src = ft_tok_chat_template(tok);
-    /* the engine passes enable_thinking=false to the model's template, which may read it */
-    int reads = tmpl == FT_CHAT_QWEN3 || (tmpl == FT_CHAT_JINJA && src && strstr(src, "enable_thinking"));
-    if (o->no_think && !reads)
-        fprintf(stderr, "ftune: warning: --no-think has no effect with chat template %s (it has no "
-                "enable_thinking switch)\n", ft_chat_template_name(tmpl));
 }
 
 /* One prompt (--prompt): streamed, or one JSON object with --json. */
@@ -429,13 +188,13 @@ static int run_one(const gen_opts *o)
     int64_t n = 0;
     int tmpl = 0;
     memset(&r, 0, sizeof r);
-    int rc = env_open(&e, o);
+    int rc = gen_env_open(&e, o);
     if (!rc) rc = ft_gen_prompt_ids(e.tok, o->tmpl, o->system, o->prompt, gen_flags(o), &ids, &n, &tmpl);
-    if (!rc) warn_no_think(o, e.tok, tmpl);
+    if (!rc) gen_warn_no_think(o, e.tok, tmpl);
     if (!rc && n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
-    if (!rc) warn_context(&e, n, o->max_new, "");
+    if (!rc) gen_warn_context(&e, n, o->max_new, "");
     const gen_need nd = {n, n + o->max_new, o->max_new, o->rep_penalty != 1};
-    if (!rc) rc = env_plan(&e, o, &nd, tmpl, 1);
+    if (!rc) rc = gen_env_plan(&e, o, &nd, tmpl, 1);
     if (!rc) rc = gen_one(&e, o, ids, n, (uint64_t)o->seed, !o->json, &r);
     if (!rc && o->json) print_json(o, tmpl, &r);
     if (!rc) {
@@ -443,394 +202,13 @@ static int run_one(const gen_opts *o)
                 "%.3f s (%.2f tok/s); stop: %s",
                 (long long)r.n_prompt, r.prefill_s, r.prefill_s > 0 ? r.n_prompt / r.prefill_s : 0.0,
                 (long long)r.n_out, r.decode_s,
-                r.decode_s > 0 && r.n_decode > 0 ? r.n_decode / r.decode_s : 0.0, stop_said(&r));
+                r.decode_s > 0 && r.n_decode > 0 ? r.n_decode / r.decode_s : 0.0, gen_stop_said(&r));
         if (o->temperature > 0) fprintf(stderr, "; seed %lld", (long long)o->seed);
         fputc('\n', stderr);
     }
     free(r.text);
     free(ids);
-    env_close(&e);
-    return rc;
-}
-
-/* ---- --prompts FILE ------------------------------------------------------------------------ */
-
-typedef struct batch_rec {
-    ft_gen_req q;
-    char where[300];            /* "FILE: line N" / "FILE: record N" */
-    int32_t *ids;
-    int64_t n;
-    /* its settings: the command line's, replaced by those the record sets (q.params) */
-    ft_sample_cfg sc;           /* sc.seed: the record's "seed", else ft_gen_record_seed's */
-    int64_t max_new;
-    const char *const *stop;    /* n_stop: the --stop strings or the record's "stop" */
-    int64_t n_stop;
-} batch_rec;
-
-typedef struct batch {
-    batch_rec *r;
-    int64_t n, cap;
-} batch;
-
-static void batch_free(batch *b)
-{
-    for (int64_t i = 0; i < b->n; i++) {
-        ft_gen_req_free(&b->r[i].q);
-        free(b->r[i].ids);
-    }
-    free(b->r);
-    memset(b, 0, sizeof *b);
-}
-
-/* Record i's settings (x->sc, max_new, stop): the command line's, with the record's own. */
-static void rec_settings(batch_rec *x, const gen_opts *o, int64_t i)
-{
-    const ft_gen_params *p = &x->q.params;
-    const unsigned set = p->set;
-    x->sc = (ft_sample_cfg){o->temperature, o->top_k, o->top_p, ft_gen_record_seed((uint64_t)o->seed, i),
-                            o->rep_penalty, o->min_p};
-    if (set & FT_GEN_SET_TEMPERATURE) x->sc.temperature = p->temperature;
-    if (set & FT_GEN_SET_TOP_K) x->sc.top_k = p->top_k;
-    if (set & FT_GEN_SET_TOP_P) x->sc.top_p = p->top_p;
-    if (set & FT_GEN_SET_MIN_P) x->sc.min_p = p->min_p;
-    if (set & FT_GEN_SET_REP_PENALTY) x->sc.repetition_penalty = p->repetition_penalty;
-    if (set & FT_GEN_SET_SEED) x->sc.seed = p->seed;
-    x->max_new = set & FT_GEN_SET_MAX_NEW ? p->max_new_tokens : o->max_new;
-    x->stop = set & FT_GEN_SET_STOP ? (const char *const *)p->stop : o->stop.v;
-    x->n_stop = set & FT_GEN_SET_STOP ? p->n_stop : o->stop.n;
-}
-
-/* Reads and checks every record of o->prompts (no model needed). */
-static int batch_read(batch *b, const gen_opts *o)
-{
-    ft_records rs;
-    ft_record rec;
-    int rc = ft_records_open(&rs, o->prompts), k = 0;
-    while (!rc && (k = ft_records_next(&rs, &rec)) == 1) {
-        if (b->n == b->cap) {
-            int64_t cap = b->cap ? 2 * b->cap : 64;
-            batch_rec *p = realloc(b->r, (size_t)cap * sizeof *p);
-            if (!p) {
-                rc = ft_err(-ENOMEM, "out of memory");
-                break;
-            }
-            b->r = p;
-            b->cap = cap;
-        }
-        batch_rec *x = &b->r[b->n];
-        memset(x, 0, sizeof *x);
-        ft_records_where(&rs, rec.loc, x->where, sizeof x->where);
-        if (!rec.json) {
-            rc = ft_err(FT_E_INVALID, "%s: %s", x->where, rec.err);
-            break;
-        }
-        rc = ft_gen_req_parse(&x->q, rec.json, o->system, o->raw);
-        if (rc) {
-            ft_err_prefix(rc, "%s", x->where);
-            break;
-        }
-        rec_settings(x, o, b->n);
-        b->n++;
-    }
-    if (!rc && k < 0) rc = k;
-    if (!rc && b->n == 0)
-        rc = ft_err(FT_E_INVALID, "%s: no records (expected JSONL or a JSON array of prompts)",
-                    o->prompts);
-    ft_records_close(&rs);
-    return rc;
-}
-
-/* The output of --out: FILE.tmp.PID until the run completes. */
-typedef struct out_file {
-    FILE *f;
-    char tmp[4200];
-} out_file;
-
-static int out_open(out_file *of, const char *path)
-{
-    of->f = NULL;
-    if (!path) return 0;
-    if (snprintf(of->tmp, sizeof of->tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof of->tmp)
-        return ft_err(FT_E_RANGE, "%s: path too long", path);
-    of->f = fopen(of->tmp, "w");
-    if (!of->f) return ft_err(-errno, "%s: cannot create: %s", of->tmp, strerror(errno));
-    return 0;
-}
-
-/* Completes (ok = 1: flush, fsync, rename to path) or abandons (removes the temporary). */
-static int out_close(out_file *of, const char *path, int ok)
-{
-    if (!of->f) return 0;
-    int rc = 0;
-    if (ok && (fflush(of->f) != 0 || fsync(fileno(of->f)) < 0))
-        rc = ft_err(-errno, "%s: write failed: %s", of->tmp, strerror(errno));
-    if (fclose(of->f) != 0 && ok && !rc)
-        rc = ft_err(-errno, "%s: write failed: %s", of->tmp, strerror(errno));
-    of->f = NULL;
-    if (ok && !rc && rename(of->tmp, path) < 0)
-        rc = ft_err(-errno, "%s: rename from %s failed: %s", path, of->tmp, strerror(errno));
-    if (!ok || rc) unlink(of->tmp);
-    else ft_fsync_parent(path);
-    return rc;
-}
-
-static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, const gen_result *r,
-                    double seconds)
-{
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "index", (double)i);
-    cJSON_AddStringToObject(j, "prompt", x->q.user);
-    cJSON_AddStringToObject(j, "reply", r->text ? r->text : "");
-    if (x->q.reference) cJSON_AddStringToObject(j, "reference", x->q.reference);
-    cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->n_prompt);
-    cJSON_AddNumberToObject(j, "new_tokens", (double)r->n_out);
-    cJSON_AddStringToObject(j, "stop", stop_name(r));
-    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
-    cJSON_AddNumberToObject(j, "seconds", seconds);
-    if (x->sc.temperature > 0) add_seed(j, x->sc.seed);
-    char *s = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    if (!s) return ft_err(-ENOMEM, "out of memory");
-    int bad = fputs(s, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0;
-    free(s);
-    return bad ? ft_err(-EIO, "%s: write failed: %s", o->out ? o->out : "stdout", strerror(errno)) : 0;
-}
-
-/* A sequence being generated in one of the env's slots (--prompts with --batch). */
-typedef struct slot_run {
-    int64_t rec;                /* the record, -1: the slot is free */
-    const batch_rec *x;         /* its prompt and settings */
-    gen_result r;
-    ft_rng rng;                 /* the record's sampling state (seeded with x->sc.seed) */
-    int32_t next;               /* the sampled token to feed, when pending */
-    int pending;                /* 1: `next` needs a decode forward */
-    double t0;
-    ft_stop_text st;            /* the reply's text, with stop strings */
-    ft_sample_seen *seen;       /* the slot's ids (env's seen[k]), with a repetition penalty */
-} slot_run;
-
-/* A finished record, held until the records before it are written: its reply decoded when it
- * finishes (r.text), as its tokens are in the slot's buffer, which the next record takes. */
-typedef struct done_rec {
-    int done;
-    gen_result r;               /* r.out_ids NULL */
-    double seconds;
-} done_rec;
-
-/* Records slot sr's finished reply in dn[sr->rec] (its text decoded now, or with stop strings
- * the text cut before the one that matched) and frees the slot. */
-static int slot_finish(gen_env *e, slot_run *sr, done_rec *dn)
-{
-    const batch_rec *x = sr->x;
-    int rc = x->n_stop ? ft_stop_text_flush(&sr->st, x->stop, x->n_stop) : 0;
-    if (!rc && sr->st.hit >= 0) {
-        sr->r.stop = GEN_STOP_STRING;
-        sr->r.stop_str = sr->st.hit;
-    }
-    done_rec *d = &dn[sr->rec];
-    d->r = sr->r;
-    d->r.out_ids = NULL;
-    d->r.text = NULL;
-    d->seconds = now_s() - sr->t0;
-    d->done = 1;
-    sr->rec = -1;
-    if (!rc) rc = x->n_stop ? ft_stop_text_take(&sr->st, &d->r.text)
-                            : ft_tok_decode(e->tok, sr->r.out_ids, sr->r.n_out, 1, &d->r.text);
-    ft_stop_text_free(&sr->st);
-    return rc;
-}
-
-/* Samples slot k's next token from logits (V) with its record's settings and draws, and
- * updates its reply: finished (a stop token, a stop string, or its max new tokens reached) or
- * pending with the token to feed. *fin = 1 when finished. */
-static int slot_advance(gen_env *e, slot_run *sr, const float *logits, int *fin)
-{
-    const batch_rec *x = sr->x;
-    int32_t t;
-    *fin = 0;
-    e->smp.cfg = x->sc; /* checked in slot_start; the sampler derives nothing from it */
-    e->smp.rng = sr->rng;
-    int rc = ft_sample_next_seen(&e->smp, logits, sr->seen, &t);
-    sr->rng = e->smp.rng;
-    if (rc) return rc;
-    sr->pending = 0;
-    if (is_stop(e, t)) {
-        sr->r.stop = GEN_STOP_TOKEN;
-        *fin = 1;
-        return 0;
-    }
-    ((int32_t *)sr->r.out_ids)[sr->r.n_out++] = t;
-    if (sr->seen) ft_sample_seen_add(sr->seen, &t, 1);
-    if (x->n_stop) FT_TRY(ft_stop_text_push(&sr->st, x->stop, x->n_stop, t));
-    if (sr->st.hit >= 0 || sr->r.n_out >= x->max_new) *fin = 1;
-    else sr->next = t, sr->pending = 1;
-    return 0;
-}
-
-/* Starts record i in slot k: its prompt prefilled into the slot's cache, its first token
- * sampled. */
-static int slot_start(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, int64_t i, int *fin)
-{
-    memset(&sr->r, 0, sizeof sr->r);
-    FT_TRY(ft_sample_cfg_check(&x->sc));
-    sr->rec = i;
-    sr->x = x;
-    sr->r.prompt_ids = x->ids;
-    sr->r.n_prompt = x->n;
-    sr->r.out_ids = e->out_ids + k * e->max_new;
-    sr->t0 = now_s();
-    ft_rng_seed(&sr->rng, x->sc.seed); /* as ft_sampler_reseed */
-    ft_stop_text_free(&sr->st);
-    ft_stop_text_init(&sr->st, e->tok);
-    sr->seen = e->seen && x->sc.repetition_penalty != 1 ? &e->seen[k] : NULL;
-    if (sr->seen) {
-        ft_sample_seen_clear(sr->seen);
-        ft_sample_seen_add(sr->seen, x->ids, x->n); /* the prompt's ids are penalised too */
-    }
-    ft_gen_reset_slot(&e->g, k);
-    /* RoPE as a cache sized for this prompt alone would have it (dynamic NTK scaling) */
-    int rc = ft_gen_set_rope_len_slot(&e->g, k, x->n + x->max_new);
-    float *lg = e->logits + k * e->m->cfg.vocab_size;
-    for (int64_t j = 0; !rc && j < x->n; j += e->g.chunk_max) {
-        int64_t c = x->n - j < e->g.chunk_max ? x->n - j : e->g.chunk_max;
-        rc = ft_gen_forward_slot(&e->g, k, x->ids + j, c, lg, 1);
-    }
-    sr->r.prefill_s = now_s() - sr->t0;
-    return rc ? rc : slot_advance(e, sr, lg, fin);
-}
-
-/* Every record of --prompts, one JSON line each, in record order. Up to e.slots records are
- * generated together: each prompt is prefilled alone, then one forward per step decodes the
- * next token of every unfinished one (ft_gen_decode), so each layer's weights are read once
- * per step for all of them; a finished record's slot takes the next record. */
-static int run_batch(const gen_opts *o)
-{
-    batch b = {0};
-    out_file of = {0};
-    gen_env e;
-    memset(&e, 0, sizeof e);
-    int tmpl = 0, rc = batch_read(&b, o);
-    if (!rc) rc = out_open(&of, o->out);
-    if (!rc) rc = env_open(&e, o);
-    gen_need nd = {0, 0, 0, 0};
-    int64_t n_over = 0, over_len = 0, over_new = 0, n_sampled = 0;
-    const int64_t maxpos = e.m ? e.m->cfg.max_position_embeddings : 0;
-    for (int64_t i = 0; !rc && i < b.n; i++) {
-        batch_rec *x = &b.r[i];
-        rc = ft_gen_req_ids(e.tok, o->tmpl, &x->q, gen_flags(o), &x->ids, &x->n, &tmpl);
-        if (!rc && x->n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
-        if (rc) {
-            ft_err_prefix(rc, "%s", x->where);
-            break;
-        }
-        /* the caches hold the longest prompt + reply; a slot's buffer the longest reply */
-        if (x->n > nd.max_prompt) nd.max_prompt = x->n;
-        if (x->n + x->max_new > nd.ctx) nd.ctx = x->n + x->max_new;
-        if (x->max_new > nd.max_new) nd.max_new = x->max_new;
-        nd.seen |= x->sc.repetition_penalty != 1;
-        n_sampled += x->sc.temperature > 0 && !(x->q.params.set & FT_GEN_SET_SEED);
-        if (maxpos > 0 && x->n + x->max_new > maxpos) {
-            if (!n_over++ || x->n + x->max_new > over_len + over_new) {
-                over_len = x->n;
-                over_new = x->max_new;
-            }
-        }
-    }
-    if (!rc && n_over) {
-        char what[96];
-        snprintf(what, sizeof what, "%lld of %lld records, the longest with ", (long long)n_over,
-                 (long long)b.n);
-        warn_context(&e, over_len, over_new, what);
-    }
-    /* the seed the records' own derive from (unless they set theirs) */
-    if (!rc && n_sampled) fprintf(stderr, "ftune: seed %lld\n", (long long)o->seed);
-    if (!rc) warn_no_think(o, e.tok, tmpl);
-    if (!rc) rc = env_plan(&e, o, &nd, tmpl, o->batch < b.n ? o->batch : b.n);
-    if (!rc)
-        fprintf(stderr, "ftune: %lld prompts from %s (template %s, %lld at a time, KV cache of %lld "
-                "tokens each)\n", (long long)b.n, o->prompts, o->raw ? "raw" : ft_chat_template_name(tmpl),
-                (long long)e.slots, (long long)e.g.ctx_max);
-    const int64_t V = e.m ? e.m->cfg.vocab_size : 0;
-    slot_run *sl = calloc((size_t)(e.slots > 0 ? e.slots : 1), sizeof *sl);
-    done_rec *dn = calloc((size_t)(b.n > 0 ? b.n : 1), sizeof *dn);
-    int64_t *act = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *act);
-    int32_t *tok = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *tok);
-    if (!rc && (!sl || !dn || !act || !tok)) rc = ft_err(-ENOMEM, "out of memory");
-    for (int64_t k = 0; !rc && k < e.slots; k++) sl[k].rec = -1;
-    int64_t next = 0, emitted = 0, total_new = 0, steps = 0;
-    double t_all = now_s();
-    while (!rc && emitted < b.n) {
-        /* free slots take the next records; a record may finish at its first token */
-        for (int64_t k = 0; !rc && k < e.slots; k++) {
-            while (!rc && sl[k].rec < 0 && next < b.n) {
-                int fin = 0;
-                rc = slot_start(&e, &sl[k], k, &b.r[next], next, &fin);
-                if (!rc && fin) rc = slot_finish(&e, &sl[k], dn);
-                if (rc) ft_err_prefix(rc, "%s", b.r[next].where);
-                next++;
-            }
-        }
-        /* one decode step of every pending sequence */
-        int64_t n = 0;
-        for (int64_t k = 0; !rc && k < e.slots; k++)
-            if (sl[k].rec >= 0 && sl[k].pending) {
-                act[n] = k;
-                tok[n++] = sl[k].next;
-            }
-        if (!rc && n) {
-            double t0 = now_s();
-            rc = ft_gen_decode(&e.g, act, tok, n, e.logits);
-            double dt = now_s() - t0;
-            steps++;
-            if (rc && n == 1) ft_err_prefix(rc, "%s", b.r[sl[act[0]].rec].where);
-            else if (rc) ft_err_prefix(rc, "decoding %lld prompts together", (long long)n);
-            for (int64_t i = 0; !rc && i < n; i++) {
-                slot_run *sr = &sl[act[i]];
-                const int64_t rec = sr->rec;
-                int fin = 0;
-                sr->r.n_decode++;
-                sr->r.decode_s += dt;
-                rc = slot_advance(&e, sr, e.logits + i * V, &fin);
-                if (!rc && fin) rc = slot_finish(&e, sr, dn);
-                if (rc) ft_err_prefix(rc, "%s", b.r[rec].where);
-            }
-        }
-        /* the finished records, in order */
-        while (!rc && emitted < b.n && dn[emitted].done) {
-            done_rec *d = &dn[emitted];
-            batch_rec *x = &b.r[emitted];
-            rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, d->seconds);
-            if (rc) {
-                ft_err_prefix(rc, "%s", x->where);
-            } else {
-                total_new += d->r.n_out;
-                fprintf(stderr, "ftune: [%lld/%lld] %lld prompt + %lld new tokens in %.3f s; stop: %s\n",
-                        (long long)(emitted + 1), (long long)b.n, (long long)d->r.n_prompt,
-                        (long long)d->r.n_out, d->seconds, stop_said(&d->r));
-            }
-            free(d->r.text);
-            d->r.text = NULL;
-            emitted++;
-        }
-        if (!rc && !n && emitted < b.n && next >= b.n) /* cannot happen: every record finishes */
-            rc = ft_err(FT_E_INVALID, "generate: %lld records left unfinished", (long long)(b.n - emitted));
-    }
-    if (!rc) {
-        double t = now_s() - t_all;
-        fprintf(stderr, "ftune: %lld prompts, %lld new tokens in %.3f s (%.2f tok/s; %lld decode "
-                "steps)%s%s\n", (long long)b.n, (long long)total_new, t, t > 0 ? total_new / t : 0.0,
-                (long long)steps, o->out ? "; wrote " : "", o->out ? o->out : "");
-    }
-    for (int64_t k = 0; sl && k < e.slots; k++) ft_stop_text_free(&sl[k].st); /* a run that fails */
-    free(sl);
-    for (int64_t i = emitted; dn && i < b.n; i++) free(dn[i].r.text); /* held when a run fails */
-    free(dn);
-    free(act);
-    free(tok);
-    int rc2 = out_close(&of, o->out, !rc);
-    if (!rc) rc = rc2;
-    env_close(&e);
-    batch_free(&b);
+    gen_env_close(&e);
     return rc;
 }
 
@@ -953,7 +331,7 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     if (o->seed < 0) /* 53 bits: exact in the JSON number */
         o->seed = (int64_t)((((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid()) & ((1ull << 53) - 1));
 
-    rc = o->prompts ? run_batch(o) : run_one(o);
+    rc = o->prompts ? gen_run_batch(o) : run_one(o);
     if (rc) fprintf(stderr, "ftune: %s\n", ft_errmsg());
     return rc ? 1 : 0;
 }

@@ -1,0 +1,197 @@
+/* gen_env.c - the loaded model, KV caches and sampler of `ftune generate`, and the helpers
+ * one --prompt and a --prompts file share (gen_env.h). */
+#include "cli/gen_env.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "src/core/err.h"
+#include "src/data/chat.h"
+
+double gen_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 1 when token t ends a reply (the template's end-of-turn or an EOS id). */
+int gen_is_stop(const gen_env *e, int32_t t)
+{
+    for (int s = 0; s < e->n_stop; s++)
+        if (t == e->stop[s]) return 1;
+    return 0;
+}
+
+void gen_put_piece(const char *s, size_t n, int *last_nl)
+{
+    if (!n) return;
+    fwrite(s, 1, n, stdout);
+    fflush(stdout);
+    *last_nl = s[n - 1] == '\n';
+}
+
+/* "stop" of the JSON output. */
+const char *gen_stop_name(const gen_result *r)
+{
+    return r->stop == GEN_STOP_STRING ? "stop_string" : r->stop == GEN_STOP_TOKEN ? "stop_token" : "length";
+}
+
+/* The same, for the stderr summaries. */
+const char *gen_stop_said(const gen_result *r)
+{
+    return r->stop == GEN_STOP_STRING ? "stop string" : r->stop == GEN_STOP_TOKEN ? "end token" : "--max-new-tokens";
+}
+
+/* Streams what ft_stop_text_safe allows of a reply's text (stop_text.h). */
+void gen_show_text(ft_stop_text *x, const ft_str_list *stop, int final, int *last_nl)
+{
+    const size_t safe = ft_stop_text_safe(x, stop->v, stop->n, final);
+    if (safe > x->shown) {
+        gen_put_piece(x->buf + x->shown, safe - x->shown, last_nl);
+        x->shown = safe;
+    }
+}
+
+/* Loads the model, backend, adapter and tokenizer (cli/session.h ft_session_open_quant). With
+ * --quant nf4 the model is loaded deferred and every base weight is read from its NF4 pack
+ * (as `ftune eval --quant nf4`: the base a QLoRA adapter was trained on, with the run's
+ * --quant-correction), no fp32 copy in memory; on a device the bf16 base stays deferred too
+ * until gen_env_plan's ft_session_plan reads it or streams it from its bf16 pack. */
+int gen_env_open(gen_env *e, const gen_opts *o)
+{
+    memset(e, 0, sizeof *e);
+    int rc = ft_session_open_quant(&e->s, o->model, o->adapter, o->device, (int)o->threads,
+                                   o->quant, o->cache_dir, o->gpu_mem, o->host_mem, NULL);
+    e->m = e->s.model;
+    if (!rc) rc = ft_model_tokenizer(e->m, &e->tok);
+    return rc;
+}
+
+/* Sizes the KV caches of `slots` sequences (decoded together) for nd->ctx tokens each
+ * (prompts of up to nd->max_prompt tokens, prefilled in chunks of at most
+ * FT_GEN_CHUNK_DEFAULT, and their replies); the sampler (the command line's settings), the
+ * buffers and the stop tokens of the resolved template tmpl. */
+int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, int64_t slots)
+{
+    const int64_t V = e->m->cfg.vocab_size, ctx = nd->ctx, max_prompt = nd->max_prompt;
+    if (slots > ctx) slots = ctx; /* a decode step has at most chunk <= ctx rows */
+    e->slots = slots;
+    int64_t chunk = max_prompt < FT_GEN_CHUNK_DEFAULT ? max_prompt : FT_GEN_CHUNK_DEFAULT;
+    if (chunk < slots) chunk = slots;
+    const ft_lora *lora = e->s.has_lora ? &e->s.lora : NULL;
+    if (e->m->pack_only[0] || !e->s.be->ops->host_memory) {
+        /* the weights through an executor for chunks of up to `chunk` tokens: on a device the
+         * bf16 copies it places (as training reads them) or the pack's blocks; over a pack on
+         * the CPU the whole pack in memory, as every token visits every layer */
+        e->s.pack_in_memory = 1;
+        /* generation reads only the executor's weights: its activation arena (sized by T)
+         * stays small, whatever the chunk (1024 tokens would be 1.65 GiB for an 8B model) */
+        /* the KV cache and buffers allocated after the placement: kept out of its budget */
+        if (!e->s.be->ops->host_memory) {
+            /* the default batch on a GPU: at most a quarter of the budget for the KV caches
+             * (each sequence has its own), so that they do not push base layers out to the
+             * streamed tiers; an explicit --batch is taken as given */
+            ft_mem_budget mb = {0};
+            const uint64_t budget = ft_backend_mem_budget(e->s.be, o->gpu_mem, 0, &mb) ? 0 : mb.budget;
+            const int64_t asked = slots;
+            while (!o->batch_set && slots > 1 && budget &&
+                   ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots) > budget / 4)
+                slots--;
+            if (slots < asked) {
+                fprintf(stderr, "ftune: %lld prompts at a time, not %lld: their KV caches of %lld "
+                        "tokens would take more than a quarter of the GPU budget (--batch sets it)\n",
+                        (long long)slots, (long long)asked, (long long)ctx);
+                e->slots = slots;
+            }
+            e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots);
+        }
+        FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
+        FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
+        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, chunk, slots, slots));
+    } else {
+        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, chunk, slots, slots));
+    }
+    ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed, o->rep_penalty, o->min_p};
+    FT_TRY(ft_sampler_init(&e->smp, &sc, V));
+    if (nd->seen) { /* each sequence's ids, for the penalty */
+        e->seen = calloc((size_t)slots, sizeof *e->seen);
+        if (!e->seen) return ft_err(-ENOMEM, "out of memory");
+        for (int64_t k = 0; k < slots; k++) FT_TRY(ft_sample_seen_init(&e->seen[k], V));
+    }
+    e->logits = malloc((size_t)(slots * V) * sizeof(float));
+    e->max_new = nd->max_new;
+    e->out_ids = malloc((size_t)(slots * nd->max_new) * sizeof(int32_t));
+    if (!e->logits || !e->out_ids) return ft_err(-ENOMEM, "out of memory");
+    const char *eot = ft_chat_end_of_turn(tmpl);
+    char jeot[64];
+    if (tmpl == FT_CHAT_JINJA) { /* what the model's template writes after a reply */
+        ft_chat_ctx ctx = {ft_tok_bos_str(e->tok), ft_tok_eos_str(e->tok), ft_tok_chat_template(e->tok)};
+        /* a template that cannot render the probe leaves only the EOS ids to stop on */
+        if (ft_chat_jinja_end_of_turn(&ctx, jeot, sizeof jeot))
+            fprintf(stderr, "ftune: warning: no end-of-turn word from the chat template (%s); "
+                    "stopping on the EOS only\n", ft_errmsg());
+        eot = jeot[0] ? jeot : NULL;
+    }
+    e->n_stop = ft_sample_stop_ids(&e->m->cfg, e->tok, eot, e->stop, MAX_STOP);
+    return 0;
+}
+
+void gen_env_close(gen_env *e)
+{
+    for (int64_t k = 0; e->seen && k < e->slots; k++) ft_sample_seen_free(&e->seen[k]);
+    free(e->seen);
+    free(e->logits);
+    free(e->out_ids);
+    ft_sampler_free(&e->smp);
+    ft_gen_free(&e->g);
+    ft_tok_free(e->tok);
+    ft_session_close(&e->s);
+    memset(e, 0, sizeof *e);
+}
+
+cJSON *gen_ids_json(const int32_t *ids, int64_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int64_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
+/* "seed": the seed as a JSON integer. cJSON prints numbers with %.15g, which writes a 16-digit
+ * seed ending in 0 as 1.79577021929528e+15: exact, but a script reading it back gets a float,
+ * which --seed refuses. Seeds are < 2^53 (--seed, the clock's, the per-record ones). */
+void gen_add_seed(cJSON *j, uint64_t seed)
+{
+    char b[24];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)seed);
+    cJSON_AddRawToObject(j, "seed", b);
+}
+
+void gen_warn_context(const gen_env *e, int64_t n_prompt, int64_t max_new, const char *what)
+{
+    const int64_t maxpos = e->m->cfg.max_position_embeddings;
+    if (maxpos > 0 && n_prompt + max_new > maxpos)
+        fprintf(stderr, "ftune: warning: %s%lld prompt + %lld new tokens exceed the model's "
+                "max_position_embeddings (%lld)\n", what, (long long)n_prompt, (long long)max_new,
+                (long long)maxpos);
+}
+
+/* FT_GEN_* flags of the options. */
+int gen_flags(const gen_opts *o)
+{
+    return (o->raw ? FT_GEN_RAW : 0) | (o->no_think ? FT_GEN_NO_THINK : 0);
+}
+
+/* --no-think with a template that has no enable_thinking switch: said once, as transformers
+ * passes enable_thinking to any template and those ignore it. */
+void gen_warn_no_think(const gen_opts *o, const ft_tokenizer *tok, int tmpl)
+{
+    const char *src = ft_tok_chat_template(tok);
+    /* the engine passes enable_thinking=false to the model's template, which may read it */
+    int reads = tmpl == FT_CHAT_QWEN3 || (tmpl == FT_CHAT_JINJA && src && strstr(src, "enable_thinking"));
+    if (o->no_think && !reads)
+        fprintf(stderr, "ftune: warning: --no-think has no effect with chat template %s (it has no "
+                "enable_thinking switch)\n", ft_chat_template_name(tmpl));
+}

@@ -1,0 +1,131 @@
+/* gen_env.h - what `ftune generate` shares between one --prompt (cmd_generate.c) and a
+ * --prompts file decoded in batches (gen_batch.c): the options, the loaded model with its KV
+ * caches and sampler (gen_env), a reply, and their helpers. Private to cli/. */
+#ifndef FT_CLI_GEN_ENV_H
+#define FT_CLI_GEN_ENV_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli/args.h"
+#include "cli/session.h"
+#include "src/data/tokenizer.h"
+#include "src/model/generate.h"
+#include "src/model/sample.h"
+#include "src/model/stop_text.h"
+
+#define MAX_STOP 16     /* stop token ids */
+#define GEN_EXEC_T 64 /* tokens of the executor that serves generation its weights */
+#define GEN_BATCH_DEFAULT 8 /* --prompts records decoded together unless --batch says */
+
+typedef struct gen_opts {
+    const char *model, *adapter, *prompt, *system, *prompts, *out, *quant, *cache_dir;
+    int raw, json, tmpl, no_think;
+    int64_t max_new, top_k, seed, threads, batch;
+    int batch_set;              /* --batch given (else GEN_BATCH_DEFAULT, fitted to a GPU budget) */
+    const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
+    int64_t gpu_mem, host_mem;  /* --gpu-mem, --host-mem (0: defaults) */
+    float temperature, top_p, min_p, rep_penalty;
+    ft_str_list stop;           /* --stop strings */
+} gen_opts;
+
+/* What ended a reply. */
+enum { GEN_STOP_LENGTH, GEN_STOP_TOKEN, GEN_STOP_STRING };
+
+/* The reply to one prompt. */
+typedef struct gen_result {
+    const int32_t *prompt_ids, *out_ids; /* out_ids: the env's buffer, valid until the next prompt */
+    int64_t n_prompt, n_out;
+    int stop;                   /* GEN_STOP_*: --max-new-tokens, a stop token or a --stop string */
+    int stop_str;               /* GEN_STOP_STRING: the --stop string that matched */
+    double prefill_s, decode_s; /* decode_s covers n_out - 1 forwards (+ sampling) */
+    int64_t n_decode;           /* decode forwards */
+    char *text;                 /* full decode of out_ids (skip special), malloc'ed */
+} gen_result;
+
+/* What stays loaded across prompts. */
+typedef struct gen_env {
+    ft_session s;               /* model, backend, adapter; the executor over the pack */
+    ft_model *m;                /* s.model */
+    ft_tokenizer *tok;
+    ft_gen_source src;          /* the pack's weights (a pack-only model: --quant nf4, or a
+                                 * folder that holds only its pack) */
+    ft_gen g;
+    ft_sampler smp;
+    ft_sample_seen *seen;       /* (slots) the ids each sequence holds, with --repetition-penalty;
+                                 * else NULL */
+    float *logits;              /* (slots, V) host */
+    int32_t *out_ids;           /* (slots, max_new) host */
+    int64_t max_new;            /* out_ids tokens per slot: the most new tokens of any reply */
+    int64_t slots;              /* sequences decoded together (--batch with --prompts) */
+    int32_t stop[MAX_STOP];
+    int n_stop;
+} gen_env;
+
+/* What gen_env_plan sizes for: the longest prompt, the longest prompt plus the new tokens asked
+ * of its reply (tokens per KV cache), the most new tokens of any reply, and whether some
+ * sequence has a repetition penalty (each slot then keeps the ids it holds). */
+typedef struct gen_need {
+    int64_t max_prompt, ctx, max_new;
+    int seen;
+} gen_need;
+
+/* Seconds on the monotonic clock. */
+double gen_now_s(void);
+
+/* 1 when token t ends a reply (the template's end-of-turn or an EOS id). */
+int gen_is_stop(const gen_env *e, int32_t t);
+
+/* Writes s[0..n) to stdout and flushes (streaming); *last_nl: whether it ended a line. */
+void gen_put_piece(const char *s, size_t n, int *last_nl);
+
+/* "stop" of the JSON output. */
+const char *gen_stop_name(const gen_result *r);
+
+/* The same, for the stderr summaries. */
+const char *gen_stop_said(const gen_result *r);
+
+/* Streams what ft_stop_text_safe allows of a reply's text (stop_text.h). */
+void gen_show_text(ft_stop_text *x, const ft_str_list *stop, int final, int *last_nl);
+
+/* Loads the model, backend, adapter and tokenizer (cli/session.h ft_session_open_quant). With
+ * --quant nf4 the model is loaded deferred and every base weight is read from its NF4 pack
+ * (as `ftune eval --quant nf4`: the base a QLoRA adapter was trained on, with the run's
+ * --quant-correction), no fp32 copy in memory; on a device the bf16 base stays deferred too
+ * until gen_env_plan's ft_session_plan reads it or streams it from its bf16 pack. */
+int gen_env_open(gen_env *e, const gen_opts *o);
+
+/* Sizes the KV caches of `slots` sequences (decoded together) for nd->ctx tokens each
+ * (prompts of up to nd->max_prompt tokens, prefilled in chunks of at most
+ * FT_GEN_CHUNK_DEFAULT, and their replies); the sampler (the command line's settings), the
+ * buffers and the stop tokens of the resolved template tmpl. */
+int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, int64_t slots);
+
+/* Frees what gen_env_open and gen_env_plan made; leaves e zeroed. */
+void gen_env_close(gen_env *e);
+
+/* ids[0..n) as a JSON array of numbers (NULL when out of memory). */
+cJSON *gen_ids_json(const int32_t *ids, int64_t n);
+
+/* "seed": the seed as a JSON integer. cJSON prints numbers with %.15g, which writes a 16-digit
+ * seed ending in 0 as 1.79577021929528e+15: exact, but a script reading it back gets a float,
+ * which --seed refuses. Seeds are < 2^53 (--seed, the clock's, the per-record ones). */
+void gen_add_seed(cJSON *j, uint64_t seed);
+
+/* A warning on stderr when n_prompt + max_new tokens exceed the model's
+ * max_position_embeddings (`what` names the prompt). */
+void gen_warn_context(const gen_env *e, int64_t n_prompt, int64_t max_new, const char *what);
+
+/* FT_GEN_* flags of the options. */
+int gen_flags(const gen_opts *o);
+
+/* --no-think with a template that has no enable_thinking switch: said once, as transformers
+ * passes enable_thinking to any template and those ignore it. */
+void gen_warn_no_think(const gen_opts *o, const ft_tokenizer *tok, int tmpl);
+
+/* --prompts FILE: every record answered, --batch of them decoded together, one JSON line each
+ * (gen_batch.c). Returns 0 or an error (the message set). */
+int gen_run_batch(const gen_opts *o);
+
+#endif
