@@ -152,7 +152,7 @@ example:
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	@bash scripts/demo.sh
+	@BUILD=$(BUILD) bash scripts/demo.sh
 
 test: deps
 	@$(MAKE) --no-print-directory tests

@@ -223,6 +223,12 @@ int ft_args_parse(const ft_opt *opts, int argc, char **argv, char *err, size_t n
 
 void ft_args_usage(FILE *f, const ft_opt *opts)
 {
+    ft_args_usage_table(f, opts);
+    fprintf(f, "  %-28s %s\n", "--config FILE", "JSON object of options (keys as above, '-' or '_'); flags override it");
+}
+
+void ft_args_usage_table(FILE *f, const ft_opt *opts)
+{
     for (const ft_opt *o = opts; o->name; o++) {
         char left[64];
         const char *mv = o->metavar ? o->metavar
@@ -232,7 +238,6 @@ void ft_args_usage(FILE *f, const ft_opt *opts)
         snprintf(left, sizeof left, "--%s%s%s", o->name, *mv ? " " : "", mv);
         fprintf(f, "  %-28s %s\n", left, o->help);
     }
-    fprintf(f, "  %-28s %s\n", "--config FILE", "JSON object of options (keys as above, '-' or '_'); flags override it");
 }
 
 int ft_opt_bytes(const char *v, void *dst, char *err, size_t n)

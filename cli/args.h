@@ -40,7 +40,9 @@ int ft_args_parse(const ft_opt *opts, int argc, char **argv, char *err, size_t e
  * "24GB" (decimal), or plain bytes. */
 int ft_opt_bytes(const char *v, void *dst, char *err, size_t n);
 
-/* Prints the option table. */
+/* Prints the option table and the --config FILE line (an options file). */
 void ft_args_usage(FILE *f, const ft_opt *opts);
+/* The option table alone (a command whose --config means something else). */
+void ft_args_usage_table(FILE *f, const ft_opt *opts);
 
 #endif

@@ -328,6 +328,9 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
             fprintf(stderr, "ftune: generate: --stop: expected a non-empty string\n");
             return 2;
         }
+    if (!o->prompts && o->temperature == 0 && (o->top_k > 0 || o->top_p < 1 || o->min_p > 0))
+        fprintf(stderr, "ftune: warning: --top-k, --top-p and --min-p apply only when sampling "
+                "(--temperature > 0); this run is greedy\n");
     if (o->seed < 0) /* 53 bits: exact in the JSON number */
         o->seed = (int64_t)((((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid()) & ((1ull << 53) - 1));
 

@@ -101,13 +101,17 @@ int ft_cmd_init_model(int argc, char **argv)
         {"threads", FT_OPT_INT, &threads, "CPU threads (default: all cores)"},
         {NULL},
     };
+    for (int i = 1; i < ac; i++)
+        if (!strcmp(av[i], "--help") || !strcmp(av[i], "-h")) { /* --config is not an options file here */
+            ft_args_usage_table(stdout, opts);
+            printf("  %-28s %s\n", "--config FILE", "the architecture's config.json (required)");
+            free(av);
+            return 0;
+        }
     char err[1024];
     int rc = ft_args_parse(opts, ac, av, err, sizeof err);
     free(av);
-    if (rc == 1) {
-        printf("  %-28s %s\n", "--config FILE", "the architecture's config.json (required)");
-        return 0;
-    }
+    if (rc == 1) return 0;
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", err);
         return 2;

@@ -351,7 +351,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     c.n_data = data.n;
     if (!c.model || !c.n_data) {
         ft_str_list_free(&data);
-        fprintf(stderr, "ftune: train needs --model and --data (see ftune train --help)\n");
+        fprintf(stderr, "ftune: %s needs --model and --data (see ftune %s --help)\n",
+                plan_only ? "plan" : "train", plan_only ? "plan" : "train");
         return 2;
     }
     { /* standard input can be read once: at most one input may be "-" */

@@ -21,7 +21,7 @@ static void usage(FILE *f)
         "       ftune logits --model M --ids 1,2,3 [--out FILE]            debug: raw logits\n"
         "       ftune pack --model DIR [--quant nf4|bf16]                  build the layer pack (QLoRA base)\n"
         "       ftune init-model --config config.json --out DIR [--pack]   random weights (benchmarks)\n"
-        "       ftune plan --model M [train options]                       where weights and checkpoints go\n"
+        "       ftune plan --model M --data FILE [train options]           where weights and checkpoints go\n"
         "       ftune bench io --path FILE | bench step --model M ...     disk/PCIe rates, step timeline\n"
         "       ftune --version | --help\n\n"
         "`ftune train --help` lists the training options; `ftune COMMAND --help` each command's.\n", FTUNE_VERSION);

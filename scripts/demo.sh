@@ -8,7 +8,7 @@ GGUF=$(bash scripts/fetch_example.sh)
 OUT=${FTUNE_DEMO_OUT:-runs/demo}
 DATA=examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl
 echo "[demo] ftune train --model $GGUF --data $DATA --out $OUT"
-./build/ftune train --model "$GGUF" --data "$DATA" --out "$OUT" \
+"./${BUILD:-build}/ftune" train --model "$GGUF" --data "$DATA" --out "$OUT" \
     --seq-len 256 --batch-size 2 --grad-accum 2 --lr 1e-3 --epochs 1 --eval-fraction 0.1 \
     --eval-every 10 ${FTUNE_DEMO_ARGS:-}
 echo "[demo] adapter:"; ls -l "$OUT"
