@@ -3,6 +3,8 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -80,6 +82,11 @@ static int set(const ft_opt *o, const char *val, const char *where, char *err, s
         double v = strtod(val, &end);
         if (errno || end == val || *end) {
             snprintf(err, n, "%s--%s: expected a number, got '%s'", where, o->name, val);
+            return -1;
+        }
+        if (o->type == FT_OPT_FLOAT && isfinite(v) && fabs(v) > FLT_MAX) { /* (float)v: undefined */
+            snprintf(err, n, "%s--%s: %s is out of range (at most %g in magnitude)", where, o->name,
+                     val, (double)FLT_MAX);
             return -1;
         }
         if (o->type == FT_OPT_DBL) *(double *)o->dst = v;

@@ -303,10 +303,10 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     }
     o->batch_set = o->batch > 0;
     if (!o->batch) o->batch = GEN_BATCH_DEFAULT;
-    if (o->max_new < 1 || o->max_new > FT_GEN_MAX_NEW_TOKENS || o->top_k < 0 || !(o->temperature >= 0) ||
-        !(o->top_p > 0 && o->top_p <= 1)) {
+    if (o->max_new < 1 || o->max_new > FT_GEN_MAX_NEW_TOKENS || o->top_k < 0 ||
+        !(o->temperature >= 0) || !isfinite(o->temperature) || !(o->top_p > 0 && o->top_p <= 1)) {
         fprintf(stderr, "ftune: generate: --max-new-tokens must be 1..1000000, --top-k >= 0, "
-                "--temperature >= 0, 0 < --top-p <= 1\n");
+                "--temperature finite and >= 0, 0 < --top-p <= 1\n");
         return 2;
     }
     if (!(o->rep_penalty > 0) || !isfinite(o->rep_penalty)) {

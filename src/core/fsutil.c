@@ -289,6 +289,15 @@ int ft_read_input_max(const char *path, const char *what, char **data, size_t *l
             return ft_err(S_ISDIR(st.st_mode) ? -EISDIR : FT_E_INVALID, "%s: %s, expected %s",
                           path, S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file", what);
         }
+        /* standard input under another name (/dev/stdin, /dev/fd/0) when it is a pipe or a
+         * socket, which can be read once (a device such as /dev/null can be read again) */
+        struct stat si;
+        if ((S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) && fstat(STDIN_FILENO, &si) == 0 && si.st_dev == st.st_dev &&
+            si.st_ino == st.st_ino && __atomic_exchange_n(&g_stdin_taken, 1, __ATOMIC_SEQ_CST)) {
+            close(fd);
+            return ft_err(FT_E_INVALID, "%s: this is standard input, already read by another "
+                          "input (one input at most can be standard input)", path);
+        }
         char head[1];
         size_t head_n = 0;
         if (S_ISFIFO(st.st_mode) && !is_anon_pipe(fd)) {

@@ -417,6 +417,9 @@ static void test_stdin(void **st)
         size_t n;
         if (ft_read_input("-", "a data file", &d, &n, FT_INPUT_DATA) != FT_E_INVALID) _exit(14);
         if (!strstr(ft_errmsg(), "<stdin>: standard input was already read")) _exit(15);
+        /* the same pipe named /dev/stdin: refused too, not read as empty */
+        if (ft_read_input("/dev/stdin", "a data file", &d, &n, FT_INPUT_DATA) != FT_E_INVALID) _exit(16);
+        if (!strstr(ft_errmsg(), "this is standard input, already read")) _exit(17);
         _exit(0);
     }
     close(fds[0]);
