@@ -206,11 +206,11 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
     return 1;
 }
 
-int ft_hub_repo_id(const char *path, char *out, size_t n)
+/* The first "/snapshots/" of path right after a models--ORG--NAME component (or models--NAME
+ * for an id without an org), NULL if none: the cache folder's own path may hold another.
+ * *repo (when repo is not NULL) gets the start of that component. */
+static const char *snapshots_of(const char *path, const char **repo)
 {
-    if (!path) return 0;
-    /* the first "/snapshots/" after a models--ORG--NAME component (or models--NAME for an id
-     * without an org): the cache folder's own path may hold another */
     const char *s = path, *c = NULL;
     while ((s = strstr(s, "/snapshots/"))) {
         c = s;
@@ -218,6 +218,14 @@ int ft_hub_repo_id(const char *path, char *out, size_t n)
         if (!strncmp(c, "models--", 8)) break;
         s++;
     }
+    if (repo) *repo = c;
+    return s;
+}
+
+int ft_hub_repo_id(const char *path, char *out, size_t n)
+{
+    if (!path) return 0;
+    const char *c, *s = snapshots_of(path, &c);
     if (!s) return 0;
     const char *on = c + 8, *sep = NULL;
     for (const char *p = on; p + 1 < s; p++)
@@ -242,15 +250,8 @@ int ft_hub_pinned_commit(const char *path, char *out, size_t n)
 {
     char id[2 * ID_MAX + 2];
     if (!ft_hub_repo_id(path, id, sizeof id)) return 0;
-    /* ft_hub_repo_id found a "/snapshots/<commit>" after a models--... component: the same
-     * search gives the repository folder and the commit */
-    const char *s = path, *c = NULL;
-    while ((s = strstr(s, "/snapshots/"))) {
-        c = s;
-        while (c > path && c[-1] != '/') c--;
-        if (!strncmp(c, "models--", 8)) break;
-        s++;
-    }
+    /* the repository folder ends where its snapshots/ begins; then the commit */
+    const char *s = snapshots_of(path, NULL);
     if (!s) return 0;
     const char *cm = s + 11, *e = strchr(cm, '/');
     size_t cl = e ? (size_t)(e - cm) : strlen(cm);
