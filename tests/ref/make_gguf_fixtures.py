@@ -212,6 +212,17 @@ def pattern(name, shape):
     return (((k * 7 + len(name)) % 101 - 50) / 1000).astype(np.float32).reshape(shape)
 
 
+def one_layer_qkv_bias_shapes(C, F, H, Hkv, D, V):
+    """GGUF name -> HF-order shape of a 1-layer untied model with q/k/v biases, no o bias."""
+    return {"token_embd.weight": (V, C), "output_norm.weight": (C,), "output.weight": (V, C),
+            "blk.0.attn_norm.weight": (C,), "blk.0.ffn_norm.weight": (C,),
+            "blk.0.attn_q.weight": (H * D, C), "blk.0.attn_q.bias": (H * D,),
+            "blk.0.attn_k.weight": (Hkv * D, C), "blk.0.attn_k.bias": (Hkv * D,),
+            "blk.0.attn_v.weight": (Hkv * D, C), "blk.0.attn_v.bias": (Hkv * D,),
+            "blk.0.attn_output.weight": (C, H * D), "blk.0.ffn_gate.weight": (F, C),
+            "blk.0.ffn_up.weight": (F, C), "blk.0.ffn_down.weight": (C, F)}
+
+
 def qwen2_tiny(out):
     C, F, H, Hkv, D, V = 32, 64, 2, 1, 16, 16
     w = gguf.GGUFWriter(os.path.join(out, "qwen2-tiny.gguf"), "qwen2")
@@ -225,14 +236,7 @@ def qwen2_tiny(out):
     w.add_layer_norm_rms_eps(1e-6)
     w.add_bos_token_id(15)
     w.add_eos_token_id(14)
-    shapes = {"token_embd.weight": (V, C), "output_norm.weight": (C,), "output.weight": (V, C),
-              "blk.0.attn_norm.weight": (C,), "blk.0.ffn_norm.weight": (C,),
-              "blk.0.attn_q.weight": (H * D, C), "blk.0.attn_q.bias": (H * D,),
-              "blk.0.attn_k.weight": (Hkv * D, C), "blk.0.attn_k.bias": (Hkv * D,),
-              "blk.0.attn_v.weight": (Hkv * D, C), "blk.0.attn_v.bias": (Hkv * D,),
-              "blk.0.attn_output.weight": (C, H * D), "blk.0.ffn_gate.weight": (F, C),
-              "blk.0.ffn_up.weight": (F, C), "blk.0.ffn_down.weight": (C, F)}
-    for name, shape in shapes.items():
+    for name, shape in one_layer_qkv_bias_shapes(C, F, H, Hkv, D, V).items():
         add_tensor(w, name, pattern(name, shape), Q.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()

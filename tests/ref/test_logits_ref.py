@@ -319,20 +319,13 @@ def write_llama_qkv_bias_gguf(path):
     o bias as optional), q/k rows and biases permuted as convert_hf_to_gguf.py does, F32
     values of make_gguf_fixtures.pattern (names in HF order before the permutation)."""
     import gguf
-    from make_gguf_fixtures import llama_kv, pattern, permute
+    from make_gguf_fixtures import llama_kv, one_layer_qkv_bias_shapes, pattern, permute
     C, F, H, Hkv, D, V = 64, 128, 4, 2, 16, 32
     w = gguf.GGUFWriter(str(path), "llama")
     llama_kv(w, 1, C, F, H, Hkv, D, V, 1e-5, 10000.0, 256)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    shapes = {"token_embd.weight": (V, C), "output_norm.weight": (C,), "output.weight": (V, C),
-              "blk.0.attn_norm.weight": (C,), "blk.0.ffn_norm.weight": (C,),
-              "blk.0.attn_q.weight": (H * D, C), "blk.0.attn_q.bias": (H * D,),
-              "blk.0.attn_k.weight": (Hkv * D, C), "blk.0.attn_k.bias": (Hkv * D,),
-              "blk.0.attn_v.weight": (Hkv * D, C), "blk.0.attn_v.bias": (Hkv * D,),
-              "blk.0.attn_output.weight": (C, H * D), "blk.0.ffn_gate.weight": (F, C),
-              "blk.0.ffn_up.weight": (F, C), "blk.0.ffn_down.weight": (C, F)}
-    for name, shape in shapes.items():
+    for name, shape in one_layer_qkv_bias_shapes(C, F, H, Hkv, D, V).items():
         a = pattern(name, shape) * (8 if ".bias" in name or "attn_q" in name or "attn_k" in name else 1)
         if name.startswith("blk.0.attn_q."):
             a = permute(a, H, H)
