@@ -49,6 +49,9 @@ enum ft_wtype {
 };
 #define FT_WTYPE_BIT(t) (1u << (t))
 #define FT_NF4_FUSED_ALIGN 64
+/* Most rows for which lm_head_logits_bf16 equals lm_head_logits bit for bit (a decode step's
+ * head: one row per sequence decoded). */
+#define FT_LM_HEAD_BF16_ROWS 16
 
 /* An NF4 tensor with double quantization in backend memory: bitsandbytes' layout and
  * arithmetic (src/model/nf4.h, formats.md 5): codes (n + 1) / 2 bytes, first element in the
@@ -229,6 +232,16 @@ typedef struct ft_backend_ops {
     /* logits (T, V) = x (T, C) W^T, for eval/generation/tests on small T. */
     int (*lm_head_logits)(ft_backend *be, float *logits, const float *x, const float *W,
                           int64_t T, int64_t C, int64_t V);
+    /* lm_head_logits with W (V, C) stored as bf16 (FT_W_BF16's uint16_t, widened to fp32
+     * exactly), as a pack keeps the LM head (offload/pack.h): half the bytes a decoded token
+     * reads. For T <= FT_LM_HEAD_BF16_ROWS the logits are bit for bit lm_head_logits' on the
+     * widened W (the CPU: both run kernels/cpu/rows_f32.h's few-rows kernel, the same sums);
+     * for more rows each row is still that kernel's (a row's logits do not depend on T), where
+     * lm_head_logits switches to a GEMM, so callers wanting lm_head_logits' bits keep to
+     * FT_LM_HEAD_BF16_ROWS. NULL on backends without it (CUDA, the cpu-device mode): callers
+     * check, and read an fp32 W through lm_head_logits instead. */
+    int (*lm_head_logits_bf16)(ft_backend *be, float *logits, const float *x, const uint16_t *W,
+                               int64_t T, int64_t C, int64_t V);
 
     /* ---- optimizer ---------------------------------------------------------------- */
     /* AdamW (Loshchilov & Hutter 2019, decoupled weight decay, as torch.optim.AdamW):

@@ -188,6 +188,8 @@ void ft_exec_free(ft_exec *e)
         e->be->ops->free(e->be, e->arena);
         e->be->ops->free(e->be, e->layer_f32);
         e->be->ops->free(e->be, e->weights);
+        e->be->ops->free(e->be, e->globals_bf16);
+        e->be->ops->free(e->be, e->globals_f32);
         e->be->ops->free(e->be, e->pack_dev);
         for (int64_t l = 0; e->pack_dir && l < e->m->cfg.num_hidden_layers; l++) free(e->pack_dir[l]);
         free(e->pack_dir);
@@ -366,16 +368,47 @@ static int gen_layer(void *ctx, int64_t l, int64_t n, const ft_layer_weights **w
 static int gen_begin(void *e) { return ft_exec_begin_op(e, 0); }
 static int gen_end(void *e) { return ft_exec_op_end(e); }
 
-/* The rows of n ids gathered from the pack, T_max at a time (the gather's host buffer). */
+/* The embedding rows of n ids (host) into out (n, C): with globals_lazy the bf16 table's rows
+ * widened (exact: the fp32 table's values), or once the fp32 table is read, embedding_fwd on
+ * it (host memory: ids in place); on a device, gathered from the pack T_max at a time (the
+ * gather's host buffer). */
 static int gen_embed_rows(void *ctx, const int32_t *ids, int64_t n, float *out)
 {
     ft_exec *e = ctx;
-    const int64_t C = e->m->cfg.hidden_size;
+    const int64_t C = e->m->cfg.hidden_size, V = e->m->cfg.vocab_size;
+    if (e->embed_bf16) {
+        for (int64_t i = 0; i < n; i++) {
+            if (ids[i] < 0 || ids[i] >= V)
+                return ft_err(FT_E_INVALID, "generate: token %lld has id %d, expected 0..%lld",
+                              (long long)i, ids[i], (long long)V - 1);
+            const uint16_t *r = e->embed_bf16 + (int64_t)ids[i] * C;
+            for (int64_t c = 0; c < C; c++) {
+                const uint32_t u = (uint32_t)r[c] << 16;
+                memcpy(&out[i * C + c], &u, 4);
+            }
+        }
+        return 0;
+    }
+    if (e->embed) return e->be->ops->embedding_fwd(e->be, out, ids, e->embed, n, C, V);
     for (int64_t i = 0; i < n; i += e->T_max) {
         int64_t k = n - i < e->T_max ? n - i : e->T_max;
         FT_TRY(ft_exec_embed_from_pack(e, ids + i, k, out + i * C));
     }
     return 0;
+}
+
+/* The LM head of a globals_lazy executor: logits (rows, V) = x (rows, C) W^T, W the bf16 table
+ * through lm_head_logits_bf16 for at most FT_LM_HEAD_BF16_ROWS rows (lm_head_logits' bits), else
+ * the fp32 table (read from the pack at the first such call) through lm_head_logits. */
+static int gen_head(void *ctx, float *logits, const float *x, int64_t rows)
+{
+    ft_exec *e = ctx;
+    ft_backend *be = e->be;
+    const int64_t C = e->m->cfg.hidden_size, V = e->m->cfg.vocab_size;
+    if (e->lm_head_bf16 && be->ops->lm_head_logits_bf16 && rows <= FT_LM_HEAD_BF16_ROWS)
+        return be->ops->lm_head_logits_bf16(be, logits, x, e->lm_head_bf16, rows, C, V);
+    FT_TRY(ft_exec_globals_f32(e));
+    return be->ops->lm_head_logits(be, logits, x, e->lm_head, rows, C, V);
 }
 
 int ft_exec_gen_source(ft_exec *e, ft_gen_source *s)
@@ -386,6 +419,7 @@ int ft_exec_gen_source(ft_exec *e, ft_gen_source *s)
                       "pack (ft_exec_use_pack first)");
     *s = (ft_gen_source){e, gen_begin, gen_layer, gen_end, e->embed ? NULL : gen_embed_rows,
                          e->embed, e->final_norm, e->lm_head};
+    if (e->globals_lazy && !e->lm_head) s->head = gen_head; /* lm_head NULL: the bf16 table */
     return 0;
 }
 
@@ -461,6 +495,7 @@ static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t s
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     int64_t st = ck_stride(e);
+    FT_TRY(ft_exec_globals_f32(e)); /* a pack-only model on the host: its fp32 tables, once */
     for (int64_t mb = 0; mb < n_mb; mb++) FT_TRY(upload(e, &mbs[mb], mb));
     if (e->ckt) ft_ckpt_tier_begin(e, mbs, n_mb, train);
     float *x0;

@@ -125,6 +125,19 @@ typedef struct ft_exec {
     double disk_seconds;        /* seconds the disk was busy reading streamed blocks (overlapping reads counted once) */
     int32_t *ids_host;          /* pack-only models: token ids for the host embedding gather */
     float *embed_host;          /* pinned T_max * C floats */
+    /* A pack-only model on a host-memory backend whose table has lm_head_logits_bf16
+     * (ft_exec_globals_from_pack; not with FTUNE_GEN_HEAD=f32): globals_lazy = 1, and the
+     * embeddings and LM head are kept as the pack stores them, bf16 (V, C) each (one table
+     * when tied) in globals_bf16, for generation (ft_exec_gen_source: the head through
+     * lm_head_logits_bf16, the embedding rows widened). embed and lm_head stay NULL until the
+     * first operation that reads them in fp32 (a training step, eval, logits, a generation
+     * head of more than FT_LM_HEAD_BF16_ROWS rows) calls ft_exec_globals_f32, which frees
+     * the bf16 copy and reads the fp32 tables from the pack into globals_f32, the values the
+     * executor held before (bf16 widened exactly). weights_bytes counts them in fp32. */
+    int globals_lazy;
+    uint16_t *globals_bf16;     /* backend (host) memory; embed_bf16, lm_head_bf16 point into it */
+    const uint16_t *embed_bf16, *lm_head_bf16;
+    float *globals_f32;         /* backend memory, the fp32 tables once read, or NULL */
     struct ft_disk_prefetch *dpf; /* disk tier read-ahead (offload/prefetch.c), NULL if unused */
     struct ft_ckpt_tier *ckt;   /* layer-input checkpoints in host memory (offload/ckpt.c), NULL: on the device */
     struct ft_timeline *tl;     /* when set, spans of each operation are recorded (tiers.c) */
@@ -309,7 +322,13 @@ int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
  * instead of a dequantized fp32 copy written and read back), equal to the dequantized product
  * up to fp32 rounding; visits of more than 8 tokens (a prefill of a longer prompt) dequantize
  * as training does, so their logits are ft_exec_logits' bit for bit; an untied pack-only
- * model on a device gathers its embedding rows from the pack (e->T_max at a time). None of the
+ * model on a device gathers its embedding rows from the pack (e->T_max at a time). A
+ * pack-only model on the host (globals_lazy) is read in bf16 as the pack stores it: the
+ * embedding rows widened (exact), and the LM head through the source's head(): for at most
+ * FT_LM_HEAD_BF16_ROWS logit rows lm_head_logits_bf16, bit for bit lm_head_logits on the fp32
+ * table at half the bytes; for more rows the fp32 table, read from the pack at the first such
+ * head (ft_exec_globals_f32), so every logit is the one the fp32 table gives. FTUNE_GEN_HEAD=f32
+ * in the environment (tests) keeps the fp32 tables from the start, as before. None of the
  * executor's activation memory is used, so an executor of a small T_max serves forwards of
  * any length. s keeps e by pointer. Returns 0, or FT_E_INVALID when e has neither placed
  * weights nor a pack. */

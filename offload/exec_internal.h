@@ -39,8 +39,15 @@ int ft_exec_free_keeping_err(ft_exec *e, int rc);
  * (-1 when not recording), end closes it. */
 int ft_exec_tl_begin(ft_exec *e, int lane, int kind, int64_t layer);
 void ft_exec_tl_end(ft_exec *e, int mark);
-/* Pack-only models (no host weights): the global tensors from the pack (tiers.c). */
+/* Pack-only models (no host weights): the global tensors from the pack (tiers.c); on a
+ * host-memory backend with lm_head_logits_bf16 the embeddings and LM head in bf16 (exec.h
+ * globals_lazy). */
 int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack);
+/* The fp32 embeddings and LM head for the readers that take them (training and eval heads,
+ * logits, the embedding gather, a generation head of many rows): with globals_lazy and no fp32
+ * tables yet, frees the bf16 copy and reads them from e->pack (tiers.c); else nothing.
+ * Returns 0, -ENOMEM or a pack read error (then still without them: a later call retries). */
+int ft_exec_globals_f32(ft_exec *e);
 /* Bytes of the bf16 staging one layer's projections are dequantized into on backend be
  * (tiers.c; the projections the fused NF4 GEMM takes need none). */
 size_t ft_exec_staging_bytes(const ft_model *m, const ft_pack_file *pack, int nf4_fused);

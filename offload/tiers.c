@@ -168,29 +168,102 @@ size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, cons
     return total;
 }
 
+/* Rows [0, V) of the (V, C) global tensor `role` as fp32 into dst (backend memory): straight
+ * in on a host-memory backend (buf NULL), else in chunks of `rows` rows through the host
+ * buffer buf. */
+static int read_table_f32(ft_exec *e, ft_pack_file *pack, int role, float *dst, float *buf,
+                          int64_t rows)
+{
+    ft_backend *be = e->be;
+    const int64_t C = e->m->cfg.hidden_size, V = e->m->cfg.vocab_size;
+    int rc = 0;
+    for (int64_t r = 0; r < V && !rc; r += rows) {
+        int64_t k = V - r < rows ? V - r : rows;
+        if (!buf) {
+            rc = ft_pack_read_global(pack, role, r, k, dst + r * C);
+        } else {
+            rc = ft_pack_read_global(pack, role, r, k, buf);
+            if (!rc) rc = be->ops->copy(be, dst + r * C, buf, (size_t)(k * C) * sizeof(float));
+        }
+    }
+    return rc;
+}
+
+/* Rows [0, V) of the (V, C) global tensor `role` (stored BF16) as bf16 into dst (host memory):
+ * read widened (ft_pack_read_global) in chunks through buf (rows * C floats) and narrowed back,
+ * exact (the low 16 bits of a widened bf16 are 0). */
+static int read_table_bf16(ft_exec *e, ft_pack_file *pack, int role, uint16_t *dst, float *buf,
+                           int64_t rows)
+{
+    const int64_t C = e->m->cfg.hidden_size, V = e->m->cfg.vocab_size;
+    for (int64_t r = 0; r < V; r += rows) {
+        const int64_t k = V - r < rows ? V - r : rows, n = k * C;
+        FT_TRY(ft_pack_read_global(pack, role, r, k, buf));
+        uint16_t *to = dst + r * C;
+#pragma omp parallel for schedule(static) if (n > 262144)
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &buf[i], 4);
+            to[i] = (uint16_t)(u >> 16);
+        }
+    }
+    return 0;
+}
+
+/* 1 when a pack-only model's embeddings and LM head stay in bf16 on backend be (exec.h
+ * globals_lazy): a host-memory backend with lm_head_logits_bf16, unless FTUNE_GEN_HEAD=f32. */
+static int globals_in_bf16(const ft_backend *be)
+{
+    const char *v = getenv("FTUNE_GEN_HEAD");
+    return be->ops->host_memory && be->ops->lm_head_logits_bf16 && !(v && !strcmp(v, "f32"));
+}
+
 /* The global tensors of a pack-only model: final norm and LM head into device memory in row
  * chunks through one host buffer (tied: the LM head is the embedding table, which the
  * embeddings then read on the device too); an untied model's embeddings stay in the file
  * (gathered per token, ft_exec_embed_from_pack). On a host-memory backend everything goes
- * into host memory, embeddings included. */
+ * into host memory, embeddings included: in bf16 as the pack stores them (globals_lazy, with
+ * lm_head_logits_bf16), or in fp32 (FTUNE_GEN_HEAD=f32, or a backend without it). */
 int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
 {
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     int64_t C = c->hidden_size, V = c->vocab_size;
-    int host = be->ops->host_memory, untied = ft_exec_untied(e->m);
+    int host = be->ops->host_memory, untied = ft_exec_untied(e->m), lazy = globals_in_bf16(be);
     /* a table in the backend's memory per role read: the LM head (untied) and the embeddings
      * (host memory, or a tied model's on a device) */
     int has_head = untied, has_emb = host || !untied;
     size_t n = (size_t)(C + 16) + (size_t)(has_head + has_emb) * (size_t)(V * C);
-    e->weights_bytes = n * sizeof(float);
-    e->weights = be->ops->alloc(be, e->weights_bytes);
+    e->weights_bytes = n * sizeof(float); /* with globals_lazy: once read in fp32 */
+    if (lazy) n = (size_t)(C + 16);       /* the final norm only; the tables in bf16 below */
+    e->weights = be->ops->alloc(be, n * sizeof(float));
     if (!e->weights)
         return ft_err(-ENOMEM, "out of %s memory for the LM head and final norm (%.2f GiB)",
-                      be->ops->name, e->weights_bytes / 1073741824.0);
+                      be->ops->name, n * sizeof(float) / 1073741824.0);
     float *p = e->weights;
     float *fnorm = ft_exec_carve(&p, C);
     e->final_norm = fnorm;
+    if (lazy) {
+        /* bf16 values per table, each table 64-byte aligned */
+        const size_t tab = ((size_t)(V * C) + 31) & ~(size_t)31;
+        e->globals_bf16 = be->ops->alloc(be, (size_t)(has_head + 1) * tab * sizeof(uint16_t));
+        int64_t rows = (int64_t)((1u << 20) / (size_t)(C > 0 ? C : 1));
+        if (rows < 1) rows = 1;
+        float *buf = malloc((size_t)(rows * C) * sizeof(float)); /* 4 MiB of rows at a time */
+        int rc = e->globals_bf16 && buf ? 0
+                 : ft_err(-ENOMEM, "out of memory for the embeddings and LM head in bf16 (%.2f GiB)",
+                          (has_head + 1) * tab * 2.0 / 1073741824.0);
+        if (!rc) rc = ft_pack_read_global(pack, FT_PACK_ROLE_FINAL_NORM, 0, C, fnorm);
+        if (!rc) rc = read_table_bf16(e, pack, FT_PACK_ROLE_EMBED, e->globals_bf16, buf, rows);
+        if (!rc && has_head)
+            rc = read_table_bf16(e, pack, FT_PACK_ROLE_LM_HEAD, e->globals_bf16 + tab, buf, rows);
+        free(buf);
+        if (rc) return rc;
+        e->globals_lazy = 1;
+        e->embed_bf16 = e->globals_bf16;
+        e->lm_head_bf16 = untied ? e->globals_bf16 + tab : e->globals_bf16;
+        return 0;
+    }
     float *head = has_head ? ft_exec_carve(&p, V * C) : NULL;
     float *emb = has_emb ? ft_exec_carve(&p, V * C) : NULL;
     int64_t rows = (int64_t)((64u << 20) / (size_t)(C * 4));
@@ -201,20 +274,8 @@ int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
     if (host) rc = ft_pack_read_global(pack, FT_PACK_ROLE_FINAL_NORM, 0, C, fnorm);
     else rc = ft_pack_read_global(pack, FT_PACK_ROLE_FINAL_NORM, 0, C, buf);
     if (!rc && !host) rc = be->ops->copy(be, fnorm, buf, (size_t)C * sizeof(float));
-    for (int which = 0; which < 2 && !rc; which++) {
-        float *dst = which ? emb : head;
-        int role = which ? FT_PACK_ROLE_EMBED : FT_PACK_ROLE_LM_HEAD;
-        if (!dst) continue;
-        for (int64_t r = 0; r < V && !rc; r += rows) {
-            int64_t k = V - r < rows ? V - r : rows;
-            if (host) {
-                rc = ft_pack_read_global(pack, role, r, k, dst + r * C);
-            } else {
-                rc = ft_pack_read_global(pack, role, r, k, buf);
-                if (!rc) rc = be->ops->copy(be, dst + r * C, buf, (size_t)(k * C) * sizeof(float));
-            }
-        }
-    }
+    if (!rc && head) rc = read_table_f32(e, pack, FT_PACK_ROLE_LM_HEAD, head, buf, rows);
+    if (!rc && emb) rc = read_table_f32(e, pack, FT_PACK_ROLE_EMBED, emb, buf, rows);
     free(buf);
     if (rc) return rc;
     e->embed = emb;
@@ -225,6 +286,32 @@ int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
         if (!e->ids_host || !e->embed_host)
             return ft_err(-ENOMEM, "out of host memory for the embedding gather");
     }
+    return 0;
+}
+
+int ft_exec_globals_f32(ft_exec *e)
+{
+    if (!e->globals_lazy || e->lm_head) return 0;
+    ft_backend *be = e->be;
+    const int64_t C = e->m->cfg.hidden_size, V = e->m->cfg.vocab_size;
+    const int untied = ft_exec_untied(e->m);
+    be->ops->free(be, e->globals_bf16); /* first: the host never holds both */
+    e->globals_bf16 = NULL;
+    e->embed_bf16 = e->lm_head_bf16 = NULL;
+    float *p = e->globals_f32;
+    if (!p) /* kept when a read below fails: a later call retries into it */
+        p = e->globals_f32 =
+            be->ops->alloc(be, (size_t)(1 + untied) * (size_t)(V * C + 16) * sizeof(float));
+    if (!p)
+        return ft_err(-ENOMEM, "out of %s memory for the embeddings and LM head in fp32 (%.2f GiB)",
+                      be->ops->name, (1 + untied) * (double)(V * C) * 4.0 / 1073741824.0);
+    /* the layout and reads of ft_exec_globals_from_pack's fp32 tables: head (untied), embeddings */
+    float *head = untied ? ft_exec_carve(&p, V * C) : NULL;
+    float *emb = ft_exec_carve(&p, V * C);
+    if (head) FT_TRY(read_table_f32(e, e->pack, FT_PACK_ROLE_LM_HEAD, head, NULL, V));
+    FT_TRY(read_table_f32(e, e->pack, FT_PACK_ROLE_EMBED, emb, NULL, V));
+    e->embed = emb;
+    e->lm_head = untied ? head : emb;
     return 0;
 }
 

@@ -279,6 +279,19 @@ static int cpu_lm_head_logits(ft_backend *be, float *logits, const float *x, con
     return ft_cpu_lm_head_logits_f32(logits, x, W, T, C, V);
 }
 
+/* lm_head_logits_bf16 equals lm_head_logits up to the rows the latter runs the few-rows kernel for */
+_Static_assert(FT_LM_HEAD_BF16_ROWS == FT_CPU_ROWS_F32_MAX, "FT_LM_HEAD_BF16_ROWS != FT_CPU_ROWS_F32_MAX");
+
+/* A bf16 W (kernels.h): the few-rows kernel for every T, reading W at 2 bytes a weight; up to
+ * FT_CPU_ROWS_F32_MAX rows these are cpu_lm_head_logits' bits (the same kernel, W widened as it
+ * is loaded). */
+static int cpu_lm_head_logits_bf16(ft_backend *be, float *logits, const float *x, const uint16_t *W,
+                                   int64_t T, int64_t C, int64_t V)
+{
+    (void)be;
+    return ft_cpu_rows_bf16(logits, x, W, T, C, V, FT_ROWS_F32_AUTO);
+}
+
 static int cpu_adamw(ft_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                      float lr, float beta1, float beta2, float eps, float weight_decay,
                      int64_t step)
@@ -399,6 +412,7 @@ static const ft_backend_ops cpu_ops = {
     .noise_uniform_add = cpu_noise_uniform_add,
     .lm_head_ce = cpu_lm_head_ce,
     .lm_head_logits = cpu_lm_head_logits,
+    .lm_head_logits_bf16 = cpu_lm_head_logits_bf16,
     .adamw = cpu_adamw,
     .attention_kv_fwd = cpu_attention_kv_fwd,
     .host_register = cpu_host_register,
@@ -845,6 +859,7 @@ int ft_backend_cpu_device_init(ft_backend **out, int n_threads)
     ctx->dev_ops.linear_fwd = cpu_dev_linear_fwd;
     ctx->dev_ops.linear_bwd_x = cpu_dev_linear_bwd_x;
     ctx->dev_ops.dequant_nf4 = cpu_dev_dequant_nf4;
+    ctx->dev_ops.lm_head_logits_bf16 = NULL; /* as on CUDA: a device's heads are fp32 */
     ctx->dev_ops.event_record = cpu_dev_event_record;
     ctx->dev_ops.event_elapsed = cpu_dev_event_elapsed;
     ctx->dev_ops.alloc = cpu_dev_alloc;

@@ -1,7 +1,7 @@
-/* rows_f32.h - the CPU product of a few activation rows with a wide fp32 weight, each weight
- * row read once for all of them: the LM head of a decode step (one row per sequence decoded),
- * where OpenBLAS's sgemm packs the whole (V, C) weight for every call (2.5-3x slower on the
- * 2-core VM, see rows_f32.c). Body: rows_f32.c. */
+/* rows_f32.h - the CPU product of a few activation rows with a wide fp32 or bf16 weight, each
+ * weight row read once for all of them: the LM head of a decode step (one row per sequence
+ * decoded), where OpenBLAS's sgemm packs the whole (V, C) weight for every call (2.5-3x slower
+ * on the 2-core VM, see rows_f32.c). Body: rows_f32.c. */
 #ifndef FT_CPU_ROWS_F32_H
 #define FT_CPU_ROWS_F32_H
 
@@ -22,5 +22,12 @@ enum { FT_ROWS_F32_AUTO = 0, FT_ROWS_F32_PORTABLE = 1, FT_ROWS_F32_AVX2 = 2 };
  * FT_E_UNSUPPORTED (FT_ROWS_F32_AVX2 on a CPU without it). */
 int ft_cpu_rows_f32(float *y, const float *x, const float *W, int64_t T, int64_t C, int64_t V,
                     int path);
+
+/* ft_cpu_rows_f32 with W (V, C) stored as bf16 (uint16_t: the upper half of the fp32 bits, as
+ * kernels.h FT_W_BF16), each weight widened to fp32 where it is loaded (exact), with the same
+ * sums in the same order: y is bit for bit ft_cpu_rows_f32's on the widened W (same path),
+ * reading 2 bytes a weight instead of 4 (the CPU's lm_head_logits_bf16). Same returns. */
+int ft_cpu_rows_bf16(float *y, const float *x, const uint16_t *W, int64_t T, int64_t C, int64_t V,
+                     int path);
 
 #endif

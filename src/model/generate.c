@@ -93,7 +93,8 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
 {
     memset(g, 0, sizeof *g);
     if (!be || !m) return ft_err(FT_E_INVALID, "generate: no backend or model");
-    if (src && (!src->layer || !src->final_norm || !src->lm_head || (!src->embed && !src->embed_rows)))
+    if (src && (!src->layer || !src->final_norm || (!src->lm_head && !src->head) ||
+                (!src->embed && !src->embed_rows)))
         return ft_err(FT_E_INVALID, "generate: the weight source lacks its layers, final norm, "
                       "LM head or embeddings");
     if (ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 || chunk_max > ctx_max ||
@@ -428,7 +429,10 @@ static int forward_rows(ft_gen *g, const gen_rows *rw, const int32_t *ids, int64
     FT_TRY(rc);
     FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x + (n - rows) * C, g->final_norm, rows, C,
                           c->rms_norm_eps));
-    FT_TRY(o->lm_head_logits(be, g->logits, g->xn, g->lm_head, rows, C, V));
+    if (g->src && g->src->head) /* e.g. a pack's bf16 table (offload/exec.c gen_head) */
+        FT_TRY(g->src->head(g->src->ctx, g->logits, g->xn, rows));
+    else
+        FT_TRY(o->lm_head_logits(be, g->logits, g->xn, g->lm_head, rows, C, V));
     return o->copy(be, logits, g->logits, (size_t)(rows * V) * sizeof(float));
 }
 

@@ -56,7 +56,8 @@ typedef struct ft_gen {
     /* The weights as the backend reads them: the model's host arrays on a host-memory backend
      * (CPU); with a source (ft_gen_init_source, needed on a device backend) the layers come
      * from it per visit instead (layers NULL), and xd is linear_fwd's scratch,
-     * chunk_max * max(C, H*D, F) floats. */
+     * chunk_max * max(C, H*D, F) floats. lm_head is NULL when the source computes the head
+     * (ft_gen_source.head). */
     const ft_layer_weights *layers;
     const float *embed, *final_norm, *lm_head;
     const struct ft_gen_source *src;
@@ -71,7 +72,10 @@ typedef struct ft_gen {
  *     wtype the backend's linear_fwd takes: fp32, bf16, NF4; a source may choose by n), valid
  *     until the next call;
  *   embed: the (V, C) table, or NULL: embed_rows(ctx, ids (host), n, out (n, C)) gathers;
- *   final_norm (C), lm_head (V, C). */
+ *   final_norm (C), lm_head (V, C) fp32 for lm_head_logits, or NULL when head is set:
+ *   head(ctx, logits (rows, V), x (rows, C), rows): the LM head computed by the source (may be
+ *     NULL; when set, every forward's logits come from it), e.g. over a bf16 table
+ *     (lm_head_logits_bf16: an executor on a pack on the CPU). */
 typedef struct ft_gen_source {
     void *ctx;
     int (*begin)(void *ctx);
@@ -79,6 +83,7 @@ typedef struct ft_gen_source {
     int (*end)(void *ctx);
     int (*embed_rows)(void *ctx, const int32_t *ids, int64_t n, float *out);
     const float *embed, *final_norm, *lm_head;
+    int (*head)(void *ctx, float *logits, const float *x, int64_t rows);
 } ft_gen_source;
 
 /* Plans and allocates (one backend allocation) a cache of ctx_max tokens and buffers for
