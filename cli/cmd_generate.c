@@ -44,6 +44,26 @@
  * record's settings and draws (one ft_sampler, its cfg and PRNG swapped per slot), and keeps
  * the ids it holds when any record has a repetition penalty.
  *
+ * --chat holds a conversation (gen_chat.c): each line of standard input is a user turn (a
+ * line ending in a backslash goes on with the next one, the backslash becoming a newline),
+ * each reply streams to stdout as --prompt's does (a newline after it; an empty reply is an
+ * empty line), and one line of statistics per turn goes to stderr ("turn N: P prompt tokens
+ * (C from the cache, ...); R reply tokens ... tok/s; stop: ...", none with --quiet); "> " is
+ * printed on stderr when standard input is a terminal. Commands: /exit (or end of input)
+ * quits with 0, /reset starts a new conversation (the --system message kept), /help lists
+ * them, another /word is refused with a message, and "//text" sends "/text". Each turn renders
+ * the whole conversation as a --prompts record {"messages": [...]} with the same turns (so
+ * its ids, and its greedy reply, are that record's), then prefills only the tokens after the
+ * longest common prefix with what the KV cache holds (ft_gen_truncate_slot), as llama.cpp's
+ * conversation mode does. The cache is sized once for --ctx-size tokens (default the model's
+ * max_position_embeddings, at most 4096); when a turn's prompt + --max-new-tokens would not
+ * fit, the oldest user/assistant exchanges are dropped (said on stderr; the system message
+ * kept), and a message too long alone is refused while the chat goes on. One sampler serves
+ * the whole chat (--seed, else the clock's, printed once); --repetition-penalty sees every
+ * id of the conversation. SIGINT during a reply ends it (what was generated stays in the
+ * conversation) and returns to the prompt; SIGINT at the prompt quits (exit 130). --chat
+ * does not go with --prompt, --prompts, --raw, --json, --out or --batch (exit 2).
+ *
  * --quant nf4 generates on the base a QLoRA adapter was trained on: the model's NF4 pack
  * (built or reused under --cache-dir, as `ftune train --quant nf4` and `ftune eval --quant
  * nf4`), with the run's --quant-correction when the adapter's run had one, and no fp32 copy of
@@ -91,43 +111,48 @@ static int opt_template(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
-/* The reply to prompt ids[0..n) from an empty cache, sampling with `seed`; streamed to stdout
- * when stream = 1. */
-static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, uint64_t seed,
-                   int stream, gen_result *r)
+/* gen_env.h: the reply to ids[0..n), the cache already holding ids[0..keep). */
+int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int64_t keep, int stream,
+              const volatile sig_atomic_t *stop, gen_result *r)
 {
     memset(r, 0, sizeof *r);
     r->prompt_ids = ids;
     r->n_prompt = n;
+    r->n_cached = keep;
     r->out_ids = e->out_ids;
-    ft_gen_reset(&e->g);
-    ft_sampler_reseed(&e->smp, seed);
+    if (keep < 0 || keep >= n)
+        return ft_err(FT_E_INVALID, "generate: %lld cached tokens of a %lld-token prompt", (long long)keep,
+                      (long long)n);
     ft_sample_seen *seen = e->seen; /* slot 0's; NULL without --repetition-penalty */
     if (seen) {
         ft_sample_seen_clear(seen);
         ft_sample_seen_add(seen, ids, n); /* the prompt's ids are penalised too */
     }
+    ft_sample_counts *cnt = e->cnt.count ? &e->cnt : NULL; /* the reply's ids only */
+    if (cnt) ft_sample_counts_clear(cnt);
     ft_stop_text st; /* streamed text and --stop */
     ft_stop_text_init(&st, e->tok);
     const int use_st = stream || o->stop.n > 0;
     /* RoPE as a cache sized for this prompt alone would have it (dynamic NTK scaling) */
-    int rc = ft_gen_set_rope_len(&e->g, n + o->max_new);
+    int rc = ft_gen_truncate_slot(&e->g, 0, keep);
+    if (!rc) rc = ft_gen_set_rope_len(&e->g, n + o->max_new);
     const int64_t chunk = e->g.chunk_max;
 
-    /* prefill, in chunks of at most `chunk` tokens */
+    /* prefill of what the cache lacks, in chunks of at most `chunk` tokens */
     double t0 = gen_now_s();
-    for (int64_t i = 0; !rc && i < n; i += chunk) {
+    for (int64_t i = keep; !rc && i < n && !(stop && *stop); i += chunk) {
         int64_t k = n - i < chunk ? n - i : chunk;
         rc = ft_gen_forward(&e->g, ids + i, k, e->logits, 1);
     }
     r->prefill_s = gen_now_s() - t0;
+    if (!rc && stop && *stop) r->interrupted = 1;
 
     /* decode */
     int last_nl = 1;
     t0 = gen_now_s();
-    while (!rc && r->n_out < o->max_new) {
+    while (!rc && !r->interrupted && r->n_out < o->max_new) {
         int32_t t;
-        rc = ft_sample_next_seen(&e->smp, e->logits, seen, &t);
+        rc = ft_sample_next_pen(&e->smp, e->logits, seen, cnt, &t);
         if (rc) break;
         if (gen_is_stop(e, t)) {
             r->stop = GEN_STOP_TOKEN;
@@ -135,10 +160,12 @@ static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n,
         }
         e->out_ids[r->n_out++] = t;
         if (seen) ft_sample_seen_add(seen, &t, 1);
+        if (cnt) ft_sample_counts_add(cnt, &t, 1);
         if (use_st) rc = ft_stop_text_push(&st, o->stop.v, o->stop.n, t);
         if (!rc && stream) gen_show_text(&st, &o->stop, 0, &last_nl);
         if (!rc && st.hit >= 0) break;
-        if (!rc && r->n_out < o->max_new) {
+        if (!rc && stop && *stop) r->interrupted = 1;
+        else if (!rc && r->n_out < o->max_new) {
             rc = ft_gen_forward(&e->g, &t, 1, e->logits, 1);
             r->n_decode++;
         }
@@ -158,6 +185,15 @@ static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n,
     if (!rc) rc = o->stop.n ? ft_stop_text_take(&st, &r->text) : ft_tok_decode(e->tok, e->out_ids, r->n_out, 1, &r->text);
     ft_stop_text_free(&st);
     return rc;
+}
+
+/* The reply to prompt ids[0..n) from an empty cache, sampling with `seed`; streamed to stdout
+ * when stream = 1. */
+static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, uint64_t seed,
+                   int stream, gen_result *r)
+{
+    ft_sampler_reseed(&e->smp, seed);
+    return gen_reply(e, o, ids, n, 0, stream, NULL, r);
 }
 
 static void print_json(const gen_opts *o, int tmpl, const gen_result *r)
@@ -228,12 +264,26 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
          "{prompt, system?}, or any conversational record --data reads (messages, sharegpt, alpaca, "
          "prompt/completion lists; a final assistant turn or \"output\": the \"reference\"); an object record "
          "may set its own max_new_tokens (or max_tokens), temperature, top_p, top_k, min_p, "
-         "repetition_penalty, stop (a string or a list) and seed, each replacing the flag for that "
-         "record; one JSON line each: {index, prompt, reply, reference?, prompt_tokens, "
-         "new_tokens, stop, stop_reason?, seconds, seed?}", 0, "FILE"},
+         "repetition_penalty, presence_penalty, frequency_penalty, stop (a string or a list) and seed, "
+         "each replacing the flag for that record (other keys are named in a warning, then ignored); "
+         "one JSON line each: {index, prompt, reply, reference?, prompt_tokens, new_tokens, stop, "
+         "stop_reason?, seconds, seed?}. A file of OpenAI batch requests ({custom_id, method, url: "
+         "/v1/chat/completions or /v1/completions, body}, as OpenAI's Batch API and vLLM's run_batch "
+         "read them) gets the Batch API's output lines instead; settings a request leaves out take "
+         "the flags (greedy by default, not OpenAI's temperature 1)", 0, "FILE"},
+        {"chat", FT_OPT_FLAG, &o->chat, "instead of --prompt: a conversation: each line of standard input "
+         "is a user turn (a line ending in '\\' goes on with the next), each reply streamed to stdout, "
+         "the KV cache kept across turns (only what follows the part of the conversation it already "
+         "holds is prefilled); /reset starts over (--system kept), /exit or end of input quits, /help "
+         "lists the commands; Ctrl-C stops a reply; per-turn statistics on stderr"},
+        {"ctx-size", FT_OPT_INT, &o->ctx_size, "with --chat: the conversation's KV cache in tokens (default: "
+         "the model's max_position_embeddings, at most 4096); when a turn's prompt + --max-new-tokens "
+         "would not fit, the oldest exchanges are dropped (the --system message kept)", 0, "N"},
+        {"quiet", FT_OPT_FLAG, &o->quiet, "with --chat: no per-turn statistics on stderr"},
         {"out", FT_OPT_STR, &o->out, "with --prompts: write the JSON lines to FILE (renamed into place "
          "when complete) instead of stdout", 0, "FILE"},
-        {"system", FT_OPT_STR, &o->system, "a system message before it (with --prompts: for records without one)", 0, "S"},
+        {"system", FT_OPT_STR, &o->system, "a system message before it (with --prompts: for records without one; with --chat: the "
+         "conversation's, kept by /reset)", 0, "S"},
         {"raw", FT_OPT_FLAG, &o->raw, "no chat template: encode --prompt (or a --prompts record: a string or {prompt}) as is (with BOS)"},
         {"chat-template", FT_OPT_FN, &o->tmpl, "llama3|llama3.1|chatml|qwen3|llama2|mistral|zephyr|alpaca|jinja (default: from the tokenizer; jinja: its own template, rendered as transformers does)", opt_template, "NAME"},
         {"no-think", FT_OPT_FLAG, &o->no_think, "qwen3: answer without thinking (the template's enable_thinking=False: "
@@ -247,6 +297,11 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {"repetition-penalty", FT_OPT_FLOAT, &o->rep_penalty, "divide the logit of every token already in the "
          "prompt or the reply by X (a negative logit: multiply), before sampling or the greedy choice "
          "(transformers' repetition_penalty, CTRL; 1: off, the default; > 1 discourages repeats)", 0, "X"},
+        {"presence-penalty", FT_OPT_FLOAT, &o->presence_penalty, "subtract X from the logit of every token "
+         "already in the reply (OpenAI's presence_penalty, applied as vLLM does: after --repetition-penalty, "
+         "over the generated tokens only; -2..2, 0: off, the default)", 0, "X"},
+        {"frequency-penalty", FT_OPT_FLOAT, &o->frequency_penalty, "subtract X times its count in the reply so "
+         "far from each token's logit (OpenAI's frequency_penalty, as vLLM; -2..2, 0: off, the default)", 0, "X"},
         {"stop", FT_OPT_LIST, &o->stop, "end the reply where its text contains STR, the text cut before it "
          "(\"stop\": \"stop_string\", \"stop_reason\": STR); repeat it for up to 16; in --config a string "
          "or a list", 0, "STR"},
@@ -271,12 +326,28 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
     if (ft_session_bad_quant(o->quant)) return 2;
-    if (!o->model || !o->prompt == !o->prompts) {
-        fprintf(stderr, "ftune: generate needs --model and one of --prompt or --prompts (see ftune "
-                "generate --help)\n");
+    if (o->chat && (o->prompt || o->prompts || o->raw || o->json || o->out || o->batch)) {
+        fprintf(stderr, "ftune: generate: --chat reads the conversation from standard input; it does "
+                "not go with %s\n", o->prompt ? "--prompt" : o->prompts ? "--prompts" : o->raw ? "--raw"
+                : o->json ? "--json" : o->out ? "--out" : "--batch");
+        return 2;
+    }
+    if (!o->model || (!o->chat && !o->prompt == !o->prompts)) {
+        fprintf(stderr, "ftune: generate needs --model and one of --prompt, --prompts or --chat (see "
+                "ftune generate --help)\n");
+        return 2;
+    }
+    if (!o->chat && (o->ctx_size || o->quiet)) {
+        fprintf(stderr, "ftune: generate: %s goes with --chat\n", o->ctx_size ? "--ctx-size" : "--quiet");
+        return 2;
+    }
+    if (o->ctx_size < 0 || (o->ctx_size && o->ctx_size <= o->max_new)) {
+        fprintf(stderr, "ftune: generate: --ctx-size %lld: expected more than --max-new-tokens (%lld), "
+                "to leave room for a prompt\n", (long long)o->ctx_size, (long long)o->max_new);
         return 2;
     }
     char model_buf[4096], adapter_buf[4096];
+    o->model_given = o->model;
     if (ft_session_model_path(&o->model, model_buf, sizeof model_buf, 0) ||
         ft_session_hub_path(&o->adapter, adapter_buf, sizeof adapter_buf, 0, "adapter"))
         return 1;
@@ -314,6 +385,12 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
                 (double)o->rep_penalty);
         return 2;
     }
+    if (!(o->presence_penalty >= -2 && o->presence_penalty <= 2) ||
+        !(o->frequency_penalty >= -2 && o->frequency_penalty <= 2)) {
+        fprintf(stderr, "ftune: generate: --presence-penalty %g, --frequency-penalty %g: each expected "
+                "-2..2 (0: off)\n", (double)o->presence_penalty, (double)o->frequency_penalty);
+        return 2;
+    }
     if (!(o->min_p >= 0 && o->min_p <= 1)) {
         fprintf(stderr, "ftune: generate: --min-p %g: expected 0 <= --min-p <= 1 (0: off)\n", (double)o->min_p);
         return 2;
@@ -334,7 +411,7 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     if (o->seed < 0) /* 53 bits: exact in the JSON number */
         o->seed = (int64_t)((((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid()) & ((1ull << 53) - 1));
 
-    rc = o->prompts ? gen_run_batch(o) : run_one(o);
+    rc = o->chat ? gen_run_chat(o) : o->prompts ? gen_run_batch(o) : run_one(o);
     if (rc) fprintf(stderr, "ftune: %s\n", ft_errmsg());
     return rc ? 1 : 0;
 }

@@ -1,11 +1,34 @@
 /* gen_batch.c - `ftune generate --prompts FILE`: every record of FILE answered in one process,
  * up to --batch of them decoded together, each in its own KV cache slot, one JSON line each in
- * record order (see cmd_generate.c's header for the format). */
+ * record order (see cmd_generate.c's header for the format).
+ *
+ * A file of OpenAI batch requests (ft_gen_req_parse: {"custom_id", "method": "POST", "url":
+ * "/v1/chat/completions" | "/v1/completions", "body"}, the input of OpenAI's Batch API and of
+ * vLLM's `python -m vllm.entrypoints.openai.run_batch`) is answered with the Batch API's output
+ * lines (openapi.yaml BatchRequestOutput; vLLM run_batch.py BatchRequestOutput /
+ * BatchResponseData), in input order:
+ *   {"id": "batch_req_H", "custom_id": S, "response": {"status_code": 200, "request_id":
+ *    "req_H", "body": B}, "error": null}
+ * B a chat.completion ({"id": "chatcmpl-H", "object": "chat.completion", "created", "model",
+ * "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}, "logprobs":
+ * null, "finish_reason", "stop_reason"}], "usage"}) or a text_completion ("cmpl-H",
+ * "text_completion", choices[0].text). "model": the --model value as given (a hub id, not its
+ * snapshot path); "created": the Unix time the line was written; H: 16 hex digits hashed from custom_id (FNV-1a 64, then splitmix64's
+ * finalizer), so two runs with the same seed write the same file but for "created" (OpenAI's
+ * and vLLM's ids are random). "finish_reason": "stop" (a stop token or a stop string) or
+ * "length"; "stop_reason" as vLLM's choice has it (vllm/v1/core/sched/utils.py check_stop):
+ * null for the tokenizer's EOS and for "length", the token id for another stop token (the
+ * config's other eos ids, the template's end of turn), the string for a stop string.
+ * "usage": prompt_tokens, completion_tokens (the tokens generated, the stop token included as
+ * vLLM counts it, its output token_ids ending with the EOS (vllm-project/vllm#28185):
+ * new_tokens + 1 when a stop token ended the reply), total_tokens.
+ * A file mixing batch requests and plain records, a repeated custom_id, are refused. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/gen_env.h"
@@ -19,6 +42,7 @@
 typedef struct batch_rec {
     ft_gen_req q;
     char where[300];            /* "FILE: line N" / "FILE: record N" */
+    char at[40];                /* "line N" / "record N" */
     int32_t *ids;
     int64_t n;
     /* its settings: the command line's, replaced by those the record sets (q.params) */
@@ -31,6 +55,8 @@ typedef struct batch_rec {
 typedef struct batch {
     batch_rec *r;
     int64_t n, cap;
+    int api;                    /* FT_GEN_API_NONE: plain records; else OpenAI batch requests */
+    char path[4200];            /* the file as messages name it ("<stdin>" for -) */
 } batch;
 
 static void batch_free(batch *b)
@@ -49,13 +75,15 @@ static void rec_settings(batch_rec *x, const gen_opts *o, int64_t i)
     const ft_gen_params *p = &x->q.params;
     const unsigned set = p->set;
     x->sc = (ft_sample_cfg){o->temperature, o->top_k, o->top_p, ft_gen_record_seed((uint64_t)o->seed, i),
-                            o->rep_penalty, o->min_p};
+                            o->rep_penalty, o->min_p, o->presence_penalty, o->frequency_penalty};
     if (set & FT_GEN_SET_TEMPERATURE) x->sc.temperature = p->temperature;
     if (set & FT_GEN_SET_TOP_K) x->sc.top_k = p->top_k;
     if (set & FT_GEN_SET_TOP_P) x->sc.top_p = p->top_p;
     if (set & FT_GEN_SET_MIN_P) x->sc.min_p = p->min_p;
     if (set & FT_GEN_SET_REP_PENALTY) x->sc.repetition_penalty = p->repetition_penalty;
     if (set & FT_GEN_SET_SEED) x->sc.seed = p->seed;
+    if (set & FT_GEN_SET_PRESENCE) x->sc.presence_penalty = p->presence_penalty;
+    if (set & FT_GEN_SET_FREQUENCY) x->sc.frequency_penalty = p->frequency_penalty;
     x->max_new = set & FT_GEN_SET_MAX_NEW ? p->max_new_tokens : o->max_new;
     x->stop = set & FT_GEN_SET_STOP ? (const char *const *)p->stop : o->stop.v;
     x->n_stop = set & FT_GEN_SET_STOP ? p->n_stop : o->stop.n;
@@ -85,20 +113,128 @@ static int batch_read(batch *b, const gen_opts *o)
             rc = ft_err(FT_E_INVALID, "%s: %s", x->where, rec.err);
             break;
         }
+        if (rs.is_array) snprintf(x->at, sizeof x->at, "record %lld", (long long)rec.loc + 1);
+        else snprintf(x->at, sizeof x->at, "line %lld", (long long)rec.loc);
         rc = ft_gen_req_parse(&x->q, rec.json, o->system, o->raw);
         if (rc) {
             ft_err_prefix(rc, "%s", x->where);
             break;
         }
-        rec_settings(x, o, b->n);
         b->n++;
+        if (b->n == 1) b->api = x->q.api;
+        if ((x->q.api != FT_GEN_API_NONE) != (b->api != FT_GEN_API_NONE)) {
+            rc = ft_err(FT_E_INVALID, "%s: %s in a file of %s (%s is one): a prompts file holds "
+                        "one kind or the other", x->where,
+                        b->api ? "a plain record" : "an OpenAI batch request (it has \"body\")",
+                        b->api ? "OpenAI batch requests" : "plain records", b->r[0].at);
+            break;
+        }
+        rec_settings(x, o, b->n - 1);
     }
+    snprintf(b->path, sizeof b->path, "%s", rs.path ? rs.path : o->prompts);
     if (!rc && k < 0) rc = k;
     if (!rc && b->n == 0)
         rc = ft_err(FT_E_INVALID, "%s: no records (expected JSONL or a JSON array of prompts)",
                     o->prompts);
     ft_records_close(&rs);
     return rc;
+}
+
+/* A record's custom_id and position (batch_unique_ids). */
+typedef struct id_at {
+    const char *id;
+    int64_t i;
+} id_at;
+
+static int cmp_id_at(const void *pa, const void *pb)
+{
+    const id_at *a = pa, *b = pb;
+    int c = strcmp(a->id, b->id);
+    return c ? c : (a->i > b->i) - (a->i < b->i);
+}
+
+/* OpenAI's Batch API and vLLM's run_batch require each custom_id once in a file: the first
+ * record (in file order) that repeats one is refused, naming the first that has it. */
+static int batch_unique_ids(const batch *b)
+{
+    if (b->api == FT_GEN_API_NONE || b->n < 2) return 0;
+    id_at *v = malloc((size_t)b->n * sizeof *v);
+    if (!v) return ft_err(-ENOMEM, "out of memory");
+    for (int64_t i = 0; i < b->n; i++) v[i] = (id_at){b->r[i].q.custom_id, i};
+    qsort(v, (size_t)b->n, sizeof *v, cmp_id_at);
+    int64_t first = -1, later = -1;
+    for (int64_t i = 1, run = 0; i < b->n; i++) {
+        if (strcmp(v[i - 1].id, v[i].id)) {
+            run = i; /* v[run]: the first holder of this id */
+            continue;
+        }
+        if (later < 0 || v[i].i < later) {
+            first = v[run].i;
+            later = v[i].i;
+        }
+    }
+    free(v);
+    if (later < 0) return 0;
+    return ft_err(FT_E_INVALID, "%s: custom_id \"%s\" is also that of %s: the custom_ids of a batch "
+                  "file must be unique (OpenAI's and vLLM's rule)", b->r[later].where,
+                  b->r[later].q.custom_id, b->r[first].at);
+}
+
+/* One unknown key of one record (warn_unknown_keys). */
+typedef struct key_seen {
+    const char *key, *hint;
+    int64_t rec, pos;
+} key_seen;
+
+static int cmp_key_seen(const void *pa, const void *pb)
+{
+    const key_seen *a = pa, *b = pb;
+    int c = strcmp(a->key, b->key);
+    if (c) return c;
+    if (a->rec != b->rec) return a->rec < b->rec ? -1 : 1;
+    return (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+static int cmp_key_first(const void *pa, const void *pb)
+{
+    const key_seen *a = pa, *b = pb;
+    if (a->rec != b->rec) return a->rec < b->rec ? -1 : 1;
+    return (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+/* Most distinct unknown keys named by warn_unknown_keys (the rest are counted). */
+#define WARN_KEYS_MAX 8
+
+/* The keys of the records that ft_gen_req_parse ignores (q.unknown): one stderr warning per
+ * distinct key, in the order they first appear, naming where; a key within edit distance 2
+ * of one ftune reads gets "did you mean". Records often carry ids and metadata: a warning,
+ * not an error. */
+static void warn_unknown_keys(const batch *b)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < b->n; i++) n += b->r[i].q.n_unknown;
+    if (!n) return;
+    key_seen *k = malloc((size_t)n * sizeof *k);
+    if (!k) return; /* only a warning */
+    n = 0;
+    for (int64_t i = 0; i < b->n; i++)
+        for (int64_t j = 0; j < b->r[i].q.n_unknown; j++)
+            k[n++] = (key_seen){b->r[i].q.unknown[j], b->r[i].q.unknown_hint[j], i, j};
+    qsort(k, (size_t)n, sizeof *k, cmp_key_seen);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!m || strcmp(k[m - 1].key, k[i].key)) k[m++] = k[i];
+    qsort(k, (size_t)m, sizeof *k, cmp_key_first);
+    for (int64_t i = 0; i < m && i < WARN_KEYS_MAX; i++) {
+        fprintf(stderr, "ftune: warning: %s: key \"%s\" (first on %s) is not a record field or "
+                "setting ftune reads: ignored", b->path, k[i].key, b->r[k[i].rec].at);
+        if (k[i].hint) fprintf(stderr, "; did you mean \"%s%s\"?", strncmp(k[i].key, "body.", 5) ? "" : "body.", k[i].hint);
+        fputc('\n', stderr);
+    }
+    if (m > WARN_KEYS_MAX)
+        fprintf(stderr, "ftune: warning: %s: %lld more keys that ftune does not read: ignored\n",
+                b->path, (long long)(m - WARN_KEYS_MAX));
+    free(k);
 }
 
 /* The output of --out: FILE.tmp.PID until the run completes. */
@@ -135,9 +271,90 @@ static int out_close(out_file *of, const char *path, int ok)
     return rc;
 }
 
-static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, const gen_result *r,
-                    double seconds)
+/* 16 hex digits of custom_id: FNV-1a 64 (Fowler, Noll, Vo) mixed by splitmix64's finalizer
+ * (Steele et al. 2014), the ids of a batch output line. */
+static void id_hex(const char *s, char out[17])
 {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+/* The Batch API output object of batch request x (see the header). stop_tok: the token that
+ * ended the reply (GEN_STOP_TOKEN), eos the tokenizer's EOS id. NULL when out of memory. */
+static cJSON *batch_line(const gen_opts *o, const batch_rec *x, const gen_result *r, int32_t stop_tok,
+                         int32_t eos)
+{
+    const int chat = x->q.api == FT_GEN_API_CHAT;
+    char h[17], id[64];
+    id_hex(x->q.custom_id, h);
+    cJSON *j = cJSON_CreateObject(), *resp = cJSON_CreateObject(), *body = cJSON_CreateObject();
+    cJSON *choices = cJSON_CreateArray(), *c = cJSON_CreateObject(), *usage = cJSON_CreateObject();
+    if (!j || !resp || !body || !choices || !c || !usage) {
+        cJSON_Delete(j);
+        cJSON_Delete(resp);
+        cJSON_Delete(body);
+        cJSON_Delete(choices);
+        cJSON_Delete(c);
+        cJSON_Delete(usage);
+        return NULL;
+    }
+    snprintf(id, sizeof id, "batch_req_%s", h);
+    cJSON_AddStringToObject(j, "id", id);
+    cJSON_AddStringToObject(j, "custom_id", x->q.custom_id);
+    cJSON_AddItemToObject(j, "response", resp);
+    cJSON_AddNullToObject(j, "error");
+    cJSON_AddNumberToObject(resp, "status_code", 200);
+    snprintf(id, sizeof id, "req_%s", h);
+    cJSON_AddStringToObject(resp, "request_id", id);
+    cJSON_AddItemToObject(resp, "body", body);
+    snprintf(id, sizeof id, "%s%s", chat ? "chatcmpl-" : "cmpl-", h);
+    cJSON_AddStringToObject(body, "id", id);
+    cJSON_AddStringToObject(body, "object", chat ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(body, "created", (double)time(NULL));
+    cJSON_AddStringToObject(body, "model", o->model_given ? o->model_given : o->model);
+    cJSON_AddItemToObject(body, "choices", choices);
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    const char *text = r->text ? r->text : "";
+    if (chat) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text);
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", r->stop == GEN_STOP_LENGTH ? "length" : "stop");
+    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(c, "stop_reason", x->stop[r->stop_str]);
+    else if (r->stop == GEN_STOP_TOKEN && stop_tok != eos) cJSON_AddNumberToObject(c, "stop_reason", stop_tok);
+    else cJSON_AddNullToObject(c, "stop_reason");
+    /* vLLM counts the stop token among the generated ones (its token_ids end with it) */
+    const int64_t done = r->n_out + (r->stop == GEN_STOP_TOKEN);
+    cJSON_AddNumberToObject(usage, "prompt_tokens", (double)r->n_prompt);
+    cJSON_AddNumberToObject(usage, "completion_tokens", (double)done);
+    cJSON_AddNumberToObject(usage, "total_tokens", (double)(r->n_prompt + done));
+    cJSON_AddItemToObject(body, "usage", usage);
+    return j;
+}
+
+/* Writes record i's output line: the Batch API's object for a batch request, else
+ * {index, prompt, reply, ...} (cmd_generate.c's header). */
+static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, const gen_result *r,
+                    double seconds, int32_t stop_tok, int32_t eos)
+{
+    if (x->q.api != FT_GEN_API_NONE) {
+        cJSON *j = batch_line(o, x, r, stop_tok, eos);
+        char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+        cJSON_Delete(j);
+        if (!s) return ft_err(-ENOMEM, "out of memory");
+        int bad = fputs(s, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0;
+        free(s);
+        return bad ? ft_err(-EIO, "%s: write failed: %s", o->out ? o->out : "stdout", strerror(errno)) : 0;
+    }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "index", (double)i);
     cJSON_AddStringToObject(j, "prompt", x->q.user);
@@ -168,6 +385,10 @@ typedef struct slot_run {
     double t0;
     ft_stop_text st;            /* the reply's text, with stop strings */
     ft_sample_seen *seen;       /* the slot's ids (env's seen[k]), with a repetition penalty */
+    ft_sample_counts cnt;       /* the reply's ids counted, for presence / frequency penalties
+                                 * (allocated when a record of the slot first has one) */
+    int use_cnt;                /* 1: the record has one */
+    int32_t stop_tok;           /* the stop token that ended the reply (GEN_STOP_TOKEN) */
 } slot_run;
 
 /* A finished record, held until the records before it are written: its reply decoded when it
@@ -176,6 +397,7 @@ typedef struct done_rec {
     int done;
     gen_result r;               /* r.out_ids NULL */
     double seconds;
+    int32_t stop_tok;           /* slot_run.stop_tok */
 } done_rec;
 
 /* Records slot sr's finished reply in dn[sr->rec] (its text decoded now, or with stop strings
@@ -193,6 +415,7 @@ static int slot_finish(gen_env *e, slot_run *sr, done_rec *dn)
     d->r.out_ids = NULL;
     d->r.text = NULL;
     d->seconds = gen_now_s() - sr->t0;
+    d->stop_tok = sr->stop_tok;
     d->done = 1;
     sr->rec = -1;
     if (!rc) rc = x->n_stop ? ft_stop_text_take(&sr->st, &d->r.text)
@@ -211,17 +434,19 @@ static int slot_advance(gen_env *e, slot_run *sr, const float *logits, int *fin)
     *fin = 0;
     e->smp.cfg = x->sc; /* checked in slot_start; the sampler derives nothing from it */
     e->smp.rng = sr->rng;
-    int rc = ft_sample_next_seen(&e->smp, logits, sr->seen, &t);
+    int rc = ft_sample_next_pen(&e->smp, logits, sr->seen, sr->use_cnt ? &sr->cnt : NULL, &t);
     sr->rng = e->smp.rng;
     if (rc) return rc;
     sr->pending = 0;
     if (gen_is_stop(e, t)) {
         sr->r.stop = GEN_STOP_TOKEN;
+        sr->stop_tok = t;
         *fin = 1;
         return 0;
     }
     ((int32_t *)sr->r.out_ids)[sr->r.n_out++] = t;
     if (sr->seen) ft_sample_seen_add(sr->seen, &t, 1);
+    if (sr->use_cnt) ft_sample_counts_add(&sr->cnt, &t, 1);
     if (x->n_stop) FT_TRY(ft_stop_text_push(&sr->st, x->stop, x->n_stop, t));
     if (sr->st.hit >= 0 || sr->r.n_out >= x->max_new) *fin = 1;
     else sr->next = t, sr->pending = 1;
@@ -248,6 +473,11 @@ static int slot_start(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, i
         ft_sample_seen_clear(sr->seen);
         ft_sample_seen_add(sr->seen, x->ids, x->n); /* the prompt's ids are penalised too */
     }
+    /* OpenAI's penalties count the reply's tokens only */
+    sr->use_cnt = x->sc.presence_penalty != 0 || x->sc.frequency_penalty != 0;
+    if (sr->use_cnt && !sr->cnt.count) FT_TRY(ft_sample_counts_init(&sr->cnt, e->m->cfg.vocab_size));
+    if (sr->cnt.count) ft_sample_counts_clear(&sr->cnt);
+    sr->stop_tok = -1;
     ft_gen_reset_slot(&e->g, k);
     /* RoPE as a cache sized for this prompt alone would have it (dynamic NTK scaling) */
     int rc = ft_gen_set_rope_len_slot(&e->g, k, x->n + x->max_new);
@@ -271,10 +501,12 @@ int gen_run_batch(const gen_opts *o)
     gen_env e;
     memset(&e, 0, sizeof e);
     int tmpl = 0, rc = batch_read(&b, o);
+    if (!rc) rc = batch_unique_ids(&b);
+    if (!rc) warn_unknown_keys(&b);
     if (!rc) rc = out_open(&of, o->out);
     if (!rc) rc = gen_env_open(&e, o);
     gen_need nd = {0, 0, 0, 0};
-    int64_t n_over = 0, over_len = 0, over_new = 0, n_sampled = 0;
+    int64_t n_over = 0, over_len = 0, over_new = 0, n_sampled = 0, n_raw = 0;
     const int64_t maxpos = e.m ? e.m->cfg.max_position_embeddings : 0;
     for (int64_t i = 0; !rc && i < b.n; i++) {
         batch_rec *x = &b.r[i];
@@ -290,6 +522,7 @@ int gen_run_batch(const gen_opts *o)
         if (x->max_new > nd.max_new) nd.max_new = x->max_new;
         nd.seen |= x->sc.repetition_penalty != 1;
         n_sampled += x->sc.temperature > 0 && !(x->q.params.set & FT_GEN_SET_SEED);
+        n_raw += x->q.raw;
         if (maxpos > 0 && x->n + x->max_new > maxpos) {
             if (!n_over++ || x->n + x->max_new > over_len + over_new) {
                 over_len = x->n;
@@ -309,7 +542,7 @@ int gen_run_batch(const gen_opts *o)
     if (!rc) rc = gen_env_plan(&e, o, &nd, tmpl, o->batch < b.n ? o->batch : b.n);
     if (!rc)
         fprintf(stderr, "ftune: %lld prompts from %s (template %s, %lld at a time, KV cache of %lld "
-                "tokens each)\n", (long long)b.n, o->prompts, o->raw ? "raw" : ft_chat_template_name(tmpl),
+                "tokens each)\n", (long long)b.n, o->prompts, n_raw == b.n ? "raw" : ft_chat_template_name(tmpl),
                 (long long)e.slots, (long long)e.g.ctx_max);
     const int64_t V = e.m ? e.m->cfg.vocab_size : 0;
     slot_run *sl = calloc((size_t)(e.slots > 0 ? e.slots : 1), sizeof *sl);
@@ -360,7 +593,8 @@ int gen_run_batch(const gen_opts *o)
         while (!rc && emitted < b.n && dn[emitted].done) {
             done_rec *d = &dn[emitted];
             batch_rec *x = &b.r[emitted];
-            rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, d->seconds);
+            rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, d->seconds, d->stop_tok,
+                          ft_tok_eos(e.tok));
             if (rc) {
                 ft_err_prefix(rc, "%s", x->where);
             } else {
@@ -382,7 +616,10 @@ int gen_run_batch(const gen_opts *o)
                 "steps)%s%s\n", (long long)b.n, (long long)total_new, t, t > 0 ? total_new / t : 0.0,
                 (long long)steps, o->out ? "; wrote " : "", o->out ? o->out : "");
     }
-    for (int64_t k = 0; sl && k < e.slots; k++) ft_stop_text_free(&sl[k].st); /* a run that fails */
+    for (int64_t k = 0; sl && k < e.slots; k++) {
+        ft_stop_text_free(&sl[k].st); /* a run that fails */
+        ft_sample_counts_free(&sl[k].cnt);
+    }
     free(sl);
     for (int64_t i = emitted; dn && i < b.n; i++) free(dn[i].r.text); /* held when a run fails */
     free(dn);

@@ -114,8 +114,10 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
     } else {
         FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, chunk, slots, slots));
     }
-    ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed, o->rep_penalty, o->min_p};
+    ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed, o->rep_penalty, o->min_p,
+                        o->presence_penalty, o->frequency_penalty};
     FT_TRY(ft_sampler_init(&e->smp, &sc, V));
+    if (o->presence_penalty != 0 || o->frequency_penalty != 0) FT_TRY(ft_sample_counts_init(&e->cnt, V));
     if (nd->seen) { /* each sequence's ids, for the penalty */
         e->seen = calloc((size_t)slots, sizeof *e->seen);
         if (!e->seen) return ft_err(-ENOMEM, "out of memory");
@@ -141,6 +143,7 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
 
 void gen_env_close(gen_env *e)
 {
+    ft_sample_counts_free(&e->cnt);
     for (int64_t k = 0; e->seen && k < e->slots; k++) ft_sample_seen_free(&e->seen[k]);
     free(e->seen);
     free(e->logits);

@@ -1,10 +1,12 @@
-/* gen_env.h - what `ftune generate` shares between one --prompt (cmd_generate.c) and a
- * --prompts file decoded in batches (gen_batch.c): the options, the loaded model with its KV
- * caches and sampler (gen_env), a reply, and their helpers. Private to cli/. */
+/* gen_env.h - what `ftune generate` shares between one --prompt (cmd_generate.c), a
+ * --prompts file decoded in batches (gen_batch.c) and a --chat conversation (gen_chat.c): the
+ * options, the loaded model with its KV caches and sampler (gen_env), a reply, and their
+ * helpers. Private to cli/. */
 #ifndef FT_CLI_GEN_ENV_H
 #define FT_CLI_GEN_ENV_H
 
 #include <cjson/cJSON.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,13 +23,17 @@
 
 typedef struct gen_opts {
     const char *model, *adapter, *prompt, *system, *prompts, *out, *quant, *cache_dir;
+    const char *model_given;    /* --model as given (a hub id stays an id; model: the resolved path) */
     int raw, json, tmpl, no_think;
     int64_t max_new, top_k, seed, threads, batch;
     int batch_set;              /* --batch given (else GEN_BATCH_DEFAULT, fitted to a GPU budget) */
     const char *device;         /* --device (NULL: $FTUNE_DEVICE, else auto) */
     int64_t gpu_mem, host_mem;  /* --gpu-mem, --host-mem (0: defaults) */
     float temperature, top_p, min_p, rep_penalty;
+    float presence_penalty, frequency_penalty; /* OpenAI's, over the reply's ids (0: off) */
     ft_str_list stop;           /* --stop strings */
+    int chat, quiet;            /* --chat (stdin lines are user turns), --quiet (no per-turn stats) */
+    int64_t ctx_size;           /* --ctx-size: the chat's KV cache in tokens (0: the default) */
 } gen_opts;
 
 /* What ended a reply. */
@@ -41,6 +47,8 @@ typedef struct gen_result {
     int stop_str;               /* GEN_STOP_STRING: the --stop string that matched */
     double prefill_s, decode_s; /* decode_s covers n_out - 1 forwards (+ sampling) */
     int64_t n_decode;           /* decode forwards */
+    int64_t n_cached;           /* prompt tokens the cache already held (not prefilled) */
+    int interrupted;            /* 1: a stop request (SIGINT in --chat) ended it early */
     char *text;                 /* full decode of out_ids (skip special), malloc'ed */
 } gen_result;
 
@@ -53,6 +61,8 @@ typedef struct gen_env {
                                  * folder that holds only its pack) */
     ft_gen g;
     ft_sampler smp;
+    ft_sample_counts cnt;       /* slot 0's reply ids counted (gen_reply), with --presence-penalty or
+                                 * --frequency-penalty; else unallocated */
     ft_sample_seen *seen;       /* (slots) the ids each sequence holds, with --repetition-penalty;
                                  * else NULL */
     float *logits;              /* (slots, V) host */
@@ -123,6 +133,24 @@ int gen_flags(const gen_opts *o);
 /* --no-think with a template that has no enable_thinking switch: said once, as transformers
  * passes enable_thinking to any template and those ignore it. */
 void gen_warn_no_think(const gen_opts *o, const ft_tokenizer *tok, int tmpl);
+
+/* The reply to prompt ids[0..n) in slot 0, whose cache already holds ids[0..keep) (0 <= keep
+ * < n; 0: an empty cache): the cache is cut back to them (ft_gen_truncate_slot), RoPE set for
+ * n + o->max_new tokens (the caller cuts to 0 when that changes the table of the rows it
+ * keeps), ids[keep..n) prefilled in chunks, then tokens decoded with e->smp as it stands (the
+ * caller seeds it) until a stop token, a --stop string or o->max_new; the repetition penalty
+ * sees ids[0..n) and the reply. Streamed to stdout (whole UTF-8 characters, nothing printed
+ * that a stop string later cuts, a newline at the end unless the text ended one) when stream =
+ * 1. A non-zero *stop (may be NULL; set by a signal handler) ends the prefill or the reply at
+ * the next token, r->interrupted = 1. Afterwards slot 0's cache holds the first e->g.past[0]
+ * tokens of ids followed by r->out_ids. r->text: the reply's text (with --stop, cut before
+ * the string), malloc'ed. Returns 0 or a forward/sampler error (the cache is then empty). */
+int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int64_t keep, int stream,
+              const volatile sig_atomic_t *stop, gen_result *r);
+
+/* --chat: a conversation on stdin (gen_chat.c; see cmd_generate.c's header). Returns 0 (EOF,
+ * /exit) or an error (the message set); a SIGINT at the prompt exits the process with 130. */
+int gen_run_chat(const gen_opts *o);
 
 /* --prompts FILE: every record answered, --batch of them decoded together, one JSON line each
  * (gen_batch.c). Returns 0 or an error (the message set). */

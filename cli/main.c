@@ -16,6 +16,7 @@ static void usage(FILE *f)
         "       ftune tokenize --model M (--text S | --texts FILE | --data FILE)\n"
         "       ftune generate --model M [--adapter DIR] --prompt S        reply (chat template)\n"
         "       ftune generate --model M --prompts F.jsonl [--out R.jsonl]  many prompts, decoded together\n"
+        "       ftune generate --model M [--adapter DIR] --chat            a conversation on stdin\n"
         "       ftune export --adapter DIR --format gguf --out FILE        GGUF LoRA for llama.cpp\n"
         "       ftune merge --model M --adapter DIR --out DIR [--format gguf]  merged model\n"
         "       ftune logits --model M --ids 1,2,3 [--out FILE]            debug: raw logits\n"

@@ -236,6 +236,20 @@ void ft_gen_reset_slot(ft_gen *g, int64_t slot)
     if (slot == 0) g->n_past = 0;
 }
 
+int ft_gen_truncate_slot(ft_gen *g, int64_t slot, int64_t n_keep)
+{
+    if (!g || !g->past) return ft_err(FT_E_INVALID, "generate: not initialised");
+    if (slot < 0 || slot >= g->n_slots)
+        return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)slot,
+                      (long long)g->n_slots - 1);
+    if (n_keep < 0 || n_keep > g->past[slot])
+        return ft_err(FT_E_RANGE, "generate: keep %lld cached tokens of slot %lld, expected 0..%lld",
+                      (long long)n_keep, (long long)slot, (long long)g->past[slot]);
+    g->past[slot] = n_keep; /* attention reads rows [0, past + n) only: the rest is dead */
+    if (slot == 0) g->n_past = n_keep;
+    return 0;
+}
+
 int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len) { return ft_gen_set_rope_len_slot(g, 0, seq_len); }
 
 int ft_gen_set_rope_len_slot(ft_gen *g, int64_t slot, int64_t seq_len)

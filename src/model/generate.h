@@ -125,6 +125,16 @@ size_t ft_gen_source_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_m
 void ft_gen_reset(ft_gen *g);
 void ft_gen_reset_slot(ft_gen *g, int64_t slot);
 
+/* Cuts slot `slot`'s cache back to its first n_keep tokens (positions 0..n_keep-1 kept; the
+ * next forward starts at position n_keep, and the rows beyond are overwritten by it): a
+ * conversation whose next prompt shares those tokens with what the cache holds prefills only
+ * the rest (llama.cpp's common-prefix reuse, llama_memory_seq_rm from n_keep on). n_keep = 0
+ * is ft_gen_reset_slot. The cached k rows carry the RoPE table they were computed with: the
+ * caller keeps it (ft_gen_set_rope_len_slot) or cuts to 0. Returns 0, FT_E_RANGE (a slot
+ * outside 0..n_slots-1, or n_keep outside 0..the tokens it holds; nothing changes),
+ * FT_E_INVALID (g not initialised). */
+int ft_gen_truncate_slot(ft_gen *g, int64_t slot, int64_t n_keep);
+
 /* Recomputes slot 0's (ft_gen_set_rope_len_slot: any slot's) RoPE inverse frequencies for a
  * sequence of seq_len tokens (ft_gen_init uses ctx_max). Only FT_ROPE_DYNAMIC depends on
  * it: a cache sized for several prompts then rotates each one as a cache sized for that
@@ -191,6 +201,8 @@ enum {
     FT_GEN_SET_REP_PENALTY = 1 << 5,
     FT_GEN_SET_STOP = 1 << 6,
     FT_GEN_SET_SEED = 1 << 7,
+    FT_GEN_SET_PRESENCE = 1 << 8,
+    FT_GEN_SET_FREQUENCY = 1 << 9,
 };
 
 /* Generation settings of one prompts-file record, each replacing the command line's for that
@@ -208,7 +220,17 @@ typedef struct ft_gen_params {
     char **stop;                /* n_stop non-empty strings, malloc'ed (an empty list: none) */
     int64_t n_stop;             /* 0..FT_GEN_MAX_STOP_STR */
     uint64_t seed;              /* 0..2^53 - 1: replaces ft_gen_record_seed's */
+    float presence_penalty;     /* [-2, 2]; 0: off (OpenAI's; sample.h) */
+    float frequency_penalty;    /* [-2, 2]; 0: off */
 } ft_gen_params;
+
+/* What a record is: a plain prompt, or an OpenAI batch request (formats: OpenAI's Batch API
+ * input line, openapi.yaml BatchRequestInput; vLLM's run_batch.py) for one of two endpoints. */
+enum {
+    FT_GEN_API_NONE = 0,        /* a plain record */
+    FT_GEN_API_CHAT,            /* "url": "/v1/chat/completions" */
+    FT_GEN_API_COMPLETIONS,     /* "url": "/v1/completions" */
+};
 
 /* One prompt read from a record of a prompts file; it owns its strings and JSON (the record
  * may be freed). msgs[0..n_msgs) is the conversation to render, ending with a user (or tool)
@@ -229,6 +251,16 @@ typedef struct ft_gen_req {
                               * (dropped from the prompt; its tool_calls as compact JSON when
                               * it has calls and no content), alpaca "output", "completion" */
     ft_gen_params params;    /* the record's own generation settings (none: set = 0) */
+    int raw;                 /* 1: user is encoded as is, no template (a /v1/completions
+                              * request; also every record under --raw, which the flags say) */
+    int api;                 /* FT_GEN_API_*: a plain record or a batch request's endpoint */
+    char *custom_id;         /* a batch request's "custom_id" (malloc'ed), else NULL */
+    char **unknown;          /* n_unknown keys of the record that ft_gen_req_parse neither reads
+                              * nor writes back ("body.KEY" in a batch request's body), in
+                              * record order, malloc'ed */
+    const char **unknown_hint; /* for each, the key ftune reads that it is within edit distance
+                              * 2 of (a static string), or NULL */
+    int64_t n_unknown;
 } ft_gen_req;
 
 /* Reads one record (formats.md 8.1 schemas, as a prompt):
@@ -246,7 +278,7 @@ typedef struct ft_gen_req {
  * With raw = 1 only "S" and {"prompt": S[, "completion": R]} are accepted (S encoded as is;
  * "tools" refused).
  * An object record of any of these forms may also set its own generation settings, into
- * q->params (null is the same as absent; other keys are ignored):
+ * q->params (null is the same as absent):
  *   "max_new_tokens" | "max_tokens" (OpenAI's and vLLM's name) | "max_completion_tokens"
  *       (OpenAI's newer one): an integer 1..FT_GEN_MAX_NEW_TOKENS (two of them: refused
  *       unless equal);
@@ -254,9 +286,28 @@ typedef struct ft_gen_req {
  *   "min_p" (0..1), "repetition_penalty" (finite, > 0): numbers, as the flags;
  *   "stop": a non-empty string or a list of up to FT_GEN_MAX_STOP_STR of them ([]: none), as
  *       OpenAI's API and vLLM's SamplingParams.stop;
- *   "seed": an integer 0..2^53 - 1, the record's sampling seed.
+ *   "seed": an integer 0..2^53 - 1, the record's sampling seed;
+ *   "presence_penalty", "frequency_penalty": numbers in [-2, 2] (OpenAI's range), sample.h.
  * A record with a "reply" key (a line `ftune generate --prompts` wrote, fed back) keeps its
  * "stop", the reason that reply ended, out of its settings.
+ * Other keys are ignored, and listed in q->unknown (q->unknown_hint: the schema key or
+ * setting within edit distance 2, e.g. "top_k" for "top_kk"), except those of the lines
+ * generate writes (index, reply, reference, prompt_tokens, new_tokens, stop_reason, seconds).
+ * An object with a "body" is an OpenAI batch request (the Batch API's input line,
+ * openapi.yaml BatchRequestInput; vLLM's run_batch.py), q->api its endpoint:
+ *   {"custom_id": S (a string, into q->custom_id), "method": "POST",
+ *    "url": "/v1/chat/completions" | "/v1/completions", "body": B}
+ *   chat: B.messages is the conversation (as a "messages" record: the default system message
+ *   when it has none, B.tools as "tools"; a final assistant message is refused, the API
+ *   would answer after it); refused with raw = 1;
+ *   completions: B.prompt, a string, encoded as is (q->raw = 1, as --raw).
+ *   B's settings are the ones above by OpenAI's names (not "max_new_tokens"; vLLM's top_k -1
+ *   is off, seed -1 none). B's fields that ftune does not implement are refused, naming
+ *   the field, unless their value changes nothing (n 1, logprobs false, stream false,
+ *   response_format {"type": "text"}, tool_choice "auto", logit_bias {}, ...: the list is
+ *   gen_prompt.c BODY_FIELDS, from OpenAI's and vLLM's request schemas); model, user,
+ *   metadata, store, service_tier and other bookkeeping are accepted and ignored. Other keys
+ *   of the line or of B are unknown keys ("body.KEY").
  * A bad value is FT_E_INVALID with a message naming the key.
  * Returns 0, -ENOMEM, FT_E_INVALID (the message says what is wrong, without a location:
  * callers prefix it with ft_err_prefix). On error *q is left empty. Free with

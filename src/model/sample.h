@@ -20,6 +20,10 @@
  *      exp(z - max z) >= min_p in double, where transformers compares float32 softmax
  *      values, so a token within rounding of the cut may go either way;
  *   5. draw from softmax(z) renormalised over what is left.
+ *   0b. presence and frequency penalties (OpenAI's definition, as vLLM applies them after the
+ *      repetition penalty, vllm/model_executor/layers/utils.py apply_penalties): over the
+ *      tokens generated so far only (not the prompt), with c = the count of id in them,
+ *      x -= frequency_penalty * c, then x -= presence_penalty * (c > 0), each in float;
  * temperature == 0 means greedy: the argmax of the (penalised) logits (lowest id on ties),
  * no draw; top-k, top-p and min-p have no effect then, as transformers ignores its warpers
  * without do_sample.
@@ -45,7 +49,18 @@ typedef struct ft_sample_cfg {
     uint64_t seed;       /* PRNG seed of the draws */
     float repetition_penalty; /* > 0, finite; 1: off (0, a zeroed field: off as well) */
     float min_p;         /* [0, 1]; 0: no min-p */
+    float presence_penalty;  /* [-2, 2]; 0: off (needs an ft_sample_counts) */
+    float frequency_penalty; /* [-2, 2]; 0: off (needs an ft_sample_counts) */
 } ft_sample_cfg;
+
+/* How often each id occurs in a sequence's reply so far (the generated tokens, not the
+ * prompt), for the presence and frequency penalties. Owned by the caller (one per sequence
+ * decoded), cleared per prompt; clearing and applying cost O(distinct ids counted). */
+typedef struct ft_sample_counts {
+    int32_t *count;      /* (V) host: occurrences of each id */
+    int32_t *ids;        /* (V) host: the distinct ids counted, n of them, in first-seen order */
+    int64_t n, V;
+} ft_sample_counts;
 
 /* The token ids a sequence holds so far (prompt and reply), for the repetition penalty: one
  * bit per vocabulary id, so each id counts once however often it occurs. Owned by the caller
@@ -71,6 +86,7 @@ typedef struct ft_sampler {
     int32_t *cand_id;
     double *cand_p;
     void *pairs;         /* V (scaled logit, id) pairs: scratch */
+    float *pen;          /* V penalised logits: scratch of the presence / frequency penalties */
 } ft_sampler;
 
 /* 0 when cfg is within the ranges below (ft_sampler_init's checks); else FT_E_INVALID, the
@@ -79,7 +95,8 @@ int ft_sample_cfg_check(const ft_sample_cfg *cfg);
 
 /* Checks cfg and allocates the scratch for V logits. Returns 0, -ENOMEM, FT_E_INVALID
  * (temperature < 0 or not finite, top_k < 0, top_p outside (0, 1], repetition_penalty < 0
- * or not finite, min_p outside [0, 1], V < 1). */
+ * or not finite, min_p outside [0, 1], a presence or frequency penalty outside [-2, 2],
+ * V < 1). */
 int ft_sampler_init(ft_sampler *s, const ft_sample_cfg *cfg, int64_t V);
 void ft_sampler_free(ft_sampler *s); /* NULL-safe; leaves s zeroed */
 
@@ -109,6 +126,24 @@ int ft_sample_next(ft_sampler *s, const float *logits, int32_t *token);
  * caller adds the chosen token to seen (ft_sample_seen_add) when the sequence goes on. */
 int ft_sample_next_seen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
                         int32_t *token);
+
+/* As ft_sample_dist_seen / ft_sample_next_seen, with the presence and frequency penalties
+ * of s->cfg applied to the ids counted in counts (NULL or empty: none) after the repetition
+ * penalty (sample.h's step 0b); logits are not modified. FT_E_INVALID for counts of another
+ * vocabulary size than s->V. The caller adds the chosen token to counts
+ * (ft_sample_counts_add) when the sequence goes on. */
+int ft_sample_dist_pen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
+                       const ft_sample_counts *counts);
+int ft_sample_next_pen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
+                       const ft_sample_counts *counts, int32_t *token);
+
+/* Empty counts for a vocabulary of V ids. Returns 0, -ENOMEM, FT_E_INVALID (V < 1). */
+int ft_sample_counts_init(ft_sample_counts *c, int64_t V);
+void ft_sample_counts_free(ft_sample_counts *c); /* NULL-safe; leaves c zeroed */
+/* Empties the counts (for the next prompt). */
+void ft_sample_counts_clear(ft_sample_counts *c);
+/* Counts ids[0..n); ids outside [0, V) are ignored. */
+void ft_sample_counts_add(ft_sample_counts *c, const int32_t *ids, int64_t n);
 
 /* An empty set for a vocabulary of V ids. Returns 0, -ENOMEM, FT_E_INVALID (V < 1). */
 int ft_sample_seen_init(ft_sample_seen *h, int64_t V);

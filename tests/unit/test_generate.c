@@ -1035,6 +1035,199 @@ static void test_gen_req_params(void **state)
     expect_refused(bad, sizeof bad / sizeof *bad);
 }
 
+/* Record keys ft_gen_req_parse ignores: listed in q.unknown in record order, with the
+ * setting or schema key a misspelling is within edit distance 2 of; the keys of schemas,
+ * settings and the lines generate writes are not listed. */
+static void test_gen_req_unknown_keys(void **state)
+{
+    ft_gen_req q;
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"id\": 3, \"top_kk\": 2, \"tempreature\": 1, "
+                                   "\"mesages\": [], \"Seed\": 1, \"max_tokenz\": 3, \"topic\": \"x\", "
+                                   "\"metadata\": {}, \"reply\": \"r\", \"index\": 0, \"seconds\": 1, "
+                                   "\"system\": \"s\", \"presence_penalty\": 0.5}", NULL, 0), 0);
+    static const char *const want[][2] = {{"id", NULL}, {"top_kk", "top_k"},
+                                          {"tempreature", "temperature"}, {"mesages", "messages"},
+                                          {"Seed", "seed"}, {"max_tokenz", "max_tokens"},
+                                          {"topic", "top_p"}, {"metadata", NULL}};
+    assert_int_equal(q.n_unknown, 8);
+    for (int i = 0; i < 8; i++) {
+        assert_string_equal(q.unknown[i], want[i][0]);
+        if (want[i][1]) assert_string_equal(q.unknown_hint[i], want[i][1]);
+        else assert_null(q.unknown_hint[i]);
+    }
+    assert_true(q.params.set & FT_GEN_SET_PRESENCE);
+    assert_true(q.params.presence_penalty == 0.5f);
+    ft_gen_req_free(&q);
+    assert_null(q.unknown);
+    /* every schema's keys are known */
+    assert_int_equal(parse_req(&q, "{\"instruction\": \"i\", \"input\": \"x\", \"output\": \"o\", "
+                                   "\"history\": [], \"system\": \"s\"}", NULL, 0), 0);
+    assert_int_equal(q.n_unknown, 0);
+    ft_gen_req_free(&q);
+    assert_int_equal(parse_req(&q, "\"S\"", NULL, 0), 0);
+    assert_int_equal(q.n_unknown, 0);
+    ft_gen_req_free(&q);
+}
+
+/* OpenAI batch requests (the Batch API's input line): chat requests as messages records,
+ * completions as raw text; the body's settings; fields that would change the response refused,
+ * harmless ones accepted; unknown keys of the line and of the body. */
+static void test_gen_req_batch(void **state)
+{
+    ft_gen_req q;
+    assert_int_equal(parse_req(&q, "{\"custom_id\": \"r1\", \"method\": \"POST\", \"url\": "
+                                   "\"/v1/chat/completions\", \"body\": {\"model\": \"gpt-4o\", "
+                                   "\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, "
+                                   "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"U\"}]}], "
+                                   "\"max_completion_tokens\": 9, \"temperature\": 0.5, \"top_k\": -1, "
+                                   "\"seed\": -1, \"stop\": \"X\", \"n\": 1, \"logprobs\": false, "
+                                   "\"stream\": false, \"user\": \"u\", \"metadata\": {\"a\": 1}, "
+                                   "\"response_format\": {\"type\": \"text\"}, \"tool_choice\": \"auto\", "
+                                   "\"logit_bias\": {}, \"frequency_penalty\": 0.25, "
+                                   "\"add_special_tokens\": false, \"top_kk\": 1}, \"extra\": 2}",
+                           "D", 0), 0);
+    assert_int_equal(q.api, FT_GEN_API_CHAT);
+    assert_string_equal(q.custom_id, "r1");
+    assert_int_equal(q.raw, 0);
+    assert_int_equal(q.n_msgs, 2);
+    expect_msg(&q, 0, FT_ROLE_SYSTEM, "S");
+    expect_msg(&q, 1, FT_ROLE_USER, "U");
+    assert_string_equal(q.user, "U");
+    assert_null(q.reference);
+    /* top_k -1 is vLLM's off, seed -1 its none */
+    assert_int_equal(q.params.set, FT_GEN_SET_MAX_NEW | FT_GEN_SET_TEMPERATURE | FT_GEN_SET_TOP_K |
+                                       FT_GEN_SET_STOP | FT_GEN_SET_FREQUENCY);
+    assert_int_equal(q.params.max_new_tokens, 9);
+    assert_int_equal(q.params.top_k, 0);
+    assert_true(q.params.frequency_penalty == 0.25f);
+    assert_int_equal(q.params.n_stop, 1);
+    assert_int_equal(q.n_unknown, 2);
+    assert_string_equal(q.unknown[0], "extra");
+    assert_null(q.unknown_hint[0]);
+    assert_string_equal(q.unknown[1], "body.top_kk");
+    assert_string_equal(q.unknown_hint[1], "top_k");
+    ft_gen_req_free(&q);
+    assert_null(q.custom_id);
+    /* the default system message for a conversation without one; tools read */
+    assert_int_equal(parse_req(&q, "{\"custom_id\": \"\", \"method\": \"POST\", \"url\": "
+                                   "\"/v1/chat/completions\", \"body\": {\"messages\": [{\"role\": "
+                                   "\"user\", \"content\": \"U\"}], \"tools\": [{\"type\": \"function\", "
+                                   "\"function\": {\"name\": \"f\"}}], \"max_new_tokens\": 3}}", "D", 0), 0);
+    assert_int_equal(q.n_msgs, 2);
+    expect_msg(&q, 0, FT_ROLE_SYSTEM, "D");
+    assert_non_null(q.tools);
+    assert_int_equal(cJSON_GetArraySize(q.tools), 1);
+    /* ftune's own name is no body field */
+    assert_int_equal(q.params.set, 0);
+    assert_int_equal(q.n_unknown, 1);
+    assert_string_equal(q.unknown[0], "body.max_new_tokens");
+    ft_gen_req_free(&q);
+    /* completions: raw text (no system message, even with a default one), under --raw too */
+    for (int raw = 0; raw < 2; raw++) {
+        assert_int_equal(parse_req(&q, "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": "
+                                       "\"/v1/completions\", \"body\": {\"prompt\": \"<s>T\", "
+                                       "\"max_tokens\": 4, \"echo\": false, \"best_of\": 1, "
+                                       "\"suffix\": null, \"add_special_tokens\": true, "
+                                       "\"messages\": []}}", "D", raw), 0);
+        assert_int_equal(q.api, FT_GEN_API_COMPLETIONS);
+        assert_int_equal(q.raw, 1);
+        assert_int_equal(q.n_msgs, 1);
+        expect_msg(&q, 0, FT_ROLE_USER, "<s>T");
+        assert_string_equal(q.user, "<s>T");
+        assert_int_equal(q.params.max_new_tokens, 4);
+        assert_int_equal(q.n_unknown, 1); /* messages: no completions field, no hint */
+        assert_string_equal(q.unknown[0], "body.messages");
+        assert_null(q.unknown_hint[0]);
+        ft_gen_req_free(&q);
+    }
+    /* plain records under --raw are raw; without it not */
+    assert_int_equal(parse_req(&q, "\"x\"", NULL, 1), 0);
+    assert_int_equal(q.raw, 1);
+    assert_int_equal(q.api, FT_GEN_API_NONE);
+    assert_null(q.custom_id);
+    ft_gen_req_free(&q);
+
+#define CHAT_REQ(body) "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", " \
+                       "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], " body "}}"
+    static const bad_req bad[] = {
+        {CHAT_REQ("\"n\": 2"), 0, "'body.n' 2: ftune writes one choice per request (n must be 1)"},
+        {CHAT_REQ("\"logprobs\": true"), 0, "'body.logprobs' true: ftune generate does not implement it"},
+        {CHAT_REQ("\"top_logprobs\": 3"), 0, "'body.top_logprobs' 3"},
+        {CHAT_REQ("\"stream\": true"), 0, "'body.stream' true"},
+        {CHAT_REQ("\"response_format\": {\"type\": \"json_object\"}"), 0, "'body.response_format'"},
+        {CHAT_REQ("\"logit_bias\": {\"5\": 10}"), 0, "'body.logit_bias'"},
+        {CHAT_REQ("\"tool_choice\": \"required\""), 0, "'body.tool_choice' \"required\""},
+        {CHAT_REQ("\"best_of\": 2"), 0, "'body.best_of' 2"},
+        {CHAT_REQ("\"chat_template_kwargs\": {\"enable_thinking\": false}"), 0, "--no-think"},
+        {CHAT_REQ("\"skip_special_tokens\": false"), 0, "'body.skip_special_tokens' false"},
+        {CHAT_REQ("\"add_special_tokens\": true"), 0, "'body.add_special_tokens' must be false"},
+        {CHAT_REQ("\"modalities\": [\"text\", \"audio\"]"), 0, "'body.modalities'"},
+        {CHAT_REQ("\"presence_penalty\": 2.5"), 0, "body: 'presence_penalty' 2.5: expected -2..2"},
+        {CHAT_REQ("\"temperature\": -1"), 0, "body: 'temperature' -1"},
+        {CHAT_REQ("\"seed\": -2"), 0, "body: 'seed' -2"},
+        {CHAT_REQ("\"top_k\": -2"), 0, "body: 'top_k' -2"},
+        {CHAT_REQ("\"n\": 1"), 1, "--raw has none"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", "
+         "\"content\": \"r\"}]}}", 0, "'body.messages' ends with an assistant message"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
+         "{\"messages\": \"hi\"}}", 0, "'body.messages' must be a list of messages, found a string"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
+         "{\"messages\": [{\"role\": \"robot\", \"content\": \"u\"}]}}", 0, "body: message 0: unknown role"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": {}}",
+         0, "'body.messages' must be a list of messages, found none"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": [\"a\", \"b\"]}}", 0, "'body.prompt' must be a string"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\", \"echo\": true}}", 0, "'body.echo' true"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\", \"suffix\": \"z\"}}", 0, "'body.suffix' \"z\""},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\", \"add_special_tokens\": false}}", 0, "must be true for /v1/completions"},
+        {"{\"custom_id\": 7, \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {}}", 0,
+         "needs a string 'custom_id', found a number"},
+        {"{\"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {}}", 0, "needs a string 'custom_id'"},
+        {"{\"custom_id\": \"a\", \"method\": \"GET\", \"url\": \"/v1/completions\", \"body\": {}}", 0,
+         "'method' \"GET\": a batch request's method is \"POST\""},
+        {"{\"custom_id\": \"a\", \"url\": \"/v1/completions\", \"body\": {}}", 0, "'method' missing"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/embeddings\", \"body\": {}}", 0,
+         "'url' \"/v1/embeddings\": ftune generate answers"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"body\": {}}", 0, "needs a string 'url'"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": [1]}", 0,
+         "'body' must be an object"},
+    };
+#undef CHAT_REQ
+    expect_refused(bad, sizeof bad / sizeof *bad);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) { /* nothing left behind */
+        ft_gen_req r;
+        parse_req(&r, bad[i].json, NULL, bad[i].raw);
+        assert_null(r.custom_id);
+        assert_null(r.unknown);
+        assert_int_equal(r.n_unknown, 0);
+    }
+}
+
+/* A completions request encodes as --raw (BOS, no template), whatever the flags. */
+static void test_gen_req_batch_ids(void **state)
+{
+    ft_tokenizer *t;
+    assert_int_equal(ft_tok_load_dir(&t, TOK_LLAMA3), 0);
+    ft_gen_req q;
+    int32_t *a = NULL, *b = NULL;
+    int64_t na = 0, nb = 0;
+    int ta = 0;
+    assert_int_equal(parse_req(&q, "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": "
+                                   "\"/v1/completions\", \"body\": {\"prompt\": \"Hello there\"}}", "D", 0), 0);
+    assert_int_equal(ft_gen_req_ids(t, FT_CHAT_AUTO, &q, 0, &a, &na, &ta), 0);
+    assert_int_equal(ft_gen_prompt_ids(t, FT_CHAT_AUTO, NULL, "Hello there", FT_GEN_RAW, &b, &nb, NULL), 0);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, (size_t)na * sizeof *a);
+    free(a);
+    free(b);
+    ft_gen_req_free(&q);
+    ft_tok_free(t);
+}
+
 /* A record renders as --prompt does, and a conversation through the template. */
 static void test_gen_req_ids(void **state)
 {
@@ -1678,6 +1871,9 @@ int main(void)
         cmocka_unit_test(test_gen_req_parse),
         cmocka_unit_test(test_gen_req_params),
         cmocka_unit_test(test_gen_req_ids),
+        cmocka_unit_test(test_gen_req_unknown_keys),
+        cmocka_unit_test(test_gen_req_batch),
+        cmocka_unit_test(test_gen_req_batch_ids),
         cmocka_unit_test(test_gen_req_tools),
         cmocka_unit_test(test_gen_record_seed),
         cmocka_unit_test_setup_teardown(test_gen_cache_reuse, setup, teardown),

@@ -527,6 +527,102 @@ static void test_cfg_per_sequence(void **state)
     free(x);
 }
 
+/* ---- presence and frequency penalties (OpenAI's, as vLLM applies them) ---------------------- */
+
+/* Hand values: the counts of a reply, the penalties after the repetition penalty, greedy and
+ * sampled; the prompt's ids (seen) are not counted; cleared per record; bad settings. */
+static void test_presence_frequency_hand(void **state)
+{
+    /*              id:   0     1      2     3     4      5 */
+    float x[6] = {2.0f, -1.0f, 0.5f, 1.8f, -0.2f, 1.0f};
+    float x0[6];
+    memcpy(x0, x, sizeof x);
+    ft_sample_counts cnt;
+    assert_int_equal(ft_sample_counts_init(&cnt, 6), 0);
+    /* the reply 0 0 0 4 1 (ids out of range ignored): counts 3, 1, 0, 0, 1, 0 */
+    const int32_t reply[7] = {0, 0, 0, 4, 1, -1, 6};
+    ft_sample_counts_add(&cnt, reply, 7);
+    assert_int_equal(cnt.n, 3);
+    assert_int_equal(cnt.count[0], 3);
+    assert_int_equal(cnt.count[1], 1);
+    assert_int_equal(cnt.count[4], 1);
+    assert_int_equal(cnt.count[2] + cnt.count[3] + cnt.count[5], 0);
+
+    ft_sampler s;
+    ft_sample_cfg c = cfg(1.0f, 0, 1.0f, 0.0f, 1.0f);
+    c.frequency_penalty = 0.5f;
+    c.presence_penalty = 0.25f;
+    assert_int_equal(ft_sampler_init(&s, &c, 6), 0);
+    assert_int_equal(ft_sample_dist_pen(&s, x, NULL, &cnt), 0);
+    /* x - 0.5 * count - 0.25 * (count > 0), in float */
+    const int32_t all[6] = {0, 1, 2, 3, 4, 5};
+    const double pf[6] = {(x[0] - 0.5f * 3.0f) - 0.25f, (x[1] - 0.5f) - 0.25f, x[2], x[3],
+                          (x[4] - 0.5f) - 0.25f, x[5]};
+    expect_cands(&s, all, 6, pf, FT_TOL_SAMPLE_P);
+    assert_memory_equal(x, x0, sizeof x);
+    /* without counts (NULL or empty) or with both at 0: the plain softmax */
+    const double plain[6] = {x[0], x[1], x[2], x[3], x[4], x[5]};
+    assert_int_equal(ft_sample_dist_pen(&s, x, NULL, NULL), 0);
+    expect_cands(&s, all, 6, plain, FT_TOL_SAMPLE_P);
+    s.cfg.frequency_penalty = s.cfg.presence_penalty = 0;
+    assert_int_equal(ft_sample_dist_pen(&s, x, NULL, &cnt), 0);
+    expect_cands(&s, all, 6, plain, FT_TOL_SAMPLE_P);
+    ft_sampler_free(&s);
+
+    /* greedy after the repetition penalty 2 on the seen ids {0, 3} (prompt and reply): id 0
+     * 2 / 2 = 1, then - 0.4 * 3 = -0.2 (frequency only), so id 5 (1.0) wins */
+    ft_sample_seen seen;
+    assert_int_equal(ft_sample_seen_init(&seen, 6), 0);
+    const int32_t held[2] = {0, 3};
+    ft_sample_seen_add(&seen, held, 2);
+    c = cfg(0.0f, 0, 1.0f, 0.0f, 2.0f);
+    c.frequency_penalty = 0.4f;
+    assert_int_equal(ft_sampler_init(&s, &c, 6), 0);
+    int32_t t = -1;
+    assert_int_equal(ft_sample_next_pen(&s, x, &seen, NULL, &t), 0);
+    assert_int_equal(t, 0); /* 2 / 2 = 1 vs 1.8 / 2 = 0.9 and 1.0: the lowest id of the ties */
+    assert_int_equal(ft_sample_next_pen(&s, x, &seen, &cnt, &t), 0);
+    assert_int_equal(t, 5); /* id 0: 1 - 1.2 = -0.2; 5: 1.0 */
+    /* a negative presence penalty rewards the reply's ids: 0.5 + 2 > every other */
+    s.cfg.frequency_penalty = 0;
+    s.cfg.presence_penalty = -2.0f;
+    s.cfg.repetition_penalty = 1.0f;
+    assert_int_equal(ft_sample_next_pen(&s, x, &seen, &cnt, &t), 0);
+    assert_int_equal(t, 0); /* 2 + 2 = 4 */
+    ft_sample_counts_clear(&cnt);
+    assert_int_equal(cnt.n, 0);
+    assert_int_equal(cnt.count[0] + cnt.count[1] + cnt.count[4], 0);
+    assert_int_equal(ft_sample_next_pen(&s, x, &seen, &cnt, &t), 0);
+    assert_int_equal(t, 0);
+    /* counts of another vocabulary size are refused */
+    ft_sample_counts other;
+    assert_int_equal(ft_sample_counts_init(&other, 7), 0);
+    ft_sample_counts_add(&other, held, 1);
+    assert_int_equal(ft_sample_next_pen(&s, x, NULL, &other, &t), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "counts of 7 ids for 6 logits"));
+    ft_sample_counts_free(&other);
+    ft_sampler_free(&s);
+    ft_sample_seen_free(&seen);
+    ft_sample_counts_free(&cnt);
+    ft_sample_counts_free(&cnt); /* zeroed: harmless */
+    assert_int_equal(ft_sample_counts_init(&cnt, 0), FT_E_INVALID);
+
+    /* settings outside OpenAI's [-2, 2] */
+    const float bad[3] = {-2.5f, 2.01f, NAN};
+    for (int i = 0; i < 3; i++) {
+        c = cfg(1.0f, 0, 1.0f, 0.0f, 1.0f);
+        c.presence_penalty = bad[i];
+        assert_int_equal(ft_sampler_init(&s, &c, 6), FT_E_INVALID);
+        assert_non_null(strstr(ft_errmsg(), "presence penalty"));
+        c.presence_penalty = 0;
+        c.frequency_penalty = bad[i];
+        assert_int_equal(ft_sample_cfg_check(&c), FT_E_INVALID);
+        assert_non_null(strstr(ft_errmsg(), "frequency penalty"));
+    }
+    printf("presence 0.25 / frequency 0.5 on 6 logits (reply 0 x3, 1, 4): softmax exact; "
+           "after repetition penalty 2: greedy 0 -> 5\n");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -538,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_large_vocab_brute),
         cmocka_unit_test(test_reuse_across_records),
         cmocka_unit_test(test_cfg_per_sequence),
+        cmocka_unit_test(test_presence_frequency_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
