@@ -60,6 +60,10 @@ sec_smoke() {
   done
   python3 -c "import json,sys; r=[[{k: v for k, v in json.loads(l).items() if k != 'seconds'} for l in open(f)] for f in sys.argv[1:]]; print('generate --batch 3 vs 1:', 'same replies' if r[0] == r[1] else 'DIFFER')" \
     $TMPW/gb1.jsonl $TMPW/gb3.jsonl >> $OUT/smoke.log 2>&1
+  # --chat on the device: turn 2 prefills only what follows the cached prefix (ft_gen_truncate_slot)
+  printf 'Hello there\nTell me more\n' | timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --chat \
+    --max-new-tokens 8 --device $DEV --quant nf4 --cache-dir $TMPW/smokecache 2>&1 | grep -E 'turn [0-9]|error' >> $OUT/smoke.log
+  echo "generate --chat rc=${PIPESTATUS[1]}" >> $OUT/smoke.log
   timeout $(cap 60) $F train --model $TL --data examples/data/alpaca-seed-tasks/alpaca_seed_pref.jsonl --method dpo \
     --device $DEV --max-steps 2 --seq-len 128 --save-every 0 --out $TMPW/o_smoke_dpo 2>&1 | tail -3 >> $OUT/smoke.log
   echo "dpo rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
