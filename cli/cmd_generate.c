@@ -184,6 +184,7 @@ int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int6
     /* with --stop the text cut before the stop string; else the ids decoded */
     if (!rc) rc = o->stop.n ? ft_stop_text_take(&st, &r->text) : ft_tok_decode(e->tok, e->out_ids, r->n_out, 1, &r->text);
     ft_stop_text_free(&st);
+    if (rc) ft_gen_reset_slot(&e->g, 0); /* a failed forward empties it; so does any error */
     return rc;
 }
 

@@ -91,16 +91,18 @@ static void hist_free(chat_hist *h)
     memset(h, 0, sizeof *h);
 }
 
-/* The ids of the conversation h (ending with a user turn) with the generation prompt: the
- * --prompts record {"messages": [{"role", "content"}...]} read and rendered as gen_batch.c
- * reads and renders it (--system for its system message). *ids malloc'ed. */
-static int hist_ids(const gen_env *e, const gen_opts *o, const chat_hist *h, int32_t **ids, int64_t *n)
+/* The ids of the conversation h->turn[from..n) (from even; ending with a user turn) with the
+ * generation prompt: the --prompts record {"messages": [{"role", "content"}...]} read and
+ * rendered as gen_batch.c reads and renders it (--system for its system message). *ids
+ * malloc'ed. */
+static int hist_ids(const gen_env *e, const gen_opts *o, const chat_hist *h, int64_t from,
+                    int32_t **ids, int64_t *n)
 {
     *ids = NULL;
     *n = 0;
     cJSON *rec = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(rec, "messages");
     int rc = msgs ? 0 : ft_err(-ENOMEM, "out of memory");
-    for (int64_t i = 0; !rc && i < h->n; i++) {
+    for (int64_t i = from; !rc && i < h->n; i++) {
         cJSON *m = cJSON_CreateObject();
         if (!m || !cJSON_AddStringToObject(m, "role", i % 2 ? "assistant" : "user") ||
             !cJSON_AddStringToObject(m, "content", h->turn[i])) {
@@ -286,15 +288,16 @@ int gen_run_chat(const gen_opts *o)
 
         rc = hist_push(&h, text, strlen(text));
         int32_t *ids = NULL;
-        int64_t n = 0, dropped = 0;
-        /* the conversation that fits: the oldest user/assistant pairs dropped */
+        int64_t n = 0, from = 0;
+        /* the conversation that fits: the oldest user/assistant pairs left out (turns before
+         * `from`), dropped from the history only once the turn is sent, so that a refused
+         * message leaves the conversation as it was */
         for (;;) {
-            if (!rc) rc = hist_ids(&e, o, &h, &ids, &n);
-            if (rc || n + o->max_new <= ctx || h.n < 3) break;
+            if (!rc) rc = hist_ids(&e, o, &h, from, &ids, &n);
+            if (rc || n + o->max_new <= ctx || h.n - from < 3) break;
             free(ids);
             ids = NULL;
-            hist_drop_front(&h, 2);
-            dropped++;
+            from += 2;
         }
         if (rc == FT_E_INVALID || rc == FT_E_RANGE) { /* a template that cannot render it */
             fprintf(stderr, "ftune: this turn is dropped: %s\n", ft_errmsg());
@@ -303,9 +306,6 @@ int gen_run_chat(const gen_opts *o)
             free(ids);
             continue;
         }
-        if (!rc && dropped)
-            fprintf(stderr, "ftune: context: dropped the oldest %lld exchange%s (user turn and reply) "
-                    "to fit --ctx-size %lld\n", (long long)dropped, dropped > 1 ? "s" : "", (long long)ctx);
         if (!rc && n + o->max_new > ctx) {
             fprintf(stderr, "ftune: this message is too long: %lld prompt tokens + --max-new-tokens "
                     "%lld exceed --ctx-size %lld; it is not sent\n", (long long)n, (long long)o->max_new,
@@ -313,6 +313,12 @@ int gen_run_chat(const gen_opts *o)
             hist_pop(&h);
             free(ids);
             continue;
+        }
+        if (!rc && from) {
+            const int64_t dropped = from / 2;
+            hist_drop_front(&h, from);
+            fprintf(stderr, "ftune: context: dropped the oldest %lld exchange%s (user turn and reply) "
+                    "to fit --ctx-size %lld\n", (long long)dropped, dropped > 1 ? "s" : "", (long long)ctx);
         }
         gen_result r;
         memset(&r, 0, sizeof r);

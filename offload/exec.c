@@ -370,7 +370,8 @@ static int gen_end(void *e) { return ft_exec_op_end(e); }
 
 /* The embedding rows of n ids (host) into out (n, C): with globals_lazy the bf16 table's rows
  * widened (exact: the fp32 table's values), or once the fp32 table is read, embedding_fwd on
- * it (host memory: ids in place); on a device, gathered from the pack T_max at a time (the
+ * it (host memory: ids in place; a read of it that failed, e.g. in gen_head, freed the bf16
+ * table first: retried here); on a device, gathered from the pack T_max at a time (the
  * gather's host buffer). */
 static int gen_embed_rows(void *ctx, const int32_t *ids, int64_t n, float *out)
 {
@@ -389,6 +390,7 @@ static int gen_embed_rows(void *ctx, const int32_t *ids, int64_t n, float *out)
         }
         return 0;
     }
+    FT_TRY(ft_exec_globals_f32(e)); /* globals_lazy: the bf16 table is gone (nothing otherwise) */
     if (e->embed) return e->be->ops->embedding_fwd(e->be, out, ids, e->embed, n, C, V);
     for (int64_t i = 0; i < n; i += e->T_max) {
         int64_t k = n - i < e->T_max ? n - i : e->T_max;

@@ -318,8 +318,9 @@ static int req_params(ft_gen_params *p, const cJSON *rec, int body)
         p->set |= FT_GEN_SET_REP_PENALTY;
     }
     /* a line that `ftune generate --prompts` wrote ("reply" is no input key) fed back as a
-     * prompts file: its "stop" is why that reply ended ("length", ...), not a stop string */
-    if ((v = param_item(rec, "stop")) && !cJSON_GetObjectItemCaseSensitive(rec, "reply")) {
+     * prompts file: its "stop" is why that reply ended ("length", ...), not a stop string (a
+     * batch request's body is no such line: its "reply" is an unknown key) */
+    if ((v = param_item(rec, "stop")) && (body || !cJSON_GetObjectItemCaseSensitive(rec, "reply"))) {
         FT_TRY(param_stop(v, p));
         p->set |= FT_GEN_SET_STOP;
     }
@@ -445,6 +446,35 @@ static int plain_unknown(ft_gen_req *q, const cJSON *rec)
         FT_TRY(add_unknown(q, "", k, near_key(k, hint_lists)));
     }
     return 0;
+}
+
+static int cmp_key(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* FT_E_INVALID naming the first key (in sorted order) that object o holds twice (prefix "" or
+ * "body."): JSON readers disagree on which one counts (cJSON, and so ftune, takes the first;
+ * Python's json, which OpenAI's and vLLM's servers parse with, the last), so that a record
+ * that repeats one would not be read as they read it. */
+static int dup_keys(const cJSON *o, const char *prefix)
+{
+    int64_t n = 0;
+    for (const cJSON *c = o->child; c; c = c->next) n++;
+    if (n < 2) return 0;
+    const char **k = malloc((size_t)n * sizeof *k);
+    if (!k) return ft_err(-ENOMEM, "out of memory");
+    n = 0;
+    for (const cJSON *c = o->child; c; c = c->next) k[n++] = c->string ? c->string : "";
+    qsort(k, (size_t)n, sizeof *k, cmp_key);
+    int rc = 0;
+    for (int64_t i = 1; i < n && !rc; i++)
+        if (!strcmp(k[i - 1], k[i]))
+            rc = ft_err(FT_E_INVALID, "key '%s%s' appears twice: JSON readers differ on which one "
+                        "counts (Python's json, as OpenAI's and vLLM's servers, takes the last); "
+                        "give it once", prefix, k[i]);
+    free(k);
+    return rc;
 }
 
 /* ---- OpenAI batch requests ---- */
@@ -642,6 +672,7 @@ static int req_batch(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     }
     if (!cJSON_IsObject(body))
         return ft_err(FT_E_INVALID, "'body' must be an object (the request), found %s", json_type(body));
+    FT_TRY(dup_keys(body, "body."));
     for (const cJSON *c = rec->child; c; c = c->next)
         if (!in_list(BATCH_KEYS, c->string ? c->string : ""))
             FT_TRY(add_unknown(q, "", c->string ? c->string : "", near_key(c->string ? c->string : "", hint_lists)));
@@ -693,6 +724,7 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     memset(q, 0, sizeof *q);
     int rc;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(rec, "prompt");
+    if (cJSON_IsObject(rec) && (rc = dup_keys(rec, ""))) return rc;
     if (cJSON_IsObject(rec) && cJSON_GetObjectItemCaseSensitive(rec, "body")) {
         rc = req_batch(q, rec, system, raw);
         if (rc) ft_gen_req_free(q);

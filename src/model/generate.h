@@ -308,7 +308,8 @@ typedef struct ft_gen_req {
  *   gen_prompt.c BODY_FIELDS, from OpenAI's and vLLM's request schemas); model, user,
  *   metadata, store, service_tier and other bookkeeping are accepted and ignored. Other keys
  *   of the line or of B are unknown keys ("body.KEY").
- * A bad value is FT_E_INVALID with a message naming the key.
+ * A bad value is FT_E_INVALID with a message naming the key; so is a key that an object
+ * record (or a batch request's body) holds twice, which JSON readers resolve differently.
  * Returns 0, -ENOMEM, FT_E_INVALID (the message says what is wrong, without a location:
  * callers prefix it with ft_err_prefix). On error *q is left empty. Free with
  * ft_gen_req_free. */

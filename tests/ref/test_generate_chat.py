@@ -217,7 +217,8 @@ def test_tiny_context_drops_oldest(tmp_path):
 
 def test_tiny_too_long_turn_refused(tmp_path):
     """A message that alone does not fit is refused, the chat goes on, and the refused turn is
-    not in the conversation."""
+    not in the conversation, while the exchanges before it still are (the refusal drops none of
+    them: turn 2's prompt is the record's of turn 1 + reply + the next message)."""
     extra = ["--max-new-tokens", 8]
     long = " ".join(["word"] * 120)
     rc, out, err = chat(TINY, ["Hi", long, "Bye"], *extra, "--ctx-size", 100)
@@ -230,6 +231,8 @@ def test_tiny_too_long_turn_refused(tmp_path):
     history += [{"role": "assistant", "content": r1["reply"]}, {"role": "user", "content": "Bye"}]
     r2 = record_reply(tmp_path, TINY, history, *extra)
     assert r2["prompt_tokens"] + 8 <= 100  # no drop needed: the refused turn is gone
+    assert st[1][1] == r2["prompt_tokens"], (st, r2)  # the history kept through the refusal
+    assert "dropped the oldest" not in err, err
     assert out == shown(r1["reply"]) + shown(r2["reply"])
 
 

@@ -1140,6 +1140,17 @@ static void test_gen_req_batch(void **state)
         assert_null(q.unknown_hint[0]);
         ft_gen_req_free(&q);
     }
+    /* a body's "reply" is an unknown key, not the mark of a line generate wrote: its stop
+     * strings still apply */
+    assert_int_equal(parse_req(&q, "{\"custom_id\": \"r\", \"method\": \"POST\", \"url\": "
+                                   "\"/v1/completions\", \"body\": {\"prompt\": \"p\", \"stop\": "
+                                   "[\"X\", \"Y\"], \"reply\": \"r\"}}", NULL, 0), 0);
+    assert_true(q.params.set & FT_GEN_SET_STOP);
+    assert_int_equal(q.params.n_stop, 2);
+    assert_string_equal(q.params.stop[1], "Y");
+    assert_int_equal(q.n_unknown, 1);
+    assert_string_equal(q.unknown[0], "body.reply");
+    ft_gen_req_free(&q);
     /* plain records under --raw are raw; without it not */
     assert_int_equal(parse_req(&q, "\"x\"", NULL, 1), 0);
     assert_int_equal(q.raw, 1);
@@ -1195,6 +1206,16 @@ static void test_gen_req_batch(void **state)
         {"{\"custom_id\": \"a\", \"method\": \"POST\", \"body\": {}}", 0, "needs a string 'url'"},
         {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": [1]}", 0,
          "'body' must be an object"},
+        /* a repeated key: Python's json (OpenAI, vLLM) takes the last, cJSON the first */
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\", \"max_tokens\": 2, \"max_tokens\": 5}}", 0,
+         "key 'body.max_tokens' appears twice"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\"}, \"body\": {\"prompt\": \"b\"}}", 0, "key 'body' appears twice"},
+        {"{\"custom_id\": \"a\", \"custom_id\": \"b\", \"method\": \"POST\", \"url\": "
+         "\"/v1/completions\", \"body\": {\"prompt\": \"a\"}}", 0, "key 'custom_id' appears twice"},
+        {"{\"prompt\": \"p\", \"temperature\": 0, \"temperature\": 1}", 0,
+         "key 'temperature' appears twice"},
     };
 #undef CHAT_REQ
     expect_refused(bad, sizeof bad / sizeof *bad);

@@ -11,10 +11,16 @@
  *     bf16 on the CPU, and generation through it gives the logits of the fp32 tables
  *     (FTUNE_GEN_HEAD=f32) bit for bit: prefills, decode steps, a batched decode, a head of
  *     more rows than FT_LM_HEAD_BF16_ROWS (which reads the fp32 tables from the pack and frees
- *     the bf16 ones); eval and logits read the fp32 tables as before, bit for bit.
+ *     the bf16 ones); eval and logits read the fp32 tables as before, bit for bit;
+ *   - a read of the fp32 tables that fails (the pack unreadable for a moment, after the bf16
+ *     table is freed) is an error, and the next forward reads them again: the embedding
+ *     gather too, not only the head.
  * Model: tests/fixtures/tiny-llama as a pack-only folder (NF4 pack, V = 32000, C = 64). */
 #include "tests/unit/harness.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <omp.h>
 
 #include "kernels/cpu/rows_f32.h"
@@ -377,12 +383,106 @@ static void test_gen_over_pack(void **state)
     free(dir);
 }
 
+/* Points every descriptor of this process open on `path` at `to` (saved[] gets copies of the
+ * originals, restore: to < 0 puts them back); the number of such descriptors. */
+static int swap_fds(const char *path, int to, int *fds, int *saved, int cap)
+{
+    if (to < 0) {
+        for (int i = 0; i < cap; i++) {
+            assert_true(dup2(saved[i], fds[i]) == fds[i]);
+            close(saved[i]);
+        }
+        return cap;
+    }
+    char want[PATH_MAX], link[64], got[PATH_MAX];
+    assert_non_null(realpath(path, want));
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        const int fd = atoi(de->d_name);
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t k = readlink(link, got, sizeof got - 1);
+        if (k <= 0) continue;
+        got[k] = 0;
+        if (strcmp(got, want) || n == cap) continue;
+        fds[n++] = fd;
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        saved[i] = dup(fds[i]);
+        assert_true(saved[i] >= 0);
+        assert_true(dup2(to, fds[i]) == fds[i]);
+    }
+    return n;
+}
+
+/* The fp32 tables' read fails once (the pack's descriptors on /dev/null: an early end of
+ * file) at a head of many rows, which has freed the bf16 table: an error, not a crash; once
+ * the pack reads again, the next forward (whose embedding gather comes first) reads the fp32
+ * tables and gives the fp32 executor's logits. */
+static void test_f32_read_failure(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir(), path[700];
+    write_pack_only(dir, "tied", 0, path, sizeof path);
+    ft_backend *be;
+    assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
+    ft_model *m = NULL;
+    assert_int_equal(ft_model_load(&m, path), 0);
+    ft_pack_file *pack = NULL;
+    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
+    const int64_t V = m->cfg.vocab_size;
+    ft_exec a, b;
+    exec_on(&a, be, m, pack, 1);
+    exec_on(&b, be, m, pack, 0);
+    ft_gen_source sa, sb;
+    assert_int_equal(ft_exec_gen_source(&a, &sa), 0);
+    assert_int_equal(ft_exec_gen_source(&b, &sb), 0);
+    ft_gen g, h;
+    assert_int_equal(ft_gen_init_source(&g, be, m, NULL, &sa, N_TOK, N_TOK, N_TOK), 0);
+    assert_int_equal(ft_gen_init_source(&h, be, m, NULL, &sb, N_TOK, N_TOK, N_TOK), 0);
+    int32_t ids[N_TOK];
+    for (int i = 0; i < N_TOK; i++) ids[i] = (int32_t)((i * 7919 + 11) % V);
+    same_gen(&g, &h, ids, 5, 1, V); /* the bf16 tables */
+    assert_non_null(b.globals_bf16);
+
+    int fds[8], saved[8];
+    const int null = open("/dev/null", O_RDONLY);
+    assert_true(null >= 0);
+    const int nfd = swap_fds(m->pack_only, null, fds, saved, 8);
+    assert_true(nfd >= 1);
+    float *lb = malloc((size_t)(N_TOK * V) * 4);
+    ft_gen_reset(&h);
+    const int rc = ft_gen_forward(&h, ids, N_TOK, lb, N_TOK); /* > FT_LM_HEAD_BF16_ROWS rows */
+    swap_fds(m->pack_only, -1, fds, saved, nfd);
+    close(null);
+    assert_int_not_equal(rc, 0);
+    printf("a failed read of the fp32 tables: %s\n", ft_errmsg());
+    assert_null(b.globals_bf16); /* freed before the read */
+    assert_null(b.embed);
+    /* the pack reads again: the gather of the next forward reads the tables */
+    same_gen(&g, &h, ids, 5, 1, V);
+    assert_non_null(b.embed);
+    same_gen(&g, &h, ids, N_TOK, N_TOK, V);
+    free(lb);
+    ft_gen_free(&g);
+    ft_gen_free(&h);
+    ft_exec_free(&a);
+    ft_exec_free(&b);
+    ft_pack_close(pack);
+    ft_model_free(m);
+    ft_backend_free(be);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernel_vs_f32),
         cmocka_unit_test(test_op_threads_refusals),
         cmocka_unit_test(test_gen_over_pack),
+        cmocka_unit_test(test_f32_read_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
