@@ -12,6 +12,7 @@
 #include "offload/exec_internal.h"
 #include "offload/timeline.h"
 #include "src/core/err.h"
+#include "src/model/quant.h"
 
 static ft_block_dims dims_of(const ft_exec *e, int64_t T)
 {
@@ -383,10 +384,7 @@ static int gen_embed_rows(void *ctx, const int32_t *ids, int64_t n, float *out)
                 return ft_err(FT_E_INVALID, "generate: token %lld has id %d, expected 0..%lld",
                               (long long)i, ids[i], (long long)V - 1);
             const uint16_t *r = e->embed_bf16 + (int64_t)ids[i] * C;
-            for (int64_t c = 0; c < C; c++) {
-                const uint32_t u = (uint32_t)r[c] << 16;
-                memcpy(&out[i * C + c], &u, 4);
-            }
+            for (int64_t c = 0; c < C; c++) out[i * C + c] = ft_quant_bf16_to_f32(r[c]);
         }
         return 0;
     }

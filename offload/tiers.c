@@ -191,7 +191,8 @@ static int read_table_f32(ft_exec *e, ft_pack_file *pack, int role, float *dst, 
 
 /* Rows [0, V) of the (V, C) global tensor `role` (stored BF16) as bf16 into dst (host memory):
  * read widened (ft_pack_read_global) in chunks through buf (rows * C floats) and narrowed back,
- * exact (the low 16 bits of a widened bf16 are 0). */
+ * exact (the low 16 bits of a widened bf16 are 0): a truncation, not ft_quant_f32_to_bf16,
+ * which would set the quiet bit of a signalling NaN. */
 static int read_table_bf16(ft_exec *e, ft_pack_file *pack, int role, uint16_t *dst, float *buf,
                            int64_t rows)
 {

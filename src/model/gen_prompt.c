@@ -1,17 +1,18 @@
 /* gen_prompt.c - the prompt side of generation (generate.h): a prompt's chat-template ids,
  * prompts-file records with their own generation settings (ftune generate --prompts), record
- * seeds, and streaming detokenization. The KV-cache forward is in generate.c. */
+ * seeds, and streaming detokenization. OpenAI batch request lines and the unknown-key check
+ * of records are in gen_batch_req.c; the KV-cache forward is in generate.c. */
 #include "src/model/generate.h"
 
 #include <float.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "src/core/err.h"
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
+#include "src/model/gen_prompt_internal.h"
 
 /* ---- prompt ------------------------------------------------------------------------------ */
 
@@ -53,7 +54,7 @@ int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, con
 
 /* ---- prompts files ----------------------------------------------------------------------- */
 
-static char *dup_str(const char *s, size_t n)
+char *gp_dup_str(const char *s, size_t n)
 {
     char *d = malloc(n + 1);
     if (d) {
@@ -86,12 +87,12 @@ void ft_gen_req_free(ft_gen_req *q)
 }
 
 /* Appends a message with copies of s[0..n) and in[0..in_n) (in may be NULL). */
-static int req_add(ft_gen_req *q, int role, const char *s, size_t n, const char *in, size_t in_n)
+int gp_req_add(ft_gen_req *q, int role, const char *s, size_t n, const char *in, size_t in_n)
 {
     ft_chat_msg *p = realloc(q->msgs, (size_t)(q->n_msgs + 1) * sizeof *p);
     if (!p) return ft_err(-ENOMEM, "out of memory");
     q->msgs = p;
-    char *c = dup_str(s, n), *d = in ? dup_str(in, in_n) : NULL;
+    char *c = gp_dup_str(s, n), *d = in ? gp_dup_str(in, in_n) : NULL;
     if (!c || (in && !d)) {
         free(c);
         free(d);
@@ -116,7 +117,7 @@ static int req_opt_str(const cJSON *j, const char *key, const char **s)
  * converted as training converts it (ft_data_record_messages): a final assistant turn is the
  * reference; what is left must end with a user or tool turn; the default system message goes
  * first when the record has none. */
-static int req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
+int gp_req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
 {
     ft_data_msgs dm;
     int rc = ft_data_record_messages(rec, FT_DATA_AUTO, 1, &dm);
@@ -128,7 +129,7 @@ static int req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
         if (a->content_n == 0 && calls && !cJSON_IsNull(calls))
             q->reference = cJSON_PrintUnformatted(calls);
         else
-            q->reference = dup_str(a->content, a->content_n);
+            q->reference = gp_dup_str(a->content, a->content_n);
         if (!q->reference) rc = ft_err(-ENOMEM, "out of memory");
         n--;
     }
@@ -136,16 +137,16 @@ static int req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
         rc = ft_err(FT_E_INVALID, "the conversation must end with a user turn (or with an "
                     "assistant turn after one, taken as the reference reply)");
     for (int64_t i = 0; !rc && i < n; i++) has_system |= dm.m[i].role == FT_ROLE_SYSTEM;
-    if (!rc && system && !has_system) rc = req_add(q, FT_ROLE_SYSTEM, system, strlen(system), NULL, 0);
+    if (!rc && system && !has_system) rc = gp_req_add(q, FT_ROLE_SYSTEM, system, strlen(system), NULL, 0);
     for (int64_t i = 0; !rc && i < n; i++) {
-        rc = req_add(q, dm.m[i].role, dm.m[i].content, dm.m[i].content_n, dm.m[i].input,
+        rc = gp_req_add(q, dm.m[i].role, dm.m[i].content, dm.m[i].content_n, dm.m[i].input,
                      dm.m[i].input_n);
         /* the message object as the template sees it (tool_calls, name, tool_call_id...) */
         if (!rc && dm.m[i].json &&
             !(q->msgs[q->n_msgs - 1].json = cJSON_Duplicate(dm.m[i].json, 1)))
             rc = ft_err(-ENOMEM, "out of memory");
         if (!rc && dm.m[i].reasoning) { /* "reasoning_content" (the qwen3 template writes it) */
-            char *r = dup_str(dm.m[i].reasoning, dm.m[i].reasoning_n);
+            char *r = gp_dup_str(dm.m[i].reasoning, dm.m[i].reasoning_n);
             if (!r) rc = ft_err(-ENOMEM, "out of memory");
             q->msgs[q->n_msgs - 1].reasoning = r;
             q->msgs[q->n_msgs - 1].reasoning_n = dm.m[i].reasoning_n;
@@ -186,14 +187,14 @@ static int req_prompt(ft_gen_req *q, const char *p, const cJSON *j, const char *
         return ft_err(FT_E_INVALID, "with --raw a record has no 'tools' (the prompt is encoded as "
                       "is; without --raw the model's template writes them)");
     if (!sys) sys = system; /* as --system: present even when "" */
-    if (!raw && sys) FT_TRY(req_add(q, FT_ROLE_SYSTEM, sys, strlen(sys), NULL, 0));
-    FT_TRY(req_add(q, FT_ROLE_USER, p, strlen(p), NULL, 0));
-    if (!(q->user = dup_str(p, strlen(p)))) return ft_err(-ENOMEM, "out of memory");
-    if (ref && !(q->reference = dup_str(ref, strlen(ref)))) return ft_err(-ENOMEM, "out of memory");
+    if (!raw && sys) FT_TRY(gp_req_add(q, FT_ROLE_SYSTEM, sys, strlen(sys), NULL, 0));
+    FT_TRY(gp_req_add(q, FT_ROLE_USER, p, strlen(p), NULL, 0));
+    if (!(q->user = gp_dup_str(p, strlen(p)))) return ft_err(-ENOMEM, "out of memory");
+    if (ref && !(q->reference = gp_dup_str(ref, strlen(ref)))) return ft_err(-ENOMEM, "out of memory");
     return 0;
 }
 
-static const char *json_type(const cJSON *j)
+const char *gp_json_type(const cJSON *j)
 {
     if (cJSON_IsNumber(j)) return "a number";
     if (cJSON_IsBool(j)) return "a boolean";
@@ -222,7 +223,7 @@ static int param_float(const cJSON *v, const char *key, double lo, int lo_open, 
     if (!cJSON_IsNumber(v) || !isfinite(f) || f < lo || (lo_open && f == lo) || f > hi) {
         if (cJSON_IsNumber(v))
             return ft_err(FT_E_INVALID, "'%s' %g: expected %s", key, v->valuedouble, expect);
-        return ft_err(FT_E_INVALID, "'%s' must be a number, found %s", key, json_type(v));
+        return ft_err(FT_E_INVALID, "'%s' must be a number, found %s", key, gp_json_type(v));
     }
     *out = f;
     return 0;
@@ -233,7 +234,7 @@ static int param_int(const cJSON *v, const char *key, int64_t lo, int64_t hi, co
                      int64_t *out)
 {
     if (!cJSON_IsNumber(v))
-        return ft_err(FT_E_INVALID, "'%s' must be an integer, found %s", key, json_type(v));
+        return ft_err(FT_E_INVALID, "'%s' must be an integer, found %s", key, gp_json_type(v));
     const double d = v->valuedouble;
     if (!(d >= (double)lo && d <= (double)hi) || d != floor(d))
         return ft_err(FT_E_INVALID, "'%s' %.17g: expected %s", key, d, expect);
@@ -248,7 +249,7 @@ static int param_stop(const cJSON *v, ft_gen_params *p)
     const int64_t n = list ? cJSON_GetArraySize(v) : 1;
     if (!list && !cJSON_IsString(v))
         return ft_err(FT_E_INVALID, "'stop' must be a string or a list of strings, found %s",
-                      json_type(v));
+                      gp_json_type(v));
     if (n > FT_GEN_MAX_STOP_STR)
         return ft_err(FT_E_INVALID, "'stop': %lld strings, at most %d", (long long)n,
                       FT_GEN_MAX_STOP_STR);
@@ -258,12 +259,12 @@ static int param_stop(const cJSON *v, ft_gen_params *p)
     for (int64_t i = 0; i < n; i++, e = e->next) {
         if (!cJSON_IsString(e))
             return ft_err(FT_E_INVALID, "'stop' item %lld must be a string, found %s",
-                          (long long)i + 1, json_type(e));
+                          (long long)i + 1, gp_json_type(e));
         if (!e->valuestring[0] && list) /* it would match at once */
             return ft_err(FT_E_INVALID, "'stop' item %lld: expected a non-empty string", (long long)i + 1);
         if (!e->valuestring[0])
             return ft_err(FT_E_INVALID, "'stop': expected a non-empty string");
-        if (!(p->stop[i] = dup_str(e->valuestring, strlen(e->valuestring))))
+        if (!(p->stop[i] = gp_dup_str(e->valuestring, strlen(e->valuestring))))
             return ft_err(-ENOMEM, "out of memory");
         p->n_stop = i + 1;
     }
@@ -274,7 +275,7 @@ static int param_stop(const cJSON *v, ft_gen_params *p)
  * is a batch request's body (OpenAI's names only: no "max_new_tokens"; vLLM's -1 for top_k
  * "off" and for seed "none" as its SamplingParams takes them). On error *p may hold a partial
  * stop list (ft_gen_req_free frees it). */
-static int req_params(ft_gen_params *p, const cJSON *rec, int body)
+int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
 {
     static const char *const max_keys[] = {"max_new_tokens", "max_tokens", "max_completion_tokens"};
     const char *max_key = NULL;
@@ -341,112 +342,7 @@ static int req_params(ft_gen_params *p, const cJSON *rec, int body)
     return 0;
 }
 
-/* ---- keys a record may hold ---- */
-
-/* Keys of the schemas (formats.md 8.1) that ft_gen_req_parse reads. */
-static const char *const SCHEMA_KEYS[] = {"prompt", "system", "completion", "tools", "messages",
-                                          "conversations", "instruction", "input", "output",
-                                          "history", NULL};
-/* A record's generation settings (req_params). */
-static const char *const SETTING_KEYS[] = {"max_new_tokens", "max_tokens", "max_completion_tokens",
-                                           "temperature", "top_p", "top_k", "min_p",
-                                           "repetition_penalty", "presence_penalty",
-                                           "frequency_penalty", "stop", "seed", NULL};
-/* Keys of the lines `ftune generate --prompts` writes (a line fed back is a record). */
-static const char *const WRITTEN_KEYS[] = {"index", "reply", "reference", "prompt_tokens",
-                                           "new_tokens", "stop_reason", "seconds", NULL};
-/* The keys of a batch request line (OpenAI's BatchRequestInput). */
-static const char *const BATCH_KEYS[] = {"custom_id", "method", "url", "body", NULL};
-/* The settings a batch request's body may give (req_params with body = 1), and its content
- * keys: what a misspelt body key is compared with. */
-static const char *const BODY_READ_KEYS[] = {"messages", "prompt", "tools", "max_tokens",
-                                             "max_completion_tokens", "temperature", "top_p",
-                                             "top_k", "min_p", "repetition_penalty",
-                                             "presence_penalty", "frequency_penalty", "stop",
-                                             "seed", "n", NULL};
-
-static int in_list(const char *const *list, const char *k)
-{
-    for (; *list; list++)
-        if (!strcmp(*list, k)) return 1;
-    return 0;
-}
-
-/* The optimal-string-alignment distance between a and b (Levenshtein's insertions, deletions
- * and substitutions, plus transpositions of two adjacent characters), or cap + 1 when it is
- * above cap (also for strings over 64 bytes, which are not compared). */
-static int edit_distance(const char *a, const char *b, int cap)
-{
-    enum { M = 64 };
-    const size_t na = strlen(a), nb = strlen(b);
-    if (na > M || nb > M) return cap + 1;
-    if ((na > nb ? na - nb : nb - na) > (size_t)cap) return cap + 1;
-    int d[M + 1][M + 1];
-    for (size_t i = 0; i <= na; i++) d[i][0] = (int)i;
-    for (size_t j = 0; j <= nb; j++) d[0][j] = (int)j;
-    for (size_t i = 1; i <= na; i++)
-        for (size_t j = 1; j <= nb; j++) {
-            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < c)
-                c = d[i - 2][j - 2] + 1;
-            d[i][j] = c;
-        }
-    return d[na][nb] <= cap ? d[na][nb] : cap + 1;
-}
-
-/* The key of `lists` (NULL-terminated lists, NULL after the last) nearest to k within edit
- * distance 2, the first listed on ties; NULL when none is. */
-static const char *near_key(const char *k, const char *const *const *lists)
-{
-    const char *best = NULL;
-    int bd = 3;
-    for (; *lists; lists++)
-        for (const char *const *c = *lists; *c; c++) {
-            int dd = edit_distance(k, *c, 2);
-            if (dd > 0 && dd < bd) { /* a known key in the wrong place is no misspelling */
-                bd = dd;
-                best = *c;
-            }
-        }
-    return best;
-}
-
-/* Appends unknown key prefix + k (prefix "" or "body.") with its hint. */
-static int add_unknown(ft_gen_req *q, const char *prefix, const char *k, const char *hint)
-{
-    const int64_t n = q->n_unknown + 1;
-    char **u = realloc(q->unknown, (size_t)n * sizeof *u);
-    if (!u) return ft_err(-ENOMEM, "out of memory");
-    q->unknown = u;
-    const char **h = realloc(q->unknown_hint, (size_t)n * sizeof *h);
-    if (!h) return ft_err(-ENOMEM, "out of memory");
-    q->unknown_hint = h;
-    const size_t np = strlen(prefix), nk = strlen(k);
-    char *s = malloc(np + nk + 1);
-    if (!s) return ft_err(-ENOMEM, "out of memory");
-    memcpy(s, prefix, np);
-    memcpy(s + np, k, nk + 1);
-    u[q->n_unknown] = s;
-    h[q->n_unknown] = hint;
-    q->n_unknown = n;
-    return 0;
-}
-
-/* The keys of plain object record rec that are neither schema keys, settings nor keys ftune
- * writes back, into q->unknown. */
-static int plain_unknown(ft_gen_req *q, const cJSON *rec)
-{
-    static const char *const *const hint_lists[] = {SETTING_KEYS, SCHEMA_KEYS, NULL};
-    for (const cJSON *c = rec->child; c; c = c->next) {
-        const char *k = c->string ? c->string : "";
-        if (in_list(SCHEMA_KEYS, k) || in_list(SETTING_KEYS, k) || in_list(WRITTEN_KEYS, k))
-            continue;
-        FT_TRY(add_unknown(q, "", k, near_key(k, hint_lists)));
-    }
-    return 0;
-}
+/* ---- a key given twice ---- */
 
 static int cmp_key(const void *a, const void *b)
 {
@@ -457,7 +353,7 @@ static int cmp_key(const void *a, const void *b)
  * "body."): JSON readers disagree on which one counts (cJSON, and so ftune, takes the first;
  * Python's json, which OpenAI's and vLLM's servers parse with, the last), so that a record
  * that repeats one would not be read as they read it. */
-static int dup_keys(const cJSON *o, const char *prefix)
+int gp_dup_keys(const cJSON *o, const char *prefix)
 {
     int64_t n = 0;
     for (const cJSON *c = o->child; c; c = c->next) n++;
@@ -477,256 +373,14 @@ static int dup_keys(const cJSON *o, const char *prefix)
     return rc;
 }
 
-/* ---- OpenAI batch requests ---- */
-
-/* What a body field that ftune does not implement may be: the values that change nothing. */
-enum {
-    B_IGNORE,   /* any value: no effect on the reply (ids, metadata, service options) */
-    B_FALSE,    /* false or null */
-    B_TRUE,     /* true or null */
-    B_ONE,      /* 1 or null */
-    B_ZERO,     /* 0 or null */
-    B_EMPTY,    /* null, "", [] or {} (and the default a few have: body_ok) */
-};
-
-/* The request body fields ftune does not read, by what it accepts of them: OpenAI's chat
- * completions and completions request bodies (openapi.yaml CreateChatCompletionRequest,
- * CreateCompletionRequest) and vLLM's extra fields (vllm/entrypoints/openai/protocol.py
- * ChatCompletionRequest, CompletionRequest). A value outside what the rule accepts would
- * change the response: the request is refused, naming the field. */
-static const struct body_field { const char *key; int rule; const char *why; } BODY_FIELDS[] = {
-    {"model", B_IGNORE, NULL},  /* the reply comes from --model (written back as "model") */
-    {"user", B_IGNORE, NULL},
-    {"metadata", B_IGNORE, NULL},
-    {"store", B_IGNORE, NULL},
-    {"service_tier", B_IGNORE, NULL},
-    {"prompt_cache_key", B_IGNORE, NULL},
-    {"safety_identifier", B_IGNORE, NULL},
-    {"request_id", B_IGNORE, NULL},
-    {"priority", B_IGNORE, NULL},
-    {"cache_salt", B_IGNORE, NULL},
-    {"stream_options", B_IGNORE, NULL},
-    {"prediction", B_IGNORE, NULL},    /* OpenAI: a latency hint, the reply is the same */
-    {"kv_transfer_params", B_IGNORE, NULL},
-    {"spaces_between_special_tokens", B_IGNORE, NULL},
-    {"stream", B_FALSE, "the reply is written whole"},
-    {"logprobs", B_FALSE, "ftune does not return log-probabilities"},
-    {"echo", B_FALSE, "the prompt is not repeated in the reply"},
-    {"ignore_eos", B_FALSE, NULL},
-    {"include_stop_str_in_output", B_FALSE, "the reply stops before the stop string"},
-    {"use_beam_search", B_FALSE, NULL},
-    {"continue_final_message", B_FALSE, NULL},
-    {"return_tokens_as_token_ids", B_FALSE, NULL},
-    {"return_token_ids", B_FALSE, NULL},
-    {"add_generation_prompt", B_TRUE, NULL},
-    {"skip_special_tokens", B_TRUE, "the reply's text skips special tokens"},
-    {"parallel_tool_calls", B_TRUE, NULL},
-    {"n", B_ONE, "ftune writes one choice per request"},
-    {"best_of", B_ONE, NULL},
-    {"length_penalty", B_ONE, NULL},
-    {"top_logprobs", B_ZERO, "ftune does not return log-probabilities"},
-    {"min_tokens", B_ZERO, NULL},
-    {"logit_bias", B_EMPTY, NULL},
-    {"stop_token_ids", B_EMPTY, NULL},
-    {"bad_words", B_EMPTY, NULL},
-    {"allowed_token_ids", B_EMPTY, NULL},
-    {"logits_processors", B_EMPTY, NULL},
-    {"vllm_xargs", B_EMPTY, NULL},
-    {"chat_template", B_EMPTY, "the template is the model's or --chat-template's"},
-    {"chat_template_kwargs", B_EMPTY, "the template's switches are flags: --no-think"},
-    {"mm_processor_kwargs", B_EMPTY, NULL},
-    {"documents", B_EMPTY, NULL},
-    {"response_format", B_EMPTY, "no constrained decoding; {\"type\": \"text\"} is accepted"},
-    {"structured_outputs", B_EMPTY, "no constrained decoding"},
-    {"guided_json", B_EMPTY, "no constrained decoding"},
-    {"guided_regex", B_EMPTY, "no constrained decoding"},
-    {"guided_choice", B_EMPTY, "no constrained decoding"},
-    {"guided_grammar", B_EMPTY, "no constrained decoding"},
-    {"structural_tag", B_EMPTY, "no constrained decoding"},
-    {"guided_decoding_backend", B_EMPTY, NULL},
-    {"guided_whitespace_pattern", B_EMPTY, NULL},
-    {"tool_choice", B_EMPTY, "the model chooses; \"auto\" is accepted"},
-    {"functions", B_EMPTY, "function schemas go in \"tools\""},
-    {"function_call", B_EMPTY, NULL},
-    {"modalities", B_EMPTY, "text only; [\"text\"] is accepted"},
-    {"audio", B_EMPTY, NULL},
-    {"web_search_options", B_EMPTY, NULL},
-    {"reasoning_effort", B_EMPTY, NULL},
-    {"verbosity", B_EMPTY, NULL},
-    {"truncate_prompt_tokens", B_EMPTY, NULL},
-    {"prompt_logprobs", B_EMPTY, "ftune does not return log-probabilities"},
-    {"suffix", B_EMPTY, NULL},
-    {"add_special_tokens", B_IGNORE, NULL}, /* checked by body_special */
-};
-
-/* 1 when v is the value that `rule` accepts (null always is). */
-static int body_ok(const char *key, int rule, const cJSON *v)
-{
-    if (cJSON_IsNull(v) || rule == B_IGNORE) return 1;
-    switch (rule) {
-    case B_FALSE: return cJSON_IsFalse(v);
-    case B_TRUE: return cJSON_IsTrue(v);
-    case B_ONE: return cJSON_IsNumber(v) && v->valuedouble == 1;
-    case B_ZERO: return cJSON_IsNumber(v) && v->valuedouble == 0;
-    default: break;
-    }
-    /* B_EMPTY, and the defaults that OpenAI's API spells out */
-    if ((cJSON_IsString(v) && !v->valuestring[0]) || ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child))
-        return 1;
-    if (!strcmp(key, "tool_choice")) return cJSON_IsString(v) && !strcmp(v->valuestring, "auto");
-    if (!strcmp(key, "response_format")) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
-        return cJSON_IsObject(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(t) &&
-               !strcmp(t->valuestring, "text");
-    }
-    if (!strcmp(key, "modalities"))
-        return cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(v->child) &&
-               !strcmp(v->child->valuestring, "text");
-    return 0;
-}
-
-/* v as short JSON text for a message (at most n - 1 bytes, "..." when cut). */
-static void short_json(const cJSON *v, char *buf, size_t n)
-{
-    char *t = cJSON_PrintUnformatted(v);
-    snprintf(buf, n, "%s", t ? t : "?");
-    if (t && strlen(t) >= n && n > 4) memcpy(buf + n - 4, "...", 4);
-    free(t);
-}
-
-/* The fields of body (endpoint api) that ftune does not read: each refused unless its value
- * changes nothing (BODY_FIELDS); a key that is no field of either API is an unknown key. */
-static int body_fields(ft_gen_req *q, const cJSON *body, int api)
-{
-    static const char *const *const hint_lists[] = {BODY_READ_KEYS, NULL};
-    const size_t nf = sizeof BODY_FIELDS / sizeof *BODY_FIELDS;
-    for (const cJSON *c = body->child; c; c = c->next) {
-        const char *k = c->string ? c->string : "";
-        char val[48];
-        if (!strcmp(k, api == FT_GEN_API_CHAT ? "messages" : "prompt") ||
-            (api == FT_GEN_API_CHAT && !strcmp(k, "tools")) ||
-            (in_list(SETTING_KEYS, k) && strcmp(k, "max_new_tokens")))
-            continue;
-        if (!strcmp(k, "add_special_tokens")) {
-            /* vLLM: false for chat (the template writes BOS), true for completions */
-            const int want = api == FT_GEN_API_COMPLETIONS;
-            if (!cJSON_IsNull(c) && !(want ? cJSON_IsTrue(c) : cJSON_IsFalse(c)))
-                return ft_err(FT_E_INVALID, "'body.add_special_tokens' must be %s for %s (or "
-                              "left out)", want ? "true" : "false",
-                              want ? "/v1/completions" : "/v1/chat/completions");
-            continue;
-        }
-        size_t i = 0;
-        while (i < nf && strcmp(BODY_FIELDS[i].key, k)) i++;
-        if (i == nf) {
-            FT_TRY(add_unknown(q, "body.", k, near_key(k, hint_lists)));
-            continue;
-        }
-        if (body_ok(k, BODY_FIELDS[i].rule, c)) continue;
-        static const char *const accept[] = {"", " false", " true", " 1", " 0", " null"};
-        short_json(c, val, sizeof val);
-        if (!strcmp(k, "n"))
-            return ft_err(FT_E_INVALID, "'body.n' %s: ftune writes one choice per request (n must "
-                          "be 1)", val);
-        return ft_err(FT_E_INVALID, "'body.%s' %s: ftune generate does not implement it%s%s%s, and "
-                      "it would change the response: leave it out or set it%s", k, val,
-                      BODY_FIELDS[i].why ? " (" : "", BODY_FIELDS[i].why ? BODY_FIELDS[i].why : "",
-                      BODY_FIELDS[i].why ? ")" : "", accept[BODY_FIELDS[i].rule]);
-    }
-    return 0;
-}
-
-/* An OpenAI batch request line (OpenAI's Batch API input, openapi.yaml BatchRequestInput;
- * vLLM's run_batch.py BatchRequestInput): {"custom_id": S, "method": "POST", "url": U,
- * "body": B}; see ft_gen_req_parse. */
-static int req_batch(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
-{
-    static const char *const *const hint_lists[] = {BATCH_KEYS, NULL};
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(rec, "custom_id");
-    const cJSON *method = cJSON_GetObjectItemCaseSensitive(rec, "method");
-    const cJSON *url = cJSON_GetObjectItemCaseSensitive(rec, "url");
-    const cJSON *body = cJSON_GetObjectItemCaseSensitive(rec, "body");
-    if (!cJSON_IsString(id))
-        return ft_err(FT_E_INVALID, "an OpenAI batch request (it has 'body') needs a string "
-                      "'custom_id'%s%s", id ? ", found " : "", id ? json_type(id) : "");
-    if (!(q->custom_id = dup_str(id->valuestring, strlen(id->valuestring))))
-        return ft_err(-ENOMEM, "out of memory");
-    if (!cJSON_IsString(method) || strcmp(method->valuestring, "POST")) {
-        char val[48];
-        short_json(method, val, sizeof val);
-        return ft_err(FT_E_INVALID, "'method' %s: a batch request's method is \"POST\"",
-                      method ? val : "missing");
-    }
-    if (!cJSON_IsString(url))
-        return ft_err(FT_E_INVALID, "a batch request needs a string 'url' (\"/v1/chat/completions\" "
-                      "or \"/v1/completions\")");
-    if (!strcmp(url->valuestring, "/v1/chat/completions")) {
-        q->api = FT_GEN_API_CHAT;
-    } else if (!strcmp(url->valuestring, "/v1/completions")) {
-        q->api = FT_GEN_API_COMPLETIONS;
-    } else {
-        char val[80];
-        short_json(url, val, sizeof val);
-        return ft_err(FT_E_INVALID, "'url' %s: ftune generate answers \"/v1/chat/completions\" and "
-                      "\"/v1/completions\" requests", val);
-    }
-    if (!cJSON_IsObject(body))
-        return ft_err(FT_E_INVALID, "'body' must be an object (the request), found %s", json_type(body));
-    FT_TRY(dup_keys(body, "body."));
-    for (const cJSON *c = rec->child; c; c = c->next)
-        if (!in_list(BATCH_KEYS, c->string ? c->string : ""))
-            FT_TRY(add_unknown(q, "", c->string ? c->string : "", near_key(c->string ? c->string : "", hint_lists)));
-    FT_TRY(body_fields(q, body, q->api));
-    if (q->api == FT_GEN_API_COMPLETIONS) {
-        /* raw text, encoded as --raw encodes it (BOS, no template): vLLM's completions
-         * tokenize with add_special_tokens = True */
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
-        if (!cJSON_IsString(p))
-            return ft_err(FT_E_INVALID, "'body.prompt' must be a string (one prompt per request; "
-                          "lists and token ids are not read), found %s", p ? json_type(p) : "none");
-        FT_TRY(req_add(q, FT_ROLE_USER, p->valuestring, strlen(p->valuestring), NULL, 0));
-        if (!(q->user = dup_str(p->valuestring, strlen(p->valuestring))))
-            return ft_err(-ENOMEM, "out of memory");
-        q->raw = 1;
-    } else {
-        const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "messages");
-        if (raw)
-            return ft_err(FT_E_INVALID, "a /v1/chat/completions request goes through the chat "
-                          "template; --raw has none (raw text goes in /v1/completions requests)");
-        if (!cJSON_IsArray(m))
-            return ft_err(FT_E_INVALID, "'body.messages' must be a list of messages, found %s",
-                          m ? json_type(m) : "none");
-        /* the conversation as a {"messages", "tools"} record: converted as training converts
-         * it (content parts, tool calls), the template chosen as training chooses it */
-        cJSON *r = cJSON_CreateObject();
-        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
-        int rc = r && cJSON_AddItemReferenceToObject(r, "messages", (cJSON *)m) &&
-                         (!tools || cJSON_AddItemReferenceToObject(r, "tools", (cJSON *)tools))
-                     ? 0
-                     : ft_err(-ENOMEM, "out of memory");
-        if (!rc) rc = req_conversation(q, r, system);
-        if (!rc) rc = ft_data_record_tools(r, &q->tools);
-        cJSON_Delete(r);
-        if (rc == FT_E_INVALID) ft_err_prefix(rc, "body");
-        FT_TRY(rc);
-        if (q->reference)
-            return ft_err(FT_E_INVALID, "'body.messages' ends with an assistant message: the API "
-                          "answers after it, ftune would take it as the reference; end with a "
-                          "user or tool message");
-    }
-    int rc = req_params(&q->params, body, 1);
-    if (rc == FT_E_INVALID) ft_err_prefix(rc, "body");
-    return rc;
-}
-
 int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
 {
     memset(q, 0, sizeof *q);
     int rc;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(rec, "prompt");
-    if (cJSON_IsObject(rec) && (rc = dup_keys(rec, ""))) return rc;
+    if (cJSON_IsObject(rec) && (rc = gp_dup_keys(rec, ""))) return rc;
     if (cJSON_IsObject(rec) && cJSON_GetObjectItemCaseSensitive(rec, "body")) {
-        rc = req_batch(q, rec, system, raw);
+        rc = gp_req_batch(q, rec, system, raw);
         if (rc) ft_gen_req_free(q);
         return rc;
     }
@@ -740,16 +394,16 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
                     "or in 'prompt' and 'completion' lists)");
     } else if (raw) {
         rc = ft_err(FT_E_INVALID, "with --raw a record is a string or {\"prompt\": S}, found %s",
-                    json_type(rec));
+                    gp_json_type(rec));
     } else if (cJSON_IsObject(rec)) {
-        rc = req_conversation(q, rec, system);
+        rc = gp_req_conversation(q, rec, system);
     } else {
-        rc = ft_err(FT_E_INVALID, "expected a string or an object; found %s", json_type(rec));
+        rc = ft_err(FT_E_INVALID, "expected a string or an object; found %s", gp_json_type(rec));
     }
     /* function schemas, as training reads them (the model's template writes them) */
     if (!rc && !raw && cJSON_IsObject(rec)) rc = ft_data_record_tools(rec, &q->tools);
-    if (!rc && cJSON_IsObject(rec)) rc = req_params(&q->params, rec, 0);
-    if (!rc && cJSON_IsObject(rec)) rc = plain_unknown(q, rec);
+    if (!rc && cJSON_IsObject(rec)) rc = gp_req_params(&q->params, rec, 0);
+    if (!rc && cJSON_IsObject(rec)) rc = gp_plain_unknown(q, rec);
     if (rc) ft_gen_req_free(q);
     return rc;
 }
