@@ -282,6 +282,8 @@ struct ft_pack_file {
     ft_model_config cfg;
     ft_pack_tensor gdir[FT_PACK_MAX_SLOTS]; /* the global block's directory, read at open */
     int gdir_ok;               /* 1: gdir read and validated (else read_global reports why) */
+    int partial;               /* 1: a partial pack (FT_PACK_PARTIAL): no global block */
+    uint32_t n_lay;            /* layer blocks held: n_layers, or a partial pack's n_blocks */
     uint64_t bytes_before;     /* read by readers replaced with ft_pack_set_reader */
 };
 
@@ -320,7 +322,7 @@ uint64_t ft_pack_min_block_bytes(const ft_model_config *c, int64_t l, uint32_t q
     return sum;
 }
 
-static int check_header(ft_pack_file *p, const uint8_t *raw, int64_t size)
+static int check_header(ft_pack_file *p, const uint8_t *raw, int64_t size, int partial)
 {
     const ft_pack_hdr *h = &p->hdr;
     const char *path = p->path;
@@ -336,17 +338,25 @@ static int check_header(ft_pack_file *p, const uint8_t *raw, int64_t size)
     if (sum != h->header_sum)
         return ft_err(FT_E_CORRUPT, "%s: offset 0: header checksum %08x, expected %08x (corrupt "
                       "header)", path, sum, h->header_sum);
-    if (h->complete != FT_PACK_COMPLETE)
+    if (!partial && h->complete == FT_PACK_PARTIAL)
+        return ft_err(FT_E_CORRUPT, "%s: offset %zu: a partial pack (the first %u of %u layer "
+                      "blocks, no embeddings: `ftune plan`'s probe), not a whole pack", path,
+                      offsetof(ft_pack_hdr, complete), h->n_blocks, h->n_layers);
+    if (partial && h->complete == FT_PACK_COMPLETE)
+        return ft_err(FT_E_INVALID, "%s: a whole pack, not a partial one", path);
+    if (h->complete != (partial ? FT_PACK_PARTIAL : FT_PACK_COMPLETE))
         return ft_err(FT_E_CORRUPT, "%s: offset %zu: complete flag is %08x, expected %08x (the "
                       "build did not finish)", path, offsetof(ft_pack_hdr, complete), h->complete,
-                      FT_PACK_COMPLETE);
+                      partial ? FT_PACK_PARTIAL : FT_PACK_COMPLETE);
     if ((int64_t)h->file_bytes != size)
         return ft_err(FT_E_CORRUPT, "%s: file is %lld bytes, the header says %llu (truncated or "
                       "extended)", path, (long long)size, (unsigned long long)h->file_bytes);
     if (h->quant != FT_PACK_QUANT_NF4 && h->quant != FT_PACK_QUANT_BF16)
         return ft_err(FT_E_CORRUPT, "%s: offset %zu: quant %u unknown", path,
                       offsetof(ft_pack_hdr, quant), h->quant);
-    if (h->n_layers < 1 || h->n_layers > 100000 || (uint64_t)h->n_blocks != (uint64_t)h->n_layers + 1 ||
+    int blocks_ok = partial ? h->n_blocks >= 1 && h->n_blocks <= h->n_layers
+                            : (uint64_t)h->n_blocks == (uint64_t)h->n_layers + 1;
+    if (h->n_layers < 1 || h->n_layers > 100000 || !blocks_ok ||
         h->block_table_off < (int64_t)sizeof *h || h->config_off < (int64_t)sizeof *h ||
         h->config_off > (int64_t)h->header_bytes ||
         (int64_t)h->config_bytes > (int64_t)h->header_bytes - h->config_off ||
@@ -390,7 +400,8 @@ static int check_header(ft_pack_file *p, const uint8_t *raw, int64_t size)
     return 0;
 }
 
-int ft_pack_open(ft_pack_file **out, const char *path, int verify)
+/* ft_pack_open, and with partial != 0 ft_pack_open_partial. */
+static int open_pack(ft_pack_file **out, const char *path, int verify, int partial)
 {
     *out = NULL;
     ft_pack_file *p = calloc(1, sizeof *p);
@@ -420,8 +431,10 @@ int ft_pack_open(ft_pack_file **out, const char *path, int verify)
     uint8_t *raw = NULL;
     if (!rc && !(raw = malloc(p->hdr.header_bytes))) rc = ft_err(-ENOMEM, "%s: out of memory", path);
     if (!rc) rc = pread_all(p->fd, raw, p->hdr.header_bytes, 0, path);
-    if (!rc) rc = check_header(p, raw, (int64_t)sb.st_size);
+    if (!rc) rc = check_header(p, raw, (int64_t)sb.st_size, partial);
     free(raw);
+    p->partial = partial;
+    p->n_lay = partial ? p->hdr.n_blocks : p->hdr.n_layers;
     if (!rc && verify) rc = ft_pack_verify(p);
     if (!rc) rc = ft_reader_open(&p->rd, path, 8, (size_t)1 << 20, 1);
     if (rc < 0) {
@@ -431,13 +444,23 @@ int ft_pack_open(ft_pack_file **out, const char *path, int verify)
     /* the global directory, for ft_pack_read_global (a bad one is reported there, not here) */
     const ft_pack_tensor *d;
     int64_t nd;
-    const ft_pack_block *g = &p->blocks[p->hdr.n_layers];
-    if (pread_all(p->fd, p->gdir, sizeof(ft_pack_tensor) * g->n_tensors, (int64_t)g->offset, path) == 0 &&
+    const ft_pack_block *g = partial ? NULL : &p->blocks[p->hdr.n_layers];
+    if (g && pread_all(p->fd, p->gdir, sizeof(ft_pack_tensor) * g->n_tensors, (int64_t)g->offset, path) == 0 &&
         ft_pack_block_dir(p, -1, p->gdir, &d, &nd) == 0)
         p->gdir_ok = 1;
     ft_err_clear();
     *out = p;
     return 0;
+}
+
+int ft_pack_open(ft_pack_file **out, const char *path, int verify)
+{
+    return open_pack(out, path, verify, 0);
+}
+
+int ft_pack_open_partial(ft_pack_file **out, const char *path)
+{
+    return open_pack(out, path, 1, 1);
 }
 
 const char *ft_pack_read_mode(const ft_pack_file *p) { return ft_reader_mode(p->rd); }
@@ -474,7 +497,7 @@ const char *ft_pack_path(const ft_pack_file *p) { return p->path; }
 
 static const ft_pack_block *block_of(const ft_pack_file *p, int64_t l)
 {
-    if (l < -1 || l >= (int64_t)p->hdr.n_layers) return NULL;
+    if (l < -1 || l >= (int64_t)p->n_lay || (l < 0 && p->partial)) return NULL;
     return &p->blocks[l < 0 ? p->hdr.n_layers : (uint32_t)l];
 }
 
@@ -496,7 +519,7 @@ int ft_pack_block_extent(const ft_pack_file *p, int64_t l, uint64_t *off, uint64
 size_t ft_pack_max_layer_bytes(const ft_pack_file *p)
 {
     size_t m = 0;
-    for (uint32_t i = 0; i < p->hdr.n_layers; i++)
+    for (uint32_t i = 0; i < p->n_lay; i++)
         if (p->blocks[i].bytes > m) m = (size_t)p->blocks[i].bytes;
     return m;
 }
@@ -746,6 +769,9 @@ static int global_record(ft_pack_file *p, int role, ft_pack_tensor *out, int *fo
                       "lm_head %d)", p->path, role, FT_PACK_ROLE_EMBED, FT_PACK_ROLE_FINAL_NORM,
                       FT_PACK_ROLE_LM_HEAD);
     const ft_pack_block *b = block_of(p, -1);
+    if (!b)
+        return ft_err(FT_E_UNSUPPORTED, "%s: a partial pack (`ftune plan`'s probe) has no "
+                      "embeddings, final norm or LM head", p->path);
     ft_pack_tensor dir[FT_PACK_MAX_SLOTS];
     const ft_pack_tensor *d = p->gdir;
     int64_t n = b->n_tensors;

@@ -34,6 +34,10 @@
 #define FT_PACK_VERSION 1u
 #define FT_PACK_ALIGN 4096
 #define FT_PACK_COMPLETE 0x454c504du /* "MPLE" */
+/* The complete flag of a partial pack (ft_pack_build_opts.layer_limit): only the first
+ * n_blocks layer blocks, no global block; ft_pack_open refuses it, ft_pack_open_partial
+ * reads it. `ftune plan` times layer 0 from one before the real pack is built. */
+#define FT_PACK_PARTIAL 0x54524150u  /* "PART" */
 #define FT_PACK_GLOBAL 0xFFFFFFFFu   /* ft_pack_block.layer of the embeddings/head block */
 
 enum ft_pack_quant { FT_PACK_QUANT_BF16 = 1, FT_PACK_QUANT_NF4 = 2 };
@@ -155,6 +159,9 @@ typedef struct ft_pack_stats {
     int64_t buffer_bytes;      /* the builder's own largest allocation set */
     int64_t max_layer_bytes;   /* largest layer block in the pack */
     int64_t max_layer_src_bf16_bytes; /* largest layer as bf16 in the source */
+    double layer_seconds;      /* from the first layer block's start until the last one is
+                                * handed to the writer (a partial pack: until it is written;
+                                * before the global block and the fsyncs either way) */
 } ft_pack_stats;
 
 /* Builds a pack at `path` from src, tensor by tensor: layer blocks are assembled in one
@@ -187,6 +194,10 @@ typedef struct ft_pack_build_opts {
      * writes with writeback started after each block (sync_file_range), which leaves the
      * pack in the page cache for the checksum pass of its first use. */
     int direct_io;
+    /* 1..n_layers: a partial pack of layers [0, layer_limit) only, without the global block
+     * (the header's n_blocks = layer_limit, complete flag FT_PACK_PARTIAL; those blocks are
+     * byte-identical to the whole pack's, checksums included). 0 (default): the whole pack. */
+    int64_t layer_limit;
 } ft_pack_build_opts;
 
 /* ft_pack_build with options (o may be NULL: the defaults, as ft_pack_build). In both modes
@@ -199,6 +210,16 @@ typedef struct ft_pack_build_opts {
 int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *config_json,
                      size_t config_len, uint64_t identity, const ft_pack_settings *s,
                      const ft_pack_src *src, const ft_pack_build_opts *o, ft_pack_stats *st);
+
+/* The layout ft_pack_build gives a model, without building it: block_bytes[l] (n_layers + 1
+ * entries: each layer's block, then the global block's, zero padding included) and
+ * *file_bytes (the header, config_len bytes of config.json and the block table included), from
+ * the config, the settings and the source (whose pre-quantized NF4 tensors keep their own
+ * block sizes, as in the build): the builder's own planning (ft_pack_plan_block), so the
+ * numbers are the built pack's, byte for byte. Returns 0, FT_E_INVALID (a config too large to
+ * pack, bad settings) or the source's read_nf4 errors. */
+int ft_pack_layout(const ft_model_config *cfg, size_t config_len, const ft_pack_settings *s,
+                   const ft_pack_src *src, uint64_t *block_bytes, uint64_t *file_bytes);
 
 /* The sum of n non-negative finite floats, correctly rounded to double (round half to
  * even): the value ft_nf4_fsum returns, computed in parallel from exact per-exponent
@@ -215,6 +236,12 @@ typedef struct ft_pack_file ft_pack_file;
  * Errors name the path and the offset: FT_E_CORRUPT, FT_E_UNSUPPORTED (version), -errno. */
 int ft_pack_open(ft_pack_file **out, const char *path, int verify);
 void ft_pack_close(ft_pack_file *p); /* NULL-safe */
+/* Opens a partial pack (FT_PACK_PARTIAL, ft_pack_build_opts.layer_limit) with ft_pack_open's
+ * checks, its block checksums verified: the layer blocks it holds read as a whole pack's
+ * (ft_pack_read_block, ft_pack_block_dir, ft_pack_block_bytes); the others and the global
+ * block are absent (FT_E_RANGE; ft_pack_block_bytes 0; ft_pack_read_global FT_E_UNSUPPORTED).
+ * A whole pack is refused here (FT_E_INVALID), as a partial one is by ft_pack_open. */
+int ft_pack_open_partial(ft_pack_file **out, const char *path);
 
 const ft_pack_hdr *ft_pack_header(const ft_pack_file *p);
 const ft_model_config *ft_pack_config(const ft_pack_file *p);
@@ -347,6 +374,48 @@ int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_setti
  * then as ft_pack_ensure; a folder is always streamed from its safetensors. */
 int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
                           const ft_pack_settings *s, int force, ft_pack_ensure_info *info);
+
+/* ft_pack_ensure_loaded up to the build: what it would find (nothing is written, no pack is
+ * built). info->action FT_PACK_REUSED: a usable pack is at info->path (checksums verified, or
+ * its stamp trusted: info->verified); FT_PACK_BUILT: none there, one would be built at
+ * info->path; FT_PACK_REBUILT: the file there is not usable (info->reason). info->identity is
+ * the model's. Returns 0 or ft_pack_ensure's errors other than the build's. */
+int ft_pack_locate(const char *model, const char *cache_dir, const ft_pack_settings *s,
+                   ft_pack_ensure_info *info);
+
+/* ---- a pack not built yet (`ftune plan`) ------------------------------------------------ */
+
+/* What the planner needs of a pack before it exists: every block's size, a probe pack holding
+ * layer 0's block, and a file to time the disk with. */
+typedef struct ft_pack_preview {
+    char path[4200];           /* where the pack will be written (ft_pack_locate's) */
+    int quant;                 /* enum ft_pack_quant */
+    int64_t n_layers;
+    uint64_t *block_bytes;     /* n_layers + 1: ft_pack_layout's (layers, then the global block) */
+    uint64_t max_layer_bytes;  /* the largest layer block */
+    uint64_t file_bytes;       /* the whole file */
+    ft_pack_file *probe;       /* partial pack of layer 0's block (ft_pack_open_partial), its
+                                * file already unlinked (the descriptors keep it readable): NULL
+                                * unless asked for */
+    double probe_seconds;      /* making layer 0's block (ft_pack_stats.layer_seconds) */
+    double build_estimate_s;   /* probe_seconds scaled by the pack's weights over layer 0's (0:
+                                * no probe): a guess at the build, its final fsync not counted */
+    char disk_file[4200];      /* the largest source file (a safetensors shard or the GGUF) */
+    uint64_t disk_file_bytes;
+    int disk_same_device;      /* 1: disk_file is on the file system the pack goes to (st_dev),
+                                * 0: on another, -1: unknown */
+} ft_pack_preview;
+
+/* Fills *pv for the pack of `model` (a HF folder or GGUF file; loaded as for
+ * ft_pack_ensure_loaded) with settings s, to be written at `path` (ft_pack_locate's): sizes
+ * from ft_pack_layout; with probe != 0 also builds the probe pack (the builder with
+ * layer_limit 1) as "<path>.probe.<pid>" in path's folder (created if missing), opens it and
+ * unlinks it at once, so nothing stays in the cache folder, even if the process dies later.
+ * Returns 0, or the source's, the layout's or the probe build's errors (*pv then holds
+ * nothing to free). Free with ft_pack_preview_free. */
+int ft_pack_preview_make(const char *model, const ft_model *loaded, const char *path,
+                         const ft_pack_settings *s, int probe, ft_pack_preview *pv);
+void ft_pack_preview_free(ft_pack_preview *pv); /* NULL-safe; zeroes *pv */
 
 /* The file name init-model gives a pack it writes into a model folder. */
 #define FT_PACK_LOCAL_NF4 "model-nf4.ftpack"

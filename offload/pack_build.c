@@ -677,6 +677,38 @@ static int plan_all(builder *b, int64_t *blk_bytes, int64_t *max_layer, int64_t 
     return 0;
 }
 
+/* Bytes before block 0: the header, the config.json text and n_blocks table entries, padded
+ * to FT_PACK_ALIGN. */
+static int64_t header_bytes(int64_t n_blocks, size_t config_len)
+{
+    return align_up((int64_t)sizeof(ft_pack_hdr) + (int64_t)config_len +
+                    n_blocks * (int64_t)sizeof(ft_pack_block), FT_PACK_ALIGN);
+}
+
+int ft_pack_layout(const ft_model_config *cfg, size_t config_len, const ft_pack_settings *s,
+                   const ft_pack_src *src, uint64_t *block_bytes, uint64_t *file_bytes)
+{
+    if (s->quant != FT_PACK_QUANT_NF4 && s->quant != FT_PACK_QUANT_BF16)
+        return ft_err(FT_E_INVALID, "pack layout: unknown quantization %d", s->quant);
+    const int64_t L = cfg->num_hidden_layers;
+    if (L < 1 || L > 100000 || config_len > (1u << 24))
+        return ft_err(FT_E_INVALID, "pack layout: bad model config (%lld layers)", (long long)L);
+    uint64_t total = (uint64_t)header_bytes(L + 1, config_len);
+    for (int64_t l = -1; l < L; l++) { /* plan_all's checks and planning */
+        if (ft_pack_min_block_bytes(cfg, l, (uint32_t)s->quant) > ((uint64_t)1 << 50))
+            return ft_err(FT_E_INVALID, "pack layout: the config's %s tensors are too large to "
+                          "pack (over 1 PiB)", l < 0 ? "embedding/head" : "layer");
+        ft_pack_tensor rec[FT_PACK_MAX_SLOTS];
+        int pre[FT_PACK_MAX_SLOTS], n;
+        int64_t bytes;
+        FT_TRY(ft_pack_plan_block(cfg, s, src, l, rec, &n, &bytes, pre));
+        block_bytes[l < 0 ? L : l] = (uint64_t)bytes;
+        total += (uint64_t)bytes;
+    }
+    *file_bytes = total;
+    return 0;
+}
+
 int ft_pack_build(const char *path, const ft_model_config *cfg, const char *config_json,
                   size_t config_len, uint64_t identity, const ft_pack_settings *s,
                   const ft_pack_src *src, ft_pack_stats *st)
@@ -707,10 +739,16 @@ int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *c
     b.n_threads = omp_get_max_threads();
     ft_nf4_dynamic_map(b.map);
     const int64_t L = cfg->num_hidden_layers;
+    /* a partial pack: layers [0, n_lay), no global block */
+    const int64_t limit = o ? o->layer_limit : 0;
+    if (limit < 0 || limit > L)
+        return ft_err(FT_E_INVALID, "%s: layer limit %lld outside [0, %lld]", path,
+                      (long long)limit, (long long)L);
+    const int partial = limit > 0;
+    const int64_t n_lay = partial ? limit : L, n_blk = partial ? limit : L + 1;
     int64_t *blk_bytes = calloc((size_t)(L + 1), sizeof *blk_bytes);
     ft_pack_block *tab = calloc((size_t)(L + 1), sizeof *tab);
-    int64_t hb = (int64_t)sizeof(ft_pack_hdr) + (int64_t)config_len + (L + 1) * (int64_t)sizeof *tab;
-    hb = align_up(hb, FT_PACK_ALIGN);
+    int64_t hb = header_bytes(n_blk, config_len);
     uint8_t *hdr = calloc(1, (size_t)hb);
     char tmp[4200];
     int rc = 0;
@@ -718,19 +756,23 @@ int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *c
     if (!blk_bytes || !tab || !hdr) rc = ft_err(-ENOMEM, "%s: out of memory", path);
     if (!rc) rc = plan_all(&b, blk_bytes, &max_layer, &max_src);
     if (!rc) {
-        /* layer blocks: two only when there is a next layer to overlap with */
-        int n_blocks = L > 1 ? 2 : 1;
+        /* layer blocks: two only when there is a next layer to overlap with; the global
+         * block's stream buffers only when it is written */
+        int n_blocks = n_lay > 1 ? 2 : 1;
         b.scratch = b.concurrent ? NULL : malloc((size_t)b.scratch_n * 4);
         b.tscratch = b.concurrent ? malloc((size_t)b.task_n * 4 * (size_t)b.n_threads) : NULL;
         b.absmax = malloc((size_t)b.absmax_n * 4);
         for (int i = 0; i < n_blocks; i++) b.block[i] = alloc_aligned(b.block_n);
         if (n_blocks == 1) b.block[1] = b.block[0];
-        b.stream[0] = alloc_aligned(b.stream_n + b.stream_slack);
-        b.stream[1] = alloc_aligned(b.stream_n + b.stream_slack);
+        if (!partial) {
+            b.stream[0] = alloc_aligned(b.stream_n + b.stream_slack);
+            b.stream[1] = alloc_aligned(b.stream_n + b.stream_slack);
+        }
         buf_bytes = (b.concurrent ? b.task_n * 4 * b.n_threads : b.scratch_n * 4) +
-                    b.absmax_n * 4 + n_blocks * b.block_n + 2 * (b.stream_n + b.stream_slack);
+                    b.absmax_n * 4 + n_blocks * b.block_n +
+                    (partial ? 0 : 2 * (b.stream_n + b.stream_slack));
         if ((!b.scratch && !b.tscratch) || !b.absmax || !b.block[0] || !b.block[1] ||
-            !b.stream[0] || !b.stream[1])
+            (!partial && (!b.stream[0] || !b.stream[1])))
             rc = ft_err(-ENOMEM, "%s: cannot allocate the build buffers (%.1f MiB)", path,
                         buf_bytes / 1048576.0);
     }
@@ -740,15 +782,20 @@ int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *c
         rc = ft_err(-errno, "%s: cannot create: %s", tmp, strerror(errno));
     if (!rc) rc = writer_start(&b.w, b.fd, tmp, o && o->direct_io);
     int64_t off = hb;
-    for (int64_t l = 0; !rc && l < L; l++) {
+    double t_lay = now_s(), layer_s = 0;
+    for (int64_t l = 0; !rc && l < n_lay; l++) {
         rc = build_layer(&b, l, (int)(l & 1), &tab[l], off);
         off += blk_bytes[l];
     }
-    if (!rc) rc = build_global(&b, &tab[L], off);
+    /* a partial pack: until its blocks are written; a whole pack goes on with the global
+     * block while the writer still has the last layer block (no wait added there) */
+    if (!rc && partial) rc = writer_wait(&b.w, -1);
+    layer_s = now_s() - t_lay;
+    if (!rc && !partial) rc = build_global(&b, &tab[L], off);
     if (!rc) rc = writer_wait(&b.w, -1);
     writer_stop(&b.w);
     if (!rc) {
-        off += blk_bytes[L];
+        if (!partial) off += blk_bytes[L];
         ft_pack_hdr h;
         memset(&h, 0, sizeof h);
         memcpy(h.magic, FT_PACK_MAGIC, 8);
@@ -758,7 +805,7 @@ int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *c
         h.blocksize = (uint32_t)s->blocksize;
         h.nested_blocksize = (uint32_t)s->nested_blocksize;
         h.n_layers = (uint32_t)L;
-        h.n_blocks = (uint32_t)(L + 1);
+        h.n_blocks = (uint32_t)n_blk;
         h.config_bytes = (uint32_t)config_len;
         h.config_off = (int64_t)sizeof h;
         h.block_table_off = (int64_t)sizeof h + (int64_t)config_len;
@@ -767,12 +814,12 @@ int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *c
         h.file_bytes = (uint64_t)off;
         memcpy(hdr, &h, sizeof h);
         memcpy(hdr + h.config_off, config_json, config_len);
-        memcpy(hdr + h.block_table_off, tab, (size_t)(L + 1) * sizeof *tab);
+        memcpy(hdr + h.block_table_off, tab, (size_t)n_blk * sizeof *tab);
         h.header_sum = (uint32_t)ft_pack_xxh64(hdr, (size_t)hb, 0);
         memcpy(hdr, &h, sizeof h);
         rc = pwrite_all(b.fd, hdr, (size_t)hb, 0, tmp);
         if (!rc && fsync(b.fd) < 0) rc = ft_err(-errno, "%s: fsync: %s", tmp, strerror(errno));
-        uint32_t done = FT_PACK_COMPLETE; /* the complete flag, last */
+        uint32_t done = partial ? FT_PACK_PARTIAL : FT_PACK_COMPLETE; /* the complete flag, last */
         if (!rc) rc = pwrite_all(b.fd, &done, 4, (int64_t)offsetof(ft_pack_hdr, complete), tmp);
         if (!rc && fsync(b.fd) < 0) rc = ft_err(-errno, "%s: fsync: %s", tmp, strerror(errno));
     }
@@ -790,6 +837,7 @@ int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *c
         st->buffer_bytes = buf_bytes;
         st->max_layer_bytes = max_layer;
         st->max_layer_src_bf16_bytes = max_src;
+        st->layer_seconds = layer_s;
     }
     free(b.scratch);
     free(b.tscratch);

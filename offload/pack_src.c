@@ -503,47 +503,80 @@ static int usable(const char *path, uint64_t identity, const ft_pack_settings *s
     return rc;
 }
 
+/* A model opened as the builder's source: the config, its config.json text (stored in the
+ * pack) and the tensor reader, as ft_pack_ensure builds from it. */
+typedef struct model_src {
+    const ft_model_config *cfg;
+    char *json;                /* the config.json text (cJSON_free'd when made from GGUF) */
+    size_t json_len;
+    int json_cjson;
+    ft_pack_src src;
+    ft_model_config hf_cfg;    /* a HF folder's config */
+    hf_src h;
+    ft_model *deferred;        /* a GGUF file: shapes only (its tensors checked, none read) */
+    ft_gguf *g;
+    gguf_src gs;
+} model_src;
+
+static void msrc_close(model_src *ms)
+{
+    if (ms->json_cjson) cJSON_free(ms->json);
+    else free(ms->json);
+    ft_bnb4_free(&ms->h.bnb);
+    ft_st_set_close(ms->h.set);
+    ft_gguf_close(ms->g);
+    ft_model_free(ms->deferred);
+    memset(ms, 0, sizeof *ms);
+}
+
+/* Opens `model` as a source: a GGUF model in memory (loaded with weights) from its weights, a
+ * GGUF file dequantized tensor by tensor as the builder asks, a HF folder streamed from its
+ * safetensors. On an error nothing is left to close. */
+static int msrc_open(model_src *ms, const char *model, const ft_model *loaded)
+{
+    memset(ms, 0, sizeof *ms);
+    int isdir = ft_is_dir(model);
+    if (isdir < 0) return ft_err(isdir, "%s: cannot open model: %s", model, strerror(-isdir));
+    int rc = 0;
+    if (!isdir && loaded && loaded->embed) { /* a GGUF model in memory: its weights */
+        ms->cfg = &loaded->cfg;
+        ms->json = config_json_of(&loaded->cfg);
+        ms->json_cjson = 1;
+        rc = ms->json ? 0 : ft_err(-ENOMEM, "out of memory");
+        ms->src = (ft_pack_src){(void *)loaded, gguf_read_f32, NULL, NULL};
+    } else if (!isdir) { /* a GGUF file, dequantized tensor by tensor as the builder asks */
+        FT_TRY(ft_model_load_deferred(&ms->deferred, model));
+        ms->cfg = &ms->deferred->cfg;
+        rc = ft_gguf_open(&ms->g, model);
+        if (!rc) {
+            ms->json = config_json_of(ms->cfg);
+            ms->json_cjson = 1;
+            if (!ms->json) rc = ft_err(-ENOMEM, "out of memory");
+        }
+        ms->gs = (gguf_src){ms->g, ms->cfg};
+        ms->src = (ft_pack_src){&ms->gs, gguf_stream_f32, NULL, gguf_stream_release};
+    } else {
+        char p[4200];
+        FT_TRY(ft_path_join(p, sizeof p, model, "config.json"));
+        FT_TRY(ft_config_load(&ms->hf_cfg, p));
+        ms->cfg = &ms->hf_cfg;
+        rc = ft_read_file(p, &ms->json, &ms->json_len);
+        ms->h = (hf_src){model, &ms->hf_cfg, NULL};
+        if (!rc) rc = ft_st_set_open(&ms->h.set, model);
+        ms->src = (ft_pack_src){&ms->h, hf_read_f32, hf_read_nf4, hf_release};
+    }
+    if (!rc && ms->json_cjson) ms->json_len = strlen(ms->json);
+    if (rc) msrc_close(ms);
+    return rc;
+}
+
 static int build_from(const char *model, const ft_model *loaded, const char *path,
                       uint64_t identity, const ft_pack_settings *s, ft_pack_stats *st)
 {
-    int isdir = ft_is_dir(model);
-    if (isdir < 0) return ft_err(isdir, "%s: cannot open model: %s", model, strerror(-isdir));
-    if (!isdir && loaded && loaded->embed) { /* a GGUF model in memory: its weights */
-        char *js = config_json_of(&loaded->cfg);
-        int rc = js ? 0 : ft_err(-ENOMEM, "out of memory");
-        ft_pack_src src = {(void *)loaded, gguf_read_f32, NULL, NULL};
-        if (!rc) rc = ft_pack_build(path, &loaded->cfg, js, strlen(js), identity, s, &src, st);
-        cJSON_free(js);
-        return rc;
-    }
-    if (!isdir) { /* a GGUF file, dequantized tensor by tensor as the builder asks */
-        ft_model *m = NULL; /* every tensor's name, shape and type checked, none read */
-        FT_TRY(ft_model_load_deferred(&m, model));
-        ft_gguf *g = NULL;
-        int rc = ft_gguf_open(&g, model);
-        char *js = rc ? NULL : config_json_of(&m->cfg);
-        if (!rc && !js) rc = ft_err(-ENOMEM, "out of memory");
-        gguf_src gs = {g, &m->cfg};
-        ft_pack_src src = {&gs, gguf_stream_f32, NULL, gguf_stream_release};
-        if (!rc) rc = ft_pack_build(path, &m->cfg, js, strlen(js), identity, s, &src, st);
-        cJSON_free(js);
-        ft_gguf_close(g);
-        ft_model_free(m);
-        return rc;
-    }
-    char p[4200], *json = NULL;
-    size_t len = 0;
-    ft_model_config cfg;
-    FT_TRY(ft_path_join(p, sizeof p, model, "config.json"));
-    FT_TRY(ft_config_load(&cfg, p));
-    FT_TRY(ft_read_file(p, &json, &len));
-    hf_src h = {model, &cfg, NULL};
-    int rc = ft_st_set_open(&h.set, model);
-    ft_pack_src src = {&h, hf_read_f32, hf_read_nf4, hf_release};
-    if (!rc) rc = ft_pack_build(path, &cfg, json, len, identity, s, &src, st);
-    ft_bnb4_free(&h.bnb);
-    ft_st_set_close(h.set);
-    free(json);
+    model_src ms;
+    FT_TRY(msrc_open(&ms, model, loaded));
+    int rc = ft_pack_build(path, ms.cfg, ms.json, ms.json_len, identity, s, &ms.src, st);
+    msrc_close(&ms);
     return rc;
 }
 
@@ -553,8 +586,10 @@ int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_setti
     return ft_pack_ensure_loaded(model, NULL, cache_dir, s, force, info);
 }
 
-int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
-                          const ft_pack_settings *s, int force, ft_pack_ensure_info *info)
+/* ft_pack_ensure_loaded up to the build: 1 when a usable pack is at info->path, 0 when one
+ * is to be built there (info->action and reason say why), or an error. */
+static int locate(const char *model, const char *cache_dir, const ft_pack_settings *s,
+                  int force, ft_pack_ensure_info *info)
 {
     memset(info, 0, sizeof *info);
     char dir[4200];
@@ -571,7 +606,7 @@ int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char 
             if (!rc) {
                 info->action = FT_PACK_REUSED;
                 snprintf(info->path, sizeof info->path, "%s", lp);
-                return 0;
+                return 1;
             }
             snprintf(info->reason, sizeof info->reason, "%s", ft_errmsg());
             char **files;
@@ -599,7 +634,7 @@ int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char 
         int rc = usable(info->path, info->identity, s, NULL, &info->verified);
         if (!rc) {
             info->action = FT_PACK_REUSED;
-            return 0;
+            return 1;
         }
         snprintf(info->reason, sizeof info->reason, "%s", ft_errmsg());
         info->action = FT_PACK_REBUILT;
@@ -608,8 +643,152 @@ int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char 
         if (force && info->action == FT_PACK_REBUILT) snprintf(info->reason, sizeof info->reason, "--force");
     }
     if (info->reason[0] && info->action != FT_PACK_REBUILT) info->action = FT_PACK_REBUILT;
+    ft_err_clear(); /* the unusable file's error is in info->reason */
+    return 0;
+}
+
+int ft_pack_locate(const char *model, const char *cache_dir, const ft_pack_settings *s,
+                   ft_pack_ensure_info *info)
+{
+    int rc = locate(model, cache_dir, s, 0, info);
+    return rc < 0 ? rc : 0;
+}
+
+int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
+                          const ft_pack_settings *s, int force, ft_pack_ensure_info *info)
+{
+    int found = locate(model, cache_dir, s, force, info);
+    if (found) return found < 0 ? found : 0;
+    char dir[4200];
+    if (cache_dir) snprintf(dir, sizeof dir, "%s", cache_dir);
+    else FT_TRY(ft_pack_default_cache_dir(dir, sizeof dir));
     FT_TRY(ft_mkdir_p(dir));
     stamp_remove(info->path);
     int rc = build_from(model, loaded, info->path, info->identity, s, &info->stats);
     return rc < 0 ? ft_err_prefix(rc, "building the pack of %s", model) : 0;
+}
+
+/* ---- a pack not built yet ------------------------------------------------------------------ */
+
+/* Weights of block l (-1: global) of config c: elements of its tensors. */
+static double block_elems(const ft_model_config *c, int64_t l)
+{
+    ft_pack_slot sl[FT_PACK_MAX_SLOTS];
+    int n = ft_pack_block_slots(c, l, sl);
+    double e = 0;
+    for (int i = 0; i < n; i++) e += (double)sl[i].rows * (double)sl[i].cols;
+    return e;
+}
+
+/* The largest source file of model (a folder's safetensors, or the GGUF file) into pv. */
+static int largest_source(const char *model, ft_pack_preview *pv)
+{
+    struct stat st;
+    int isdir = ft_is_dir(model);
+    if (isdir < 0) return ft_err(isdir, "%s: cannot open model: %s", model, strerror(-isdir));
+    if (!isdir) {
+        if (stat(model, &st) < 0) return ft_err(-errno, "%s: cannot stat: %s", model, strerror(errno));
+        snprintf(pv->disk_file, sizeof pv->disk_file, "%s", model);
+        pv->disk_file_bytes = (uint64_t)st.st_size;
+        return 0;
+    }
+    char **files;
+    int n, rc = 0;
+    FT_TRY(st_files(model, &files, &n));
+    for (int i = 0; i < n; i++) {
+        char p[4200];
+        if (!rc) rc = ft_path_join(p, sizeof p, model, files[i]);
+        if (!rc && stat(p, &st) == 0 && (uint64_t)st.st_size > pv->disk_file_bytes) {
+            snprintf(pv->disk_file, sizeof pv->disk_file, "%s", p);
+            pv->disk_file_bytes = (uint64_t)st.st_size;
+        }
+        free(files[i]);
+    }
+    free(files);
+    return rc;
+}
+
+/* st_dev of path's folder, or of its nearest existing ancestor (the cache folder may not exist
+ * yet); -1 if none can be found. */
+static int folder_dev(const char *path, dev_t *dev)
+{
+    char d[4200];
+    snprintf(d, sizeof d, "%s", path);
+    for (;;) {
+        char *slash = strrchr(d, '/');
+        if (!slash) snprintf(d, sizeof d, ".");
+        else if (slash == d) d[1] = 0;
+        else *slash = 0;
+        struct stat st;
+        if (stat(d, &st) == 0) {
+            *dev = st.st_dev;
+            return 0;
+        }
+        if (!slash || !strcmp(d, "/")) return -1;
+    }
+}
+
+void ft_pack_preview_free(ft_pack_preview *pv)
+{
+    if (!pv) return;
+    ft_pack_close(pv->probe);
+    free(pv->block_bytes);
+    memset(pv, 0, sizeof *pv);
+}
+
+int ft_pack_preview_make(const char *model, const ft_model *loaded, const char *path,
+                         const ft_pack_settings *s, int probe, ft_pack_preview *pv)
+{
+    memset(pv, 0, sizeof *pv);
+    if (snprintf(pv->path, sizeof pv->path, "%s", path) >= (int)sizeof pv->path)
+        return ft_err(FT_E_RANGE, "%s: path too long", path);
+    pv->quant = s->quant;
+    model_src ms;
+    FT_TRY(msrc_open(&ms, model, loaded));
+    const int64_t L = ms.cfg->num_hidden_layers;
+    int rc = 0;
+    pv->block_bytes = L >= 1 ? calloc((size_t)(L + 1), sizeof *pv->block_bytes) : NULL;
+    if (!pv->block_bytes) rc = L >= 1 ? ft_err(-ENOMEM, "out of memory")
+                                      : ft_err(FT_E_INVALID, "%s: no layers", model);
+    if (!rc) rc = ft_pack_layout(ms.cfg, ms.json_len, s, &ms.src, pv->block_bytes, &pv->file_bytes);
+    if (!rc) {
+        pv->n_layers = L;
+        for (int64_t l = 0; l < L; l++)
+            if (pv->block_bytes[l] > pv->max_layer_bytes) pv->max_layer_bytes = pv->block_bytes[l];
+        rc = largest_source(model, pv);
+    }
+    if (!rc) {
+        struct stat st;
+        dev_t dev;
+        pv->disk_same_device = stat(pv->disk_file, &st) == 0 && folder_dev(path, &dev) == 0
+                                   ? st.st_dev == dev : -1;
+    }
+    if (!rc && probe) {
+        char dir[4200], pp[4300];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash && slash != dir) *slash = 0;
+        if (slash && slash != dir) rc = ft_mkdir_p(dir);
+        if (!rc && snprintf(pp, sizeof pp, "%s.probe.%d", path, (int)getpid()) >= (int)sizeof pp)
+            rc = ft_err(FT_E_RANGE, "%s: path too long", path);
+        ft_pack_build_opts o = {0};
+        o.layer_limit = 1;
+        ft_pack_stats st;
+        memset(&st, 0, sizeof st);
+        if (!rc) rc = ft_pack_build_ex(pp, ms.cfg, ms.json, ms.json_len, 0, s, &ms.src, &o, &st);
+        if (!rc) {
+            rc = ft_pack_open_partial(&pv->probe, pp);
+            unlink(pp); /* read through the open descriptors from here on */
+        }
+        if (rc < 0) rc = ft_err_prefix(rc, "building the probe pack of %s (layer 0)", model);
+        if (!rc) {
+            double e0 = block_elems(ms.cfg, 0), all = block_elems(ms.cfg, -1);
+            for (int64_t l = 0; l < L; l++) all += block_elems(ms.cfg, l);
+            pv->probe_seconds = st.layer_seconds;
+            pv->build_estimate_s = e0 > 0 ? st.layer_seconds * all / e0 : 0;
+        }
+    }
+    msrc_close(&ms);
+    if (rc) ft_pack_preview_free(pv);
+    return rc;
 }

@@ -80,8 +80,47 @@ static int probe_fused(ft_exec *probe, ft_pack_file *pack, int64_t T, const ft_p
     return 0;
 }
 
-int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
-                    const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res)
+/* The disk rate of a pack not built yet (ft_place_preview): a read of np->disk_file, else
+ * the assumption; res->disk_* say which. */
+static int preview_disk(const ft_place_nopack *np, ft_place_result *res)
+{
+    const char *dev = np->disk_same_device > 0    ? "on the cache folder's device"
+                      : np->disk_same_device == 0 ? "on another device than the cache folder: "
+                                                    "assumed to be the pack's rate"
+                                                  : "device unknown";
+    if (np->disk_file && np->disk_file[0]) {
+        ft_probe_disk_result *dr = calloc(1, sizeof *dr);
+        if (!dr) return ft_err(-ENOMEM, "out of memory");
+        int rc = ft_probe_disk(np->disk_file, (uint64_t)8 << 30, dr);
+        if (!rc && dr->bytes_per_s > 0) {
+            res->disk_rate = dr->bytes_per_s;
+            snprintf(res->disk_mode, sizeof res->disk_mode, "%s", dr->mode);
+            snprintf(res->disk_source, sizeof res->disk_source,
+                     "the pack is not built: %.1f MB of %s read instead, %s%s%s", dr->bytes / 1e6,
+                     np->disk_file, dev, dr->page_cache ? "; " : "", dr->page_cache ? dr->note : "");
+            free(dr);
+            return 0;
+        }
+        free(dr);
+        snprintf(res->disk_source, sizeof res->disk_source,
+                 "the pack is not built and reading %s failed (%s): assumed %.2f GB/s",
+                 np->disk_file, rc ? ft_errmsg() : "no rate", FT_PLACE_DISK_ASSUMED / 1e9);
+        ft_err_clear();
+    } else {
+        snprintf(res->disk_source, sizeof res->disk_source,
+                 "the pack is not built and there is no source file to read: assumed %.2f GB/s",
+                 FT_PLACE_DISK_ASSUMED / 1e9);
+    }
+    res->disk_rate = FT_PLACE_DISK_ASSUMED;
+    snprintf(res->disk_mode, sizeof res->disk_mode, "assumed");
+    return 0;
+}
+
+/* ft_place_packed (np NULL) and ft_place_preview (np: pack is np->probe, the sizes and the
+ * disk from np, apply 0). */
+static int place(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
+                 const ft_place_nopack *np, const ft_place_opts *o, int apply, ft_exec *ex,
+                 ft_place_result *res)
 {
     const ft_model_config *c = &m->cfg;
     int64_t L = c->num_hidden_layers, T = o->T, C = c->hidden_size, V = c->vocab_size;
@@ -119,9 +158,13 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     FT_TRY(ft_backend_mem_free(be, &free_b, &total_b));
     size_t used = total_b - free_b;
 
-    /* 3. sizes */
-    size_t blocks = 0, biggest = ft_pack_max_layer_bytes(pack);
-    for (int64_t l = 0; l < L; l++) blocks += ft_pack_block_bytes(pack, l);
+    /* 3. sizes (a pack not built yet: those it will have) */
+    size_t blocks = 0, biggest = np ? 0 : ft_pack_max_layer_bytes(pack);
+    for (int64_t l = 0; l < L; l++) {
+        size_t b = np ? (size_t)np->block_bytes[l] : ft_pack_block_bytes(pack, l);
+        blocks += b;
+        if (np && b > biggest) biggest = b;
+    }
     res->pack_bytes = blocks;
     /* a pack-only model: the final norm and one V x C table (the untied LM head, or a tied
      * model's embeddings, which are its LM head; tiers.c ft_exec_globals_from_pack) */
@@ -171,7 +214,10 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     const char *force = getenv("FTUNE_CKPT_HOST");
     in->ckpt_host_only = force && atoi(force) > 0;
     in->ckpt_host_last_resort = !(force && !strcmp(force, "auto"));
-    if (blocks + 3 * biggest > in->host_budget) {
+    if (blocks + 3 * biggest > in->host_budget && np) {
+        FT_TRY(preview_disk(np, res));
+        in->rates.disk = res->disk_rate;
+    } else if (blocks + 3 * biggest > in->host_budget) {
         ft_probe_disk_result *dr = calloc(1, sizeof *dr);
         if (!dr) return ft_err(-ENOMEM, "out of memory");
         /* 8 GiB: on the lent machine's virtual disk, 2 GiB samples ranged 1.44-1.82 GB/s */
@@ -212,4 +258,22 @@ int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_fi
     /* the caller frees *ex only on success: on a failure, what the calls after the init
      * allocated is freed here (a failed init frees its own) */
     return rc < 0 ? ft_exec_free_keeping_err(ex, rc) : 0;
+}
+
+int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
+                    const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res)
+{
+    return place(be, m, lora, pack, NULL, o, apply, ex, res);
+}
+
+int ft_place_preview(ft_backend *be, const ft_model *m, ft_lora *lora, const ft_place_nopack *np,
+                     const ft_place_opts *o, ft_place_result *res)
+{
+    if (!np || !np->probe || !np->block_bytes)
+        return ft_err(FT_E_INVALID, "ft_place_preview: no probe pack or block sizes");
+    if (ft_pack_header(np->probe)->n_layers != (uint32_t)m->cfg.num_hidden_layers)
+        return ft_err(FT_E_INVALID, "%s: a probe pack of %u layers for a model of %lld",
+                      ft_pack_path(np->probe), ft_pack_header(np->probe)->n_layers,
+                      (long long)m->cfg.num_hidden_layers);
+    return place(be, m, lora, np->probe, np, o, 0, NULL, res);
 }

@@ -42,6 +42,8 @@ typedef struct ft_place_result {
     double nf4_t_dequant_path, nf4_t_fused_path, nf4_err;
     double disk_rate;           /* bytes/s of the probe (0: not measured) */
     char disk_mode[256];
+    /* ft_place_preview: what disk_rate stands on ("" with a pack: its own blocks were read) */
+    char disk_source[768];
     uint64_t pack_bytes;        /* all layer blocks */
     char text[2048];            /* ft_plan_format's lines */
 } ft_place_result;
@@ -58,6 +60,33 @@ typedef struct ft_place_result {
  * it and zeroes *ex), and ft_errmsg() is the first failure's message, not the cleanup's. */
 int ft_place_packed(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
                     const ft_place_opts *o, int apply, ft_exec *ex, ft_place_result *res);
+
+/* A pack that is not built yet, as ft_place_preview takes it (offload/pack.h ft_pack_preview). */
+typedef struct ft_place_nopack {
+    ft_pack_file *probe;        /* a partial pack holding layer 0's block (ft_pack_open_partial):
+                                 * the probe's layer, and the header's quantization */
+    const uint64_t *block_bytes; /* each layer's block size in the pack to be built
+                                 * (ft_pack_layout; n_layers entries are read) */
+    const char *disk_file;      /* a file read for the disk rate when the disk tier may be
+                                 * needed (NULL: none; FT_PLACE_DISK_ASSUMED is taken) */
+    int disk_same_device;       /* 1: disk_file is on the pack's file system, 0: on another,
+                                 * -1: unknown (only said in disk_source) */
+} ft_place_nopack;
+
+/* The disk rate assumed when there is nothing to read (bytes/s): the lent GPU machine's
+ * virtual disk read the pack at 1.44-1.82 GB/s in 2 GiB samples. */
+#define FT_PLACE_DISK_ASSUMED 1.5e9
+
+/* ft_place_packed(apply = 0) for a pack not built yet (`ftune plan`): the same probe, sizes
+ * and plan, with the probe's layer from np->probe, the layer blocks' sizes from
+ * np->block_bytes, and, when the disk tier may be needed, the disk rate of a read of
+ * np->disk_file (ft_probe_disk, the pack reader's 8 GiB at most) in place of the pack's own
+ * blocks; with no file, or when reading it fails, FT_PLACE_DISK_ASSUMED. res->disk_source says
+ * which. For an existing pack this gives ft_place_packed's plan (the tiers, micro-batches and
+ * memory are the same for the same budgets; predicted times differ by the probes' noise and,
+ * with disk layers, by the file read). Returns ft_place_packed's errors. */
+int ft_place_preview(ft_backend *be, const ft_model *m, ft_lora *lora, const ft_place_nopack *np,
+                     const ft_place_opts *o, ft_place_result *res);
 
 /* Resident set size of this process in bytes (/proc/self/statm), 0 if unknown. */
 uint64_t ft_place_rss(void);

@@ -116,6 +116,7 @@ typedef struct run {
     ft_exec ex;
     int ex_ok;
     ft_pack_file *pack;         /* the NF4 base (--quant nf4), or NULL */
+    ft_pack_preview *preview;   /* `ftune plan` of a pack not built yet: its sizes and probe */
     ft_metrics met;
     char *cfg_json;             /* the run config stored in checkpoints */
     double *ref_train, *ref_eval; /* DPO: reference nlls by pair (dpo_run.h), 2 per pair */
@@ -130,6 +131,8 @@ static void run_free(run *r)
     ft_metrics_close(&r->met);
     if (r->ex_ok) ft_exec_free(&r->ex);
     ft_pack_close(r->pack);
+    ft_pack_preview_free(r->preview);
+    free(r->preview);
     if (r->lora_ok) ft_lora_free(&r->lora);
     ft_backend_free(r->be);
     ft_batches_free(r->train_b, r->n_train_b);
@@ -641,17 +644,54 @@ static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, ch
     return 0;
 }
 
+/* `ftune plan` (plan_only) of a base whose pack is not in the cache (or not usable there): the
+ * pack is not built; r->preview gets the sizes it will have and, for a device backend's probe,
+ * a probe pack of layer 0's block (offload/pack.h ft_pack_preview_make; nothing stays in the
+ * cache folder). Reported as a plan line: the size, where it goes, the build time estimate. */
+static int preview_pack(run *r, const ft_train_cfg *c, const ft_pack_settings *ps,
+                        const ft_pack_ensure_info *pi, ft_train_cb cb, void *user)
+{
+    if (pi->action == FT_PACK_REBUILT)
+        info(cb, user, FT_EV_WARN, "the cached pack is not usable (`ftune train` rebuilds it): %s",
+             pi->reason);
+    r->preview = calloc(1, sizeof *r->preview);
+    if (!r->preview) return ft_err(-ENOMEM, "out of memory");
+    int probe = !r->be->ops->host_memory; /* the CPU backend's plan measures nothing */
+    FT_TRY(ft_pack_preview_make(c->model, r->model, pi->path, ps, probe, r->preview));
+    const ft_pack_preview *pv = r->preview;
+    char est[256] = "", t[32];
+    double e = pv->build_estimate_s;
+    if (e >= 600) snprintf(t, sizeof t, "%.0f min", ceil(e / 60));
+    else snprintf(t, sizeof t, e >= 10 ? "%.0f s" : "%.1f s", e);
+    if (e > 0)
+        snprintf(est, sizeof est, "; building it takes about %s (layer 0's block took %.3f s here; "
+                 "the final fsync not counted)", t, pv->probe_seconds);
+    info(cb, user, FT_EV_PLAN, "plan: the %s pack is not built yet: `ftune train` first writes "
+         "%llu bytes (%.2f GB: %lld layer blocks of up to %llu bytes, embeddings and head %llu "
+         "bytes) to %s%s", ft_pack_quant_name(pv->quant), (unsigned long long)pv->file_bytes,
+         pv->file_bytes / 1e9, (long long)pv->n_layers, (unsigned long long)pv->max_layer_bytes,
+         (unsigned long long)pv->block_bytes[pv->n_layers], pv->path, est);
+    return 0;
+}
+
 /* Finds or builds the pack of the model in `quant` (NF4, or bf16 for a bf16 base streamed by
  * the offload executor) under --cache-dir and opens it (checksums were verified by
  * ft_pack_ensure when it was reused); reports what happened: a rebuilt pack (truncated,
- * corrupted, other settings) as a warning naming the reason. */
+ * corrupted, other settings) as a warning naming the reason. `ftune plan` opens a usable pack
+ * the same way, and builds none: see preview_pack. */
 static int open_pack(run *r, const ft_train_cfg *c, int quant, ft_train_cb cb, void *user)
 {
     ft_pack_settings ps;
     ft_pack_settings_default(&ps, quant);
     ft_pack_ensure_info *pi = malloc(sizeof *pi);
     if (!pi) return ft_err(-ENOMEM, "out of memory");
-    int rc = ft_pack_ensure_loaded(c->model, r->model, c->cache_dir, &ps, 0, pi);
+    int rc = c->plan_only ? ft_pack_locate(c->model, c->cache_dir, &ps, pi) /* builds nothing */
+                          : ft_pack_ensure_loaded(c->model, r->model, c->cache_dir, &ps, 0, pi);
+    if (!rc && c->plan_only && pi->action != FT_PACK_REUSED) {
+        rc = preview_pack(r, c, &ps, pi, cb, user);
+        free(pi);
+        return rc;
+    }
     if (!rc && pi->action == FT_PACK_REBUILT)
         info(cb, user, FT_EV_WARN, "the cached pack was not usable, rebuilt it: %s", pi->reason);
     if (!rc && pi->action == FT_PACK_REUSED)
@@ -792,11 +832,19 @@ static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_l
     }
     ft_place_result *pr = calloc(1, sizeof *pr);
     if (!pr) return ft_err(-ENOMEM, "out of memory");
-    int rc = ft_place_packed(r->be, r->model, &r->lora, r->pack, &po, !c->plan_only, &r->ex, pr);
+    int rc;
+    if (r->preview) { /* `ftune plan` of a pack not built yet */
+        ft_place_nopack np = {r->preview->probe, r->preview->block_bytes, r->preview->disk_file,
+                              r->preview->disk_same_device};
+        rc = ft_place_preview(r->be, r->model, &r->lora, &np, &po, pr);
+    } else {
+        rc = ft_place_packed(r->be, r->model, &r->lora, r->pack, &po, !c->plan_only, &r->ex, pr);
+    }
     if (!rc || pr->text[0]) {
-        char disk[512] = "";
+        char disk[1200] = "";
         if (pr->disk_rate > 0)
-            snprintf(disk, sizeof disk, "; disk %.2f GB/s (%s)", pr->disk_rate / 1e9, pr->disk_mode);
+            snprintf(disk, sizeof disk, "; disk %.2f GB/s (%s%s%s)", pr->disk_rate / 1e9, pr->disk_mode,
+                     pr->disk_source[0] ? "; " : "", pr->disk_source);
         info(cb, user, FT_EV_INFO, "probe: one layer of %lld tokens: dequant %.2f ms, forward %.2f ms, "
              "backward %.2f ms; PCIe H2D %.1f GB/s%s",
              (long long)T, pr->t_dequant * 1e3, (pr->in.t_fwd_layer - pr->t_dequant) * 1e3,
@@ -1116,7 +1164,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
      * those the correction read) is freed, and the executor reads every weight from the pack
      * as for a pack-only folder (offload/tiers.c ft_exec_globals_from_pack) */
     if (r->pack) FT_TRY(ft_model_use_pack(r->model, ft_pack_path(r->pack)));
-    if (r->pack && !r->be->ops->host_memory) {
+    if ((r->pack || r->preview) && !r->be->ops->host_memory) {
         FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user, res));
         if (c->plan_only) return 0;
     } else {
@@ -1124,7 +1172,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         if (c->plan_only) {
             info(cb, user, FT_EV_PLAN, "plan: backend %s, base %s: every layer %s; %lld micro-batch%s of %lld tokens per step",
                  r->be->ops->name, quant == FT_PACK_QUANT_NF4 ? "nf4" : "bf16",
-                 r->be->ops->host_memory ? (r->pack ? "streamed from the pack file per visit" : "in host memory")
+                 r->be->ops->host_memory ? (r->pack || r->preview ? "streamed from the pack file per visit" : "in host memory")
                                          : "in device memory",
                  (long long)cm->grad_accum, cm->grad_accum == 1 ? "" : "es", (long long)T);
             return 0;

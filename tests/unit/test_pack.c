@@ -19,7 +19,10 @@
  *   GGUF models: a pack streamed from the file (ft_gguf_hf_rows) is byte-identical to the
  *   one built from the loaded model, whose weights the row reads give bit for bit; a
  *   deferred load (ft_model_load_deferred) has the shapes and no weights until
- *   ft_model_load_weights, and ft_model_use_pack turns a model into a pack-only one. */
+ *   ft_model_load_weights, and ft_model_use_pack turns a model into a pack-only one;
+ *   a pack not built yet (`ftune plan`): ft_pack_layout's sizes are the built pack's (llama,
+ *   biases, qwen2, qwen3, NF4/bf16, pre-quantized sources), partial packs hold the whole
+ *   pack's first blocks, and ft_pack_preview_make leaves nothing in the cache folder. */
 #include "tests/unit/harness.h"
 
 #include <fcntl.h>
@@ -980,6 +983,247 @@ static void test_sum_nonneg(void **state)
     free(x);
 }
 
+/* ---- a pack not built yet: its layout, partial packs, the preview (`ftune plan`) --------- */
+
+/* hsrc with the gate projection of every layer pre-quantized (as a bitsandbytes checkpoint's):
+ * NF4 in blocks of 128 without double quantization, so the builder keeps its own block sizes
+ * (ft_pack_plan_block) and the block sizes differ from the settings'. */
+typedef struct presrc {
+    hsrc h;
+    float *x, *absmax;
+    uint8_t *codes;
+    int64_t cap;
+} presrc;
+
+static int presrc_nf4(void *user, int64_t l, int role, ft_nf4_view *v)
+{
+    presrc *ps = user;
+    if (role != FT_PACK_ROLE_W0 + FT_GATE) return 0;
+    const ft_model_config *c = ps->h.c;
+    int64_t n = c->intermediate_size * c->hidden_size;
+    assert_true(n <= ps->cap);
+    memset(v, 0, sizeof *v);
+    FT_TRY(ft_nf4_layout_init(&v->lay, n, 128, 0));
+    FT_TRY(hsrc_read(&ps->h, l, role, 0, c->intermediate_size, c->hidden_size, ps->x));
+    FT_TRY(ft_nf4_quantize(ps->x, &v->lay, NULL, ps->codes, NULL, NULL, NULL, ps->absmax));
+    v->codes = ps->codes;
+    v->absmax = ps->absmax;
+    v->code = ft_nf4_code;
+    return 1;
+}
+
+static int presrc_f32(void *user, int64_t l, int role, int64_t row0, int64_t n_rows, int64_t cols,
+                      float *dst)
+{
+    return hsrc_read(&((presrc *)user)->h, l, role, row0, n_rows, cols, dst);
+}
+
+/* The whole pack p and the partial pack q (its first n layer blocks): the same bytes. */
+static void same_blocks(ft_pack_file *p, ft_pack_file *q, int64_t n)
+{
+    size_t nb = ft_pack_max_layer_bytes(p);
+    void *a = aligned_alloc(4096, nb), *b = aligned_alloc(4096, nb);
+    for (int64_t l = 0; l < n; l++) {
+        assert_int_equal(ft_pack_block_bytes(q, l), ft_pack_block_bytes(p, l));
+        assert_int_equal(ft_pack_read_block(p, l, a, nb, 1), 0);
+        assert_int_equal(ft_pack_read_block(q, l, b, nb, 1), 0);
+        assert_memory_equal(a, b, ft_pack_block_bytes(p, l));
+        const ft_pack_tensor *d;
+        int64_t nd;
+        assert_int_equal(ft_pack_block_dir(q, l, b, &d, &nd), 0);
+    }
+    free(a);
+    free(b);
+}
+
+/* ft_pack_layout gives every block's size and the file's as the builder makes them (llama
+ * tied/untied, attention biases (llama: q/k/v/o; qwen2: q/k/v), qwen3's q/k norms; NF4 and
+ * bf16; a source with pre-quantized weights of other block sizes); a partial pack
+ * (layer_limit 1 and all layers) holds the whole pack's first blocks byte for byte, is
+ * refused by ft_pack_open and read by ft_pack_open_partial, which refuses a whole pack. */
+static void test_layout_partial(void **state)
+{
+    (void)state;
+    static const char *const js[] = {
+        NULL, /* k_untied_js */
+        NULL, /* k_tied_js */
+        "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 160, "
+        "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+        "\"vocab_size\": 300, \"tie_word_embeddings\": false, \"attention_bias\": true, "
+        "\"rms_norm_eps\": 1e-5}",
+        "{\"model_type\": \"qwen2\", \"hidden_size\": 96, \"intermediate_size\": 128, "
+        "\"num_hidden_layers\": 2, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, "
+        "\"vocab_size\": 310, \"tie_word_embeddings\": true, \"rms_norm_eps\": 1e-6}",
+        "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 128, "
+        "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+        "\"head_dim\": 32, \"vocab_size\": 320, \"tie_word_embeddings\": true, "
+        "\"rms_norm_eps\": 1e-6}",
+    };
+    char *dir = t_tmpdir(), cfgp[600], path[700], part[700];
+    int cases = 0;
+    for (size_t k = 0; k < sizeof js / sizeof js[0]; k++)
+        for (int pre = 0; pre < 2; pre++)
+            for (int quant = FT_PACK_QUANT_BF16; quant <= FT_PACK_QUANT_NF4; quant++) {
+                write_cfg(cfgp, sizeof cfgp, dir, "arch.json", k == 0 ? k_untied_js : k == 1 ? k_tied_js : js[k]);
+                ft_model_config cfg;
+                assert_int_equal(ft_config_load(&cfg, cfgp), 0);
+                char *text;
+                size_t len;
+                assert_int_equal(ft_read_file(cfgp, &text, &len), 0);
+                const int64_t L = cfg.num_hidden_layers;
+                presrc ps = {{&cfg}, NULL, NULL, NULL, cfg.intermediate_size * cfg.hidden_size};
+                ps.x = malloc((size_t)ps.cap * 4);
+                ps.absmax = malloc((size_t)ps.cap * 4);
+                ps.codes = malloc((size_t)ps.cap);
+                ft_pack_src src = {&ps, presrc_f32, pre ? presrc_nf4 : NULL, NULL};
+                ft_pack_settings s;
+                ft_pack_settings_default(&s, quant);
+                uint64_t *bb = calloc((size_t)(L + 1), sizeof *bb), fb = 0;
+                assert_int_equal(ft_pack_layout(&cfg, len, &s, &src, bb, &fb), 0);
+                snprintf(path, sizeof path, "%s/whole.ftpack", dir);
+                ft_pack_stats st;
+                assert_int_equal(ft_pack_build(path, &cfg, text, len, 7, &s, &src, &st), 0);
+                ft_pack_file *p;
+                assert_int_equal(ft_pack_open(&p, path, 1), 0);
+                struct stat fst;
+                assert_int_equal(stat(path, &fst), 0);
+                fprintf(stderr, "%s%s %s: %lld layers, layer block %llu, global %llu, file %llu bytes\n",
+                        cfg.model_type, cfg.qk_norm ? " (q/k norms)" : cfg.attention_bias ? " (biases)" : "",
+                        ft_pack_quant_name(quant), (long long)L, (unsigned long long)bb[0],
+                        (unsigned long long)bb[L], (unsigned long long)fb);
+                assert_int_equal(fb, (uint64_t)fst.st_size);
+                assert_int_equal(fb, ft_pack_header(p)->file_bytes);
+                for (int64_t l = 0; l < L; l++) assert_int_equal(bb[l], ft_pack_block_bytes(p, l));
+                assert_int_equal(bb[L], ft_pack_block_bytes(p, -1));
+                /* partial packs of 1 and of all layers */
+                for (int64_t lim = 1; lim <= L; lim += L > 1 ? L - 1 : 1) {
+                    snprintf(part, sizeof part, "%s/part%lld.ftpack", dir, (long long)lim);
+                    ft_pack_build_opts o = {0};
+                    o.layer_limit = lim;
+                    assert_int_equal(ft_pack_build_ex(part, &cfg, text, len, 7, &s, &src, &o, &st), 0);
+                    assert_true(st.layer_seconds > 0 && st.layer_seconds <= st.seconds);
+                    ft_pack_file *q;
+                    assert_int_equal(ft_pack_open(&q, part, 0), FT_E_CORRUPT);
+                    assert_non_null(strstr(ft_errmsg(), "partial pack"));
+                    assert_int_equal(ft_pack_open_partial(&q, part), 0);
+                    assert_int_equal(ft_pack_header(q)->n_blocks, (uint32_t)lim);
+                    assert_int_equal(ft_pack_header(q)->n_layers, (uint32_t)L);
+                    same_blocks(p, q, lim);
+                    assert_int_equal(ft_pack_block_bytes(q, -1), 0);
+                    if (lim < L) assert_int_equal(ft_pack_block_bytes(q, lim), 0);
+                    size_t mx = 0;
+                    for (int64_t l = 0; l < lim; l++)
+                        mx = ft_pack_block_bytes(p, l) > mx ? ft_pack_block_bytes(p, l) : mx;
+                    assert_int_equal(ft_pack_max_layer_bytes(q), mx);
+                    float row[512];
+                    assert_int_equal(ft_pack_read_global(q, FT_PACK_ROLE_EMBED, 0, 1, row), FT_E_UNSUPPORTED);
+                    assert_int_equal(stat(part, &fst), 0);
+                    uint64_t want = ft_pack_header(q)->header_bytes;
+                    for (int64_t l = 0; l < lim; l++) want += bb[l];
+                    assert_int_equal((uint64_t)fst.st_size, want);
+                    ft_pack_close(q);
+                    unlink(part);
+                }
+                ft_pack_file *q;
+                assert_int_equal(ft_pack_open_partial(&q, path), FT_E_INVALID);
+                ft_pack_build_opts o = {0};
+                o.layer_limit = L + 1;
+                assert_int_equal(ft_pack_build_ex(part, &cfg, text, len, 7, &s, &src, &o, &st), FT_E_INVALID);
+                ft_pack_close(p);
+                unlink(path);
+                free(bb);
+                free(ps.x);
+                free(ps.absmax);
+                free(ps.codes);
+                free(text);
+                cases++;
+            }
+    assert_int_equal(cases, 20);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | grep -v arch.json | grep -q .", dir);
+    assert_int_not_equal(system(cmd), 0); /* nothing left behind */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
+/* ft_pack_preview_make on real models (a HF folder, qwen3 with q/k norms, the qwen2 GGUF with
+ * biases): the sizes are those of the pack ft_pack_ensure then builds, the probe pack holds
+ * its layer 0 block byte for byte, and the cache folder (created by the preview) has nothing
+ * in it afterwards; ft_pack_locate finds nothing before the build and the pack after it. */
+static void test_preview(void **state)
+{
+    (void)state;
+    char *q3 = t_tiny_model("--qwen3");
+    assert_non_null(q3);
+    const char *models[] = {TINY, q3, "tests/fixtures/gguf/qwen2-tiny.gguf"};
+    char *dir = t_tmpdir(), cache[700];
+    for (size_t k = 0; k < sizeof models / sizeof models[0]; k++)
+        for (int quant = FT_PACK_QUANT_BF16; quant <= FT_PACK_QUANT_NF4; quant++) {
+            snprintf(cache, sizeof cache, "%s/c%zu%d/sub", dir, k, quant); /* not there yet */
+            ft_pack_settings s;
+            ft_pack_settings_default(&s, quant);
+            ft_pack_ensure_info li, bi;
+            assert_int_equal(ft_pack_locate(models[k], cache, &s, &li), 0);
+            assert_int_equal(li.action, FT_PACK_BUILT);
+            assert_int_not_equal(access(cache, F_OK), 0); /* locating writes nothing */
+            ft_pack_preview pv;
+            assert_int_equal(ft_pack_preview_make(models[k], NULL, li.path, &s, 1, &pv), 0);
+            assert_non_null(pv.probe);
+            assert_true(pv.probe_seconds > 0 && pv.build_estimate_s > pv.probe_seconds);
+            assert_true(pv.disk_file_bytes > 0 && pv.disk_same_device == 1);
+            char cmd[800];
+            snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", cache);
+            assert_int_equal(system(cmd), 0); /* the folder exists, empty */
+            assert_int_equal(ft_pack_ensure(models[k], cache, &s, 0, &bi), 0);
+            assert_int_equal(bi.action, FT_PACK_BUILT);
+            assert_string_equal(bi.path, li.path);
+            assert_string_equal(pv.path, li.path);
+            ft_pack_file *p;
+            assert_int_equal(ft_pack_open(&p, bi.path, 1), 0);
+            const int64_t L = pv.n_layers;
+            assert_int_equal(L, ft_pack_header(p)->n_layers);
+            fprintf(stderr, "%s %s: predicted %llu bytes (layer block %llu, global %llu), built "
+                    "%llu in %.3f s, estimated %.3f s (layer 0: %.3f s)\n", models[k],
+                    ft_pack_quant_name(quant), (unsigned long long)pv.file_bytes,
+                    (unsigned long long)pv.block_bytes[0], (unsigned long long)pv.block_bytes[L],
+                    (unsigned long long)ft_pack_header(p)->file_bytes, bi.stats.seconds,
+                    pv.build_estimate_s, pv.probe_seconds);
+            assert_int_equal(pv.file_bytes, ft_pack_header(p)->file_bytes);
+            for (int64_t l = 0; l < L; l++) assert_int_equal(pv.block_bytes[l], ft_pack_block_bytes(p, l));
+            assert_int_equal(pv.block_bytes[L], ft_pack_block_bytes(p, -1));
+            assert_int_equal(pv.max_layer_bytes, ft_pack_max_layer_bytes(p));
+            same_blocks(p, pv.probe, 1);
+            ft_pack_close(p);
+            ft_pack_preview_free(&pv);
+            assert_null(pv.probe);
+            assert_int_equal(ft_pack_locate(models[k], cache, &s, &li), 0);
+            assert_int_equal(li.action, FT_PACK_REUSED);
+        }
+    /* a pack the preview cannot probe: the error names the model, nothing is left */
+    snprintf(cache, sizeof cache, "%s/ro", dir);
+    assert_int_equal(mkdir(cache, 0555), 0);
+    ft_pack_settings s;
+    ft_pack_settings_default(&s, FT_PACK_QUANT_NF4);
+    char path[800];
+    snprintf(path, sizeof path, "%s/x.ftpack", cache);
+    ft_pack_preview pv;
+    if (geteuid() != 0) { /* root writes anywhere */
+        assert_true(ft_pack_preview_make(TINY, NULL, path, &s, 1, &pv) < 0);
+        assert_non_null(strstr(ft_errmsg(), "probe pack"));
+        assert_null(pv.probe);
+    }
+    assert_int_equal(ft_pack_preview_make(TINY, NULL, path, &s, 0, &pv), 0); /* sizes only */
+    assert_null(pv.probe);
+    assert_true(pv.file_bytes > 0 && pv.build_estimate_s == 0);
+    ft_pack_preview_free(&pv);
+    assert_int_equal(t_rmtree(q3), 0);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -995,6 +1239,8 @@ int main(void)
         cmocka_unit_test(test_build_write_error),
         cmocka_unit_test(test_init_invariance),
         cmocka_unit_test(test_sum_nonneg),
+        cmocka_unit_test(test_layout_partial),
+        cmocka_unit_test(test_preview),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,8 @@
  * took: the trainer frees the executor only on success), *ex is zeroed when the failure came
  * during or after the executor's init, and the message is the failure's, not one recorded
  * while freeing (after the failure every event fails, as with a sticky device error, and the
- * executor's free drains its copy lane with events while the pinned staging is held). */
+ * executor's free drains its copy lane with events while the pinned staging is held).
+ * And ft_place_preview, the plan of a pack not built yet, against the built pack's. */
 #include "tests/unit/harness.h"
 
 #include "adapters/lora.h"
@@ -16,6 +17,7 @@
 #include "offload/place.h"
 #include "offload/probe.h"
 #include "src/core/err.h"
+#include "src/model/init_model.h"
 #include "src/model/model.h"
 #include "tests/unit/stream_fixture.h"
 
@@ -222,8 +224,150 @@ static void test_place_failures(void **state)
     ft_backend_free(be);
 }
 
+/* ---- a pack not built yet ------------------------------------------------------------------ */
+
+/* The plans of an existing pack (a) and of the same pack not built yet (b): the same tiers,
+ * prefetch, staging, micro-batches, checkpoints and memory (the probes' times may differ). */
+static void same_plan(const ft_place_result *a, const ft_place_result *b)
+{
+    const ft_plan *p = &a->plan, *q = &b->plan;
+    assert_int_equal(p->n_layers, q->n_layers);
+    assert_memory_equal(p->tier, q->tier, (size_t)p->n_layers);
+    for (int t = 0; t < 3; t++) assert_int_equal(p->n_tier[t], q->n_tier[t]);
+    assert_int_equal(p->prefetch_depth, q->prefetch_depth);
+    assert_int_equal(p->host_slots, q->host_slots);
+    assert_int_equal(p->micro_batches, q->micro_batches);
+    assert_int_equal(p->ckpt_tier, q->ckpt_tier);
+    assert_int_equal(p->ckpt_dev_layers, q->ckpt_dev_layers);
+    assert_int_equal(p->ckpt_sets, q->ckpt_sets);
+    assert_int_equal(p->keep_acts, q->keep_acts);
+    assert_int_equal(p->gpu_bytes, q->gpu_bytes);
+    assert_int_equal(p->host_bytes, q->host_bytes);
+    assert_int_equal(a->in.layer_bytes, b->in.layer_bytes);
+    assert_int_equal(a->in.slot_bytes, b->in.slot_bytes);
+    assert_int_equal(a->in.gpu_fixed, b->in.gpu_fixed);
+    assert_int_equal(a->in.kept_bytes, b->in.kept_bytes);
+    assert_int_equal(a->in.ckpt_bytes, b->in.ckpt_bytes);
+    assert_int_equal(a->pack_bytes, b->pack_bytes);
+}
+
+/* ft_place_preview (`ftune plan` before the pack is built: a probe pack of layer 0's block and
+ * the layout's block sizes) against ft_place_packed with the built pack, for the same budgets:
+ * every layer on the GPU; some streamed from pinned host memory; most on NVMe, where the
+ * preview times a read of the model's safetensors instead of the pack (the predicted times
+ * differ, the plan not), or assumes FT_PLACE_DISK_ASSUMED with no file; a budget too small is
+ * refused with the same message, naming the same smallest --gpu-mem and --host-mem. */
+static void test_place_preview(void **state)
+{
+    (void)state;
+    ft_backend *be;
+    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
+    char *dir = t_tmpdir(), cfgp[600], model[600], c1[600], c2[600];
+    snprintf(cfgp, sizeof cfgp, "%s/arch.json", dir);
+    FILE *f = fopen(cfgp, "w");
+    assert_non_null(f);
+    fputs("{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 256, "
+          "\"num_hidden_layers\": 8, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+          "\"vocab_size\": 500, \"tie_word_embeddings\": false, \"rms_norm_eps\": 1e-5}", f);
+    fclose(f);
+    snprintf(model, sizeof model, "%s/m", dir);
+    snprintf(c1, sizeof c1, "%s/built", dir);
+    snprintf(c2, sizeof c2, "%s/none", dir);
+    ft_init_cfg ic = {cfgp, model, 5, 0, 1, 0, NULL};
+    ft_init_result ir;
+    assert_int_equal(ft_init_model(&ic, &ir), 0);
+    ft_model *m; /* as the trainer has it: shapes, no weights */
+    assert_int_equal(ft_model_load_deferred(&m, model), 0);
+    ft_pack_settings ps;
+    ft_pack_settings_default(&ps, FT_PACK_QUANT_NF4);
+    ft_pack_ensure_info bi, li;
+    assert_int_equal(ft_pack_ensure(model, c1, &ps, 0, &bi), 0);
+    ft_pack_file *pack;
+    assert_int_equal(ft_pack_open(&pack, bi.path, 1), 0);
+    assert_int_equal(ft_pack_locate(model, c2, &ps, &li), 0);
+    assert_int_equal(li.action, FT_PACK_BUILT);
+    ft_pack_preview pv;
+    assert_int_equal(ft_pack_preview_make(model, NULL, li.path, &ps, 1, &pv), 0);
+    ft_place_nopack np = {pv.probe, pv.block_bytes, pv.disk_file, pv.disk_same_device};
+
+    ft_batch b[1];
+    stream_make_batches(b, 1, 24, m->cfg.vocab_size);
+    ft_lora lora;
+    stream_lora_init(&lora, be, m, 0.0f);
+    ft_place_result *ra = calloc(1, sizeof *ra), *rb = calloc(1, sizeof *rb);
+    assert_true(ra && rb);
+    const uint64_t big = (uint64_t)64 << 30, MiB = (uint64_t)1 << 20;
+    /* refused: the same message from both */
+    ft_place_opts po = {b[0].T, b[0].seq_len, 1, MiB, MiB, b[0].pos, b[0].seq_start};
+    assert_int_equal(ft_place_packed(be, m, &lora, pack, &po, 0, NULL, ra), FT_E_RANGE);
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", ft_errmsg());
+    assert_int_equal(ft_place_preview(be, m, &lora, &np, &po, rb), FT_E_RANGE);
+    printf("refused: %s\n", msg);
+    assert_string_equal(msg, ft_errmsg());
+    assert_non_null(strstr(msg, "needs at least --gpu-mem"));
+    uint64_t g, h;
+    ft_plan_min_budgets(&ra->in, &g, &h);
+    const uint64_t lb = ra->in.layer_bytes;
+    /* all on the GPU; 3 layers more than the fewest on the GPU, the rest in host memory; the
+     * smallest budgets (NVMe) */
+    const uint64_t budgets[][2] = {{big, big}, {g + 3 * lb, big}, {g, h}};
+    for (int k = 0; k < 3; k++) {
+        po.gpu_budget = budgets[k][0];
+        po.host_budget = budgets[k][1];
+        int rc = ft_place_packed(be, m, &lora, pack, &po, 0, NULL, ra);
+        if (rc) printf("packed: %s\n", ft_errmsg());
+        assert_int_equal(rc, 0);
+        rc = ft_place_preview(be, m, &lora, &np, &po, rb);
+        if (rc) printf("preview: %s\n", ft_errmsg());
+        assert_int_equal(rc, 0);
+        printf("budgets %llu/%llu: tiers %lld/%lld/%lld; disk %.2f GB/s (%s) vs %.2f GB/s (%s; %s)\n%s",
+               (unsigned long long)po.gpu_budget, (unsigned long long)po.host_budget,
+               (long long)rb->plan.n_tier[0], (long long)rb->plan.n_tier[1], (long long)rb->plan.n_tier[2],
+               ra->disk_rate / 1e9, ra->disk_mode, rb->disk_rate / 1e9, rb->disk_mode, rb->disk_source,
+               rb->text);
+        same_plan(ra, rb);
+        assert_int_equal(rb->plan.n_tier[0] == 8, k == 0);
+        if (k == 1) assert_true(rb->plan.n_tier[1] > 0 && rb->plan.n_tier[2] == 0);
+        if (k == 2) {
+            assert_true(rb->plan.n_tier[2] > 0);
+            assert_true(ra->disk_rate > 0 && rb->disk_rate > 0 && !ra->disk_source[0]);
+            assert_non_null(strstr(rb->disk_source, "model.safetensors read instead"));
+            /* nothing to read: the stated assumption */
+            ft_place_nopack nf = np;
+            nf.disk_file = NULL;
+            assert_int_equal(ft_place_preview(be, m, &lora, &nf, &po, rb), 0);
+            same_plan(ra, rb);
+            assert_true(rb->disk_rate == FT_PLACE_DISK_ASSUMED);
+            assert_non_null(strstr(rb->disk_source, "assumed 1.50 GB/s"));
+        } else {
+            assert_true(rb->disk_rate == 0 && !rb->disk_source[0]);
+        }
+    }
+    /* a probe pack of another model is refused */
+    ft_model_config keep = m->cfg;
+    m->cfg.num_hidden_layers = 7;
+    assert_int_equal(ft_place_preview(be, m, &lora, &np, &po, rb), FT_E_INVALID);
+    m->cfg = keep;
+    free(ra);
+    free(rb);
+    ft_lora_free(&lora);
+    stream_free_batches(b, 1);
+    ft_pack_preview_free(&pv);
+    ft_pack_close(pack);
+    ft_model_free(m);
+    ft_backend_free(be);
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", c2);
+    assert_int_equal(system(cmd), 0); /* the preview left nothing in its cache folder */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_place_failures)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_place_failures),
+                                       cmocka_unit_test(test_place_preview)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
