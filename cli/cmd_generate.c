@@ -309,7 +309,8 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {"batch", FT_OPT_INT, &o->batch, "with --prompts: generate up to N records together, one forward per "
          "token step for all of them (each layer's weights read once per step; 1: one record after "
          "the other; default 8, on a GPU fewer when their KV caches would take more than a quarter "
-         "of the budget). A record's logits may differ from --batch 1's in the last bits where "
+         "of the budget); the prompts that start together are prefilled in one forward too (up to "
+         "1024 tokens). A record's logits may differ from --batch 1's in the last bits where "
          "fp32 or bf16 GEMMs sum N rows (not the CPU's in-place NF4 products)", 0, "N"},
         {"seed", FT_OPT_INT, &o->seed, "sampling seed (default: from the clock, printed); --prompts record i "
          "uses seed XOR (splitmix64 output i mod 2^53), record 0 the seed itself"},

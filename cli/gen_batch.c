@@ -432,7 +432,7 @@ static int slot_advance(gen_env *e, slot_run *sr, const float *logits, int *fin)
     const batch_rec *x = sr->x;
     int32_t t;
     *fin = 0;
-    e->smp.cfg = x->sc; /* checked in slot_start; the sampler derives nothing from it */
+    e->smp.cfg = x->sc; /* checked in slot_begin; the sampler derives nothing from it */
     e->smp.rng = sr->rng;
     int rc = ft_sample_next_pen(&e->smp, logits, sr->seen, sr->use_cnt ? &sr->cnt : NULL, &t);
     sr->rng = e->smp.rng;
@@ -453,9 +453,10 @@ static int slot_advance(gen_env *e, slot_run *sr, const float *logits, int *fin)
     return 0;
 }
 
-/* Starts record i in slot k: its prompt prefilled into the slot's cache, its first token
- * sampled. */
-static int slot_start(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, int64_t i, int *fin)
+/* Sets slot k up for record i (its settings, draws, stop text, penalties), its cache emptied
+ * and its RoPE table that of a cache sized for this prompt alone (dynamic NTK scaling):
+ * slots_prefill then prefills it. */
+static int slot_begin(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, int64_t i)
 {
     memset(&sr->r, 0, sizeof sr->r);
     FT_TRY(ft_sample_cfg_check(&x->sc));
@@ -479,21 +480,92 @@ static int slot_start(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, i
     if (sr->cnt.count) ft_sample_counts_clear(&sr->cnt);
     sr->stop_tok = -1;
     ft_gen_reset_slot(&e->g, k);
-    /* RoPE as a cache sized for this prompt alone would have it (dynamic NTK scaling) */
-    int rc = ft_gen_set_rope_len_slot(&e->g, k, x->n + x->max_new);
-    float *lg = e->logits + k * e->m->cfg.vocab_size;
-    for (int64_t j = 0; !rc && j < x->n; j += e->g.chunk_max) {
-        int64_t c = x->n - j < e->g.chunk_max ? x->n - j : e->g.chunk_max;
-        rc = ft_gen_forward_slot(&e->g, k, x->ids + j, c, lg, 1);
+    return ft_gen_set_rope_len_slot(&e->g, k, x->n + x->max_new);
+}
+
+/* The prefill of the slots that start together (slots_prefill). */
+typedef struct prefill_buf {
+    int64_t *slots, *lens;      /* (e->slots) a group's slots and prompt lengths */
+    int32_t *ids;               /* (chunk_max) its prompts' ids, concatenated */
+    int each;                   /* FTUNE_GEN_PREFILL=each: one prompt per forward (as before
+                                 * ft_gen_prefill; for comparisons) */
+    int64_t forwards, batched;  /* prefill forwards run; prompts prefilled with others */
+} prefill_buf;
+
+/* "FILE: line 3, line 4, line 6" for the records of the n slots ks[] (a failed group). */
+static void group_where(const batch *b, const slot_run *sl, const int64_t *ks, int64_t n, char *out,
+                        size_t cap)
+{
+    size_t w = (size_t)snprintf(out, cap, "%s: ", b->path);
+    for (int64_t j = 0; j < n && w < cap; j++)
+        w += (size_t)snprintf(out + w, cap - w, "%s%s", j ? ", " : "", b->r[sl[ks[j]].rec].at);
+}
+
+/* Prefills the prompts of the n slots ks[] (begun by slot_begin) and samples each one's first
+ * token; a record that finishes there is recorded in dn and frees its slot. The prompts that
+ * fit together within the chunk (and the rows of logits), in slot order, share one forward
+ * (ft_gen_prefill: each layer visited once for all of them); a prompt longer than the chunk
+ * is prefilled alone, in chunks. Errors are prefixed with the records they concern. */
+static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks, int64_t n, const batch *b,
+                         done_rec *dn, prefill_buf *pb)
+{
+    const int64_t V = e->m->cfg.vocab_size, cmax = e->g.chunk_max;
+    const int64_t rmax = pb->each ? 1 : e->g.logit_rows_max;
+    for (int64_t j = 0; j < n;) {
+        /* the group: ks[j..j2) */
+        int64_t j2 = j, tot = 0;
+        if (sl[ks[j]].x->n > cmax) {
+            j2 = j + 1;
+        } else {
+            while (j2 < n && j2 - j < rmax && sl[ks[j2]].x->n <= cmax - tot) {
+                const batch_rec *x = sl[ks[j2]].x;
+                memcpy(pb->ids + tot, x->ids, (size_t)x->n * sizeof(int32_t));
+                pb->slots[j2 - j] = ks[j2];
+                pb->lens[j2 - j] = x->n;
+                tot += x->n;
+                j2++;
+            }
+        }
+        const double t0 = gen_now_s();
+        int rc = 0;
+        if (tot) {
+            rc = ft_gen_prefill(&e->g, j2 - j, pb->slots, pb->ids, pb->lens, e->logits);
+            pb->forwards++;
+            if (j2 - j > 1) pb->batched += j2 - j;
+        } else { /* longer than the chunk: alone, chunk by chunk */
+            const batch_rec *x = sl[ks[j]].x;
+            for (int64_t i = 0; !rc && i < x->n; i += cmax) {
+                int64_t c = x->n - i < cmax ? x->n - i : cmax;
+                rc = ft_gen_forward_slot(&e->g, ks[j], x->ids + i, c, e->logits, 1);
+                pb->forwards++;
+            }
+        }
+        const double dt = gen_now_s() - t0;
+        if (rc) {
+            char where[600];
+            group_where(b, sl, ks + j, j2 - j, where, sizeof where);
+            return ft_err_prefix(rc, "%s%s", where, j2 - j > 1 ? " (prompts prefilled together)" : "");
+        }
+        for (int64_t i = j; i < j2; i++) {
+            slot_run *sr = &sl[ks[i]];
+            const int64_t rec = sr->rec;
+            int fin = 0;
+            sr->r.prefill_s = dt;
+            rc = slot_advance(e, sr, e->logits + (i - j) * V, &fin);
+            if (!rc && fin) rc = slot_finish(e, sr, dn);
+            if (rc) return ft_err_prefix(rc, "%s", b->r[rec].where);
+        }
+        j = j2;
     }
-    sr->r.prefill_s = gen_now_s() - sr->t0;
-    return rc ? rc : slot_advance(e, sr, lg, fin);
+    return 0;
 }
 
 /* Every record of --prompts, one JSON line each, in record order. Up to e.slots records are
- * generated together: each prompt is prefilled alone, then one forward per step decodes the
- * next token of every unfinished one (ft_gen_decode), so each layer's weights are read once
- * per step for all of them; a finished record's slot takes the next record. */
+ * generated together: the prompts that start together (the first e.slots, then those taking
+ * the slots of records that finished in the same step) are prefilled in one forward as far as
+ * the chunk allows (slots_prefill), then one forward per step decodes the next token of every
+ * unfinished one (ft_gen_decode), so each layer's weights are read once per step for all of
+ * them; a finished record's slot takes the next record. */
 int gen_run_batch(const gen_opts *o)
 {
     batch b = {0};
@@ -549,20 +621,30 @@ int gen_run_batch(const gen_opts *o)
     done_rec *dn = calloc((size_t)(b.n > 0 ? b.n : 1), sizeof *dn);
     int64_t *act = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *act);
     int32_t *tok = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *tok);
-    if (!rc && (!sl || !dn || !act || !tok)) rc = ft_err(-ENOMEM, "out of memory");
+    const char *pv = getenv("FTUNE_GEN_PREFILL");
+    prefill_buf pb = {malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof(int64_t)),
+                      malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof(int64_t)),
+                      malloc((size_t)(e.g.chunk_max > 0 ? e.g.chunk_max : 1) * sizeof(int32_t)),
+                      pv && !strcmp(pv, "each"), 0, 0};
+    if (!rc && (!sl || !dn || !act || !tok || !pb.slots || !pb.lens || !pb.ids))
+        rc = ft_err(-ENOMEM, "out of memory");
     for (int64_t k = 0; !rc && k < e.slots; k++) sl[k].rec = -1;
     int64_t next = 0, emitted = 0, total_new = 0, steps = 0;
     double t_all = gen_now_s();
     while (!rc && emitted < b.n) {
-        /* free slots take the next records; a record may finish at its first token */
-        for (int64_t k = 0; !rc && k < e.slots; k++) {
-            while (!rc && sl[k].rec < 0 && next < b.n) {
-                int fin = 0;
-                rc = slot_start(&e, &sl[k], k, &b.r[next], next, &fin);
-                if (!rc && fin) rc = slot_finish(&e, &sl[k], dn);
+        /* free slots take the next records, their prompts prefilled together; a record may
+         * finish at its first token, and its slot then takes another */
+        while (!rc && next < b.n) {
+            int64_t m = 0;
+            for (int64_t k = 0; !rc && k < e.slots && next < b.n; k++) {
+                if (sl[k].rec >= 0) continue;
+                rc = slot_begin(&e, &sl[k], k, &b.r[next], next);
                 if (rc) ft_err_prefix(rc, "%s", b.r[next].where);
                 next++;
+                act[m++] = k;
             }
+            if (!rc && !m) break;
+            if (!rc) rc = slots_prefill(&e, sl, act, m, &b, dn, &pb);
         }
         /* one decode step of every pending sequence */
         int64_t n = 0;
@@ -612,9 +694,19 @@ int gen_run_batch(const gen_opts *o)
     }
     if (!rc) {
         double t = gen_now_s() - t_all;
+        char visits[96] = "";
+        if (e.src.layer) { /* the executor's counts (offload/exec.h layer_fetches, h2d_bytes) */
+            int w = snprintf(visits, sizeof visits, ", %lld layer visits",
+                             (long long)e.s.ex.layer_fetches);
+            if (e.s.ex.h2d_bytes)
+                snprintf(visits + w, sizeof visits - (size_t)w, " (%.1f MiB streamed)",
+                         (double)e.s.ex.h2d_bytes / 1048576.0);
+        }
         fprintf(stderr, "ftune: %lld prompts, %lld new tokens in %.3f s (%.2f tok/s; %lld decode "
-                "steps)%s%s\n", (long long)b.n, (long long)total_new, t, t > 0 ? total_new / t : 0.0,
-                (long long)steps, o->out ? "; wrote " : "", o->out ? o->out : "");
+                "steps); %lld prefill forwards (%lld prompts prefilled with others)%s%s%s\n",
+                (long long)b.n, (long long)total_new, t, t > 0 ? total_new / t : 0.0,
+                (long long)steps, (long long)pb.forwards, (long long)pb.batched, visits,
+                o->out ? "; wrote " : "", o->out ? o->out : "");
     }
     for (int64_t k = 0; sl && k < e.slots; k++) {
         ft_stop_text_free(&sl[k].st); /* a run that fails */
@@ -625,6 +717,9 @@ int gen_run_batch(const gen_opts *o)
     free(dn);
     free(act);
     free(tok);
+    free(pb.slots);
+    free(pb.lens);
+    free(pb.ids);
     int rc2 = out_close(&of, o->out, !rc);
     if (!rc) rc = rc2;
     gen_env_close(&e);

@@ -73,7 +73,10 @@ int gen_env_open(gen_env *e, const gen_opts *o)
 /* Sizes the KV caches of `slots` sequences (decoded together) for nd->ctx tokens each
  * (prompts of up to nd->max_prompt tokens, prefilled in chunks of at most
  * FT_GEN_CHUNK_DEFAULT, and their replies); the sampler (the command line's settings), the
- * buffers and the stop tokens of the resolved template tmpl. */
+ * buffers and the stop tokens of the resolved template tmpl. With several slots the forwards
+ * take up to max_prompt * slots tokens (at most FT_GEN_CHUNK_DEFAULT), so that the prompts
+ * that start together are prefilled in one forward (ft_gen_prefill); on a device with the
+ * default batch, only as many as keep the arena within a quarter of the budget. */
 int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, int64_t slots)
 {
     const int64_t V = e->m->cfg.vocab_size, ctx = nd->ctx, max_prompt = nd->max_prompt;
@@ -81,6 +84,9 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
     e->slots = slots;
     int64_t chunk = max_prompt < FT_GEN_CHUNK_DEFAULT ? max_prompt : FT_GEN_CHUNK_DEFAULT;
     if (chunk < slots) chunk = slots;
+    /* the rows of a batched prefill: every slot's prompt at once, up to the default chunk */
+    int64_t wide = max_prompt < FT_GEN_CHUNK_DEFAULT / slots ? max_prompt * slots : FT_GEN_CHUNK_DEFAULT;
+    if (wide < chunk) wide = chunk;
     const ft_lora *lora = e->s.has_lora ? &e->s.lora : NULL;
     if (e->m->pack_only[0] || !e->s.be->ops->host_memory) {
         /* the weights through an executor for chunks of up to `chunk` tokens: on a device the
@@ -106,13 +112,20 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
                         (long long)slots, (long long)asked, (long long)ctx);
                 e->slots = slots;
             }
-            e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots);
+            /* the batched prefill's rows within what is left of that quarter (the slots first:
+             * every decode step gains from them, a prefill once per prompt) */
+            if (wide > max_prompt * slots) wide = max_prompt * slots;
+            if (wide < chunk) wide = chunk;
+            while (!o->batch_set && budget && wide > chunk &&
+                   ft_gen_source_bytes(e->m, lora, ctx, wide, slots, slots) > budget / 4)
+                wide = wide - max_prompt > chunk ? wide - max_prompt : chunk;
+            e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, ctx, wide, slots, slots);
         }
         FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
         FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
-        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, chunk, slots, slots));
+        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, wide, slots, slots));
     } else {
-        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, chunk, slots, slots));
+        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, wide, slots, slots));
     }
     ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed, o->rep_penalty, o->min_p,
                         o->presence_penalty, o->frequency_penalty};

@@ -41,7 +41,7 @@ static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int6
     int64_t wide = C > HD ? C : HD;
     if (c->intermediate_size > wide) wide = c->intermediate_size;
     L.xd = with_xd ? chunk * wide : 0;
-    L.kt = slots > 1 ? 2 * chunk * KD : 0; /* a batched decode's new k and v rows */
+    L.kt = slots > 1 ? 2 * chunk * KD : 0; /* a batched decode's or prefill's new k and v rows */
     return L;
 }
 
@@ -53,11 +53,19 @@ static int64_t plan_floats(const gen_layout *L)
            up16(L->ints) + up16(L->xd) + up16(L->kt);
 }
 
+/* 1 when a chunk exceeds what the caches can take in one forward: ctx_max tokens of one
+ * sequence, or n_slots sequences of up to ctx_max each (ft_gen_prefill). */
+static int chunk_over(int64_t ctx_max, int64_t chunk_max, int64_t n_slots)
+{
+    return (double)chunk_max > (double)ctx_max * (double)(n_slots > 1 ? n_slots : 1);
+}
+
 /* 1 when the sizes are out of range (gen_init's checks, without messages). */
 static int bad_sizes(const ft_model_config *c, int64_t ctx_max, int64_t chunk_max,
                      int64_t logit_rows_max, int64_t n_slots)
 {
-    return ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 || chunk_max > ctx_max ||
+    return ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 ||
+           chunk_over(ctx_max, chunk_max, n_slots) ||
            logit_rows_max > chunk_max || n_slots < 1 || n_slots > FT_GEN_MAX_SLOTS ||
            (double)n_slots * (double)ctx_max * (double)c->num_hidden_layers *
                    (double)c->num_key_value_heads * (double)c->head_dim > 1e15 ||
@@ -97,12 +105,13 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
                 (!src->embed && !src->embed_rows)))
         return ft_err(FT_E_INVALID, "generate: the weight source lacks its layers, final norm, "
                       "LM head or embeddings");
-    if (ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 || chunk_max > ctx_max ||
-        logit_rows_max > chunk_max)
+    if (ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 ||
+        chunk_over(ctx_max, chunk_max, n_slots) || logit_rows_max > chunk_max)
         return ft_err(FT_E_INVALID,
-                      "generate: sizes context %lld, chunk %lld, logit rows %lld; expected "
-                      "1 <= logit rows <= chunk <= context",
-                      (long long)ctx_max, (long long)chunk_max, (long long)logit_rows_max);
+                      "generate: sizes context %lld, chunk %lld, logit rows %lld, %lld sequences; "
+                      "expected 1 <= logit rows <= chunk <= context x sequences",
+                      (long long)ctx_max, (long long)chunk_max, (long long)logit_rows_max,
+                      (long long)n_slots);
     if (n_slots < 1 || n_slots > FT_GEN_MAX_SLOTS)
         return ft_err(FT_E_INVALID, "generate: %lld sequences at once, expected 1..%d",
                       (long long)n_slots, FT_GEN_MAX_SLOTS);
@@ -305,12 +314,15 @@ static int lin(ft_gen *g, const ft_layer_weights *lw, int64_t layer, int pj, con
     return 0;
 }
 
-/* The rows of one forward: either a chunk of n tokens of one sequence (slots NULL: slot
- * `slot`, positions past[slot] + i), or one token of each of n sequences (row i: slot
- * slots[i] at position past[slots[i]]). */
+/* The rows of one forward: a chunk of n tokens of one sequence (slots NULL: slot `slot`,
+ * positions past[slot] + i); one token of each of n sequences (lens NULL: row i is slot
+ * slots[i] at position past[slots[i]]); or the prompts of n_seq empty slots one after another
+ * (ft_gen_prefill: lens[i] rows of slot slots[i], positions 0..lens[i]-1). */
 typedef struct gen_rows {
     int64_t slot;
     const int64_t *slots;
+    const int64_t *lens;
+    int64_t n_seq;
 } gen_rows;
 
 /* Layer l's K and V cache of slot s: (ctx_max, Hkv, D) each. */
@@ -328,6 +340,12 @@ static int rope_rows(ft_gen *g, const gen_rows *rw, float *x, int64_t n, int64_t
     if (!rw->slots) return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->slot), n, heads, c->head_dim);
     if (c->rope_type != FT_ROPE_DYNAMIC) /* every slot's table is the same */
         return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->slots[0]), n, heads, c->head_dim);
+    if (rw->lens) { /* dynamic NTK, a prefill: each prompt's rows with its own table */
+        for (int64_t i = 0, r = 0; i < rw->n_seq; r += rw->lens[i++])
+            FT_TRY(o->rope_fwd(g->be, x + r * heads * c->head_dim, g->pos + r,
+                               inv_of(g, rw->slots[i]), rw->lens[i], heads, c->head_dim));
+        return 0;
+    }
     for (int64_t i = 0; i < n; i++) /* dynamic NTK: each sequence's own table */
         FT_TRY(o->rope_fwd(g->be, x + i * heads * c->head_dim, g->pos + i, inv_of(g, rw->slots[i]),
                            1, heads, c->head_dim));
@@ -378,7 +396,21 @@ static int block(ft_gen *g, int64_t l, const gen_rows *rw, int64_t n, const floa
     FT_TRY(rope_rows(g, rw, g->q, n, H));
     FT_TRY(rope_rows(g, rw, kn, n, Hkv));
     const float sc = attn_scale(c, D);
-    if (rw->slots) {
+    if (rw->lens) {
+        /* a prefill: each prompt's k/v rows copied into its empty cache as one block, and its
+         * attention the one-sequence prefill's call on its own rows (a call over the packed
+         * rows, seq_start marking each prompt, is the same math, but the CPU kernel's tiles
+         * are aligned to the packed buffer: a prompt sharing a tile with the one before it
+         * would sum its softmax in another order, and its replies could differ from --batch 1
+         * in the last bits) */
+        for (int64_t i = 0, r = 0; i < rw->n_seq; r += rw->lens[i++]) {
+            const int64_t s = rw->slots[i], len = rw->lens[i];
+            FT_TRY(o->copy(be, kv_of(g, g->kc, s, l), kn + r * KD, (size_t)(len * KD) * sizeof(float)));
+            FT_TRY(o->copy(be, kv_of(g, g->vc, s, l), vn + r * KD, (size_t)(len * KD) * sizeof(float)));
+            FT_TRY(o->attention_fwd(be, g->att + r * H * D, g->lse + r * H, g->q + r * H * D,
+                                    kn + r * KD, vn + r * KD, g->seq_start, len, H, Hkv, D, sc));
+        }
+    } else if (rw->slots) {
         /* each row: its k/v appended to its sequence's cache, then attention over it */
         for (int64_t i = 0; i < n; i++) {
             const int64_t s = rw->slots[i], ps = g->past[s];
@@ -415,10 +447,17 @@ static int forward_rows(ft_gen *g, const gen_rows *rw, const int32_t *ids, int64
     const int64_t C = c->hidden_size, V = c->vocab_size;
     int32_t pos[256];
     FT_TRY(o->copy(be, g->ids, ids, (size_t)n * sizeof(int32_t)));
+    int64_t seq = 0, in_seq = 0; /* a prefill's row: its prompt, and its row in it */
     for (int64_t i0 = 0; i0 < n; i0 += 256) { /* positions, staged through the stack */
         const int64_t k = n - i0 < 256 ? n - i0 : 256;
-        for (int64_t i = 0; i < k; i++)
-            pos[i] = (int32_t)(rw->slots ? g->past[rw->slots[i0 + i]] : g->past[rw->slot] + i0 + i);
+        for (int64_t i = 0; i < k; i++) {
+            if (rw->lens) {
+                while (in_seq == rw->lens[seq]) seq++, in_seq = 0;
+                pos[i] = (int32_t)in_seq++;
+            } else {
+                pos[i] = (int32_t)(rw->slots ? g->past[rw->slots[i0 + i]] : g->past[rw->slot] + i0 + i);
+            }
+        }
         FT_TRY(o->copy(be, g->pos + i0, pos, (size_t)k * sizeof(int32_t)));
     }
     if (g->embed) FT_TRY(o->embedding_fwd(be, g->x, g->ids, g->embed, n, C, V));
@@ -441,8 +480,15 @@ static int forward_rows(ft_gen *g, const gen_rows *rw, const int32_t *ids, int64
         FT_TRY(re);
     }
     FT_TRY(rc);
-    FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x + (n - rows) * C, g->final_norm, rows, C,
-                          c->rms_norm_eps));
+    const float *xl = x + (n - rows) * C; /* the rows the logits are of */
+    if (rw->lens) { /* a prefill: each prompt's last row, gathered into the free buffer y */
+        for (int64_t i = 0, r = 0; i < rw->n_seq; i++) {
+            r += rw->lens[i];
+            FT_TRY(o->copy(be, y + i * C, x + (r - 1) * C, (size_t)C * sizeof(float)));
+        }
+        xl = y;
+    }
+    FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, xl, g->final_norm, rows, C, c->rms_norm_eps));
     if (g->src && g->src->head) /* e.g. a pack's bf16 table (offload/exec.c gen_head) */
         FT_TRY(g->src->head(g->src->ctx, g->logits, g->xn, rows));
     else
@@ -459,6 +505,56 @@ static int check_ids(const ft_gen *g, const int32_t *ids, int64_t n)
             return ft_err(FT_E_INVALID, "generate: token %lld has id %d, expected 0..%lld",
                           (long long)i, ids[i], (long long)V - 1);
     return 0;
+}
+
+int ft_gen_prefill(ft_gen *g, int64_t n_seq, const int64_t *slots, const int32_t *ids,
+                   const int64_t *lens, float *logits)
+{
+    if (!g || !g->arena) return ft_err(FT_E_INVALID, "generate: not initialised");
+    if (!slots || !ids || !lens || !logits)
+        return ft_err(FT_E_INVALID, "generate: NULL slots, ids, lengths or logits");
+    const int64_t nmax = g->n_slots < g->logit_rows_max ? g->n_slots : g->logit_rows_max;
+    if (n_seq < 1 || n_seq > nmax)
+        return ft_err(FT_E_RANGE, "generate: %lld prompts in one prefill, expected 1..%lld",
+                      (long long)n_seq, (long long)nmax);
+    int64_t total = 0;
+    for (int64_t i = 0; i < n_seq; i++) {
+        const int64_t s = slots[i];
+        if (s < 0 || s >= g->n_slots)
+            return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)s,
+                          (long long)g->n_slots - 1);
+        for (int64_t j = 0; j < i; j++)
+            if (slots[j] == s)
+                return ft_err(FT_E_INVALID, "generate: sequence slot %lld twice in one prefill",
+                              (long long)s);
+        if (g->past[s] != 0)
+            return ft_err(FT_E_INVALID, "generate: sequence slot %lld holds %lld tokens (a prefill "
+                          "starts an empty cache: ft_gen_reset_slot, or ft_gen_forward_slot to "
+                          "extend it)", (long long)s, (long long)g->past[s]);
+        if (lens[i] < 1 || lens[i] > g->ctx_max)
+            return ft_err(FT_E_RANGE, "generate: prompt %lld of the prefill has %lld tokens, "
+                          "expected 1..%lld (the context planned)", (long long)i,
+                          (long long)lens[i], (long long)g->ctx_max);
+        total += lens[i];
+    }
+    if (total > g->chunk_max)
+        return ft_err(FT_E_RANGE, "generate: %lld prompt tokens in one prefill, expected at most "
+                      "%lld (the chunk planned: split the prompts over several prefills)",
+                      (long long)total, (long long)g->chunk_max);
+    const int64_t V = g->m->cfg.vocab_size;
+    for (int64_t i = 0, r = 0; i < n_seq; r += lens[i++])
+        for (int64_t t = 0; t < lens[i]; t++)
+            if (ids[r + t] < 0 || ids[r + t] >= V)
+                return ft_err(FT_E_INVALID, "generate: prompt %lld of the prefill (slot %lld): "
+                              "token %lld has id %d, expected 0..%lld", (long long)i,
+                              (long long)slots[i], (long long)t, ids[r + t], (long long)V - 1);
+    if (n_seq == 1) return ft_gen_forward_slot(g, slots[0], ids, lens[0], logits, 1);
+    gen_rows rw = {0, slots, lens, n_seq};
+    int rc = forward_rows(g, &rw, ids, total, logits, n_seq);
+    for (int64_t i = 0; i < n_seq; i++) /* on a failure each prompt's rows are partly written */
+        g->past[slots[i]] = rc ? 0 : lens[i];
+    g->n_past = g->past[0];
+    return rc;
 }
 
 int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows)
@@ -486,7 +582,7 @@ int ft_gen_forward_slot(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, 
                       (long long)g->ctx_max);
     if (!ids || !logits) return ft_err(FT_E_INVALID, "generate: NULL ids or logits");
     FT_TRY(check_ids(g, ids, n));
-    gen_rows rw = {slot, NULL};
+    gen_rows rw = {slot, NULL, NULL, 0};
     int rc = forward_rows(g, &rw, ids, n, logits, rows);
     g->past[slot] = rc ? 0 : g->past[slot] + n; /* on a failure the rows are partly written */
     if (slot == 0) g->n_past = g->past[0];
@@ -520,7 +616,7 @@ int ft_gen_decode(ft_gen *g, const int64_t *slots, const int32_t *ids, int64_t n
     }
     FT_TRY(check_ids(g, ids, n));
     if (n == 1) return ft_gen_forward_slot(g, slots[0], ids, 1, logits, 1);
-    gen_rows rw = {0, slots};
+    gen_rows rw = {0, slots, NULL, 0};
     int rc = forward_rows(g, &rw, ids, n, logits, n);
     for (int64_t i = 0; i < n; i++) /* on a failure each sequence's rows are partly written */
         g->past[slots[i]] = rc ? 0 : g->past[slots[i]] + 1;

@@ -45,8 +45,8 @@ typedef struct ft_gen {
     void *arena;                /* the one backend allocation */
     size_t arena_bytes;
     float *kc, *vc;             /* (n_slots, L, ctx_max, Hkv, D) each */
-    float *kt;                  /* a batched decode's new k, v rows (2, chunk_max, Hkv, D);
-                                 * NULL with one slot */
+    float *kt;                  /* a batched decode's or prefill's new k, v rows
+                                 * (2, chunk_max, Hkv, D); NULL with one slot */
     float *x, *y, *xn, *rstd, *q, *att, *lse, *h, *gate, *up, *act, *u;
                                 /* chunk_max * {C, C, C, 1, H*D, H*D, H, C, F, F, F, r} */
     float *logits;              /* (logit_rows_max, V) */
@@ -105,10 +105,12 @@ void ft_gen_free(ft_gen *g); /* NULL-safe; leaves g zeroed */
 
 /* ft_gen_init_source for n_slots sequences decoded together (src NULL: ft_gen_init's
  * in-place host weights): each slot has its own KV cache of ctx_max tokens and RoPE table;
- * ft_gen_forward_slot prefills one, ft_gen_decode advances several by one token in one
- * forward, so each layer's weights are read (or streamed) once for all of them. Same sizes
- * and errors as ft_gen_init_source, plus FT_E_INVALID unless 1 <= n_slots <=
- * FT_GEN_MAX_SLOTS; a decode of n sequences needs n <= logit_rows_max <= chunk_max. */
+ * ft_gen_forward_slot prefills one, ft_gen_prefill several in one forward, ft_gen_decode
+ * advances several by one token in one forward, so each layer's weights are read (or
+ * streamed) once for all of them. Same sizes and errors as ft_gen_init_source, except that
+ * chunk_max may reach n_slots * ctx_max (the prompts of several slots in one forward), plus
+ * FT_E_INVALID unless 1 <= n_slots <= FT_GEN_MAX_SLOTS; a decode or a prefill of n sequences
+ * needs n <= logit_rows_max <= chunk_max. */
 int ft_gen_init_slots(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
                       const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
                       int64_t logit_rows_max, int64_t n_slots);
@@ -163,6 +165,26 @@ int ft_gen_forward_slot(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, 
  * range or with a full cache), FT_E_INVALID (a repeated or empty slot, an id outside the
  * vocabulary; nothing changes) or a kernel error (the n slots are then reset). */
 int ft_gen_decode(ft_gen *g, const int64_t *slots, const int32_t *ids, int64_t n, float *logits);
+
+/* The prompts of n_seq sequences prefilled in one forward, so that each layer's weights are
+ * read (or streamed) once for all of them (vLLM and llama.cpp batch the prompts of the
+ * requests that start together the same way): prompt i, lens[i] >= 1 tokens, is
+ * ids[sum(lens[0..i)) ..] (host, concatenated) and goes into the empty cache of slot slots[i]
+ * (distinct) at positions 0..lens[i]-1, rotated with that slot's RoPE table (dynamic NTK:
+ * ft_gen_set_rope_len_slot first). logits (host) receives (n_seq, V) fp32: row i the logits
+ * of prompt i's last token. Each prompt's rows are those of ft_gen_forward_slot(slots[i],
+ * its ids, lens[i], ., 1) on that empty slot: the same attention call on its own rows (causal,
+ * attention_fwd), the projections over all the rows at once (as ft_gen_decode, a GEMM over
+ * more rows may round differently in the last bits; the CPU's sgemm rows do not depend on
+ * the rows beside them: bit for bit there, tested), the LM head over the n_seq last rows.
+ * The caller splits prompts whose total exceeds chunk_max (a longer prompt alone:
+ * ft_gen_forward_slot in chunks). Returns 0, FT_E_RANGE (n_seq outside 1..min(n_slots,
+ * logit_rows_max), a slot out of range, a length outside 1..ctx_max, more than chunk_max
+ * tokens in all; nothing changes), FT_E_INVALID (NULL pointers, a repeated slot, a slot whose
+ * cache is not empty, an id outside the vocabulary, named with its prompt and slot; nothing
+ * changes) or a kernel error (the n_seq caches are then left empty). */
+int ft_gen_prefill(ft_gen *g, int64_t n_seq, const int64_t *slots, const int32_t *ids,
+                   const int64_t *lens, float *logits);
 
 /* Flags of ft_gen_prompt_ids / ft_gen_req_ids. */
 enum {
@@ -305,7 +327,7 @@ typedef struct ft_gen_req {
  *   is off, seed -1 none). B's fields that ftune does not implement are refused, naming
  *   the field, unless their value changes nothing (n 1, logprobs false, stream false,
  *   response_format {"type": "text"}, tool_choice "auto", logit_bias {}, ...: the list is
- *   gen_prompt.c BODY_FIELDS, from OpenAI's and vLLM's request schemas); model, user,
+ *   gen_batch_req.c BODY_FIELDS, from OpenAI's and vLLM's request schemas); model, user,
  *   metadata, store, service_tier and other bookkeeping are accepted and ignored. Other keys
  *   of the line or of B are unknown keys ("body.KEY").
  * A bad value is FT_E_INVALID with a message naming the key; so is a key that an object

@@ -1874,6 +1874,252 @@ static void test_gen_slots(void **state)
     t_rmtree(dir);
 }
 
+/* ---- batched prefill (ft_gen_prefill) ------------------------------------------------------ */
+
+/* A batched prefill (ft_gen_prefill) vs each prompt prefilled alone: the same math, the
+ * projections' GEMMs over all the prompts' rows at once, which OpenBLAS's sgemm sums in
+ * another order for a row depending on its place among the rows (its micro-kernel tails:
+ * rows of a 37-row product differ from those of a 300-row product in the last bit), so fp32
+ * reassociation only, as the batched decode (FT_TOL_KV_DECODE_REL). Measured on tiny-llama:
+ * 8.8e-7 of max |logit| with a LoRA adapter, 2.1e-7 without, 1.5e-7 through an NF4 pack; too
+ * close to 1e-6 to bound it there on other OpenBLAS kernels. */
+#define FT_TOL_PREFILL_REL FT_TOL_KV_DECODE_REL
+
+/* Three prompts of 37, 9 and 50 tokens (over the CPU attention's 32-query and 64-key tiles, all
+ * longer than the 8 rows an NF4 pack serves in place) and their first decode steps. */
+#define PF_N 3
+static const int64_t PF_LEN[PF_N] = {37, 9, 50};
+#define PF_CTX 64
+#define PF_CHUNK 128
+
+static void pf_ids(int32_t *ids, int64_t n, int64_t V, uint64_t seed)
+{
+    ft_rng r;
+    ft_rng_seed(&r, seed);
+    for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(ft_rng_next(&r) % (uint64_t)V);
+}
+
+/* ft_gen_prefill of the three prompts into slots 2, 0, 3 of a 4-slot ft_gen against each
+ * prompt prefilled alone (ft_gen_forward_slot) into the same slot of another one, then three
+ * decode steps of the three in both: the same logits within FT_TOL_PREFILL_REL (each
+ * prompt's attention is the one-sequence call on its own rows; the projections' GEMMs run
+ * over all 96 rows, and OpenBLAS's sgemm rounds a row differently with the rows around it). */
+static void prefill_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
+                         const ft_gen_source *src, const char *label)
+{
+    const int64_t V = m->cfg.vocab_size, S = 4;
+    const int64_t slots[PF_N] = {2, 0, 3};
+    ft_gen g, one;
+    assert_int_equal(ft_gen_init_slots(&g, be, m, lora, src, PF_CTX, PF_CHUNK, S, S), 0);
+    assert_int_equal(ft_gen_init_slots(&one, be, m, lora, src, PF_CTX, PF_CHUNK, S, S), 0);
+    int32_t ids[37 + 9 + 50];
+    pf_ids(ids, 96, V, 5);
+    float *lb = malloc((size_t)(S * V) * 4), *lr = malloc((size_t)(S * V) * 4);
+    assert_non_null(lb);
+    assert_non_null(lr);
+    assert_int_equal(ft_gen_prefill(&g, PF_N, slots, ids, PF_LEN, lb), 0);
+    int64_t bad_rows = 0;
+    double worst = 0;
+    for (int64_t i = 0, r = 0; i < PF_N; r += PF_LEN[i++]) {
+        assert_int_equal(g.past[slots[i]], PF_LEN[i]);
+        assert_int_equal(ft_gen_forward_slot(&one, slots[i], ids + r, PF_LEN[i], lr + i * V, 1), 0);
+        bad_rows += memcmp(lb + i * V, lr + i * V, (size_t)V * 4) != 0;
+        worst = fmax(worst, max_diff(lb + i * V, lr + i * V, V) / max_abs(lr + i * V, V));
+    }
+    assert_int_equal(g.past[1], 0);
+    assert_int_equal(g.n_past, PF_LEN[1]);
+    /* the check can fail: prompt 0's logits against prompt 1's */
+    assert_true(max_diff(lb, lr + V, V) > 100 * FT_TOL_PREFILL_REL * max_abs(lr + V, V));
+    /* the decode steps read the caches the prefill wrote */
+    for (int st = 0; st < 3; st++) {
+        int32_t tk[PF_N];
+        for (int i = 0; i < PF_N; i++) tk[i] = (int32_t)((7 + 31 * st + 1000 * i) % V);
+        assert_int_equal(ft_gen_decode(&g, slots, tk, PF_N, lb), 0);
+        assert_int_equal(ft_gen_decode(&one, slots, tk, PF_N, lr), 0);
+        for (int i = 0; i < PF_N; i++) {
+            bad_rows += memcmp(lb + i * V, lr + i * V, (size_t)V * 4) != 0;
+            worst = fmax(worst, max_diff(lb + i * V, lr + i * V, V) / max_abs(lr + i * V, V));
+        }
+    }
+    printf("[%s] prefill of %d prompts in one forward, then 3 decode steps, vs each prompt "
+           "prefilled alone: %lld of %d logits rows differ, max diff %.3e of max |logit| (bound "
+           "%.0e)\n", label, PF_N, (long long)bad_rows, 4 * PF_N, worst, FT_TOL_PREFILL_REL);
+    assert_true(worst <= FT_TOL_PREFILL_REL);
+    free(lb);
+    free(lr);
+    ft_gen_free(&g);
+    ft_gen_free(&one);
+}
+
+/* A weight source over a model's host arrays whose layer() fails at call fail_at (counting
+ * from 1; 0: never), for the failure path of ft_gen_prefill. */
+typedef struct fail_src { const ft_model *m; int64_t calls, fail_at; } fail_src;
+
+static int fail_layer(void *ctx, int64_t l, int64_t n, const ft_layer_weights **w)
+{
+    fail_src *f = ctx;
+    (void)n;
+    if (++f->calls == f->fail_at) return ft_err(-EIO, "test: layer %lld unreadable", (long long)l);
+    *w = &f->m->layers[l];
+    return 0;
+}
+
+static void test_gen_prefill(void **state)
+{
+    fix *f = *state;
+    prefill_case(f->be, f->m, &f->lora, NULL, "cpu, host weights, LoRA");
+    prefill_case(f->be, f->m, NULL, NULL, "cpu, host weights, no adapter");
+    ft_backend *dev;
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
+    ft_exec ex;
+    assert_int_equal(ft_exec_init_ex(&ex, dev, f->m, NULL, 8, 1, 8, 1), 0);
+    ft_gen_source src;
+    assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
+    int64_t visits = ex.layer_fetches;
+    prefill_case(dev, f->m, NULL, &src, "cpu-device, the executor's weights");
+    /* g: one forward for the three prompts; one: three */
+    assert_int_equal(ex.layer_fetches - visits, f->m->cfg.num_hidden_layers * (1 + 3 + 2 * 3));
+    ft_exec_free(&ex);
+    ft_backend_free(dev);
+    /* an NF4 pack in memory on the CPU (prompts of more than 8 tokens: the layer dequantized) */
+    char *dir = t_tmpdir(), tied[700];
+    write_pack_only(dir, "tied", 0, tied, sizeof tied);
+    ft_model *m = NULL;
+    assert_int_equal(ft_model_load(&m, tied), 0);
+    ft_pack_file *pack = NULL;
+    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
+    assert_int_equal(ft_exec_init_ex(&ex, f->be, m, NULL, 8, 1, 8, 0), 0);
+    assert_int_equal(ft_exec_use_pack_ex(&ex, pack, 1), 0);
+    assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
+    prefill_case(f->be, m, NULL, &src, "cpu, NF4 pack in memory");
+    ft_exec_free(&ex);
+    ft_pack_close(pack);
+    ft_model_free(m);
+    t_rmtree(dir);
+}
+
+/* Dynamic NTK RoPE: each prompt of a batched prefill is rotated with its own slot's table, as
+ * when prefilled alone (within FT_TOL_PREFILL_REL), and not with another slot's (what one
+ * table for every row would give). */
+static void test_gen_prefill_dynamic_rope(void **state)
+{
+    fix *f = *state;
+    const ft_model_config saved = f->m->cfg;
+    f->m->cfg.rope_type = FT_ROPE_DYNAMIC;
+    f->m->cfg.rope_factor = 4.0;
+    f->m->cfg.rope_original_max_position_embeddings = 4;
+    const int64_t V = f->m->cfg.vocab_size, slots[PF_N] = {1, 2, 0};
+    ft_gen g, one;
+    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, &f->lora, NULL, PF_CTX, PF_CHUNK, 3, 3), 0);
+    assert_int_equal(ft_gen_init_slots(&one, f->be, f->m, &f->lora, NULL, PF_CTX, PF_CHUNK, 3, 3), 0);
+    int32_t ids[96];
+    pf_ids(ids, 96, V, 11);
+    float *lb = malloc((size_t)(3 * V) * 4), *lr = malloc((size_t)V * 4), *lo = malloc((size_t)V * 4);
+    assert_non_null(lb);
+    assert_non_null(lr);
+    assert_non_null(lo);
+    for (int i = 0; i < PF_N; i++) { /* each slot's table for its prompt + 4 new tokens */
+        assert_int_equal(ft_gen_set_rope_len_slot(&g, slots[i], PF_LEN[i] + 4), 0);
+        assert_int_equal(ft_gen_set_rope_len_slot(&one, slots[i], PF_LEN[i] + 4), 0);
+    }
+    assert_int_equal(ft_gen_prefill(&g, PF_N, slots, ids, PF_LEN, lb), 0);
+    double nearest_other = INFINITY, worst = 0;
+    for (int64_t i = 0, r = 0; i < PF_N; r += PF_LEN[i++]) {
+        assert_int_equal(ft_gen_forward_slot(&one, slots[i], ids + r, PF_LEN[i], lr, 1), 0);
+        worst = fmax(worst, max_diff(lb + i * V, lr, V) / max_abs(lr, V));
+        /* the next slot's table (another length) */
+        const int64_t o = slots[(i + 1) % PF_N];
+        ft_gen_reset_slot(&one, o);
+        assert_int_equal(ft_gen_forward_slot(&one, o, ids + r, PF_LEN[i], lo, 1), 0);
+        ft_gen_reset_slot(&one, o);
+        nearest_other = fmin(nearest_other, max_diff(lb + i * V, lo, V) / max_abs(lr, V));
+    }
+    printf("dynamic RoPE, batched prefill of 3 prompts: %.3e of max |logit| from each one's own "
+           "table (bound %.0e), %.3e from the other slots' tables\n", worst, FT_TOL_PREFILL_REL,
+           nearest_other);
+    assert_true(worst <= FT_TOL_PREFILL_REL);
+    assert_true(nearest_other > 100 * FT_TOL_PREFILL_REL);
+    f->m->cfg = saved;
+    free(lb);
+    free(lr);
+    free(lo);
+    ft_gen_free(&g);
+    ft_gen_free(&one);
+}
+
+/* Refusals (nothing changes: the caches keep what they hold), sizes, and a failed forward
+ * (the slots' caches left empty, the source's message kept). */
+static void test_gen_prefill_refusals(void **state)
+{
+    fix *f = *state;
+    const int64_t V = f->m->cfg.vocab_size, CTX = 16, CHUNK = 20;
+    ft_gen g;
+    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, NULL, CTX, CHUNK, 2, 3), 0);
+    float *lg = malloc((size_t)(3 * V) * 4);
+    assert_non_null(lg);
+    int32_t ids[40];
+    pf_ids(ids, 40, V, 3);
+    assert_int_equal(ft_gen_forward_slot(&g, 1, ids, 4, lg, 1), 0); /* slot 1 holds 4 tokens */
+    const int64_t s02[2] = {0, 2}, s01[2] = {0, 1}, s00[2] = {0, 0}, s03[2] = {0, 3},
+                  s012[3] = {0, 1, 2}, sm1[1] = {-1};
+    const int64_t l55[2] = {5, 5}, l05[2] = {0, 5}, l17[2] = {17, 1}, l1010[2] = {10, 11},
+                  l111[3] = {1, 1, 1};
+    assert_int_equal(ft_gen_prefill(&g, 0, s02, ids, l55, lg), FT_E_RANGE);
+    assert_int_equal(ft_gen_prefill(&g, 3, s012, ids, l111, lg), FT_E_RANGE); /* > logit rows */
+    assert_int_equal(ft_gen_prefill(&g, 1, sm1, ids, l55, lg), FT_E_RANGE);
+    assert_int_equal(ft_gen_prefill(&g, 2, s03, ids, l55, lg), FT_E_RANGE);
+    assert_int_equal(ft_gen_prefill(&g, 2, s00, ids, l55, lg), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "twice"));
+    assert_int_equal(ft_gen_prefill(&g, 2, s01, ids, l55, lg), FT_E_INVALID); /* slot 1 holds 4 */
+    assert_non_null(strstr(ft_errmsg(), "holds 4 tokens"));
+    assert_int_equal(ft_gen_prefill(&g, 2, s02, ids, l05, lg), FT_E_RANGE);
+    assert_int_equal(ft_gen_prefill(&g, 2, s02, ids, l17, lg), FT_E_RANGE);  /* > context */
+    assert_int_equal(ft_gen_prefill(&g, 2, s02, ids, l1010, lg), FT_E_RANGE); /* 21 > chunk */
+    assert_non_null(strstr(ft_errmsg(), "21 prompt tokens"));
+    assert_int_equal(ft_gen_prefill(&g, 2, s02, NULL, l55, lg), FT_E_INVALID);
+    assert_int_equal(ft_gen_prefill(&g, 2, s02, ids, l55, NULL), FT_E_INVALID);
+    int32_t badid[10];
+    memcpy(badid, ids, sizeof badid);
+    badid[7] = (int32_t)V; /* prompt 1's token 2 */
+    assert_int_equal(ft_gen_prefill(&g, 2, s02, badid, l55, lg), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "prompt 1 of the prefill (slot 2): token 2 has id"));
+    assert_int_equal(g.past[0], 0);
+    assert_int_equal(g.past[1], 4);
+    assert_int_equal(g.past[2], 0);
+    /* one prompt: ft_gen_forward_slot's logits */
+    const int64_t s2[1] = {2}, l9[1] = {9};
+    assert_int_equal(ft_gen_prefill(&g, 1, s2, ids, l9, lg), 0);
+    assert_int_equal(g.past[2], 9);
+    ft_gen_reset_slot(&g, 2);
+    assert_int_equal(ft_gen_forward_slot(&g, 2, ids, 9, lg + V, 1), 0);
+    assert_memory_equal(lg, lg + V, (size_t)V * 4);
+    ft_gen_free(&g);
+    /* sizes: a chunk beyond one context only with several slots */
+    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, NULL, CTX, 2 * CTX, 2, 2), 0);
+    ft_gen_free(&g);
+    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, NULL, CTX, 2 * CTX + 1, 2, 2),
+                     FT_E_INVALID);
+    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, NULL, CTX, CTX + 1, 1, 1), FT_E_INVALID);
+    assert_int_equal(ft_gen_source_bytes(f->m, NULL, CTX, 2 * CTX + 1, 2, 2), 0);
+    assert_true(ft_gen_source_bytes(f->m, NULL, CTX, 2 * CTX, 2, 2) >
+                ft_gen_source_bytes(f->m, NULL, CTX, CTX, 2, 2));
+    /* a layer that fails mid-forward: the slots' caches left empty, the message kept */
+    fail_src fs = {f->m, 0, 2};
+    ft_gen_source src = {&fs, NULL, fail_layer, NULL, NULL, f->m->embed, f->m->final_norm,
+                         f->m->lm_head, NULL};
+    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, &src, CTX, CHUNK, 2, 3), 0);
+    assert_int_equal(ft_gen_prefill(&g, 2, s02, ids, l55, lg), -EIO);
+    assert_non_null(strstr(ft_errmsg(), "layer 1 unreadable"));
+    assert_int_equal(g.past[0], 0);
+    assert_int_equal(g.past[2], 0);
+    fs.fail_at = 0;
+    assert_int_equal(ft_gen_prefill(&g, 2, s02, ids, l55, lg), 0); /* then it works */
+    assert_int_equal(g.past[0], 5);
+    assert_int_equal(g.past[2], 5);
+    ft_gen_free(&g);
+    free(lg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1901,6 +2147,9 @@ int main(void)
         cmocka_unit_test(test_gen_through_exec),
         cmocka_unit_test_setup_teardown(test_gen_slots, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gen_slots_dynamic_rope, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gen_prefill, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gen_prefill_dynamic_rope, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gen_prefill_refusals, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
