@@ -707,6 +707,59 @@ def _(d):
                  "--host-mem", "4G")
 
 
+# ---- generate --prompts files and --chat -----------------------------------------------------
+
+def prompts_file(d, *lines):
+    (d / "p.jsonl").write_text("".join(x + "\n" for x in lines))
+    return ["generate", "--model", TINY, "--prompts", "p.jsonl", "--max-new-tokens", "2",
+            "--threads", "1"]
+
+
+@case("generate", "`--prompts` record that is a number (line 2)", "src/model/gen_prompt.c ft_gen_req_parse")
+def _(d):
+    return prompts_file(d, '"hi"', '42')
+
+
+@case("generate", "`--prompts` record with `\"temperature\": -1`", "src/model/gen_prompt.c gp_req_params")
+def _(d):
+    return prompts_file(d, '{"prompt": "hi", "temperature": -1}')
+
+
+@case("generate", "OpenAI batch request with `\"n\": 2`", "src/model/gen_batch_req.c body_fields")
+def _(d):
+    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+                           '"body": {"messages": [{"role": "user", "content": "hi"}], "n": 2}}')
+
+
+@case("generate", "OpenAI batch file with a duplicate `custom_id`", "cli/gen_batch.c")
+def _(d):
+    req = ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
+           '"body": {"prompt": "hi"}}')
+    return prompts_file(d, req, req)
+
+
+@case("generate", "OpenAI batch requests mixed with plain records", "cli/gen_batch.c")
+def _(d):
+    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
+                           '"body": {"prompt": "hi"}}', '"plain"')
+
+
+@case("generate", "OpenAI batch request to `/v1/embeddings`", "src/model/gen_batch_req.c gp_req_batch")
+def _(d):
+    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", '
+                           '"body": {"input": "hi"}}')
+
+
+@case("generate", "`--chat` with `--prompt`", "cli/cmd_generate.c")
+def _(d):
+    return ["generate", "--model", TINY, "--chat", "--prompt", "hi"]
+
+
+@case("generate", "`--presence-penalty 3`", "cli/cmd_generate.c")
+def _(d):
+    return ["generate", "--model", TINY, "--prompt", "hi", "--presence-penalty", "3"]
+
+
 # ---- pack-only model folders --------------------------------------------------------------
 
 def pack_only(d, *quant):
