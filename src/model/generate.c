@@ -496,6 +496,21 @@ static int forward_rows(ft_gen *g, const gen_rows *rw, const int32_t *ids, int64
     return o->copy(be, logits, g->logits, (size_t)(rows * V) * sizeof(float));
 }
 
+/* FT_E_RANGE unless slots[i] is a slot of g, FT_E_INVALID when slots[0..i) holds it already
+ * (`what`: "prefill" or "decode step", for the message). */
+static int slot_ok(const ft_gen *g, const int64_t *slots, int64_t i, const char *what)
+{
+    const int64_t s = slots[i];
+    if (s < 0 || s >= g->n_slots)
+        return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)s,
+                      (long long)g->n_slots - 1);
+    for (int64_t j = 0; j < i; j++)
+        if (slots[j] == s)
+            return ft_err(FT_E_INVALID, "generate: sequence slot %lld twice in one %s", (long long)s,
+                          what);
+    return 0;
+}
+
 /* FT_E_INVALID unless every id is in the vocabulary. */
 static int check_ids(const ft_gen *g, const int32_t *ids, int64_t n)
 {
@@ -520,13 +535,7 @@ int ft_gen_prefill(ft_gen *g, int64_t n_seq, const int64_t *slots, const int32_t
     int64_t total = 0;
     for (int64_t i = 0; i < n_seq; i++) {
         const int64_t s = slots[i];
-        if (s < 0 || s >= g->n_slots)
-            return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)s,
-                          (long long)g->n_slots - 1);
-        for (int64_t j = 0; j < i; j++)
-            if (slots[j] == s)
-                return ft_err(FT_E_INVALID, "generate: sequence slot %lld twice in one prefill",
-                              (long long)s);
+        FT_TRY(slot_ok(g, slots, i, "prefill"));
         if (g->past[s] != 0)
             return ft_err(FT_E_INVALID, "generate: sequence slot %lld holds %lld tokens (a prefill "
                           "starts an empty cache: ft_gen_reset_slot, or ft_gen_forward_slot to "
@@ -600,13 +609,7 @@ int ft_gen_decode(ft_gen *g, const int64_t *slots, const int32_t *ids, int64_t n
     if (n > 1 && !g->kt) return ft_err(FT_E_INVALID, "generate: one sequence slot only");
     for (int64_t i = 0; i < n; i++) {
         const int64_t s = slots[i];
-        if (s < 0 || s >= g->n_slots)
-            return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)s,
-                          (long long)g->n_slots - 1);
-        for (int64_t j = 0; j < i; j++)
-            if (slots[j] == s)
-                return ft_err(FT_E_INVALID, "generate: sequence slot %lld twice in one decode step",
-                              (long long)s);
+        FT_TRY(slot_ok(g, slots, i, "decode step"));
         if (g->past[s] < 1)
             return ft_err(FT_E_INVALID, "generate: sequence slot %lld is empty (a decode step "
                           "follows its prompt)", (long long)s);
