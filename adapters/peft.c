@@ -209,19 +209,6 @@ int ft_peft_read_config(const char *dir, ft_lora_cfg *cfg)
     return read_config(dir, cfg, NULL, 0);
 }
 
-void ft_peft_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
-{
-    const int64_t C = c->hidden_size, F = c->intermediate_size;
-    const int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
-    switch (p) {
-    case FT_Q: *out = qd; *in = C; break;
-    case FT_K: case FT_V: *out = kd; *in = C; break;
-    case FT_O: *out = C; *in = qd; break;
-    case FT_GATE: case FT_UP: *out = F; *in = C; break;
-    default: *out = C; *in = F; break;
-    }
-}
-
 /* Parses "base_model.model.model.layers.{i}.{parent}.{proj}.lora_{A|B}.weight". Returns 1
  * with layer, proj, which (0 = A, 1 = B) set, or 0 if the key has another form. */
 static int parse_key(const char *k, int64_t *layer, int *proj, int *which)
@@ -357,7 +344,7 @@ int ft_peft_check_base(const ft_peft_file *a, const ft_model_config *mc, const c
     for (int p = 0; p < FT_N_PROJ; p++) {
         if (!(a->cfg.targets & (1u << p))) continue;
         int64_t out, in;
-        ft_peft_proj_dims(mc, p, &out, &in);
+        ft_proj_dims(mc, p, &out, &in);
         if (out != a->out_n[p] || in != a->in_n[p]) {
             const ft_st_tensor *A = a->t[0][p][0];
             return ft_err(FT_E_INVALID, "%s: tensor %s has shape [%lld, %lld] and its B %lld rows: "

@@ -76,8 +76,6 @@ void ft_peft_close(ft_peft_file *a); /* NULL-safe, idempotent */
  * Returns 0 or FT_E_INVALID ("... the adapter was trained on another base model"). */
 int ft_peft_check_base(const ft_peft_file *a, const ft_model_config *mc, const char *model);
 
-/* (out, in) of projection p of a Llama-family layer from its config. */
-void ft_peft_proj_dims(const ft_model_config *mc, int p, int64_t *out, int64_t *in);
 
 /* Converts the A (which = 0) or B (which = 1) of layer i, projection p to fp64 in dst
  * (r*in or out*r values, row-major). Returns 0 or FT_E_UNSUPPORTED (dtype). */

@@ -151,20 +151,6 @@ static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 /* ---- layout ---------------------------------------------------------------------------- */
 
 
-/* Shapes of the projections (loader.c's proj_dims, formats.md 2.3). */
-void ft_pack_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
-{
-    const int64_t C = c->hidden_size, F = c->intermediate_size;
-    const int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
-    switch (p) {
-    case FT_Q: *out = qd; *in = C; break;
-    case FT_K: case FT_V: *out = kd; *in = C; break;
-    case FT_O: *out = C; *in = qd; break;
-    case FT_GATE: case FT_UP: *out = F; *in = C; break;
-    default: *out = C; *in = F; break;
-    }
-}
-
 /* q/k/v carry a bias with attention_bias; o too for llama-type models (not qwen2). */
 int ft_pack_has_bias(const ft_model_config *c, int p)
 {
@@ -192,7 +178,7 @@ int ft_pack_block_slots(const ft_model_config *c, int64_t l, ft_pack_slot *out)
     }
     for (int p = 0; p < FT_N_PROJ; p++) {
         int64_t o, i;
-        ft_pack_proj_dims(c, p, &o, &i);
+        ft_proj_dims(c, p, &o, &i);
         out[n++] = (ft_pack_slot){FT_PACK_ROLE_W0 + p, o, i, 1};
         if (ft_pack_has_bias(c, p)) out[n++] = (ft_pack_slot){FT_PACK_ROLE_B0 + p, o, 1, 0};
     }
@@ -577,7 +563,7 @@ int64_t ft_pack_layer_floats(const ft_model_config *cfg)
     int64_t n = 2 * pad16(cfg->hidden_size) + (cfg->qk_norm ? 2 * pad16(cfg->head_dim) : 0);
     for (int p = 0; p < FT_N_PROJ; p++) {
         int64_t o, i;
-        ft_pack_proj_dims(cfg, p, &o, &i);
+        ft_proj_dims(cfg, p, &o, &i);
         n += pad16(o * i) + (ft_pack_has_bias(cfg, p) ? pad16(o) : 0);
     }
     return n;
@@ -709,7 +695,7 @@ static int layer_weights(const ft_pack_file *p, int64_t l, const void *buf, floa
     }
     for (int k = 0; k < FT_N_PROJ; k++) {
         ft_linear *li = &w->proj[k];
-        ft_pack_proj_dims(c, k, &li->out_n, &li->in_n);
+        ft_proj_dims(c, k, &li->out_n, &li->in_n);
         li->w = q;
         q += pad16(li->out_n * li->in_n);
         if (ft_pack_has_bias(c, k)) {

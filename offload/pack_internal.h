@@ -15,8 +15,6 @@ static inline int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * 
  * weight (quantized in NF4 packs). */
 typedef struct ft_pack_slot { int role; int64_t rows, cols; int linear; } ft_pack_slot;
 
-/* Shapes (out, in) of projection p (formats.md 2.3, as loader.c). */
-void ft_pack_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in);
 /* 1 if projection p carries a bias (q/k/v with attention_bias; o too unless qwen2). */
 int ft_pack_has_bias(const ft_model_config *c, int p);
 /* The slots of block l (-1: global); returns their count (<= FT_PACK_MAX_SLOTS). */

@@ -255,19 +255,6 @@ typedef struct itensor {
 
 static int64_t numel(const itensor *t) { return t->rows * (t->cols ? t->cols : 1); }
 
-static void proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
-{
-    const int64_t C = c->hidden_size, F = c->intermediate_size;
-    const int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
-    switch (p) {
-    case FT_Q: *out = qd; *in = C; break;
-    case FT_K: case FT_V: *out = kd; *in = C; break;
-    case FT_O: *out = C; *in = qd; break;
-    case FT_GATE: case FT_UP: *out = F; *in = C; break;
-    default: *out = C; *in = F; break;
-    }
-}
-
 /* The model's tensors in HF order (formats.md 2.3). */
 static itensor *list_tensors(const ft_model_config *c, int64_t *n_out)
 {
@@ -282,7 +269,7 @@ static itensor *list_tensors(const ft_model_config *c, int64_t *n_out)
         snprintf(t->name, sizeof t->name, "model.layers.%lld.input_layernorm.weight", (long long)l);
         for (int p = 0; p < FT_N_PROJ; p++) {
             int64_t o, i;
-            proj_dims(c, p, &o, &i);
+            ft_proj_dims(c, p, &o, &i);
             t = &v[n++];
             *t = (itensor){"", o, i, K_NORMAL, l, FT_PACK_ROLE_W0 + p};
             snprintf(t->name, sizeof t->name, "model.layers.%lld.%s.%s.weight", (long long)l,
@@ -373,15 +360,10 @@ static int write_shard(const char *path, const itensor *ts, int64_t n, int shard
     k += (size_t)snprintf(h + k, cap - k, "}");
     while (k % 8) h[k++] = ' ';
     char tmp[4300];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
-        free(h);
-        return ft_err(FT_E_RANGE, "%s: path too long", path);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = ft_tmp_open(path, tmp, sizeof tmp);
     if (fd < 0) {
-        int e = errno;
         free(h);
-        return ft_err(-e, "%s: cannot create: %s", tmp, strerror(e));
+        return fd;
     }
     uint64_t hl = k;
     int rc = write_all(fd, &hl, 8, tmp);
@@ -398,12 +380,9 @@ static int write_shard(const char *path, const itensor *ts, int64_t n, int shard
             rc = write_all(fd, b16, (size_t)m * 2, tmp);
         }
     }
-    if (!rc && fsync(fd) < 0) rc = ft_err(-errno, "%s: fsync: %s", tmp, strerror(errno));
-    if (close(fd) < 0 && !rc) rc = ft_err(-errno, "%s: close: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path) < 0) rc = ft_err(-errno, "%s: rename: %s", path, strerror(errno));
-    if (rc) unlink(tmp);
-    else *bytes += 8 + hl + (uint64_t)off;
-    return rc;
+    FT_TRY(ft_tmp_commit(fd, tmp, path, rc));
+    *bytes += 8 + hl + (uint64_t)off;
+    return 0;
 }
 
 static int write_index(const char *dir, const itensor *ts, int64_t n, int n_shards, uint64_t total)

@@ -38,7 +38,8 @@ typedef struct {
 
 static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; } /* 64-byte carving */
 
-static void proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
+/* model.h; formats.md 2.3 */
+void ft_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
 {
     const int64_t C = c->hidden_size, F = c->intermediate_size;
     const int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
@@ -64,7 +65,7 @@ static int64_t layer_floats(const ft_model_config *c, int o_bias)
     int64_t n = 2 * pad16(c->hidden_size) + (c->qk_norm ? 2 * pad16(c->head_dim) : 0);
     for (int p = 0; p < FT_N_PROJ; p++) {
         int64_t out, in;
-        proj_dims(c, p, &out, &in);
+        ft_proj_dims(c, p, &out, &in);
         n += pad16(out * in) + (has_bias(c, p, o_bias) ? pad16(out) : 0);
     }
     return n;
@@ -117,7 +118,7 @@ static int carve(ft_model *m, int o_bias)
         }
         for (int p = 0; p < FT_N_PROJ; p++) {
             ft_linear *li = &w->proj[p];
-            proj_dims(c, p, &li->out_n, &li->in_n);
+            ft_proj_dims(c, p, &li->out_n, &li->in_n);
             li->w = b;
             b += pad16(li->out_n * li->in_n);
             li->b = NULL;
@@ -271,7 +272,7 @@ static int shapes_only(ft_model *m)
     m->priv = pv;
     for (int64_t l = 0; l < c->num_hidden_layers; l++)
         for (int q = 0; q < FT_N_PROJ; q++)
-            proj_dims(c, q, &m->layers[l].proj[q].out_n, &m->layers[l].proj[q].in_n);
+            ft_proj_dims(c, q, &m->layers[l].proj[q].out_n, &m->layers[l].proj[q].in_n);
     return 0;
 }
 
@@ -385,7 +386,7 @@ static int load_hf(ft_model *m, const char *dir, int defer)
             }
             for (int q = 0; !rc && q < FT_N_PROJ; q++) {
                 int64_t out, in;
-                proj_dims(c, q, &out, &in);
+                ft_proj_dims(c, q, &out, &in);
                 snprintf(name, sizeof name, "model.layers.%lld.%s.%s.weight", (long long)l,
                          ft_proj_parent[q], ft_proj_name[q]);
                 rc = hf_tensor(s, dir, name, 2, out, in, DST(w->proj[q].w));
@@ -662,7 +663,7 @@ static int load_gguf(ft_model *m, const char *path, int defer)
         if (pass == 1) {
             if ((rc = carve(m, o_bias)) < 0) break;
             int64_t out, in;
-            proj_dims(c, FT_Q, &out, &in);
+            ft_proj_dims(c, FT_Q, &out, &in);
             if (permute && !(tmp = alloc_floats(out * in, path))) {
                 rc = -ENOMEM;
                 break;
@@ -686,7 +687,7 @@ static int load_gguf(ft_model *m, const char *path, int defer)
             }
             for (int p = 0; !rc && p < FT_N_PROJ; p++) {
                 int64_t out, in, hd = permute && (p == FT_Q || p == FT_K) ? D : 0;
-                proj_dims(c, p, &out, &in);
+                ft_proj_dims(c, p, &out, &in);
                 snprintf(name, sizeof name, "blk.%lld.%s.weight", (long long)l, k_gguf_proj[p]);
                 rc = gguf_tensor(g, name, out, in, hd, DST(w->proj[p].w), tmp);
                 if (!rc && has_bias(c, p, o_bias)) {

@@ -21,6 +21,12 @@ extern const char *const ft_proj_name[FT_N_PROJ];
 /* HF parent module for each projection: "self_attn" or "mlp". */
 extern const char *const ft_proj_parent[FT_N_PROJ];
 
+/* (out_features, in_features) of projection p (enum ft_proj) of a Llama-family layer, from
+ * its config: q (heads * head_dim, hidden), k/v (kv_heads * head_dim, hidden), o (hidden,
+ * heads * head_dim), gate/up (intermediate, hidden), down (hidden, intermediate); HF layout
+ * (formats.md 2.3). */
+void ft_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in);
+
 struct ft_nf4_tensor;
 
 typedef struct ft_linear {
