@@ -109,12 +109,11 @@ static int write_shard(const char *path, const mg_src *s, const mg_tensor *v, in
     memset(hb + 8 + jl, ' ', pad);
     free(js);
     char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     mg_sink k = {.write = st_raw, .write_f32 = st_f32, .path = path};
-    k.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    k.fd = ft_tmp_open(path, tmp, sizeof tmp);
     if (k.fd < 0) {
         free(hb);
-        return ft_err(-errno, "%s: cannot create: %s", tmp, strerror(errno));
+        return k.fd;
     }
     int rc = st_raw(&k, hb, hl + 8);
     free(hb);
@@ -126,15 +125,7 @@ static int write_shard(const char *path, const mg_src *s, const mg_tensor *v, in
                         v[i].out_name, (long long)(k.pos - before), (unsigned long long)v[i].out_bytes);
     }
     free(k.conv);
-    if (!rc && fsync(k.fd) < 0) rc = ft_err(-errno, "%s: fsync failed: %s", path, strerror(errno));
-    if (close(k.fd) < 0 && !rc) rc = ft_err(-errno, "%s: close failed: %s", path, strerror(errno));
-    if (!rc && rename(tmp, path) < 0)
-        rc = ft_err(-errno, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
-    if (rc) {
-        unlink(tmp);
-        return rc;
-    }
-    ft_fsync_parent(path);
+    FT_TRY(ft_tmp_commit(k.fd, tmp, path, rc));
     *bytes += k.pos;
     return 0;
 }

@@ -5,7 +5,6 @@
 #include "offload/pack.h"
 
 #include <fcntl.h>
-#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <omp.h>
@@ -265,25 +264,6 @@ double ft_pack_sum_nonneg(const float *x, int64_t n)
     return ldexp((double)mant, top - 52 - 149);
 }
 
-/* Double quantization of one tensor's absmax values (nf4.c ft_nf4_quantize_nested's
- * arithmetic step for step; only the offset's exact sum is computed in parallel). */
-static void nested_quant(const float *absmax, const ft_nf4_layout *l, const float *map,
-                         uint8_t *qabsmax, float *nested_absmax, float *offset)
-{
-    float off = (float)(ft_pack_sum_nonneg(absmax, l->n_blocks) / (double)l->n_blocks);
-    *offset = off;
-    const int64_t nb = l->nested_blocksize;
-#pragma omp parallel for schedule(static) if (l->n_nested > 64)
-    for (int64_t c = 0; c < l->n_nested; c++) {
-        int64_t s = c * nb, e = s + nb < l->n_blocks ? s + nb : l->n_blocks;
-        float m = -FLT_MAX;
-        for (int64_t i = s; i < e; i++) m = fmaxf(m, fabsf(absmax[i] - off));
-        nested_absmax[c] = m;
-        float inv = 1.0f / m;
-        for (int64_t i = s; i < e; i++) qabsmax[i] = ft_nf4_quant8(map, (absmax[i] - off) * inv);
-    }
-}
-
 /* ---- building -------------------------------------------------------------------------- */
 
 typedef struct builder {
@@ -473,8 +453,11 @@ static int fill_tensor(builder *b, int64_t l, ft_pack_tensor *r, int pre, uint8_
     }
     if (r->dtype == FT_PACK_DT_NF4) {
         if (lay.nested_blocksize) {
-            nested_quant(b->absmax, &lay, b->map, blk + r->absmax_off,
-                         (float *)(blk + r->nested_off), &r->offset);
+            /* nf4.c's double quantization; only the offset's exact sum runs in parallel */
+            FT_TRY(ft_nf4_quantize_nested_sum(b->absmax, &lay, b->map,
+                                              ft_pack_sum_nonneg(b->absmax, lay.n_blocks),
+                                              blk + r->absmax_off, (float *)(blk + r->nested_off),
+                                              &r->offset));
             memcpy(blk + r->map_off, b->map, sizeof b->map);
         } else {
             memcpy(blk + r->absmax_off, b->absmax, (size_t)lay.n_blocks * 4);
@@ -776,10 +759,10 @@ int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *c
             rc = ft_err(-ENOMEM, "%s: cannot allocate the build buffers (%.1f MiB)", path,
                         buf_bytes / 1048576.0);
     }
-    if (!rc && snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
-        rc = ft_err(FT_E_RANGE, "%s: path too long", path);
-    if (!rc && (b.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
-        rc = ft_err(-errno, "%s: cannot create: %s", tmp, strerror(errno));
+    if (!rc && (b.fd = ft_tmp_open(path, tmp, sizeof tmp)) < 0) {
+        rc = b.fd;
+        b.fd = -1;
+    }
     if (!rc) rc = writer_start(&b.w, b.fd, tmp, o && o->direct_io);
     int64_t off = hb;
     double t_lay = now_s(), layer_s = 0;
@@ -821,13 +804,8 @@ int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *c
         if (!rc && fsync(b.fd) < 0) rc = ft_err(-errno, "%s: fsync: %s", tmp, strerror(errno));
         uint32_t done = partial ? FT_PACK_PARTIAL : FT_PACK_COMPLETE; /* the complete flag, last */
         if (!rc) rc = pwrite_all(b.fd, &done, 4, (int64_t)offsetof(ft_pack_hdr, complete), tmp);
-        if (!rc && fsync(b.fd) < 0) rc = ft_err(-errno, "%s: fsync: %s", tmp, strerror(errno));
     }
-    if (b.fd >= 0 && close(b.fd) < 0 && !rc) rc = ft_err(-errno, "%s: close: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path) < 0)
-        rc = ft_err(-errno, "%s: rename from %s: %s", path, tmp, strerror(errno));
-    if (rc && b.fd >= 0) unlink(tmp);
-    if (!rc) ft_fsync_parent(path);
+    if (b.fd >= 0) rc = ft_tmp_commit(b.fd, tmp, path, rc); /* fsyncs the flag, renames */
     if (!rc && st) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);

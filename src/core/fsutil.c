@@ -375,46 +375,51 @@ void ft_fsync_parent(const char *path)
     free(tmp);
 }
 
+int ft_tmp_open(const char *path, char *tmp, size_t tmp_n)
+{
+    if (snprintf(tmp, tmp_n, "%s.tmp.%d", path, (int)getpid()) >= (int)tmp_n)
+        return ft_err(FT_E_RANGE, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return ft_err(-errno, "%s: cannot create: %s", tmp, strerror(errno));
+    return fd;
+}
+
+int ft_tmp_commit(int fd, const char *tmp, const char *path, int rc)
+{
+    if (fd >= 0) {
+        if (!rc && fsync(fd) < 0) rc = ft_err(-errno, "%s: fsync failed: %s", tmp, strerror(errno));
+        if (close(fd) < 0 && !rc) rc = ft_err(-errno, "%s: close failed: %s", tmp, strerror(errno));
+    }
+    if (!rc && rename(tmp, path) < 0)
+        rc = ft_err(-errno, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
+    if (rc) {
+        unlink(tmp);
+        return rc;
+    }
+    ft_fsync_parent(path);
+    return 0;
+}
+
 int ft_write_file_atomic(const char *path, const void *data, size_t len)
 {
     char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
-        return ft_err(FT_E_RANGE, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return ft_err(-errno, "%s: cannot create: %s", tmp, strerror(errno));
+    int fd = ft_tmp_open(path, tmp, sizeof tmp);
+    if (fd < 0) return fd;
     const char *p = data;
     size_t left = len;
-    while (left) {
+    int rc = 0;
+    while (left && !rc) {
         ssize_t w = write(fd, p, left);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
             int e = w < 0 ? errno : EIO;
-            close(fd);
-            unlink(tmp);
-            return ft_err(-e, "%s: write failed at offset %zu: %s", path, len - left, strerror(e));
+            rc = ft_err(-e, "%s: write failed at offset %zu: %s", path, len - left, strerror(e));
+            break;
         }
         p += w;
         left -= (size_t)w;
     }
-    if (fsync(fd) < 0) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return ft_err(-e, "%s: fsync failed: %s", path, strerror(e));
-    }
-    if (close(fd) < 0) {
-        int e = errno;
-        unlink(tmp);
-        return ft_err(-e, "%s: close failed: %s", path, strerror(e));
-    }
-    if (rename(tmp, path) < 0) {
-        int e = errno;
-        unlink(tmp);
-        return ft_err(-e, "%s: rename failed: %s", path, strerror(e));
-    }
-    ft_fsync_parent(path);
-    return 0;
+    return ft_tmp_commit(fd, tmp, path, rc);
 }
 
 int ft_mkdir_p(const char *path)

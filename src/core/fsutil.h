@@ -70,4 +70,18 @@ int ft_path_join(char *out, size_t out_n, const char *a, const char *b);
 /* Fsyncs the directory that holds path (best effort). */
 void ft_fsync_parent(const char *path);
 
+/* Every output is written under a temporary name, fsynced and renamed (DEVELOPERS.md), so
+ * the final name holds either its old content or the whole new file:
+ *
+ * ft_tmp_open creates (or truncates, mode 0644) "<path>.tmp.<pid>" for writing and puts that
+ * name in tmp (tmp_n bytes). Returns the fd, or FT_E_RANGE (path too long) or -errno (cannot
+ * create, naming tmp). */
+int ft_tmp_open(const char *path, char *tmp, size_t tmp_n);
+
+/* ft_tmp_commit ends the write through fd (fd < 0: already closed): with rc == 0 it fsyncs
+ * and closes fd, renames tmp to path and fsyncs path's folder; with rc != 0, or when a step
+ * fails, it closes fd and removes tmp. Returns rc if nonzero, else 0 or -errno (the failing
+ * step and the path in ft_errmsg). */
+int ft_tmp_commit(int fd, const char *tmp, const char *path, int rc);
+
 #endif

@@ -153,11 +153,10 @@ int ft_gguf_w_open(ft_gguf_w **outp, const char *path, uint32_t alignment)
         free(w);
         return ft_err(-ENOMEM, "%s: out of memory", path);
     }
-    snprintf(w->tmp, tl, "%s.tmp.%d", path, (int)getpid());
     w->align = alignment;
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    w->fd = ft_tmp_open(path, w->tmp, tl);
     if (w->fd < 0) {
-        int rc = ft_err(-errno, "%s: cannot create: %s", w->tmp, strerror(errno));
+        int rc = w->fd;
         free(w->wbuf);
         free(w->tmp);
         free(w->path);
@@ -487,16 +486,9 @@ int ft_gguf_w_close(ft_gguf_w *w)
                     w->path, w->t[w->cur].name, (unsigned long long)w->cur_done,
                     (unsigned long long)w->t[w->cur].nbytes);
     if (!rc) rc = flush(w);
-    if (!rc && fsync(w->fd) < 0) rc = ft_err(-errno, "%s: fsync failed: %s", w->path, strerror(errno));
-    if (!rc) {
-        int fd = w->fd;
-        w->fd = -1;
-        if (close(fd) < 0) rc = ft_err(-errno, "%s: close failed: %s", w->path, strerror(errno));
-    }
-    if (!rc && rename(w->tmp, w->path) < 0)
-        rc = ft_err(-errno, "%s: rename from %s failed: %s", w->path, w->tmp, strerror(errno));
-    if (!rc) ft_fsync_parent(w->path);
-    release(w, rc != 0);
+    rc = ft_tmp_commit(w->fd, w->tmp, w->path, rc);
+    w->fd = -1;
+    release(w, 0); /* ft_tmp_commit removed the temp file on failure */
     return rc;
 }
 

@@ -249,11 +249,21 @@ int ft_nf4_quantize_part(const float *x, const ft_nf4_layout *l, int64_t e0, int
 int ft_nf4_quantize_nested(const float *absmax, const ft_nf4_layout *l, const float *map,
                            uint8_t *qabsmax, float *nested_absmax, float *offset)
 {
+    if (!absmax)
+        return ft_err(FT_E_INVALID, "nf4: nested quantization called with a NULL buffer");
+    return ft_nf4_quantize_nested_sum(absmax, l, map, ft_nf4_fsum(absmax, l->n_blocks), qabsmax,
+                                      nested_absmax, offset);
+}
+
+int ft_nf4_quantize_nested_sum(const float *absmax, const ft_nf4_layout *l, const float *map,
+                               double absmax_sum, uint8_t *qabsmax, float *nested_absmax,
+                               float *offset)
+{
     if (!absmax || !map || !qabsmax || !nested_absmax || !offset || l->nested_blocksize < 2)
         return ft_err(FT_E_INVALID, "nf4: nested quantization called with a NULL buffer or "
                       "without a nested blocksize");
     /* offset = mean(absmax) (see nf4.h), then blockwise 8-bit quantization of absmax - offset */
-    float off = (float)(ft_nf4_fsum(absmax, l->n_blocks) / (double)l->n_blocks);
+    float off = (float)(absmax_sum / (double)l->n_blocks);
     *offset = off;
     const int64_t nb = l->nested_blocksize;
 #pragma omp parallel for schedule(static) if (l->n_nested > 64)

@@ -106,6 +106,13 @@ int ft_nf4_quantize_part(const float *x, const ft_nf4_layout *l, int64_t e0, int
 int ft_nf4_quantize_nested(const float *absmax, const ft_nf4_layout *l, const float *map,
                            uint8_t *qabsmax, float *nested_absmax, float *offset);
 
+/* ft_nf4_quantize_nested with the sum of the n_blocks absmax values given: absmax_sum must
+ * be their exact sum rounded to double (as ft_nf4_fsum returns it; the pack builder computes
+ * it in parallel). The outputs are then the same bits. Returns 0 or FT_E_INVALID. */
+int ft_nf4_quantize_nested_sum(const float *absmax, const ft_nf4_layout *l, const float *map,
+                               double absmax_sum, uint8_t *qabsmax, float *nested_absmax,
+                               float *offset);
+
 /* Dequantizes v into out (n fp32 values). Returns 0 or FT_E_INVALID (a NULL buffer). */
 int ft_nf4_dequant(const ft_nf4_view *v, float *out);
 

@@ -180,17 +180,11 @@ int ft_st_write(const char *path, const ft_st_out *tensors, int64_t n,
     }
 
     char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
-        free(h.p);
-        free(sizes);
-        return ft_err(FT_E_RANGE, "%s: path too long", path);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = ft_tmp_open(path, tmp, sizeof tmp);
     if (fd < 0) {
-        rc = ft_err(-errno, "%s: cannot create: %s", tmp, strerror(errno));
         free(h.p);
         free(sizes);
-        return rc;
+        return fd;
     }
     uint64_t hlen = h.n; /* little-endian host */
     int64_t pos = 0;
@@ -200,16 +194,5 @@ int ft_st_write(const char *path, const ft_st_out *tensors, int64_t n,
         rc = write_all(fd, tensors[i].data, (size_t)sizes[i], path, &pos);
     free(h.p);
     free(sizes);
-    if (!rc && fsync(fd) < 0)
-        rc = ft_err(-errno, "%s: fsync failed: %s", path, strerror(errno));
-    if (close(fd) < 0 && !rc)
-        rc = ft_err(-errno, "%s: close failed: %s", path, strerror(errno));
-    if (!rc && rename(tmp, path) < 0)
-        rc = ft_err(-errno, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
-    if (rc) {
-        unlink(tmp);
-        return rc;
-    }
-    ft_fsync_parent(path);
-    return 0;
+    return ft_tmp_commit(fd, tmp, path, rc);
 }
