@@ -10,28 +10,13 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/opt_parse.h"
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "src/core/err.h"
 #include "src/data/dataset.h"
 #include "src/train/dpo_run.h"
 #include "src/train/trainer.h"
-
-static int opt_format(const char *v, void *dst, char *err, size_t n)
-{
-    int k = ft_data_format_parse(v);
-    if (k < 0) { snprintf(err, n, "unknown data format '%s'", v); return -1; }
-    *(int *)dst = k;
-    return 0;
-}
-
-static int opt_template(const char *v, void *dst, char *err, size_t n)
-{
-    int k = ft_chat_template_parse(v);
-    if (k < 0) { snprintf(err, n, "unknown chat template '%s'", v); return -1; }
-    *(int *)dst = k;
-    return 0;
-}
 
 /* SFT: the mean token loss of every example of ds (packed as training packs them). */
 static int eval_tokens(ft_session *s, const ft_dataset *ds, int64_t seq_len, int64_t batch,
@@ -149,8 +134,8 @@ int ft_cmd_eval(int argc, char **argv)
         {"data", FT_OPT_LIST, &data, "data file (every record is evaluated); repeat it for several, scored together", 0, "FILE"},
         {"seq-len", FT_OPT_INT, &dc.seq_len, "tokens per packed row (default min(2048, model max))"},
         {"batch-size", FT_OPT_INT, &batch, "rows per micro-batch (default 1)"},
-        {"data-format", FT_OPT_FN, &dc.format, "auto | alpaca | messages | sharegpt | prompt-completion | text", opt_format, "NAME"},
-        {"chat-template", FT_OPT_FN, &dc.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca | jinja (the model's own template, rendered as transformers does)", opt_template, "NAME"},
+        {"data-format", FT_OPT_FN, &dc.format, "auto | alpaca | messages | sharegpt | prompt-completion | text", ft_opt_data_format, "NAME"},
+        {"chat-template", FT_OPT_FN, &dc.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca | jinja (the model's own template, rendered as transformers does)", ft_opt_chat_template, "NAME"},
         {"train-on-prompt", FT_OPT_FLAG, &dc.train_on_prompt, "score prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &dc.skip_bad_records, "skip bad records"},
         {"method", FT_OPT_STR, &method, "sft (default) | dpo: the files hold preference records; print the mean DPO pair loss and TRL's reward metrics of --adapter against the base model", 0, "NAME"},

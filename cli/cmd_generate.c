@@ -91,6 +91,7 @@
 #include "adapters/lora.h"
 #include "adapters/peft.h"
 #include "cli/args.h"
+#include "cli/opt_parse.h"
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "src/core/err.h"
@@ -102,14 +103,6 @@
 #include "src/model/sample.h"
 #include "src/model/stop_text.h"
 #include "cli/gen_env.h"
-
-static int opt_template(const char *v, void *dst, char *err, size_t n)
-{
-    int k = ft_chat_template_parse(v);
-    if (k < 0) { snprintf(err, n, "unknown chat template '%s' (auto, llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca, jinja)", v); return -1; }
-    *(int *)dst = k;
-    return 0;
-}
 
 /* gen_env.h: the reply to ids[0..n), the cache already holding ids[0..keep). */
 int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int64_t keep, int stream,
@@ -286,7 +279,7 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {"system", FT_OPT_STR, &o->system, "a system message before it (with --prompts: for records without one; with --chat: the "
          "conversation's, kept by /reset)", 0, "S"},
         {"raw", FT_OPT_FLAG, &o->raw, "no chat template: encode --prompt (or a --prompts record: a string or {prompt}) as is (with BOS)"},
-        {"chat-template", FT_OPT_FN, &o->tmpl, "llama3|llama3.1|chatml|qwen3|llama2|mistral|zephyr|alpaca|jinja (default: from the tokenizer; jinja: its own template, rendered as transformers does)", opt_template, "NAME"},
+        {"chat-template", FT_OPT_FN, &o->tmpl, "llama3|llama3.1|chatml|qwen3|llama2|mistral|zephyr|alpaca|jinja (default: from the tokenizer; jinja: its own template, rendered as transformers does)", ft_opt_chat_template, "NAME"},
         {"no-think", FT_OPT_FLAG, &o->no_think, "qwen3: answer without thinking (the template's enable_thinking=False: "
          "the prompt ends with an empty <think></think> block)"},
         {"max-new-tokens", FT_OPT_INT, &o->max_new, "most tokens to generate (default 256)"},

@@ -14,33 +14,13 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "cli/opt_parse.h"
 #include "cli/commands.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/model/config.h"
 #include "src/model/init_model.h"
-
-static int opt_quant(const char *v, void *dst, char *err, size_t n)
-{
-    if (ft_pack_quant_parse(v, dst) < 0) {
-        snprintf(err, n, "%s", ft_errmsg());
-        return -1;
-    }
-    return 0;
-}
-
-static int opt_u64(const char *v, void *dst, char *err, size_t n)
-{
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (end == v || *end) {
-        snprintf(err, n, "expected a non-negative integer, got '%s'", v);
-        return -1;
-    }
-    *(uint64_t *)dst = x;
-    return 0;
-}
 
 /* The Llama-3 tokenizer folder: $FTUNE_HOME, the binary's ../ and ../../, the working
  * directory. */
@@ -92,9 +72,9 @@ int ft_cmd_init_model(int argc, char **argv)
     int64_t shard_mb = 0, threads = 0;
     const ft_opt opts[] = {
         {"out", FT_OPT_STR, &out, "output folder", 0, "DIR"},
-        {"seed", FT_OPT_FN, &seed, "random seed (default 42)", opt_u64, "N"},
+        {"seed", FT_OPT_FN, &seed, "random seed (default 42)", ft_opt_u64, "N"},
         {"pack", FT_OPT_FLAG, &pack, "write a pack (OUT/model-<quant>.ftpack) straight from the random weights instead of safetensors"},
-        {"quant", FT_OPT_FN, &quant, "pack quantization: nf4 (default) | bf16", opt_quant, "TYPE"},
+        {"quant", FT_OPT_FN, &quant, "pack quantization: nf4 (default) | bf16", ft_opt_pack_quant, "TYPE"},
         {"safetensors", FT_OPT_FLAG, &with_st, "with --pack: write the bf16 safetensors too"},
         {"shard-size", FT_OPT_INT, &shard_mb, "max MB per safetensors shard (default 5000)"},
         {"tokenizer", FT_OPT_STR, &tok, "copy tokenizer.json (+ tokenizer_config.json) from this folder", 0, "DIR"},

@@ -12,19 +12,11 @@
 #include <cjson/cJSON.h>
 
 #include "cli/args.h"
+#include "cli/opt_parse.h"
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
-
-static int opt_quant(const char *v, void *dst, char *err, size_t n)
-{
-    if (ft_pack_quant_parse(v, dst) < 0) {
-        snprintf(err, n, "%s", ft_errmsg());
-        return -1;
-    }
-    return 0;
-}
 
 static double now_s(void)
 {
@@ -40,7 +32,7 @@ int ft_cmd_pack(int argc, char **argv)
     int64_t threads = 0;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &model, "model folder (safetensors, also bitsandbytes 4-bit) or .gguf file", 0, "PATH"},
-        {"quant", FT_OPT_FN, &quant, "nf4 (default; bitsandbytes layout, double quantization) | bf16", opt_quant, "TYPE"},
+        {"quant", FT_OPT_FN, &quant, "nf4 (default; bitsandbytes layout, double quantization) | bf16", ft_opt_pack_quant, "TYPE"},
         {"cache-dir", FT_OPT_STR, &cache, "pack cache (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {"force", FT_OPT_FLAG, &force, "rebuild even if a valid pack exists"},
         {"threads", FT_OPT_INT, &threads, "CPU threads (default: all cores)"},

@@ -12,6 +12,7 @@
 #include "adapters/lora.h"
 #include "adapters/qcorr.h"
 #include "cli/args.h"
+#include "cli/opt_parse.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "cli/session.h"
@@ -37,28 +38,6 @@ static int opt_schedule(const char *v, void *dst, char *err, size_t n)
     int k = ft_schedule_parse(v);
     if (k < 0) {
         snprintf(err, n, "unknown schedule '%s' (cosine, linear, constant)", v);
-        return -1;
-    }
-    *(int *)dst = k;
-    return 0;
-}
-
-static int opt_format(const char *v, void *dst, char *err, size_t n)
-{
-    int k = ft_data_format_parse(v);
-    if (k < 0) {
-        snprintf(err, n, "unknown data format '%s' (auto, alpaca, messages, sharegpt, prompt-completion, text)", v);
-        return -1;
-    }
-    *(int *)dst = k;
-    return 0;
-}
-
-static int opt_template(const char *v, void *dst, char *err, size_t n)
-{
-    int k = ft_chat_template_parse(v);
-    if (k < 0) {
-        snprintf(err, n, "unknown chat template '%s' (auto, llama3, llama3.1, chatml, qwen3, llama2, mistral, zephyr, alpaca, jinja)", v);
         return -1;
     }
     *(int *)dst = k;
@@ -145,18 +124,6 @@ static int opt_dropout(const char *v, void *dst, char *err, size_t n)
     dropout_arg *d = dst;
     d->p = (float)x;
     d->set = 1;
-    return 0;
-}
-
-static int opt_u64(const char *v, void *dst, char *err, size_t n)
-{
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (end == v || *end) {
-        snprintf(err, n, "expected a non-negative integer, got '%s'", v);
-        return -1;
-    }
-    *(uint64_t *)dst = x;
     return 0;
 }
 
@@ -279,8 +246,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"loraplus-lr-ratio", FT_OPT_FN, &c.loraplus_lr_ratio, "LoRA+: train the B matrices at X times the learning rate of A (the paper suggests 16; default: off, one lr)", opt_pos_ratio, "X"},
         {"neftune-noise-alpha", FT_OPT_FN, &c.neftune_noise_alpha, "NEFTune: add uniform noise of magnitude X/sqrt(seq_len*hidden_size) to the embeddings while training (the paper uses 5; default: off)", opt_nonneg, "X"},
         {"lora-target", FT_OPT_FN, &c.lora.targets, "modules: all-linear or a list like q_proj,v_proj (default all-linear)", opt_targets, "LIST"},
-        {"data-format", FT_OPT_FN, &c.data_cfg.format, "auto | alpaca | messages | sharegpt | prompt-completion | text", opt_format, "NAME"},
-        {"chat-template", FT_OPT_FN, &c.data_cfg.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca | jinja (the model's own template, rendered as transformers does)", opt_template, "NAME"},
+        {"data-format", FT_OPT_FN, &c.data_cfg.format, "auto | alpaca | messages | sharegpt | prompt-completion | text", ft_opt_data_format, "NAME"},
+        {"chat-template", FT_OPT_FN, &c.data_cfg.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca | jinja (the model's own template, rendered as transformers does)", ft_opt_chat_template, "NAME"},
         {"train-on-prompt", FT_OPT_FLAG, &c.data_cfg.train_on_prompt, "take the loss on prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &c.data_cfg.skip_bad_records, "skip and count bad records instead of failing"},
         {"eval-fraction", FT_OPT_DBL, &c.data_cfg.eval_fraction, "held-out fraction of examples (default 0.05; ignored with --eval-data)"},
@@ -290,7 +257,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"save-best", FT_OPT_FLAG, &c.save_best, "keep the adapter of the lowest eval loss so far in OUT/best/ (a PEFT folder, rewritten at each new best of the --eval-every evaluations and the final one; the step-0 eval is no candidate, as in transformers); OUT itself keeps the last step's adapter; summary.json names best_eval_loss, best_eval_step and best_adapter"},
         {"early-stopping-patience", FT_OPT_INT, &c.early_stopping_patience, "stop after N evaluations in a row (--eval-every) whose eval loss is not below the best by more than --early-stopping-threshold (transformers' EarlyStoppingCallback); the run then ends as a complete one (checkpoint, adapter, summary.json \"early_stopped\": true) (default 0: off)"},
         {"early-stopping-threshold", FT_OPT_DBL, &c.early_stopping_threshold, "the improvement in eval loss that resets --early-stopping-patience (default 0)"},
-        {"seed", FT_OPT_FN, &c.seed, "seed for shuffling, LoRA init and dropout (default 42)", opt_u64, "N"},
+        {"seed", FT_OPT_FN, &c.seed, "seed for shuffling, LoRA init and dropout (default 42)", ft_opt_u64, "N"},
         {"save-every", FT_OPT_INT, &c.save_every, "checkpoint OUT/checkpoint-<step>/ every N steps (default 200; 0: only at the end); also at the end and on SIGINT/SIGTERM"},
         {"keep", FT_OPT_INT, &c.keep, "keep the newest N checkpoints (default 2; 0: all)"},
         {"resume", FT_OPT_FN, &resume, "continue a run from checkpoint DIR (default: the latest in --out), bit-identical to an uninterrupted run; flags that shape the run (seq-len, batch, grad-accum, steps, schedule, optimizer, LoRA, seed, data) must not change; --threads, eval, log and checkpoint flags may", opt_resume, "[DIR]"},
