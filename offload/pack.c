@@ -146,16 +146,17 @@ uint64_t ft_pack_settings_hash(const ft_pack_settings *s)
     return ft_pack_xxh64(buf, (size_t)k, 0);
 }
 
-static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
 /* ---- layout ---------------------------------------------------------------------------- */
 
 
-/* q/k/v carry a bias with attention_bias; o too for llama-type models (not qwen2). */
+/* A pack's o_proj has a bias with attention_bias for llama-type models, never for qwen2
+ * (the layout follows the config alone; pack_src.c). */
+static int o_bias(const ft_model_config *c) { return strcmp(c->model_type, "qwen2") != 0; }
+
 int ft_pack_has_bias(const ft_model_config *c, int p)
 {
-    if (!c->attention_bias) return 0;
-    return p == FT_Q || p == FT_K || p == FT_V || (p == FT_O && strcmp(c->model_type, "qwen2"));
+    return ft_proj_has_bias(c, p, o_bias(c));
 }
 
 /* The tensors of block l (l = -1: global) in directory order: role, rows, cols, and
@@ -560,13 +561,7 @@ int ft_pack_verify(ft_pack_file *p)
 
 int64_t ft_pack_layer_floats(const ft_model_config *cfg)
 {
-    int64_t n = 2 * pad16(cfg->hidden_size) + (cfg->qk_norm ? 2 * pad16(cfg->head_dim) : 0);
-    for (int p = 0; p < FT_N_PROJ; p++) {
-        int64_t o, i;
-        ft_proj_dims(cfg, p, &o, &i);
-        n += pad16(o * i) + (ft_pack_has_bias(cfg, p) ? pad16(o) : 0);
-    }
-    return n;
+    return ft_layer_floats(cfg, o_bias(cfg));
 }
 
 /* 1 if [start, start + len) lies inside a block of blk bytes and start is 4-aligned
@@ -681,28 +676,7 @@ static int layer_weights(const ft_pack_file *p, int64_t l, const void *buf, floa
     int64_t n;
     FT_TRY(ft_pack_block_dir(p, l, buf, &d, &n));
     const ft_model_config *c = &p->cfg;
-    memset(w, 0, sizeof *w);
-    float *q = dst;
-    w->attn_norm = q;
-    q += pad16(c->hidden_size);
-    w->ffn_norm = q;
-    q += pad16(c->hidden_size);
-    if (c->qk_norm) {
-        w->q_norm = q;
-        q += pad16(c->head_dim);
-        w->k_norm = q;
-        q += pad16(c->head_dim);
-    }
-    for (int k = 0; k < FT_N_PROJ; k++) {
-        ft_linear *li = &w->proj[k];
-        ft_proj_dims(c, k, &li->out_n, &li->in_n);
-        li->w = q;
-        q += pad16(li->out_n * li->in_n);
-        if (ft_pack_has_bias(c, k)) {
-            li->b = q;
-            q += pad16(li->out_n);
-        }
-    }
+    ft_layer_carve(c, o_bias(c), dst, w);
     for (int64_t i = 0; i < n; i++) {
         const ft_pack_tensor *r = &d[i];
         if (nf4 && r->dtype == FT_PACK_DT_NF4 && r->role >= FT_PACK_ROLE_W0 &&

@@ -52,23 +52,49 @@ void ft_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
     }
 }
 
-/* Whether projection p carries a bias: q/k/v with attention_bias (always for qwen2), and o
- * for llama-type models with attention_bias (LlamaAttention o_proj bias=attention_bias). */
-static int has_bias(const ft_model_config *c, int p, int o_bias)
+/* model.h. LlamaAttention gives o_proj bias=attention_bias; Qwen2Attention never does. */
+int ft_proj_has_bias(const ft_model_config *c, int p, int o_bias)
 {
     if (!c->attention_bias) return 0;
     return p == FT_Q || p == FT_K || p == FT_V || (p == FT_O && o_bias);
 }
 
-static int64_t layer_floats(const ft_model_config *c, int o_bias)
+/* model.h */
+int64_t ft_layer_floats(const ft_model_config *c, int o_bias)
 {
     int64_t n = 2 * pad16(c->hidden_size) + (c->qk_norm ? 2 * pad16(c->head_dim) : 0);
     for (int p = 0; p < FT_N_PROJ; p++) {
         int64_t out, in;
         ft_proj_dims(c, p, &out, &in);
-        n += pad16(out * in) + (has_bias(c, p, o_bias) ? pad16(out) : 0);
+        n += pad16(out * in) + (ft_proj_has_bias(c, p, o_bias) ? pad16(out) : 0);
     }
     return n;
+}
+
+/* model.h */
+void ft_layer_carve(const ft_model_config *c, int o_bias, float *b, ft_layer_weights *w)
+{
+    memset(w, 0, sizeof *w);
+    w->attn_norm = b;
+    b += pad16(c->hidden_size);
+    w->ffn_norm = b;
+    b += pad16(c->hidden_size);
+    if (c->qk_norm) { /* Qwen3: (head_dim) each */
+        w->q_norm = b;
+        b += pad16(c->head_dim);
+        w->k_norm = b;
+        b += pad16(c->head_dim);
+    }
+    for (int p = 0; p < FT_N_PROJ; p++) {
+        ft_linear *li = &w->proj[p];
+        ft_proj_dims(c, p, &li->out_n, &li->in_n);
+        li->w = b;
+        b += pad16(li->out_n * li->in_n);
+        if (ft_proj_has_bias(c, p, o_bias)) {
+            li->b = b;
+            b += pad16(li->out_n);
+        }
+    }
 }
 
 static float *alloc_floats(int64_t n, const char *path)
@@ -101,32 +127,10 @@ static int carve(ft_model *m, int o_bias)
     m->embed = pv->glob;
     m->final_norm = m->embed + pad16(V * C);
     m->lm_head = c->tie_word_embeddings ? m->embed : m->final_norm + pad16(C);
-    int64_t lf = layer_floats(c, o_bias);
+    int64_t lf = ft_layer_floats(c, o_bias);
     for (int64_t l = 0; l < L; l++) {
-        float *b = pv->layer[l] = alloc_floats(lf, m->path);
-        if (!b) return -ENOMEM;
-        ft_layer_weights *w = &m->layers[l];
-        w->attn_norm = b;
-        b += pad16(C);
-        w->ffn_norm = b;
-        b += pad16(C);
-        if (c->qk_norm) { /* Qwen3: (head_dim) each */
-            w->q_norm = b;
-            b += pad16(c->head_dim);
-            w->k_norm = b;
-            b += pad16(c->head_dim);
-        }
-        for (int p = 0; p < FT_N_PROJ; p++) {
-            ft_linear *li = &w->proj[p];
-            ft_proj_dims(c, p, &li->out_n, &li->in_n);
-            li->w = b;
-            b += pad16(li->out_n * li->in_n);
-            li->b = NULL;
-            if (has_bias(c, p, o_bias)) {
-                li->b = b;
-                b += pad16(li->out_n);
-            }
-        }
+        if (!(pv->layer[l] = alloc_floats(lf, m->path))) return -ENOMEM;
+        ft_layer_carve(c, o_bias, pv->layer[l], &m->layers[l]);
     }
     return 0;
 }
@@ -150,7 +154,7 @@ int64_t ft_model_n_params(const ft_model *m)
         for (int p = 0; p < FT_N_PROJ; p++) {
             /* a pack-only model has no bias arrays: the config says which exist */
             int bias = m->pack_only[0] || ft_model_deferred(m)
-                           ? has_bias(c, p, strcmp(c->model_type, "qwen2") != 0)
+                           ? ft_proj_has_bias(c, p, strcmp(c->model_type, "qwen2") != 0)
                            : w->proj[p].b != NULL;
             n += w->proj[p].out_n * w->proj[p].in_n + (bias ? w->proj[p].out_n : 0);
         }
@@ -390,7 +394,7 @@ static int load_hf(ft_model *m, const char *dir, int defer)
                 snprintf(name, sizeof name, "model.layers.%lld.%s.%s.weight", (long long)l,
                          ft_proj_parent[q], ft_proj_name[q]);
                 rc = hf_tensor(s, dir, name, 2, out, in, DST(w->proj[q].w));
-                if (!rc && has_bias(c, q, o_bias)) {
+                if (!rc && ft_proj_has_bias(c, q, o_bias)) {
                     snprintf(name, sizeof name, "model.layers.%lld.%s.%s.bias", (long long)l,
                              ft_proj_parent[q], ft_proj_name[q]);
                     rc = hf_tensor(s, dir, name, 1, out, 0, DST(w->proj[q].b));
@@ -690,7 +694,7 @@ static int load_gguf(ft_model *m, const char *path, int defer)
                 ft_proj_dims(c, p, &out, &in);
                 snprintf(name, sizeof name, "blk.%lld.%s.weight", (long long)l, k_gguf_proj[p]);
                 rc = gguf_tensor(g, name, out, in, hd, DST(w->proj[p].w), tmp);
-                if (!rc && has_bias(c, p, o_bias)) {
+                if (!rc && ft_proj_has_bias(c, p, o_bias)) {
                     snprintf(name, sizeof name, "blk.%lld.%s.bias", (long long)l, k_gguf_proj[p]);
                     rc = gguf_tensor(g, name, out, 0, hd, DST(w->proj[p].b), tmp);
                 }

@@ -27,6 +27,10 @@ extern const char *const ft_proj_parent[FT_N_PROJ];
  * (formats.md 2.3). */
 void ft_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in);
 
+/* 1 if projection p carries a bias: q/k/v with attention_bias, o too when o_bias (llama-type
+ * models with attention_bias; never qwen2; a GGUF says by its tensors). */
+int ft_proj_has_bias(const ft_model_config *c, int p, int o_bias);
+
 struct ft_nf4_tensor;
 
 typedef struct ft_linear {
@@ -44,6 +48,14 @@ typedef struct ft_layer_weights {
     float *q_norm, *k_norm;      /* (head_dim) self_attn.q_norm / k_norm with cfg.qk_norm (qwen3), else NULL */
     ft_linear proj[FT_N_PROJ];
 } ft_layer_weights;
+
+/* fp32 floats of one layer's weights as ft_layer_carve lays them out: the norms, then each
+ * projection's weight and bias, each padded to 16 floats (64 bytes). */
+int64_t ft_layer_floats(const ft_model_config *c, int o_bias);
+
+/* Points w's tensors into buf (ft_layer_floats(c, o_bias) floats, 64-byte aligned) and sets
+ * the projections' shapes; everything else in w is zeroed (fp32, no bias where none). */
+void ft_layer_carve(const ft_model_config *c, int o_bias, float *buf, ft_layer_weights *w);
 
 typedef struct ft_model {
     ft_model_config cfg;
