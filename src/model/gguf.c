@@ -46,8 +46,7 @@ const char *ft_gguf_vtype_name(int type)
     return k_vtype_names[type];
 }
 
-/* Size of a scalar value type, 0 for string/array/unknown. */
-static size_t vtype_size(int type)
+size_t ft_gguf_vtype_size(int type)
 {
     switch (type) {
     case FT_GGUF_U8: case FT_GGUF_I8: case FT_GGUF_BOOL: return 1;
@@ -60,7 +59,7 @@ static size_t vtype_size(int type)
 
 static int is_int_type(int type)
 {
-    return vtype_size(type) && type != FT_GGUF_F32 && type != FT_GGUF_F64 && type != FT_GGUF_BOOL;
+    return ft_gguf_vtype_size(type) && type != FT_GGUF_F32 && type != FT_GGUF_F64 && type != FT_GGUF_BOOL;
 }
 
 /* Decodes one scalar of a numeric/bool type at p. */
@@ -174,7 +173,7 @@ static int parse_kv(cursor *c, ft_gguf_kv *kv)
             }
             return 0;
         }
-        size_t es = vtype_size((int)et);
+        size_t es = ft_gguf_vtype_size((int)et);
         if (!es)
             return ft_err(FT_E_CORRUPT, "%s: offset %zu: key \"%s\": invalid array element "
                           "type %u (%s)", c->path, at, kv->key, et, ft_gguf_vtype_name((int)et));
@@ -188,7 +187,7 @@ static int parse_kv(cursor *c, ft_gguf_kv *kv)
         c->off += (size_t)n * es;
         return 0;
     }
-    size_t es = vtype_size((int)type);
+    size_t es = ft_gguf_vtype_size((int)type);
     if (!es)
         return ft_err(FT_E_CORRUPT, "%s: offset %zu: key \"%s\": invalid value type %u",
                       c->path, at, kv->key, type);
@@ -490,7 +489,7 @@ int ft_gguf_get_float(const ft_gguf *g, const char *key, double *v)
 {
     const ft_gguf_kv *kv;
     FT_TRY(get_kv(g, key, &kv));
-    if (!vtype_size(kv->type) || kv->type == FT_GGUF_BOOL)
+    if (!ft_gguf_vtype_size(kv->type) || kv->type == FT_GGUF_BOOL)
         return type_err(g, kv, "a number");
     *v = kv->f;
     return 0;
@@ -518,7 +517,7 @@ int ft_gguf_get_str(const ft_gguf *g, const char *key, const char **v)
 
 int ft_gguf_arr_f32(const ft_gguf_kv *kv, float *out)
 {
-    size_t es = vtype_size(kv->arr_type);
+    size_t es = ft_gguf_vtype_size(kv->arr_type);
     if (kv->type != FT_GGUF_ARRAY || !es)
         return ft_err(FT_E_INVALID, "metadata key \"%s\": expected a numeric array, found %s "
                       "of %s", kv->key, ft_gguf_vtype_name(kv->type),
@@ -533,7 +532,7 @@ int ft_gguf_arr_f32(const ft_gguf_kv *kv, float *out)
 
 int ft_gguf_arr_i32(const ft_gguf_kv *kv, int32_t *out)
 {
-    size_t es = vtype_size(kv->arr_type);
+    size_t es = ft_gguf_vtype_size(kv->arr_type);
     if (kv->type != FT_GGUF_ARRAY || !is_int_type(kv->arr_type))
         return ft_err(FT_E_INVALID, "metadata key \"%s\": expected an integer array, found %s "
                       "of %s", kv->key, ft_gguf_vtype_name(kv->type),

@@ -100,6 +100,9 @@ int ft_gguf_tensor_f32(const ft_gguf *g, const ft_gguf_tensor *t, float *out);
 
 /* Name of a metadata value type ("u32", "string", "array", ...). */
 const char *ft_gguf_vtype_name(int type);
+/* Bytes of one value of a scalar metadata type (formats.md 4.1: u8/i8/bool 1, u16/i16 2,
+ * u32/i32/f32 4, u64/i64/f64 8); 0 for string, array and unknown types. */
+size_t ft_gguf_vtype_size(int type);
 
 /* Builds the tokenizer stored in a GGUF file's metadata (tokenizer.ggml.model, .pre,
  * .tokens, .scores, .token_type, .merges, .bos/.eos/.unknown/.padding_token_id,

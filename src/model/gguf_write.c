@@ -205,21 +205,10 @@ static int add_key(ft_gguf_w *w, const char *key, size_t klen, int allow_alignme
     return 0;
 }
 
-static size_t scalar_size(int type)
-{
-    switch (type) {
-    case FT_GGUF_U8: case FT_GGUF_I8: case FT_GGUF_BOOL: return 1;
-    case FT_GGUF_U16: case FT_GGUF_I16: return 2;
-    case FT_GGUF_U32: case FT_GGUF_I32: case FT_GGUF_F32: return 4;
-    case FT_GGUF_U64: case FT_GGUF_I64: case FT_GGUF_F64: return 8;
-    default: return 0;
-    }
-}
-
 static int kv_scalar(ft_gguf_w *w, const char *key, int type, const void *v)
 {
     FT_TRY(add_key(w, key, strlen(key), 0));
-    if (buf_u32(&w->meta, (uint32_t)type) || buf_put(&w->meta, v, scalar_size(type)))
+    if (buf_u32(&w->meta, (uint32_t)type) || buf_put(&w->meta, v, ft_gguf_vtype_size(type)))
         return poison(w, ft_err(-ENOMEM, "%s: out of memory", w->path));
     return 0;
 }
@@ -256,7 +245,7 @@ int ft_gguf_w_kv_str(ft_gguf_w *w, const char *key, const char *v)
 
 int ft_gguf_w_kv_arr(ft_gguf_w *w, const char *key, int elem_type, const void *data, int64_t n)
 {
-    size_t es = scalar_size(elem_type);
+    size_t es = ft_gguf_vtype_size(elem_type);
     if (w->err) return w->err;
     if (!es || n < 0 || (n > 0 && !data))
         return poison(w, ft_err(FT_E_INVALID, "%s: key \"%s\": array of %lld elements of type %s "
