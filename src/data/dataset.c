@@ -22,6 +22,7 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
+#include "src/core/json.h"
 #include "src/data/chat.h"
 #include "src/data/pref.h"
 #include "src/data/records.h"
@@ -874,8 +875,17 @@ static int read_file(const char *path, const ft_data_cfg *cfg, int tmpl, const f
         if (got == 0) break;
         fs->n_records++;
         ft_records_where(&rr, rec.loc, where, sizeof where);
+        int oom = 0;
+        const char *dup = rec.json ? ft_json_dup_key(rec.json, 1, &oom) : NULL;
         if (!rec.json) {
             rc = ft_err(FT_E_INVALID, "%s: %s", where, rec.err);
+        } else if (oom) {
+            rc = ft_err(-ENOMEM, "%s: out of memory", where);
+        } else if (dup) {
+            /* Hugging Face datasets reads the record with Python's json: the last one counts */
+            rc = ft_err(FT_E_INVALID, "%s: key '%.64s' appears twice in one object: JSON readers "
+                        "differ on which one counts (Python's json, as Hugging Face datasets, "
+                        "takes the last); give it once", where, dup);
         } else if (cfg->preference) {
             rc = read_pair(x, n0, keep_max, rec.json, cfg, tmpl, tok, where, fs);
             if (rc > 0) rc = 0;

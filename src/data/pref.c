@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "src/core/err.h"
+#include "src/core/json.h"
 #include "src/data/dataset.h"
 
 void ft_pref_rec_free(ft_pref_rec *p)
@@ -34,17 +35,6 @@ static int kind_of(const cJSON *v)
     return KIND_NONE;
 }
 
-static const char *json_type(const cJSON *v)
-{
-    if (!v) return "nothing";
-    if (cJSON_IsNull(v)) return "null";
-    if (cJSON_IsBool(v)) return "a boolean";
-    if (cJSON_IsNumber(v)) return "a number";
-    if (cJSON_IsString(v)) return "a string";
-    if (cJSON_IsArray(v)) return "a list";
-    return "an object";
-}
-
 /* A TRL completion or prompt: a string, or a list of message objects; an empty list is
  * refused for chosen/rejected (nothing to compare or train). */
 static int check_trl_value(const cJSON *v, const char *key, int allow_empty)
@@ -52,7 +42,7 @@ static int check_trl_value(const cJSON *v, const char *key, int allow_empty)
     int k = kind_of(v);
     if (k == KIND_NONE)
         return ft_err(FT_E_INVALID, "'%s' must be a string or a list of messages (found %s)", key,
-                      json_type(v));
+                      ft_json_type(v));
     if (k == KIND_LIST) {
         if (!v->child && !allow_empty)
             return ft_err(FT_E_INVALID, "'%s' is an empty list of messages", key);
@@ -60,7 +50,7 @@ static int check_trl_value(const cJSON *v, const char *key, int allow_empty)
         for (const cJSON *m = v->child; m; m = m->next, i++)
             if (!cJSON_IsObject(m))
                 return ft_err(FT_E_INVALID, "'%s' message %lld is %s, not a message object "
-                              "({\"role\", \"content\"})", key, (long long)i, json_type(m));
+                              "({\"role\", \"content\"})", key, (long long)i, ft_json_type(m));
     }
     return 0;
 }
@@ -222,7 +212,7 @@ static int split_lf_alpaca(const cJSON *rec, const cJSON *c, const cJSON *r, ft_
     for (int s = 0; s < 2; s++)
         if (!cJSON_IsString(v[s]))
             return ft_err(FT_E_INVALID, "pairwise alpaca record (LLaMA-Factory): '%s' must be a "
-                          "string (found %s)", s ? "rejected" : "chosen", json_type(v[s]));
+                          "string (found %s)", s ? "rejected" : "chosen", ft_json_type(v[s]));
     out->schema = FT_PREF_LF_ALPACA;
     out->format = FT_DATA_ALPACA;
     out->conversational = 1;
@@ -252,7 +242,7 @@ static int split_lf_sharegpt(const cJSON *rec, const cJSON *conv, const cJSON *c
     static const char WHAT[] = "pairwise sharegpt record (LLaMA-Factory)";
     if (!cJSON_IsArray(conv) || !conv->child)
         return ft_err(FT_E_INVALID, "%s: 'conversations' must be a non-empty list of turns "
-                      "(the prompt; found %s)", WHAT, cJSON_IsArray(conv) ? "an empty list" : json_type(conv));
+                      "(the prompt; found %s)", WHAT, cJSON_IsArray(conv) ? "an empty list" : ft_json_type(conv));
     const cJSON *last = conv->child;
     while (last->next) last = last->next;
     const cJSON *lf = cJSON_GetObjectItemCaseSensitive(last, "from");
@@ -267,7 +257,7 @@ static int split_lf_sharegpt(const cJSON *rec, const cJSON *conv, const cJSON *c
         const cJSON *val = cJSON_GetObjectItemCaseSensitive(v[s], "value");
         if (!cJSON_IsObject(v[s]) || !cJSON_IsString(from) || !val)
             return ft_err(FT_E_INVALID, "%s: '%s' must be a turn object {\"from\": \"gpt\", "
-                          "\"value\": ...} (found %s%s)", WHAT, key, json_type(v[s]),
+                          "\"value\": ...} (found %s%s)", WHAT, key, ft_json_type(v[s]),
                           cJSON_IsObject(v[s]) ? " without a string 'from' and a 'value'" : "");
         if (!is_answer_tag(from->valuestring))
             return ft_err(FT_E_INVALID, "%s: '%s' is a '%.20s' turn; it must be an assistant "

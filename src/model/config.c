@@ -13,19 +13,9 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/json.h"
 
 #define CFG_MAX_DIM ((int64_t)1 << 30) /* sanity bound on every size field */
-
-static const char *json_type(const cJSON *v)
-{
-    if (cJSON_IsNull(v)) return "null";
-    if (cJSON_IsBool(v)) return "a bool";
-    if (cJSON_IsNumber(v)) return v->valuedouble == floor(v->valuedouble) ? "an integer" : "a number";
-    if (cJSON_IsString(v)) return "a string";
-    if (cJSON_IsArray(v)) return "an array";
-    if (cJSON_IsObject(v)) return "an object";
-    return "an invalid value";
-}
 
 /* The item under key, or NULL when absent or JSON null. */
 static const cJSON *item(const cJSON *o, const char *key)
@@ -43,7 +33,7 @@ static int type_err(const char *name, const char *prefix, const char *key, const
                     const cJSON *v)
 {
     return ft_err(FT_E_INVALID, "%s: key \"%s%s\": expected %s, found %s", name, prefix, key,
-                  want, json_type(v));
+                  want, ft_json_type(v));
 }
 
 /* Integer field: 0 when absent (v untouched; FT_E_INVALID if `required`), 1 when read. */
@@ -206,7 +196,7 @@ int ft_config_parse(ft_model_config *cfg, const char *json, size_t len, const ch
     int rc = 0;
     ft_model_config *c = cfg;
     if (!cJSON_IsObject(root)) {
-        rc = ft_err(FT_E_INVALID, "%s: expected a JSON object, found %s", name, json_type(root));
+        rc = ft_err(FT_E_INVALID, "%s: expected a JSON object, found %s", name, ft_json_type(root));
         goto done;
     }
     const char *mt = NULL;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "src/core/err.h"
+#include "src/core/json.h"
 #include "src/data/dataset.h"
 
 /* ---- keys a record may hold ---- */
@@ -290,7 +291,7 @@ int gp_req_batch(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
     const cJSON *body = cJSON_GetObjectItemCaseSensitive(rec, "body");
     if (!cJSON_IsString(id))
         return ft_err(FT_E_INVALID, "an OpenAI batch request (it has 'body') needs a string "
-                      "'custom_id'%s%s", id ? ", found " : "", id ? gp_json_type(id) : "");
+                      "'custom_id'%s%s", id ? ", found " : "", id ? ft_json_type(id) : "");
     if (!(q->custom_id = gp_dup_str(id->valuestring, strlen(id->valuestring))))
         return ft_err(-ENOMEM, "out of memory");
     if (!cJSON_IsString(method) || strcmp(method->valuestring, "POST")) {
@@ -313,7 +314,7 @@ int gp_req_batch(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
                       "\"/v1/completions\" requests", val);
     }
     if (!cJSON_IsObject(body))
-        return ft_err(FT_E_INVALID, "'body' must be an object (the request), found %s", gp_json_type(body));
+        return ft_err(FT_E_INVALID, "'body' must be an object (the request), found %s", ft_json_type(body));
     FT_TRY(gp_dup_keys(body, "body."));
     for (const cJSON *c = rec->child; c; c = c->next)
         if (!in_list(BATCH_KEYS, c->string ? c->string : ""))
@@ -325,7 +326,7 @@ int gp_req_batch(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
         if (!cJSON_IsString(p))
             return ft_err(FT_E_INVALID, "'body.prompt' must be a string (one prompt per request; "
-                          "lists and token ids are not read), found %s", p ? gp_json_type(p) : "none");
+                          "lists and token ids are not read), found %s", p ? ft_json_type(p) : "none");
         FT_TRY(gp_req_add(q, FT_ROLE_USER, p->valuestring, strlen(p->valuestring), NULL, 0));
         if (!(q->user = gp_dup_str(p->valuestring, strlen(p->valuestring))))
             return ft_err(-ENOMEM, "out of memory");
@@ -337,7 +338,7 @@ int gp_req_batch(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
                           "template; --raw has none (raw text goes in /v1/completions requests)");
         if (!cJSON_IsArray(m))
             return ft_err(FT_E_INVALID, "'body.messages' must be a list of messages, found %s",
-                          m ? gp_json_type(m) : "none");
+                          m ? ft_json_type(m) : "none");
         /* the conversation as a {"messages", "tools"} record: converted as training converts
          * it (content parts, tool calls), the template chosen as training chooses it */
         cJSON *r = cJSON_CreateObject();

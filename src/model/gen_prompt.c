@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "src/core/err.h"
+#include "src/core/json.h"
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
 #include "src/model/gen_prompt_internal.h"
@@ -194,17 +195,6 @@ static int req_prompt(ft_gen_req *q, const char *p, const cJSON *j, const char *
     return 0;
 }
 
-const char *gp_json_type(const cJSON *j)
-{
-    if (cJSON_IsNumber(j)) return "a number";
-    if (cJSON_IsBool(j)) return "a boolean";
-    if (cJSON_IsNull(j)) return "null";
-    if (cJSON_IsArray(j)) return "a list";
-    if (cJSON_IsObject(j)) return "an object";
-    if (cJSON_IsString(j)) return "a string";
-    return "another JSON type";
-}
-
 /* ---- a record's generation settings ---- */
 
 /* Record key `key`: NULL when absent or null. */
@@ -223,7 +213,7 @@ static int param_float(const cJSON *v, const char *key, double lo, int lo_open, 
     if (!cJSON_IsNumber(v) || !isfinite(f) || f < lo || (lo_open && f == lo) || f > hi) {
         if (cJSON_IsNumber(v))
             return ft_err(FT_E_INVALID, "'%s' %g: expected %s", key, v->valuedouble, expect);
-        return ft_err(FT_E_INVALID, "'%s' must be a number, found %s", key, gp_json_type(v));
+        return ft_err(FT_E_INVALID, "'%s' must be a number, found %s", key, ft_json_type(v));
     }
     *out = f;
     return 0;
@@ -234,7 +224,7 @@ static int param_int(const cJSON *v, const char *key, int64_t lo, int64_t hi, co
                      int64_t *out)
 {
     if (!cJSON_IsNumber(v))
-        return ft_err(FT_E_INVALID, "'%s' must be an integer, found %s", key, gp_json_type(v));
+        return ft_err(FT_E_INVALID, "'%s' must be an integer, found %s", key, ft_json_type(v));
     const double d = v->valuedouble;
     if (!(d >= (double)lo && d <= (double)hi) || d != floor(d))
         return ft_err(FT_E_INVALID, "'%s' %.17g: expected %s", key, d, expect);
@@ -249,7 +239,7 @@ static int param_stop(const cJSON *v, ft_gen_params *p)
     const int64_t n = list ? cJSON_GetArraySize(v) : 1;
     if (!list && !cJSON_IsString(v))
         return ft_err(FT_E_INVALID, "'stop' must be a string or a list of strings, found %s",
-                      gp_json_type(v));
+                      ft_json_type(v));
     if (n > FT_GEN_MAX_STOP_STR)
         return ft_err(FT_E_INVALID, "'stop': %lld strings, at most %d", (long long)n,
                       FT_GEN_MAX_STOP_STR);
@@ -259,7 +249,7 @@ static int param_stop(const cJSON *v, ft_gen_params *p)
     for (int64_t i = 0; i < n; i++, e = e->next) {
         if (!cJSON_IsString(e))
             return ft_err(FT_E_INVALID, "'stop' item %lld must be a string, found %s",
-                          (long long)i + 1, gp_json_type(e));
+                          (long long)i + 1, ft_json_type(e));
         if (!e->valuestring[0] && list) /* it would match at once */
             return ft_err(FT_E_INVALID, "'stop' item %lld: expected a non-empty string", (long long)i + 1);
         if (!e->valuestring[0])
@@ -344,33 +334,20 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
 
 /* ---- a key given twice ---- */
 
-static int cmp_key(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
 /* FT_E_INVALID naming the first key (in sorted order) that object o holds twice (prefix "" or
  * "body."): JSON readers disagree on which one counts (cJSON, and so ftune, takes the first;
  * Python's json, which OpenAI's and vLLM's servers parse with, the last), so that a record
  * that repeats one would not be read as they read it. */
 int gp_dup_keys(const cJSON *o, const char *prefix)
 {
-    int64_t n = 0;
-    for (const cJSON *c = o->child; c; c = c->next) n++;
-    if (n < 2) return 0;
-    const char **k = malloc((size_t)n * sizeof *k);
-    if (!k) return ft_err(-ENOMEM, "out of memory");
-    n = 0;
-    for (const cJSON *c = o->child; c; c = c->next) k[n++] = c->string ? c->string : "";
-    qsort(k, (size_t)n, sizeof *k, cmp_key);
-    int rc = 0;
-    for (int64_t i = 1; i < n && !rc; i++)
-        if (!strcmp(k[i - 1], k[i]))
-            rc = ft_err(FT_E_INVALID, "key '%s%s' appears twice: JSON readers differ on which one "
-                        "counts (Python's json, as OpenAI's and vLLM's servers, takes the last); "
-                        "give it once", prefix, k[i]);
-    free(k);
-    return rc;
+    int oom = 0;
+    const char *d = ft_json_dup_key(o, 0, &oom);
+    if (oom) return ft_err(-ENOMEM, "out of memory");
+    if (d)
+        return ft_err(FT_E_INVALID, "key '%s%s' appears twice: JSON readers differ on which one "
+                      "counts (Python's json, as OpenAI's and vLLM's servers, takes the last); "
+                      "give it once", prefix, d);
+    return 0;
 }
 
 int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
@@ -394,11 +371,11 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
                     "or in 'prompt' and 'completion' lists)");
     } else if (raw) {
         rc = ft_err(FT_E_INVALID, "with --raw a record is a string or {\"prompt\": S}, found %s",
-                    gp_json_type(rec));
+                    ft_json_type(rec));
     } else if (cJSON_IsObject(rec)) {
         rc = gp_req_conversation(q, rec, system);
     } else {
-        rc = ft_err(FT_E_INVALID, "expected a string or an object; found %s", gp_json_type(rec));
+        rc = ft_err(FT_E_INVALID, "expected a string or an object; found %s", ft_json_type(rec));
     }
     /* function schemas, as training reads them (the model's template writes them) */
     if (!rc && !raw && cJSON_IsObject(rec)) rc = ft_data_record_tools(rec, &q->tools);

@@ -17,8 +17,6 @@ char *gp_dup_str(const char *s, size_t n);
 int gp_req_add(ft_gen_req *q, int role, const char *s, size_t n, const char *in, size_t in_n);
 /* Conversational record rec into q's messages and reference, as training converts it. */
 int gp_req_conversation(ft_gen_req *q, const cJSON *rec, const char *system);
-/* The JSON type of j as an error message names it ("a number", "a list", ...). */
-const char *gp_json_type(const cJSON *j);
 /* The generation settings of object rec into *p; body = 1: a batch request's body's names. */
 int gp_req_params(ft_gen_params *p, const cJSON *rec, int body);
 /* FT_E_INVALID naming (with prefix "" or "body.") a key object o holds twice; 0 when none. */

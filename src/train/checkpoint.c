@@ -15,6 +15,7 @@
 #include "adapters/peft.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/json.h"
 #include "src/model/safetensors.h"
 
 #define PATH_N 4200
@@ -462,46 +463,10 @@ static int get_dbl_opt(const cJSON *o, const char *key, double *v, double def, c
     return get_dbl(o, key, v, path);
 }
 
-static int cmp_key(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* A key that appears twice in one object of the tree o (at any depth), or NULL; *oom = 1
- * when out of memory. cJSON keeps both items and its look-ups see the first, while
- * ft_ckpt_config_diff walks every item: a stored config with a key twice would differ from
- * itself. Sorted per object, so n keys cost n log n. */
-static const char *dup_key(const cJSON *o, int *oom)
-{
-    size_t n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, o) {
-        n++;
-        if (cJSON_IsObject(it) || cJSON_IsArray(it)) {
-            const char *d = dup_key(it, oom);
-            if (d || *oom) return d;
-        }
-    }
-    if (!cJSON_IsObject(o) || n < 2) return NULL;
-    const char **keys = malloc(n * sizeof *keys);
-    if (!keys) {
-        *oom = 1;
-        return NULL;
-    }
-    n = 0;
-    cJSON_ArrayForEach(it, o) keys[n++] = it->string ? it->string : "";
-    qsort(keys, n, sizeof *keys, cmp_key);
-    const char *d = NULL;
-    for (size_t i = 1; i < n && !d; i++)
-        if (!strcmp(keys[i - 1], keys[i])) d = keys[i];
-    free(keys);
-    return d;
-}
-
 static int parse_state(const cJSON *o, const char *path, ft_ckpt_state *st)
 {
     int oom = 0;
-    const char *dup = dup_key(o, &oom);
+    const char *dup = ft_json_dup_key(o, 1, &oom);
     if (oom) return ft_err(-ENOMEM, "%s: out of memory", path);
     if (dup)
         return ft_err(FT_E_INVALID, "%s: key \"%.64s\" appears twice in one object (damaged checkpoint)",

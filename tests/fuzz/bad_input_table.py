@@ -554,6 +554,19 @@ def _(d):
     return train(TINY, "data.jsonl")
 
 
+@case("data", "a key twice in one record (`instruction`, line 2)", "test_data_dupkeys.py")
+def _(d):
+    data(d, '{"instruction":"a","output":"b"}\n{"instruction":"a","output":"b","instruction":"c"}\n')
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "a key twice in a message (`content`)", "test_data_dupkeys.py")
+def _(d):
+    data(d, '{"messages":[{"role":"user","content":"a","content":"b"},'
+            '{"role":"assistant","content":"c"}]}\n')
+    return train(TINY, "data.jsonl")
+
+
 @case("data", "messages: two user turns in a row", "test_dataset.c")
 def _(d):
     data(d, '{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},'
