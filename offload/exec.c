@@ -384,7 +384,7 @@ static int gen_embed_rows(void *ctx, const int32_t *ids, int64_t n, float *out)
                 return ft_err(FT_E_INVALID, "generate: token %lld has id %d, expected 0..%lld",
                               (long long)i, ids[i], (long long)V - 1);
             const uint16_t *r = e->embed_bf16 + (int64_t)ids[i] * C;
-            for (int64_t c = 0; c < C; c++) out[i * C + c] = ft_quant_bf16_to_f32(r[c]);
+            ft_quant_bf16_to_f32_n(out + i * C, r, C);
         }
         return 0;
     }

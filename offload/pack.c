@@ -632,14 +632,7 @@ static int record_f32(const ft_pack_tensor *r, const uint8_t *blk, float *dst)
         return 0;
     }
     if (r->dtype == FT_PACK_DT_BF16) {
-        const uint8_t *s = blk + r->data_off;
-#pragma omp parallel for schedule(static) if (n > 262144)
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, s + 2 * i, 2);
-            uint32_t u = (uint32_t)h << 16;
-            memcpy(&dst[i], &u, 4);
-        }
+        ft_quant_bf16_to_f32_n(dst, (const uint16_t *)(blk + r->data_off), n); /* 4-aligned */
         return 0;
     }
     ft_nf4_view v;
@@ -795,12 +788,7 @@ int ft_pack_read_global(ft_pack_file *p, int role, int64_t row0, int64_t n_rows,
         int64_t k = n - e < chunk ? n - e : chunk;
         rc = pread_all(p->fd, tmp, (size_t)k * 2, pos + e * 2, p->path);
         if (rc) break;
-        float *to = dst + e;
-#pragma omp parallel for schedule(static) if (k > 262144)
-        for (int64_t i = 0; i < k; i++) {
-            uint32_t u = (uint32_t)tmp[i] << 16;
-            memcpy(&to[i], &u, 4);
-        }
+        ft_quant_bf16_to_f32_n(dst + e, tmp, k);
     }
     if (tmp != small) free(tmp);
     return rc;

@@ -304,18 +304,10 @@ static int64_t chunk_rows(int64_t rows, int64_t cols, int64_t bs, int64_t cap)
     return r > rows ? rows : r;
 }
 
-/* fp32 -> bf16, round to nearest even, NaN kept quiet: ft_quant_f32_to_bf16 (quant.c),
- * inlined here so the loop vectorizes (it was an eighth of an init-model --pack run). */
+/* fp32 -> bf16 into block bytes (2-aligned: every offset in a block is even). */
 static void to_bf16(const float *x, uint8_t *dst, int64_t n)
 {
-#pragma omp parallel for schedule(static) if (n > 262144)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], 4);
-        uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
-                                                      : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        memcpy(dst + 2 * i, &h, 2);
-    }
+    ft_quant_f32_to_bf16_n((uint16_t *)(void *)dst, x, n);
 }
 
 /* Stores cnt source values (elements e0.. of tensor r) into the block: BF16, F32 or NF4

@@ -9,6 +9,7 @@
 #include "offload/exec_internal.h"
 #include "offload/pack_internal.h"
 #include "src/core/err.h"
+#include "src/model/quant.h"
 
 /* bf16 for the projections when the backend takes it and its memory is not the host's (a
  * device copy is being made anyway: half the bytes, twice the tensor-core rate); fp32 else. */
@@ -48,20 +49,6 @@ size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m)
                  (w->proj[p].b || ft_pack_has_bias(c, p) ? floats_for(w->proj[p].out_n, FT_W_F32) : 0);
     }
     return (n + 64) * sizeof(float);
-}
-
-/* fp32 -> bf16, round to nearest even (NaN kept quiet). */
-static void to_bf16_host(uint16_t *dst, const float *src, int64_t n)
-{
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &src[i], 4);
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            dst[i] = (uint16_t)((u >> 16) | 0x40);
-        else
-            dst[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-    }
 }
 
 int ft_exec_place_weights(ft_exec *e, int with_layers)
@@ -127,7 +114,7 @@ int ft_exec_place_weights(ft_exec *e, int with_layers)
             int64_t n = s->out_n * s->in_n;
             if (wt == FT_W_BF16) {
                 float *d = ft_exec_carve(&p, (int64_t)floats_for(n, FT_W_BF16));
-                to_bf16_host(stage, s->w, n);
+                ft_quant_f32_to_bf16_n(stage, s->w, n);
                 rc = be->ops->copy(be, d, stage, (size_t)n * sizeof(uint16_t));
                 dst->proj[q].w = d;
                 dst->proj[q].wtype = FT_W_BF16;

@@ -25,6 +25,7 @@
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/model/nf4.h"
+#include "src/model/quant.h"
 
 typedef struct ft_cpu_ctx {
     int n_threads; /* OpenMP team size (OpenBLAS itself runs single-threaded) */
@@ -448,19 +449,6 @@ static double dev_now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* x (n) rounded to bf16 (nearest even, ft_quant_f32_to_bf16's rule), kept as fp32 in y. */
-static void dev_round_bf16(float *y, const float *x, int64_t n)
-{
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], 4);
-        if ((u & 0x7fffffffu) > 0x7f800000u) u = (u | 0x400000u) & 0xffff0000u; /* quiet NaN */
-        else u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        memcpy(&y[i], &u, 4);
-    }
-}
-
 /* v = the NF4 tensor t (kernels.h) as src/model/nf4.h reads it. Returns 0 or FT_E_INVALID. */
 static int dev_nf4_view(ft_nf4_view *v, const ft_nf4_tensor *t)
 {
@@ -485,16 +473,12 @@ static int dev_tile(float *dst, const void *W, int wtype, int64_t ld, int64_t r0
         for (int64_t i = 0; i < rows; i++)
             rc |= ft_nf4_dequant_range(&v, (r0 + i) * ld + c0, cols, dst + i * cols) ? 1 : 0;
         if (rc) return ft_err(FT_E_INVALID, "cpu-device: NF4 weight tile outside the tensor");
-        dev_round_bf16(dst, dst, rows * cols);
+        ft_quant_round_bf16_n(dst, dst, rows * cols);
         return 0;
     }
     const uint16_t *w = W;
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
-    for (int64_t i = 0; i < rows; i++) {
-        const uint16_t *s = w + (r0 + i) * ld + c0;
-        uint32_t *d = (uint32_t *)(dst + i * cols);
-        for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)s[j] << 16;
-    }
+    for (int64_t i = 0; i < rows; i++) ft_quant_bf16_to_f32_n(dst + i * cols, w + (r0 + i) * ld + c0, cols);
     return 0;
 }
 
@@ -528,7 +512,7 @@ static int cpu_dev_linear_fwd(ft_backend *be, float *y, const float *x, const vo
     if (!in) return beta == 0.0f ? cpu_zero(be, y, (size_t)(T * out) * sizeof(float))
                                  : ft_cpu_scale_f32(y, beta, T * out);
     float *tile = ((ft_cpu_ctx *)be->ctx)->wtile;
-    dev_round_bf16(scratch, x, T * in);
+    ft_quant_round_bf16_n(scratch, x, T * in);
     int64_t kb = in < DEV_TILE_FLOATS ? in : DEV_TILE_FLOATS;
     int64_t ob = DEV_TILE_FLOATS / kb;
     for (int64_t o0 = 0; o0 < out; o0 += ob) {
@@ -554,7 +538,7 @@ static int cpu_dev_linear_bwd_x(ft_backend *be, float *dx, const float *dy, cons
     if (!out) return beta == 0.0f ? cpu_zero(be, dx, (size_t)(T * in) * sizeof(float))
                                   : ft_cpu_scale_f32(dx, beta, T * in);
     float *tile = ((ft_cpu_ctx *)be->ctx)->wtile;
-    dev_round_bf16(scratch, dy, T * out);
+    ft_quant_round_bf16_n(scratch, dy, T * out);
     int64_t cb = in < DEV_TILE_FLOATS ? in : DEV_TILE_FLOATS;
     int64_t ob = DEV_TILE_FLOATS / cb;
     for (int64_t c0 = 0; c0 < in; c0 += cb) {
@@ -581,13 +565,7 @@ static int cpu_dev_dequant_nf4(ft_backend *be, uint16_t *dst, const ft_nf4_tenso
     for (int64_t e0 = 0; e0 < t->n; e0 += DEV_TILE_FLOATS) {
         int64_t n = t->n - e0 < DEV_TILE_FLOATS ? t->n - e0 : DEV_TILE_FLOATS;
         FT_TRY(ft_nf4_dequant_range(&v, e0, n, tile));
-        dev_round_bf16(tile, tile, n);
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t u;
-            memcpy(&u, &tile[i], 4);
-            dst[e0 + i] = (uint16_t)(u >> 16);
-        }
+        ft_quant_f32_to_bf16_n(dst + e0, tile, n);
     }
     return 0;
 }

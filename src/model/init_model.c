@@ -375,8 +375,7 @@ static int write_shard(const char *path, const itensor *ts, int64_t n, int shard
         for (int64_t e0 = 0; e0 < total && !rc; e0 += CHUNK) {
             int64_t m = total - e0 < CHUNK ? total - e0 : CHUNK;
             gen(&ts[i], seed, std, e0, m, f32);
-#pragma omp parallel for schedule(static) if (m > 65536)
-            for (int64_t j = 0; j < m; j++) b16[j] = ft_quant_f32_to_bf16(f32[j]);
+            ft_quant_f32_to_bf16_n(b16, f32, m);
             rc = write_all(fd, b16, (size_t)m * 2, tmp);
         }
     }

@@ -143,14 +143,51 @@ uint16_t ft_quant_f32_to_f16(float f)
     return (uint16_t)(sign | h);
 }
 
+/* Round to nearest even on the bits; a NaN keeps its sign and top payload and is made quiet.
+ * A select, not a branch, so that loops over it vectorize. */
+static inline uint16_t bf16_rne(uint32_t u)
+{
+    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
+                                           : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 uint16_t ft_quant_f32_to_bf16(float f)
 {
     uint32_t x;
     memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
+    return bf16_rne(x);
+}
+
+#define CONV_PAR_MIN 65536 /* below this a loop runs on the calling thread */
+
+void ft_quant_bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n)
+{
+#pragma omp parallel for schedule(static) if (n > CONV_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, 4);
+    }
+}
+
+void ft_quant_f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n)
+{
+#pragma omp parallel for schedule(static) if (n > CONV_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        dst[i] = bf16_rne(u);
+    }
+}
+
+void ft_quant_round_bf16_n(float *y, const float *x, int64_t n)
+{
+#pragma omp parallel for schedule(static) if (n > CONV_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u = (uint32_t)bf16_rne(u) << 16;
+        memcpy(&y[i], &u, 4);
+    }
 }
 
 /* ---- block dequantizers --------------------------------------------------------------- */

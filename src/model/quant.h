@@ -96,4 +96,13 @@ uint16_t ft_quant_f32_to_f16(float f);
 /* binary32 -> bfloat16, round to nearest even (as torch .to(bfloat16)); NaN stays NaN. */
 uint16_t ft_quant_f32_to_bf16(float f);
 
+/* The same conversions over arrays of n values, written so the loops vectorize, and run
+ * with OpenMP threads for large n (the caller's thread count):
+ * dst[i] = ft_quant_bf16_to_f32(src[i]) */
+void ft_quant_bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n);
+/* dst[i] = ft_quant_f32_to_bf16(src[i]) */
+void ft_quant_f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n);
+/* y[i] = x[i] rounded to bf16 (ft_quant_f32_to_bf16) and kept as fp32; y may equal x. */
+void ft_quant_round_bf16_n(float *y, const float *x, int64_t n);
+
 #endif
