@@ -281,24 +281,38 @@ int ft_exec_use_pack_ex(ft_exec *e, ft_pack_file *pack, int resident)
     e->layer_f32 = w;
     e->fetched_layer = -1;
     if (!e->m->embed) FT_TRY(ft_exec_globals_from_pack(e, pack));
-    if (resident) { /* every block once, back to back; pack_dev_off holds their offsets */
-        int64_t L = b->num_hidden_layers;
-        size_t total = 0;
-        for (int64_t l = 0; l < L; l++) total += ft_pack_block_bytes(pack, l);
-        void *h = NULL;
-        e->pack_dev_off = calloc((size_t)L, sizeof *e->pack_dev_off);
-        if (!e->pack_dev_off || posix_memalign(&h, FT_PACK_ALIGN, total ? total : 1))
-            return ft_err(-ENOMEM, "out of memory: the resident pack needs %.1f MiB of host memory",
-                          total / 1048576.0);
-        e->pack_host = h;
-        size_t off = 0;
-        for (int64_t l = 0; l < L; l++) {
-            FT_TRY(ft_pack_read_block(pack, l, e->pack_host + off, ft_pack_block_bytes(pack, l), 1));
-            e->pack_dev_off[l] = (int64_t)off;
-            e->pack_reads++;
-            off += ft_pack_block_bytes(pack, l);
-        }
+    /* a second call (another pack) drops the first one's resident copy */
+    free(e->pack_host);
+    free(e->pack_dev_off);
+    e->pack_host = NULL;
+    e->pack_dev_off = NULL;
+    if (!resident) return 0;
+    /* every block once, back to back; pack_dev_off holds their offsets */
+    int64_t L = b->num_hidden_layers;
+    size_t total = 0;
+    for (int64_t l = 0; l < L; l++) total += ft_pack_block_bytes(pack, l);
+    void *h = NULL;
+    int64_t *offs = calloc((size_t)L, sizeof *offs);
+    if (!offs || posix_memalign(&h, FT_PACK_ALIGN, total ? total : 1)) {
+        free(offs);
+        return ft_err(-ENOMEM, "out of memory: the resident pack needs %.1f MiB of host memory",
+                      total / 1048576.0);
     }
+    size_t off = 0;
+    int rc = 0;
+    for (int64_t l = 0; l < L && !rc; l++) {
+        rc = ft_pack_read_block(pack, l, (uint8_t *)h + off, ft_pack_block_bytes(pack, l), 1);
+        offs[l] = (int64_t)off;
+        e->pack_reads++;
+        off += ft_pack_block_bytes(pack, l);
+    }
+    if (rc) { /* not half a copy: the blocks are then read from the file as they are needed */
+        free(h);
+        free(offs);
+        return rc;
+    }
+    e->pack_host = h;
+    e->pack_dev_off = offs;
     return 0;
 }
 

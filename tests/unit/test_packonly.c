@@ -146,9 +146,12 @@ static void test_load(void **state)
 }
 
 /* The summed eval loss of bt (S tokens) with model m over the NF4 pack in folder dir: the
- * CPU executor reading the pack (ft_exec_use_pack), or on a device backend every layer from
- * the pack's tiers (ft_exec_use_pack_tiers). */
-static double pack_eval(ft_backend *be, ft_model *m, const char *dir, const ft_batch *bt, int64_t S)
+ * CPU executor reading the pack (ft_exec_use_pack; with resident, every block copied to host
+ * memory by ft_exec_use_pack_ex, called twice: the second call replaces the first copy, which
+ * the sanitizer build checks is freed), or on a device backend every layer from the pack's
+ * tiers (ft_exec_use_pack_tiers). */
+static double pack_eval_ex(ft_backend *be, ft_model *m, const char *dir, const ft_batch *bt,
+                           int64_t S, int resident)
 {
     char pp[800];
     snprintf(pp, sizeof pp, "%s/%s", dir, FT_PACK_LOCAL_NF4);
@@ -159,7 +162,13 @@ static double pack_eval(ft_backend *be, ft_model *m, const char *dir, const ft_b
     double loss;
     if (be->ops->host_memory) {
         assert_int_equal(ft_exec_init(&ex, be, m, NULL, S, 1, S), 0);
-        assert_int_equal(ft_exec_use_pack(&ex, p), 0);
+        if (resident) {
+            assert_int_equal(ft_exec_use_pack_ex(&ex, p, 1), 0);
+            assert_int_equal(ft_exec_use_pack_ex(&ex, p, 1), 0);
+            assert_non_null(ex.pack_host);
+        } else {
+            assert_int_equal(ft_exec_use_pack(&ex, p), 0);
+        }
     } else {
         assert_int_equal(ft_exec_init_ex(&ex, be, m, NULL, S, 1, S, 0), 0);
         if (ft_exec_use_pack_tiers(&ex, p, NULL, 2, 1) < 0) fail_msg("%s", ft_errmsg());
@@ -169,6 +178,11 @@ static double pack_eval(ft_backend *be, ft_model *m, const char *dir, const ft_b
     ft_exec_free(&ex);
     ft_pack_close(p);
     return loss;
+}
+
+static double pack_eval(ft_backend *be, ft_model *m, const char *dir, const ft_batch *bt, int64_t S)
+{
+    return pack_eval_ex(be, m, dir, bt, S, 0);
 }
 
 static void test_globals_and_exec(void **state)
@@ -212,6 +226,8 @@ static void test_globals_and_exec(void **state)
             loss[0] / (double)bt.n_targets, loss[1] / (double)bt.n_targets);
     assert_true(loss[0] == loss[1]);
     assert_true(isfinite(loss[0]) && loss[0] > 0);
+    /* the blocks from a resident copy (loaded twice) give the same loss as read from the file */
+    assert_true(pack_eval_ex(be, a, f->full, &bt, S, 1) == loss[0]);
     /* a device backend, the layers from the pack's tiers: the tied pack-only model (globals
      * read from the pack into device memory) == the safetensors model (host globals copied) */
     ft_backend *dev;
