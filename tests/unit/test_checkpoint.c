@@ -16,31 +16,15 @@
 #include "src/model/model.h"
 #include "src/train/checkpoint.h"
 #include "src/train/metrics.h"
+#include "tests/unit/model_fixture.h"
 
-#define TINY "tests/fixtures/tiny-llama"
+typedef model_fix fix;
 
-typedef struct fix { ft_model *m; ft_backend *be; ft_lora_cfg lc; } fix;
-
+/* 1 thread, no adapter: the tests build theirs from f->lc (r 4, alpha 8, q and v) */
 static int setup(void **state)
 {
-    fix *f = calloc(1, sizeof *f);
-    if (ft_model_load(&f->m, TINY) < 0) {
-        fprintf(stderr, "load %s: %s\n", TINY, ft_errmsg());
-        free(f);
-        return -1;
-    }
-    if (ft_backend_cpu_init(&f->be, 1) < 0) return -1;
-    f->lc = (ft_lora_cfg){4, 8.0f, 0.0f, 0, (1u << FT_Q) | (1u << FT_V), 7};
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fix *f = *state;
-    ft_backend_free(f->be);
-    ft_model_free(f->m);
-    free(f);
+    if (model_fix_setup(state, 1, NULL, 0, 0.0f) < 0) return -1;
+    ((fix *)*state)->lc = (ft_lora_cfg){4, 8.0f, 0.0f, 0, (1u << FT_Q) | (1u << FT_V), 7};
     return 0;
 }
 
@@ -609,5 +593,5 @@ int main(void)
         cmocka_unit_test(test_names_and_hash),
         cmocka_unit_test(test_metrics_resume),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, model_fix_teardown);
 }

@@ -17,9 +17,9 @@
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"
+#include "tests/unit/model_fixture.h"
 #include "tests/unit/stream_fixture.h"
 
-#define TINY "tests/fixtures/tiny-llama"
 #define DEEP_L 6
 #define T_MAX 24
 #define STEPS 2
@@ -93,17 +93,33 @@ static void free_result(result *r)
     free(r->logits);
 }
 
+/* The DEEP_L-layer model over tiny-llama (stream_deepen, returned; tiny-llama in *tiny) on a
+ * CPU backend of 2 threads in *be, and 4 ragged micro-batches of up to T_MAX tokens in b;
+ * deep_close frees them. */
+static ft_model *deep_open(ft_model **tiny, ft_backend **be, ft_batch *b)
+{
+    assert_int_equal(tiny_open(tiny, be, NULL, 2, NULL, 0, 0.0f), 0);
+    ft_model *m = stream_deepen(*tiny, DEEP_L);
+    stream_make_batches_ragged(b, 4, T_MAX, 4, m->cfg.vocab_size);
+    return m;
+}
+
+static void deep_close(ft_model *m, ft_model *tiny, ft_backend *be, ft_batch *b)
+{
+    stream_free_batches(b, 4);
+    free(m->layers);
+    free(m);
+    tiny_close(tiny, be, NULL);
+}
+
 static void test_host_ckpt_bit_identical(void **state)
 {
     (void)state;
     ft_model *tiny;
-    assert_int_equal(ft_model_load(&tiny, TINY), 0);
-    ft_model *m = stream_deepen(tiny, DEEP_L);
     ft_backend *be;
-    assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
-    const int64_t L = DEEP_L, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
     ft_batch b[4];
-    stream_make_batches_ragged(b, 4, T_MAX, 4, V);
+    ft_model *m = deep_open(&tiny, &be, b);
+    const int64_t L = DEEP_L, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
     /* (device layers, sets): none kept, some, all but the stored minimum, every set count */
     static const int64_t cfgs[][2] = {{0, 2}, {2, 3}, {1, 4}, {3, 2}, {L - 1, 2}, {L, 2}};
     int cases = 0;
@@ -143,11 +159,7 @@ static void test_host_ckpt_bit_identical(void **state)
             free_result(&ref);
         }
     assert_int_equal(cases, 2 * 2 * 6 * 2);
-    stream_free_batches(b, 4);
-    ft_backend_free(be);
-    free(m->layers);
-    free(m);
-    ft_model_free(tiny);
+    deep_close(m, tiny, be, b);
 }
 
 /* Fewer micro-batches than planned, bad counts, and a second conversion are handled. */
@@ -155,12 +167,9 @@ static void test_host_ckpt_edges(void **state)
 {
     (void)state;
     ft_model *tiny;
-    assert_int_equal(ft_model_load(&tiny, TINY), 0);
-    ft_model *m = stream_deepen(tiny, DEEP_L);
     ft_backend *be;
-    assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
     ft_batch b[4];
-    stream_make_batches_ragged(b, 4, T_MAX, 4, m->cfg.vocab_size);
+    ft_model *m = deep_open(&tiny, &be, b);
     ft_lora lora;
     ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 5};
     assert_int_equal(ft_lora_init(&lora, m, &lc, be), 0);
@@ -182,11 +191,7 @@ static void test_host_ckpt_edges(void **state)
     ft_exec_free(&e);
     assert_null(e.ckt);
     ft_lora_free(&lora);
-    stream_free_batches(b, 4);
-    ft_backend_free(be);
-    free(m->layers);
-    free(m);
-    ft_model_free(tiny);
+    deep_close(m, tiny, be, b);
 }
 
 int main(void)

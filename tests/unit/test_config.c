@@ -3,6 +3,7 @@
 
 #include "src/core/err.h"
 #include "src/model/config.h"
+#include "tests/unit/format_fixture.h"
 
 /* fp32 RoPE vs the reference values below: the references emulate torch's fp32 ops with
  * numpy (same glibc powf as ours); 1e-6 relative (~8 ulp) allows torch's own pow to differ
@@ -15,20 +16,6 @@ static int parse(ft_model_config *c, const char *js)
 {
     ft_err_clear();
     return ft_config_parse(c, js, strlen(js), NAME);
-}
-
-/* Asserts rc and that the message contains each given fragment (NULL-terminated list). */
-static void expect_err(int rc, int want, ...)
-{
-    if (rc != want)
-        fail_msg("rc %d (%s), expected %d; message: %s", rc, ft_errname(rc), want, ft_errmsg());
-    va_list ap;
-    va_start(ap, want);
-    for (const char *s; (s = va_arg(ap, const char *));)
-        if (!strstr(ft_errmsg(), s))
-            fail_msg("message \"%s\" lacks \"%s\"", ft_errmsg(), s);
-    va_end(ap);
-    printf("  ok: %s\n", ft_errmsg());
 }
 
 #define BASE "\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":128," \

@@ -12,6 +12,7 @@
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
 #include "src/data/tokenizer.h"
+#include "tests/unit/data_fixture.h"
 #include "tests/unit/tok_template.h"
 
 #include <cjson/cJSON.h>
@@ -53,22 +54,6 @@ static char *write_str(const char *name, const char *s)
     char *p = t_write_tmp(name, s, strlen(s));
     assert_non_null(p);
     return p;
-}
-
-/* The decoded text of the trained tokens of ex (labels != -100). */
-static char *trained_text(const ft_tokenizer *t, const ft_example *ex)
-{
-    int32_t *ids = malloc((size_t)(ex->n + 1) * sizeof *ids);
-    int64_t k = 0;
-    for (int64_t i = 0; i < ex->n; i++)
-        if (ex->labels[i] != FT_IGNORE_INDEX) {
-            assert_int_equal(ex->labels[i], ex->ids[i]);
-            ids[k++] = ex->ids[i];
-        }
-    char *s = NULL;
-    assert_int_equal(ft_tok_decode(t, ids, k, 0, &s), 0);
-    free(ids);
-    return s;
 }
 
 static void test_schemas_detected(void **state)

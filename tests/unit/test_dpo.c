@@ -38,8 +38,8 @@
 #include "src/train/dpo_run.h"
 #include "src/train/trainer.h"
 #include "tests/unit/stream_fixture.h"
+#include "tests/unit/train_fixture.h"
 
-#define TINY "tests/fixtures/tiny-llama"
 #define THREADS 2
 /* fp32 forward/backward vs central differences in fp32 with h = 1e-2 (test_exec.c's bounds) */
 #define TOL_FD_REL 3e-2
@@ -214,10 +214,8 @@ static void test_eval_seq(void **state)
     (void)state;
     ft_backend *be;
     ft_model *m;
-    assert_int_equal(ft_backend_cpu_init(&be, THREADS), 0);
-    assert_int_equal(ft_model_load(&m, TINY), 0);
     ft_lora lora;
-    stream_lora_init(&lora, be, m, 0.0f);
+    tiny_stream_open(&m, &be, &lora, THREADS, 0.0f);
     ft_batch b;
     make_pair_batch(&b, 3, 0, 5, m->cfg.vocab_size);
     ft_exec e;
@@ -249,9 +247,7 @@ static void test_eval_seq(void **state)
     assert_int_equal(ft_exec_eval_seq(&e, &np, nll, nt), FT_E_INVALID);
     ft_exec_free(&e);
     free_pair_batch(&b);
-    ft_lora_free(&lora);
-    ft_model_free(m);
-    ft_backend_free(be);
+    tiny_close(m, be, &lora);
 }
 
 /* The token loss as a sequence objective: scale = 1 / n_targets of the step. */
@@ -273,10 +269,8 @@ static void test_token_objective_same_grads(void **state)
     (void)state;
     ft_backend *be;
     ft_model *m;
-    assert_int_equal(ft_backend_cpu_init(&be, THREADS), 0);
-    assert_int_equal(ft_model_load(&m, TINY), 0);
     ft_lora lora;
-    stream_lora_init(&lora, be, m, 0.1f);
+    tiny_stream_open(&m, &be, &lora, THREADS, 0.1f);
     ft_batch b[2];
     make_pair_batch(&b[0], 3, 0, 7, m->cfg.vocab_size);
     make_pair_batch(&b[1], 2, 3, 8, m->cfg.vocab_size);
@@ -307,9 +301,7 @@ static void test_token_objective_same_grads(void **state)
     ft_exec_free(&e);
     free(g0), free(g1);
     free_pair_batch(&b[0]), free_pair_batch(&b[1]);
-    ft_lora_free(&lora);
-    ft_model_free(m);
-    ft_backend_free(be);
+    tiny_close(m, be, &lora);
 }
 
 /* The mean DPO loss of the micro-batches b[0..n_b) (through ft_exec_eval_seq). */
@@ -325,10 +317,8 @@ static void dpo_grad_fd(int loss_type)
 {
     ft_backend *be;
     ft_model *m;
-    assert_int_equal(ft_backend_cpu_init(&be, THREADS), 0);
-    assert_int_equal(ft_model_load(&m, TINY), 0);
     ft_lora lora;
-    stream_lora_init(&lora, be, m, 0.0f);
+    tiny_stream_open(&m, &be, &lora, THREADS, 0.0f);
     /* B != 0 so that the policy differs from any reference and both A and B get gradients */
     ft_rng g;
     ft_rng_seed(&g, 99);
@@ -385,9 +375,7 @@ static void dpo_grad_fd(int loss_type)
     ft_exec_free(&e);
     free(grad);
     free_pair_batch(&b[0]), free_pair_batch(&b[1]);
-    ft_lora_free(&lora);
-    ft_model_free(m);
-    ft_backend_free(be);
+    tiny_close(m, be, &lora);
 }
 
 static void test_dpo_grad_fd_sigmoid(void **state) { (void)state; dpo_grad_fd(FT_DPO_SIGMOID); }
@@ -405,9 +393,9 @@ static void test_reference_by_pair_index(void **state)
     (void)state;
     ft_backend *be;
     ft_model *m;
+    ft_lora lora;
+    tiny_stream_open(&m, &be, &lora, THREADS, 0.0f);
     ft_tokenizer *tok;
-    assert_int_equal(ft_backend_cpu_init(&be, THREADS), 0);
-    assert_int_equal(ft_model_load(&m, TINY), 0);
     assert_int_equal(ft_model_tokenizer(m, &tok), 0);
     ft_data_cfg dc = {0};
     dc.preference = 1;
@@ -423,8 +411,6 @@ static void test_reference_by_pair_index(void **state)
     int64_t na, nb;
     assert_int_equal(ft_pack_pairs(&a, &na, ds.train, np, 128, 2, 1), 0);
     assert_int_equal(ft_pack_pairs(&b, &nb, ds.train, np, 128, 2, 2), 0);
-    ft_lora lora;
-    stream_lora_init(&lora, be, m, 0.0f);
     ft_rng g;
     ft_rng_seed(&g, 5);
     for (int64_t i = 0; i < lora.n_params; i++) lora.params[i] += 0.05f * (float)(ft_rng_uniform(&g) - 0.5);
@@ -446,13 +432,11 @@ static void test_reference_by_pair_index(void **state)
     assert_true(fabs(ref[2 * p0] - ref[2 * p1]) > 0.5);
     free(ref);
     ft_exec_free(&e);
-    ft_lora_free(&lora);
     ft_batches_free(a, na);
     ft_batches_free(b, nb);
     ft_dataset_free(&ds);
     ft_tok_free(tok);
-    ft_model_free(m);
-    ft_backend_free(be);
+    tiny_close(m, be, &lora);
 }
 
 /* ---- the device executor: streamed == resident --------------------------------------------- */
@@ -497,11 +481,9 @@ static void test_streamed_same_as_resident(void **state)
 {
     (void)state;
     ft_backend *be;
-    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
     ft_model *m;
-    assert_int_equal(ft_model_load(&m, TINY), 0);
     stream_pack sp;
-    stream_pack_open(&sp, TINY);
+    tiny_device_open(&m, &be, &sp, THREADS);
     ft_batch b[2];
     make_pair_batch(&b[0], 3, 0, 31, m->cfg.vocab_size);
     make_pair_batch(&b[1], 1, 3, 32, m->cfg.vocab_size);
@@ -533,9 +515,7 @@ static void test_streamed_same_as_resident(void **state)
     }
     free(ref.g);
     free_pair_batch(&b[0]), free_pair_batch(&b[1]);
-    stream_pack_close(&sp);
-    ft_model_free(m);
-    ft_backend_free(be);
+    tiny_device_close(m, be, &sp);
 }
 
 /* ---- whole runs ----------------------------------------------------------------------------- */
@@ -571,53 +551,24 @@ static void on_event(const ft_train_event *ev, void *user)
     }
 }
 
+/* tiny_train_cfg, as DPO: 128-token sequences, 2 x 2 pairs a step, seed 9, lr 2e-3, no dropout,
+ * an eval every 2 steps. */
 static void run_cfg(ft_train_cfg *c, const char *out, double beta, int loss_type)
 {
-    ft_train_defaults(c);
+    static const char *const data[1] = {PREF};
+    tiny_train_cfg(c, out, data, RUN_STEPS, THREADS);
     c->method = FT_METHOD_DPO;
     c->dpo.beta = beta;
     c->dpo.loss_type = loss_type;
-    c->model = TINY;
-    static const char *const data[1] = {PREF};
-    c->data = data;
-    c->n_data = 1;
-    c->out = out;
-    const char *dev = getenv("FTUNE_DEVICE");
-    c->device = dev && *dev ? dev : "cpu";
-    c->threads = THREADS;
     c->seq_len = 128;
     c->batch_size = 2;
     c->grad_accum = 2;
-    c->max_steps = RUN_STEPS;
     c->seed = 9;
     c->lr = 2e-3;
-    c->warmup_ratio = 0;
-    c->lora.r = 4;
-    c->lora.alpha = 8;
     c->lora.dropout = 0;            /* as the CLI's DPO default */
     c->data_cfg.eval_fraction = 0.1;
     c->data_cfg.eval_max = 6;
     c->eval_every = 2;
-    c->save_every = 0;
-    c->keep = 1;
-}
-
-static void train_ok(const ft_train_cfg *c, trace *t, ft_train_result *res)
-{
-    int rc = ft_train_run(c, on_event, t, res);
-    if (rc < 0) fprintf(stderr, "train: %s\n", ft_errmsg());
-    assert_int_equal(rc, 0);
-    assert_int_equal(res->bad_steps, 0);
-}
-
-static char *slurp(const char *dir, const char *name)
-{
-    char p[4400];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    char *s = NULL;
-    size_t n;
-    assert_int_equal(ft_read_file(p, &s, &n), 0);
-    return s;
 }
 
 static void test_run(void **state)
@@ -631,7 +582,7 @@ static void test_run(void **state)
     run_cfg(&c, out, 0.1, FT_DPO_SIGMOID);
     trace t = {0};
     ft_train_result res;
-    train_ok(&c, &t, &res);
+    train_run_ok(&c, on_event, &t, &res);
     assert_int_equal(t.n, RUN_STEPS);
     assert_int_equal(t.pref_seen, RUN_STEPS);
     print_message("DPO run: step-0 eval %.17g, step losses %.9g %.9g %.9g %.9g, eval %.9g -> %.9g\n",
@@ -647,7 +598,7 @@ static void test_run(void **state)
     assert_true(t.loss[1] != t.loss[0]); /* the adapter moved */
     assert_true(isfinite(res.final_eval_loss) && isfinite(res.final_eval_reward_accuracy));
     assert_int_equal(res.n_train % 2, 0);
-    char *m = slurp(out, "metrics.jsonl"), *sj = slurp(out, "summary.json");
+    char *m = read_out(out, "metrics.jsonl", NULL), *sj = read_out(out, "summary.json", NULL);
     assert_non_null(strstr(m, "\"rewards/accuracies\""));
     assert_non_null(strstr(m, "\"eval_rewards/margins\""));
     assert_non_null(strstr(m, "\"logps/rejected\""));
@@ -655,20 +606,6 @@ static void test_run(void **state)
     assert_non_null(strstr(sj, "\"final_eval_reward_accuracy\""));
     free(m), free(sj);
     assert_int_equal(t_rmtree(dir), 0);
-}
-
-static int same_adapter(const char *a, const char *b)
-{
-    char pa[4200], pb[4200];
-    snprintf(pa, sizeof pa, "%s/adapter_model.safetensors", a);
-    snprintf(pb, sizeof pb, "%s/adapter_model.safetensors", b);
-    char *x = NULL, *y = NULL;
-    size_t nx = 0, ny = 0;
-    assert_int_equal(ft_read_file(pa, &x, &nx), 0);
-    assert_int_equal(ft_read_file(pb, &y, &ny), 0);
-    int same = nx == ny && !memcmp(x, y, nx);
-    free(x), free(y);
-    return same;
 }
 
 /* OUT/dpo_reference.bin: read back only for the same run, backend and base; the eval part only
@@ -760,13 +697,13 @@ static void test_resume_bit_identical(void **state)
     ft_train_result res;
     trace tf = {0}, tp = {0};
     run_cfg(&c, full, 0.1, FT_DPO_SIGMOID);
-    train_ok(&c, &tf, &res);
+    train_run_ok(&c, on_event, &tf, &res);
     volatile sig_atomic_t stop = 0;
     tp.stop = &stop;
     tp.stop_at = 2;
     run_cfg(&c, part, 0.1, FT_DPO_SIGMOID);
     c.stop = &stop;
-    train_ok(&c, &tp, &res);
+    train_run_ok(&c, on_event, &tp, &res);
     assert_int_equal(res.stopped, 1);
     char ckpt[4200];
     snprintf(ckpt, sizeof ckpt, "%s", res.checkpoint);
@@ -787,7 +724,7 @@ static void test_resume_bit_identical(void **state)
     tp.n_eval = 0;
     assert_int_equal(tp.ref_computed, 1);
     tp.ref_computed = 0;
-    train_ok(&c, &tp, &res);
+    train_run_ok(&c, on_event, &tp, &res);
     assert_int_equal(res.resumed_from, 2);
     /* the resume read the reference back from OUT/dpo_reference.bin (no second pass) */
     assert_int_equal(tp.ref_read_back, 1);
@@ -841,7 +778,7 @@ static void stop_and_resume(const char *dir, const char *data, int64_t steps, in
     c.batch_size = 1;
     c.grad_accum = 1;
     c.init_adapter = init_adapter;
-    train_ok(&c, &tf, &res);
+    train_run_ok(&c, on_event, &tf, &res);
     volatile sig_atomic_t stop = 0;
     tp.stop = &stop;
     tp.stop_at = stop_at;
@@ -852,7 +789,7 @@ static void stop_and_resume(const char *dir, const char *data, int64_t steps, in
     c.grad_accum = 1;
     c.init_adapter = init_adapter;
     c.stop = &stop;
-    train_ok(&c, &tp, &res);
+    train_run_ok(&c, on_event, &tp, &res);
     assert_int_equal(res.stopped, 1);
     char ckpt[4200];
     snprintf(ckpt, sizeof ckpt, "%s", res.checkpoint);
@@ -875,7 +812,7 @@ static void stop_and_resume(const char *dir, const char *data, int64_t steps, in
     c.resume = ckpt;
     c.stop = NULL;
     tp.stop_at = 0;
-    train_ok(&c, &tp, &res);
+    train_run_ok(&c, on_event, &tp, &res);
     assert_int_equal(tp.n, steps);
     assert_int_equal(tf.n, steps);
     for (int64_t k = 0; k < steps; k++)

@@ -9,8 +9,8 @@
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"
+#include "tests/unit/model_fixture.h"
 
-#define TINY "tests/fixtures/tiny-llama"
 /* fp32 forward/backward of a 2-layer model vs central differences in fp32 with h = 1e-2:
  * truncation error O(h^2) and rounding O(eps * |L| / h) ~ 1e-5 give a few 1e-3 relative. */
 #define FT_TOL_FD_F32_REL 3e-2
@@ -18,37 +18,14 @@
 /* The same sums computed in a different order (micro-batch split): fp32 reassociation. */
 #define FT_TOL_ACCUM_REL 1e-4
 
-typedef struct fix { ft_model *m; ft_backend *be; ft_lora lora; } fix;
+typedef model_fix fix;
 
+/* 2 threads; r 4, alpha 8, every target; B = 0 at init makes dA vanish, so A and B random
+ * (seed 99, scale 0.2) and every path is exercised */
 static int setup(void **state)
 {
-    fix *f = calloc(1, sizeof *f);
-    if (ft_model_load(&f->m, TINY) < 0) {
-        fprintf(stderr, "load %s: %s\n", TINY, ft_errmsg());
-        free(f);
-        return -1;
-    }
-    if (ft_backend_cpu_init(&f->be, 2) < 0) return -1;
-    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
-    if (ft_lora_init(&f->lora, f->m, &lc, f->be) < 0) return -1;
-    /* B = 0 at init makes dA vanish; give B random values so every path is exercised */
-    ft_rng rng;
-    ft_rng_seed(&rng, 99);
-    for (int64_t i = 0; i < f->lora.n_params; i++)
-        f->lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.2f;
-    ft_lora_push(&f->lora);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fix *f = *state;
-    ft_lora_free(&f->lora);
-    ft_backend_free(f->be);
-    ft_model_free(f->m);
-    free(f);
-    return 0;
+    const ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
+    return model_fix_setup(state, 2, &lc, 99, 0.2f);
 }
 
 /* rows x S tokens: row r holds two packed sequences (lengths S/2 and S - S/2). */
@@ -288,5 +265,5 @@ int main(void)
         cmocka_unit_test(test_peft_roundtrip),
         cmocka_unit_test(test_weight_bytes_deferred),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, model_fix_teardown);
 }

@@ -13,57 +13,22 @@
 #include "src/model/generate.h"
 #include "src/model/model.h"
 #include "src/model/sample.h"
+#include "tests/unit/model_fixture.h"
 
-#define TINY "tests/fixtures/tiny-llama"
 /* A continuation after a cut vs the same tokens in a cache that never held the cut rows:
  * the kept rows were computed in a longer prefill (attention_fwd's BLAS tiles over more
  * rows), so fp32 reassociation only, as test_generate.c's FT_TOL_KV_DECODE_REL (relative to
  * the largest |logit|). */
 #define FT_TOL_TRUNC_REL 1e-5
 
-typedef struct fix { ft_model *m; ft_backend *be; ft_lora lora; } fix;
+typedef model_fix fix;
 
+/* 2 threads; r 4, alpha 8, every target; A and B random (seed 5, scale 0.4: B = 0 at init
+ * would make the adapter a no-op) */
 static int setup(void **state)
 {
-    fix *f = calloc(1, sizeof *f);
-    if (ft_model_load(&f->m, TINY) < 0) {
-        fprintf(stderr, "load %s: %s\n", TINY, ft_errmsg());
-        free(f);
-        return -1;
-    }
-    if (ft_backend_cpu_init(&f->be, 2) < 0) return -1;
-    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
-    if (ft_lora_init(&f->lora, f->m, &lc, f->be) < 0) return -1;
-    ft_rng rng; /* B = 0 at init would make the adapter a no-op */
-    ft_rng_seed(&rng, 5);
-    for (int64_t i = 0; i < f->lora.n_params; i++) f->lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.4f;
-    ft_lora_push(&f->lora);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fix *f = *state;
-    ft_lora_free(&f->lora);
-    ft_backend_free(f->be);
-    ft_model_free(f->m);
-    free(f);
-    return 0;
-}
-
-static double max_abs(const float *x, int64_t n)
-{
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)x[i]));
-    return m;
-}
-
-static double max_diff(const float *a, const float *b, int64_t n)
-{
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
-    return m;
+    const ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
+    return model_fix_setup(state, 2, &lc, 5, 0.4f);
 }
 
 /* A (shared prefix, with BOS), B (the first turn's rest), C (the second turn's rest) */
@@ -194,9 +159,9 @@ static void test_cut_one_slot(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_cut_then_continue, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bad_cuts, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_cut_one_slot, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cut_then_continue, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_cuts, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_cut_one_slot, setup, model_fix_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,9 +19,9 @@
 #include "src/model/init_model.h"
 #include "src/model/model.h"
 #include "src/model/sample.h"
+#include "tests/unit/model_fixture.h"
 #include "tests/unit/tok_template.h"
 
-#define TINY "tests/fixtures/tiny-llama"
 #define TOK_LLAMA3 "tests/fixtures/tokenizers/llama3"
 #define TOK_LLAMA2 "tests/fixtures/tokenizers/llama2"
 
@@ -42,20 +42,6 @@
 #define FT_SAMPLE_N 40000
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static double max_abs(const float *x, int64_t n)
-{
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)x[i]));
-    return m;
-}
-
-static double max_diff(const float *a, const float *b, int64_t n)
-{
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
-    return m;
-}
 
 static void fill(float *x, int64_t n, ft_rng *r, float amp)
 {
@@ -172,38 +158,14 @@ static void test_attention_kv_matches_attention_fwd(void **state)
 
 /* ---- the model with a KV cache ----------------------------------------------------------- */
 
-typedef struct fix { ft_model *m; ft_backend *be; ft_lora lora; } fix;
+typedef model_fix fix;
 
+/* 2 threads; r 4, alpha 8, every target; B = 0 at init would make the adapter a no-op: random
+ * A and B (seed 99, scale 0.4), large enough to move the logits well beyond the tolerances */
 static int setup(void **state)
 {
-    fix *f = calloc(1, sizeof *f);
-    if (ft_model_load(&f->m, TINY) < 0) {
-        fprintf(stderr, "load %s: %s\n", TINY, ft_errmsg());
-        free(f);
-        return -1;
-    }
-    if (ft_backend_cpu_init(&f->be, 2) < 0) return -1;
-    ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
-    if (ft_lora_init(&f->lora, f->m, &lc, f->be) < 0) return -1;
-    /* B = 0 at init would make the adapter a no-op: random A and B, large enough to move
-     * the logits well beyond the tolerances */
-    ft_rng rng;
-    ft_rng_seed(&rng, 99);
-    for (int64_t i = 0; i < f->lora.n_params; i++)
-        f->lora.host[i] = (ft_rng_uniform(&rng) - 0.5f) * 0.4f;
-    ft_lora_push(&f->lora);
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fix *f = *state;
-    ft_lora_free(&f->lora);
-    ft_backend_free(f->be);
-    ft_model_free(f->m);
-    free(f);
-    return 0;
+    const ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
+    return model_fix_setup(state, 2, &lc, 99, 0.4f);
 }
 
 #define N_SEQ 24
@@ -1488,30 +1450,18 @@ static void test_gen_cache_reuse(void **state)
 
 /* ---- weights from a pack (ftune generate --quant nf4, pack-only folders) ------------------ */
 
-/* A pack-only tiny-llama (config.json + NF4 pack + tokenizer) in out; untied: its config with
- * tie_word_embeddings false, so the pack holds an LM head apart from the embeddings. */
-static void write_pack_only(const char *dir, const char *name, int untied, char *out, size_t n)
-{
-    char cfg[700];
-    snprintf(out, n, "%s/%s", dir, name);
-    snprintf(cfg, sizeof cfg, "%s", TINY "/config.json");
-    if (untied) {
-        char *txt;
-        size_t len;
-        assert_int_equal(ft_read_file(TINY "/config.json", &txt, &len), 0);
-        char *at = strstr(txt, "\"tie_word_embeddings\": true");
-        assert_non_null(at);
-        memcpy(at, "\"tie_word_embeddings\":false", 27);
-        snprintf(cfg, sizeof cfg, "%s/%s.json", dir, name);
-        assert_int_equal(ft_write_file_atomic(cfg, txt, len), 0);
-        free(txt);
-    }
-    ft_init_cfg c = {cfg, out, 5, 0, 0, FT_PACK_QUANT_NF4, TINY};
-    ft_init_result res;
-    assert_int_equal(ft_init_model(&c, &res), 0);
-}
-
 enum { PACK_STREAMED, PACK_RESIDENT, PACK_TIERS, NO_PACK };
+
+/* An executor of T tokens (one micro-batch) on m that reads the weights as `how` says: the
+ * pack streamed, resident in host memory or in the device tiers; NO_PACK: the model's own
+ * weights as the executor places them (on a device, its bf16 copies). */
+static void exec_how(ft_exec *ex, ft_backend *be, const ft_model *m, ft_lora *lp, int64_t T,
+                     ft_pack_file *pack, int how)
+{
+    assert_int_equal(ft_exec_init_ex(ex, be, m, lp, T, 1, T, how == NO_PACK), 0);
+    if (how == PACK_TIERS) assert_int_equal(ft_exec_use_pack_tiers(ex, pack, NULL, 2, 1), 0);
+    else if (how != NO_PACK) assert_int_equal(ft_exec_use_pack_ex(ex, pack, how == PACK_RESIDENT), 0);
+}
 
 /* Generation over an executor on the pack of `dir` (how: streamed or resident in host memory,
  * or the device tiers; NO_PACK: the model's own weights, on a device the executor's bf16
@@ -1523,12 +1473,9 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
                           const char *label)
 {
     ft_model *m = NULL;
-    assert_int_equal(ft_model_load(&m, dir), 0);
     ft_pack_file *pack = NULL;
-    if (how != NO_PACK) {
-        assert_true(m->pack_only[0] && !m->embed);
-        assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
-    }
+    if (how != NO_PACK) pack_only_load(dir, &m, &pack);
+    else assert_int_equal(ft_model_load(&m, dir), 0);
     ft_lora lora, *lp = NULL;
     if (with_lora) {
         ft_lora_cfg lc = {4, 8.0f, 0.0f, 0, FT_LORA_ALL_TARGETS, 7};
@@ -1547,9 +1494,7 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
     }
     const int64_t T = N_SEQ, V = m->cfg.vocab_size;
     ft_exec ex;
-    assert_int_equal(ft_exec_init_ex(&ex, be, m, lp, T, 1, T, how == NO_PACK), 0);
-    if (how == PACK_TIERS) assert_int_equal(ft_exec_use_pack_tiers(&ex, pack, NULL, 2, 1), 0);
-    else if (how != NO_PACK) assert_int_equal(ft_exec_use_pack_ex(&ex, pack, how == PACK_RESIDENT), 0);
+    exec_how(&ex, be, m, lp, T, pack, how);
     int32_t ids[N_SEQ];
     float *le = malloc((size_t)(T * V) * 4), *lg = malloc((size_t)(T * V) * 4);
     exec_seq_logits(&ex, ids, le);
@@ -1568,9 +1513,7 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
         ft_exec sx;
         ft_gen_source s5;
         ft_gen g5;
-        assert_int_equal(ft_exec_init_ex(&sx, be, m, lp, 5, 1, 5, how == NO_PACK), 0);
-        if (how == PACK_TIERS) assert_int_equal(ft_exec_use_pack_tiers(&sx, pack, NULL, 2, 1), 0);
-        else if (how != NO_PACK) assert_int_equal(ft_exec_use_pack_ex(&sx, pack, how == PACK_RESIDENT), 0);
+        exec_how(&sx, be, m, lp, 5, pack, how);
         assert_int_equal(ft_exec_gen_source(&sx, &s5), 0);
         assert_int_equal(ft_gen_init_source(&g5, be, m, lp, &s5, T, T, T), 0);
         assert_int_equal(ft_gen_forward(&g5, ids, T, lg, T), 0);
@@ -1621,9 +1564,7 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
 static void test_gen_through_exec(void **state)
 {
     (void)state;
-    char *dir = t_tmpdir(), tied[700], untied[700];
-    write_pack_only(dir, "tied", 0, tied, sizeof tied);
-    write_pack_only(dir, "untied", 1, untied, sizeof untied);
+    char tied[700], untied[700], *dir = write_pack_only_pair(tied, untied, sizeof tied);
     ft_backend *cpu, *dev;
     assert_int_equal(ft_backend_cpu_init(&cpu, 2), 0);
     assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
@@ -1654,6 +1595,47 @@ static void test_gen_through_exec(void **state)
     ft_backend_free(dev);
     ft_backend_free(cpu);
     t_rmtree(dir);
+}
+
+/* A generation source over an executor of 8 tokens, for test_gen_slots and test_gen_prefill:
+ * exec_src_device: on a new cpu-device backend (2 threads, bf16 products), the model m's own
+ * weights; exec_src_pack: on be, a pack-only tiny-llama (tied, in a temp folder) whose NF4
+ * pack the executor holds in memory. exec_src_close frees either. */
+typedef struct exec_src {
+    ft_backend *be;     /* the cpu-device backend, or NULL */
+    char *dir;          /* the pack-only folder, or NULL */
+    ft_model *m;        /* its model, or NULL */
+    ft_pack_file *pack; /* its pack, or NULL */
+    ft_exec ex;
+    ft_gen_source src;
+} exec_src;
+
+static void exec_src_device(exec_src *s, const ft_model *m)
+{
+    memset(s, 0, sizeof *s);
+    assert_int_equal(ft_backend_cpu_device_init(&s->be, 2), 0);
+    exec_how(&s->ex, s->be, m, NULL, 8, NULL, NO_PACK);
+    assert_int_equal(ft_exec_gen_source(&s->ex, &s->src), 0);
+}
+
+static void exec_src_pack(exec_src *s, ft_backend *be)
+{
+    char tied[700];
+    memset(s, 0, sizeof *s);
+    s->dir = t_tmpdir();
+    write_pack_only(s->dir, "tied", 0, tied, sizeof tied);
+    pack_only_load(tied, &s->m, &s->pack);
+    exec_how(&s->ex, be, s->m, NULL, 8, s->pack, PACK_RESIDENT);
+    assert_int_equal(ft_exec_gen_source(&s->ex, &s->src), 0);
+}
+
+static void exec_src_close(exec_src *s)
+{
+    ft_exec_free(&s->ex);
+    ft_pack_close(s->pack);
+    ft_model_free(s->m);
+    ft_backend_free(s->be);
+    if (s->dir) t_rmtree(s->dir);
 }
 
 /* Batched decoding (ft_gen_init_slots / ft_gen_decode): three sequences with prompts of 3, 7
@@ -1846,32 +1828,16 @@ static void test_gen_slots(void **state)
     slots_case(f->be, f->m, &f->lora, NULL, "cpu, host weights, LoRA");
     slots_case(f->be, f->m, NULL, NULL, "cpu, host weights, no adapter");
     /* through an executor on cpu-device (bf16 products) */
-    ft_backend *dev;
-    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
-    ft_exec ex;
-    assert_int_equal(ft_exec_init_ex(&ex, dev, f->m, NULL, 8, 1, 8, 1), 0);
-    ft_gen_source src;
-    assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
-    slots_case(dev, f->m, NULL, &src, "cpu-device, the executor's weights");
-    ft_exec_free(&ex);
-    ft_backend_free(dev);
+    exec_src s;
+    exec_src_device(&s, f->m);
+    slots_case(s.be, f->m, NULL, &s.src, "cpu-device, the executor's weights");
+    exec_src_close(&s);
     /* an NF4 pack on the CPU: visits of up to 8 rows read the NF4 codes in place */
-    char *dir = t_tmpdir(), tied[700];
-    write_pack_only(dir, "tied", 0, tied, sizeof tied);
-    ft_model *m = NULL;
-    assert_int_equal(ft_model_load(&m, tied), 0);
-    ft_pack_file *pack = NULL;
-    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
-    assert_int_equal(ft_exec_init_ex(&ex, f->be, m, NULL, 8, 1, 8, 0), 0);
-    assert_int_equal(ft_exec_use_pack_ex(&ex, pack, 1), 0);
-    assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
-    int64_t before = ex.gen_nf4_fetches;
-    slots_case(f->be, m, NULL, &src, "cpu, NF4 pack in memory, codes read in place");
-    assert_true(ex.gen_nf4_fetches > before);
-    ft_exec_free(&ex);
-    ft_pack_close(pack);
-    ft_model_free(m);
-    t_rmtree(dir);
+    exec_src_pack(&s, f->be);
+    int64_t before = s.ex.gen_nf4_fetches;
+    slots_case(f->be, s.m, NULL, &s.src, "cpu, NF4 pack in memory, codes read in place");
+    assert_true(s.ex.gen_nf4_fetches > before);
+    exec_src_close(&s);
 }
 
 /* ---- batched prefill (ft_gen_prefill) ------------------------------------------------------ */
@@ -1969,33 +1935,17 @@ static void test_gen_prefill(void **state)
     fix *f = *state;
     prefill_case(f->be, f->m, &f->lora, NULL, "cpu, host weights, LoRA");
     prefill_case(f->be, f->m, NULL, NULL, "cpu, host weights, no adapter");
-    ft_backend *dev;
-    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
-    ft_exec ex;
-    assert_int_equal(ft_exec_init_ex(&ex, dev, f->m, NULL, 8, 1, 8, 1), 0);
-    ft_gen_source src;
-    assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
-    int64_t visits = ex.layer_fetches;
-    prefill_case(dev, f->m, NULL, &src, "cpu-device, the executor's weights");
+    exec_src s;
+    exec_src_device(&s, f->m);
+    int64_t visits = s.ex.layer_fetches;
+    prefill_case(s.be, f->m, NULL, &s.src, "cpu-device, the executor's weights");
     /* g: one forward for the three prompts; one: three */
-    assert_int_equal(ex.layer_fetches - visits, f->m->cfg.num_hidden_layers * (1 + 3 + 2 * 3));
-    ft_exec_free(&ex);
-    ft_backend_free(dev);
+    assert_int_equal(s.ex.layer_fetches - visits, f->m->cfg.num_hidden_layers * (1 + 3 + 2 * 3));
+    exec_src_close(&s);
     /* an NF4 pack in memory on the CPU (prompts of more than 8 tokens: the layer dequantized) */
-    char *dir = t_tmpdir(), tied[700];
-    write_pack_only(dir, "tied", 0, tied, sizeof tied);
-    ft_model *m = NULL;
-    assert_int_equal(ft_model_load(&m, tied), 0);
-    ft_pack_file *pack = NULL;
-    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
-    assert_int_equal(ft_exec_init_ex(&ex, f->be, m, NULL, 8, 1, 8, 0), 0);
-    assert_int_equal(ft_exec_use_pack_ex(&ex, pack, 1), 0);
-    assert_int_equal(ft_exec_gen_source(&ex, &src), 0);
-    prefill_case(f->be, m, NULL, &src, "cpu, NF4 pack in memory");
-    ft_exec_free(&ex);
-    ft_pack_close(pack);
-    ft_model_free(m);
-    t_rmtree(dir);
+    exec_src_pack(&s, f->be);
+    prefill_case(f->be, s.m, NULL, &s.src, "cpu, NF4 pack in memory");
+    exec_src_close(&s);
 }
 
 /* Dynamic NTK RoPE: each prompt of a batched prefill is rotated with its own slot's table, as
@@ -2125,15 +2075,15 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_kv_vs_fp64),
         cmocka_unit_test(test_attention_kv_matches_attention_fwd),
-        cmocka_unit_test_setup_teardown(test_kv_decode_matches_recompute, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_prefill_equals_exec_logits, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_gen_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kv_decode_matches_recompute, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_prefill_equals_exec_logits, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_gen_bad_input, setup, model_fix_teardown),
         cmocka_unit_test(test_sample_greedy),
         cmocka_unit_test(test_sample_temperature),
         cmocka_unit_test(test_sample_top_k_top_p),
         cmocka_unit_test(test_sample_large_vocab),
         cmocka_unit_test(test_sample_seeded),
-        cmocka_unit_test_setup_teardown(test_stop_ids_and_prompt, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_ids_and_prompt, setup, model_fix_teardown),
         cmocka_unit_test(test_stream_utf8),
         cmocka_unit_test(test_gen_req_parse),
         cmocka_unit_test(test_gen_req_params),
@@ -2143,13 +2093,13 @@ int main(void)
         cmocka_unit_test(test_gen_req_batch_ids),
         cmocka_unit_test(test_gen_req_tools),
         cmocka_unit_test(test_gen_record_seed),
-        cmocka_unit_test_setup_teardown(test_gen_cache_reuse, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gen_cache_reuse, setup, model_fix_teardown),
         cmocka_unit_test(test_gen_through_exec),
-        cmocka_unit_test_setup_teardown(test_gen_slots, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_gen_slots_dynamic_rope, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_gen_prefill, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_gen_prefill_dynamic_rope, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_gen_prefill_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gen_slots, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_gen_slots_dynamic_rope, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_gen_prefill, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_gen_prefill_dynamic_rope, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_gen_prefill_refusals, setup, model_fix_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 #include "src/model/model.h"
 #include "src/model/quant.h"
 #include "src/model/safetensors.h"
+#include "tests/unit/format_fixture.h"
 
 #define FIX "tests/fixtures/gguf/"
 
@@ -28,32 +29,6 @@
 #define FT_TOL_F16_ABS 3e-8          /* fp16 subnormal spacing 2^-24, half of it */
 #define FT_TOL_BF16_REL (1.0 / 256)  /* bf16 has an 8-bit significand */
 #define FT_TOL_SUM_REL 1e-9          /* double sums of the same floats in another order */
-
-static void expect_err(int rc, int want, ...)
-{
-    if (rc != want)
-        fail_msg("rc %d (%s), expected %d (%s); message: %s", rc, ft_errname(rc), want,
-                 ft_errname(want), ft_errmsg());
-    va_list ap;
-    va_start(ap, want);
-    for (const char *s; (s = va_arg(ap, const char *));)
-        if (!strstr(ft_errmsg(), s))
-            fail_msg("message \"%s\" lacks \"%s\"", ft_errmsg(), s);
-    va_end(ap);
-    printf("  ok: %s\n", ft_errmsg());
-}
-
-static void rm_tmp(char *p)
-{
-    if (!p) return;
-    unlink(p);
-    char *slash = strrchr(p, '/');
-    if (slash) {
-        *slash = 0;
-        rmdir(p);
-    }
-    free(p);
-}
 
 /* ---- scalar conversions ----------------------------------------------------------------- */
 
@@ -567,13 +542,7 @@ static void test_truncations(void **state)
  * fails with an error naming the file or succeeds, and then every tensor converts; never a
  * crash (run under ASan/UBSan in development). */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rnd(void) { return t_xorshift(&rng_state); }
 
 static void mutate_run(const char *fixture, int iters, int as_model)
 {

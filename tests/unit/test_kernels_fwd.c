@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_f64.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
+#include "tests/unit/kernels_fixture.h"
 
 /* fp32 against an fp64 result of the same formula: harness FT_TOL_F32_ABS / _REL.
  * Cross-entropy sums T rows of logsumexp in double from fp32 logits: relative part. */
@@ -32,19 +33,10 @@
 #define TOL_NOISE_MEAN_SD 6.0
 #define TOL_NOISE_VAR_REL 5.3e-3
 
-static ft_backend *g_be;
-
 /* ---- helpers ---------------------------------------------------------------------------- */
 
 static uint64_t g_rng = 0xC0FFEEu;
-static double t_unif(double lo, double hi)
-{
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
+static double t_unif(double lo, double hi) { return t_unif_at(&g_rng, lo, hi); }
 
 /* A pair of arrays with the same random values: fp32 for the op, fp64 for the reference. */
 typedef struct {
@@ -112,35 +104,11 @@ static void t_cmp_d(const char *name, const double *got, const double *ref, int6
 
 #define F32_TOL FT_TOL_F32_ABS, FT_TOL_F32_REL
 
-static int32_t *t_seq_start(const int64_t *lens, int n_seq, int64_t T)
-{
-    int32_t *s = malloc(T * sizeof(int32_t));
-    int64_t t = 0;
-    for (int i = 0; i < n_seq; i++)
-        for (int64_t j = 0; j < lens[i]; j++, t++) s[t] = (int32_t)(t - j);
-    assert_int_equal(t, T);
-    return s;
-}
-
 static double t_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    return ft_backend_cpu_init(&g_be, 0);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    ft_backend_free(g_be);
-    ft_backend_free(NULL);
-    return 0;
 }
 
 /* ---- memory ----------------------------------------------------------------------------- */
@@ -485,15 +453,8 @@ static void test_dropout(void **state)
 /* ---- NEFTune noise ------------------------------------------------------------------------ */
 
 /* The draw written out here from the definition (kernels.h noise_uniform_add), independently
- * of cpu_common.h: splitmix64 of (splitmix64(seed) ^ i), its top 24 bits k, u = k/2^23 - 1. */
-static uint64_t t_mix64(uint64_t z)
-{
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
+ * of cpu_common.h: splitmix64 (t_mix64) of (splitmix64(seed) ^ i), its top 24 bits k,
+ * u = k/2^23 - 1. */
 static void test_noise_uniform_add(void **state)
 {
     (void)state;
@@ -850,5 +811,5 @@ int main(void)
         cmocka_unit_test(test_thread_count_invariance),
         cmocka_unit_test(test_microbench),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, kernels_setup, kernels_teardown);
 }

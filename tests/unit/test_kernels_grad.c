@@ -20,6 +20,7 @@
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/model/llama.h"
+#include "tests/unit/kernels_fixture.h"
 
 #define FD_H 1e-6           /* central-difference step: truncation ~h^2, rounding ~1e-16/h */
 #define FD_REL_FLOOR 1e-3   /* denominator floor of the printed relative error; the
@@ -31,14 +32,7 @@
 
 /* Deterministic uniform numbers in [lo, hi) (splitmix64). */
 static uint64_t g_rng = 0x1234567u;
-static double t_unif(double lo, double hi)
-{
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
+static double t_unif(double lo, double hi) { return t_unif_at(&g_rng, lo, hi); }
 
 static double *t_rand(int64_t n, double lo, double hi)
 {
@@ -171,17 +165,6 @@ static double attn_loss(void *p)
                                               c->T, c->H, c->Hkv, c->D, c->scale),
                      0);
     return t_dot(c->g, c->out, c->T * c->H * c->D);
-}
-
-/* seq_start for contiguous sequences of the given lengths. */
-static int32_t *t_seq_start(const int64_t *lens, int n_seq, int64_t T)
-{
-    int32_t *s = malloc(T * sizeof(int32_t));
-    int64_t t = 0;
-    for (int i = 0; i < n_seq; i++)
-        for (int64_t j = 0; j < lens[i]; j++, t++) s[t] = (int32_t)(t - j);
-    assert_int_equal(t, T);
-    return s;
 }
 
 static void attn_grad_case(const char *tag, int64_t T, int64_t H, int64_t Hkv, int64_t D,
@@ -393,8 +376,6 @@ static void test_lora_chain(void **state)
     free(dB), free(du), free(dA), free(dx), free(dxl);
 }
 
-static ft_backend *g_be; /* set up in setup() below: the block test runs through its ops */
-
 /* ---- a Qwen3 decoder block: per-head q/k RMSNorm before RoPE (fp32, op table) -------------- */
 /* L = sum(g * block(x)) with LoRA on q_proj and k_proj (B non-zero so dA is exercised);
  * ft_block_bwd's dx, dB(q) and dA(k) against central differences of ft_block_fwd in fp32.
@@ -537,20 +518,6 @@ static void test_block_qk_norm_bwd(void **state)
     free(acts), free(scr), free(c.x), free(c.g), free(c.out), free(dx);
 }
 
-/* The CPU backend's init sets the threading the ops are built for (OpenMP team, OpenBLAS
- * single-threaded); the fp64 instance runs under the same settings. */
-static int setup(void **state)
-{
-    (void)state;
-    return ft_backend_cpu_init(&g_be, 0);
-}
-static int teardown(void **state)
-{
-    (void)state;
-    ft_backend_free(g_be);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -559,5 +526,5 @@ int main(void)
         cmocka_unit_test(test_lm_head_ce_dx), cmocka_unit_test(test_dropout_bwd),
         cmocka_unit_test(test_lora_chain),    cmocka_unit_test(test_block_qk_norm_bwd),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, kernels_setup, kernels_teardown);
 }

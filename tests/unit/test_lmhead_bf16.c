@@ -21,7 +21,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <omp.h>
 
 #include "kernels/cpu/rows_f32.h"
 #include "kernels/cpu/simd_x86.h"
@@ -34,19 +33,10 @@
 #include "src/model/generate.h"
 #include "src/model/init_model.h"
 #include "src/model/model.h"
-
-#define TINY "tests/fixtures/tiny-llama"
+#include "tests/unit/model_fixture.h"
+#include "tests/unit/rows_fixture.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static float *randv(int64_t n, uint64_t seed)
-{
-    float *v = malloc((size_t)n * sizeof(float));
-    ft_rng r;
-    ft_rng_seed(&r, seed);
-    for (int64_t i = 0; i < n; i++) v[i] = ft_rng_uniform(&r) * 2.0f - 1.0f;
-    return v;
-}
 
 static float widen(uint16_t h)
 {
@@ -129,13 +119,7 @@ static void test_op_threads_refusals(void **state)
     float *x = randv(TM * C, 4);
     float *y = malloc((size_t)(TM * V) * sizeof(float));
     float *y2 = malloc((size_t)(TM * V) * sizeof(float));
-    const int nt = omp_get_max_threads();
-    omp_set_num_threads(1);
-    assert_int_equal(ft_cpu_rows_bf16(y, x, W, 7, C, V, FT_ROWS_F32_AUTO), 0);
-    omp_set_num_threads(2);
-    assert_int_equal(ft_cpu_rows_bf16(y2, x, W, 7, C, V, FT_ROWS_F32_AUTO), 0);
-    omp_set_num_threads(nt);
-    assert_memory_equal(y, y2, (size_t)(7 * V) * sizeof(float));
+    rows_same_at_1_and_2_threads(y, y2, x, W, 1, 7, C, V);
 
     ft_backend *be, *dev;
     assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
@@ -181,29 +165,6 @@ static void test_op_threads_refusals(void **state)
 
 /* ---- generation over a pack's bf16 tables -------------------------------------------------- */
 
-/* A pack-only tiny-llama (config.json + NF4 pack + tokenizer) in out; untied: its config with
- * tie_word_embeddings false, so the pack holds an LM head apart from the embeddings. */
-static void write_pack_only(const char *dir, const char *name, int untied, char *out, size_t n)
-{
-    char cfg[700];
-    snprintf(out, n, "%s/%s", dir, name);
-    snprintf(cfg, sizeof cfg, "%s", TINY "/config.json");
-    if (untied) {
-        char *txt;
-        size_t len;
-        assert_int_equal(ft_read_file(TINY "/config.json", &txt, &len), 0);
-        char *at = strstr(txt, "\"tie_word_embeddings\": true");
-        assert_non_null(at);
-        memcpy(at, "\"tie_word_embeddings\":false", 27);
-        snprintf(cfg, sizeof cfg, "%s/%s.json", dir, name);
-        assert_int_equal(ft_write_file_atomic(cfg, txt, len), 0);
-        free(txt);
-    }
-    ft_init_cfg c = {cfg, out, 5, 0, 0, FT_PACK_QUANT_NF4, TINY};
-    ft_init_result res;
-    assert_int_equal(ft_init_model(&c, &res), 0);
-}
-
 #define N_TOK 24
 
 /* An executor of 5 tokens on the pack (in memory), the fp32 tables (f32 = 1: FTUNE_GEN_HEAD=f32)
@@ -242,10 +203,8 @@ static void same_gen(ft_gen *g, ft_gen *h, const int32_t *ids, int64_t n, int64_
 static void pack_case(ft_backend *be, const char *dir, const char *label)
 {
     ft_model *m = NULL;
-    assert_int_equal(ft_model_load(&m, dir), 0);
-    assert_true(m->pack_only[0] && !m->embed);
     ft_pack_file *pack = NULL;
-    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
+    pack_only_load(dir, &m, &pack);
     const int64_t V = m->cfg.vocab_size, C = m->cfg.hidden_size;
     const int untied = ft_exec_untied(m);
     ft_exec a, b, c;
@@ -354,9 +313,7 @@ static void pack_case(ft_backend *be, const char *dir, const char *label)
 static void test_gen_over_pack(void **state)
 {
     (void)state;
-    char *dir = t_tmpdir(), tied[700], untied[700];
-    write_pack_only(dir, "tied", 0, tied, sizeof tied);
-    write_pack_only(dir, "untied", 1, untied, sizeof untied);
+    char tied[700], untied[700], *dir = write_pack_only_pair(tied, untied, sizeof tied);
     ft_backend *cpu, *dev;
     assert_int_equal(ft_backend_cpu_init(&cpu, 2), 0);
     pack_case(cpu, tied, "cpu, tied");
@@ -365,8 +322,7 @@ static void test_gen_over_pack(void **state)
     assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
     ft_model *m = NULL;
     ft_pack_file *pack = NULL;
-    assert_int_equal(ft_model_load(&m, tied), 0);
-    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
+    pack_only_load(tied, &m, &pack);
     ft_exec e;
     assert_int_equal(ft_exec_init_ex(&e, dev, m, NULL, 4, 1, 4, 0), 0);
     assert_int_equal(ft_exec_use_pack_tiers(&e, pack, NULL, 2, 1), 0);
@@ -429,9 +385,8 @@ static void test_f32_read_failure(void **state)
     ft_backend *be;
     assert_int_equal(ft_backend_cpu_init(&be, 2), 0);
     ft_model *m = NULL;
-    assert_int_equal(ft_model_load(&m, path), 0);
     ft_pack_file *pack = NULL;
-    assert_int_equal(ft_pack_open(&pack, m->pack_only, 0), 0);
+    pack_only_load(path, &m, &pack);
     const int64_t V = m->cfg.vocab_size;
     ft_exec a, b;
     exec_on(&a, be, m, pack, 1);

@@ -17,8 +17,8 @@
 #include "src/model/model.h"
 #include "src/train/schedule.h"
 #include "src/train/trainer.h"
+#include "tests/unit/train_fixture.h"
 
-#define TINY "tests/fixtures/tiny-llama"
 #define DATA "examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl"
 
 /* Relative tolerance of "max |update| == lr_eff * c". The largest update is that of the
@@ -31,47 +31,20 @@
  * group's lr is off by 16x (both mutations were seen to fail). */
 #define TOL_REL 1e-3
 
+/* tiny_train_cfg (no warmup: step 1 runs at the peak lr) without a held-out set. */
 static void base_cfg(ft_train_cfg *c, const char *out, int64_t steps, double ratio)
 {
-    ft_train_defaults(c);
-    c->model = TINY;
     static const char *const data[1] = {DATA};
-    c->data = data;
-    c->n_data = 1;
-    c->out = out;
-    const char *dev = getenv("FTUNE_DEVICE"); /* cpu unless set (run_tests.sh sets cpu) */
-    c->device = dev && *dev ? dev : "cpu";
-    c->threads = 2;
-    c->seq_len = 64;
-    c->max_steps = steps;
-    c->seed = 5;
-    c->lr = 1e-3;
-    c->warmup_ratio = 0;        /* no warmup: step 1 runs at the peak lr */
-    c->lora.r = 4;
-    c->lora.alpha = 8;
+    tiny_train_cfg(c, out, data, steps, 2);
     c->data_cfg.eval_fraction = 0;
-    c->save_every = 0;
-    c->keep = 1;
     c->loraplus_lr_ratio = ratio;
 }
 
 static void train_ok(const ft_train_cfg *c)
 {
     ft_train_result res;
-    int rc = ft_train_run(c, NULL, NULL, &res);
-    if (rc < 0) fprintf(stderr, "train: %s\n", ft_errmsg());
-    assert_int_equal(rc, 0);
+    train_run_ok(c, NULL, NULL, &res);
     assert_int_equal(res.steps, c->max_steps);
-    assert_int_equal(res.bad_steps, 0);
-}
-
-static char *slurp(const char *dir, const char *name, size_t *len)
-{
-    char p[4200];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    char *s = NULL;
-    assert_int_equal(ft_read_file(p, &s, len), 0);
-    return s;
 }
 
 /* 1. ratio 1 == off, bit for bit (3 steps, dropout and weight decay on); ratio 16 differs. */
@@ -90,9 +63,9 @@ static void test_ratio_one_is_off(void **state)
         train_ok(&c);
     }
     size_t n0, n1, n2;
-    char *a0 = slurp(out[0], "adapter_model.safetensors", &n0);
-    char *a1 = slurp(out[1], "adapter_model.safetensors", &n1);
-    char *a2 = slurp(out[2], "adapter_model.safetensors", &n2);
+    char *a0 = read_out(out[0], "adapter_model.safetensors", &n0);
+    char *a1 = read_out(out[1], "adapter_model.safetensors", &n1);
+    char *a2 = read_out(out[2], "adapter_model.safetensors", &n2);
     assert_int_equal(n0, n1);
     assert_memory_equal(a0, a1, n0);
     assert_int_equal(n0, n2);
@@ -101,7 +74,7 @@ static void test_ratio_one_is_off(void **state)
     free(a1);
     free(a2);
     /* the ratio is recorded only when on */
-    char *s0 = slurp(out[0], "summary.json", &n0), *s2 = slurp(out[2], "summary.json", &n2);
+    char *s0 = read_out(out[0], "summary.json", &n0), *s2 = read_out(out[2], "summary.json", &n2);
     assert_null(strstr(s0, "loraplus_lr_ratio"));
     assert_non_null(strstr(s2, "\"loraplus_lr_ratio\":\t16"));
     free(s0);

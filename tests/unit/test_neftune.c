@@ -30,8 +30,8 @@
 #include "src/model/model.h"
 #include "src/train/trainer.h"
 #include "tests/unit/stream_fixture.h"
+#include "tests/unit/train_fixture.h"
 
-#define TINY "tests/fixtures/tiny-llama"
 #define DATA "examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl"
 #define MAX_STEPS 8
 #define THREADS 2
@@ -65,58 +65,21 @@ static void on_event(const ft_train_event *ev, void *user)
     if (ev->kind == FT_EV_EVAL && ev->step == 0) t->eval0 = ev->eval_loss;
 }
 
-/* alpha < 0: the field left as ft_train_defaults sets it (the flag left out). */
+/* tiny_train_cfg with dropout left on (0.05: its masks and the noise together) and a held-out
+ * set; alpha < 0: the field left as ft_train_defaults sets it (the flag left out). */
 static void base_cfg(ft_train_cfg *c, const char *out, int64_t steps, double alpha)
 {
-    ft_train_defaults(c);
-    c->model = TINY;
     static const char *const data[1] = {DATA};
-    c->data = data;
-    c->n_data = 1;
-    c->out = out;
-    const char *dev = getenv("FTUNE_DEVICE"); /* cpu unless set (run_tests.sh sets cpu) */
-    c->device = dev && *dev ? dev : "cpu";
-    c->threads = THREADS;
-    c->seq_len = 64;
-    c->max_steps = steps;
-    c->seed = 5;
-    c->lr = 1e-3;
-    c->warmup_ratio = 0;
-    c->lora.r = 4;
-    c->lora.alpha = 8;          /* dropout stays on (0.05): its masks and the noise together */
+    tiny_train_cfg(c, out, data, steps, THREADS);
     c->data_cfg.eval_fraction = 0.1;
     c->data_cfg.eval_max = 8;
-    c->save_every = 0;
-    c->keep = 1;
     if (alpha >= 0) c->neftune_noise_alpha = alpha;
 }
 
 static void train_ok(const ft_train_cfg *c, trace *t, ft_train_result *res)
 {
     t->eval0 = NAN;
-    int rc = ft_train_run(c, on_event, t, res);
-    if (rc < 0) fprintf(stderr, "train: %s\n", ft_errmsg());
-    assert_int_equal(rc, 0);
-    assert_int_equal(res->bad_steps, 0);
-}
-
-static char *slurp(const char *dir, const char *name, size_t *len)
-{
-    char p[4200];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    char *s = NULL;
-    assert_int_equal(ft_read_file(p, &s, len), 0);
-    return s;
-}
-
-static int same_adapter(const char *a, const char *b)
-{
-    size_t na, nb;
-    char *x = slurp(a, "adapter_model.safetensors", &na), *y = slurp(b, "adapter_model.safetensors", &nb);
-    int same = na == nb && !memcmp(x, y, na);
-    free(x);
-    free(y);
-    return same;
+    train_run_ok(c, on_event, t, res);
 }
 
 /* 1. The flag left out, alpha 0, alpha 5 twice: 0 == left out, 5 != left out (training losses
@@ -158,7 +121,7 @@ static void test_off_and_on(void **state)
     /* recorded only when on (so checkpoints of runs without it still resume) */
     size_t n;
     for (int k = 0; k < 3; k++) {
-        char *s = slurp(out[k], "summary.json", &n);
+        char *s = read_out(out[k], "summary.json", &n);
         if (k < 2) assert_null(strstr(s, "neftune"));
         else assert_non_null(strstr(s, "\"neftune_noise_alpha\":\t5"));
         free(s);
@@ -264,10 +227,8 @@ static void test_exec_train_only(void **state)
     (void)state;
     ft_backend *be;
     ft_model *m;
-    assert_int_equal(ft_backend_cpu_init(&be, THREADS), 0);
-    assert_int_equal(ft_model_load(&m, TINY), 0);
     ft_lora lora;
-    stream_lora_init(&lora, be, m, 0.1f);
+    tiny_stream_open(&m, &be, &lora, THREADS, 0.1f);
     ft_batch b[N_MB];
     stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
     const int64_t n = lora.n_params, V = m->cfg.vocab_size, T = b[0].T;
@@ -316,9 +277,7 @@ static void test_exec_train_only(void **state)
     for (int k = 0; k < 4; k++) free(g[k]);
     free(gk), free(lg[0]), free(lg[1]);
     stream_free_batches(b, N_MB);
-    ft_lora_free(&lora);
-    ft_model_free(m);
-    ft_backend_free(be);
+    tiny_close(m, be, &lora);
 }
 
 /* 5. The LoRA gradients of layer 0 are those of the noisy loss (central differences of the
@@ -329,10 +288,8 @@ static void test_exec_grad_fd(void **state)
     (void)state;
     ft_backend *be;
     ft_model *m;
-    assert_int_equal(ft_backend_cpu_init(&be, THREADS), 0);
-    assert_int_equal(ft_model_load(&m, TINY), 0);
     ft_lora lora;
-    stream_lora_init(&lora, be, m, 0.0f);
+    tiny_stream_open(&m, &be, &lora, THREADS, 0.0f);
     ft_batch b[1];
     stream_make_batches(b, 1, 12, m->cfg.vocab_size);
     const int64_t n = lora.n_params;
@@ -381,9 +338,7 @@ static void test_exec_grad_fd(void **state)
     ft_exec_free(&e);
     free(g), free(g0);
     stream_free_batches(b, 1);
-    ft_lora_free(&lora);
-    ft_model_free(m);
-    ft_backend_free(be);
+    tiny_close(m, be, &lora);
 }
 
 /* ---- the device executor: streamed == resident ------------------------------------------------ */
@@ -440,14 +395,12 @@ static void test_streamed_same_as_resident(void **state)
 {
     (void)state;
     ft_backend *be, *ab, *cpu;
-    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
+    ft_model *m;
+    stream_pack sp;
+    tiny_device_open(&m, &be, &sp, THREADS);
     assert_int_equal(ft_backend_cpu_device_init(&ab, THREADS), 0);
     assert_int_equal(ft_backend_cpu_device_set_lag(ab, 200), 0);
     assert_int_equal(ft_backend_cpu_init(&cpu, THREADS), 0);
-    ft_model *m;
-    assert_int_equal(ft_model_load(&m, TINY), 0);
-    stream_pack sp;
-    stream_pack_open(&sp, TINY);
     ft_batch b[N_MB];
     stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
     const int64_t L = m->cfg.num_hidden_layers;
@@ -490,11 +443,9 @@ static void test_streamed_same_as_resident(void **state)
     expect_same("host-memory CPU, pack streamed vs resident", &cs, &cr, n);
     free(cs.g), free(cr.g), free(ref.g);
     stream_free_batches(b, N_MB);
-    stream_pack_close(&sp);
-    ft_model_free(m);
     ft_backend_free(cpu);
     ft_backend_free(ab);
-    ft_backend_free(be);
+    tiny_device_close(m, be, &sp);
 }
 
 int main(void)

@@ -186,10 +186,7 @@ static void test_cache_and_corruption(void **state)
     assert_non_null(strstr(ft_errmsg(), "layer 1"));
     free(buf);
     ft_pack_close(p);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 /* The verification stamp: none for a pack changed within the settle time; then a full
@@ -234,10 +231,7 @@ static void test_verify_stamp(void **state)
         assert_non_null(strstr(b.reason, "checksum"));
         assert_int_not_equal(access(stamp, F_OK), 0); /* removed with the rebuild */
     }
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 /* A layer's weights from a pack, next to the model's. */
@@ -351,10 +345,7 @@ static void test_layer_weights(void **state)
         ft_pack_close(p);
     }
     ft_model_free(m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 static ft_batch make_batch(int64_t S, int64_t V, uint64_t seed)
@@ -442,10 +433,7 @@ static void test_exec_with_pack(void **state)
     ft_lora_free(&lora);
     ft_backend_free(be);
     ft_model_free(m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 static int files_equal(const char *a, const char *b)
@@ -542,10 +530,7 @@ static void test_init_model(void **state)
     ft_init_cfg c3 = {cfgp, out3, 1, 0, 1, 0, NULL};
     assert_int_equal(ft_init_model(&c3, &res), FT_E_INVALID);
     assert_int_not_equal(access(out3, F_OK), 0);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 
@@ -652,10 +637,7 @@ static void test_read_global(void **state)
             free(buf);
             ft_model_free(m);
         }
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 /* A pure source for the builder: value of (layer, role, element) from a hash, with a few
@@ -676,18 +658,32 @@ static int hsrc_read(void *user, int64_t l, int role, int64_t row0, int64_t n_ro
     return 0;
 }
 
+/* What ft_pack_build takes for the architecture k_untied_js (written as dir/arch.json): its
+ * config, its JSON text (free js) and the source hsrc_read. */
+typedef struct arch_build {
+    ft_model_config cfg;
+    char *js;
+    size_t len;
+    hsrc h;
+    ft_pack_src src;
+} arch_build;
+
+static void arch_build_init(arch_build *a, const char *dir)
+{
+    char cfgp[600];
+    write_cfg(cfgp, sizeof cfgp, dir, "arch.json", k_untied_js);
+    assert_int_equal(ft_config_load(&a->cfg, cfgp), 0);
+    assert_int_equal(ft_read_file(cfgp, &a->js, &a->len), 0);
+    a->h = (hsrc){&a->cfg};
+    a->src = (ft_pack_src){&a->h, hsrc_read, NULL, NULL};
+}
+
 static void test_build_invariance(void **state)
 {
     (void)state;
-    char *dir = t_tmpdir(), cfgp[600], path[700], ref[700];
-    write_cfg(cfgp, sizeof cfgp, dir, "arch.json", k_untied_js);
-    ft_model_config cfg;
-    assert_int_equal(ft_config_load(&cfg, cfgp), 0);
-    char *js;
-    size_t len;
-    assert_int_equal(ft_read_file(cfgp, &js, &len), 0);
-    hsrc h = {&cfg};
-    ft_pack_src src = {&h, hsrc_read, NULL, NULL};
+    char *dir = t_tmpdir(), path[700], ref[700];
+    arch_build a;
+    arch_build_init(&a, dir);
     int saved = omp_get_max_threads();
     for (int quant = FT_PACK_QUANT_BF16; quant <= FT_PACK_QUANT_NF4; quant++) {
         ft_pack_settings s;
@@ -695,7 +691,7 @@ static void test_build_invariance(void **state)
         snprintf(ref, sizeof ref, "%s/ref%d.ftpack", dir, quant);
         ft_pack_stats st;
         omp_set_num_threads(1);
-        assert_int_equal(ft_pack_build(ref, &cfg, js, len, 1, &s, &src, &st), 0);
+        assert_int_equal(ft_pack_build(ref, &a.cfg, a.js, a.len, 1, &s, &a.src, &st), 0);
         /* serial/concurrent source x 1/2/3 threads x chunk sizes (64 = one NF4 block; 1000
          * rows of 64 floats: not a multiple of any row count) x the global block written in
          * one piece or in 4096/12288-byte pieces (its rows straddle them) x buffered or
@@ -708,7 +704,7 @@ static void test_build_invariance(void **state)
             omp_set_num_threads(v[k].threads);
             ft_pack_build_opts o = {v[k].conc, v[k].chunk, v[k].stream, v[k].direct};
             snprintf(path, sizeof path, "%s/v%zu.ftpack", dir, k);
-            assert_int_equal(ft_pack_build_ex(path, &cfg, js, len, 1, &s, &src, &o, &st), 0);
+            assert_int_equal(ft_pack_build_ex(path, &a.cfg, a.js, a.len, 1, &s, &a.src, &o, &st), 0);
             if (!files_equal(ref, path))
                 fail_msg("quant %d: variant %zu (concurrent %d, %d threads, chunk %lld, stream %lld, "
                          "direct %d) differs", quant, k, v[k].conc, v[k].threads,
@@ -719,11 +715,8 @@ static void test_build_invariance(void **state)
         }
     }
     omp_set_num_threads(saved);
-    free(js);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    free(a.js);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 
@@ -841,15 +834,9 @@ static void test_gguf_stream(void **state)
 static void test_build_write_error(void **state)
 {
     (void)state;
-    char *dir = t_tmpdir(), cfgp[600], path[700];
-    write_cfg(cfgp, sizeof cfgp, dir, "arch.json", k_untied_js);
-    ft_model_config cfg;
-    assert_int_equal(ft_config_load(&cfg, cfgp), 0);
-    char *js;
-    size_t len;
-    assert_int_equal(ft_read_file(cfgp, &js, &len), 0);
-    hsrc h = {&cfg};
-    ft_pack_src src = {&h, hsrc_read, NULL, NULL};
+    char *dir = t_tmpdir(), path[700];
+    arch_build a;
+    arch_build_init(&a, dir);
     ft_pack_settings s;
     ft_pack_settings_default(&s, FT_PACK_QUANT_BF16);
     snprintf(path, sizeof path, "%s/p.ftpack", dir);
@@ -865,7 +852,7 @@ static void test_build_write_error(void **state)
             assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
             ft_pack_build_opts o = {conc, 0, 4096, conc};
             ft_pack_stats st;
-            int rc = ft_pack_build_ex(path, &cfg, js, len, 1, &s, &src, &o, &st);
+            int rc = ft_pack_build_ex(path, &a.cfg, a.js, a.len, 1, &s, &a.src, &o, &st);
             assert_int_equal(setrlimit(RLIMIT_FSIZE, &was), 0);
             fprintf(stderr, "limit %llu: %s\n", (unsigned long long)at[k], ft_errmsg());
             assert_int_equal(rc, -EFBIG);
@@ -876,10 +863,8 @@ static void test_build_write_error(void **state)
     char cmd[700];
     snprintf(cmd, sizeof cmd, "ls '%s' | grep -q tmp", dir);
     assert_int_not_equal(system(cmd), 0); /* no temporary file left (grep finds none: 1) */
-    free(js);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    free(a.js);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 static void test_init_invariance(void **state)
@@ -943,10 +928,7 @@ static void test_init_invariance(void **state)
     assert_true(fabs(mean) < 0.005 && fabs(var - 1) < 0.007 && fabs(kurt - 3) < 0.05);
     assert_true(fabs((double)beyond3 / n - p3) < 0.0003);
     free(v);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 static void test_sum_nonneg(void **state)
@@ -1142,9 +1124,7 @@ static void test_layout_partial(void **state)
     char cmd[700];
     snprintf(cmd, sizeof cmd, "ls -A '%s' | grep -v arch.json | grep -q .", dir);
     assert_int_not_equal(system(cmd), 0); /* nothing left behind */
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 /* ft_pack_preview_make on real models (a HF folder, qwen3 with q/k norms, the qwen2 GGUF with
@@ -1218,10 +1198,7 @@ static void test_preview(void **state)
     assert_true(pv.file_bytes > 0 && pv.build_estimate_s == 0);
     ft_pack_preview_free(&pv);
     assert_int_equal(t_rmtree(q3), 0);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
+    assert_int_equal(t_rmtree(dir), 0);
 }
 
 int main(void)

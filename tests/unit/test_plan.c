@@ -515,6 +515,19 @@ static void test_more_streaming_never_faster(void **st)
     }
 }
 
+/* in at copy rate h2d both ways (bytes/s), its minimum GPU budget and 64 GiB of host memory: a
+ * plan in *p that streams all 80 layers from the host pool. */
+static void plan_streamed(ft_plan_in *in, double h2d, ft_plan *p)
+{
+    in->rates.h2d = in->rates.d2h = h2d;
+    uint64_t g, h;
+    ft_plan_min_budgets(in, &g, &h);
+    in->gpu_budget = g;
+    in->host_budget = gib_b(64);
+    assert_int_equal(ft_plan_make(in, p), 0);
+    assert_int_equal(p->n_tier[FT_TIER_HOST], 80);
+}
+
 /* The pipeline formula: all layers streamed from the pool, no checkpoint traffic; the
  * recurrence is within one visit of the sum over visits of max(compute, copy). */
 static void test_step_formula(void **st)
@@ -524,14 +537,8 @@ static void test_step_formula(void **st)
     in.ckpt_bytes = 0;
     in.micro_batches = 1;
     for (double h2d = 8e9; h2d <= 50e9; h2d += 6e9) {
-        in.rates.h2d = in.rates.d2h = h2d;
-        uint64_t g, h;
-        ft_plan_min_budgets(&in, &g, &h);
-        in.gpu_budget = g;
-        in.host_budget = gib_b(64);
         ft_plan p;
-        assert_int_equal(ft_plan_make(&in, &p), 0);
-        assert_int_equal(p.n_tier[FT_TIER_HOST], 80);
+        plan_streamed(&in, h2d, &p);
         double x = (double)in.layer_bytes / h2d, cf = in.t_fwd_layer, cb = in.t_fwd_layer + in.t_bwd_layer;
         /* fetched per step: every visit but layer 0's forward and layer 79's backward,
          * which find their layer still in its slot */
@@ -732,14 +739,8 @@ static void test_forward_only(void **st)
     in.micro_batches = 1;
     in.ckpt_bytes = 0;
     for (double h2d = 8e9; h2d <= 50e9; h2d += 14e9) {
-        in.rates.h2d = in.rates.d2h = h2d;
-        uint64_t g, h;
-        ft_plan_min_budgets(&in, &g, &h);
-        in.gpu_budget = g;
-        in.host_budget = gib_b(64);
         ft_plan p;
-        assert_int_equal(ft_plan_make(&in, &p), 0);
-        assert_int_equal(p.n_tier[FT_TIER_HOST], 80);
+        plan_streamed(&in, h2d, &p);
         assert_int_equal(p.ckpt_tier, FT_TIER_GPU);
         assert_int_equal(p.keep_acts, 0);
         double x = (double)in.layer_bytes / h2d, f = in.t_fwd_layer;

@@ -14,6 +14,7 @@
 #include "src/data/pref.h"
 #include "src/data/records.h"
 #include "src/data/tokenizer.h"
+#include "tests/unit/data_fixture.h"
 #include "tests/unit/tok_template.h"
 
 #include <cjson/cJSON.h>
@@ -92,22 +93,6 @@ static int64_t first_trained(const ft_example *e)
     int64_t k = 0;
     while (k < e->n && e->labels[k] == FT_IGNORE_INDEX) k++;
     return k;
-}
-
-/* The decoded text of the trained tokens of ex (each label equal to its id). */
-static char *trained_text(const ft_tokenizer *t, const ft_example *ex)
-{
-    int32_t *ids = malloc((size_t)(ex->n + 1) * sizeof *ids);
-    int64_t k = 0;
-    for (int64_t i = 0; i < ex->n; i++)
-        if (ex->labels[i] != FT_IGNORE_INDEX) {
-            assert_int_equal(ex->labels[i], ex->ids[i]);
-            ids[k++] = ex->ids[i];
-        }
-    char *s = NULL;
-    assert_int_equal(ft_tok_decode(t, ids, k, 0, &s), 0);
-    free(ids);
-    return s;
 }
 
 /* The pair of a record (JSON text) must equal the SFT encodings of sft_chosen/sft_rejected

@@ -5,23 +5,12 @@
  * refusals. */
 #include "tests/unit/harness.h"
 
-#include <omp.h>
-
 #include "kernels/cpu/simd_x86.h"
 #include "kernels/cpu/rows_f32.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
-
-
-static float *randv(int64_t n, uint64_t seed)
-{
-    float *v = malloc((size_t)n * sizeof(float));
-    ft_rng r;
-    ft_rng_seed(&r, seed);
-    for (int64_t i = 0; i < n; i++) v[i] = ft_rng_uniform(&r) * 2.0f - 1.0f;
-    return v;
-}
+#include "tests/unit/rows_fixture.h"
 
 static void test_vs_fp64(void **state)
 {
@@ -68,13 +57,7 @@ static void test_threads_backend_refusals(void **state)
     const int64_t C = 576, V = 2000, T = 5;
     float *W = randv(V * C, 3), *x = randv(T * C, 4);
     float *y = malloc((size_t)(T * V) * sizeof(float)), *y2 = malloc((size_t)(T * V) * sizeof(float));
-    int nt = omp_get_max_threads();
-    omp_set_num_threads(1);
-    assert_int_equal(ft_cpu_rows_f32(y, x, W, T, C, V, FT_ROWS_F32_AUTO), 0);
-    omp_set_num_threads(2);
-    assert_int_equal(ft_cpu_rows_f32(y2, x, W, T, C, V, FT_ROWS_F32_AUTO), 0);
-    omp_set_num_threads(nt);
-    assert_memory_equal(y, y2, (size_t)(T * V) * sizeof(float));
+    rows_same_at_1_and_2_threads(y, y2, x, W, 0, T, C, V);
     /* the CPU backend's LM head: this kernel for a few rows */
     ft_backend *be;
     assert_int_equal(ft_backend_cpu_init(&be, 2), 0);

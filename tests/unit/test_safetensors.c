@@ -13,46 +13,9 @@
 #include "src/model/model.h"
 #include "src/model/quant.h"
 #include "src/model/safetensors.h"
+#include "tests/unit/format_fixture.h"
 
 #define TINY "tests/fixtures/tiny-llama"
-
-static void expect_err(int rc, int want, ...)
-{
-    if (rc != want)
-        fail_msg("rc %d (%s), expected %d (%s); message: %s", rc, ft_errname(rc), want,
-                 ft_errname(want), ft_errmsg());
-    va_list ap;
-    va_start(ap, want);
-    for (const char *s; (s = va_arg(ap, const char *));)
-        if (!strstr(ft_errmsg(), s))
-            fail_msg("message \"%s\" lacks \"%s\"", ft_errmsg(), s);
-    va_end(ap);
-    printf("  ok: %s\n", ft_errmsg());
-}
-
-/* Removes a file made by t_write_tmp and its temp directory, then frees the path. */
-static void rm_tmp(char *p)
-{
-    if (!p) return;
-    unlink(p);
-    char *slash = strrchr(p, '/');
-    if (slash) {
-        *slash = 0;
-        rmdir(p);
-    }
-    free(p);
-}
-
-/* Removes a temp directory tree (from t_tmpdir) and frees the path. */
-static void rm_dir(char *d)
-{
-    char cmd[700];
-    if (d && !strncmp(d, "/tmp/ftune-test-", 16)) {
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", d);
-    }
-    free(d);
-}
 
 /* Writes [u64 hlen][header][data] (hlen = strlen(header) unless hlen >= 0) to a temp file. */
 static char *mkst(const char *header, const void *data, size_t dlen, long long hlen)
@@ -190,7 +153,7 @@ static void test_roundtrip(void **state)
     char cmd[600];
     snprintf(cmd, sizeof cmd, "test $(ls -A %s | wc -l) -eq 1", dir);
     assert_int_equal(system(cmd), 0);
-    rm_dir(dir);
+    t_rmtree(dir);
 }
 
 static void test_write_failures(void **state)
@@ -251,7 +214,7 @@ static void test_write_failures(void **state)
     /* a directory that does not exist */
     snprintf(p2, sizeof p2, "%s/no/such/dir/x.safetensors", dir);
     expect_err(ft_st_write(p2, &t, 1, mk, mv, 1), -ENOENT, "no/such/dir", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
 }
 
 static void test_bad_files(void **state)
@@ -349,13 +312,7 @@ static void test_truncations(void **state)
  * tiny-llama checkpoint: an error naming the file, or a valid open whose tensors all lie
  * inside the mapping; never a crash. */
 static uint64_t rng_state = 0x2545F4914F6CDD1DULL;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rnd(void) { return t_xorshift(&rng_state); }
 
 static void mutate_run(const char *src, int iters)
 {
@@ -573,7 +530,7 @@ static void test_load_tiny(void **state)
         assert_same_model(m, m2);
         printf("  %s: identical to the single BF16 file\n", what[i]);
         ft_model_free(m2);
-        rm_dir(dir);
+        t_rmtree(dir);
     }
 
     /* untied: lm_head.weight read separately */
@@ -591,7 +548,7 @@ static void test_load_tiny(void **state)
     assert_memory_equal(m3->embed, m->embed, 32000 * 64 * 4);
     assert_int_equal(ft_model_n_params(m3), 2122048 + 32000 * 64);
     ft_model_free(m3);
-    rm_dir(dir);
+    t_rmtree(dir);
     ft_model_free(m);
 }
 
@@ -631,11 +588,11 @@ static void test_load_qwen2_folder(void **state)
     ft_model_free(base);
     /* the same folder without the biases: the missing tensor is named */
     variant v2 = {.cfg_from = "\"model_type\": \"llama\"", .cfg_to = "\"model_type\": \"qwen2\""};
-    rm_dir(dir);
+    t_rmtree(dir);
     dir = make_variant(&v2);
     expect_err(ft_model_load(&m, dir), FT_E_INVALID, "\"model.layers.0.self_attn.q_proj.bias\"",
                "not found", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
 }
 
 static void test_load_errors(void **state)
@@ -647,23 +604,23 @@ static void test_load_errors(void **state)
     dir = make_variant(&v1);
     expect_err(ft_model_load(&m, dir), FT_E_INVALID, dir, "\"model.layers.1.mlp.up_proj.weight\"",
                "not found", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
     /* shape mismatch: names tensor, file, found and expected shapes */
     variant v2 = {.cfg_from = "\"intermediate_size\": 128", .cfg_to = "\"intermediate_size\": 96"};
     dir = make_variant(&v2);
     expect_err(ft_model_load(&m, dir), FT_E_INVALID, "model.safetensors",
                "\"model.layers.0.mlp.gate_proj.weight\"", "shape [128, 64]", "expected [96, 64]", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
     variant v2b = {.cfg_from = "\"vocab_size\": 32000", .cfg_to = "\"vocab_size\": 32001"};
     dir = make_variant(&v2b);
     expect_err(ft_model_load(&m, dir), FT_E_INVALID, "\"model.embed_tokens.weight\"",
                "[32000, 64]", "[32001, 64]", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
     /* untied config without lm_head */
     variant v3 = {.cfg_from = "\"tie_word_embeddings\": true", .cfg_to = "\"tie_word_embeddings\": false"};
     dir = make_variant(&v3);
     expect_err(ft_model_load(&m, dir), FT_E_INVALID, "\"lm_head.weight\"", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
     /* a dtype that cannot be converted */
     int32_t ints[64] = {0};
     ft_st_out norm = {"model.norm.weight", FT_ST_I32, 1, {64}, ints};
@@ -671,7 +628,7 @@ static void test_load_errors(void **state)
     dir = make_variant(&v4);
     expect_err(ft_model_load(&m, dir), FT_E_UNSUPPORTED, "model.safetensors", "\"model.norm.weight\"",
                "I32", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
     /* a weight that is not finite: refused when the weights are read, naming file, tensor
      * and element (the GGUF loader's rule) */
     float normw[64];
@@ -687,19 +644,19 @@ static void test_load_errors(void **state)
     expect_err(ft_model_load_weights(m), FT_E_CORRUPT, "\"model.norm.weight\"", "element 7", NULL);
     ft_model_free(m);
     m = NULL;
-    rm_dir(dir);
+    t_rmtree(dir);
     /* biases present but not configured */
     float bias[64] = {0};
     ft_st_out qb = {"model.layers.0.self_attn.q_proj.bias", FT_ST_F32, 1, {64}, bias};
     variant v5 = {.extra = &qb};
     dir = make_variant(&v5);
     expect_err(ft_model_load(&m, dir), FT_E_INVALID, "attention_bias", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
     /* config errors carry the config path */
     variant v6 = {.cfg_from = "\"hidden_size\": 64,", .cfg_to = ""};
     dir = make_variant(&v6);
     expect_err(ft_model_load(&m, dir), FT_E_INVALID, "config.json: missing required key \"hidden_size\"", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
     assert_null(m);
     expect_err(ft_model_load(&m, "/nonexistent/model"), -ENOENT, "/nonexistent/model", NULL);
 }
@@ -737,7 +694,7 @@ static void test_sets(void **state)
     snprintf(p, sizeof p, "%s/other.safetensors", dir);
     assert_int_equal(ft_st_write(p, &t, 1, NULL, NULL, 0), 0);
     expect_err(ft_st_set_open(&s, dir), FT_E_INVALID, dir, "2 *.safetensors files", NULL);
-    rm_dir(dir);
+    t_rmtree(dir);
 
     /* sharded set errors: a missing shard, a wrong mapping, bad JSON */
     variant v = {.n_shards = 2};
@@ -775,7 +732,7 @@ static void test_sets(void **state)
     expect_err(ft_st_set_open(&s, dir), FT_E_CORRUPT, idx, sp, NULL);
     free(orig);
     free(txt);
-    rm_dir(dir);
+    t_rmtree(dir);
 }
 
 int main(void)

@@ -28,9 +28,9 @@
 #include "src/model/model.h"
 #include "src/model/nf4.h"
 #include "src/model/quant.h"
+#include "tests/unit/model_fixture.h"
 #include "tests/unit/stream_fixture.h"
 
-#define TINY "tests/fixtures/tiny-llama"
 #define N_MB 4
 #define STEPS 2
 #define THREADS 2
@@ -217,12 +217,10 @@ static void test_tiers_bit_identical(void **state)
 {
     (void)state;
     ft_backend *be, *cpu;
-    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
-    assert_int_equal(ft_backend_cpu_init(&cpu, THREADS), 0);
     ft_model *m;
-    assert_int_equal(ft_model_load(&m, TINY), 0);
     stream_pack sp; /* /tmp: a real file system for the read-ahead (tmpfs: pread) */
-    stream_pack_open(&sp, TINY);
+    tiny_device_open(&m, &be, &sp, THREADS);
+    assert_int_equal(ft_backend_cpu_init(&cpu, THREADS), 0);
     ft_pack_file *pack = sp.pack;
     ft_batch b[N_MB];
     stream_make_batches(b, N_MB, 24, m->cfg.vocab_size);
@@ -279,10 +277,8 @@ static void test_tiers_bit_identical(void **state)
     assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
     free(rg.g); free(rh.g); free(rd.g); free(rm.g); free(rcpu.g);
     stream_free_batches(b, N_MB);
-    stream_pack_close(&sp);
-    ft_model_free(m);
     ft_backend_free(cpu);
-    ft_backend_free(be);
+    tiny_device_close(m, be, &sp);
 }
 
 /* Qwen3 through every tier (tiers_cases.h tiers_qwen3). */
@@ -303,11 +299,9 @@ static void test_place_nf4_auto(void **state)
 {
     (void)state;
     ft_backend *be;
-    assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
     ft_model *m;
-    assert_int_equal(ft_model_load(&m, TINY), 0);
     stream_pack sp;
-    stream_pack_open(&sp, TINY);
+    tiny_device_open(&m, &be, &sp, THREADS);
     ft_pack_file *pack = sp.pack;
     ft_batch b[1];
     stream_make_batches(b, 1, 24, m->cfg.vocab_size);
@@ -347,9 +341,7 @@ static void test_place_nf4_auto(void **state)
     assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
     ft_lora_free(&lora);
     stream_free_batches(b, 1);
-    stream_pack_close(&sp);
-    ft_model_free(m);
-    ft_backend_free(be);
+    tiny_device_close(m, be, &sp);
 }
 
 /* Host checkpoints on a 6-layer model (tiers_cases.h) on the device-mode CPU backend. */
