@@ -8,13 +8,17 @@
  * What stays mutated is everything the checksums cannot vouch for: header fields, the stored
  * config.json, the block table, tensor records, NF4 quant state, the complete flag, the size.
  * (Checksum failures themselves are covered by tests/unit/test_pack.c.)
- * Per input: ft_pack_open(verify = 1); when it succeeds, every block is read with its
- * checksum checked, its tensor directory validated (ft_pack_block_dir), and each layer turned
- * into fp32 weights (ft_pack_layer_weights: NF4 dequantization, bf16 widening), which must
- * either succeed or fail with a message. A layer larger than FUZZ_MAX_ELEMS floats is skipped.
+ * Per input: ft_pack_open(verify = 1), and when it refuses the file ft_pack_open_partial (the
+ * probe pack of `ftune plan`: the first layer blocks only, FT_PACK_PARTIAL); when either
+ * succeeds, every block is read with its checksum checked, its tensor directory validated
+ * (ft_pack_block_dir), and each layer turned into fp32 weights (ft_pack_layer_weights: NF4
+ * dequantization, bf16 widening), which must either succeed or fail with a message; in a
+ * partial pack the blocks it lacks and the global block must be refused. A layer larger than
+ * FUZZ_MAX_ELEMS floats is skipped.
  * Seeds (tests/fuzz/corpus/pack/): packs of 1- and 2-layer models written by `ftune
  * init-model --pack` (NF4 and BF16; tied/untied head, attention biases, qwen2), a pack of a
- * bitsandbytes-style checkpoint with fp32 absmax (nested_blocksize 0), and damaged copies. */
+ * bitsandbytes-style checkpoint with fp32 absmax (nested_blocksize 0), damaged copies, and
+ * partial packs (layer_limit 1) of a 2-layer model with biases, NF4 and BF16. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,12 +66,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_path(path, sizeof path, "model.ftpack");
 
     ft_pack_file *p = NULL;
-    int rc;
+    int rc, partial = 0;
     FUZZ_CALL(rc, ft_pack_open(&p, path, 1));
+    if (rc < 0) {
+        FUZZ_CALL(rc, ft_pack_open_partial(&p, path));
+        partial = 1;
+    }
     if (rc < 0) return 0;
     const ft_pack_hdr *h = ft_pack_header(p);
     const ft_model_config *cfg = ft_pack_config(p);
     int64_t L = (int64_t)h->n_layers;
+    int64_t held = partial ? (int64_t)h->n_blocks : L; /* the layer blocks in the file */
+    if (partial && (held < 1 || held > L || ft_pack_block_bytes(p, -1) != 0)) {
+        fprintf(stderr, "fuzz_pack: partial pack of %lld of %lld layers (global block %zu "
+                "bytes) accepted\n", (long long)held, (long long)L, ft_pack_block_bytes(p, -1));
+        abort();
+    }
     int64_t floats = ft_pack_layer_floats(cfg);
     size_t maxb = ft_pack_block_bytes(p, -1);
     if (ft_pack_max_layer_bytes(p) > maxb) maxb = ft_pack_max_layer_bytes(p);
@@ -80,6 +94,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     float *w32 = floats > 0 && floats <= FUZZ_MAX_ELEMS ? malloc((size_t)floats * sizeof(float)) : NULL;
     for (int64_t l = -1; l < L; l++) {
         FUZZ_CALL(rc, ft_pack_read_block(p, l, buf, maxb, 1));
+        if (partial && (l < 0 || l >= held)) {
+            if (rc == 0) {
+                fprintf(stderr, "fuzz_pack: block %lld of a partial pack of %lld layers read\n",
+                        (long long)l, (long long)held);
+                abort();
+            }
+            continue;
+        }
         if (rc < 0) continue;
         const ft_pack_tensor *dir;
         int64_t n;
