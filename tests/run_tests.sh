@@ -62,9 +62,10 @@ done
 # FTUNE_TEST_PYTEST=0: C tests and replays only (the sanitizer step of .ci/run).
 if [ "${FTUNE_TEST_PYTEST:-1}" != 0 ] && command -v python3 >/dev/null && [ -d tests/ref ]; then
     # the whole reference suite under one guard against a hang (each test has its own
-    # timeouts); FTUNE_PYTEST_TIMEOUT overrides it
+    # timeouts); FTUNE_PYTEST_TIMEOUT overrides it; the 15 slowest tests are listed, to keep
+    # the suite within CI's time
     PYTEST_TIMEOUT=${FTUNE_PYTEST_TIMEOUT:-1800}
-    out=$(timeout "$PYTEST_TIMEOUT" python3 -m pytest -q -rs tests/ref 2>&1); rc=$?
+    out=$(timeout "$PYTEST_TIMEOUT" python3 -m pytest -q -rs --durations=15 tests/ref 2>&1); rc=$?
     echo "$out" | tail -40
     [ "$rc" -eq 124 ] && echo "pytest tests/ref: stopped after ${PYTEST_TIMEOUT} s (FTUNE_PYTEST_TIMEOUT)"
     summary=$(echo "$out" | tail -1)
