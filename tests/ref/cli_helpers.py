@@ -1,7 +1,9 @@
 """Helpers for the CLI-level reference tests (test_cli_errors.py, test_train_e2e.py,
-test_chat_ref.py): locating and running the ftune binary, copying the tiny-llama fixture, and
-checking the bad-input contract (one "ftune: " line naming the file and the position, a
-non-zero exit that is not a signal, no adapter under the final name).
+test_chat_ref.py, test_resume.py, test_early_stop.py, test_dpo_ref.py, ...): locating and
+running the ftune binary, copying the tiny-llama fixture, reading a training run's outputs
+(metrics.jsonl, summary.json, the adapter, checkpoint-N folders), and checking the bad-input
+contract (one "ftune: " line naming the file and the position, a non-zero exit that is not a
+signal, no adapter under the final name).
 """
 import json
 import os
@@ -20,19 +22,58 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 INFO_PREFIXES = ("ftune: model ", "ftune: data ", "ftune: plan: ")
 
 
-def ftune_bin():
-    """FTUNE_BIN (a relative path is taken from the repository root) or build/ftune."""
+def ftune_path():
+    """FTUNE_BIN (a relative path is taken from the repository root) or build/ftune, as a
+    str; not checked (a module constant may hold it before the binary is built)."""
     b = Path(os.environ.get("FTUNE_BIN") or "build/ftune")
-    if not b.is_absolute():
-        b = ROOT / b
-    assert b.exists(), f"ftune binary not found at {b} (build it, or set FTUNE_BIN)"
-    return str(b)
+    return str(b if b.is_absolute() else ROOT / b)
+
+
+def ftune_bin():
+    """ftune_path(), asserted to exist."""
+    b = ftune_path()
+    assert Path(b).exists(), f"ftune binary not found at {b} (build it, or set FTUNE_BIN)"
+    return b
 
 
 def run_ftune(args, cwd=None, timeout=300):
     """Runs ftune with args (converted to str); returns the CompletedProcess (text mode)."""
     return subprocess.run([ftune_bin()] + [str(a) for a in args], cwd=cwd, capture_output=True,
                           text=True, encoding="utf-8", errors="replace", timeout=timeout)
+
+
+def run_argv(argv, env=None, ok=True, timeout=300):
+    """Runs a whole command line (argv[0] included) in text mode; with ok, asserts exit 0
+    (the message is its stderr). Returns the CompletedProcess."""
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    if ok:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def metrics(out):
+    """The rows of OUT/metrics.jsonl: (step rows, those with "loss"; eval rows, "eval_loss")."""
+    rows = [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
+
+
+def summary(out):
+    """OUT/summary.json as a dict."""
+    return json.loads((Path(out) / "summary.json").read_text())
+
+
+def adapter_bytes(folder):
+    """The bytes of FOLDER/adapter_model.safetensors."""
+    return (Path(folder) / "adapter_model.safetensors").read_bytes()
+
+
+def max_ckpt(out):
+    """Highest step of the checkpoint-N folders of out (0 if none, or no out yet)."""
+    try:
+        return max([int(d.name.split("-")[1]) for d in Path(out).iterdir()
+                    if d.name.startswith("checkpoint-")] or [0])
+    except FileNotFoundError:
+        return 0
 
 
 def model_copy(tmp, src=TINY, name="model"):

@@ -33,6 +33,9 @@ tokenizers = pytest.importorskip("tokenizers")
 from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 
 from cli_helpers import ROOT, SEED_DATA, TOKENIZERS, run_ftune  # noqa: E402
+from gen_helpers import example_or_skip  # noqa: E402
+# the Stanford Alpaca prompts (formats.md 8.1)
+from tok_helpers import PROMPT_INPUT, PROMPT_NO_INPUT  # noqa: E402
 
 LLAMA3 = TOKENIZERS / "llama3"
 LLAMA2 = TOKENIZERS / "llama2"
@@ -366,13 +369,6 @@ QWEN3 = (
     "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n"
     "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
     "        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}")
-# Stanford Alpaca prompts (formats.md 8.1)
-PROMPT_INPUT = ("Below is an instruction that describes a task, paired with an input that provides "
-                "further context. Write a response that appropriately completes the request.\n\n"
-                "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:")
-PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that "
-                   "appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n"
-                   "### Response:")
 
 # How each template writes a trained assistant turn: (trained string, untrained tail after it)
 TRAINED = {
@@ -700,11 +696,7 @@ def test_text_and_prompt_completion(tmp_path):
 
 @pytest.fixture(scope="module")
 def example_gguf():
-    from tok_helpers import fetch_example
-    path, why = fetch_example()
-    if path is None:
-        pytest.skip("example model unavailable: " + why)
-    return path
+    return example_or_skip()
 
 
 def test_smollm2_chatml_default_system(tmp_path, example_gguf):

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from cli_helpers import SEED_DATA, TINY, run_ftune
+from gen_helpers import streamed_budget, streamed_nf4_model
 
 # FTUNE_TEST_DEVICE=cuda runs the same checks on a GPU (bench/gpu_session.sh, `python3
 # tests/ref/test_cpu_device.py` there: the GPU machine has no pytest)
@@ -232,14 +233,7 @@ def test_eval_generate_streamed_nf4(tmp_path):
     """`ftune eval` and `generate` on a device place an NF4 base as training does: within
     --gpu-mem, the layers that do not fit are streamed from pinned host memory (plan lines on
     stderr); the eval loss and the greedy tokens are those of the run holding every layer."""
-    cfg = json.loads((TINY / "config.json").read_text())
-    cfg.update(hidden_size=512, intermediate_size=4096, num_hidden_layers=16,
-               num_attention_heads=8, num_key_value_heads=4, head_dim=64)
-    (tmp_path / "c.json").write_text(json.dumps(cfg))
-    model = tmp_path / "m"
-    r = run_ftune(["init-model", "--config", tmp_path / "c.json", "--out", model, "--pack",
-                   "--tokenizer", TINY, "--seed", "3"])
-    assert r.returncode == 0, r.stderr
+    model = streamed_nf4_model(tmp_path)
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps({"instruction": "What is the relation between the given pairs?",
                                "input": "Night : Day :: Right : Left",
@@ -247,13 +241,10 @@ def test_eval_generate_streamed_nf4(tmp_path):
     ev = ["eval", "--model", model, "--data", one, "--seq-len", "128", *DEV]
     # the fixed part and the slots of the smallest plan, from the refusal of a 1 MiB budget
     r = run_ftune(ev + ["--gpu-mem", "1M"])
-    fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
-    slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
-    assert r.returncode == 1 and fixed and slots, r.stderr
+    # room for a few of the 16 layers (3.7 MB each) beyond the slots: the rest streamed
+    budget = streamed_budget(r, 0.04)
     # planned as forward passes: no optimizer state or backward in the refusal
     assert "(a forward pass of 128 tokens)" in r.stderr and "AdamW" not in r.stderr, r.stderr
-    # room for a few of the 16 layers (3.7 MB each) beyond the slots: the rest streamed
-    budget = f"{int((float(fixed.group(1)) + float(slots.group(2)) + 0.04) * 1024)}M"
     gen = ["generate", "--model", model, "--raw", "--prompt", "Once upon a time",
            "--max-new-tokens", "3", "--json", *DEV]
     got = {}

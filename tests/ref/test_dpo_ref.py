@@ -31,13 +31,13 @@ import json
 import math
 import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import llama_ref as R
-from cli_helpers import ROOT, SEED_DATA, TINY, assert_clean_error, run_ftune
+from cli_helpers import (ROOT, SEED_DATA, TINY, adapter_bytes, assert_clean_error, metrics,
+                         run_ftune, summary)
 
 PREF = ROOT / "examples" / "data" / "alpaca-seed-tasks" / "alpaca_seed_pref.jsonl"
 LN2 = math.log(2.0)
@@ -173,19 +173,6 @@ def train(out, args, *extra, ok=True):
     if ok:
         assert r.returncode == 0, r.stderr
     return r
-
-
-def metrics(out):
-    rows = [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
-
-
-def summary(out):
-    return json.loads((Path(out) / "summary.json").read_text())
-
-
-def adapter_bytes(folder):
-    return (Path(folder) / "adapter_model.safetensors").read_bytes()
 
 
 @pytest.fixture(scope="module")

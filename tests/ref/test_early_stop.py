@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +29,11 @@ from safetensors.numpy import load_file
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-FTUNE = os.environ.get("FTUNE_BIN", str(ROOT / "build" / "ftune"))
-TINY = ROOT / "tests" / "fixtures" / "tiny-llama"
-DATA = ROOT / "examples" / "data" / "alpaca-seed-tasks" / "alpaca_seed_175.jsonl"
+from cli_helpers import (SEED_DATA, TINY, adapter_bytes, ftune_path, max_ckpt, metrics,
+                         run_argv, summary)
+
+FTUNE = ftune_path()
+DATA = SEED_DATA
 STEPS = 14
 # lr 0.1 without warmup: on the tiny model the eval loss falls, rises once, falls again
 # and then flattens out, so --early-stopping-patience 2 stops mid-run after a reset of the
@@ -49,25 +51,12 @@ def cmd(out, *extra, args=ARGS):
         list(args) + list(extra)
 
 
-def run(args, ok=True):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT)
-    if ok:
-        assert r.returncode == 0, r.stderr
-    return r
+run = partial(run_argv, timeout=TIMEOUT)  # run(argv, ok=True)
 
 
 def without(args, flag, n_values=1):
     i = args.index(flag)
     return args[:i] + args[i + 1 + n_values:]
-
-
-def metrics(out):
-    rows = [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
-
-
-def summary(out):
-    return json.loads((Path(out) / "summary.json").read_text())
 
 
 def hf_rule(evals, patience, threshold):
@@ -98,18 +87,6 @@ def tensors(folder):
 def same_tensors(a, b):
     ta, tb = tensors(a), tensors(b)
     return sorted(ta) == sorted(tb) and all(np.array_equal(ta[k], tb[k]) for k in ta)
-
-
-def adapter_bytes(folder):
-    return (Path(folder) / "adapter_model.safetensors").read_bytes()
-
-
-def max_ckpt(out):
-    try:
-        return max([int(d.name.split("-")[1]) for d in Path(out).iterdir()
-                    if d.name.startswith("checkpoint-")] or [0])
-    except FileNotFoundError:
-        return 0
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
+from gen_helpers import example_or_skip  # noqa: E402
 
 TINY = os.path.join(REPO, "tests", "fixtures", "tiny-llama")
 
@@ -148,11 +149,7 @@ def test_tiny_prompts_batched(tmp_path, untied, which):
 
 @pytest.fixture(scope="module")
 def example():
-    from tok_helpers import fetch_example
-    path, why = fetch_example()
-    if path is None:
-        pytest.skip("example model unavailable: " + why)
-    return path
+    return example_or_skip()
 
 
 def test_example_nf4(tmp_path, example):

@@ -25,6 +25,7 @@ import subprocess
 import pytest
 
 from cli_helpers import SEED_DATA, TINY, ftune_bin, run_ftune
+from gen_helpers import example_or_skip, streamed_budget, streamed_nf4_model
 
 SUMMARY = re.compile(r"(\d+) decode steps\); (\d+) prefill forwards \((\d+) prompts prefilled "
                      r"with others\)(?:, (\d+) layer visits)?(?: \(([0-9.]+) MiB streamed\))?")
@@ -85,11 +86,7 @@ def test_tiny_batched_prefill_same_lines(tmp_path):
 
 @pytest.fixture(scope="module")
 def example():
-    from tok_helpers import fetch_example
-    path, why = fetch_example()
-    if path is None:
-        pytest.skip("example model unavailable: " + why)
-    return path
+    return example_or_skip()
 
 
 @pytest.mark.parametrize("quant", [[], ["--quant", "nf4"]], ids=["fp32", "nf4"])
@@ -112,14 +109,7 @@ def test_cpu_device_streamed_fewer_visits(tmp_path):
     it from pinned host memory: --batch 4 over 5 records gives the lines of one prompt per
     forward (FTUNE_GEN_PREFILL=each, as before), with one visit of each layer per forward, so L visits and their
     streamed bytes fewer for every prefill forward saved."""
-    cfg = json.loads((TINY / "config.json").read_text())
-    cfg.update(hidden_size=512, intermediate_size=4096, num_hidden_layers=16,
-               num_attention_heads=8, num_key_value_heads=4, head_dim=64)
-    (tmp_path / "c.json").write_text(json.dumps(cfg))
-    model = tmp_path / "m"
-    r = run_ftune(["init-model", "--config", tmp_path / "c.json", "--out", model, "--pack",
-                   "--tokenizer", TINY, "--seed", "3"])
-    assert r.returncode == 0, r.stderr
+    model = streamed_nf4_model(tmp_path)
     recs = [{"prompt": f"Once upon a time, number {i}, in a village by the sea"} for i in range(5)]
     path = write_jsonl(tmp_path / "p.jsonl", recs)
     base = ["--raw", "--max-new-tokens", 3, "--device", "cpu-device", "--threads", 2]
@@ -127,10 +117,7 @@ def test_cpu_device_streamed_fewer_visits(tmp_path):
     # 20 MiB more holds a few of the 16 layers (3.7 MB each): the rest streamed
     r = run_ftune(["generate", "--model", model, "--prompts", path, *base, "--batch", 4,
                    "--gpu-mem", "1M"])
-    fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
-    slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
-    assert r.returncode == 1 and fixed and slots, r.stderr
-    budget = f"{int((float(fixed.group(1)) + float(slots.group(2)) + 0.02) * 1024)}M"
+    budget = streamed_budget(r, 0.02)
     base += ["--gpu-mem", budget]
     four, steps4, fw4, batched4, (v4, mib4), err = gen(model, path, *base, "--batch", 4)
     each, steps_e, fw_e, _, (v_e, mib_e), _ = gen(model, path, *base, "--batch", 4, each=True)

@@ -34,6 +34,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from cli_helpers import ROOT, TINY, ftune_bin  # noqa: E402
+from gen_helpers import example_or_skip  # noqa: E402
 
 THREADS = ["--threads", "1"]  # results do not depend on it; a 2-core machine is faster with 1
 TURN_RE = re.compile(r"turn (\d+): (\d+) prompt tokens \((\d+) from the cache, (\d+) prefilled "
@@ -330,18 +331,7 @@ def test_cpu_device_short_chat(tmp_path):
 
 @pytest.fixture(scope="module")
 def example():
-    from tok_helpers import fetch_example
-    env_set = "FTUNE_CACHE" not in os.environ and os.path.isdir("/tmp/ftcache/examples")
-    if env_set:
-        os.environ["FTUNE_CACHE"] = "/tmp/ftcache"
-    try:
-        path, why = fetch_example()
-    finally:
-        if env_set:
-            del os.environ["FTUNE_CACHE"]
-    if path is None:
-        pytest.skip("example model unavailable: " + why)
-    return path
+    return example_or_skip(local_cache=True)
 
 
 def test_example_three_turns(tmp_path, example):

@@ -32,15 +32,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 import llama_ref as R  # noqa: E402
+from gen_helpers import example_or_skip  # noqa: E402
+from tok_helpers import PROMPT_NO_INPUT as ALPACA_NO_INPUT  # noqa: E402
 
 TINY = os.path.join(REPO, "tests", "fixtures", "tiny-llama")
 DATA = os.path.join(REPO, "examples", "data", "alpaca-seed-tasks", "alpaca_seed_175.jsonl")
 N_NEW = 24
 EXAMPLE_PROMPT = "Describe the city of Paris in a few sentences."
 TINY_PROMPT = "Once upon a time, in a quiet village by the sea,"
-ALPACA_NO_INPUT = ("Below is an instruction that describes a task. Write a response that "
-                   "appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n"
-                   "### Response:")
 
 
 def ftune_bin():
@@ -208,17 +207,8 @@ def test_no_think_prompt(tiny):
 
 @pytest.fixture(scope="module")
 def example():
-    from tok_helpers import fetch_example, gguf_hf_tokenizer
-    env_set = "FTUNE_CACHE" not in os.environ and os.path.isdir("/tmp/ftcache/examples")
-    if env_set:
-        os.environ["FTUNE_CACHE"] = "/tmp/ftcache"
-    try:
-        path, why = fetch_example()
-    finally:
-        if env_set:
-            del os.environ["FTUNE_CACHE"]
-    if path is None:
-        pytest.skip("example model unavailable: " + why)
+    from tok_helpers import gguf_hf_tokenizer
+    path = example_or_skip(local_cache=True)
     cfg, w = R.load_gguf(path)
     return path, cfg, as64(w), gguf_hf_tokenizer(path)
 

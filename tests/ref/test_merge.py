@@ -174,6 +174,17 @@ def hf_key(name):
     return (int(m.group(1)), m.group(2)) if m else None
 
 
+def merged_want(base, adapter):
+    """base (HF name -> array) with every LoRA-adapted weight replaced by merged_ref of it."""
+    _, scale, ab = adapter_tensors(adapter)
+    want = dict(base)
+    for name in base:
+        key = hf_key(name)
+        if key:
+            want[name] = merged_ref(base[name], ab[key]["A"], ab[key]["B"], scale)
+    return want
+
+
 def logits(model, extra=(), ids=TINY_IDS, tmp=None):
     f = os.path.join(str(tmp), "logits.bin")
     r = run_ftune(["logits", "--model", model, "--ids", ",".join(map(str, ids)), "--out", f,
@@ -336,12 +347,7 @@ def test_merge_gguf_from_hf(adapter, tmp_path, dtype):
     assert kv["tokenizer.ggml.bos_token_id"] == 1 and kv["tokenizer.ggml.eos_token_id"] == 2
     assert kv["tokenizer.ggml.add_bos_token"] is True
     base = {k: v.astype(np.float32) for k, v in R.read_hf_weights(str(TINY)).items()}
-    acfg, scale, ab = adapter_tensors(adapter)
-    want = dict(base)
-    for name in base:
-        key = hf_key(name)
-        if key:
-            want[name] = merged_ref(base[name], ab[key]["A"], ab[key]["B"], scale)
+    want = merged_want(base, adapter)
     n = check_gguf_weights(rd, want, dtype, cfg)
     assert n == len(base), (n, len(base))
     print(f"{dtype}: {n} tensors equal to numpy (q/k permuted, Q8_0 via gguf.quants)")
@@ -364,12 +370,7 @@ def test_merge_from_gguf_source(adapter, tmp_path):
     """Base tiny-llama.gguf (mixed quant types, q/k in llama.cpp order): safetensors f32/bf16
     in HF order, and GGUF Q8_0 in GGUF order, equal to numpy on gguf-py's dequantization."""
     cfg, base = R.load_gguf(str(TINY_GGUF))  # HF layout, exact dequantization
-    acfg, scale, ab = adapter_tensors(adapter)
-    want = dict(base)
-    for name in base:
-        key = hf_key(name)
-        if key:
-            want[name] = merged_ref(base[name], ab[key]["A"], ab[key]["B"], scale)
+    want = merged_want(base, adapter)
     for dtype in ("f32", "bf16"):
         out = tmp_path / dtype
         merge(["--model", TINY_GGUF, "--adapter", adapter, "--out", out, "--dtype", dtype])

@@ -24,15 +24,17 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-FTUNE = os.environ.get("FTUNE_BIN", str(ROOT / "build" / "ftune"))
-TINY = ROOT / "tests" / "fixtures" / "tiny-llama"
-DATA = ROOT / "examples" / "data" / "alpaca-seed-tasks" / "alpaca_seed_175.jsonl"
+from cli_helpers import (ROOT, SEED_DATA, TINY, adapter_bytes, ftune_path, max_ckpt, metrics,
+                         run_argv)
+
+FTUNE = ftune_path()
+DATA = SEED_DATA
 STEPS = 24
 # 30 train examples -> 30 micro-batches, grad-accum 2: 15 steps per epoch, so the run crosses
 # an epoch boundary (re-packing with seed + epoch) and has a one-micro-batch last step
@@ -48,16 +50,7 @@ def cmd(out, *extra, model=TINY):
         ARGS + list(extra)
 
 
-def run(args, env=None, ok=True):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env=env)
-    if ok:
-        assert r.returncode == 0, r.stderr
-    return r
-
-
-def metrics(out):
-    rows = [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
+run = partial(run_argv, timeout=TIMEOUT)  # run(argv, env=None, ok=True)
 
 
 def last_step(out):
@@ -77,15 +70,6 @@ def last_step(out):
     return best
 
 
-def max_ckpt(out):
-    """Highest step of the checkpoint-N folders of out (0 if none)."""
-    try:
-        return max([int(d.name.split("-")[1]) for d in Path(out).iterdir()
-                    if d.name.startswith("checkpoint-")] or [0])
-    except FileNotFoundError:
-        return 0
-
-
 def start(args):
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -99,13 +83,18 @@ def wait_for_step(p, out, step, probe=last_step):
         time.sleep(POLL)
 
 
-def adapter(out):
-    return (Path(out) / "adapter_model.safetensors").read_bytes()
+def started_past(tmp_path, step):
+    """A run of cmd(tmp_path/run) started and waited for until metrics.jsonl has step;
+    returns (out, the Popen)."""
+    out = tmp_path / "run"
+    p = start(cmd(out))
+    wait_for_step(p, out, step)
+    return out, p
 
 
 def assert_same_run(out, ref):
     """Bit-identical adapter and the same per-step metrics as the uninterrupted run."""
-    a, b = adapter(out), adapter(ref)
+    a, b = adapter_bytes(out), adapter_bytes(ref)
     assert len(a) == len(b)
     n_diff = sum(x != y for x, y in zip(a, b))
     print(f"adapter: {len(a)} bytes, {n_diff} differ from the uninterrupted run")
@@ -164,9 +153,7 @@ def test_sigkill_three_times_then_resume_is_bit_identical(tmp_path, reference):
 
 
 def test_sigint_saves_and_prints_resume_command(tmp_path, reference):
-    out = tmp_path / "run"
-    p = start(cmd(out))
-    wait_for_step(p, out, 5)
+    out, p = started_past(tmp_path, 5)
     p.send_signal(signal.SIGINT)
     err = p.communicate(timeout=TIMEOUT)[1]
     print(err.strip().splitlines()[-1])
@@ -184,9 +171,7 @@ def test_sigint_saves_and_prints_resume_command(tmp_path, reference):
 
 
 def test_second_signal_exits_at_once(tmp_path, reference):
-    out = tmp_path / "run"
-    p = start(cmd(out))
-    wait_for_step(p, out, 4)
+    out, p = started_past(tmp_path, 4)
     p.send_signal(signal.SIGTERM)
     seen = []
     while not seen or "stop requested" not in seen[-1]:  # the handler ran: flag set
@@ -367,7 +352,7 @@ def test_resume_refuses_changed_config(tmp_path, reference):
     args = cmd(out, "--resume", f"{out}/checkpoint-23")
     args[args.index("--threads") + 1] = "1"
     run(args)
-    a, b = adapter(out), adapter(reference)
+    a, b = adapter_bytes(out), adapter_bytes(reference)
     assert a == b
     r = run(cmd(tmp_path / "empty", "--resume"), ok=False)
     assert r.returncode == 2 and "no complete checkpoint" in r.stderr
@@ -388,7 +373,7 @@ def test_resume_refuses_changed_loraplus_ratio(tmp_path, reference):
     r = run(cmd(out, "--resume", "--max-steps", "2", "--loraplus-lr-ratio", "8"), ok=False)
     assert r.returncode == 1 and "loraplus_lr_ratio: 16 -> 8" in r.stderr, r.stderr
     run(cmd(out, "--resume", *two))
-    assert adapter(out) == adapter(plus)
+    assert adapter_bytes(out) == adapter_bytes(plus)
 
 
 def test_resume_refuses_changed_neftune_alpha(tmp_path, reference):
@@ -400,7 +385,7 @@ def test_resume_refuses_changed_neftune_alpha(tmp_path, reference):
     r = run(cmd(out, "--resume", "--neftune-noise-alpha", "5"), ok=False)
     assert r.returncode == 1 and "neftune_noise_alpha: (absent) -> 5" in r.stderr, r.stderr
     run(cmd(out, "--resume", "--neftune-noise-alpha", "0"))
-    assert adapter(out) == adapter(reference)
+    assert adapter_bytes(out) == adapter_bytes(reference)
     noisy = tmp_path / "noisy"
     two = ["--max-steps", "2", "--neftune-noise-alpha", "5"]  # flags after ARGS win
     r = run(cmd(noisy, *two))
@@ -415,7 +400,7 @@ def test_resume_refuses_changed_neftune_alpha(tmp_path, reference):
     r = run(cmd(out2, "--resume", "--max-steps", "2", "--neftune-noise-alpha", "-1"), ok=False)
     assert r.returncode == 2 and "--neftune-noise-alpha" in r.stderr, r.stderr
     run(cmd(out2, "--resume", *two))
-    assert adapter(out2) == adapter(noisy)
+    assert adapter_bytes(out2) == adapter_bytes(noisy)
 
 
 def test_eval_data_file(tmp_path):
@@ -454,14 +439,14 @@ def test_eval_data_file(tmp_path):
     sb = json.loads((b / "summary.json").read_text())
     assert sb["n_eval"] == 0 and sb["initial_eval_loss"] is None and "eval_data" not in sb
     assert sa["n_train"] == sb["n_train"] > 0, (sa, sb)  # --data not split
-    assert adapter(a) == adapter(b), "evaluating on --eval-data changed the training"
+    assert adapter_bytes(a) == adapter_bytes(b), "evaluating on --eval-data changed the training"
 
     c = tmp_path / "c"  # another eval file on resume: allowed, training unchanged
     shutil.copytree(a / "checkpoint-4", c / "checkpoint-4")
     run(args(c, "--eval-data", ev2, "--eval-max", "5", "--resume"))
     sc = json.loads((c / "summary.json").read_text())
     assert sc["resumed_from_step"] == 4 and sc["eval_data"] == str(ev2) and sc["n_eval"] == 5
-    assert adapter(c) == adapter(a)
+    assert adapter_bytes(c) == adapter_bytes(a)
 
     d = tmp_path / "d"  # another --data on resume: refused
     shutil.copytree(a / "checkpoint-4", d / "checkpoint-4")
@@ -509,7 +494,8 @@ def test_several_data_files(tmp_path):
     sw, s2 = (json.loads((o / "summary.json").read_text()) for o in (whole, two))
     assert sw["data"] == str(DATA) and s2["data"] == [str(h1), str(h2)], (sw, s2)
     assert s2["n_train"] == sw["n_train"] and s2["n_eval"] == sw["n_eval"]
-    assert adapter(two) == adapter(whole), "two halves in order should train as the whole file"
+    assert adapter_bytes(two) == adapter_bytes(whole), \
+        "two halves in order should train as the whole file"
 
     # --config: "data" may be a list; --data flags replace it rather than add to it
     conf = tmp_path / "conf.json"
@@ -518,9 +504,9 @@ def test_several_data_files(tmp_path):
     a = args(cfg_run, [h1])
     i = a.index("--data")
     run(a[:i] + a[i + 2:] + ["--config", str(conf)])
-    assert adapter(cfg_run) == adapter(two)
+    assert adapter_bytes(cfg_run) == adapter_bytes(two)
     run(args(cli_run, [DATA], "--config", str(conf)))
-    assert adapter(cli_run) == adapter(whole)
+    assert adapter_bytes(cli_run) == adapter_bytes(whole)
     conf.write_text(json.dumps({"data": [str(h1), 3]}))
     r = run(args(tmp_path / "bad", [h1], "--config", str(conf)), ok=False)
     assert r.returncode == 2 and 'key "data": expected a string or a list of strings' in r.stderr, r.stderr
@@ -528,7 +514,7 @@ def test_several_data_files(tmp_path):
     c = tmp_path / "c"  # the same files: resumes bit-identically
     shutil.copytree(two / "checkpoint-2", c / "checkpoint-2")
     run(args(c, [h1, h2], "--resume"))
-    assert adapter(c) == adapter(two)
+    assert adapter_bytes(c) == adapter_bytes(two)
     for name, files in (("swapped", [h2, h1]), ("removed", [h1]), ("added", [h1, h2, h1])):
         d = tmp_path / name
         shutil.copytree(two / "checkpoint-2", d / "checkpoint-2")

@@ -26,6 +26,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from gen_helpers import reference_greedy
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 TINY = os.path.join(REPO, "tests", "fixtures", "tiny-llama")
@@ -74,42 +76,7 @@ def stop_ids():
 
 # ---------------------------------------------------------------------------------------
 # --repetition-penalty: greedy against a numpy loop over `ftune logits`
-
-def last_logits(tmp_path, ids):
-    out = tmp_path / "logits.f32"
-    rc, o, err = run("logits", "--model", TINY, "--ids", ",".join(map(str, ids)), "--out", out)
-    assert rc == 0, err
-    j = json.loads(o)
-    z = np.fromfile(out, dtype="<f4").reshape(j["n_tokens"], j["vocab"])
-    return z[-1]
-
-
-def penalise(row, seq, penalty):
-    """transformers' RepetitionPenaltyLogitsProcessor on one row (float32): gather the ids
-    of seq (each once), x < 0 ? x * p : x / p, scatter back."""
-    row = row.astype(np.float32).copy()
-    idx = np.array(sorted(set(seq)), dtype=np.int64)
-    s = row[idx]
-    p = np.float32(penalty)
-    row[idx] = np.where(s < 0, s * p, s / p)
-    return row
-
-
-def reference_greedy(tmp_path, prompt_ids, penalty, n_new, stop_ids):
-    """Greedy decoding with the penalty, one `ftune logits` call per step over the whole
-    prefix. Returns (ids, stopped, smallest top-2 margin)."""
-    seq, out, margin = list(prompt_ids), [], np.inf
-    for _ in range(n_new):
-        z = penalise(last_logits(tmp_path, seq), seq, penalty)
-        top2 = np.sort(np.partition(z, -2)[-2:])
-        margin = min(margin, float(top2[1] - top2[0]))
-        t = int(np.argmax(z))
-        if t in stop_ids:
-            return out, True, margin
-        out.append(t)
-        seq.append(t)
-    return out, False, margin
-
+# (gen_helpers.reference_greedy)
 
 @pytest.mark.parametrize("penalty,template", [(1.3, "raw"), (0.7, "raw"), (1.5, "alpaca")])
 def test_repetition_penalty_greedy(tmp_path, stop_ids, penalty, template):
@@ -118,7 +85,8 @@ def test_repetition_penalty_greedy(tmp_path, stop_ids, penalty, template):
     got = generate(*args, "--max-new-tokens", n_new, "--repetition-penalty", penalty)
     plain = generate(*args, "--max-new-tokens", n_new)
     assert got["template"] == template and got["prompt_ids"] == plain["prompt_ids"]
-    ref, stopped, margin = reference_greedy(tmp_path, got["prompt_ids"], penalty, n_new, stop_ids)
+    ref, stopped, margin = reference_greedy(tmp_path, TINY, got["prompt_ids"], n_new, stop_ids,
+                                            repetition=penalty)
     print(f"\n[penalty {penalty}, {template}] ftune {got['ids']}\n  plain greedy {plain['ids']}\n"
           f"  smallest top-2 margin of the penalised reference logits {margin:.3e}")
     assert got["ids"] == ref, f"reference {ref}"

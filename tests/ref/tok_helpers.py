@@ -91,10 +91,11 @@ def compare_ids(name, texts, got, ref, max_show=5):
     assert not bad, f"{name}: {len(bad)} of {len(texts)} texts differ\n" + "\n".join(msg)
 
 
-def fetch_example():
-    """Path of the example GGUF, or None (with the reason) if it cannot be fetched."""
+def fetch_example(env=None):
+    """Path of the example GGUF, or None (with the reason) if it cannot be fetched; env: the
+    script's environment (None: this process's)."""
     p = subprocess.run(["bash", str(ROOT / "scripts" / "fetch_example.sh")], capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=600, env=env)
     path = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
     if p.returncode != 0 or not path or not os.path.exists(path):
         return None, (p.stderr.strip().splitlines() or ["fetch_example.sh failed"])[-1]

@@ -1,0 +1,92 @@
+"""Helpers for the generation reference tests (test_generate_*.py, test_gen_*.py,
+test_sampling_ref.py, test_openai_batch.py, test_cpu_device.py, test_chat_ref.py): the example
+model or a skip, a greedy reference loop with penalties over `ftune logits`, and a tiny
+16-layer NF4 pack with the --gpu-mem budget that streams most of it.
+"""
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli_helpers import TINY, run_ftune
+from tok_helpers import fetch_example
+
+# a local copy of the example model that some tests prefer to the default cache
+LOCAL_CACHE = "/tmp/ftcache"
+
+
+def example_or_skip(local_cache=False):
+    """Path of the example GGUF (scripts/fetch_example.sh), or pytest.skip naming why; with
+    local_cache, FTUNE_CACHE=/tmp/ftcache when it holds examples/ and FTUNE_CACHE is unset."""
+    env = None
+    if local_cache and "FTUNE_CACHE" not in os.environ and \
+            os.path.isdir(os.path.join(LOCAL_CACHE, "examples")):
+        env = dict(os.environ, FTUNE_CACHE=LOCAL_CACHE)
+    path, why = fetch_example(env=env)
+    if path is None:
+        pytest.skip("example model unavailable: " + why)
+    return path
+
+
+def last_logits(tmp_path, model, ids):
+    """The last row, (vocab,) float32, of `ftune logits --model MODEL --ids IDS` (written to
+    tmp_path/logits.f32 as (n_tokens, vocab) little-endian f32)."""
+    out = Path(tmp_path) / "logits.f32"
+    r = run_ftune(["logits", "--model", model, "--ids", ",".join(map(str, ids)), "--out", out])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    return np.fromfile(out, dtype="<f4").reshape(j["n_tokens"], j["vocab"])[-1]
+
+
+def reference_greedy(tmp_path, model, prompt_ids, n_new, stop_ids, presence=0.0, frequency=0.0,
+                     repetition=1.0):
+    """Greedy decoding, one `ftune logits` call per step over the whole prefix, float32
+    penalties as vLLM's apply_penalties (transformers' RepetitionPenaltyLogitsProcessor for the
+    repetition one): x < 0 ? x * p : x / p on the ids of prompt and reply (each once), then
+    logits -= frequency * count and -= presence over the reply's ids; the argmax. Returns
+    (ids, stopped on a stop id, smallest top-2 margin)."""
+    seq, out, margin = list(prompt_ids), [], np.inf
+    for _ in range(n_new):
+        z = last_logits(tmp_path, model, seq).astype(np.float32).copy()
+        if repetition != 1:
+            idx = np.array(sorted(set(seq)), dtype=np.int64)
+            s, p = z[idx], np.float32(repetition)
+            z[idx] = np.where(s < 0, s * p, s / p)
+        if out and (frequency or presence):
+            ids, cnt = np.unique(np.array(out), return_counts=True)
+            z[ids] = z[ids] - np.float32(frequency) * cnt.astype(np.float32)
+            z[ids] = z[ids] - np.float32(presence)
+        top2 = np.sort(np.partition(z, -2)[-2:])
+        margin = min(margin, float(top2[1] - top2[0]))
+        t = int(np.argmax(z))
+        if t in stop_ids:
+            return out, True, margin
+        out.append(t)
+        seq.append(t)
+    return out, False, margin
+
+
+def streamed_nf4_model(tmp_path):
+    """tmp_path/m: `ftune init-model --pack` (NF4) of the fixture's config widened to 16 layers
+    of hidden 512 (3.7 MB each), seed 3, with the fixture's tokenizer."""
+    cfg = json.loads((TINY / "config.json").read_text())
+    cfg.update(hidden_size=512, intermediate_size=4096, num_hidden_layers=16,
+               num_attention_heads=8, num_key_value_heads=4, head_dim=64)
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    model = tmp_path / "m"
+    r = run_ftune(["init-model", "--config", tmp_path / "c.json", "--out", model, "--pack",
+                   "--tokenizer", TINY, "--seed", "3"])
+    assert r.returncode == 0, r.stderr
+    return model
+
+
+def streamed_budget(r, extra_gib):
+    """--gpu-mem value "<N>M": the fixed part and the slots of the smallest plan, read from r,
+    the refusal (exit 1) of a 1 MiB budget, plus extra_gib GiB for a few resident layers."""
+    fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
+    slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
+    assert r.returncode == 1 and fixed and slots, r.stderr
+    return f"{int((float(fixed.group(1)) + float(slots.group(2)) + extra_gib) * 1024)}M"
