@@ -8,7 +8,10 @@
  * each runs one forward against the KV cache, until an EOS or end-of-turn token, a --stop
  * string or --max-new-tokens. Text is printed as whole UTF-8 characters become available;
  * speeds go to stderr. --json prints one JSON object instead (prompt and generated ids, text,
- * stop reason, timings) for scripts and tests.
+ * stop reason, timings) for scripts and tests; with --logprobs N it also holds "logprobs": each
+ * reply token's log-probability and its N most likely alternatives, from the logits the token
+ * was chosen from (raw: before penalties and sampling filters; sample.h ft_sample_logprobs;
+ * gen_env.h gen_logprobs_json for the shapes).
  *
  * --stop STR (repeatable, up to FT_GEN_MAX_STOP_STR; in --config a string or a list) as vLLM's
  * SamplingParams.stop: the reply ends as soon as its decoded text (special tokens skipped,
@@ -29,7 +32,8 @@
  * record takes it. One JSON line per record goes to stdout, in input order:
  *   {"index", "prompt", "reply", "reference"?, "prompt_tokens", "new_tokens",
  *    "stop" ("stop_token" | "stop_string" | "length", as --json), "stop_reason"? (the --stop
- *    string, with "stop_string"), "seconds", "seed"? (when sampling)}
+ *    string, with "stop_string"), "seconds", "seed"? (when sampling), "logprobs"? (with
+ *    --logprobs or the record's "logprobs": k)}
  * ("seconds": from the start of the record's prefill to its last token, the records decoded
  * alongside it included)
  * or to --out FILE, written as FILE.tmp.PID and renamed at the end (an interrupted run leaves
@@ -123,6 +127,14 @@ int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int6
     }
     ft_sample_counts *cnt = e->cnt.count ? &e->cnt : NULL; /* the reply's ids only */
     if (cnt) ft_sample_counts_clear(cnt);
+    /* --logprobs: each reply token's log-probabilities, from the logits it was chosen from */
+    const int64_t lp_top = e->lp_n > 0 && o->logprobs >= 0 && o->logprobs < e->lp_n ? o->logprobs : -1;
+    if (lp_top >= 0) {
+        r->lp = e->lp_val;
+        r->lp_ids = e->lp_ids;
+        r->lp_stride = e->lp_n;
+        r->lp_top = lp_top;
+    }
     ft_stop_text st; /* streamed text and --stop */
     ft_stop_text_init(&st, e->tok);
     const int use_st = stream || o->stop.n > 0;
@@ -150,6 +162,13 @@ int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int6
         if (gen_is_stop(e, t)) {
             r->stop = GEN_STOP_TOKEN;
             break;
+        }
+        if (r->lp) { /* the logits are unchanged by the sampler */
+            const int64_t at = r->n_out * r->lp_stride;
+            e->lp_ids[at] = t;
+            rc = ft_sample_logprobs(e->logits, e->smp.V, t, lp_top, &e->lp_val[at], &e->lp_ids[at + 1],
+                                    &e->lp_val[at + 1], NULL);
+            if (rc) break;
         }
         e->out_ids[r->n_out++] = t;
         if (seen) ft_sample_seen_add(seen, &t, 1);
@@ -190,8 +209,10 @@ static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n,
     return gen_reply(e, o, ids, n, 0, stream, NULL, r);
 }
 
-static void print_json(const gen_opts *o, int tmpl, const gen_result *r)
+static int print_json(const gen_env *e, const gen_opts *o, int tmpl, const gen_result *r)
 {
+    cJSON *lp = NULL;
+    if (r->lp) FT_TRY(gen_logprobs_json(e->tok, r, FT_GEN_API_NONE, &lp));
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "template", o->raw ? "raw" : ft_chat_template_name(tmpl));
     cJSON_AddItemToObject(j, "prompt_ids", gen_ids_json(r->prompt_ids, r->n_prompt));
@@ -203,10 +224,12 @@ static void print_json(const gen_opts *o, int tmpl, const gen_result *r)
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(j, "decode_s", r->decode_s);
     cJSON_AddNumberToObject(j, "decode_forwards", (double)r->n_decode);
+    if (lp) cJSON_AddItemToObject(j, "logprobs", lp);
     char *s = cJSON_PrintUnformatted(j);
     if (s) printf("%s\n", s);
     free(s);
     cJSON_Delete(j);
+    return s ? 0 : ft_err(-ENOMEM, "out of memory");
 }
 
 /* One prompt (--prompt): streamed, or one JSON object with --json. */
@@ -223,10 +246,11 @@ static int run_one(const gen_opts *o)
     if (!rc) gen_warn_no_think(o, e.tok, tmpl);
     if (!rc && n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
     if (!rc) gen_warn_context(&e, n, o->max_new, "");
-    const gen_need nd = {n, n + o->max_new, o->max_new, o->rep_penalty != 1};
+    const gen_need nd = {n, n + o->max_new, o->max_new, o->rep_penalty != 1,
+                         o->logprobs >= 0 ? 1 + o->logprobs : 0};
     if (!rc) rc = gen_env_plan(&e, o, &nd, tmpl, 1);
     if (!rc) rc = gen_one(&e, o, ids, n, (uint64_t)o->seed, !o->json, &r);
-    if (!rc && o->json) print_json(o, tmpl, &r);
+    if (!rc && o->json) rc = print_json(&e, o, tmpl, &r);
     if (!rc) {
         fprintf(stderr, "ftune: prefill %lld tokens in %.3f s (%.1f tok/s); decode %lld tokens in "
                 "%.3f s (%.2f tok/s); stop: %s",
@@ -250,6 +274,7 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     o->seed = -1;
     o->top_p = 1.0f;
     o->rep_penalty = 1.0f;
+    o->logprobs = INT64_MIN; /* not given (then -1: none) */
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &o->model, "model folder or .gguf", 0, "PATH"},
         {"adapter", FT_OPT_STR, &o->adapter, "PEFT adapter folder to apply", 0, "DIR"},
@@ -258,10 +283,10 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
          "{prompt, system?}, or any conversational record --data reads (messages, sharegpt, alpaca, "
          "prompt/completion lists; a final assistant turn or \"output\": the \"reference\"); an object record "
          "may set its own max_new_tokens (or max_tokens), temperature, top_p, top_k, min_p, "
-         "repetition_penalty, presence_penalty, frequency_penalty, stop (a string or a list) and seed, "
-         "each replacing the flag for that record (other keys are named in a warning, then ignored); "
+         "repetition_penalty, presence_penalty, frequency_penalty, stop (a string or a list), seed and "
+         "logprobs (k or false), each replacing the flag for that record (other keys are named in a warning, then ignored); "
          "one JSON line each: {index, prompt, reply, reference?, prompt_tokens, new_tokens, stop, "
-         "stop_reason?, seconds, seed?}. A file of OpenAI batch requests ({custom_id, method, url: "
+         "stop_reason?, seconds, seed?, logprobs?}. A file of OpenAI batch requests ({custom_id, method, url: "
          "/v1/chat/completions or /v1/completions, body}, as OpenAI's Batch API and vLLM's run_batch "
          "read them) gets the Batch API's output lines instead; settings a request leaves out take "
          "the flags (greedy by default, not OpenAI's temperature 1)", 0, "FILE"},
@@ -308,6 +333,11 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {"seed", FT_OPT_INT, &o->seed, "sampling seed (default: from the clock, printed); --prompts record i "
          "uses seed XOR (splitmix64 output i mod 2^53), record 0 the seed itself"},
         {"json", FT_OPT_FLAG, &o->json, "print one JSON object (ids, text, timings), no streaming"},
+        {"logprobs", FT_OPT_INT, &o->logprobs, "with --json or --prompts: the log-probability of each reply "
+         "token and of the N most likely tokens at its place (0..20), those of the model's raw "
+         "distribution (before penalties, temperature, top-k/p; vLLM's raw_logprobs): \"logprobs\": "
+         "[{id, token, logprob, top: [[id, logprob], ...]}]; the default for --prompts records that do "
+         "not set \"logprobs\" (an OpenAI batch request's logprobs / top_logprobs: OpenAI's shapes)", 0, "N"},
         {"threads", FT_OPT_INT, &o->threads, "CPU threads"},
         {"device", FT_OPT_STR, &o->device, FT_DEVICE_HELP, 0, "DEV"},
         {"quant", FT_OPT_STR, &o->quant, "base linear weights: bf16 (default: the model's weights unquantized; on a GPU streamed from its bf16 pack, as in training, when its layers do not all fit --gpu-mem) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
@@ -321,10 +351,10 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
     if (ft_session_bad_quant(o->quant)) return 2;
-    if (o->chat && (o->prompt || o->prompts || o->raw || o->json || o->out || o->batch)) {
+    if (o->chat && (o->prompt || o->prompts || o->raw || o->json || o->out || o->batch || o->logprobs >= 0)) {
         fprintf(stderr, "ftune: generate: --chat reads the conversation from standard input; it does "
                 "not go with %s\n", o->prompt ? "--prompt" : o->prompts ? "--prompts" : o->raw ? "--raw"
-                : o->json ? "--json" : o->out ? "--out" : "--batch");
+                : o->json ? "--json" : o->out ? "--out" : o->batch ? "--batch" : "--logprobs");
         return 2;
     }
     if (!o->model || (!o->chat && !o->prompt == !o->prompts)) {
@@ -360,6 +390,17 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     }
     if (o->batch && !o->prompts) {
         fprintf(stderr, "ftune: generate: --batch goes with --prompts\n");
+        return 2;
+    }
+    if (o->logprobs != INT64_MIN && (o->logprobs < 0 || o->logprobs > FT_GEN_MAX_LOGPROBS)) {
+        fprintf(stderr, "ftune: generate: --logprobs %lld: expected 0..%d (the alternatives listed "
+                "per token)\n", (long long)o->logprobs, FT_GEN_MAX_LOGPROBS);
+        return 2;
+    }
+    if (o->logprobs == INT64_MIN) o->logprobs = -1;
+    if (o->logprobs >= 0 && !o->prompts && !o->json) {
+        fprintf(stderr, "ftune: generate: --logprobs goes with --json (or --prompts): the streamed "
+                "text has no place for them\n");
         return 2;
     }
     if (o->batch < 0 || o->batch > FT_GEN_MAX_SLOTS) {

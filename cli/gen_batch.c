@@ -12,7 +12,9 @@
  * B a chat.completion ({"id": "chatcmpl-H", "object": "chat.completion", "created", "model",
  * "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}, "logprobs":
  * null, "finish_reason", "stop_reason"}], "usage"}) or a text_completion ("cmpl-H",
- * "text_completion", choices[0].text). "model": the --model value as given (a hub id, not its
+ * "text_completion", choices[0].text); "logprobs" is null unless the request asks for them
+ * (chat "logprobs": true, completions "logprobs": k) or --logprobs is given: then OpenAI's
+ * shape for the endpoint (gen_env.h gen_logprobs_json). "model": the --model value as given (a hub id, not its
  * snapshot path); "created": the Unix time the line was written; H: 16 hex digits hashed from custom_id (FNV-1a 64, then splitmix64's
  * finalizer), so two runs with the same seed write the same file but for "created" (OpenAI's
  * and vLLM's ids are random). "finish_reason": "stop" (a stop token or a stop string) or
@@ -50,6 +52,8 @@ typedef struct batch_rec {
     int64_t max_new;
     const char *const *stop;    /* n_stop: the --stop strings or the record's "stop" */
     int64_t n_stop;
+    int64_t lp_top;             /* log-probabilities with this many alternatives per token
+                                 * (--logprobs or the record's own); -1: none */
 } batch_rec;
 
 typedef struct batch {
@@ -87,6 +91,7 @@ static void rec_settings(batch_rec *x, const gen_opts *o, int64_t i)
     x->max_new = set & FT_GEN_SET_MAX_NEW ? p->max_new_tokens : o->max_new;
     x->stop = set & FT_GEN_SET_STOP ? (const char *const *)p->stop : o->stop.v;
     x->n_stop = set & FT_GEN_SET_STOP ? p->n_stop : o->stop.n;
+    x->lp_top = !(set & FT_GEN_SET_LOGPROBS) ? o->logprobs : p->logprobs ? p->top_logprobs : -1;
 }
 
 /* Reads and checks every record of o->prompts (no model needed). */
@@ -284,9 +289,10 @@ static void id_hex(const char *s, char out[17])
 }
 
 /* The Batch API output object of batch request x (see the header). stop_tok: the token that
- * ended the reply (GEN_STOP_TOKEN), eos the tokenizer's EOS id. NULL when out of memory. */
+ * ended the reply (GEN_STOP_TOKEN), eos the tokenizer's EOS id; lp: the choice's "logprobs"
+ * (taken over; NULL: null). NULL when out of memory. */
 static cJSON *batch_line(const gen_opts *o, const batch_rec *x, const gen_result *r, int32_t stop_tok,
-                         int32_t eos)
+                         int32_t eos, cJSON *lp)
 {
     const int chat = x->q.api == FT_GEN_API_CHAT;
     char h[17], id[64];
@@ -327,7 +333,8 @@ static cJSON *batch_line(const gen_opts *o, const batch_rec *x, const gen_result
     } else {
         cJSON_AddStringToObject(c, "text", text);
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
+    else cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddStringToObject(c, "finish_reason", r->stop == GEN_STOP_LENGTH ? "length" : "stop");
     if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(c, "stop_reason", x->stop[r->stop_str]);
     else if (r->stop == GEN_STOP_TOKEN && stop_tok != eos) cJSON_AddNumberToObject(c, "stop_reason", stop_tok);
@@ -342,12 +349,14 @@ static cJSON *batch_line(const gen_opts *o, const batch_rec *x, const gen_result
 }
 
 /* Writes record i's output line: the Batch API's object for a batch request, else
- * {index, prompt, reply, ...} (cmd_generate.c's header). */
+ * {index, prompt, reply, ...} (cmd_generate.c's header); lp (taken over, may be NULL): the
+ * reply's log-probabilities (gen_logprobs_json in the record's shape). */
 static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, const gen_result *r,
-                    double seconds, int32_t stop_tok, int32_t eos)
+                    double seconds, int32_t stop_tok, int32_t eos, cJSON *lp)
 {
     if (x->q.api != FT_GEN_API_NONE) {
-        cJSON *j = batch_line(o, x, r, stop_tok, eos);
+        cJSON *j = batch_line(o, x, r, stop_tok, eos, lp);
+        if (!j) cJSON_Delete(lp);
         char *s = j ? cJSON_PrintUnformatted(j) : NULL;
         cJSON_Delete(j);
         if (!s) return ft_err(-ENOMEM, "out of memory");
@@ -366,6 +375,7 @@ static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, c
     if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
     cJSON_AddNumberToObject(j, "seconds", seconds);
     if (x->sc.temperature > 0) gen_add_seed(j, x->sc.seed);
+    if (lp && !cJSON_AddItemToObject(j, "logprobs", lp)) cJSON_Delete(lp);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!s) return ft_err(-ENOMEM, "out of memory");
@@ -395,9 +405,11 @@ typedef struct slot_run {
  * finishes (r.text), as its tokens are in the slot's buffer, which the next record takes. */
 typedef struct done_rec {
     int done;
-    gen_result r;               /* r.out_ids NULL */
+    gen_result r;               /* r.out_ids, r.lp NULL */
     double seconds;
     int32_t stop_tok;           /* slot_run.stop_tok */
+    cJSON *lp;                  /* its log-probabilities, written out when it finishes (as its
+                                 * slot's buffers go to the next record), or NULL */
 } done_rec;
 
 /* Records slot sr's finished reply in dn[sr->rec] (its text decoded now, or with stop strings
@@ -414,12 +426,15 @@ static int slot_finish(gen_env *e, slot_run *sr, done_rec *dn)
     d->r = sr->r;
     d->r.out_ids = NULL;
     d->r.text = NULL;
+    d->r.lp = NULL;
+    d->r.lp_ids = NULL;
     d->seconds = gen_now_s() - sr->t0;
     d->stop_tok = sr->stop_tok;
     d->done = 1;
     sr->rec = -1;
     if (!rc) rc = x->n_stop ? ft_stop_text_take(&sr->st, &d->r.text)
                             : ft_tok_decode(e->tok, sr->r.out_ids, sr->r.n_out, 1, &d->r.text);
+    if (!rc && sr->r.lp) rc = gen_logprobs_json(e->tok, &sr->r, x->q.api, &d->lp);
     ft_stop_text_free(&sr->st);
     return rc;
 }
@@ -444,6 +459,12 @@ static int slot_advance(gen_env *e, slot_run *sr, const float *logits, int *fin)
         *fin = 1;
         return 0;
     }
+    if (sr->r.lp) { /* from the logits t was drawn from (the sampler leaves them as they are) */
+        const int64_t at = sr->r.n_out * sr->r.lp_stride;
+        ((int32_t *)sr->r.lp_ids)[at] = t;
+        FT_TRY(ft_sample_logprobs(logits, e->smp.V, t, sr->r.lp_top, (float *)sr->r.lp + at,
+                                  (int32_t *)sr->r.lp_ids + at + 1, (float *)sr->r.lp + at + 1, NULL));
+    }
     ((int32_t *)sr->r.out_ids)[sr->r.n_out++] = t;
     if (sr->seen) ft_sample_seen_add(sr->seen, &t, 1);
     if (sr->use_cnt) ft_sample_counts_add(&sr->cnt, &t, 1);
@@ -465,6 +486,12 @@ static int slot_begin(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, i
     sr->r.prompt_ids = x->ids;
     sr->r.n_prompt = x->n;
     sr->r.out_ids = e->out_ids + k * e->max_new;
+    if (x->lp_top >= 0) { /* slot k's rows of the env's log-probability buffers */
+        sr->r.lp = e->lp_val + k * e->max_new * e->lp_n;
+        sr->r.lp_ids = e->lp_ids + k * e->max_new * e->lp_n;
+        sr->r.lp_stride = e->lp_n;
+        sr->r.lp_top = x->lp_top;
+    }
     sr->t0 = gen_now_s();
     ft_rng_seed(&sr->rng, x->sc.seed); /* as ft_sampler_reseed */
     ft_stop_text_free(&sr->st);
@@ -577,7 +604,7 @@ int gen_run_batch(const gen_opts *o)
     if (!rc) warn_unknown_keys(&b);
     if (!rc) rc = out_open(&of, o->out);
     if (!rc) rc = gen_env_open(&e, o);
-    gen_need nd = {0, 0, 0, 0};
+    gen_need nd = {0, 0, 0, 0, 0};
     int64_t n_over = 0, over_len = 0, over_new = 0, n_sampled = 0, n_raw = 0;
     const int64_t maxpos = e.m ? e.m->cfg.max_position_embeddings : 0;
     for (int64_t i = 0; !rc && i < b.n; i++) {
@@ -593,6 +620,7 @@ int gen_run_batch(const gen_opts *o)
         if (x->n + x->max_new > nd.ctx) nd.ctx = x->n + x->max_new;
         if (x->max_new > nd.max_new) nd.max_new = x->max_new;
         nd.seen |= x->sc.repetition_penalty != 1;
+        if (x->lp_top >= 0 && 1 + x->lp_top > nd.lp_n) nd.lp_n = 1 + x->lp_top;
         n_sampled += x->sc.temperature > 0 && !(x->q.params.set & FT_GEN_SET_SEED);
         n_raw += x->q.raw;
         if (maxpos > 0 && x->n + x->max_new > maxpos) {
@@ -676,7 +704,8 @@ int gen_run_batch(const gen_opts *o)
             done_rec *d = &dn[emitted];
             batch_rec *x = &b.r[emitted];
             rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, d->seconds, d->stop_tok,
-                          ft_tok_eos(e.tok));
+                          ft_tok_eos(e.tok), d->lp);
+            d->lp = NULL; /* put_line took it */
             if (rc) {
                 ft_err_prefix(rc, "%s", x->where);
             } else {
@@ -713,7 +742,10 @@ int gen_run_batch(const gen_opts *o)
         ft_sample_counts_free(&sl[k].cnt);
     }
     free(sl);
-    for (int64_t i = emitted; dn && i < b.n; i++) free(dn[i].r.text); /* held when a run fails */
+    for (int64_t i = emitted; dn && i < b.n; i++) { /* held when a run fails */
+        free(dn[i].r.text);
+        cJSON_Delete(dn[i].lp);
+    }
     free(dn);
     free(act);
     free(tok);

@@ -9,6 +9,7 @@
 
 #include "src/core/err.h"
 #include "src/data/chat.h"
+#include "src/model/sample.h"
 
 double gen_now_s(void)
 {
@@ -140,6 +141,15 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
     e->max_new = nd->max_new;
     e->out_ids = malloc((size_t)(slots * nd->max_new) * sizeof(int32_t));
     if (!e->logits || !e->out_ids) return ft_err(-ENOMEM, "out of memory");
+    if (nd->lp_n > 0) { /* each reply token's log-probabilities, sized once */
+        const size_t n = (size_t)slots * (size_t)nd->max_new * (size_t)nd->lp_n;
+        e->lp_n = nd->lp_n;
+        e->lp_val = malloc(n * sizeof *e->lp_val);
+        e->lp_ids = malloc(n * sizeof *e->lp_ids);
+        if (!e->lp_val || !e->lp_ids)
+            return ft_err(-ENOMEM, "out of memory for the log-probabilities of %lld x %lld tokens",
+                          (long long)slots, (long long)nd->max_new);
+    }
     const char *eot = ft_chat_end_of_turn(tmpl);
     char jeot[64];
     if (tmpl == FT_CHAT_JINJA) { /* what the model's template writes after a reply */
@@ -161,6 +171,8 @@ void gen_env_close(gen_env *e)
     free(e->seen);
     free(e->logits);
     free(e->out_ids);
+    free(e->lp_val);
+    free(e->lp_ids);
     ft_sampler_free(&e->smp);
     ft_gen_free(&e->g);
     ft_tok_free(e->tok);
@@ -210,4 +222,159 @@ void gen_warn_no_think(const gen_opts *o, const ft_tokenizer *tok, int tmpl)
     if (o->no_think && !reads)
         fprintf(stderr, "ftune: warning: --no-think has no effect with chat template %s (it has no "
                 "enable_thinking switch)\n", ft_chat_template_name(tmpl));
+}
+
+/* ---- log-probabilities as JSON ------------------------------------------------------------- */
+
+/* OpenAI's and vLLM's stand-in for a log-probability of -inf (JSON has no infinity). */
+#define LOGPROB_FLOOR -9999.0
+
+/* v for JSON: the -inf stand-in below the floor; else the double nearest to v's 9 significant
+ * digits, which read back as v in float (FLT_DECIMAL_DIG) and which cJSON prints in as many
+ * digits (it would print v's own double in 17). */
+static double lp_out(float v)
+{
+    if (!(v > LOGPROB_FLOOR)) return LOGPROB_FLOOR;
+    char b[32];
+    snprintf(b, sizeof b, "%.9g", (double)v);
+    return strtod(b, NULL);
+}
+
+/* Token id's text (its bytes as valid UTF-8) and raw bytes, malloc'ed; *chars its length in
+ * characters. */
+static int token_strs(const ft_tokenizer *tok, int32_t id, char **text, char **raw, size_t *raw_n,
+                      int64_t *chars)
+{
+    *text = NULL;
+    FT_TRY(ft_tok_token_bytes(tok, id, raw, raw_n));
+    size_t tn = 0;
+    int rc = ft_tok_utf8_lossy(*raw, *raw_n, text, &tn);
+    if (rc) {
+        free(*raw);
+        *raw = NULL;
+        return rc;
+    }
+    int64_t c = 0;
+    for (size_t i = 0; i < tn; i++) c += ((unsigned char)(*text)[i] & 0xC0) != 0x80;
+    *chars = c;
+    return 0;
+}
+
+/* {"token", "logprob", "bytes"} of a chat entry. */
+static cJSON *chat_entry(const char *text, const char *raw, size_t raw_n, float lp)
+{
+    cJSON *o = cJSON_CreateObject(), *b = cJSON_CreateArray();
+    if (!o || !b) {
+        cJSON_Delete(o);
+        cJSON_Delete(b);
+        return NULL;
+    }
+    cJSON_AddStringToObject(o, "token", text);
+    cJSON_AddNumberToObject(o, "logprob", lp_out(lp));
+    for (size_t i = 0; i < raw_n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)raw[i]));
+    cJSON_AddItemToObject(o, "bytes", b);
+    return o;
+}
+
+/* Sets key text of object o to v (a key met again keeps its place and takes the last value,
+ * as a Python dict built in this order would). */
+static void dict_set(cJSON *o, const char *text, double v)
+{
+    cJSON *it = cJSON_GetObjectItemCaseSensitive(o, text);
+    if (it) cJSON_SetNumberValue(it, v);
+    else cJSON_AddNumberToObject(o, text, v);
+}
+
+int gen_logprobs_json(const ft_tokenizer *tok, const gen_result *r, int api, cJSON **out)
+{
+    *out = NULL;
+    if (!r->lp) return ft_err(FT_E_INVALID, "generate: no log-probabilities were computed");
+    cJSON *root = NULL, *content = NULL, *tokens = NULL, *tlp = NULL, *tops = NULL, *offs = NULL;
+    if (api == FT_GEN_API_CHAT) {
+        root = cJSON_CreateObject();
+        content = cJSON_AddArrayToObject(root, "content");
+        cJSON_AddNullToObject(root, "refusal");
+    } else if (api == FT_GEN_API_COMPLETIONS) {
+        root = cJSON_CreateObject();
+        tokens = cJSON_AddArrayToObject(root, "tokens");
+        tlp = cJSON_AddArrayToObject(root, "token_logprobs");
+        tops = cJSON_AddArrayToObject(root, "top_logprobs");
+        offs = cJSON_AddArrayToObject(root, "text_offset");
+    } else {
+        root = content = cJSON_CreateArray();
+    }
+    if (!root || !content == !tokens || (tokens && (!tlp || !tops || !offs)))
+        goto oom;
+    int64_t offset = 0;
+    for (int64_t i = 0; i < r->n_out; i++) {
+        const float *v = r->lp + i * r->lp_stride;
+        const int32_t *d = r->lp_ids + i * r->lp_stride;
+        char *text = NULL, *raw = NULL;
+        size_t raw_n = 0;
+        int64_t chars = 0;
+        int rc = token_strs(tok, d[0], &text, &raw, &raw_n, &chars);
+        if (rc) {
+            cJSON_Delete(root);
+            return rc;
+        }
+        cJSON *e = NULL, *top = NULL;
+        if (api == FT_GEN_API_CHAT) {
+            e = chat_entry(text, raw, raw_n, v[0]);
+            top = e ? cJSON_AddArrayToObject(e, "top_logprobs") : NULL;
+            if (e) cJSON_AddItemToArray(content, e);
+        } else if (api == FT_GEN_API_COMPLETIONS) {
+            cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
+            cJSON_AddItemToArray(tlp, cJSON_CreateNumber(lp_out(v[0])));
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
+            offset += chars;
+            top = cJSON_CreateObject();
+            if (top) {
+                cJSON_AddItemToArray(tops, top);
+                dict_set(top, text, lp_out(v[0])); /* the token first (vLLM's order) */
+            }
+        } else {
+            e = cJSON_CreateObject();
+            if (e) {
+                cJSON_AddItemToArray(content, e);
+                cJSON_AddNumberToObject(e, "id", d[0]);
+                cJSON_AddStringToObject(e, "token", text);
+                cJSON_AddNumberToObject(e, "logprob", lp_out(v[0]));
+                top = cJSON_AddArrayToObject(e, "top");
+            }
+        }
+        free(text);
+        free(raw);
+        if (!top) goto oom;
+        for (int64_t j = 1; j <= r->lp_top; j++) {
+            if (api == FT_GEN_API_NONE) {
+                cJSON *pair = cJSON_CreateArray();
+                if (!pair) goto oom;
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(d[j]));
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp_out(v[j])));
+                cJSON_AddItemToArray(top, pair);
+                continue;
+            }
+            if (api == FT_GEN_API_COMPLETIONS && d[j] == d[0]) continue; /* listed first */
+            rc = token_strs(tok, d[j], &text, &raw, &raw_n, &chars);
+            if (rc) {
+                cJSON_Delete(root);
+                return rc;
+            }
+            if (api == FT_GEN_API_CHAT) {
+                cJSON *a = chat_entry(text, raw, raw_n, v[j]);
+                if (a) cJSON_AddItemToArray(top, a);
+                else rc = -ENOMEM;
+            } else {
+                dict_set(top, text, lp_out(v[j]));
+            }
+            free(text);
+            free(raw);
+            if (rc) goto oom;
+        }
+    }
+    *out = root;
+    return 0;
+oom:
+    cJSON_Delete(root);
+    return ft_err(-ENOMEM, "out of memory");
 }

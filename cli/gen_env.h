@@ -34,6 +34,8 @@ typedef struct gen_opts {
     ft_str_list stop;           /* --stop strings */
     int chat, quiet;            /* --chat (stdin lines are user turns), --quiet (no per-turn stats) */
     int64_t ctx_size;           /* --ctx-size: the chat's KV cache in tokens (0: the default) */
+    int64_t logprobs;           /* --logprobs N: the reply's log-probabilities with N alternatives
+                                 * per token (0..FT_GEN_MAX_LOGPROBS); -1: none (the default) */
 } gen_opts;
 
 /* What ended a reply. */
@@ -50,6 +52,12 @@ typedef struct gen_result {
     int64_t n_cached;           /* prompt tokens the cache already held (not prefilled) */
     int interrupted;            /* 1: a stop request (SIGINT in --chat) ended it early */
     char *text;                 /* full decode of out_ids (skip special), malloc'ed */
+    /* With log-probabilities (else lp NULL): for reply token i, lp_ids[i * lp_stride] is the
+     * token and lp[i * lp_stride] its log-probability, then lp_top alternatives (ids and
+     * log-probabilities, the most likely first): the env's buffers, valid as out_ids. */
+    const float *lp;
+    const int32_t *lp_ids;
+    int64_t lp_stride, lp_top;
 } gen_result;
 
 /* What stays loaded across prompts. */
@@ -67,6 +75,11 @@ typedef struct gen_env {
                                  * else NULL */
     float *logits;              /* (slots, V) host */
     int32_t *out_ids;           /* (slots, max_new) host */
+    int64_t lp_n;               /* 1 + the most alternatives per token any reply lists; 0: no
+                                 * reply has log-probabilities (lp_val, lp_ids unallocated) */
+    float *lp_val;              /* (slots, max_new, lp_n) host: per reply token its
+                                 * log-probability, then its alternatives' (gen_result.lp) */
+    int32_t *lp_ids;            /* (slots, max_new, lp_n) host: the token, then the alternatives */
     int64_t max_new;            /* out_ids tokens per slot: the most new tokens of any reply */
     int64_t slots;              /* sequences decoded together (--batch with --prompts) */
     int32_t stop[MAX_STOP];
@@ -74,11 +87,13 @@ typedef struct gen_env {
 } gen_env;
 
 /* What gen_env_plan sizes for: the longest prompt, the longest prompt plus the new tokens asked
- * of its reply (tokens per KV cache), the most new tokens of any reply, and whether some
- * sequence has a repetition penalty (each slot then keeps the ids it holds). */
+ * of its reply (tokens per KV cache), the most new tokens of any reply, whether some
+ * sequence has a repetition penalty (each slot then keeps the ids it holds), and lp_n: 1 + the
+ * most alternatives per token of a reply with log-probabilities (0: none has them). */
 typedef struct gen_need {
     int64_t max_prompt, ctx, max_new;
     int seen;
+    int64_t lp_n;
 } gen_need;
 
 /* Seconds on the monotonic clock. */
@@ -129,6 +144,24 @@ void gen_warn_context(const gen_env *e, int64_t n_prompt, int64_t max_new, const
 
 /* FT_GEN_* flags of the options. */
 int gen_flags(const gen_opts *o);
+
+/* The log-probabilities of reply r (r->lp set) as JSON, in the shape of `api`:
+ *   FT_GEN_API_NONE (--prompts plain records, --prompt --json): [{"id", "token", "logprob",
+ *     "top": [[id, logprob], ...]}, ...];
+ *   FT_GEN_API_CHAT: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+ *     "logprob", "bytes"}, ...]}, ...], "refusal": null} (OpenAI's ChatCompletion choice
+ *     logprobs; vLLM's ChatCompletionLogProbs);
+ *   FT_GEN_API_COMPLETIONS: {"tokens", "token_logprobs", "top_logprobs": [{TOKEN: logprob}
+ *     per token: the token itself first, then the alternatives not equal to it, so up to
+ *     lp_top + 1 entries as OpenAI describes and vLLM writes them], "text_offset"}.
+ * One entry per reply token (the stop token that ended it is not part of the reply). "token":
+ * the token's bytes (ft_tok_token_bytes) as UTF-8, an invalid sequence replaced by U+FFFD
+ * (a piece of a character split across tokens); "bytes": the raw byte values; "text_offset":
+ * the offsets of the tokens in characters, each the previous one plus the length of its
+ * token (vLLM's). A log-probability of -inf (a -inf logit) is written -9999.0, as vLLM and
+ * OpenAI write it. *out is NULL on error. Returns 0, -ENOMEM, FT_E_INVALID (a token the
+ * tokenizer lacks). */
+int gen_logprobs_json(const ft_tokenizer *tok, const gen_result *r, int api, cJSON **out);
 
 /* --no-think with a template that has no enable_thinking switch: said once, as transformers
  * passes enable_thinking to any template and those ignore it. */

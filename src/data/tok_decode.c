@@ -1,7 +1,7 @@
 /* tok_decode.c - ft_tok_decode: ids -> token strings -> decoder chain -> UTF-8
  * (huggingface/tokenizers Tokenizer::decode and decoders/{byte_level,byte_fallback,fuse,
  * strip,replace}.rs, pre_tokenizers/metaspace.rs). With no decoder, tokens are joined with
- * single spaces, as tokenizers does.
+ * single spaces, as tokenizers does. ft_tok_token_bytes: one token's raw bytes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -230,5 +230,134 @@ int ft_tok_decode(const ft_tokenizer *t, const int32_t *ids, int64_t n, int skip
         return rc;
     }
     *text = joined.p;
+    return 0;
+}
+
+/* One token through the decoder chain, as ft_tok_token_bytes describes: buf holds the token's
+ * text and receives its bytes. */
+static int token_dec(const ft_tokenizer *t, tk_buf *buf)
+{
+    tk_buf tmp = {0};
+    int rc = 0, fused = 0;
+    for (int k = 0; k < t->n_dec && rc == 0; k++) {
+        const tk_dec *d = &t->dec[k];
+        const char *s = buf->p ? buf->p : "";
+        const size_t n = buf->n;
+        tmp.n = 0;
+        switch (d->type) {
+        case TK_DEC_BYTELEVEL: { /* each character its byte; a character outside the table
+                                  * leaves the token's own bytes, as dec_bytelevel does */
+            int ok = 1;
+            for (size_t i = 0; i < n && ok && rc == 0;) {
+                int32_t cp;
+                int L = tk_u8dec((const unsigned char *)s + i, n - i, &cp);
+                int b = tk_cp_to_byte(cp);
+                if (b < 0) ok = 0;
+                else rc = tk_buf_putc(&tmp, (char)b);
+                i += (size_t)L;
+            }
+            if (!ok && rc == 0) {
+                tmp.n = 0;
+                rc = tk_buf_put(&tmp, s, n);
+            }
+            break;
+        }
+        case TK_DEC_BYTEFALLBACK: {
+            int v = byte_token(s, n);
+            rc = v >= 0 ? tk_buf_putc(&tmp, (char)v) : tk_buf_put(&tmp, s, n);
+            break;
+        }
+        case TK_DEC_FUSE: /* one token: nothing to join */
+            fused = 1;
+            rc = tk_buf_put(&tmp, s, n);
+            break;
+        case TK_DEC_STRIP: { /* after Fuse it strips the whole text's ends: not a token's */
+            size_t a = 0, b = n;
+            if (!fused) {
+                char u[4];
+                size_t cl = (size_t)tk_u8enc((uint32_t)d->ch, u);
+                for (int j = 0; j < d->start && a + cl <= b && !memcmp(s + a, u, cl); j++) a += cl;
+                for (int j = 0; j < d->stop && b >= a + cl && !memcmp(s + b - cl, u, cl); j++) b -= cl;
+            }
+            rc = tk_buf_put(&tmp, s + a, b - a);
+            break;
+        }
+        case TK_DEC_REPLACE: {
+            size_t i = 0;
+            while (rc == 0 && i < n) {
+                const char *hit = d->a_n ? memmem(s + i, n - i, d->a, d->a_n) : NULL;
+                if (!hit) break;
+                rc = tk_buf_put(&tmp, s + i, (size_t)(hit - (s + i)));
+                if (rc == 0) rc = tk_buf_put(&tmp, d->b, d->b_n);
+                i = (size_t)(hit - s) + d->a_n;
+            }
+            if (rc == 0) rc = tk_buf_put(&tmp, s + i, n - i);
+            break;
+        }
+        default: { /* TK_DEC_METASPACE: the replacement character is a space (not a first token) */
+            char u[4];
+            size_t cl = (size_t)tk_u8enc((uint32_t)d->ch, u);
+            for (size_t i = 0; rc == 0 && i < n;) {
+                if (i + cl <= n && !memcmp(s + i, u, cl)) {
+                    rc = tk_buf_putc(&tmp, ' ');
+                    i += cl;
+                } else {
+                    rc = tk_buf_putc(&tmp, s[i]);
+                    i++;
+                }
+            }
+            break;
+        }
+        }
+        tk_buf x = *buf; /* tmp becomes the token's text */
+        *buf = tmp;
+        tmp = x;
+    }
+    tk_buf_free(&tmp);
+    return rc;
+}
+
+int ft_tok_token_bytes(const ft_tokenizer *t, int32_t id, char **bytes, size_t *n)
+{
+    if (bytes) *bytes = NULL;
+    if (n) *n = 0;
+    if (!t || !bytes || !n) return ft_err(FT_E_INVALID, "ft_tok_token_bytes: NULL argument");
+    size_t len;
+    const char *s = id >= 0 && id < t->n_ids ? tk_id_text(t, id, &len) : NULL;
+    if (!s) return ft_err(FT_E_INVALID, "token id %d is not in the vocabulary (%lld ids)", (int)id,
+                          (long long)t->n_ids);
+    const tk_added *a = t->added_of_id[id] >= 0 ? &t->added[t->added_of_id[id]] : NULL;
+    if (a && a->special) { /* its content as written */
+        s = a->content;
+        len = a->n;
+    }
+    tk_buf b = {0};
+    int rc = tk_buf_put(&b, s, len); /* tk_buf keeps a NUL after its n bytes */
+    if (rc == 0 && !(a && a->special) && t->has_decoder) rc = token_dec(t, &b);
+    if (rc == 0 && !b.p) rc = tk_buf_reserve(&b, 1);
+    if (rc < 0) {
+        tk_buf_free(&b);
+        return ft_err(-ENOMEM, "out of memory");
+    }
+    b.p[b.n] = 0;
+    *n = b.n;
+    *bytes = b.p;
+    return 0;
+}
+
+int ft_tok_utf8_lossy(const char *s, size_t n, char **out, size_t *out_n)
+{
+    *out = NULL;
+    if (out_n) *out_n = 0;
+    tk_buf b = {0};
+    int rc = tk_buf_reserve(&b, n + 1);
+    if (rc == 0) rc = put_lossy(&b, (const unsigned char *)s, n);
+    if (rc < 0) {
+        tk_buf_free(&b);
+        return ft_err(-ENOMEM, "out of memory");
+    }
+    b.p[b.n] = 0;
+    *out = b.p;
+    if (out_n) *out_n = b.n;
     return 0;
 }

@@ -55,6 +55,25 @@ int ft_tok_encode(const ft_tokenizer *t, const char *text, size_t len, int add_s
 int ft_tok_decode(const ft_tokenizer *t, const int32_t *ids, int64_t n, int skip_special,
                   char **text);
 
+/* The bytes one token contributes to decoded text, for per-token output (log-probabilities):
+ * the decoder chain of ft_tok_decode applied to the token alone, as a token in the middle of
+ * a text: byte-level characters mapped back to their bytes, <0xHH> byte-fallback pieces to
+ * their byte, Replace and Metaspace applied with the space they write before a word kept
+ * (the Metaspace prepend of a text's first token, and a Strip after Fuse, act only at the
+ * start of the whole text, so they are skipped: Llama-2's "▁Hello" gives " Hello"). The
+ * bytes are raw: a piece of a multi-byte character is not valid UTF-8 alone (OpenAI's
+ * "bytes"; the caller replaces what is invalid when it needs text). A special added token
+ * gives its content as written. *bytes is malloc'ed (NUL-terminated, caller frees; "" for a
+ * token of no bytes), *n its length. Returns 0, -ENOMEM, FT_E_INVALID (NULL arguments, an id
+ * outside the vocabulary). */
+int ft_tok_token_bytes(const ft_tokenizer *t, int32_t id, char **bytes, size_t *n);
+
+/* s[0..n) as valid UTF-8: each maximal invalid subpart replaced by U+FFFD, as Rust's
+ * String::from_utf8_lossy and Python's bytes.decode("utf-8", "replace") do (what
+ * ft_tok_decode does to its output). *out is malloc'ed (NUL-terminated), *out_n its length
+ * (may be NULL). Returns 0 or -ENOMEM. */
+int ft_tok_utf8_lossy(const char *s, size_t n, char **out, size_t *out_n);
+
 /* Id of a token string (vocab or added token), or -1. */
 int32_t ft_tok_id(const ft_tokenizer *t, const char *token);
 /* Token string of an id (NULL if out of range). Points into the tokenizer. */

@@ -23,7 +23,7 @@ static const char *const SCHEMA_KEYS[] = {"prompt", "system", "completion", "too
 static const char *const SETTING_KEYS[] = {"max_new_tokens", "max_tokens", "max_completion_tokens",
                                            "temperature", "top_p", "top_k", "min_p",
                                            "repetition_penalty", "presence_penalty",
-                                           "frequency_penalty", "stop", "seed", NULL};
+                                           "frequency_penalty", "stop", "seed", "logprobs", NULL};
 /* Keys of the lines `ftune generate --prompts` writes (a line fed back is a record). */
 static const char *const WRITTEN_KEYS[] = {"index", "reply", "reference", "prompt_tokens",
                                            "new_tokens", "stop_reason", "seconds", NULL};
@@ -35,7 +35,7 @@ static const char *const BODY_READ_KEYS[] = {"messages", "prompt", "tools", "max
                                              "max_completion_tokens", "temperature", "top_p",
                                              "top_k", "min_p", "repetition_penalty",
                                              "presence_penalty", "frequency_penalty", "stop",
-                                             "seed", "n", NULL};
+                                             "seed", "n", "logprobs", "top_logprobs", NULL};
 
 static int in_list(const char *const *list, const char *k)
 {
@@ -153,7 +153,6 @@ static const struct body_field { const char *key; int rule; const char *why; } B
     {"kv_transfer_params", B_IGNORE, NULL},
     {"spaces_between_special_tokens", B_IGNORE, NULL},
     {"stream", B_FALSE, "the reply is written whole"},
-    {"logprobs", B_FALSE, "ftune does not return log-probabilities"},
     {"echo", B_FALSE, "the prompt is not repeated in the reply"},
     {"ignore_eos", B_FALSE, NULL},
     {"include_stop_str_in_output", B_FALSE, "the reply stops before the stop string"},
@@ -167,7 +166,6 @@ static const struct body_field { const char *key; int rule; const char *why; } B
     {"n", B_ONE, "ftune writes one choice per request"},
     {"best_of", B_ONE, NULL},
     {"length_penalty", B_ONE, NULL},
-    {"top_logprobs", B_ZERO, "ftune does not return log-probabilities"},
     {"min_tokens", B_ZERO, NULL},
     {"logit_bias", B_EMPTY, NULL},
     {"stop_token_ids", B_EMPTY, NULL},
@@ -197,7 +195,7 @@ static const struct body_field { const char *key; int rule; const char *why; } B
     {"reasoning_effort", B_EMPTY, NULL},
     {"verbosity", B_EMPTY, NULL},
     {"truncate_prompt_tokens", B_EMPTY, NULL},
-    {"prompt_logprobs", B_EMPTY, "ftune does not return log-probabilities"},
+    {"prompt_logprobs", B_EMPTY, "ftune returns the log-probabilities of the reply's tokens only"},
     {"suffix", B_EMPTY, NULL},
     {"add_special_tokens", B_IGNORE, NULL}, /* checked in body_fields */
 };
@@ -247,7 +245,7 @@ static int body_fields(ft_gen_req *q, const cJSON *body, int api)
         const char *k = c->string ? c->string : "";
         char val[48];
         if (!strcmp(k, api == FT_GEN_API_CHAT ? "messages" : "prompt") ||
-            (api == FT_GEN_API_CHAT && !strcmp(k, "tools")) ||
+            (api == FT_GEN_API_CHAT && (!strcmp(k, "tools") || !strcmp(k, "top_logprobs"))) ||
             (in_list(SETTING_KEYS, k) && strcmp(k, "max_new_tokens")))
             continue;
         if (!strcmp(k, "add_special_tokens")) {
@@ -357,7 +355,7 @@ int gp_req_batch(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
                           "answers after it, ftune would take it as the reference; end with a "
                           "user or tool message");
     }
-    int rc = gp_req_params(&q->params, body, 1);
+    int rc = gp_req_params(&q->params, body, q->api);
     if (rc == FT_E_INVALID) ft_err_prefix(rc, "body");
     return rc;
 }

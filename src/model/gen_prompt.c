@@ -261,15 +261,16 @@ static int param_stop(const cJSON *v, ft_gen_params *p)
     return 0;
 }
 
-/* The generation settings of object record rec into *p (see ft_gen_req_parse); body = 1: rec
- * is a batch request's body (OpenAI's names only: no "max_new_tokens"; vLLM's -1 for top_k
- * "off" and for seed "none" as its SamplingParams takes them). On error *p may hold a partial
- * stop list (ft_gen_req_free frees it). */
+/* The generation settings of object record rec into *p (see ft_gen_req_parse); body =
+ * FT_GEN_API_CHAT or FT_GEN_API_COMPLETIONS: rec is a batch request's body for that endpoint
+ * (OpenAI's names only: no "max_new_tokens"; vLLM's -1 for top_k "off" and for seed "none"
+ * as its SamplingParams takes them; "logprobs" as the endpoint has it), 0: a plain record. On
+ * error *p may hold a partial stop list (ft_gen_req_free frees it). */
 int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
 {
     static const char *const max_keys[] = {"max_new_tokens", "max_tokens", "max_completion_tokens"};
     const char *max_key = NULL;
-    for (int i = body; i < 3; i++) {
+    for (int i = body ? 1 : 0; i < 3; i++) { /* a body has no "max_new_tokens" */
         const cJSON *v = param_item(rec, max_keys[i]);
         int64_t m;
         if (!v) continue;
@@ -322,6 +323,41 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
     if ((v = param_item(rec, "frequency_penalty"))) {
         FT_TRY(param_float(v, "frequency_penalty", -2, 0, 2, "-2..2 (0: off)", &p->frequency_penalty));
         p->set |= FT_GEN_SET_FREQUENCY;
+    }
+    /* log-probabilities: a chat body's "logprobs" true/false + "top_logprobs" k, a completions
+     * body's "logprobs" k, a plain record's "logprobs" k or false (a line generate wrote,
+     * fed back, holds its reply's log-probabilities under that key: not a setting) */
+    if (body == FT_GEN_API_CHAT) {
+        const cJSON *lp = param_item(rec, "logprobs"), *top = param_item(rec, "top_logprobs");
+        if (lp && !cJSON_IsBool(lp))
+            return ft_err(FT_E_INVALID, "'logprobs' must be true or false for /v1/chat/completions "
+                          "(the alternatives' count is 'top_logprobs'), found %s", ft_json_type(lp));
+        if (top && !cJSON_IsTrue(lp))
+            return ft_err(FT_E_INVALID, "'top_logprobs' needs 'logprobs': true (as OpenAI's and "
+                          "vLLM's chat completions require)");
+        if (top) FT_TRY(param_int(top, "top_logprobs", 0, FT_GEN_MAX_LOGPROBS, "an integer 0..20",
+                                  &p->top_logprobs));
+        if (lp) {
+            p->logprobs = cJSON_IsTrue(lp);
+            p->set |= FT_GEN_SET_LOGPROBS;
+        }
+    } else if (body == FT_GEN_API_COMPLETIONS && (v = param_item(rec, "logprobs"))) {
+        FT_TRY(param_int(v, "logprobs", 0, FT_GEN_MAX_LOGPROBS, "an integer 0..20 for "
+                         "/v1/completions (the alternatives listed per token; vLLM's limit)",
+                         &p->top_logprobs));
+        p->logprobs = 1;
+        p->set |= FT_GEN_SET_LOGPROBS;
+    }
+    if (!body && (v = param_item(rec, "logprobs")) && !cJSON_GetObjectItemCaseSensitive(rec, "reply")) {
+        if (cJSON_IsFalse(v)) {
+            p->logprobs = 0;
+            p->top_logprobs = 0;
+        } else {
+            FT_TRY(param_int(v, "logprobs", 0, FT_GEN_MAX_LOGPROBS, "an integer 0..20 (the "
+                             "alternatives listed per token) or false", &p->top_logprobs));
+            p->logprobs = 1;
+        }
+        p->set |= FT_GEN_SET_LOGPROBS;
     }
     if ((v = param_item(rec, "seed")) && !(body && cJSON_IsNumber(v) && v->valuedouble == -1)) {
         int64_t sd;

@@ -17,7 +17,8 @@ char *gp_dup_str(const char *s, size_t n);
 int gp_req_add(ft_gen_req *q, int role, const char *s, size_t n, const char *in, size_t in_n);
 /* Conversational record rec into q's messages and reference, as training converts it. */
 int gp_req_conversation(ft_gen_req *q, const cJSON *rec, const char *system);
-/* The generation settings of object rec into *p; body = 1: a batch request's body's names. */
+/* The generation settings of object rec into *p; body = FT_GEN_API_CHAT / _COMPLETIONS: a
+ * batch request's body for that endpoint (its names), FT_GEN_API_NONE: a plain record. */
 int gp_req_params(ft_gen_params *p, const cJSON *rec, int body);
 /* FT_E_INVALID naming (with prefix "" or "body.") a key object o holds twice; 0 when none. */
 int gp_dup_keys(const cJSON *o, const char *prefix);

@@ -175,8 +175,9 @@ int ft_gen_decode(ft_gen *g, const int64_t *slots, const int32_t *ids, int64_t n
  * of prompt i's last token. Each prompt's rows are those of ft_gen_forward_slot(slots[i],
  * its ids, lens[i], ., 1) on that empty slot: the same attention call on its own rows (causal,
  * attention_fwd), the projections over all the rows at once (as ft_gen_decode, a GEMM over
- * more rows may round differently in the last bits; the CPU's sgemm rows do not depend on
- * the rows beside them: bit for bit there, tested), the LM head over the n_seq last rows.
+ * more rows may round differently in the last bits: bit for bit on the tiny test model
+ * (tested), while OpenBLAS blocks the example model's GEMMs otherwise for other row counts,
+ * <= 8.8e-7 of the largest logit measured), the LM head over the n_seq last rows.
  * The caller splits prompts whose total exceeds chunk_max (a longer prompt alone:
  * ft_gen_forward_slot in chunks). Returns 0, FT_E_RANGE (n_seq outside 1..min(n_slots,
  * logit_rows_max), a slot out of range, a length outside 1..ctx_max, more than chunk_max
@@ -225,7 +226,12 @@ enum {
     FT_GEN_SET_SEED = 1 << 7,
     FT_GEN_SET_PRESENCE = 1 << 8,
     FT_GEN_SET_FREQUENCY = 1 << 9,
+    FT_GEN_SET_LOGPROBS = 1 << 10,
 };
+
+/* Most alternatives per token a record may ask for ("top_logprobs" / "logprobs": k, and
+ * --logprobs): vLLM's default max_logprobs, OpenAI's chat limit (its completions allow 5). */
+#define FT_GEN_MAX_LOGPROBS 20
 
 /* Generation settings of one prompts-file record, each replacing the command line's for that
  * record only (vLLM's LLM.generate with one SamplingParams per prompt; the body of an OpenAI
@@ -244,6 +250,9 @@ typedef struct ft_gen_params {
     uint64_t seed;              /* 0..2^53 - 1: replaces ft_gen_record_seed's */
     float presence_penalty;     /* [-2, 2]; 0: off (OpenAI's; sample.h) */
     float frequency_penalty;    /* [-2, 2]; 0: off */
+    int logprobs;               /* 1: the reply's tokens come with their log-probabilities */
+    int64_t top_logprobs;       /* 0..FT_GEN_MAX_LOGPROBS: the most likely alternatives listed
+                                 * per token (with logprobs = 1) */
 } ft_gen_params;
 
 /* What a record is: a plain prompt, or an OpenAI batch request (formats: OpenAI's Batch API
@@ -309,9 +318,12 @@ typedef struct ft_gen_req {
  *   "stop": a non-empty string or a list of up to FT_GEN_MAX_STOP_STR of them ([]: none), as
  *       OpenAI's API and vLLM's SamplingParams.stop;
  *   "seed": an integer 0..2^53 - 1, the record's sampling seed;
- *   "presence_penalty", "frequency_penalty": numbers in [-2, 2] (OpenAI's range), sample.h.
+ *   "presence_penalty", "frequency_penalty": numbers in [-2, 2] (OpenAI's range), sample.h;
+ *   "logprobs": an integer k in 0..FT_GEN_MAX_LOGPROBS (the reply's log-probabilities with the
+ *       k most likely alternatives per token; FT_GEN_SET_LOGPROBS, logprobs = 1,
+ *       top_logprobs = k), or false (none).
  * A record with a "reply" key (a line `ftune generate --prompts` wrote, fed back) keeps its
- * "stop", the reason that reply ended, out of its settings.
+ * "stop", the reason that reply ended, and its "logprobs", out of its settings.
  * Other keys are ignored, and listed in q->unknown (q->unknown_hint: the schema key or
  * setting within edit distance 2, e.g. "top_k" for "top_kk"), except those of the lines
  * generate writes (index, reply, reference, prompt_tokens, new_tokens, stop_reason, seconds).
@@ -324,8 +336,11 @@ typedef struct ft_gen_req {
  *   would answer after it); refused with raw = 1;
  *   completions: B.prompt, a string, encoded as is (q->raw = 1, as --raw).
  *   B's settings are the ones above by OpenAI's names (not "max_new_tokens"; vLLM's top_k -1
- *   is off, seed -1 none). B's fields that ftune does not implement are refused, naming
- *   the field, unless their value changes nothing (n 1, logprobs false, stream false,
+ *   is off, seed -1 none), and the log-probabilities as each endpoint asks for them: chat
+ *   "logprobs" true or false with "top_logprobs" 0..20 (only with "logprobs": true, as OpenAI
+ *   and vLLM refuse it otherwise), completions "logprobs" an integer 0..20 (vLLM's limit;
+ *   OpenAI's is 5). B's fields that ftune does not implement are refused, naming
+ *   the field, unless their value changes nothing (n 1, echo false, stream false,
  *   response_format {"type": "text"}, tool_choice "auto", logit_bias {}, ...: the list is
  *   gen_batch_req.c BODY_FIELDS, from OpenAI's and vLLM's request schemas); model, user,
  *   metadata, store, service_tier and other bookkeeping are accepted and ignored. Other keys

@@ -406,6 +406,52 @@ int ft_sample_next_pen(ft_sampler *s, const float *logits, const ft_sample_seen 
     return 0;
 }
 
+/* ---- log-probabilities of the raw logits ---------------------------------------------------- */
+
+int ft_sample_logprobs(const float *logits, int64_t V, int32_t token, int64_t k, float *token_lp,
+                       int32_t *top_id, float *top_lp, int64_t *n_top)
+{
+    if (n_top) *n_top = 0;
+    if (!logits || V < 1 || V > INT32_MAX)
+        return ft_err(FT_E_INVALID, "logprobs: %lld logits, expected 1..%d", (long long)V, INT32_MAX);
+    if (token < -1 || token >= V)
+        return ft_err(FT_E_INVALID, "logprobs: token %d outside the vocabulary of %lld", (int)token,
+                      (long long)V);
+    if (k < 0 || k > FT_SAMPLE_MAX_LOGPROBS || (k > 0 && (!top_id || !top_lp)))
+        return ft_err(FT_E_INVALID, "logprobs: %lld alternatives, expected 0..%d", (long long)k,
+                      FT_SAMPLE_MAX_LOGPROBS);
+    const int64_t kk = k < V ? k : V;
+    /* the largest logit, the numeric checks of ft_sample_dist, and the kk best (a list kept
+     * sorted by insertion: a logit enters only when it beats the worst kept one, and equal
+     * logits keep the lower id first as ids arrive in order) */
+    float mx = -INFINITY;
+    int64_t n = 0;
+    for (int64_t i = 0; i < V; i++) {
+        const float x = logits[i];
+        if (x != x || x == INFINITY)
+            return ft_err(FT_E_NUMERIC, "logprobs: logit %lld is %g: no distribution", (long long)i,
+                          (double)x);
+        mx = x > mx ? x : mx;
+        if (!kk || (n == kk && !(x > top_lp[kk - 1]))) continue;
+        int64_t j = n < kk ? n++ : kk - 1; /* the slot freed at the end */
+        while (j > 0 && x > top_lp[j - 1]) {
+            top_lp[j] = top_lp[j - 1];
+            top_id[j] = top_id[j - 1];
+            j--;
+        }
+        top_lp[j] = x;
+        top_id[j] = (int32_t)i;
+    }
+    if (!(mx > -INFINITY)) return ft_err(FT_E_NUMERIC, "logprobs: every logit is -inf");
+    double sum = 0; /* >= 1: the largest term is exp(0) */
+    for (int64_t i = 0; i < V; i++) sum += exp((double)logits[i] - (double)mx);
+    const double lse = (double)mx + log(sum);
+    for (int64_t j = 0; j < kk; j++) top_lp[j] = (float)((double)top_lp[j] - lse);
+    if (token >= 0 && token_lp) *token_lp = (float)((double)logits[token] - lse);
+    if (n_top) *n_top = kk;
+    return 0;
+}
+
 static int add_id(int32_t *ids, int n, int cap, int64_t id)
 {
     if (id < 0 || id > INT32_MAX || n >= cap) return n;

@@ -32,6 +32,8 @@
  * only; its CLI samples at temperature 0.8 by default. ftune generate defaults to greedy.)
  * The draws are reproducible: the same seed, logits and settings give the same tokens on
  * every machine (xoshiro256**, src/core/rng.h; probabilities in double).
+ * ft_sample_logprobs gives the log-probabilities that `ftune generate --logprobs` reports:
+ * those of the raw logits, before any of the steps above.
  */
 #ifndef FT_SAMPLE_H
 #define FT_SAMPLE_H
@@ -154,6 +156,30 @@ void ft_sample_seen_clear(ft_sample_seen *h);
 void ft_sample_seen_add(ft_sample_seen *h, const int32_t *ids, int64_t n);
 /* 1 when id is in the set. */
 int ft_sample_seen_has(const ft_sample_seen *h, int64_t id);
+
+/* Most alternatives ft_sample_logprobs lists per token (vLLM's default max_logprobs; OpenAI's
+ * chat API allows 20 top_logprobs). */
+#define FT_SAMPLE_MAX_LOGPROBS 20
+
+/* Log-probabilities of the raw distribution of one row of logits (V floats, host): the
+ * log-softmax log p(i) = x_i - log(sum_j exp(x_j)), the log-sum-exp taken in double around
+ * the largest logit. These are the model's own probabilities, before the repetition,
+ * presence and frequency penalties, the temperature and the top-k / top-p / min-p filters
+ * (vLLM's default logprobs_mode "raw_logprobs"; OpenAI's API returns the same kind of value),
+ * so a greedy and a sampled run report the same numbers for the same prefix.
+ *   token: an id in [0, V) whose log-probability goes to *token_lp (may be NULL), or -1 for
+ *     none;
+ *   k: 0..FT_SAMPLE_MAX_LOGPROBS alternatives: the min(k, V) ids of the largest logits, in
+ *     descending order, ties to the lower id, into top_id / top_lp (min(k, V) entries each;
+ *     NULL when k = 0); *n_top (may be NULL) receives min(k, V).
+ * A -inf logit is a token of probability 0: its log-probability is -inf (it is listed among
+ * the top ones only when fewer than k tokens have a finite logit). A NaN or +inf logit, or
+ * every logit -inf, is FT_E_NUMERIC, as the sampler refuses them (ft_sample_dist). Returns
+ * 0, FT_E_NUMERIC, FT_E_INVALID (V < 1, token outside [-1, V), k outside 0..20, NULL
+ * arrays). Allocates nothing: O(V) plus O(V k) in the worst case (rising logits), O(V)
+ * usually. */
+int ft_sample_logprobs(const float *logits, int64_t V, int32_t token, int64_t k, float *token_lp,
+                       int32_t *top_id, float *top_lp, int64_t *n_top);
 
 /* The argmax of x (n), the lowest index on ties; -1 if n < 1 or every value is NaN. */
 int32_t ft_sample_argmax(const float *x, int64_t n);

@@ -24,13 +24,12 @@ when it is not in the cache).
 """
 import json
 import os
-import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cli_helpers import assert_clean_error, run_ftune
+from gen_helpers import reference_greedy
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -216,8 +215,8 @@ GOOD = chat_req("a", [{"role": "user", "content": "hi"}])
 @pytest.mark.parametrize("name,recs,needles", [
     ("n=2", [GOOD, chat_req("b", [{"role": "user", "content": "x"}], n=2)],
      ["line 2", "'body.n' 2", "n must be 1"]),
-    ("logprobs", [chat_req("b", [{"role": "user", "content": "x"}], logprobs=True)],
-     ["line 1", "'body.logprobs' true"]),
+    ("top_logprobs without logprobs", [chat_req("b", [{"role": "user", "content": "x"}], top_logprobs=2)],
+     ["line 1", "'top_logprobs' needs 'logprobs': true"]),
     ("response_format", [chat_req("b", [{"role": "user", "content": "x"}],
                                   response_format={"type": "json_schema"})],
      ["line 1", "'body.response_format'"]),
@@ -291,40 +290,7 @@ def test_unknown_keys_warned_once(tmp_path):
 
 # ---------------------------------------------------------------------------------------
 # presence / frequency penalties: a greedy numpy loop over `ftune logits`
-
-def last_logits(tmp_path, ids):
-    out = tmp_path / "logits.f32"
-    r = run_ftune(["logits", "--model", TINY, "--ids", ",".join(map(str, ids)), "--out", out])
-    assert r.returncode == 0, r.stderr
-    j = json.loads(r.stdout)
-    return np.fromfile(out, dtype="<f4").reshape(j["n_tokens"], j["vocab"])[-1]
-
-
-def reference_greedy(tmp_path, prompt_ids, n_new, stop_ids, presence=0.0, frequency=0.0,
-                     repetition=1.0):
-    """vLLM's apply_penalties on one row, float32: the repetition penalty on the ids of the
-    prompt and the reply (each once), then logits -= frequency * count and -= presence *
-    (count > 0) over the reply's ids; the argmax. Returns (ids, stopped, smallest margin)."""
-    seq, out, margin = list(prompt_ids), [], np.inf
-    for _ in range(n_new):
-        z = last_logits(tmp_path, seq).astype(np.float32).copy()
-        if repetition != 1:
-            idx = np.array(sorted(set(seq)))
-            s, p = z[idx], np.float32(repetition)
-            z[idx] = np.where(s < 0, s * p, s / p)
-        if out:
-            ids, cnt = np.unique(np.array(out), return_counts=True)
-            z[ids] = z[ids] - np.float32(frequency) * cnt.astype(np.float32)
-            z[ids] = z[ids] - np.float32(presence)
-        top2 = np.sort(np.partition(z, -2)[-2:])
-        margin = min(margin, float(top2[1] - top2[0]))
-        t = int(np.argmax(z))
-        if t in stop_ids:
-            return out, True, margin
-        out.append(t)
-        seq.append(t)
-    return out, False, margin
-
+# (gen_helpers.reference_greedy)
 
 @pytest.mark.parametrize("presence,frequency,repetition", [(0.0, 0.7, 1.0), (1.5, 0.0, 1.0),
                                                            (0.4, 0.3, 1.2), (-0.5, 0.0, 1.0)])
@@ -342,7 +308,7 @@ def test_presence_frequency_greedy(tmp_path, presence, frequency, repetition):
                       "--raw"))[0]
     req = completion_req("pen", PROMPT, **s)
     x = lines(ftune("--prompts", write_jsonl(tmp_path / "b.jsonl", [req])))[0]
-    ref, stopped, margin = reference_greedy(tmp_path, plain["prompt_ids"], n_new, stop_ids,
+    ref, stopped, margin = reference_greedy(tmp_path, TINY, plain["prompt_ids"], n_new, stop_ids,
                                             presence, frequency, repetition)
     want = tok.decode(ref, skip_special_tokens=True)
     print(f"\n[presence {presence}, frequency {frequency}, repetition {repetition}] reference "

@@ -1056,9 +1056,10 @@ static void test_gen_req_batch(void **state)
     expect_msg(&q, 1, FT_ROLE_USER, "U");
     assert_string_equal(q.user, "U");
     assert_null(q.reference);
-    /* top_k -1 is vLLM's off, seed -1 its none */
+    /* top_k -1 is vLLM's off, seed -1 its none; logprobs false: none, said */
     assert_int_equal(q.params.set, FT_GEN_SET_MAX_NEW | FT_GEN_SET_TEMPERATURE | FT_GEN_SET_TOP_K |
-                                       FT_GEN_SET_STOP | FT_GEN_SET_FREQUENCY);
+                                       FT_GEN_SET_STOP | FT_GEN_SET_FREQUENCY | FT_GEN_SET_LOGPROBS);
+    assert_int_equal(q.params.logprobs, 0);
     assert_int_equal(q.params.max_new_tokens, 9);
     assert_int_equal(q.params.top_k, 0);
     assert_true(q.params.frequency_penalty == 0.25f);
@@ -1113,6 +1114,40 @@ static void test_gen_req_batch(void **state)
     assert_int_equal(q.n_unknown, 1);
     assert_string_equal(q.unknown[0], "body.reply");
     ft_gen_req_free(&q);
+    /* log-probabilities as each endpoint asks for them: chat logprobs true (+ top_logprobs, 0
+     * without it), completions logprobs k, a plain record's logprobs k; a line generate wrote
+     * ("reply") keeps its "logprobs" (the reply's values) out of its settings */
+    static const struct { const char *json; int lp; int64_t top; } lps[] = {
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"logprobs\": true, "
+         "\"top_logprobs\": 20}}", 1, 20},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"logprobs\": true}}", 1, 0},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"p\", \"logprobs\": 3}}", 1, 3},
+        {"{\"prompt\": \"p\", \"logprobs\": 0}", 1, 0},
+        {"{\"prompt\": \"p\", \"logprobs\": false}", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof lps / sizeof *lps; i++) {
+        assert_int_equal(parse_req(&q, lps[i].json, NULL, 0), 0);
+        assert_int_equal(q.params.set, FT_GEN_SET_LOGPROBS);
+        assert_int_equal(q.params.logprobs, lps[i].lp);
+        assert_int_equal(q.params.top_logprobs, lps[i].top);
+        assert_int_equal(q.n_unknown, 0);
+        ft_gen_req_free(&q);
+    }
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"p\", \"reply\": \"r\", \"logprobs\": [{\"id\": 1}]}",
+                               NULL, 0), 0);
+    assert_int_equal(q.params.set, 0);
+    assert_int_equal(q.n_unknown, 0);
+    ft_gen_req_free(&q);
+    /* top_logprobs is no completions field: an unknown key there */
+    assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
+                                   "\"/v1/completions\", \"body\": {\"prompt\": \"p\", \"top_logprobs\": 2}}",
+                               NULL, 0), 0);
+    assert_int_equal(q.n_unknown, 1);
+    assert_string_equal(q.unknown[0], "body.top_logprobs");
+    ft_gen_req_free(&q);
     /* plain records under --raw are raw; without it not */
     assert_int_equal(parse_req(&q, "\"x\"", NULL, 1), 0);
     assert_int_equal(q.raw, 1);
@@ -1124,8 +1159,19 @@ static void test_gen_req_batch(void **state)
                        "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], " body "}}"
     static const bad_req bad[] = {
         {CHAT_REQ("\"n\": 2"), 0, "'body.n' 2: ftune writes one choice per request (n must be 1)"},
-        {CHAT_REQ("\"logprobs\": true"), 0, "'body.logprobs' true: ftune generate does not implement it"},
-        {CHAT_REQ("\"top_logprobs\": 3"), 0, "'body.top_logprobs' 3"},
+        {CHAT_REQ("\"logprobs\": 1"), 0, "body: 'logprobs' must be true or false for /v1/chat/completions"},
+        {CHAT_REQ("\"top_logprobs\": 3"), 0, "body: 'top_logprobs' needs 'logprobs': true"},
+        {CHAT_REQ("\"logprobs\": false, \"top_logprobs\": 0"), 0, "'top_logprobs' needs 'logprobs': true"},
+        {CHAT_REQ("\"logprobs\": true, \"top_logprobs\": 21"), 0, "body: 'top_logprobs' 21: expected an "
+         "integer 0..20"},
+        {CHAT_REQ("\"prompt_logprobs\": 1"), 0, "'body.prompt_logprobs' 1"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\", \"logprobs\": true}}", 0, "body: 'logprobs' must be an integer, found a boolean"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\", \"logprobs\": 21}}", 0, "body: 'logprobs' 21: expected an integer 0..20 for "
+         "/v1/completions"},
+        {"{\"prompt\": \"p\", \"logprobs\": -1}", 0, "'logprobs' -1: expected an integer 0..20"},
+        {"{\"prompt\": \"p\", \"logprobs\": true}", 0, "'logprobs' must be an integer, found a boolean"},
         {CHAT_REQ("\"stream\": true"), 0, "'body.stream' true"},
         {CHAT_REQ("\"response_format\": {\"type\": \"json_object\"}"), 0, "'body.response_format'"},
         {CHAT_REQ("\"logit_bias\": {\"5\": 10}"), 0, "'body.logit_bias'"},

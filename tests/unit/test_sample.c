@@ -3,8 +3,11 @@
  * negative, ids repeated in the sequence, the greedy choice it flips, values below 1), min-p
  * against hand counts and a brute force over a large vocabulary, and the order in which
  * transformers' generate() applies them: the penalty on the raw logits before everything
- * (greedy included), then temperature, top-k, top-p, min-p. No model needed. */
+ * (greedy included), then temperature, top-k, top-p, min-p; and ft_sample_logprobs (the raw
+ * log-softmax and its top k) against a long double reference. No model needed. */
 #include "tests/unit/harness.h"
+
+#include <float.h>
 
 #include "src/core/err.h"
 #include "src/core/rng.h"
@@ -623,6 +626,133 @@ static void test_presence_frequency_hand(void **state)
            "after repetition penalty 2: greedy 0 -> 5\n");
 }
 
+/* ---- log-probabilities of the raw logits (ft_sample_logprobs) ------------------------------ */
+
+/* ft_sample_logprobs rounds x - lse (double) to float once: |ref| * FLT_EPSILON covers that,
+ * the absolute part the log-sum-exp in double against the long double reference. */
+#define FT_TOL_LOGPROB_ABS 1e-12
+
+/* A reference in long double: the log-sum-exp summed in id order around the first finite
+ * logit (another order and pivot than the library's), and the top k by a full selection
+ * (largest first, the lower id on ties). */
+static void logprobs_ref(const float *x, int64_t V, int64_t k, long double *lp, int32_t *top)
+{
+    long double piv = 0, s = 0;
+    int64_t f = 0;
+    while (f < V && x[f] == -INFINITY) f++;
+    piv = x[f];
+    for (int64_t i = 0; i < V; i++) s += expl((long double)x[i] - piv);
+    const long double lse = piv + logl(s);
+    for (int64_t i = 0; i < V; i++) lp[i] = (long double)x[i] - lse;
+    uint8_t *used = calloc((size_t)V, 1);
+    assert_non_null(used);
+    for (int64_t j = 0; j < k && j < V; j++) {
+        int64_t b = -1;
+        for (int64_t i = 0; i < V; i++)
+            if (!used[i] && (b < 0 || x[i] > x[b])) b = i;
+        used[b] = 1;
+        top[j] = (int32_t)b;
+    }
+    free(used);
+}
+
+static void expect_lp(float got, long double ref)
+{
+    if (isinf((double)ref)) {
+        assert_true(isinf(got) && got < 0);
+        return;
+    }
+    const double tol = FT_TOL_LOGPROB_ABS + fabs((double)ref) * FLT_EPSILON;
+    if (!(fabs((double)got - (double)ref) <= tol))
+        fail_msg("logprob %.9g, reference %.12Lg (tolerance %.3g)", (double)got, ref, tol);
+}
+
+/* Random rows (V from 1 to 50,000; logits of both signs, rows with many ties, rows with -inf
+ * logits) for k = 0, 1, 5, 20 (and V < k): every token's value and the top ids against the
+ * long double reference; the sum of the probabilities is 1; then the errors. */
+static void test_logprobs_ref(void **state)
+{
+    static const int64_t Vs[] = {1, 3, 7, 20, 33, 1000, 50000};
+    static const int64_t ks[] = {0, 1, 5, 20};
+    ft_rng r;
+    ft_rng_seed(&r, 5);
+    int64_t rows = 0;
+    double worst = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++)
+        for (int kind = 0; kind < 3; kind++) {
+            const int64_t V = Vs[vi];
+            float *x = malloc((size_t)V * sizeof *x);
+            long double *ref = malloc((size_t)V * sizeof *ref);
+            int32_t top_ref[FT_SAMPLE_MAX_LOGPROBS], top_id[FT_SAMPLE_MAX_LOGPROBS];
+            float top_lp[FT_SAMPLE_MAX_LOGPROBS];
+            assert_true(x && ref);
+            for (int64_t i = 0; i < V; i++) {
+                float u = ft_rng_uniform(&r);
+                if (kind == 0) x[i] = 40.0f * u - 15.0f;           /* spread: tiny probabilities */
+                else if (kind == 1) x[i] = (float)(int)(u * 4.0f); /* 4 values: ties everywhere */
+                else x[i] = u < 0.3f && i > 0 ? -INFINITY : 8.0f * u; /* -inf logits (not id 0) */
+            }
+            for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+                const int64_t k = ks[ki], kk = k < V ? k : V;
+                logprobs_ref(x, V, k, ref, top_ref);
+                long double psum = 0;
+                for (int64_t tk = 0; tk < V; tk++) {
+                    float lp = 1;
+                    int64_t n = -1;
+                    /* every token of small rows, a sample of the large ones */
+                    if (V > 1000 && tk % 97) continue;
+                    assert_int_equal(ft_sample_logprobs(x, V, (int32_t)tk, k, &lp, top_id, top_lp, &n), 0);
+                    assert_int_equal(n, kk);
+                    expect_lp(lp, ref[tk]);
+                    if (!isinf((double)ref[tk])) worst = fmax(worst, fabs((double)lp - (double)ref[tk]));
+                    psum += expl((long double)lp);
+                    for (int64_t j = 0; j < kk; j++) {
+                        assert_int_equal(top_id[j], top_ref[j]);
+                        expect_lp(top_lp[j], ref[top_ref[j]]);
+                    }
+                }
+                if (V <= 1000) assert_true(fabsl(psum - 1) < 1e-5L * (1 + V / 1000.0L));
+                rows++;
+            }
+            /* no token asked: only the top ones */
+            int64_t n = -1;
+            assert_int_equal(ft_sample_logprobs(x, V, -1, 3, NULL, top_id, top_lp, &n), 0);
+            assert_int_equal(n, V < 3 ? V : 3);
+            free(x);
+            free(ref);
+        }
+    /* hand values: logits log(0.5), log(0.25), log(0.25): ties keep the lower id first */
+    const float h[3] = {logf(0.25f), logf(0.5f), logf(0.25f)};
+    int32_t id[FT_SAMPLE_MAX_LOGPROBS];
+    float lp[FT_SAMPLE_MAX_LOGPROBS], one = 0;
+    int64_t n = 0;
+    assert_int_equal(ft_sample_logprobs(h, 3, 2, 20, &one, id, lp, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(id[0], 1);
+    assert_int_equal(id[1], 0);
+    assert_int_equal(id[2], 2);
+    assert_true(fabsf(lp[0] - logf(0.5f)) < 1e-6f && fabsf(one - logf(0.25f)) < 1e-6f);
+    /* what the sampler refuses, refused; bad arguments */
+    float bad[4] = {0, 1, 2, 3};
+    bad[2] = NAN;
+    assert_int_equal(ft_sample_logprobs(bad, 4, 0, 1, &one, id, lp, &n), FT_E_NUMERIC);
+    assert_int_equal(n, 0);
+    bad[2] = INFINITY;
+    assert_int_equal(ft_sample_logprobs(bad, 4, 0, 1, &one, id, lp, &n), FT_E_NUMERIC);
+    const float ninf[2] = {-INFINITY, -INFINITY};
+    assert_int_equal(ft_sample_logprobs(ninf, 2, 0, 1, &one, id, lp, &n), FT_E_NUMERIC);
+    assert_non_null(strstr(ft_errmsg(), "every logit is -inf"));
+    assert_int_equal(ft_sample_logprobs(h, 3, 3, 1, &one, id, lp, &n), FT_E_INVALID);
+    assert_int_equal(ft_sample_logprobs(h, 3, -2, 1, &one, id, lp, &n), FT_E_INVALID);
+    assert_int_equal(ft_sample_logprobs(h, 3, 0, 21, &one, id, lp, &n), FT_E_INVALID);
+    assert_int_equal(ft_sample_logprobs(h, 3, 0, -1, &one, id, lp, &n), FT_E_INVALID);
+    assert_int_equal(ft_sample_logprobs(h, 0, -1, 0, NULL, NULL, NULL, &n), FT_E_INVALID);
+    assert_int_equal(ft_sample_logprobs(h, 3, 0, 2, &one, NULL, NULL, &n), FT_E_INVALID);
+    assert_int_equal(ft_sample_logprobs(h, 3, 0, 0, &one, NULL, NULL, NULL), 0);
+    printf("logprobs: %lld (row, k) cases, V 1..50000, largest |error| vs long double %.3g\n",
+           (long long)rows, worst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -635,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_reuse_across_records),
         cmocka_unit_test(test_cfg_per_sequence),
         cmocka_unit_test(test_presence_frequency_hand),
+        cmocka_unit_test(test_logprobs_ref),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -196,6 +196,56 @@ static void test_decode_roundtrip(void **state)
     free(back);
 }
 
+/* ft_tok_token_bytes: each token's bytes, joined, give the text back (Llama-3's byte-level
+ * tokens exactly; Llama-2's with the space its Metaspace pre-tokenizer puts before the first
+ * word, which ft_tok_decode drops at the start of a text), byte-fallback pieces included;
+ * a special token gives its content; ft_tok_utf8_lossy as Python's decode("utf-8", "replace"). */
+static void test_token_bytes(void **state)
+{
+    tok_state *s = *state;
+    static const char *texts[] = {
+        "Hello world", "  two  spaces\nnew line\ttab", "I'm 42; it's 3.14159.",
+        "\xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80 caf\xC3\xA9",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        for (int which = 0; which < 2; which++) {
+            const ft_tokenizer *t = which ? s->l3 : s->l2;
+            int32_t *ids;
+            int64_t n;
+            assert_int_equal(ft_tok_encode(t, texts[i], strlen(texts[i]), 0, &ids, &n), 0);
+            char joined[512];
+            size_t k = 0;
+            for (int64_t j = 0; j < n; j++) {
+                char *b;
+                size_t bn;
+                assert_int_equal(ft_tok_token_bytes(t, ids[j], &b, &bn), 0);
+                assert_true(k + bn < sizeof joined);
+                memcpy(joined + k, b, bn);
+                k += bn;
+                free(b);
+            }
+            joined[k] = 0;
+            char want[512];
+            snprintf(want, sizeof want, "%s%s", which ? "" : " ", texts[i]);
+            if (strcmp(joined, want)) printf("token bytes (%s): '%s' -> '%s'\n", which ? "llama3" : "llama2", want, joined);
+            assert_string_equal(joined, want);
+            free(ids);
+        }
+    }
+    char *b;
+    size_t bn;
+    assert_int_equal(ft_tok_token_bytes(s->l3, 128009, &b, &bn), 0);
+    assert_string_equal(b, "<|eot_id|>");
+    free(b);
+    assert_int_equal(ft_tok_token_bytes(s->l3, -1, &b, &bn), FT_E_INVALID);
+    assert_int_equal(ft_tok_token_bytes(s->l3, 1 << 30, &b, &bn), FT_E_INVALID);
+    /* a cut 4-byte character is one U+FFFD; a stray continuation byte another */
+    assert_int_equal(ft_tok_utf8_lossy("a\xF0\x9F\x98" "b\x80", 6, &b, &bn), 0);
+    assert_string_equal(b, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+    assert_int_equal(bn, 8);
+    free(b);
+}
+
 /* Invalid UTF-8 and random bytes: no crash, ids in range, byte-level decode gives bytes back. */
 static void test_random_bytes(void **state)
 {
@@ -549,6 +599,7 @@ int main(void)
         cmocka_unit_test(test_accessors),
         cmocka_unit_test(test_llama2_byte_fallback),
         cmocka_unit_test(test_decode_roundtrip),
+        cmocka_unit_test(test_token_bytes),
         cmocka_unit_test(test_random_bytes),
         cmocka_unit_test(test_small_json),
         cmocka_unit_test(test_malformed),
