@@ -60,6 +60,15 @@ sec_smoke() {
   done
   python3 -c "import json,sys; r=[[{k: v for k, v in json.loads(l).items() if k != 'seconds'} for l in open(f)] for f in sys.argv[1:]]; print('generate --batch 3 vs 1:', 'same replies' if r[0] == r[1] else 'DIFFER')" \
     $TMPW/gb1.jsonl $TMPW/gb3.jsonl >> $OUT/smoke.log 2>&1
+  # log-probabilities on the device (computed on the host from the logits the tokens are drawn
+  # from): --batch 3 gives --batch 1's tokens, and its values within 1e-4
+  for bt in 1 3; do
+    timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --raw --prompts $TMPW/p3.jsonl \
+      --max-new-tokens 8 --device $DEV --quant nf4 --cache-dir $TMPW/smokecache --batch $bt --logprobs 3 \
+      --out $TMPW/lp$bt.jsonl 2>&1 | tail -1 >> $OUT/smoke.log; echo "generate --logprobs 3 --batch $bt rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
+  done
+  python3 -c "import json,sys; a,b=[[json.loads(l)['logprobs'] for l in open(f)] for f in sys.argv[1:]]; same=[[t['id'] for t in r] for r in a]==[[t['id'] for t in r] for r in b]; d=max([abs(x['logprob']-y['logprob']) for r,q in zip(a,b) for x,y in zip(r,q)] or [0]); print('generate --logprobs --batch 3 vs 1:', 'same tokens' if same else 'DIFFERENT TOKENS', 'max |dlogprob| %.2e' % d, 'ok' if same and d <= 1e-4 else 'OVER 1e-4')" \
+    $TMPW/lp1.jsonl $TMPW/lp3.jsonl >> $OUT/smoke.log 2>&1
   # --chat on the device: turn 2 prefills only what follows the cached prefix (ft_gen_truncate_slot)
   printf 'Hello there\nTell me more\n' | timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --chat \
     --max-new-tokens 8 --device $DEV --quant nf4 --cache-dir $TMPW/smokecache 2>&1 | grep -E 'turn [0-9]|error' >> $OUT/smoke.log
