@@ -386,6 +386,21 @@ int gp_dup_keys(const cJSON *o, const char *prefix)
     return 0;
 }
 
+/* A key twice in an object below the record's (a message, a tool): as gp_dup_keys, checked
+ * after the record's and body's own keys so that their messages keep the "body." prefix; the
+ * same rule as the training data reader (dataset.c). */
+static int nested_dup_keys(const cJSON *rec)
+{
+    int oom = 0;
+    const char *d = ft_json_dup_key(rec, 1, &oom);
+    if (oom) return ft_err(-ENOMEM, "out of memory");
+    if (d)
+        return ft_err(FT_E_INVALID, "key '%s' appears twice in one object: JSON readers differ on "
+                      "which one counts (Python's json, as OpenAI's and vLLM's servers, takes the "
+                      "last); give it once", d);
+    return 0;
+}
+
 int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
 {
     memset(q, 0, sizeof *q);
@@ -394,6 +409,7 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     if (cJSON_IsObject(rec) && (rc = gp_dup_keys(rec, ""))) return rc;
     if (cJSON_IsObject(rec) && cJSON_GetObjectItemCaseSensitive(rec, "body")) {
         rc = gp_req_batch(q, rec, system, raw);
+        if (!rc) rc = nested_dup_keys(rec);
         if (rc) ft_gen_req_free(q);
         return rc;
     }
@@ -417,6 +433,7 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     if (!rc && !raw && cJSON_IsObject(rec)) rc = ft_data_record_tools(rec, &q->tools);
     if (!rc && cJSON_IsObject(rec)) rc = gp_req_params(&q->params, rec, 0);
     if (!rc && cJSON_IsObject(rec)) rc = gp_plain_unknown(q, rec);
+    if (!rc && cJSON_IsObject(rec)) rc = nested_dup_keys(rec);
     if (rc) ft_gen_req_free(q);
     return rc;
 }

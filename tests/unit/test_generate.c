@@ -1224,6 +1224,12 @@ static void test_gen_req_batch(void **state)
          "\"/v1/completions\", \"body\": {\"prompt\": \"a\"}}", 0, "key 'custom_id' appears twice"},
         {"{\"prompt\": \"p\", \"temperature\": 0, \"temperature\": 1}", 0,
          "key 'temperature' appears twice"},
+        /* ... at any depth: a message of a record or of a body */
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\", \"content\": \"b\"}]}", 0,
+         "key 'content' appears twice in one object"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
+         "{\"messages\": [{\"role\": \"user\", \"role\": \"user\", \"content\": \"hi\"}]}}", 0,
+         "key 'role' appears twice in one object"},
     };
 #undef CHAT_REQ
     expect_refused(bad, sizeof bad / sizeof *bad);
