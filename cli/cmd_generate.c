@@ -127,14 +127,7 @@ int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int6
     }
     ft_sample_counts *cnt = e->cnt.count ? &e->cnt : NULL; /* the reply's ids only */
     if (cnt) ft_sample_counts_clear(cnt);
-    /* --logprobs: each reply token's log-probabilities, from the logits it was chosen from */
-    const int64_t lp_top = e->lp_n > 0 && o->logprobs >= 0 && o->logprobs < e->lp_n ? o->logprobs : -1;
-    if (lp_top >= 0) {
-        r->lp = e->lp_val;
-        r->lp_ids = e->lp_ids;
-        r->lp_stride = e->lp_n;
-        r->lp_top = lp_top;
-    }
+    gen_lp_attach(e, 0, o->logprobs, r); /* --logprobs: from the logits each token is drawn from */
     ft_stop_text st; /* streamed text and --stop */
     ft_stop_text_init(&st, e->tok);
     const int use_st = stream || o->stop.n > 0;
@@ -163,13 +156,7 @@ int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int6
             r->stop = GEN_STOP_TOKEN;
             break;
         }
-        if (r->lp) { /* the logits are unchanged by the sampler */
-            const int64_t at = r->n_out * r->lp_stride;
-            e->lp_ids[at] = t;
-            rc = ft_sample_logprobs(e->logits, e->smp.V, t, lp_top, &e->lp_val[at], &e->lp_ids[at + 1],
-                                    &e->lp_val[at + 1], NULL);
-            if (rc) break;
-        }
+        if ((rc = gen_lp_note(e, r, e->logits, t))) break; /* the sampler leaves the logits */
         e->out_ids[r->n_out++] = t;
         if (seen) ft_sample_seen_add(seen, &t, 1);
         if (cnt) ft_sample_counts_add(cnt, &t, 1);

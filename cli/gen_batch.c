@@ -459,12 +459,7 @@ static int slot_advance(gen_env *e, slot_run *sr, const float *logits, int *fin)
         *fin = 1;
         return 0;
     }
-    if (sr->r.lp) { /* from the logits t was drawn from (the sampler leaves them as they are) */
-        const int64_t at = sr->r.n_out * sr->r.lp_stride;
-        ((int32_t *)sr->r.lp_ids)[at] = t;
-        FT_TRY(ft_sample_logprobs(logits, e->smp.V, t, sr->r.lp_top, (float *)sr->r.lp + at,
-                                  (int32_t *)sr->r.lp_ids + at + 1, (float *)sr->r.lp + at + 1, NULL));
-    }
+    FT_TRY(gen_lp_note(e, &sr->r, logits, t)); /* the sampler leaves the logits as they are */
     ((int32_t *)sr->r.out_ids)[sr->r.n_out++] = t;
     if (sr->seen) ft_sample_seen_add(sr->seen, &t, 1);
     if (sr->use_cnt) ft_sample_counts_add(&sr->cnt, &t, 1);
@@ -486,12 +481,7 @@ static int slot_begin(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, i
     sr->r.prompt_ids = x->ids;
     sr->r.n_prompt = x->n;
     sr->r.out_ids = e->out_ids + k * e->max_new;
-    if (x->lp_top >= 0) { /* slot k's rows of the env's log-probability buffers */
-        sr->r.lp = e->lp_val + k * e->max_new * e->lp_n;
-        sr->r.lp_ids = e->lp_ids + k * e->max_new * e->lp_n;
-        sr->r.lp_stride = e->lp_n;
-        sr->r.lp_top = x->lp_top;
-    }
+    gen_lp_attach(e, k, x->lp_top, &sr->r); /* slot k's rows of the log-probability buffers */
     sr->t0 = gen_now_s();
     ft_rng_seed(&sr->rng, x->sc.seed); /* as ft_sampler_reseed */
     ft_stop_text_free(&sr->st);

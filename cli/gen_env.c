@@ -224,6 +224,26 @@ void gen_warn_no_think(const gen_opts *o, const ft_tokenizer *tok, int tmpl)
                 "enable_thinking switch)\n", ft_chat_template_name(tmpl));
 }
 
+/* ---- log-probabilities ------------------------------------------------------------------- */
+
+void gen_lp_attach(const gen_env *e, int64_t k, int64_t top, gen_result *r)
+{
+    if (top < 0 || top >= e->lp_n) return;
+    r->lp = e->lp_val + k * e->max_new * e->lp_n;
+    r->lp_ids = e->lp_ids + k * e->max_new * e->lp_n;
+    r->lp_stride = e->lp_n;
+    r->lp_top = top;
+}
+
+int gen_lp_note(const gen_env *e, gen_result *r, const float *logits, int32_t t)
+{
+    if (!r->lp) return 0;
+    const int64_t at = r->n_out * r->lp_stride;
+    r->lp_ids[at] = t;
+    return ft_sample_logprobs(logits, e->smp.V, t, r->lp_top, &r->lp[at], &r->lp_ids[at + 1],
+                              &r->lp[at + 1], NULL);
+}
+
 /* ---- log-probabilities as JSON ------------------------------------------------------------- */
 
 /* OpenAI's and vLLM's stand-in for a log-probability of -inf (JSON has no infinity). */

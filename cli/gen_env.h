@@ -55,8 +55,8 @@ typedef struct gen_result {
     /* With log-probabilities (else lp NULL): for reply token i, lp_ids[i * lp_stride] is the
      * token and lp[i * lp_stride] its log-probability, then lp_top alternatives (ids and
      * log-probabilities, the most likely first): the env's buffers, valid as out_ids. */
-    const float *lp;
-    const int32_t *lp_ids;
+    float *lp;
+    int32_t *lp_ids;
     int64_t lp_stride, lp_top;
 } gen_result;
 
@@ -144,6 +144,15 @@ void gen_warn_context(const gen_env *e, int64_t n_prompt, int64_t max_new, const
 
 /* FT_GEN_* flags of the options. */
 int gen_flags(const gen_opts *o);
+
+/* Points r's log-probabilities (top alternatives per token, 0..lp_n - 1) at slot k's rows of
+ * the env's buffers; top < 0 (or no buffers): none, r->lp left NULL. */
+void gen_lp_attach(const gen_env *e, int64_t k, int64_t top, gen_result *r);
+
+/* With r->lp set, records reply token t (about to be appended as r->out_ids[r->n_out]): its
+ * log-probability and r->lp_top alternatives from logits (V, the row t was drawn from;
+ * ft_sample_logprobs). Returns 0 or its errors. */
+int gen_lp_note(const gen_env *e, gen_result *r, const float *logits, int32_t t);
 
 /* The log-probabilities of reply r (r->lp set) as JSON, in the shape of `api`:
  *   FT_GEN_API_NONE (--prompts plain records, --prompt --json): [{"id", "token", "logprob",
