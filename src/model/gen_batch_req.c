@@ -313,7 +313,7 @@ int gp_req_batch(ft_gen_req *q, const cJSON *rec, const char *system, int raw)
     }
     if (!cJSON_IsObject(body))
         return ft_err(FT_E_INVALID, "'body' must be an object (the request), found %s", ft_json_type(body));
-    FT_TRY(gp_dup_keys(body, "body."));
+    FT_TRY(gp_dup_keys(body, "body.", 0));
     for (const cJSON *c = rec->child; c; c = c->next)
         if (!in_list(BATCH_KEYS, c->string ? c->string : ""))
             FT_TRY(add_unknown(q, "", c->string ? c->string : "", near_key(c->string ? c->string : "", hint_lists)));

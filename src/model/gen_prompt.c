@@ -371,33 +371,20 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
 /* ---- a key given twice ---- */
 
 /* FT_E_INVALID naming the first key (in sorted order) that object o holds twice (prefix "" or
- * "body."): JSON readers disagree on which one counts (cJSON, and so ftune, takes the first;
- * Python's json, which OpenAI's and vLLM's servers parse with, the last), so that a record
- * that repeats one would not be read as they read it. */
-int gp_dup_keys(const cJSON *o, const char *prefix)
+ * "body."), or with nested, that an object below o (a message, a tool) holds twice: JSON
+ * readers disagree on which one counts (cJSON, and so ftune, takes the first; Python's json,
+ * which OpenAI's and vLLM's servers parse with, the last), so that a record that repeats one
+ * would not be read as they read it. The record's and body's own keys are checked first, so
+ * that their messages keep the "body." prefix; the same rule as the training data reader. */
+int gp_dup_keys(const cJSON *o, const char *prefix, int nested)
 {
     int oom = 0;
-    const char *d = ft_json_dup_key(o, 0, &oom);
+    const char *d = ft_json_dup_key(o, nested, &oom);
     if (oom) return ft_err(-ENOMEM, "out of memory");
     if (d)
-        return ft_err(FT_E_INVALID, "key '%s%s' appears twice: JSON readers differ on which one "
+        return ft_err(FT_E_INVALID, "key '%s%s' appears twice%s: JSON readers differ on which one "
                       "counts (Python's json, as OpenAI's and vLLM's servers, takes the last); "
-                      "give it once", prefix, d);
-    return 0;
-}
-
-/* A key twice in an object below the record's (a message, a tool): as gp_dup_keys, checked
- * after the record's and body's own keys so that their messages keep the "body." prefix; the
- * same rule as the training data reader (dataset.c). */
-static int nested_dup_keys(const cJSON *rec)
-{
-    int oom = 0;
-    const char *d = ft_json_dup_key(rec, 1, &oom);
-    if (oom) return ft_err(-ENOMEM, "out of memory");
-    if (d)
-        return ft_err(FT_E_INVALID, "key '%s' appears twice in one object: JSON readers differ on "
-                      "which one counts (Python's json, as OpenAI's and vLLM's servers, takes the "
-                      "last); give it once", d);
+                      "give it once", prefix, d, nested ? " in one object" : "");
     return 0;
 }
 
@@ -406,10 +393,10 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     memset(q, 0, sizeof *q);
     int rc;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(rec, "prompt");
-    if (cJSON_IsObject(rec) && (rc = gp_dup_keys(rec, ""))) return rc;
+    if (cJSON_IsObject(rec) && (rc = gp_dup_keys(rec, "", 0))) return rc;
     if (cJSON_IsObject(rec) && cJSON_GetObjectItemCaseSensitive(rec, "body")) {
         rc = gp_req_batch(q, rec, system, raw);
-        if (!rc) rc = nested_dup_keys(rec);
+        if (!rc) rc = gp_dup_keys(rec, "", 1);
         if (rc) ft_gen_req_free(q);
         return rc;
     }
@@ -433,7 +420,7 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     if (!rc && !raw && cJSON_IsObject(rec)) rc = ft_data_record_tools(rec, &q->tools);
     if (!rc && cJSON_IsObject(rec)) rc = gp_req_params(&q->params, rec, 0);
     if (!rc && cJSON_IsObject(rec)) rc = gp_plain_unknown(q, rec);
-    if (!rc && cJSON_IsObject(rec)) rc = nested_dup_keys(rec);
+    if (!rc && cJSON_IsObject(rec)) rc = gp_dup_keys(rec, "", 1);
     if (rc) ft_gen_req_free(q);
     return rc;
 }

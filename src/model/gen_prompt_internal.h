@@ -20,8 +20,9 @@ int gp_req_conversation(ft_gen_req *q, const cJSON *rec, const char *system);
 /* The generation settings of object rec into *p; body = FT_GEN_API_CHAT / _COMPLETIONS: a
  * batch request's body for that endpoint (its names), FT_GEN_API_NONE: a plain record. */
 int gp_req_params(ft_gen_params *p, const cJSON *rec, int body);
-/* FT_E_INVALID naming (with prefix "" or "body.") a key object o holds twice; 0 when none. */
-int gp_dup_keys(const cJSON *o, const char *prefix);
+/* FT_E_INVALID naming (with prefix "" or "body.") a key object o holds twice, with nested
+ * also in any object below o; 0 when none. */
+int gp_dup_keys(const cJSON *o, const char *prefix, int nested);
 
 /* ---- gen_batch_req.c ---- */
 
