@@ -16,6 +16,11 @@ from tok_helpers import fetch_example
 
 # a local copy of the example model that some tests prefer to the default cache
 LOCAL_CACHE = "/tmp/ftcache"
+# where scripts/fetch_example.sh leaves the example model (tests that skip without it, rather
+# than fetch it, look here)
+CACHED_EXAMPLE = Path(os.environ.get("FTUNE_CACHE") or
+                      Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ftune") \
+    / "examples" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def example_or_skip(local_cache=False):

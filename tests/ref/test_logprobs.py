@@ -28,19 +28,14 @@ and the example SmolLM2-135M-Instruct Q4_1 GGUF (byte-level BPE, ChatML; skipped
 not in the cache, scripts/fetch_example.sh).
 """
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-TINY = REPO / "tests" / "fixtures" / "tiny-llama"
-CACHE = Path(os.environ.get("FTUNE_CACHE") or
-             Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ftune")
-EXAMPLE = CACHE / "examples" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+from cli_helpers import ROOT as REPO, TINY, ftune_bin
+from gen_helpers import CACHED_EXAMPLE as EXAMPLE
+
 PROMPT = "Once upon a time, in a quiet village by the sea,"
 QUESTIONS = ["Name three colors.", "What is two plus two?", "Write a haiku about rain."]
 # ftune's decode (float32, KV cache) against `ftune logits` of the whole sequence: test_generate_ref
@@ -55,13 +50,6 @@ TOL_LOGPROB = 1e-4
 # the prompts' prefill rows included
 TOL_BATCH = {"tiny": 1e-5, "example": 1e-4}
 K = 5
-
-
-def ftune_bin():
-    b = Path(os.environ.get("FTUNE_BIN") or "build/ftune")
-    b = b if b.is_absolute() else REPO / b
-    assert b.exists(), f"ftune binary not found at {b} (build it, or set FTUNE_BIN)"
-    return str(b)
 
 
 def ftune(*args, check=True):

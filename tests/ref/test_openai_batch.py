@@ -23,20 +23,12 @@ the stop strings need); one check on the example SmolLM2-135M-Instruct Q4_1 GGUF
 when it is not in the cache).
 """
 import json
-import os
-from pathlib import Path
 
 import pytest
 
-from cli_helpers import assert_clean_error, run_ftune
-from gen_helpers import reference_greedy
+from cli_helpers import TINY, assert_clean_error, run_ftune
+from gen_helpers import CACHED_EXAMPLE as EXAMPLE, reference_greedy
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-TINY = REPO / "tests" / "fixtures" / "tiny-llama"
-CACHE = Path(os.environ.get("FTUNE_CACHE") or
-             Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ftune")
-EXAMPLE = CACHE / "examples" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "Once upon a time, in a quiet village by the sea,"
 QUESTIONS = ["Name three colors.", "What is two plus two?", "Write a haiku about rain.",
              "Say hello.", "List the days of the week."]
