@@ -579,6 +579,17 @@ static int check_record(const ft_pack_file *p, int64_t l, const ft_pack_tensor *
     const char *path = p->path;
     int ok = r->role == (uint32_t)sl->role && r->rows == sl->rows && r->cols == sl->cols;
     int64_t n = sl->rows * sl->cols; /* bounded by the block size (check_header) */
+    /* the dtype the format gives the slot (ft_pack_plan_block): vectors (norms, biases) F32,
+     * projections BF16 or NF4, the embeddings and LM head BF16; the readers rely on it (the
+     * bf16 tables of a pack-only model, tiers.c, keep the stored bits) */
+    const uint32_t dt = r->dtype;
+    if (ok) ok = sl->linear ? dt == FT_PACK_DT_BF16 || dt == FT_PACK_DT_NF4
+                 : sl->cols == 1 ? dt == FT_PACK_DT_F32 : dt == FT_PACK_DT_BF16;
+    if (!ok && r->role == (uint32_t)sl->role && r->rows == sl->rows && r->cols == sl->cols)
+        return ft_err(FT_E_CORRUPT, "%s: layer %lld: tensor record (role %d, %lld x %lld) has dtype "
+                      "%u, where the format stores %s", path, (long long)l, sl->role,
+                      (long long)sl->rows, (long long)sl->cols, dt,
+                      sl->linear ? "BF16 (1) or NF4 (3)" : sl->cols == 1 ? "F32 (2)" : "BF16 (1)");
     if (ok && r->dtype == FT_PACK_DT_BF16) ok = r->data_bytes == 2 * n;
     else if (ok && r->dtype == FT_PACK_DT_F32) ok = r->data_bytes == 4 * n;
     else if (ok && r->dtype == FT_PACK_DT_NF4 && sl->linear) {

@@ -41,6 +41,8 @@
 #define FT_PACK_GLOBAL 0xFFFFFFFFu   /* ft_pack_block.layer of the embeddings/head block */
 
 enum ft_pack_quant { FT_PACK_QUANT_BF16 = 1, FT_PACK_QUANT_NF4 = 2 };
+/* Each slot's dtype is fixed by the format (and checked at open): vectors (norms, biases) F32,
+ * projections BF16 (bf16 packs) or NF4, the embeddings and LM head BF16. */
 enum ft_pack_dtype { FT_PACK_DT_BF16 = 1, FT_PACK_DT_F32 = 2, FT_PACK_DT_NF4 = 3 };
 /* Tensor roles: per layer ATTN_NORM, FFN_NORM, Q_NORM and K_NORM (qk_norm models), W0 + p
  * and B0 + p (p = enum ft_proj);

@@ -620,12 +620,31 @@ static void test_read_global(void **state)
             assert_memory_equal(buf, m->final_norm, (size_t)C * sizeof *buf);
             assert_int_equal(ft_pack_read_global(p, FT_PACK_ROLE_FINAL_NORM, C - 2, 3, buf), FT_E_RANGE);
             ft_pack_close(p);
-            /* a corrupt global directory is refused: the embedding record's row count */
+            /* a corrupt global directory is refused: the final norm's record (the second)
+             * made a consistent BF16 record of 2C bytes, which fits its block but is not the
+             * format's F32; then the embedding record's row count */
             {
                 ft_pack_file *q;
                 assert_int_equal(ft_pack_open(&q, res.pack_path, 0), 0);
                 int64_t off = (int64_t)(ft_pack_header(q)->header_bytes);
                 for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) off += (int64_t)ft_pack_block_bytes(q, l);
+                ft_pack_close(q);
+                const int64_t norm = off + (int64_t)sizeof(ft_pack_tensor);
+                ft_pack_tensor r0, r1;
+                int fd = open(res.pack_path, O_RDONLY);
+                assert_true(fd >= 0 && pread(fd, &r0, sizeof r0, norm) == (ssize_t)sizeof r0);
+                close(fd);
+                assert_int_equal(r0.role, FT_PACK_ROLE_FINAL_NORM);
+                r1 = r0;
+                r1.dtype = FT_PACK_DT_BF16;
+                r1.data_bytes = 2 * C;
+                poke(res.pack_path, norm, &r1, sizeof r1);
+                assert_int_equal(ft_pack_open(&q, res.pack_path, 0), 0); /* checksums not read */
+                assert_int_equal(ft_pack_read_global(q, FT_PACK_ROLE_FINAL_NORM, 0, C, buf), FT_E_CORRUPT);
+                assert_non_null(strstr(ft_errmsg(), "where the format stores F32"));
+                ft_pack_close(q);
+                poke(res.pack_path, norm, &r0, sizeof r0);
+                assert_int_equal(ft_pack_open(&q, res.pack_path, 1), 0); /* whole again */
                 ft_pack_close(q);
                 int64_t bad = V + 1;
                 poke(res.pack_path, off + (int64_t)offsetof(ft_pack_tensor, rows), &bad, sizeof bad);
