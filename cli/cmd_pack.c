@@ -57,7 +57,7 @@ int ft_cmd_pack(int argc, char **argv)
     ft_pack_settings_default(&s, quant);
     ft_pack_ensure_info info;
     double t0 = now_s();
-    rc = ft_pack_ensure(model, cache, &s, force, &info);
+    rc = ft_pack_ensure_loaded(model, NULL, cache, &s, force, &info, quiet ? NULL : ft_session_pack_wait_note, NULL);
     double dt = now_s() - t0;
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
@@ -96,6 +96,7 @@ int ft_cmd_pack(int argc, char **argv)
     cJSON_AddStringToObject(o, "action", act);
     cJSON_AddStringToObject(o, "reason", info.reason);
     if (info.action == FT_PACK_REUSED) cJSON_AddBoolToObject(o, "checksums_read", info.verified);
+    cJSON_AddNumberToObject(o, "waited_s", info.waited_s);
     cJSON_AddStringToObject(o, "quant", ft_pack_quant_name(quant));
     cJSON_AddNumberToObject(o, "bytes", (double)bytes);
     cJSON_AddNumberToObject(o, "layers", (double)L);

@@ -71,13 +71,21 @@ static int qcorr_home(const char *adapter_dir, char *out, size_t n)
  * found or built under cache_dir (NULL: the default; offload/pack.h ft_pack_ensure_loaded, as
  * `ftune train` does); says so on stderr when it was built. On an error the model is as it
  * was (ft_model_use_pack checks the pack before it drops anything). */
+void ft_session_pack_wait_note(const char *path, long pid, void *user)
+{
+    char line[4400];
+    (void)user;
+    ft_pack_wait_text(line, sizeof line, path, pid);
+    fprintf(stderr, "ftune: pack: %s\n", line);
+}
+
 static int base_to_pack(ft_session *s, int quant, const char *cache_dir)
 {
     ft_pack_settings ps;
     ft_pack_settings_default(&ps, quant);
     ft_pack_ensure_info *pi = malloc(sizeof *pi);
     if (!pi) return ft_err(-ENOMEM, "out of memory");
-    int rc = ft_pack_ensure_loaded(s->model->path, s->model, cache_dir, &ps, 0, pi);
+    int rc = ft_pack_ensure_loaded(s->model->path, s->model, cache_dir, &ps, 0, pi, ft_session_pack_wait_note, NULL);
     if (!rc && pi->action != FT_PACK_REUSED) fprintf(stderr, "ftune: pack: built %s\n", pi->path);
     if (!rc) rc = ft_model_use_pack(s->model, pi->path);
     free(pi);

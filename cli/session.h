@@ -95,6 +95,10 @@ int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
 int ft_session_hub_path(const char **path, char *buf, size_t n, int quiet, const char *what);
 #define ft_session_model_path(m, buf, n, quiet) ft_session_hub_path(m, buf, n, quiet, "model")
 
+/* offload/pack.h ft_pack_wait_cb for the commands: prints "ftune: pack: waiting for process
+ * PID, which is building PATH ..." on stderr (user unused). */
+void ft_session_pack_wait_note(const char *path, long pid, void *user);
+
 /* The device a command runs on: --device when given, else the FTUNE_DEVICE environment
  * variable, else "auto" (CUDA when a GPU is visible, else the CPU). */
 const char *ft_session_device(const char *opt);

@@ -356,7 +356,16 @@ typedef struct ft_pack_ensure_info {
     int verified;              /* reused: 1 if every checksum was read and verified now, 0 if
                                 * the pack's "<pack>.verified" stamp (same device, inode, size,
                                 * mtime and ctime as when it last verified) was trusted */
+    double waited_s;           /* seconds spent waiting for another process's build of the
+                                * same pack (its "<pack>.lock"); 0 when none was under way */
 } ft_pack_ensure_info;
+
+/* Called by ft_pack_ensure_loaded before it waits for another process that holds the build
+ * lock of the same pack (pid: the pid that process wrote into the lock file, 0 if unknown). */
+typedef void (*ft_pack_wait_cb)(const char *pack_path, long pid, void *user);
+/* The line the callers print for that wait: "waiting for process PID, which is building PATH
+ * (a run sharing this cache folder); it is reused when done" (at most n - 1 bytes). */
+void ft_pack_wait_text(char *buf, size_t n, const char *pack_path, long pid);
 
 /* Finds or makes the pack of `model` (a HF folder, possibly a bitsandbytes 4-bit
  * checkpoint, or a GGUF file) for settings s under cache_dir (NULL: the default): a pack
@@ -373,9 +382,16 @@ int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_setti
 /* ft_pack_ensure for a model the caller has loaded already (ft_model_load of the same
  * path): a GGUF model with its weights in memory is packed from `loaded`'s fp32 weights (the
  * same bytes as streaming it). loaded may be NULL or without weights (ft_model_load_deferred):
- * then as ft_pack_ensure; a folder is always streamed from its safetensors. */
+ * then as ft_pack_ensure; a folder is always streamed from its safetensors.
+ * Concurrent runs sharing a cache folder (a sweep) build a pack once: the builder holds an
+ * exclusive flock(2) on "<pack>.lock" (left in place: an empty file with the builder's pid)
+ * while it builds; another process that finds no usable pack waits for that lock (on_wait,
+ * if not NULL, is told first; info->waited_s says how long), then looks again and reuses
+ * what was built (force != 0: rebuilds anyway). Where the file system has no flock, builds
+ * proceed unlocked, as before. */
 int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
-                          const ft_pack_settings *s, int force, ft_pack_ensure_info *info);
+                          const ft_pack_settings *s, int force, ft_pack_ensure_info *info,
+                          ft_pack_wait_cb on_wait, void *user);
 
 /* ft_pack_ensure_loaded up to the build: what it would find (nothing is written, no pack is
  * built). info->action FT_PACK_REUSED: a usable pack is at info->path (checksums verified, or

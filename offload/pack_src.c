@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -583,7 +584,7 @@ static int build_from(const char *model, const ft_model *loaded, const char *pat
 int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_settings *s,
                    int force, ft_pack_ensure_info *info)
 {
-    return ft_pack_ensure_loaded(model, NULL, cache_dir, s, force, info);
+    return ft_pack_ensure_loaded(model, NULL, cache_dir, s, force, info, NULL, NULL);
 }
 
 /* ft_pack_ensure_loaded up to the build: 1 when a usable pack is at info->path, 0 when one
@@ -654,8 +655,58 @@ int ft_pack_locate(const char *model, const char *cache_dir, const ft_pack_setti
     return rc < 0 ? rc : 0;
 }
 
+void ft_pack_wait_text(char *buf, size_t n, const char *pack_path, long pid)
+{
+    char who[40] = "another process";
+    if (pid > 0) snprintf(who, sizeof who, "process %ld", pid);
+    snprintf(buf, n, "waiting for %s, which is building %s (a run sharing this cache folder); "
+             "it is reused when done", who, pack_path);
+}
+
+/* The build lock of the pack at path: an exclusive flock on "<path>.lock", waited for when
+ * another process holds it (on_wait told first, with the pid it wrote there; *waited_s the
+ * seconds waited, > 0 exactly when it waited). *fd_out: the lock's descriptor (closing it releases the lock), or -1 when
+ * the file system has no flock (then nothing is locked). Returns 0 or an error. */
+static int build_lock(const char *path, ft_pack_wait_cb on_wait, void *user, int *fd_out,
+                      double *waited_s)
+{
+    char lp[4300], pid[32] = "";
+    *fd_out = -1;
+    *waited_s = 0;
+    if (snprintf(lp, sizeof lp, "%s.lock", path) >= (int)sizeof lp)
+        return ft_err(FT_E_INVALID, "%s: path too long for its build lock", path);
+    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ft_err(-errno, "%s: cannot open the pack's build lock: %s", lp, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK) { /* ENOLCK, EOPNOTSUPP: no locks here; build unlocked */
+            close(fd);
+            return 0;
+        }
+        ssize_t k = pread(fd, pid, sizeof pid - 1, 0);
+        pid[k > 0 ? k : 0] = 0;
+        if (on_wait) on_wait(path, strtol(pid, NULL, 10), user);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        while (flock(fd, LOCK_EX) != 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            close(fd);
+            return ft_err(-e, "%s: waiting for the pack's build lock: %s", lp, strerror(e));
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        *waited_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (*waited_s <= 0) *waited_s = 1e-9; /* > 0: it waited */
+    }
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    ssize_t w = ftruncate(fd, 0) == 0 ? pwrite(fd, pid, (size_t)n, 0) : -1;
+    (void)w; /* the pid only names this process in a waiter's message */
+    *fd_out = fd;
+    return 0;
+}
+
 int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
-                          const ft_pack_settings *s, int force, ft_pack_ensure_info *info)
+                          const ft_pack_settings *s, int force, ft_pack_ensure_info *info,
+                          ft_pack_wait_cb on_wait, void *user)
 {
     int found = locate(model, cache_dir, s, force, info);
     if (found) return found < 0 ? found : 0;
@@ -663,8 +714,21 @@ int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char 
     if (cache_dir) snprintf(dir, sizeof dir, "%s", cache_dir);
     else FT_TRY(ft_pack_default_cache_dir(dir, sizeof dir));
     FT_TRY(ft_mkdir_p(dir));
+    int lock;
+    double waited;
+    FT_TRY(build_lock(info->path, on_wait, user, &lock, &waited));
+    if (waited > 0 && !force) { /* another run built it meanwhile (or failed to: look again) */
+        found = locate(model, cache_dir, s, 0, info);
+        info->waited_s = waited;
+        if (found) {
+            close(lock);
+            return found < 0 ? found : 0;
+        }
+    }
+    info->waited_s = waited;
     stamp_remove(info->path);
     int rc = build_from(model, loaded, info->path, info->identity, s, &info->stats);
+    if (lock >= 0) close(lock);
     return rc < 0 ? ft_err_prefix(rc, "building the pack of %s", model) : 0;
 }
 

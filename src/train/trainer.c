@@ -679,14 +679,26 @@ static int preview_pack(run *r, const ft_train_cfg *c, const ft_pack_settings *p
  * ft_pack_ensure when it was reused); reports what happened: a rebuilt pack (truncated,
  * corrupted, other settings) as a warning naming the reason. `ftune plan` opens a usable pack
  * the same way, and builds none: see preview_pack. */
+typedef struct pack_wait { ft_train_cb cb; void *user; } pack_wait;
+
+static void pack_wait_note(const char *path, long pid, void *u)
+{
+    const pack_wait *w = u;
+    char line[4400];
+    ft_pack_wait_text(line, sizeof line, path, pid);
+    info(w->cb, w->user, FT_EV_INFO, "pack: %s", line);
+}
+
 static int open_pack(run *r, const ft_train_cfg *c, int quant, ft_train_cb cb, void *user)
 {
     ft_pack_settings ps;
     ft_pack_settings_default(&ps, quant);
     ft_pack_ensure_info *pi = malloc(sizeof *pi);
     if (!pi) return ft_err(-ENOMEM, "out of memory");
+    pack_wait pw = {cb, user};
     int rc = c->plan_only ? ft_pack_locate(c->model, c->cache_dir, &ps, pi) /* builds nothing */
-                          : ft_pack_ensure_loaded(c->model, r->model, c->cache_dir, &ps, 0, pi);
+                          : ft_pack_ensure_loaded(c->model, r->model, c->cache_dir, &ps, 0, pi,
+                                                  pack_wait_note, &pw);
     if (!rc && c->plan_only && pi->action != FT_PACK_REUSED) {
         rc = preview_pack(r, c, &ps, pi, cb, user);
         free(pi);
@@ -695,9 +707,9 @@ static int open_pack(run *r, const ft_train_cfg *c, int quant, ft_train_cb cb, v
     if (!rc && pi->action == FT_PACK_REBUILT)
         info(cb, user, FT_EV_WARN, "the cached pack was not usable, rebuilt it: %s", pi->reason);
     if (!rc && pi->action == FT_PACK_REUSED)
-        info(cb, user, FT_EV_INFO, "pack: reusing %s (identity and settings match, checksums %s)",
+        info(cb, user, FT_EV_INFO, "pack: reusing %s (identity and settings match, checksums %s)%s",
              pi->path, pi->verified ? "verified" : "verified at an earlier start: its .verified "
-             "stamp matches the file");
+             "stamp matches the file", pi->waited_s > 0 ? "; another run built it" : "");
     else if (!rc)
         info(cb, user, FT_EV_INFO, "pack: built %s: %.1f MB in %.1f s (%.1f MB/s), largest layer block %.1f MB",
              pi->path, pi->stats.file_bytes / 1e6, pi->stats.seconds,

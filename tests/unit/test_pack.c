@@ -28,7 +28,10 @@
 #include <fcntl.h>
 #include <float.h>
 #include <omp.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -807,8 +810,8 @@ static void test_gguf_stream(void **state)
             ft_pack_ensure_info ia, ib;
             snprintf(da, sizeof da, "%s/a%zu", dir, mi);
             snprintf(db, sizeof db, "%s/b%zu", dir, mi);
-            assert_int_equal(ft_pack_ensure_loaded(models[mi], m, da, &s, 1, &ia), 0);
-            assert_int_equal(ft_pack_ensure_loaded(models[mi], NULL, db, &s, 1, &ib), 0);
+            assert_int_equal(ft_pack_ensure_loaded(models[mi], m, da, &s, 1, &ia, NULL, NULL), 0);
+            assert_int_equal(ft_pack_ensure_loaded(models[mi], NULL, db, &s, 1, &ib, NULL, NULL), 0);
             if (!files_equal(ia.path, ib.path))
                 fail_msg("%s quant %d: the streamed pack differs from the loaded model's", models[mi], quant);
         }
@@ -826,7 +829,7 @@ static void test_gguf_stream(void **state)
         ft_pack_ensure_info ib;
         ft_pack_settings s;
         ft_pack_settings_default(&s, FT_PACK_QUANT_NF4);
-        assert_int_equal(ft_pack_ensure_loaded(models[mi], NULL, db, &s, 0, &ib), 0);
+        assert_int_equal(ft_pack_ensure_loaded(models[mi], NULL, db, &s, 0, &ib, NULL, NULL), 0);
         assert_int_equal(ib.action, FT_PACK_REUSED);
         assert_int_equal(ft_model_use_pack(d, ib.path), 0);
         assert_true(d->pack_only[0] && !d->embed && !d->layers[0].proj[FT_K].w);
@@ -1220,6 +1223,117 @@ static void test_preview(void **state)
     assert_int_equal(t_rmtree(dir), 0);
 }
 
+/* ---- the build lock: concurrent runs sharing a cache build a pack once ---------------------- */
+
+typedef struct lock_run {
+    const char *cache;
+    ft_pack_settings s;
+    ft_pack_ensure_info info;
+    int rc;
+    atomic_int told;           /* the wait callback ran */
+    long pid;                  /* the pid it was told */
+} lock_run;
+
+static void lock_told(const char *path, long pid, void *user)
+{
+    lock_run *r = user;
+    r->pid = pid;
+    atomic_store(&r->told, 1);
+}
+
+static void *lock_thread(void *arg)
+{
+    lock_run *r = arg;
+    r->rc = ft_pack_ensure_loaded(TINY, NULL, r->cache, &r->s, 0, &r->info, lock_told, r);
+    return NULL;
+}
+
+/* Holds the lock of the pack's path as "another process" would (its own open file
+ * description: flock excludes it from this process's others too), with pid 4242 written. */
+static int hold_lock(const char *pack)
+{
+    char lp[4400];
+    snprintf(lp, sizeof lp, "%s.lock", pack);
+    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX), 0);
+    assert_int_equal(ftruncate(fd, 0), 0);
+    assert_int_equal(pwrite(fd, "4242\n", 5, 0), 5);
+    return fd;
+}
+
+static void wait_told(lock_run *r)
+{
+    for (int i = 0; i < 2000 && !atomic_load(&r->told); i++) usleep(10000);
+    assert_true(atomic_load(&r->told));
+    usleep(50000); /* into flock(LOCK_EX) (a later arrival only waits less) */
+}
+
+static void test_build_lock(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir(), cache[600], other[600];
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    snprintf(other, sizeof other, "%s/other", dir);
+    lock_run r = {.cache = cache};
+    ft_pack_settings_default(&r.s, FT_PACK_QUANT_NF4);
+    ft_pack_ensure_info loc, built;
+    assert_int_equal(ft_pack_locate(TINY, cache, &r.s, &loc), 0);
+    assert_int_equal(loc.action, FT_PACK_BUILT);
+    assert_int_equal(ft_mkdir_p(cache), 0);
+    assert_int_equal(ft_pack_ensure(TINY, other, &r.s, 0, &built), 0); /* what the holder writes */
+
+    /* 1. the holder builds meanwhile: the waiter is told its pid, then reuses its pack */
+    int fd = hold_lock(loc.path);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, lock_thread, &r), 0);
+    wait_told(&r);
+    assert_int_equal(r.pid, 4242);
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp", loc.path);
+    char *bytes = NULL;
+    size_t nb = 0;
+    assert_int_equal(ft_read_file(built.path, &bytes, &nb), 0);
+    FILE *f = fopen(tmp, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, nb, f), nb);
+    assert_int_equal(fclose(f), 0);
+    free(bytes);
+    assert_int_equal(rename(tmp, loc.path), 0);
+    close(fd);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(r.rc, 0);
+    assert_int_equal(r.info.action, FT_PACK_REUSED);
+    assert_true(r.info.waited_s > 0.04);
+    fprintf(stderr, "waited %.3f s for the holder's build, then reused it\n", r.info.waited_s);
+
+    /* 2. the holder ends without a pack: the waiter builds it, its own pid in the lock */
+    assert_int_equal(unlink(loc.path), 0);
+    atomic_store(&r.told, 0);
+    fd = hold_lock(loc.path);
+    assert_int_equal(pthread_create(&th, NULL, lock_thread, &r), 0);
+    wait_told(&r);
+    close(fd);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(r.rc, 0);
+    assert_int_equal(r.info.action, FT_PACK_BUILT);
+    assert_true(r.info.waited_s > 0);
+    char lp[4400], *txt = NULL;
+    size_t len = 0;
+    snprintf(lp, sizeof lp, "%s.lock", loc.path);
+    assert_int_equal(ft_read_file(lp, &txt, &len), 0);
+    assert_int_equal(strtol(txt, NULL, 10), (long)getpid());
+    free(txt);
+    assert_true(files_equal(loc.path, built.path));
+
+    /* 3. nobody holds it: no wait, no callback */
+    atomic_store(&r.told, 0);
+    assert_int_equal(ft_pack_ensure_loaded(TINY, NULL, cache, &r.s, 1, &r.info, lock_told, &r), 0);
+    assert_int_equal(r.info.action, FT_PACK_REBUILT);
+    assert_true(r.info.waited_s == 0 && !atomic_load(&r.told));
+    assert_int_equal(t_rmtree(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1237,6 +1351,7 @@ int main(void)
         cmocka_unit_test(test_sum_nonneg),
         cmocka_unit_test(test_layout_partial),
         cmocka_unit_test(test_preview),
+        cmocka_unit_test(test_build_lock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -126,7 +126,7 @@ static void test_load(void **state)
     ft_pack_ensure_info *in = calloc(1, sizeof *in);
     char cache[700];
     snprintf(cache, sizeof cache, "%s/cache", f->dir);
-    assert_int_equal(ft_pack_ensure_loaded(f->only, b, cache, &s, 0, in), 0);
+    assert_int_equal(ft_pack_ensure_loaded(f->only, b, cache, &s, 0, in, NULL, NULL), 0);
     assert_int_equal(in->action, FT_PACK_REUSED);
     assert_string_equal(in->path, want);
     free(in);
