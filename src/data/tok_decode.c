@@ -1,7 +1,8 @@
 /* tok_decode.c - ft_tok_decode: ids -> token strings -> decoder chain -> UTF-8
  * (huggingface/tokenizers Tokenizer::decode and decoders/{byte_level,byte_fallback,fuse,
  * strip,replace}.rs, pre_tokenizers/metaspace.rs). With no decoder, tokens are joined with
- * single spaces, as tokenizers does. ft_tok_token_bytes: one token's raw bytes.
+ * single spaces, as tokenizers does. ft_tok_token_bytes: one token's raw bytes, by the same
+ * walk over the chain in its one-token mode (tk_walk).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -70,7 +71,20 @@ static int put_lossy(tk_buf *out, const unsigned char *s, size_t n)
     return 0;
 }
 
-static int dec_bytelevel(const tk_toks *in, tk_toks *out)
+/* How a walk over the decoder chain reads its tokens. A whole text (ft_tok_decode): invalid
+ * UTF-8 becomes U+FFFD, Metaspace drops the replacement characters of the first token (unless
+ * its prepend_scheme is "never"), Strip strips every token it gets. One token
+ * (ft_tok_token_bytes): it stands in the middle of a text, so the bytes stay raw (a piece of a
+ * character is kept as it is), Metaspace has no first token, and a Strip after Fuse, which
+ * strips the ends of the whole text, leaves it alone. */
+typedef struct tk_walk {
+    int one_token;   /* 0: whole text; 1: one token, mid-text, raw bytes */
+    int fused;       /* a Fuse step has run */
+} tk_walk;
+
+/* ByteLevel: every token's characters back to their bytes (GPT-2 bytes_to_unicode), joined
+ * into one token; a whole text then goes through String::from_utf8_lossy (byte_level.rs). */
+static int dec_bytelevel(const tk_walk *w, const tk_toks *in, tk_toks *out)
 {
     tk_buf raw = {0};
     int rc = 0;
@@ -90,6 +104,11 @@ static int dec_bytelevel(const tk_toks *in, tk_toks *out)
             raw.n = start;
             rc = tk_buf_put(&raw, s, n);
         }
+    }
+    if (w->one_token) {
+        if (rc == 0) rc = toks_push(out, raw.p ? raw.p : "", raw.n);
+        tk_buf_free(&raw);
+        return rc;
     }
     tk_buf txt = {0};
     if (rc == 0) rc = put_lossy(&txt, (const unsigned char *)raw.p, raw.n);
@@ -113,11 +132,13 @@ static int byte_token(const char *s, size_t n)
     return v;
 }
 
-static int flush_bytes(tk_buf *bytes, tk_toks *out)
+/* A run of byte-fallback bytes as one token; in a whole text, a run that is not valid UTF-8
+ * gives one U+FFFD per byte instead (byte_fallback.rs). */
+static int flush_bytes(const tk_walk *w, tk_buf *bytes, tk_toks *out)
 {
     if (!bytes->n) return 0;
     int valid = 1;
-    for (size_t i = 0; i < bytes->n && valid;) {
+    for (size_t i = 0; i < bytes->n && valid && !w->one_token;) { /* one token: raw */
         int32_t cp;
         i += (size_t)tk_u8dec((const unsigned char *)bytes->p + i, bytes->n - i, &cp);
         valid = cp >= 0;
@@ -129,7 +150,7 @@ static int flush_bytes(tk_buf *bytes, tk_toks *out)
     return 0;
 }
 
-static int dec_bytefallback(const tk_toks *in, tk_toks *out)
+static int dec_bytefallback(const tk_walk *w, const tk_toks *in, tk_toks *out)
 {
     tk_buf bytes = {0};
     int rc = 0;
@@ -139,21 +160,23 @@ static int dec_bytefallback(const tk_toks *in, tk_toks *out)
         if (v >= 0) {
             rc = tk_buf_putc(&bytes, (char)v);
         } else {
-            rc = flush_bytes(&bytes, out);
+            rc = flush_bytes(w, &bytes, out);
             if (rc == 0) rc = toks_push(out, s, in->len[i]);
         }
     }
-    if (rc == 0) rc = flush_bytes(&bytes, out);
+    if (rc == 0) rc = flush_bytes(w, &bytes, out);
     tk_buf_free(&bytes);
     return rc;
 }
 
-static int dec_one(const tk_dec *d, const tk_toks *in, tk_toks *out)
+/* One decoder step: the tokens of in through d, appended to out (empty). */
+static int dec_step(const tk_dec *d, tk_walk *w, const tk_toks *in, tk_toks *out)
 {
     switch (d->type) {
-    case TK_DEC_BYTELEVEL: return dec_bytelevel(in, out);
-    case TK_DEC_BYTEFALLBACK: return dec_bytefallback(in, out);
+    case TK_DEC_BYTELEVEL: return dec_bytelevel(w, in, out);
+    case TK_DEC_BYTEFALLBACK: return dec_bytefallback(w, in, out);
     case TK_DEC_FUSE:
+        w->fused = 1;
         FT_TRY(toks_push(out, "", 0));
         return in->n ? toks_extend(out, in->b.p, in->b.n) : 0;
     default: break;
@@ -175,15 +198,19 @@ static int dec_one(const tk_dec *d, const tk_toks *in, tk_toks *out)
         } else if (d->type == TK_DEC_STRIP) {
             char u[4];
             size_t cl = (size_t)tk_u8enc((uint32_t)d->ch, u), a = 0, b = n;
-            for (int k = 0; k < d->start && a + cl <= b && !memcmp(s + a, u, cl); k++) a += cl;
-            for (int k = 0; k < d->stop && b >= a + cl && !memcmp(s + b - cl, u, cl); k++) b -= cl;
+            int keep = w->one_token && w->fused; /* after Fuse it strips the whole text's ends */
+            int start = keep ? 0 : d->start, stop = keep ? 0 : d->stop;
+            for (int k = 0; k < start && a + cl <= b && !memcmp(s + a, u, cl); k++) a += cl;
+            for (int k = 0; k < stop && b >= a + cl && !memcmp(s + b - cl, u, cl); k++) b -= cl;
             FT_TRY(toks_extend(out, s + a, b - a));
-        } else { /* TK_DEC_METASPACE */
+        } else { /* TK_DEC_METASPACE: the replacement character is a space, except in a text's
+                  * first token when the pre-tokenizer prepends one */
             char u[4];
             size_t cl = (size_t)tk_u8enc((uint32_t)d->ch, u);
+            int first = !w->one_token && i == 0 && d->prepend_scheme != TK_PREPEND_NEVER;
             for (size_t k = 0; k < n;) {
                 if (k + cl <= n && !memcmp(s + k, u, cl)) {
-                    if (!(i == 0 && d->prepend_scheme != TK_PREPEND_NEVER)) FT_TRY(toks_extend(out, " ", 1));
+                    if (!first) FT_TRY(toks_extend(out, " ", 1));
                     k += cl;
                 } else {
                     FT_TRY(toks_extend(out, s + k, 1));
@@ -195,12 +222,40 @@ static int dec_one(const tk_dec *d, const tk_toks *in, tk_toks *out)
     return 0;
 }
 
+/* Runs the decoder chain dec[0..n_dec) over the tokens of *a (one_token: see tk_walk), then
+ * hands out their bytes joined: *p malloc'ed, NUL-terminated, *n its length (unset on error).
+ * *a is freed either way. Returns 0 or -ENOMEM. */
+static int dec_walk(const tk_dec *dec, int n_dec, tk_toks *a, int one_token, char **p, size_t *n)
+{
+    tk_walk w = {.one_token = one_token};
+    tk_toks b = {0};
+    int rc = 0;
+    for (int k = 0; k < n_dec && rc == 0; k++) {
+        b.n = 0;
+        b.b.n = 0;
+        rc = dec_step(&dec[k], &w, a, &b);
+        tk_toks x = *a;
+        *a = b;
+        b = x;
+    }
+    toks_free(&b);
+    if (rc == 0) rc = tk_buf_reserve(&a->b, 0); /* room for the NUL, and a buffer for "" */
+    if (rc == 0) {
+        a->b.p[a->b.n] = 0;
+        *p = a->b.p;
+        *n = a->b.n;
+        a->b.p = NULL;
+    }
+    toks_free(a);
+    return rc;
+}
+
 int ft_tok_decode(const ft_tokenizer *t, const int32_t *ids, int64_t n, int skip_special,
                   char **text)
 {
     *text = NULL;
     if (!t || (!ids && n > 0)) return ft_err(FT_E_INVALID, "ft_tok_decode: NULL tokenizer or ids");
-    tk_toks a = {0}, b = {0};
+    tk_toks a = {0};
     int rc = 0;
     for (int64_t i = 0; i < n && rc == 0; i++) {
         size_t len;
@@ -213,108 +268,12 @@ int ft_tok_decode(const ft_tokenizer *t, const int32_t *ids, int64_t n, int skip
         else rc = toks_push(&a, s, len);
         if (rc == 0 && !t->has_decoder) rc = toks_extend(&a, s, len);
     }
-    for (int k = 0; k < t->n_dec && rc == 0; k++) {
-        b.n = 0;
-        b.b.n = 0;
-        rc = dec_one(&t->dec[k], &a, &b);
-        tk_toks x = a;
-        a = b;
-        b = x;
-    }
-    tk_buf joined = {0};
-    if (rc == 0) rc = tk_buf_put(&joined, a.b.p ? a.b.p : "", a.b.n);
-    toks_free(&a);
-    toks_free(&b);
     if (rc < 0) {
-        tk_buf_free(&joined);
+        toks_free(&a);
         return rc;
     }
-    *text = joined.p;
-    return 0;
-}
-
-/* One token through the decoder chain, as ft_tok_token_bytes describes: buf holds the token's
- * text and receives its bytes. */
-static int token_dec(const ft_tokenizer *t, tk_buf *buf)
-{
-    tk_buf tmp = {0};
-    int rc = 0, fused = 0;
-    for (int k = 0; k < t->n_dec && rc == 0; k++) {
-        const tk_dec *d = &t->dec[k];
-        const char *s = buf->p ? buf->p : "";
-        const size_t n = buf->n;
-        tmp.n = 0;
-        switch (d->type) {
-        case TK_DEC_BYTELEVEL: { /* each character its byte; a character outside the table
-                                  * leaves the token's own bytes, as dec_bytelevel does */
-            int ok = 1;
-            for (size_t i = 0; i < n && ok && rc == 0;) {
-                int32_t cp;
-                int L = tk_u8dec((const unsigned char *)s + i, n - i, &cp);
-                int b = tk_cp_to_byte(cp);
-                if (b < 0) ok = 0;
-                else rc = tk_buf_putc(&tmp, (char)b);
-                i += (size_t)L;
-            }
-            if (!ok && rc == 0) {
-                tmp.n = 0;
-                rc = tk_buf_put(&tmp, s, n);
-            }
-            break;
-        }
-        case TK_DEC_BYTEFALLBACK: {
-            int v = byte_token(s, n);
-            rc = v >= 0 ? tk_buf_putc(&tmp, (char)v) : tk_buf_put(&tmp, s, n);
-            break;
-        }
-        case TK_DEC_FUSE: /* one token: nothing to join */
-            fused = 1;
-            rc = tk_buf_put(&tmp, s, n);
-            break;
-        case TK_DEC_STRIP: { /* after Fuse it strips the whole text's ends: not a token's */
-            size_t a = 0, b = n;
-            if (!fused) {
-                char u[4];
-                size_t cl = (size_t)tk_u8enc((uint32_t)d->ch, u);
-                for (int j = 0; j < d->start && a + cl <= b && !memcmp(s + a, u, cl); j++) a += cl;
-                for (int j = 0; j < d->stop && b >= a + cl && !memcmp(s + b - cl, u, cl); j++) b -= cl;
-            }
-            rc = tk_buf_put(&tmp, s + a, b - a);
-            break;
-        }
-        case TK_DEC_REPLACE: {
-            size_t i = 0;
-            while (rc == 0 && i < n) {
-                const char *hit = d->a_n ? memmem(s + i, n - i, d->a, d->a_n) : NULL;
-                if (!hit) break;
-                rc = tk_buf_put(&tmp, s + i, (size_t)(hit - (s + i)));
-                if (rc == 0) rc = tk_buf_put(&tmp, d->b, d->b_n);
-                i = (size_t)(hit - s) + d->a_n;
-            }
-            if (rc == 0) rc = tk_buf_put(&tmp, s + i, n - i);
-            break;
-        }
-        default: { /* TK_DEC_METASPACE: the replacement character is a space (not a first token) */
-            char u[4];
-            size_t cl = (size_t)tk_u8enc((uint32_t)d->ch, u);
-            for (size_t i = 0; rc == 0 && i < n;) {
-                if (i + cl <= n && !memcmp(s + i, u, cl)) {
-                    rc = tk_buf_putc(&tmp, ' ');
-                    i += cl;
-                } else {
-                    rc = tk_buf_putc(&tmp, s[i]);
-                    i++;
-                }
-            }
-            break;
-        }
-        }
-        tk_buf x = *buf; /* tmp becomes the token's text */
-        *buf = tmp;
-        tmp = x;
-    }
-    tk_buf_free(&tmp);
-    return rc;
+    size_t text_n;
+    return dec_walk(t->dec, t->n_dec, &a, 0, text, &text_n);
 }
 
 int ft_tok_token_bytes(const ft_tokenizer *t, int32_t id, char **bytes, size_t *n)
@@ -327,21 +286,19 @@ int ft_tok_token_bytes(const ft_tokenizer *t, int32_t id, char **bytes, size_t *
     if (!s) return ft_err(FT_E_INVALID, "token id %d is not in the vocabulary (%lld ids)", (int)id,
                           (long long)t->n_ids);
     const tk_added *a = t->added_of_id[id] >= 0 ? &t->added[t->added_of_id[id]] : NULL;
-    if (a && a->special) { /* its content as written */
+    if (a && a->special) { /* its content as written, not decoded */
         s = a->content;
         len = a->n;
     }
-    tk_buf b = {0};
-    int rc = tk_buf_put(&b, s, len); /* tk_buf keeps a NUL after its n bytes */
-    if (rc == 0 && !(a && a->special) && t->has_decoder) rc = token_dec(t, &b);
-    if (rc == 0 && !b.p) rc = tk_buf_reserve(&b, 1);
-    if (rc < 0) {
-        tk_buf_free(&b);
-        return ft_err(-ENOMEM, "out of memory");
+    tk_toks tk = {0};
+    int rc = toks_push(&tk, s, len);
+    if (rc == 0) {
+        int n_dec = t->has_decoder && !(a && a->special) ? t->n_dec : 0; /* else no steps */
+        rc = dec_walk(t->dec, n_dec, &tk, 1, bytes, n);
+    } else {
+        toks_free(&tk);
     }
-    b.p[b.n] = 0;
-    *n = b.n;
-    *bytes = b.p;
+    if (rc < 0) return ft_err(-ENOMEM, "out of memory");
     return 0;
 }
 

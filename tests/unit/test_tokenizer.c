@@ -353,6 +353,73 @@ static void test_small_json(void **state)
     rm_dir(dir);
 }
 
+static void expect_token_bytes(const ft_tokenizer *t, int32_t id, const char *want, size_t want_n)
+{
+    char *b;
+    size_t bn;
+    assert_true(id >= 0);
+    assert_int_equal(ft_tok_token_bytes(t, id, &b, &bn), 0);
+    assert_int_equal(bn, want_n);
+    assert_memory_equal(b, want, want_n);
+    assert_int_equal(b[bn], 0);
+    free(b);
+}
+
+static void expect_decode(const ft_tokenizer *t, const int32_t *ids, int64_t n, const char *want)
+{
+    char *back;
+    assert_int_equal(ft_tok_decode(t, ids, n, 0, &back), 0);
+    assert_string_equal(back, want);
+    free(back);
+}
+
+#define MS "\xE2\x96\x81" /* U+2581, the Metaspace character */
+
+/* Where ft_tok_token_bytes (one token in the middle of a text, raw bytes) and ft_tok_decode
+ * (a whole text) part, on the same decoder chain: a byte piece of a character gives its raw
+ * byte, not U+FFFD; a Metaspace token keeps the space of its replacement character; a Strip
+ * after Fuse (Llama-2's Strip(' ', 1, 0)) does not strip a token, while a Strip before Fuse
+ * strips each token in both. */
+static void test_token_bytes_mid_text(void **state)
+{
+    tok_state *s = *state;
+    /* Llama-2: Replace(MS -> ' '), ByteFallback, Fuse, Strip(' ', 1, 0) */
+    int32_t hello = ft_tok_id(s->l2, MS "Hello");
+    expect_token_bytes(s->l2, hello, " Hello", 6);
+    expect_decode(s->l2, &hello, 1, "Hello");
+    int32_t e4 = ft_tok_id(s->l2, "<0xE4>");
+    expect_token_bytes(s->l2, e4, "\xE4", 1);
+    expect_decode(s->l2, &e4, 1, "\xEF\xBF\xBD");
+    /* Llama-3: ByteLevel; U+00E4 is byte 0xE4 (GPT-2 bytes_to_unicode) */
+    int32_t l3_e4 = ft_tok_id(s->l3, "\xC3\xA4");
+    expect_token_bytes(s->l3, l3_e4, "\xE4", 1);
+    expect_decode(s->l3, &l3_e4, 1, "\xEF\xBF\xBD");
+
+    /* Metaspace decoder (prepend_scheme "first") and a Strip on each side of Fuse */
+    static const char json[] =
+        "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":null,"
+        "\"post_processor\":null,"
+        "\"decoder\":{\"type\":\"Sequence\",\"decoders\":["
+        "{\"type\":\"Strip\",\"content\":\"x\",\"start\":1,\"stop\":0},"
+        "{\"type\":\"Metaspace\",\"replacement\":\"" MS "\",\"prepend_scheme\":\"first\",\"split\":false},"
+        "{\"type\":\"Fuse\"},"
+        "{\"type\":\"Strip\",\"content\":\"b\",\"start\":0,\"stop\":1}]},"
+        "\"model\":{\"type\":\"BPE\",\"unk_token\":null,\"vocab\":{\"" MS "a\":0,\"b\":1,\"x" MS "a\":2},"
+        "\"merges\":[]}}";
+    char *dir = write_dir(json, NULL);
+    ft_tokenizer *t;
+    assert_int_equal(ft_tok_load_dir(&t, dir), 0);
+    expect_token_bytes(t, 0, " a", 2);  /* mid-text: the space stays */
+    expect_token_bytes(t, 1, "b", 1);   /* the Strip after Fuse leaves a token alone */
+    expect_token_bytes(t, 2, " a", 2);  /* the Strip before Fuse strips each token */
+    const int32_t ids[] = {0, 0, 1};
+    expect_decode(t, ids, 3, "a a");    /* first token's MS dropped; "a ab" loses its end 'b' */
+    const int32_t ids2[] = {2, 0};
+    expect_decode(t, ids2, 2, "a a");   /* 'x' stripped, then the first token's MS dropped */
+    ft_tok_free(t);
+    rm_dir(dir);
+}
+
 /* ---- malformed input ------------------------------------------------------------------------- */
 
 static void expect_load_error(const char *json, int code, const char *needle)
@@ -600,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_llama2_byte_fallback),
         cmocka_unit_test(test_decode_roundtrip),
         cmocka_unit_test(test_token_bytes),
+        cmocka_unit_test(test_token_bytes_mid_text),
         cmocka_unit_test(test_random_bytes),
         cmocka_unit_test(test_small_json),
         cmocka_unit_test(test_malformed),
