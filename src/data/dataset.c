@@ -13,6 +13,7 @@
  */
 #include "src/data/dataset.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -441,13 +442,13 @@ void ft_data_msgs_free(ft_data_msgs *v)
 
 /* ---- tokenization with a mask ------------------------------------------------------------ */
 
-/* Tokenizes t (segments flagged trained or not) and fills ex. */
+/* Tokenizes t (segments flagged trained or not) and fills ex; tc: a word cache or NULL. */
 static int encode_text(ft_example *ex, const ft_chat_text *t, int add_special, int train_all,
-                       const ft_tokenizer *tok)
+                       const ft_tokenizer *tok, ft_tok_cache *tc)
 {
     int32_t *ids = NULL, *lab = NULL, *pre = NULL;
     int64_t n = 0, np;
-    int rc = ft_tok_encode(tok, t->text ? t->text : "", t->n, add_special, &ids, &n);
+    int rc = ft_tok_encode_cached(tok, tc, t->text ? t->text : "", t->n, add_special, &ids, &n);
     if (rc < 0) return rc;
     lab = malloc((size_t)(n ? n : 1) * sizeof *lab);
     if (!lab) {
@@ -464,7 +465,7 @@ static int encode_text(ft_example *ex, const ft_chat_text *t, int add_special, i
                 end = n;
             } else {
                 size_t b = t->seg[s + 1].off;
-                rc = ft_tok_encode(tok, t->text, b, add_special, &pre, &np);
+                rc = ft_tok_encode_cached(tok, tc, t->text, b, add_special, &pre, &np);
                 if (rc < 0) break;
                 int64_t k = 0;
                 while (k < np && k < n && pre[k] == ids[k]) k++;
@@ -620,7 +621,7 @@ int ft_data_record_tools(const cJSON *rec, cJSON **tools)
  * records of LLaMA-Factory's schemas, pref.h): of a conversation only the final message is
  * trained, the earlier answers being prompt; 0 for every SFT record. */
 static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int train_on_prompt,
-                       int last_only, const ft_tokenizer *tok)
+                       int last_only, const ft_tokenizer *tok, ft_tok_cache *tc)
 {
     memset(ex, 0, sizeof *ex);
     if (!cJSON_IsObject(j)) return ft_err(FT_E_INVALID, "a record must be a JSON object");
@@ -666,7 +667,7 @@ static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int
         if (!any && !train_on_prompt)
             rc = ft_err(FT_E_INVALID, "nothing to train on (no assistant or completion text)");
     }
-    if (!rc) rc = encode_text(ex, &t, add_special, train_on_prompt, tok);
+    if (!rc) rc = encode_text(ex, &t, add_special, train_on_prompt, tok, tc);
     ft_chat_text_free(&t);
     free(v.m);
     arena_free(arena);
@@ -685,7 +686,7 @@ int ft_dataset_encode_record(ft_example *ex, const char *record_json, int format
         key_list(j, keys, sizeof keys);
         rc = ft_err(FT_E_INVALID, "unknown data schema (keys %s)", keys);
     } else {
-        rc = encode_json(ex, j, format, chat_template, train_on_prompt, 0, tok);
+        rc = encode_json(ex, j, format, chat_template, train_on_prompt, 0, tok, NULL);
     }
     cJSON_Delete(j);
     return rc;
@@ -731,23 +732,35 @@ static void ex_vec_truncate(ex_vec *x, int64_t n)
     x->n = n;
 }
 
-/* Encodes one record into *e and applies seq_len: returns 1 when e is usable, 0 when it was
- * dropped (no trained token within seq_len; freed and counted), < 0 on error (message
- * prefixed with `where`, e freed). */
-static int encode_one(ft_example *e, const cJSON *json, int format, int tmpl,
-                      const ft_data_cfg *cfg, const ft_tokenizer *tok, const char *where,
-                      ft_data_file *fs)
+static int ex_vec_push(ex_vec *x, const ft_example *e, int64_t k)
 {
-    int rc = encode_json(e, json, format, tmpl, cfg->train_on_prompt, 0, tok);
-    if (rc == -ENOMEM) return rc;
-    if (rc < 0) return ft_err_prefix(rc, "%s", where);
+    if (x->n + k > x->cap) {
+        int64_t nc = x->cap ? 2 * x->cap : 256;
+        ft_example *p = realloc(x->v, (size_t)nc * sizeof *p);
+        if (!p) return ft_err(-ENOMEM, "out of memory");
+        x->v = p;
+        x->cap = nc;
+    }
+    memcpy(x->v + x->n, e, (size_t)k * sizeof *e);
+    x->n += k;
+    return 0;
+}
+
+/* Encodes one record into *e and applies seq_len: returns 1 when e is usable, 0 when it was
+ * dropped (no trained token within seq_len; freed), < 0 on error (e freed). *cut: 1 when it
+ * was truncated to seq_len (dropped or not). */
+static int encode_one(ft_example *e, const cJSON *json, int format, int tmpl,
+                      const ft_data_cfg *cfg, const ft_tokenizer *tok, ft_tok_cache *tc, int *cut)
+{
+    *cut = 0;
+    int rc = encode_json(e, json, format, tmpl, cfg->train_on_prompt, 0, tok, tc);
+    if (rc < 0) return rc;
     if (e->n > cfg->seq_len) {
         e->n = cfg->seq_len;
-        fs->n_truncated++;
+        *cut = 1;
     }
     if (n_trained(e) == 0) { /* the response starts beyond seq_len */
         example_free(e);
-        fs->n_dropped++;
         return 0;
     }
     return 1;
@@ -760,13 +773,13 @@ static int encode_one(ft_example *e, const cJSON *json, int format, int tmpl,
  * *format (may be NULL) gets the SFT schema of the sides. Returns 0, -ENOMEM, FT_E_INVALID
  * (the message names the side, "chosen: ..."); e[] is zeroed on error. */
 static int encode_pair_raw(ft_example e[2], const cJSON *json, int tmpl, const ft_tokenizer *tok,
-                           int *format)
+                           ft_tok_cache *tc, int *format)
 {
     ft_pref_rec pr;
     memset(e, 0, 2 * sizeof *e);
     int rc = ft_pref_split(json, &pr);
     for (int s = 0; s < 2 && !rc; s++) {
-        rc = encode_json(&e[s], pr.side[s], pr.format, tmpl, 0, pr.last_only, tok);
+        rc = encode_json(&e[s], pr.side[s], pr.format, tmpl, 0, pr.last_only, tok, tc);
         if (rc < 0 && rc != -ENOMEM) rc = ft_err_prefix(rc, "%s", s ? "rejected" : "chosen");
     }
     if (!rc && format) *format = pr.format;
@@ -785,68 +798,155 @@ int ft_dataset_encode_pair(ft_example ex[2], const char *record_json, int chat_t
     cJSON *j = cJSON_Parse(record_json);
     if (!j) return ft_err(FT_E_INVALID, "malformed JSON record");
     if (chat_template == FT_CHAT_AUTO) chat_template = ft_chat_template_detect(tok);
-    int rc = encode_pair_raw(ex, j, chat_template, tok, NULL);
+    int rc = encode_pair_raw(ex, j, chat_template, tok, NULL, NULL);
     cJSON_Delete(j);
     return rc;
 }
 
 /* encode_pair_raw, then seq_len applied to each side: returns 1 when the pair is usable, 0
- * when it was dropped (either side without a trained token within seq_len; both freed, the
- * pair counted in fs->n_dropped), < 0 on error (message prefixed with `where`, e[] freed).
- * fs->n_truncated counts the pair once when either side was cut. */
+ * when it was dropped (either side without a trained token within seq_len; both freed), < 0
+ * on error (e[] freed). *cut: 1 when either side was cut. */
 static int encode_pair(ft_example e[2], const cJSON *json, int tmpl, const ft_data_cfg *cfg,
-                       const ft_tokenizer *tok, const char *where, ft_data_file *fs, int *format)
+                       const ft_tokenizer *tok, ft_tok_cache *tc, int *format, int *cut)
 {
-    int rc = encode_pair_raw(e, json, tmpl, tok, format);
-    if (rc == -ENOMEM) return rc;
-    if (rc < 0) return ft_err_prefix(rc, "%s", where);
-    int cut = 0, empty = 0;
+    *cut = 0;
+    int rc = encode_pair_raw(e, json, tmpl, tok, tc, format);
+    if (rc < 0) return rc;
+    int empty = 0;
     for (int s = 0; s < 2; s++) {
         if (e[s].n > cfg->seq_len) {
             e[s].n = cfg->seq_len;
-            cut = 1;
+            *cut = 1;
         }
         empty |= n_trained(&e[s]) == 0;
     }
-    fs->n_truncated += cut;
     if (empty) {
         example_free(&e[0]);
         example_free(&e[1]);
-        fs->n_dropped++;
         return 0;
     }
     return 1;
 }
 
-/* read_file's step for one preference record: its pair appended to *x (x->n += 2), or, past
- * keep_max pairs (keep_max > 0), encoded, checked, freed and counted in fs->n_over_cap (2 per
- * pair). fs->format takes the first pair's SFT schema. Returns as encode_pair. */
-static int read_pair(ex_vec *x, int64_t n0, int64_t keep_max, const cJSON *json,
-                     const ft_data_cfg *cfg, int tmpl, const ft_tokenizer *tok, const char *where,
-                     ft_data_file *fs)
+/* ---- a file, in chunks of records encoded in parallel ------------------------------------- */
+
+#define CHUNK_RECORDS 512      /* records read, then encoded together */
+#define CACHE_WORDS 16384      /* per thread (tokenizer.h ft_tok_cache) */
+
+/* One record of a chunk: read in order, encoded by any thread, taken in order. */
+typedef struct rec_job {
+    cJSON *own;                /* a JSONL line's tree (owned); NULL for an array element */
+    const cJSON *json;         /* NULL: the line is not valid JSON (err says why) */
+    int64_t loc;
+    char err[160];
+    int checked;               /* 1: the malformed/duplicate-key check ran (rc says) */
+    int rc, cut, format;       /* encode_one / encode_pair's result; format: a pair's schema */
+    char *msg;                 /* rc < 0: the message, "FILE: line N: ..." */
+    ft_example e[2];
+} rec_job;
+
+typedef struct file_ctx {
+    ft_records *rr;
+    const ft_data_cfg *cfg;
+    int tmpl, format;
+    const ft_tokenizer *tok;
+} file_ctx;
+
+static void job_fail(rec_job *j, int rc)
 {
-    int f = FT_DATA_AUTO, rc;
-    if (keep_max > 0 && x->n - n0 == 2 * keep_max) {
-        ft_example e[2];
-        rc = encode_pair(e, json, tmpl, cfg, tok, where, fs, &f);
-        if (rc == 1) {
-            example_free(&e[0]);
-            example_free(&e[1]);
-            fs->n_over_cap += 2;
-        }
-    } else {
-        if (x->n + 2 > x->cap) {
-            int64_t nc = x->cap ? 2 * x->cap : 256;
-            ft_example *p = realloc(x->v, (size_t)nc * sizeof *p);
-            if (!p) return ft_err(-ENOMEM, "%s: out of memory", where);
-            x->v = p;
-            x->cap = nc;
-        }
-        rc = encode_pair(&x->v[x->n], json, tmpl, cfg, tok, where, fs, &f);
-        if (rc == 1) x->n += 2;
+    j->rc = rc;
+    j->msg = strdup(ft_errmsg());
+    if (!j->msg) j->rc = -ENOMEM;
+}
+
+/* The record's own faults: not JSON, or a key twice in one object. */
+static void job_check(const file_ctx *f, rec_job *j)
+{
+    char where[4300];
+    int oom = 0;
+    j->checked = 1;
+    j->rc = 0;
+    ft_records_where(f->rr, j->loc, where, sizeof where);
+    const char *dup = j->json ? ft_json_dup_key(j->json, 1, &oom) : NULL;
+    if (!j->json) {
+        job_fail(j, ft_err(FT_E_INVALID, "%s: %s", where, j->err));
+    } else if (oom) {
+        job_fail(j, ft_err(-ENOMEM, "%s: out of memory", where));
+    } else if (dup) {
+        /* Hugging Face datasets reads the record with Python's json: the last one counts */
+        job_fail(j, ft_err(FT_E_INVALID, "%s: key '%.64s' appears twice in one object: JSON "
+                           "readers differ on which one counts (Python's json, as Hugging Face "
+                           "datasets, takes the last); give it once", where, dup));
     }
-    if (rc >= 0 && fs->format == FT_DATA_AUTO) fs->format = f;
-    return rc;
+}
+
+static void job_encode(const file_ctx *f, rec_job *j, ft_tok_cache *tc)
+{
+    if (!j->checked) job_check(f, j);
+    if (j->rc < 0) return;
+    int rc = f->cfg->preference
+                 ? encode_pair(j->e, j->json, f->tmpl, f->cfg, f->tok, tc, &j->format, &j->cut)
+                 : encode_one(&j->e[0], j->json, f->format, f->tmpl, f->cfg, f->tok, tc, &j->cut);
+    if (rc < 0 && rc != -ENOMEM) {
+        char where[4300];
+        ft_records_where(f->rr, j->loc, where, sizeof where);
+        rc = ft_err_prefix(rc, "%s", where);
+    }
+    if (rc < 0) job_fail(j, rc);
+    else j->rc = rc;
+}
+
+static void job_free(rec_job *j)
+{
+    cJSON_Delete(j->own);
+    free(j->msg);
+    example_free(&j->e[0]);
+    example_free(&j->e[1]);
+    memset(j, 0, sizeof *j);
+}
+
+/* The schema of an SFT file whose format is auto: from its first record that passes
+ * job_check (the caller has run it on j). Returns 0 (f->format and fs->format set) or the
+ * unknown schema's error, which ends the file whatever --skip-bad-records says. */
+static int detect_file_format(file_ctx *f, const rec_job *j, ft_data_file *fs)
+{
+    int fm = detect_format(j->json);
+    if (fm >= 0) {
+        f->format = fs->format = fm;
+        return 0;
+    }
+    char keys[200], where[4300];
+    key_list(j->json, keys, sizeof keys);
+    ft_records_where(f->rr, j->loc, where, sizeof where);
+    int pair = cJSON_IsObject(j->json) && cJSON_GetObjectItemCaseSensitive(j->json, "chosen") &&
+               cJSON_GetObjectItemCaseSensitive(j->json, "rejected");
+    return ft_err(FT_E_INVALID, "%s: unknown data schema (keys %s); expected alpaca "
+                  "(instruction/input/output), messages, sharegpt (conversations), "
+                  "prompt/completion or text, or name one with --data-format%s", where, keys,
+                  pair ? " (chosen/rejected: a preference record; train on it with --method dpo)" : "");
+}
+
+/* Job j's outcome, in file order: appended to *x, or (past keep_max usable examples of this
+ * file, keep_max > 0) freed and counted in fs->n_over_cap; counted as truncated/dropped.
+ * Returns 0 or j's error (re-raised here; the caller skips or stops). */
+static int job_take(rec_job *j, const ft_data_cfg *cfg, int64_t n0, int64_t keep_max,
+                    ft_data_file *fs, ex_vec *x)
+{
+    if (j->rc < 0) return ft_err(j->rc, "%s", j->msg ? j->msg : "out of memory");
+    const int k = cfg->preference ? 2 : 1;
+    if (cfg->preference && fs->format == FT_DATA_AUTO) fs->format = j->format;
+    fs->n_truncated += j->cut;
+    if (j->rc == 0) {
+        fs->n_dropped++;
+        return 0;
+    }
+    if (keep_max > 0 && x->n - n0 == k * keep_max) { /* beyond the cap: checked, then freed */
+        fs->n_over_cap += k;
+        return 0;
+    }
+    FT_TRY(ex_vec_push(x, j->e, k));
+    memset(j->e, 0, sizeof j->e); /* x owns them now */
+    return 0;
 }
 
 /* Reads path into examples appended to *x: schema detection (from this file's first record
@@ -854,8 +954,10 @@ static int read_pair(ex_vec *x, int64_t n0, int64_t keep_max, const cJSON *json,
  * cfg->seq_len, bad records skipped and counted when cfg->skip_bad_records. *fs gets this
  * file's counts and schema. keep_max > 0: only the first keep_max usable examples are kept;
  * the records after them are still read, encoded and checked (an error there is reported,
- * or skipped and counted, as for the kept ones), then freed at once and counted in
- * fs->n_over_cap, so memory holds at most keep_max examples. On error the examples this call
+ * or skipped and counted, as for the kept ones), then freed and counted in fs->n_over_cap.
+ * Records are read in chunks and each chunk is encoded by all OpenMP threads (one word cache
+ * each), then taken in file order, so the examples, counts and the error reported (the first
+ * in the file) are those of reading one record at a time. On error the examples this call
  * appended are freed (x->n is as on entry); fs's counts say how far it got. */
 static int read_file(const char *path, const ft_data_cfg *cfg, int tmpl, const ft_tokenizer *tok,
                      int64_t keep_max, ft_data_file *fs, ex_vec *x)
@@ -863,77 +965,57 @@ static int read_file(const char *path, const ft_data_cfg *cfg, int tmpl, const f
     memset(fs, 0, sizeof *fs);
     ft_records rr;
     FT_TRY(ft_records_open(&rr, path));
-    int format = cfg->format;
-    fs->format = format;
+    file_ctx f = {&rr, cfg, tmpl, cfg->format, tok};
+    fs->format = cfg->format;
     const int64_t n0 = x->n;
-    int rc = 0;
-    ft_record rec;
-    char where[4300];
-    for (;;) {
-        int got = ft_records_next(&rr, &rec);
-        if (got < 0) { rc = got; break; }
-        if (got == 0) break;
-        fs->n_records++;
-        ft_records_where(&rr, rec.loc, where, sizeof where);
-        int oom = 0;
-        const char *dup = rec.json ? ft_json_dup_key(rec.json, 1, &oom) : NULL;
-        if (!rec.json) {
-            rc = ft_err(FT_E_INVALID, "%s: %s", where, rec.err);
-        } else if (oom) {
-            rc = ft_err(-ENOMEM, "%s: out of memory", where);
-        } else if (dup) {
-            /* Hugging Face datasets reads the record with Python's json: the last one counts */
-            rc = ft_err(FT_E_INVALID, "%s: key '%.64s' appears twice in one object: JSON readers "
-                        "differ on which one counts (Python's json, as Hugging Face datasets, "
-                        "takes the last); give it once", where, dup);
-        } else if (cfg->preference) {
-            rc = read_pair(x, n0, keep_max, rec.json, cfg, tmpl, tok, where, fs);
-            if (rc > 0) rc = 0;
-        } else {
-            if (format == FT_DATA_AUTO) {
-                int f = detect_format(rec.json);
-                if (f < 0) {
-                    char keys[200];
-                    key_list(rec.json, keys, sizeof keys);
-                    int pair = cJSON_IsObject(rec.json) &&
-                               cJSON_GetObjectItemCaseSensitive(rec.json, "chosen") &&
-                               cJSON_GetObjectItemCaseSensitive(rec.json, "rejected");
-                    rc = ft_err(FT_E_INVALID, "%s: unknown data schema (keys %s); expected alpaca "
-                                "(instruction/input/output), messages, sharegpt (conversations), "
-                                "prompt/completion or text, or name one with --data-format%s",
-                                where, keys,
-                                pair ? " (chosen/rejected: a preference record; train on it with --method dpo)" : "");
-                    /* the schema comes from the first record: an unknown one is fatal */
-                    break;
-                }
-                format = fs->format = f;
-            }
-            if (keep_max > 0 && x->n - n0 == keep_max) { /* beyond the cap: check, then free */
-                ft_example e;
-                rc = encode_one(&e, rec.json, format, tmpl, cfg, tok, where, fs);
-                if (rc == 1) {
-                    example_free(&e);
-                    fs->n_over_cap++;
-                }
-            } else {
-                if (x->n == x->cap) {
-                    int64_t nc = x->cap ? 2 * x->cap : 256;
-                    ft_example *p = realloc(x->v, (size_t)nc * sizeof *p);
-                    if (!p) { rc = ft_err(-ENOMEM, "%s: out of memory", path); break; }
-                    x->v = p;
-                    x->cap = nc;
-                }
-                rc = encode_one(&x->v[x->n], rec.json, format, tmpl, cfg, tok, where, fs);
-                if (rc == 1) x->n++;
-            }
-            if (rc > 0) rc = 0;
+    const int nt = omp_get_max_threads();
+    rec_job *jobs = calloc(CHUNK_RECORDS, sizeof *jobs);
+    ft_tok_cache **tc = calloc((size_t)nt, sizeof *tc);
+    int rc = jobs && tc ? 0 : ft_err(-ENOMEM, "out of memory");
+    for (int i = 0; i < nt && !rc; i++)
+        if (!(tc[i] = ft_tok_cache_new(CACHE_WORDS))) rc = ft_err(-ENOMEM, "out of memory");
+    int done = 0;
+    while (!rc && !done) {
+        /* an SFT file of auto schema: one record at a time until the first good one names it */
+        const int cap = f.format == FT_DATA_AUTO && !cfg->preference ? 1 : CHUNK_RECORDS;
+        int n = 0;
+        while (n < cap) {
+            ft_record rec;
+            int got = ft_records_next(&rr, &rec);
+            if (got < 0) { rc = got; break; }
+            if (got == 0) { done = 1; break; }
+            rec_job *j = &jobs[n++];
+            j->own = ft_records_take(&rr);
+            j->json = rec.json;
+            j->loc = rec.loc;
+            snprintf(j->err, sizeof j->err, "%s", rec.err);
         }
-        if (rc < 0) {
-            if (rc == -ENOMEM || !cfg->skip_bad_records) break;
-            fs->n_skipped++;
-            rc = 0;
+        if (!rc && n == 1 && cap == 1) {
+            job_check(&f, &jobs[0]);
+            if (jobs[0].rc == 0) {
+                rc = detect_file_format(&f, &jobs[0], fs);
+                if (rc) fs->n_records++; /* fatal: the schema comes from this record */
+            }
+        }
+        if (!rc) {
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+            for (int i = 0; i < n; i++) job_encode(&f, &jobs[i], tc[omp_get_thread_num()]);
+        }
+        for (int i = 0; i < n; i++) {
+            if (!rc) {
+                fs->n_records++;
+                rc = job_take(&jobs[i], cfg, n0, keep_max, fs, x);
+                if (rc < 0 && rc != -ENOMEM && cfg->skip_bad_records) {
+                    fs->n_skipped++;
+                    rc = 0;
+                }
+            }
+            job_free(&jobs[i]);
         }
     }
+    for (int i = 0; tc && i < nt; i++) ft_tok_cache_free(tc[i]);
+    free(tc);
+    free(jobs);
     ft_records_close(&rr);
     fs->n_examples = x->n - n0;
     if (rc == 0 && fs->n_records == 0)
@@ -948,7 +1030,7 @@ static int read_file(const char *path, const ft_data_cfg *cfg, int tmpl, const f
         fs->n_examples = 0;
         return rc;
     }
-    if (fs->format == FT_DATA_AUTO) fs->format = format;
+    if (fs->format == FT_DATA_AUTO) fs->format = f.format;
     return 0;
 }
 

@@ -101,6 +101,9 @@ typedef struct ft_dataset {
 } ft_dataset;
 
 /* Reads, renders, tokenizes, masks, shuffles (deterministically by cfg->seed) and splits.
+ * Records are encoded in chunks by every OpenMP thread (omp_get_max_threads; each with a
+ * tokenizer word cache), with the result of reading them one at a time: the same examples,
+ * counts and first error whatever the thread count.
  * Errors name the file and line (JSONL) or record index (JSON array): an empty file, an
  * unknown schema, a malformed line or a record missing its fields -> FT_E_INVALID
  * (unless skip_bad_records); -errno for a missing file. */

@@ -137,6 +137,13 @@ int ft_records_next(ft_records *r, ft_record *rec)
     return 1;
 }
 
+cJSON *ft_records_take(ft_records *r)
+{
+    cJSON *j = r->cur;
+    r->cur = NULL;
+    return j;
+}
+
 void ft_records_where(const ft_records *r, int64_t loc, char *buf, size_t n)
 {
     /* lines and array records are both counted from 1 for people */

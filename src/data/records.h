@@ -49,6 +49,11 @@ int ft_records_open(ft_records *r, const char *path);
  * ft_records_close; json == NULL for a malformed JSONL line), 0 at the end, -ENOMEM. */
 int ft_records_next(ft_records *r, ft_record *rec);
 
+/* Ownership of the record last returned by ft_records_next, for a caller that keeps several
+ * records at once: a JSONL line's tree, which the caller then frees (cJSON_Delete), or NULL
+ * for a JSON array's element (it lives until ft_records_close) or a malformed line. */
+cJSON *ft_records_take(ft_records *r);
+
 /* Writes "FILE: line N" (JSONL) or "FILE: record N" (1-based array position) for loc. */
 void ft_records_where(const ft_records *r, int64_t loc, char *buf, size_t n);
 

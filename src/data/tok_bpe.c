@@ -288,5 +288,14 @@ int tk_model_word(const ft_tokenizer *t, tk_ctx *c, size_t off, size_t n)
     if (n == 0) return 0;
     if (n > UINT32_MAX / 2) return ft_err(FT_E_RANGE, "tokenizer: a single word of %zu bytes", n);
     const char *w = c->w.p + off; /* c->w is not modified below */
-    return t->model == TK_MODEL_SPM ? spm_word(t, c, w, n) : bpe_word(t, c, w, n);
+    if (!c->cache) return t->model == TK_MODEL_SPM ? spm_word(t, c, w, n) : bpe_word(t, c, w, n);
+    const int32_t *hit;
+    int64_t k, n0 = c->n_out;
+    if (tk_cache_get(c->cache, w, n, &hit, &k)) {
+        for (int64_t i = 0; i < k; i++) FT_TRY(tk_out_push(c, hit[i]));
+        return 0;
+    }
+    FT_TRY(t->model == TK_MODEL_SPM ? spm_word(t, c, w, n) : bpe_word(t, c, w, n));
+    tk_cache_put(c->cache, w, n, c->out + n0, c->n_out - n0);
+    return 0;
 }

@@ -162,6 +162,7 @@ typedef struct tk_ctx {
     void *heap; int64_t cap_heap;
     void *seg; int64_t cap_seg;      /* split segments scratch */
     tk_buf t1, t2;                   /* normalizer scratch */
+    ft_tok_cache *cache;             /* the model step's word cache, or NULL (tok_cache.c) */
 } tk_ctx;
 
 int tk_pieces_push(tk_pieces *p, size_t off, size_t n, int32_t id, int origin0);
@@ -173,6 +174,10 @@ int tk_normalize_pieces(const ft_tokenizer *t, tk_ctx *c);                 /* a 
 int tk_pretokenize(const ft_tokenizer *t, tk_ctx *c);                      /* a -> a */
 /* Runs the normalizer chain on s; result appended to out. */
 int tk_normalize_str(const ft_tokenizer *t, tk_ctx *c, const char *s, size_t n, tk_buf *out);
+
+/* tok_cache.c: 1 and the word's cached ids (valid until the next put), or 0 */
+int tk_cache_get(ft_tok_cache *c, const char *w, size_t n, const int32_t **ids, int64_t *n_ids);
+void tk_cache_put(ft_tok_cache *c, const char *w, size_t n, const int32_t *ids, int64_t n_ids);
 
 /* tok_bpe.c */
 int tk_model_word(const ft_tokenizer *t, tk_ctx *c, size_t off, size_t n); /* ids -> c->out */

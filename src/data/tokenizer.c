@@ -231,10 +231,16 @@ static int encode(const ft_tokenizer *t, tk_ctx *c, const char *text, size_t len
 int ft_tok_encode(const ft_tokenizer *t, const char *text, size_t len, int add_special,
                   int32_t **ids, int64_t *n)
 {
+    return ft_tok_encode_cached(t, NULL, text, len, add_special, ids, n);
+}
+
+int ft_tok_encode_cached(const ft_tokenizer *t, ft_tok_cache *cache, const char *text, size_t len,
+                         int add_special, int32_t **ids, int64_t *n)
+{
     *ids = NULL;
     *n = 0;
     if (!t || (!text && len)) return ft_err(FT_E_INVALID, "ft_tok_encode: NULL tokenizer or text");
-    tk_ctx c = {0};
+    tk_ctx c = {.cache = cache};
     int rc = encode(t, &c, text ? text : "", len, add_special);
     if (rc == 0 && !c.out && !(c.out = malloc(sizeof *c.out))) rc = -ENOMEM;
     if (rc == 0) {

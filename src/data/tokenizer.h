@@ -51,6 +51,21 @@ void ft_tok_free(ft_tokenizer *t); /* NULL-safe */
 int ft_tok_encode(const ft_tokenizer *t, const char *text, size_t len, int add_special,
                   int32_t **ids, int64_t *n);
 
+/* A word -> ids cache of the model step (src/data/tok_cache.c; huggingface/tokenizers keeps
+ * one in its BPE model): a pre-tokenized word's ids depend on its bytes alone, so a repeated
+ * word is looked up instead of merged again. Bounded (max_words entries, words of at most 64
+ * bytes; emptied when full). Not thread-safe: one cache per thread. NULL when out of memory. */
+typedef struct ft_tok_cache ft_tok_cache;
+ft_tok_cache *ft_tok_cache_new(int64_t max_words);
+void ft_tok_cache_free(ft_tok_cache *c); /* NULL-safe */
+/* Lookups that found / did not find their word, and the times a full cache was emptied. */
+void ft_tok_cache_stats(const ft_tok_cache *c, uint64_t *hits, uint64_t *misses, uint64_t *resets);
+
+/* ft_tok_encode through cache c (NULL: none): the same ids, faster on text that repeats its
+ * words. The same errors. */
+int ft_tok_encode_cached(const ft_tokenizer *t, ft_tok_cache *c, const char *text, size_t len,
+                         int add_special, int32_t **ids, int64_t *n);
+
 /* Decodes ids to UTF-8 (malloc'ed, NUL-terminated). skip_special drops special tokens. */
 int ft_tok_decode(const ft_tokenizer *t, const int32_t *ids, int64_t n, int skip_special,
                   char **text);
