@@ -32,16 +32,18 @@
  * record takes it. One JSON line per record goes to stdout, in input order:
  *   {"index", "prompt", "reply", "reference"?, "prompt_tokens", "new_tokens",
  *    "stop" ("stop_token" | "stop_string" | "length", as --json), "stop_reason"? (the --stop
- *    string, with "stop_string"), "seconds", "seed"? (when sampling), "logprobs"? (with
- *    --logprobs or the record's "logprobs": k)}
+ *    string, with "stop_string"; the token id, with "stop_token" when the token is one of the
+ *    record's "stop_token_ids" or --stop-token-ids, not the EOS), "seconds", "seed"? (when
+ *    sampling), "logprobs"? (with --logprobs or the record's "logprobs": k)}
  * ("seconds": from the start of the record's prefill to its last token, the records decoded
  * alongside it included)
  * or to --out FILE, written as FILE.tmp.PID and renamed at the end (an interrupted run leaves
  * no partial FILE). Record i samples with ft_gen_record_seed(seed, i) (record 0 with the
  * seed itself), so its reply is that of --prompt with that --seed.
  * A record (an object) may set its own "max_new_tokens" (or "max_tokens"), "temperature",
- * "top_p", "top_k", "min_p", "repetition_penalty", "stop" (a string or a list) and "seed"
- * (ft_gen_req_parse), as vLLM's LLM.generate takes one SamplingParams per prompt: each
+ * "top_p", "top_k", "min_p", "repetition_penalty", "stop" (a string or a list), "seed",
+ * "stop_token_ids" (a list of ids: --stop-token-ids) and "min_tokens" (ft_gen_req_parse), as
+ * vLLM's LLM.generate takes one SamplingParams per prompt: each
  * replaces the flag for that record only, so its line is that of --prompt with the flags so
  * changed ("seed": its own when it sets one; "seed" is written when the record samples). Each
  * KV cache holds the largest prompt + new tokens of any record; each slot samples with its
@@ -85,6 +87,7 @@
  * and prints it on stderr.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,8 +155,9 @@ int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int6
         int32_t t;
         rc = ft_sample_next_pen(&e->smp, e->logits, seen, cnt, &t);
         if (rc) break;
-        if (gen_is_stop(e, t)) {
-            r->stop = GEN_STOP_TOKEN;
+        if (gen_is_stop(e, t) || gen_id_listed(&o->stop_ids, t)) {
+            r->stop = GEN_STOP_TOKEN; /* its text is not part of the reply (as vLLM's) */
+            r->stop_tok = t;
             break;
         }
         if ((rc = gen_lp_note(e, r, e->logits, t))) break; /* the sampler leaves the logits */
@@ -207,6 +211,9 @@ static int print_json(const gen_env *e, const gen_opts *o, int tmpl, const gen_r
     cJSON_AddStringToObject(j, "text", r->text ? r->text : "");
     cJSON_AddStringToObject(j, "stop", gen_stop_name(r));
     if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", o->stop.v[r->stop_str]);
+    /* a --stop-token-ids token: its id, as the --prompts lines (not for the EOS) */
+    if (r->stop == GEN_STOP_TOKEN && r->stop_tok != ft_tok_eos(e->tok) && gen_id_listed(&o->stop_ids, r->stop_tok))
+        cJSON_AddNumberToObject(j, "stop_reason", r->stop_tok);
     gen_add_seed(j, (uint64_t)o->seed);
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(j, "decode_s", r->decode_s);
@@ -253,6 +260,36 @@ static int run_one(const gen_opts *o)
     return rc;
 }
 
+/* --stop-token-ids ID,ID,...: up to FT_GEN_MAX_STOP_IDS token ids (integers 0..2^31 - 1; the
+ * vocabulary bound is checked once the model is loaded) into a gen_id_list, replacing what an
+ * earlier --stop-token-ids (or --config) gave; "" is none. */
+static int opt_stop_ids(const char *v, void *dst, char *err, size_t n)
+{
+    gen_id_list *l = dst;
+    l->n = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        errno = 0;
+        long long id = strtoll(p, &end, 10);
+        if (end == p || errno || id < 0 || id > INT32_MAX || (*end && *end != ',')) {
+            snprintf(err, n, "expected token ids separated by commas (integers 0..%d), got '%s'",
+                     INT32_MAX, v);
+            return -1;
+        }
+        if (l->n == FT_GEN_MAX_STOP_IDS) {
+            snprintf(err, n, "at most %d token ids", FT_GEN_MAX_STOP_IDS);
+            return -1;
+        }
+        l->v[l->n++] = (int32_t)id;
+        p = *end ? end + 1 : end;
+        if (*end && !*p) { /* a trailing comma */
+            snprintf(err, n, "expected a token id after the last comma in '%s'", v);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* `ftune generate` with the options in *o (zeroed; its --stop list is the caller's to free). */
 static int generate_cmd(gen_opts *o, int argc, char **argv)
 {
@@ -270,13 +307,13 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
          "{prompt, system?}, or any conversational record --data reads (messages, sharegpt, alpaca, "
          "prompt/completion lists; a final assistant turn or \"output\": the \"reference\"); an object record "
          "may set its own max_new_tokens (or max_tokens), temperature, top_p, top_k, min_p, "
-         "repetition_penalty, presence_penalty, frequency_penalty, stop (a string or a list), seed and "
-         "logprobs (k or false), each replacing the flag for that record (other keys are named in a warning, then ignored); "
+         "repetition_penalty, presence_penalty, frequency_penalty, stop (a string or a list), seed, "
+         "logprobs (k or false), stop_token_ids (a list) and min_tokens, each replacing the flag for that record (other keys are named in a warning, then ignored); "
          "one JSON line each: {index, prompt, reply, reference?, prompt_tokens, new_tokens, stop, "
          "stop_reason?, seconds, seed?, logprobs?}. A file of OpenAI batch requests ({custom_id, method, url: "
          "/v1/chat/completions or /v1/completions, body}, as OpenAI's Batch API and vLLM's run_batch "
-         "read them) gets the Batch API's output lines instead; settings a request leaves out take "
-         "the flags (greedy by default, not OpenAI's temperature 1)", 0, "FILE"},
+         "read them) gets the Batch API's output lines instead, \"n\" choices each (1..16); settings a "
+         "request leaves out take the flags (greedy by default, not OpenAI's temperature 1)", 0, "FILE"},
         {"chat", FT_OPT_FLAG, &o->chat, "instead of --prompt: a conversation: each line of standard input "
          "is a user turn (a line ending in '\\' goes on with the next), each reply streamed to stdout, "
          "the KV cache kept across turns (only what follows the part of the conversation it already "
@@ -311,6 +348,11 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {"stop", FT_OPT_LIST, &o->stop, "end the reply where its text contains STR, the text cut before it "
          "(\"stop\": \"stop_string\", \"stop_reason\": STR); repeat it for up to 16; in --config a string "
          "or a list", 0, "STR"},
+        {"stop-token-ids", FT_OPT_FN, &o->stop_ids, "end a reply when it samples one of these token ids "
+         "(vLLM's stop_token_ids: \"stop\": \"stop_token\", the token's text left out, "
+         "\"stop_reason\": its id with --json and --prompts); with --prompts the default for records "
+         "that do not set \"stop_token_ids\"",
+         opt_stop_ids, "ID,ID,..."},
         {"batch", FT_OPT_INT, &o->batch, "with --prompts: generate up to N records together, one forward per "
          "token step for all of them (each layer's weights read once per step; 1: one record after "
          "the other; default 8, on a GPU fewer when their KV caches would take more than a quarter "

@@ -1,6 +1,7 @@
 /* gen_batch.c - `ftune generate --prompts FILE`: every record of FILE answered in one process,
- * up to --batch of them decoded together, each in its own KV cache slot, one JSON line each in
- * record order (see cmd_generate.c's header for the format).
+ * up to --batch replies decoded together, each in its own KV cache slot, one JSON line per
+ * record in record order (see cmd_generate.c's header for the format; the lines are written by
+ * gen_choices.c).
  *
  * A file of OpenAI batch requests (ft_gen_req_parse: {"custom_id", "method": "POST", "url":
  * "/v1/chat/completions" | "/v1/completions", "body"}, the input of OpenAI's Batch API and of
@@ -11,19 +12,26 @@
  *    "req_H", "body": B}, "error": null}
  * B a chat.completion ({"id": "chatcmpl-H", "object": "chat.completion", "created", "model",
  * "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}, "logprobs":
- * null, "finish_reason", "stop_reason"}], "usage"}) or a text_completion ("cmpl-H",
- * "text_completion", choices[0].text); "logprobs" is null unless the request asks for them
- * (chat "logprobs": true, completions "logprobs": k) or --logprobs is given: then OpenAI's
- * shape for the endpoint (gen_env.h gen_logprobs_json). "model": the --model value as given (a hub id, not its
- * snapshot path); "created": the Unix time the line was written; H: 16 hex digits hashed from custom_id (FNV-1a 64, then splitmix64's
+ * null, "finish_reason", "stop_reason"}, ...], "usage"}) or a text_completion ("cmpl-H",
+ * "text_completion", choices[i].text). "choices": one per "n" (default 1, up to 16), "index"
+ * 0..n-1, each a reply of its own (vLLM's parallel sampling: n sequences of one prompt) with
+ * its own text, finish_reason, stop_reason and logprobs; choice 0 samples with the seed a
+ * one-choice request samples with, choice c with gen_choice_seed(that seed, c) (gen_choices.h),
+ * so with a temperature of 0 every choice is the same greedy reply. "logprobs" is null unless
+ * the request asks for them (chat "logprobs": true, completions "logprobs": k) or --logprobs
+ * is given: then OpenAI's shape for the endpoint (gen_env.h gen_logprobs_json). "model": the
+ * --model value as given (a hub id, not its snapshot path); "created": the Unix time the line
+ * was written; H: 16 hex digits hashed from custom_id (FNV-1a 64, then splitmix64's
  * finalizer), so two runs with the same seed write the same file but for "created" (OpenAI's
  * and vLLM's ids are random). "finish_reason": "stop" (a stop token or a stop string) or
  * "length"; "stop_reason" as vLLM's choice has it (vllm/v1/core/sched/utils.py check_stop):
- * null for the tokenizer's EOS and for "length", the token id for another stop token (the
- * config's other eos ids, the template's end of turn), the string for a stop string.
- * "usage": prompt_tokens, completion_tokens (the tokens generated, the stop token included as
- * vLLM counts it, its output token_ids ending with the EOS (vllm-project/vllm#28185):
- * new_tokens + 1 when a stop token ended the reply), total_tokens.
+ * null for the tokenizer's EOS and for "length", the token id for another stop token (a
+ * "stop_token_ids" entry, the config's other eos ids, the template's end of turn), the string
+ * for a stop string. A stop token's text is not part of the reply (slot_advance).
+ * "usage": prompt_tokens (once, whatever n), completion_tokens (the tokens generated, summed
+ * over the choices, each choice's stop token included as vLLM counts it, its output token_ids
+ * ending with the EOS (vllm-project/vllm#28185): new_tokens + 1 when a stop token ended the
+ * reply), total_tokens.
  * A file mixing batch requests and plain records, a repeated custom_id, are refused. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -33,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/gen_choices.h"
 #include "cli/gen_env.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -41,25 +50,11 @@
 
 /* ---- --prompts FILE ------------------------------------------------------------------------ */
 
-typedef struct batch_rec {
-    ft_gen_req q;
-    char where[300];            /* "FILE: line N" / "FILE: record N" */
-    char at[40];                /* "line N" / "record N" */
-    int32_t *ids;
-    int64_t n;
-    /* its settings: the command line's, replaced by those the record sets (q.params) */
-    ft_sample_cfg sc;           /* sc.seed: the record's "seed", else ft_gen_record_seed's */
-    int64_t max_new;
-    const char *const *stop;    /* n_stop: the --stop strings or the record's "stop" */
-    int64_t n_stop;
-    int64_t lp_top;             /* log-probabilities with this many alternatives per token
-                                 * (--logprobs or the record's own); -1: none */
-} batch_rec;
-
 typedef struct batch {
     batch_rec *r;
     int64_t n, cap;
     int api;                    /* FT_GEN_API_NONE: plain records; else OpenAI batch requests */
+    int64_t n_choices;          /* the replies to generate: one per choice of each record */
     char path[4200];            /* the file as messages name it ("<stdin>" for -) */
 } batch;
 
@@ -73,7 +68,8 @@ static void batch_free(batch *b)
     memset(b, 0, sizeof *b);
 }
 
-/* Record i's settings (x->sc, max_new, stop): the command line's, with the record's own. */
+/* Record i's settings (x->sc, max_new, stop, stop ids, min_tokens, choices): the command
+ * line's, with the record's own. */
 static void rec_settings(batch_rec *x, const gen_opts *o, int64_t i)
 {
     const ft_gen_params *p = &x->q.params;
@@ -92,6 +88,10 @@ static void rec_settings(batch_rec *x, const gen_opts *o, int64_t i)
     x->stop = set & FT_GEN_SET_STOP ? (const char *const *)p->stop : o->stop.v;
     x->n_stop = set & FT_GEN_SET_STOP ? p->n_stop : o->stop.n;
     x->lp_top = !(set & FT_GEN_SET_LOGPROBS) ? o->logprobs : p->logprobs ? p->top_logprobs : -1;
+    x->stop_ids = set & FT_GEN_SET_STOP_IDS ? p->stop_ids : o->stop_ids.v;
+    x->n_stop_ids = set & FT_GEN_SET_STOP_IDS ? p->n_stop_ids : o->stop_ids.n;
+    x->min_tokens = set & FT_GEN_SET_MIN_TOKENS ? p->min_tokens : 0;
+    x->n_choices = set & FT_GEN_SET_N ? p->n : 1;
 }
 
 /* Reads and checks every record of o->prompts (no model needed). */
@@ -135,6 +135,13 @@ static int batch_read(batch *b, const gen_opts *o)
             break;
         }
         rec_settings(x, o, b->n - 1);
+        if (x->min_tokens > x->max_new) { /* vLLM's SamplingParams refuses it too */
+            rc = ft_err(FT_E_INVALID, "%s: 'min_tokens' %lld is more than the reply's max new "
+                        "tokens (%lld)", x->where, (long long)x->min_tokens, (long long)x->max_new);
+            break;
+        }
+        x->first = b->n_choices;
+        b->n_choices += x->n_choices;
     }
     snprintf(b->path, sizeof b->path, "%s", rs.path ? rs.path : o->prompts);
     if (!rc && k < 0) rc = k;
@@ -276,120 +283,14 @@ static int out_close(out_file *of, const char *path, int ok)
     return rc;
 }
 
-/* 16 hex digits of custom_id: FNV-1a 64 (Fowler, Noll, Vo) mixed by splitmix64's finalizer
- * (Steele et al. 2014), the ids of a batch output line. */
-static void id_hex(const char *s, char out[17])
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
-    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-    h ^= h >> 31;
-    snprintf(out, 17, "%016llx", (unsigned long long)h);
-}
-
-/* The Batch API output object of batch request x (see the header). stop_tok: the token that
- * ended the reply (GEN_STOP_TOKEN), eos the tokenizer's EOS id; lp: the choice's "logprobs"
- * (taken over; NULL: null). NULL when out of memory. */
-static cJSON *batch_line(const gen_opts *o, const batch_rec *x, const gen_result *r, int32_t stop_tok,
-                         int32_t eos, cJSON *lp)
-{
-    const int chat = x->q.api == FT_GEN_API_CHAT;
-    char h[17], id[64];
-    id_hex(x->q.custom_id, h);
-    cJSON *j = cJSON_CreateObject(), *resp = cJSON_CreateObject(), *body = cJSON_CreateObject();
-    cJSON *choices = cJSON_CreateArray(), *c = cJSON_CreateObject(), *usage = cJSON_CreateObject();
-    if (!j || !resp || !body || !choices || !c || !usage) {
-        cJSON_Delete(j);
-        cJSON_Delete(resp);
-        cJSON_Delete(body);
-        cJSON_Delete(choices);
-        cJSON_Delete(c);
-        cJSON_Delete(usage);
-        return NULL;
-    }
-    snprintf(id, sizeof id, "batch_req_%s", h);
-    cJSON_AddStringToObject(j, "id", id);
-    cJSON_AddStringToObject(j, "custom_id", x->q.custom_id);
-    cJSON_AddItemToObject(j, "response", resp);
-    cJSON_AddNullToObject(j, "error");
-    cJSON_AddNumberToObject(resp, "status_code", 200);
-    snprintf(id, sizeof id, "req_%s", h);
-    cJSON_AddStringToObject(resp, "request_id", id);
-    cJSON_AddItemToObject(resp, "body", body);
-    snprintf(id, sizeof id, "%s%s", chat ? "chatcmpl-" : "cmpl-", h);
-    cJSON_AddStringToObject(body, "id", id);
-    cJSON_AddStringToObject(body, "object", chat ? "chat.completion" : "text_completion");
-    cJSON_AddNumberToObject(body, "created", (double)time(NULL));
-    cJSON_AddStringToObject(body, "model", o->model_given ? o->model_given : o->model);
-    cJSON_AddItemToObject(body, "choices", choices);
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
-    const char *text = r->text ? r->text : "";
-    if (chat) {
-        cJSON *m = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text);
-    } else {
-        cJSON_AddStringToObject(c, "text", text);
-    }
-    if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
-    else cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason", r->stop == GEN_STOP_LENGTH ? "length" : "stop");
-    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(c, "stop_reason", x->stop[r->stop_str]);
-    else if (r->stop == GEN_STOP_TOKEN && stop_tok != eos) cJSON_AddNumberToObject(c, "stop_reason", stop_tok);
-    else cJSON_AddNullToObject(c, "stop_reason");
-    /* vLLM counts the stop token among the generated ones (its token_ids end with it) */
-    const int64_t done = r->n_out + (r->stop == GEN_STOP_TOKEN);
-    cJSON_AddNumberToObject(usage, "prompt_tokens", (double)r->n_prompt);
-    cJSON_AddNumberToObject(usage, "completion_tokens", (double)done);
-    cJSON_AddNumberToObject(usage, "total_tokens", (double)(r->n_prompt + done));
-    cJSON_AddItemToObject(body, "usage", usage);
-    return j;
-}
-
-/* Writes record i's output line: the Batch API's object for a batch request, else
- * {index, prompt, reply, ...} (cmd_generate.c's header); lp (taken over, may be NULL): the
- * reply's log-probabilities (gen_logprobs_json in the record's shape). */
-static int put_line(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, const gen_result *r,
-                    double seconds, int32_t stop_tok, int32_t eos, cJSON *lp)
-{
-    if (x->q.api != FT_GEN_API_NONE) {
-        cJSON *j = batch_line(o, x, r, stop_tok, eos, lp);
-        if (!j) cJSON_Delete(lp);
-        char *s = j ? cJSON_PrintUnformatted(j) : NULL;
-        cJSON_Delete(j);
-        if (!s) return ft_err(-ENOMEM, "out of memory");
-        int bad = fputs(s, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0;
-        free(s);
-        return bad ? ft_err(-EIO, "%s: write failed: %s", o->out ? o->out : "stdout", strerror(errno)) : 0;
-    }
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "index", (double)i);
-    cJSON_AddStringToObject(j, "prompt", x->q.user);
-    cJSON_AddStringToObject(j, "reply", r->text ? r->text : "");
-    if (x->q.reference) cJSON_AddStringToObject(j, "reference", x->q.reference);
-    cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->n_prompt);
-    cJSON_AddNumberToObject(j, "new_tokens", (double)r->n_out);
-    cJSON_AddStringToObject(j, "stop", gen_stop_name(r));
-    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
-    cJSON_AddNumberToObject(j, "seconds", seconds);
-    if (x->sc.temperature > 0) gen_add_seed(j, x->sc.seed);
-    if (lp && !cJSON_AddItemToObject(j, "logprobs", lp)) cJSON_Delete(lp);
-    char *s = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    if (!s) return ft_err(-ENOMEM, "out of memory");
-    int bad = fputs(s, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0;
-    free(s);
-    return bad ? ft_err(-EIO, "%s: write failed: %s", o->out ? o->out : "stdout", strerror(errno)) : 0;
-}
-
-/* A sequence being generated in one of the env's slots (--prompts with --batch). */
+/* A sequence being generated in one of the env's slots (--prompts with --batch): one choice
+ * (reply) of a record. */
 typedef struct slot_run {
     int64_t rec;                /* the record, -1: the slot is free */
+    int64_t choice;             /* which of its choices (0..n_choices - 1) */
     const batch_rec *x;         /* its prompt and settings */
     gen_result r;
-    ft_rng rng;                 /* the record's sampling state (seeded with x->sc.seed) */
+    ft_rng rng;                 /* the choice's sampling state (seeded with gen_choice_seed) */
     int32_t next;               /* the sampled token to feed, when pending */
     int pending;                /* 1: `next` needs a decode forward */
     double t0;
@@ -401,28 +302,20 @@ typedef struct slot_run {
     int32_t stop_tok;           /* the stop token that ended the reply (GEN_STOP_TOKEN) */
 } slot_run;
 
-/* A finished record, held until the records before it are written: its reply decoded when it
- * finishes (r.text), as its tokens are in the slot's buffer, which the next record takes. */
-typedef struct done_rec {
-    int done;
-    gen_result r;               /* r.out_ids, r.lp NULL */
-    double seconds;
-    int32_t stop_tok;           /* slot_run.stop_tok */
-    cJSON *lp;                  /* its log-probabilities, written out when it finishes (as its
-                                 * slot's buffers go to the next record), or NULL */
-} done_rec;
-
-/* Records slot sr's finished reply in dn[sr->rec] (its text decoded now, or with stop strings
- * the text cut before the one that matched) and frees the slot. */
-static int slot_finish(gen_env *e, slot_run *sr, done_rec *dn)
+/* Records slot sr's finished reply in dn[its record's first choice + its choice] (its text
+ * decoded now, or with stop strings the text cut before the one that matched, as its tokens
+ * are in the slot's buffer, which the next reply takes) and frees the slot. */
+static int slot_finish(gen_env *e, slot_run *sr, gen_choice *dn)
 {
     const batch_rec *x = sr->x;
-    int rc = x->n_stop ? ft_stop_text_flush(&sr->st, x->stop, x->n_stop) : 0;
+    /* below min_tokens no stop string is searched (slot_advance) */
+    const int64_t n_stop = sr->r.n_out > x->min_tokens ? x->n_stop : 0;
+    int rc = x->n_stop ? ft_stop_text_flush(&sr->st, x->stop, n_stop) : 0;
     if (!rc && sr->st.hit >= 0) {
         sr->r.stop = GEN_STOP_STRING;
         sr->r.stop_str = sr->st.hit;
     }
-    done_rec *d = &dn[sr->rec];
+    gen_choice *d = &dn[x->first + sr->choice];
     d->r = sr->r;
     d->r.out_ids = NULL;
     d->r.text = NULL;
@@ -439,21 +332,55 @@ static int slot_finish(gen_env *e, slot_run *sr, done_rec *dn)
     return rc;
 }
 
-/* Samples slot k's next token from logits (V) with its record's settings and draws, and
- * updates its reply: finished (a stop token, a stop string, or its max new tokens reached) or
- * pending with the token to feed. *fin = 1 when finished. */
-static int slot_advance(gen_env *e, slot_run *sr, const float *logits, int *fin)
+/* Most stop tokens min_tokens masks: the env's and a record's. */
+#define MASK_MAX (MAX_STOP + FT_GEN_MAX_STOP_IDS)
+
+/* The stop tokens that min_tokens masks: the env's (EOS, end of turn; those outside the
+ * logits, which cannot be drawn, left out) and x's stop token ids (checked against the
+ * vocabulary), into ids[] (MASK_MAX); returns how many. */
+static int stop_set(const gen_env *e, const batch_rec *x, int32_t *ids)
+{
+    int n = 0;
+    for (int s = 0; s < e->n_stop; s++)
+        if (e->stop[s] < e->smp.V) ids[n++] = e->stop[s];
+    for (int64_t s = 0; s < x->n_stop_ids; s++) ids[n++] = x->stop_ids[s];
+    return n;
+}
+
+/* Samples slot sr's next token from logits (V) with its record's settings and the choice's
+ * draws, and updates its reply: finished (a stop token, a stop string, or its max new tokens
+ * reached) or pending with the token to feed. *fin = 1 when finished.
+ * A stop token is the env's (EOS, the template's end of turn) or one of the record's stop
+ * token ids: it ends the reply, finish_reason "stop", and is no part of its ids, text or
+ * log-probabilities. vLLM leaves its text out the same way (vllm/v1/engine/detokenizer.py
+ * update(): a stop-terminated step skips the last token's detokenization unless
+ * include_stop_str_in_output, which ftune refuses), while counting it in token_ids (usage).
+ * Below the record's min_tokens the stop tokens cannot be drawn (their logits -inf during the
+ * draw, as vLLM's MinTokensLogitsProcessor masks them; the log-probabilities are those of the
+ * unmasked logits, as vLLM computes raw_logprobs before its logits processors) and no stop
+ * string is searched in the text of the first min_tokens tokens (vLLM's detokenizer moves its
+ * stop_check_offset past it; a string that ends after it may begin inside it). */
+static int slot_advance(gen_env *e, slot_run *sr, float *logits, int *fin)
 {
     const batch_rec *x = sr->x;
     int32_t t;
     *fin = 0;
     e->smp.cfg = x->sc; /* checked in slot_begin; the sampler derives nothing from it */
     e->smp.rng = sr->rng;
+    int32_t ms[MASK_MAX];
+    float saved[MASK_MAX];
+    const int masked = sr->r.n_out < x->min_tokens ? stop_set(e, x, ms) : 0;
+    for (int s = 0; s < masked; s++) {
+        saved[s] = logits[ms[s]];
+        logits[ms[s]] = -INFINITY;
+    }
     int rc = ft_sample_next_pen(&e->smp, logits, sr->seen, sr->use_cnt ? &sr->cnt : NULL, &t);
+    /* put back in reverse order: an id listed twice ends with its own value */
+    for (int s = masked - 1; s >= 0; s--) logits[ms[s]] = saved[s];
     sr->rng = e->smp.rng;
     if (rc) return rc;
     sr->pending = 0;
-    if (gen_is_stop(e, t)) {
+    if (gen_is_stop(e, t) || gen_rec_stop_id(x, t)) {
         sr->r.stop = GEN_STOP_TOKEN;
         sr->stop_tok = t;
         *fin = 1;
@@ -463,27 +390,31 @@ static int slot_advance(gen_env *e, slot_run *sr, const float *logits, int *fin)
     ((int32_t *)sr->r.out_ids)[sr->r.n_out++] = t;
     if (sr->seen) ft_sample_seen_add(sr->seen, &t, 1);
     if (sr->use_cnt) ft_sample_counts_add(&sr->cnt, &t, 1);
-    if (x->n_stop) FT_TRY(ft_stop_text_push(&sr->st, x->stop, x->n_stop, t));
+    if (x->n_stop)
+        FT_TRY(ft_stop_text_push(&sr->st, x->stop, sr->r.n_out > x->min_tokens ? x->n_stop : 0, t));
     if (sr->st.hit >= 0 || sr->r.n_out >= x->max_new) *fin = 1;
     else sr->next = t, sr->pending = 1;
     return 0;
 }
 
-/* Sets slot k up for record i (its settings, draws, stop text, penalties), its cache emptied
- * and its RoPE table that of a cache sized for this prompt alone (dynamic NTK scaling):
- * slots_prefill then prefills it. */
-static int slot_begin(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, int64_t i)
+/* Sets slot k up for choice c of record i (its settings, the choice's draws, stop text,
+ * penalties), its cache emptied and its RoPE table that of a cache sized for this prompt alone
+ * (dynamic NTK scaling): slots_prefill then prefills it. Each choice is a sequence of its own,
+ * its prompt prefilled again (sharing one prefill's KV cache among the choices is left for
+ * later); the choices that start together are prefilled in one forward. */
+static int slot_begin(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, int64_t i, int64_t c)
 {
     memset(&sr->r, 0, sizeof sr->r);
     FT_TRY(ft_sample_cfg_check(&x->sc));
     sr->rec = i;
+    sr->choice = c;
     sr->x = x;
     sr->r.prompt_ids = x->ids;
     sr->r.n_prompt = x->n;
     sr->r.out_ids = e->out_ids + k * e->max_new;
     gen_lp_attach(e, k, x->lp_top, &sr->r); /* slot k's rows of the log-probability buffers */
     sr->t0 = gen_now_s();
-    ft_rng_seed(&sr->rng, x->sc.seed); /* as ft_sampler_reseed */
+    ft_rng_seed(&sr->rng, gen_choice_seed(x->sc.seed, c)); /* as ft_sampler_reseed */
     ft_stop_text_free(&sr->st);
     ft_stop_text_init(&sr->st, e->tok);
     sr->seen = e->seen && x->sc.repetition_penalty != 1 ? &e->seen[k] : NULL;
@@ -515,16 +446,17 @@ static void group_where(const batch *b, const slot_run *sl, const int64_t *ks, i
 {
     size_t w = (size_t)snprintf(out, cap, "%s: ", b->path);
     for (int64_t j = 0; j < n && w < cap; j++)
-        w += (size_t)snprintf(out + w, cap - w, "%s%s", j ? ", " : "", b->r[sl[ks[j]].rec].at);
+        if (!j || sl[ks[j]].rec != sl[ks[j - 1]].rec) /* a record's choices: named once */
+            w += (size_t)snprintf(out + w, cap - w, "%s%s", j ? ", " : "", b->r[sl[ks[j]].rec].at);
 }
 
 /* Prefills the prompts of the n slots ks[] (begun by slot_begin) and samples each one's first
- * token; a record that finishes there is recorded in dn and frees its slot. The prompts that
+ * token; a reply that finishes there is recorded in dn and frees its slot. The prompts that
  * fit together within the chunk (and the rows of logits), in slot order, share one forward
  * (ft_gen_prefill: each layer visited once for all of them); a prompt longer than the chunk
  * is prefilled alone, in chunks. Errors are prefixed with the records they concern. */
 static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks, int64_t n, const batch *b,
-                         done_rec *dn, prefill_buf *pb)
+                         gen_choice *dn, prefill_buf *pb)
 {
     const int64_t V = e->m->cfg.vocab_size, cmax = e->g.chunk_max;
     const int64_t rmax = pb->each ? 1 : e->g.logit_rows_max;
@@ -577,12 +509,43 @@ static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks, int64_t n,
     return 0;
 }
 
-/* Every record of --prompts, one JSON line each, in record order. Up to e.slots records are
- * generated together: the prompts that start together (the first e.slots, then those taking
- * the slots of records that finished in the same step) are prefilled in one forward as far as
- * the chunk allows (slots_prefill), then one forward per step decodes the next token of every
+/* 1 when every choice of record x is done. */
+static int rec_done(const batch_rec *x, const gen_choice *dn)
+{
+    for (int64_t c = 0; c < x->n_choices; c++)
+        if (!dn[x->first + c].done) return 0;
+    return 1;
+}
+
+/* The stderr line of record i, written with its choices d[]; returns their new tokens. */
+static int64_t rec_said(const batch *b, int64_t i, const gen_choice *d)
+{
+    const batch_rec *x = &b->r[i];
+    int64_t n_new = 0;
+    double s = 0;
+    for (int64_t c = 0; c < x->n_choices; c++) {
+        n_new += d[c].r.n_out;
+        if (d[c].seconds > s) s = d[c].seconds;
+    }
+    fprintf(stderr, "ftune: [%lld/%lld] %lld prompt + %lld new tokens", (long long)(i + 1),
+            (long long)b->n, (long long)x->n, (long long)n_new);
+    if (x->n_choices > 1) fprintf(stderr, " (%lld choices)", (long long)x->n_choices);
+    fprintf(stderr, " in %.3f s; stop: ", s);
+    for (int64_t c = 0; c < x->n_choices; c++)
+        fprintf(stderr, "%s%s", c ? ", " : "", gen_stop_said(&d[c].r));
+    fputc('\n', stderr);
+    return n_new;
+}
+
+/* Every record of --prompts, one JSON line each, in record order. Each choice of a record (one,
+ * or a batch request's "n") is a reply of its own, and up to e.slots replies are generated
+ * together: the prompts that start together (the first e.slots, then those taking the slots
+ * of replies that finished in the same step) are prefilled in one forward as far as the chunk
+ * allows (slots_prefill), then one forward per step decodes the next token of every
  * unfinished one (ft_gen_decode), so each layer's weights are read once per step for all of
- * them; a finished record's slot takes the next record. */
+ * them; a finished reply's slot takes the next choice (of the same record or the next one).
+ * A record's line is written once all its choices are done and the records before it are
+ * written. */
 int gen_run_batch(const gen_opts *o)
 {
     batch b = {0};
@@ -601,6 +564,9 @@ int gen_run_batch(const gen_opts *o)
         batch_rec *x = &b.r[i];
         rc = ft_gen_req_ids(e.tok, o->tmpl, &x->q, gen_flags(o), &x->ids, &x->n, &tmpl);
         if (!rc && x->n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
+        if (!rc && (x->q.params.set & FT_GEN_SET_STOP_IDS))
+            rc = gen_stop_ids_check(x->stop_ids, x->n_stop_ids, e.m->cfg.vocab_size,
+                                x->q.api ? "body: 'stop_token_ids' " : "'stop_token_ids' ");
         if (rc) {
             ft_err_prefix(rc, "%s", x->where);
             break;
@@ -629,14 +595,17 @@ int gen_run_batch(const gen_opts *o)
     /* the seed the records' own derive from (unless they set theirs) */
     if (!rc && n_sampled) fprintf(stderr, "ftune: seed %lld\n", (long long)o->seed);
     if (!rc) gen_warn_no_think(o, e.tok, tmpl);
-    if (!rc) rc = gen_env_plan(&e, o, &nd, tmpl, o->batch < b.n ? o->batch : b.n);
+    /* every choice is a sequence of its own: the slots are shared by all of them */
+    if (!rc) rc = gen_env_plan(&e, o, &nd, tmpl, o->batch < b.n_choices ? o->batch : b.n_choices);
+    char choices[64] = "";
+    if (b.n_choices > b.n) snprintf(choices, sizeof choices, ", %lld choices", (long long)b.n_choices);
     if (!rc)
-        fprintf(stderr, "ftune: %lld prompts from %s (template %s, %lld at a time, KV cache of %lld "
+        fprintf(stderr, "ftune: %lld prompts from %s (template %s%s, %lld at a time, KV cache of %lld "
                 "tokens each)\n", (long long)b.n, o->prompts, n_raw == b.n ? "raw" : ft_chat_template_name(tmpl),
-                (long long)e.slots, (long long)e.g.ctx_max);
+                choices, (long long)e.slots, (long long)e.g.ctx_max);
     const int64_t V = e.m ? e.m->cfg.vocab_size : 0;
     slot_run *sl = calloc((size_t)(e.slots > 0 ? e.slots : 1), sizeof *sl);
-    done_rec *dn = calloc((size_t)(b.n > 0 ? b.n : 1), sizeof *dn);
+    gen_choice *dn = calloc((size_t)(b.n_choices > 0 ? b.n_choices : 1), sizeof *dn);
     int64_t *act = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *act);
     int32_t *tok = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *tok);
     const char *pv = getenv("FTUNE_GEN_PREFILL");
@@ -647,18 +616,22 @@ int gen_run_batch(const gen_opts *o)
     if (!rc && (!sl || !dn || !act || !tok || !pb.slots || !pb.lens || !pb.ids))
         rc = ft_err(-ENOMEM, "out of memory");
     for (int64_t k = 0; !rc && k < e.slots; k++) sl[k].rec = -1;
-    int64_t next = 0, emitted = 0, total_new = 0, steps = 0;
+    /* next, next_c: the record and choice that the next free slot takes */
+    int64_t next = 0, next_c = 0, emitted = 0, total_new = 0, steps = 0;
     double t_all = gen_now_s();
     while (!rc && emitted < b.n) {
-        /* free slots take the next records, their prompts prefilled together; a record may
+        /* free slots take the next choices, their prompts prefilled together; a reply may
          * finish at its first token, and its slot then takes another */
         while (!rc && next < b.n) {
             int64_t m = 0;
             for (int64_t k = 0; !rc && k < e.slots && next < b.n; k++) {
                 if (sl[k].rec >= 0) continue;
-                rc = slot_begin(&e, &sl[k], k, &b.r[next], next);
+                rc = slot_begin(&e, &sl[k], k, &b.r[next], next, next_c);
                 if (rc) ft_err_prefix(rc, "%s", b.r[next].where);
-                next++;
+                if (++next_c == b.r[next].n_choices) {
+                    next++;
+                    next_c = 0;
+                }
                 act[m++] = k;
             }
             if (!rc && !m) break;
@@ -689,23 +662,17 @@ int gen_run_batch(const gen_opts *o)
                 if (rc) ft_err_prefix(rc, "%s", b.r[rec].where);
             }
         }
-        /* the finished records, in order */
-        while (!rc && emitted < b.n && dn[emitted].done) {
-            done_rec *d = &dn[emitted];
+        /* the finished records (all their choices), in order */
+        while (!rc && emitted < b.n && rec_done(&b.r[emitted], dn)) {
             batch_rec *x = &b.r[emitted];
-            rc = put_line(of.f ? of.f : stdout, o, emitted, x, &d->r, d->seconds, d->stop_tok,
-                          ft_tok_eos(e.tok), d->lp);
-            d->lp = NULL; /* put_line took it */
-            if (rc) {
-                ft_err_prefix(rc, "%s", x->where);
-            } else {
-                total_new += d->r.n_out;
-                fprintf(stderr, "ftune: [%lld/%lld] %lld prompt + %lld new tokens in %.3f s; stop: %s\n",
-                        (long long)(emitted + 1), (long long)b.n, (long long)d->r.n_prompt,
-                        (long long)d->r.n_out, d->seconds, gen_stop_said(&d->r));
+            gen_choice *d = dn + x->first;
+            rc = gen_put_record(of.f ? of.f : stdout, o, emitted, x, d, ft_tok_eos(e.tok));
+            if (rc) ft_err_prefix(rc, "%s", x->where);
+            else total_new += rec_said(&b, emitted, d);
+            for (int64_t c = 0; c < x->n_choices; c++) {
+                free(d[c].r.text);
+                d[c].r.text = NULL;
             }
-            free(d->r.text);
-            d->r.text = NULL;
             emitted++;
         }
         if (!rc && !n && emitted < b.n && next >= b.n) /* cannot happen: every record finishes */
@@ -732,7 +699,7 @@ int gen_run_batch(const gen_opts *o)
         ft_sample_counts_free(&sl[k].cnt);
     }
     free(sl);
-    for (int64_t i = emitted; dn && i < b.n; i++) { /* held when a run fails */
+    for (int64_t i = 0; dn && i < b.n_choices; i++) { /* held when a run fails */
         free(dn[i].r.text);
         cJSON_Delete(dn[i].lp);
     }

@@ -26,6 +26,23 @@ int gen_is_stop(const gen_env *e, int32_t t)
     return 0;
 }
 
+int gen_id_listed(const gen_id_list *l, int32_t t)
+{
+    for (int64_t i = 0; i < l->n; i++)
+        if (l->v[i] == t) return 1;
+    return 0;
+}
+
+int gen_stop_ids_check(const int32_t *ids, int64_t n, int64_t V, const char *what)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] >= V)
+            return ft_err(FT_E_INVALID, "%sitem %lld: %d is no token id of the model (its vocabulary "
+                          "has %lld, ids 0..%lld)", what, (long long)i + 1, (int)ids[i],
+                          (long long)V, (long long)V - 1);
+    return 0;
+}
+
 void gen_put_piece(const char *s, size_t n, int *last_nl)
 {
     if (!n) return;
@@ -68,6 +85,8 @@ int gen_env_open(gen_env *e, const gen_opts *o)
                                    o->quant, o->cache_dir, o->gpu_mem, o->host_mem, NULL);
     e->m = e->s.model;
     if (!rc) rc = ft_model_tokenizer(e->m, &e->tok);
+    if (!rc) rc = gen_stop_ids_check(o->stop_ids.v, o->stop_ids.n, e->m->cfg.vocab_size,
+                                     "--stop-token-ids: ");
     return rc;
 }
 

@@ -21,6 +21,13 @@
 #define GEN_EXEC_T 64 /* tokens of the executor that serves generation its weights */
 #define GEN_BATCH_DEFAULT 8 /* --prompts records decoded together unless --batch says */
 
+/* --stop-token-ids ID,ID,...: the token ids (each below the model's vocabulary size, checked
+ * once it is loaded). */
+typedef struct gen_id_list {
+    int32_t v[FT_GEN_MAX_STOP_IDS];
+    int64_t n;
+} gen_id_list;
+
 typedef struct gen_opts {
     const char *model, *adapter, *prompt, *system, *prompts, *out, *quant, *cache_dir;
     const char *model_given;    /* --model as given (a hub id stays an id; model: the resolved path) */
@@ -32,6 +39,7 @@ typedef struct gen_opts {
     float temperature, top_p, min_p, rep_penalty;
     float presence_penalty, frequency_penalty; /* OpenAI's, over the reply's ids (0: off) */
     ft_str_list stop;           /* --stop strings */
+    gen_id_list stop_ids;       /* --stop-token-ids (with --prompts: records without their own) */
     int chat, quiet;            /* --chat (stdin lines are user turns), --quiet (no per-turn stats) */
     int64_t ctx_size;           /* --ctx-size: the chat's KV cache in tokens (0: the default) */
     int64_t logprobs;           /* --logprobs N: the reply's log-probabilities with N alternatives
@@ -47,6 +55,7 @@ typedef struct gen_result {
     int64_t n_prompt, n_out;
     int stop;                   /* GEN_STOP_*: --max-new-tokens, a stop token or a --stop string */
     int stop_str;               /* GEN_STOP_STRING: the --stop string that matched */
+    int32_t stop_tok;           /* GEN_STOP_TOKEN: the token that ended it (not in out_ids) */
     double prefill_s, decode_s; /* decode_s covers n_out - 1 forwards (+ sampling) */
     int64_t n_decode;           /* decode forwards */
     int64_t n_cached;           /* prompt tokens the cache already held (not prefilled) */
@@ -101,6 +110,11 @@ double gen_now_s(void);
 
 /* 1 when token t ends a reply (the template's end-of-turn or an EOS id). */
 int gen_is_stop(const gen_env *e, int32_t t);
+/* 1 when t is one of l's ids (--stop-token-ids). */
+int gen_id_listed(const gen_id_list *l, int32_t t);
+/* FT_E_INVALID naming (after `what`) the first of ids[0..n) that is no id of a vocabulary of
+ * V tokens ("item 2: 32000 is no token id of the model ..."); 0 when all are. */
+int gen_stop_ids_check(const int32_t *ids, int64_t n, int64_t V, const char *what);
 
 /* Writes s[0..n) to stdout and flushes (streaming); *last_nl: whether it ended a line. */
 void gen_put_piece(const char *s, size_t n, int *last_nl);

@@ -23,7 +23,8 @@ static const char *const SCHEMA_KEYS[] = {"prompt", "system", "completion", "too
 static const char *const SETTING_KEYS[] = {"max_new_tokens", "max_tokens", "max_completion_tokens",
                                            "temperature", "top_p", "top_k", "min_p",
                                            "repetition_penalty", "presence_penalty",
-                                           "frequency_penalty", "stop", "seed", "logprobs", NULL};
+                                           "frequency_penalty", "stop", "seed", "logprobs",
+                                           "stop_token_ids", "min_tokens", NULL};
 /* Keys of the lines `ftune generate --prompts` writes (a line fed back is a record). */
 static const char *const WRITTEN_KEYS[] = {"index", "reply", "reference", "prompt_tokens",
                                            "new_tokens", "stop_reason", "seconds", NULL};
@@ -35,7 +36,8 @@ static const char *const BODY_READ_KEYS[] = {"messages", "prompt", "tools", "max
                                              "max_completion_tokens", "temperature", "top_p",
                                              "top_k", "min_p", "repetition_penalty",
                                              "presence_penalty", "frequency_penalty", "stop",
-                                             "seed", "n", "logprobs", "top_logprobs", NULL};
+                                             "seed", "n", "logprobs", "top_logprobs",
+                                             "stop_token_ids", "min_tokens", NULL};
 
 static int in_list(const char *const *list, const char *k)
 {
@@ -128,7 +130,6 @@ enum {
     B_FALSE,    /* false or null */
     B_TRUE,     /* true or null */
     B_ONE,      /* 1 or null */
-    B_ZERO,     /* 0 or null */
     B_EMPTY,    /* null, "", [] or {} (and the default a few have: body_ok) */
 };
 
@@ -163,12 +164,9 @@ static const struct body_field { const char *key; int rule; const char *why; } B
     {"add_generation_prompt", B_TRUE, NULL},
     {"skip_special_tokens", B_TRUE, "the reply's text skips special tokens"},
     {"parallel_tool_calls", B_TRUE, NULL},
-    {"n", B_ONE, "ftune writes one choice per request"},
     {"best_of", B_ONE, NULL},
     {"length_penalty", B_ONE, NULL},
-    {"min_tokens", B_ZERO, NULL},
     {"logit_bias", B_EMPTY, NULL},
-    {"stop_token_ids", B_EMPTY, NULL},
     {"bad_words", B_EMPTY, NULL},
     {"allowed_token_ids", B_EMPTY, NULL},
     {"logits_processors", B_EMPTY, NULL},
@@ -208,7 +206,6 @@ static int body_ok(const char *key, int rule, const cJSON *v)
     case B_FALSE: return cJSON_IsFalse(v);
     case B_TRUE: return cJSON_IsTrue(v);
     case B_ONE: return cJSON_IsNumber(v) && v->valuedouble == 1;
-    case B_ZERO: return cJSON_IsNumber(v) && v->valuedouble == 0;
     default: break;
     }
     /* B_EMPTY, and the defaults that OpenAI's API spells out */
@@ -246,6 +243,7 @@ static int body_fields(ft_gen_req *q, const cJSON *body, int api)
         char val[48];
         if (!strcmp(k, api == FT_GEN_API_CHAT ? "messages" : "prompt") ||
             (api == FT_GEN_API_CHAT && (!strcmp(k, "tools") || !strcmp(k, "top_logprobs"))) ||
+            !strcmp(k, "n") || /* the choices (gp_req_params) */
             (in_list(SETTING_KEYS, k) && strcmp(k, "max_new_tokens")))
             continue;
         if (!strcmp(k, "add_special_tokens")) {
@@ -264,11 +262,8 @@ static int body_fields(ft_gen_req *q, const cJSON *body, int api)
             continue;
         }
         if (body_ok(k, BODY_FIELDS[i].rule, c)) continue;
-        static const char *const accept[] = {"", " false", " true", " 1", " 0", " null"};
+        static const char *const accept[] = {"", " false", " true", " 1", " null"};
         short_json(c, val, sizeof val);
-        if (!strcmp(k, "n"))
-            return ft_err(FT_E_INVALID, "'body.n' %s: ftune writes one choice per request (n must "
-                          "be 1)", val);
         return ft_err(FT_E_INVALID, "'body.%s' %s: ftune generate does not implement it%s%s%s, and "
                       "it would change the response: leave it out or set it%s", k, val,
                       BODY_FIELDS[i].why ? " (" : "", BODY_FIELDS[i].why ? BODY_FIELDS[i].why : "",

@@ -80,6 +80,7 @@ void ft_gen_req_free(ft_gen_req *q)
     free(q->reference);
     for (int64_t i = 0; i < q->params.n_stop; i++) free(q->params.stop[i]);
     free(q->params.stop);
+    free(q->params.stop_ids);
     free(q->custom_id);
     for (int64_t i = 0; i < q->n_unknown; i++) free(q->unknown[i]);
     free(q->unknown);
@@ -261,6 +262,35 @@ static int param_stop(const cJSON *v, ft_gen_params *p)
     return 0;
 }
 
+/* "stop_token_ids": a list of up to FT_GEN_MAX_STOP_IDS integers 0..2^31 - 1 (vLLM's
+ * SamplingParams.stop_token_ids; their bound, the vocabulary, is checked once the model is
+ * loaded). */
+static int param_stop_ids(const cJSON *v, ft_gen_params *p)
+{
+    if (!cJSON_IsArray(v))
+        return ft_err(FT_E_INVALID, "'stop_token_ids' must be a list of token ids, found %s",
+                      ft_json_type(v));
+    const int64_t n = cJSON_GetArraySize(v);
+    if (n > FT_GEN_MAX_STOP_IDS)
+        return ft_err(FT_E_INVALID, "'stop_token_ids': %lld ids, at most %d", (long long)n,
+                      FT_GEN_MAX_STOP_IDS);
+    p->stop_ids = calloc((size_t)(n ? n : 1), sizeof *p->stop_ids);
+    if (!p->stop_ids) return ft_err(-ENOMEM, "out of memory");
+    const cJSON *e = v->child;
+    for (int64_t i = 0; i < n; i++, e = e->next) {
+        if (!cJSON_IsNumber(e))
+            return ft_err(FT_E_INVALID, "'stop_token_ids' item %lld must be a token id (an "
+                          "integer), found %s", (long long)i + 1, ft_json_type(e));
+        const double d = e->valuedouble;
+        if (!(d >= 0 && d <= INT32_MAX) || d != floor(d))
+            return ft_err(FT_E_INVALID, "'stop_token_ids' item %lld: %.17g is no token id "
+                          "(expected an integer 0..%d)", (long long)i + 1, d, INT32_MAX);
+        p->stop_ids[i] = (int32_t)d;
+        p->n_stop_ids = i + 1;
+    }
+    return 0;
+}
+
 /* The generation settings of object record rec into *p (see ft_gen_req_parse); body =
  * FT_GEN_API_CHAT or FT_GEN_API_COMPLETIONS: rec is a batch request's body for that endpoint
  * (OpenAI's names only: no "max_new_tokens"; vLLM's -1 for top_k "off" and for seed "none"
@@ -358,6 +388,21 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
             p->logprobs = 1;
         }
         p->set |= FT_GEN_SET_LOGPROBS;
+    }
+    if ((v = param_item(rec, "stop_token_ids"))) {
+        FT_TRY(param_stop_ids(v, p));
+        p->set |= FT_GEN_SET_STOP_IDS;
+    }
+    if ((v = param_item(rec, "min_tokens"))) {
+        FT_TRY(param_int(v, "min_tokens", 0, FT_GEN_MAX_NEW_TOKENS, "an integer 0..1000000",
+                         &p->min_tokens));
+        p->set |= FT_GEN_SET_MIN_TOKENS;
+    }
+    /* choices: OpenAI's and vLLM's "n", a batch request's only (a plain record answers once) */
+    if (body && (v = param_item(rec, "n"))) {
+        FT_TRY(param_int(v, "n", 1, FT_GEN_MAX_CHOICES, "an integer 1..16 (the choices of the "
+                         "reply)", &p->n));
+        p->set |= FT_GEN_SET_N;
     }
     if ((v = param_item(rec, "seed")) && !(body && cJSON_IsNumber(v) && v->valuedouble == -1)) {
         int64_t sd;

@@ -213,6 +213,10 @@ int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, con
 #define FT_GEN_MAX_NEW_TOKENS 1000000
 /* Most stop strings of a reply (--stop flags, a record's "stop" list). */
 #define FT_GEN_MAX_STOP_STR 16
+/* Most stop token ids of a reply (--stop-token-ids, a record's "stop_token_ids" list). */
+#define FT_GEN_MAX_STOP_IDS 64
+/* Most choices a batch request may ask for ("n"). */
+#define FT_GEN_MAX_CHOICES 16
 
 /* Bits of ft_gen_params.set: the fields a record gives. */
 enum {
@@ -227,6 +231,9 @@ enum {
     FT_GEN_SET_PRESENCE = 1 << 8,
     FT_GEN_SET_FREQUENCY = 1 << 9,
     FT_GEN_SET_LOGPROBS = 1 << 10,
+    FT_GEN_SET_STOP_IDS = 1 << 11,
+    FT_GEN_SET_MIN_TOKENS = 1 << 12,
+    FT_GEN_SET_N = 1 << 13,
 };
 
 /* Most alternatives per token a record may ask for ("top_logprobs" / "logprobs": k, and
@@ -253,6 +260,12 @@ typedef struct ft_gen_params {
     int logprobs;               /* 1: the reply's tokens come with their log-probabilities */
     int64_t top_logprobs;       /* 0..FT_GEN_MAX_LOGPROBS: the most likely alternatives listed
                                  * per token (with logprobs = 1) */
+    int32_t *stop_ids;          /* n_stop_ids token ids 0..INT32_MAX (the vocabulary bound is
+                                 * checked once the model is loaded), malloc'ed; [] : none */
+    int64_t n_stop_ids;         /* 0..FT_GEN_MAX_STOP_IDS */
+    int64_t min_tokens;         /* 0..FT_GEN_MAX_NEW_TOKENS: no stop token or stop string ends
+                                 * the reply before this many tokens (vLLM's min_tokens) */
+    int64_t n;                  /* 1..FT_GEN_MAX_CHOICES: choices of a batch request ("n") */
 } ft_gen_params;
 
 /* What a record is: a plain prompt, or an OpenAI batch request (formats: OpenAI's Batch API
@@ -321,7 +334,12 @@ typedef struct ft_gen_req {
  *   "presence_penalty", "frequency_penalty": numbers in [-2, 2] (OpenAI's range), sample.h;
  *   "logprobs": an integer k in 0..FT_GEN_MAX_LOGPROBS (the reply's log-probabilities with the
  *       k most likely alternatives per token; FT_GEN_SET_LOGPROBS, logprobs = 1,
- *       top_logprobs = k), or false (none).
+ *       top_logprobs = k), or false (none);
+ *   "stop_token_ids": a list of up to FT_GEN_MAX_STOP_IDS token ids, integers 0..2^31 - 1 ([]:
+ *       none), as vLLM's SamplingParams.stop_token_ids (the caller checks each against the
+ *       model's vocabulary once it is loaded);
+ *   "min_tokens": an integer 0..FT_GEN_MAX_NEW_TOKENS, as vLLM's SamplingParams.min_tokens (the
+ *       caller checks that it does not exceed the reply's max new tokens).
  * A record with a "reply" key (a line `ftune generate --prompts` wrote, fed back) keeps its
  * "stop", the reason that reply ended, and its "logprobs", out of its settings.
  * Other keys are ignored, and listed in q->unknown (q->unknown_hint: the schema key or
@@ -339,8 +357,9 @@ typedef struct ft_gen_req {
  *   is off, seed -1 none), and the log-probabilities as each endpoint asks for them: chat
  *   "logprobs" true or false with "top_logprobs" 0..20 (only with "logprobs": true, as OpenAI
  *   and vLLM refuse it otherwise), completions "logprobs" an integer 0..20 (vLLM's limit;
- *   OpenAI's is 5). B's fields that ftune does not implement are refused, naming
- *   the field, unless their value changes nothing (n 1, echo false, stream false,
+ *   OpenAI's is 5); "n", an integer 1..FT_GEN_MAX_CHOICES, the choices of the reply (a plain
+ *   record has no "n": there it is an unknown key). B's fields that ftune does not implement
+ *   are refused, naming the field, unless their value changes nothing (echo false, stream false,
  *   response_format {"type": "text"}, tool_choice "auto", logit_bias {}, ...: the list is
  *   gen_batch_req.c BODY_FIELDS, from OpenAI's and vLLM's request schemas); model, user,
  *   metadata, store, service_tier and other bookkeeping are accepted and ignored. Other keys

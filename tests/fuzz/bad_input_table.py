@@ -738,10 +738,10 @@ def _(d):
     return prompts_file(d, '{"prompt": "hi", "temperature": -1}')
 
 
-@case("generate", "OpenAI batch request with `\"n\": 2`", "src/model/gen_batch_req.c body_fields")
+@case("generate", "OpenAI batch request with `\"n\": 17`", "src/model/gen_prompt.c gp_req_params")
 def _(d):
     return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
-                           '"body": {"messages": [{"role": "user", "content": "hi"}], "n": 2}}')
+                           '"body": {"messages": [{"role": "user", "content": "hi"}], "n": 17}}')
 
 
 @case("generate", "OpenAI batch file with a duplicate `custom_id`", "cli/gen_batch.c")

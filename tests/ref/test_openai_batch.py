@@ -205,8 +205,8 @@ GOOD = chat_req("a", [{"role": "user", "content": "hi"}])
 
 
 @pytest.mark.parametrize("name,recs,needles", [
-    ("n=2", [GOOD, chat_req("b", [{"role": "user", "content": "x"}], n=2)],
-     ["line 2", "'body.n' 2", "n must be 1"]),
+    ("n=17", [GOOD, chat_req("b", [{"role": "user", "content": "x"}], n=17)],
+     ["line 2", "body: 'n' 17", "an integer 1..16"]),
     ("top_logprobs without logprobs", [chat_req("b", [{"role": "user", "content": "x"}], top_logprobs=2)],
      ["line 1", "'top_logprobs' needs 'logprobs': true"]),
     ("response_format", [chat_req("b", [{"role": "user", "content": "x"}],
@@ -238,8 +238,8 @@ def test_refusals(tmp_path, name, recs, needles):
 def test_refusals_json_array_and_raw(tmp_path):
     """A JSON array file names the record; --raw refuses chat requests (no template)."""
     f = tmp_path / "bad.json"
-    f.write_text(json.dumps([GOOD, {**GOOD, "custom_id": "b", "body": {**GOOD["body"], "n": 3}}]))
-    assert_clean_error(ftune("--prompts", f, check=False), None, f"{f}: record 2", "'body.n' 3")
+    f.write_text(json.dumps([GOOD, {**GOOD, "custom_id": "b", "body": {**GOOD["body"], "n": 0}}]))
+    assert_clean_error(ftune("--prompts", f, check=False), None, f"{f}: record 2", "body: 'n' 0")
     g = write_jsonl(tmp_path / "chat.jsonl", [GOOD])
     assert_clean_error(ftune("--prompts", g, "--raw", check=False), None, f"{g}: line 1", "--raw")
 

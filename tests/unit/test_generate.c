@@ -786,6 +786,7 @@ static void expect_refused(const bad_req *bad, size_t n)
         assert_null(q.user);
         assert_null(q.tools);
         assert_null(q.params.stop);
+        assert_null(q.params.stop_ids);
         assert_int_equal(q.params.set, 0);
     }
 }
@@ -965,6 +966,26 @@ static void test_gen_req_params(void **state)
     assert_int_equal(parse_req(&q, "{\"prompt\": \"<s>x\", \"seed\": 0, \"top_k\": 0}", NULL, 1), 0);
     assert_int_equal(q.params.set, FT_GEN_SET_SEED | FT_GEN_SET_TOP_K);
     ft_gen_req_free(&q);
+    /* vLLM's stop_token_ids and min_tokens ([]: no stop id, set: it replaces
+     * --stop-token-ids); a plain record has no "n" (one reply per record: an unknown key) */
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"stop_token_ids\": [7, 0, 2147483647], "
+                                   "\"min_tokens\": 3, \"n\": 2}", NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_STOP_IDS | FT_GEN_SET_MIN_TOKENS);
+    assert_int_equal(q.params.n_stop_ids, 3);
+    assert_int_equal(q.params.stop_ids[0], 7);
+    assert_int_equal(q.params.stop_ids[1], 0);
+    assert_int_equal(q.params.stop_ids[2], INT32_MAX);
+    assert_int_equal(q.params.min_tokens, 3);
+    assert_int_equal(q.n_unknown, 1);
+    assert_string_equal(q.unknown[0], "n");
+    ft_gen_req_free(&q);
+    assert_null(q.params.stop_ids);
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"stop_token_ids\": [], \"min_tokens\": 0}",
+                               NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_STOP_IDS | FT_GEN_SET_MIN_TOKENS);
+    assert_int_equal(q.params.n_stop_ids, 0);
+    assert_int_equal(q.n_unknown, 0);
+    ft_gen_req_free(&q);
 
     static const bad_req bad[] = {
         {"{\"prompt\": \"a\", \"temperature\": -0.5}", 0, "'temperature' -0.5: expected a finite value >= 0"},
@@ -993,6 +1014,17 @@ static void test_gen_req_params(void **state)
         {"{\"prompt\": \"a\", \"seed\": true}", 0, "'seed' must be an integer, found a boolean"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"top_p\": 2}", 0, "'top_p' 2"},
         {"{\"prompt\": \"a\", \"min_p\": 2}", 1, "'min_p' 2"},
+        {"{\"prompt\": \"a\", \"stop_token_ids\": \"x\"}", 0,
+         "'stop_token_ids' must be a list of token ids, found a string"},
+        {"{\"prompt\": \"a\", \"stop_token_ids\": 5}", 0, "'stop_token_ids' must be a list"},
+        {"{\"prompt\": \"a\", \"stop_token_ids\": [1, -1]}", 0,
+         "'stop_token_ids' item 2: -1 is no token id (expected an integer 0..2147483647)"},
+        {"{\"prompt\": \"a\", \"stop_token_ids\": [1e12]}", 0, "'stop_token_ids' item 1: 1000000000000 is no token id"},
+        {"{\"prompt\": \"a\", \"stop_token_ids\": [2.5]}", 0, "'stop_token_ids' item 1: 2.5 is no token id"},
+        {"{\"prompt\": \"a\", \"stop_token_ids\": [\"3\"]}", 0,
+         "'stop_token_ids' item 1 must be a token id (an integer), found a string"},
+        {"{\"prompt\": \"a\", \"min_tokens\": -1}", 0, "'min_tokens' -1: expected an integer 0..1000000"},
+        {"{\"prompt\": \"a\", \"min_tokens\": 1.5}", 0, "'min_tokens' 1.5"},
     };
     expect_refused(bad, sizeof bad / sizeof *bad);
 }
@@ -1058,7 +1090,9 @@ static void test_gen_req_batch(void **state)
     assert_null(q.reference);
     /* top_k -1 is vLLM's off, seed -1 its none; logprobs false: none, said */
     assert_int_equal(q.params.set, FT_GEN_SET_MAX_NEW | FT_GEN_SET_TEMPERATURE | FT_GEN_SET_TOP_K |
-                                       FT_GEN_SET_STOP | FT_GEN_SET_FREQUENCY | FT_GEN_SET_LOGPROBS);
+                                       FT_GEN_SET_STOP | FT_GEN_SET_FREQUENCY | FT_GEN_SET_LOGPROBS |
+                                       FT_GEN_SET_N);
+    assert_int_equal(q.params.n, 1);
     assert_int_equal(q.params.logprobs, 0);
     assert_int_equal(q.params.max_new_tokens, 9);
     assert_int_equal(q.params.top_k, 0);
@@ -1141,6 +1175,26 @@ static void test_gen_req_batch(void **state)
     assert_int_equal(q.params.set, 0);
     assert_int_equal(q.n_unknown, 0);
     ft_gen_req_free(&q);
+    /* n choices (OpenAI's and vLLM's "n", 1..16), vLLM's stop_token_ids and min_tokens, by
+     * both endpoints */
+    assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
+                                   "\"/v1/chat/completions\", \"body\": {\"messages\": [{\"role\": "
+                                   "\"user\", \"content\": \"u\"}], \"n\": 16, \"stop_token_ids\": [5, 9], "
+                                   "\"min_tokens\": 2}}", NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_N | FT_GEN_SET_STOP_IDS | FT_GEN_SET_MIN_TOKENS);
+    assert_int_equal(q.params.n, 16);
+    assert_int_equal(q.params.n_stop_ids, 2);
+    assert_int_equal(q.params.stop_ids[1], 9);
+    assert_int_equal(q.params.min_tokens, 2);
+    assert_int_equal(q.n_unknown, 0);
+    ft_gen_req_free(&q);
+    assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
+                                   "\"/v1/completions\", \"body\": {\"prompt\": \"p\", \"n\": 2, "
+                                   "\"stop_token_ids\": null, \"min_tokens\": null}}", NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_N);
+    assert_int_equal(q.params.n, 2);
+    assert_int_equal(q.n_unknown, 0);
+    ft_gen_req_free(&q);
     /* top_logprobs is no completions field: an unknown key there */
     assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
                                    "\"/v1/completions\", \"body\": {\"prompt\": \"p\", \"top_logprobs\": 2}}",
@@ -1158,7 +1212,17 @@ static void test_gen_req_batch(void **state)
 #define CHAT_REQ(body) "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", " \
                        "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], " body "}}"
     static const bad_req bad[] = {
-        {CHAT_REQ("\"n\": 2"), 0, "'body.n' 2: ftune writes one choice per request (n must be 1)"},
+        {CHAT_REQ("\"n\": 0"), 0, "body: 'n' 0: expected an integer 1..16 (the choices of the reply)"},
+        {CHAT_REQ("\"n\": 17"), 0, "body: 'n' 17: expected an integer 1..16"},
+        {CHAT_REQ("\"n\": -2"), 0, "body: 'n' -2"},
+        {CHAT_REQ("\"n\": 1.5"), 0, "body: 'n' 1.5"},
+        {CHAT_REQ("\"n\": \"2\""), 0, "body: 'n' must be an integer, found a string"},
+        {CHAT_REQ("\"stop_token_ids\": \"x\""), 0, "body: 'stop_token_ids' must be a list of token ids, "
+         "found a string"},
+        {CHAT_REQ("\"stop_token_ids\": [-1]"), 0, "body: 'stop_token_ids' item 1: -1 is no token id"},
+        {CHAT_REQ("\"stop_token_ids\": [1e12]"), 0, "body: 'stop_token_ids' item 1: 1000000000000 is no "
+         "token id"},
+        {CHAT_REQ("\"min_tokens\": -1"), 0, "body: 'min_tokens' -1"},
         {CHAT_REQ("\"logprobs\": 1"), 0, "body: 'logprobs' must be true or false for /v1/chat/completions"},
         {CHAT_REQ("\"top_logprobs\": 3"), 0, "body: 'top_logprobs' needs 'logprobs': true"},
         {CHAT_REQ("\"logprobs\": false, \"top_logprobs\": 0"), 0, "'top_logprobs' needs 'logprobs': true"},

@@ -1,0 +1,171 @@
+/* gen_choices.c - the output lines of `ftune generate --prompts` (gen_choices.h): a plain
+ * record's line, or an OpenAI batch request's Batch API line (the format is in gen_batch.c's
+ * header) with its choices. Split from gen_batch.c, which decodes the records' choices as
+ * separate slots and calls in here once all choices of a record are done. */
+#include "cli/gen_choices.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "src/core/err.h"
+
+uint64_t gen_choice_seed(uint64_t seed, int64_t c)
+{
+    return ft_gen_record_seed(seed, c);
+}
+
+int gen_rec_stop_id(const batch_rec *x, int32_t t)
+{
+    for (int64_t i = 0; i < x->n_stop_ids; i++)
+        if (x->stop_ids[i] == t) return 1;
+    return 0;
+}
+
+/* 16 hex digits of custom_id: FNV-1a 64 (Fowler, Noll, Vo) mixed by splitmix64's finalizer
+ * (Steele et al. 2014), the ids of a batch output line. */
+static void id_hex(const char *s, char out[17])
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+/* Choice `index` of a batch request x's reply (vLLM's ChatCompletionResponseChoice /
+ * CompletionResponseChoice): {"index", "message": {"role", "content"} | "text", "logprobs",
+ * "finish_reason", "stop_reason"}; takes over c->lp. NULL when out of memory. */
+static cJSON *choice_json(const batch_rec *x, int64_t index, gen_choice *c, int32_t eos)
+{
+    const gen_result *r = &c->r;
+    cJSON *j = cJSON_CreateObject();
+    cJSON *lp = c->lp;
+    c->lp = NULL;
+    if (!j) {
+        cJSON_Delete(lp);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(j, "index", (double)index);
+    const char *text = r->text ? r->text : "";
+    if (x->q.api == FT_GEN_API_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(j, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text);
+    } else {
+        cJSON_AddStringToObject(j, "text", text);
+    }
+    if (lp) cJSON_AddItemToObject(j, "logprobs", lp);
+    else cJSON_AddNullToObject(j, "logprobs");
+    cJSON_AddStringToObject(j, "finish_reason", r->stop == GEN_STOP_LENGTH ? "length" : "stop");
+    /* vLLM's check_stop (vllm/v1/core/sched/utils.py): null for the EOS, the id of any other
+     * stop token (a stop_token_ids entry, the template's end of turn), the stop string */
+    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
+    else if (r->stop == GEN_STOP_TOKEN && c->stop_tok != eos) cJSON_AddNumberToObject(j, "stop_reason", c->stop_tok);
+    else cJSON_AddNullToObject(j, "stop_reason");
+    return j;
+}
+
+/* The Batch API output object of batch request x with its choices c[0..x->n_choices) (see
+ * gen_batch.c's header); takes over their "logprobs". NULL when out of memory. */
+static cJSON *batch_line(const gen_opts *o, const batch_rec *x, gen_choice *c, int32_t eos)
+{
+    const int chat = x->q.api == FT_GEN_API_CHAT;
+    char h[17], id[64];
+    id_hex(x->q.custom_id, h);
+    cJSON *j = cJSON_CreateObject(), *resp = cJSON_CreateObject(), *body = cJSON_CreateObject();
+    cJSON *choices = cJSON_CreateArray(), *usage = cJSON_CreateObject();
+    if (!j || !resp || !body || !choices || !usage) {
+        cJSON_Delete(j);
+        cJSON_Delete(resp);
+        cJSON_Delete(body);
+        cJSON_Delete(choices);
+        cJSON_Delete(usage);
+        return NULL;
+    }
+    snprintf(id, sizeof id, "batch_req_%s", h);
+    cJSON_AddStringToObject(j, "id", id);
+    cJSON_AddStringToObject(j, "custom_id", x->q.custom_id);
+    cJSON_AddItemToObject(j, "response", resp);
+    cJSON_AddNullToObject(j, "error");
+    cJSON_AddNumberToObject(resp, "status_code", 200);
+    snprintf(id, sizeof id, "req_%s", h);
+    cJSON_AddStringToObject(resp, "request_id", id);
+    cJSON_AddItemToObject(resp, "body", body);
+    snprintf(id, sizeof id, "%s%s", chat ? "chatcmpl-" : "cmpl-", h);
+    cJSON_AddStringToObject(body, "id", id);
+    cJSON_AddStringToObject(body, "object", chat ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(body, "created", (double)time(NULL));
+    cJSON_AddStringToObject(body, "model", o->model_given ? o->model_given : o->model);
+    cJSON_AddItemToObject(body, "choices", choices);
+    /* usage as vLLM's serving_chat / serving_completion count it: the prompt once, the
+     * completion tokens summed over the choices, each with the stop token that ended it (its
+     * output token_ids end with it, vllm-project/vllm#28185) */
+    int64_t done = 0;
+    int oom = 0;
+    for (int64_t k = 0; k < x->n_choices; k++) {
+        const gen_result *r = &c[k].r;
+        done += r->n_out + (r->stop == GEN_STOP_TOKEN);
+        cJSON *cj = choice_json(x, k, &c[k], eos);
+        if (!cj || !cJSON_AddItemToArray(choices, cj)) {
+            cJSON_Delete(cj);
+            oom = 1;
+        }
+    }
+    cJSON_AddNumberToObject(usage, "prompt_tokens", (double)x->n);
+    cJSON_AddNumberToObject(usage, "completion_tokens", (double)done);
+    cJSON_AddNumberToObject(usage, "total_tokens", (double)(x->n + done));
+    cJSON_AddItemToObject(body, "usage", usage);
+    if (oom) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* A plain record's line (cmd_generate.c's header) from its one reply c; takes over c->lp. */
+static cJSON *plain_line(int64_t i, const batch_rec *x, gen_choice *c, int32_t eos)
+{
+    const gen_result *r = &c->r;
+    cJSON *lp = c->lp;
+    c->lp = NULL;
+    cJSON *j = cJSON_CreateObject();
+    if (!j) {
+        cJSON_Delete(lp);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(j, "index", (double)i);
+    cJSON_AddStringToObject(j, "prompt", x->q.user);
+    cJSON_AddStringToObject(j, "reply", r->text ? r->text : "");
+    if (x->q.reference) cJSON_AddStringToObject(j, "reference", x->q.reference);
+    cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->n_prompt);
+    cJSON_AddNumberToObject(j, "new_tokens", (double)r->n_out);
+    cJSON_AddStringToObject(j, "stop", gen_stop_name(r));
+    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
+    /* a stop token the record (or --stop-token-ids) asked for: its id, as vLLM's
+     * CompletionOutput.stop_reason (not for the EOS, which vLLM checks first) */
+    if (r->stop == GEN_STOP_TOKEN && c->stop_tok != eos && gen_rec_stop_id(x, c->stop_tok))
+        cJSON_AddNumberToObject(j, "stop_reason", c->stop_tok);
+    cJSON_AddNumberToObject(j, "seconds", c->seconds);
+    if (x->sc.temperature > 0) gen_add_seed(j, x->sc.seed);
+    if (lp && !cJSON_AddItemToObject(j, "logprobs", lp)) cJSON_Delete(lp);
+    return j;
+}
+
+int gen_put_record(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, gen_choice *c,
+                   int32_t eos)
+{
+    cJSON *j = x->q.api != FT_GEN_API_NONE ? batch_line(o, x, c, eos) : plain_line(i, x, c, eos);
+    for (int64_t k = 0; k < x->n_choices; k++) { /* what a failed line left */
+        cJSON_Delete(c[k].lp);
+        c[k].lp = NULL;
+    }
+    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!s) return ft_err(-ENOMEM, "out of memory");
+    int bad = fputs(s, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0;
+    free(s);
+    return bad ? ft_err(-EIO, "%s: write failed: %s", o->out ? o->out : "stdout", strerror(errno)) : 0;
+}

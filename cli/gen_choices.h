@@ -1,0 +1,62 @@
+/* gen_choices.h - the records of `ftune generate --prompts` (gen_batch.c decodes them) and their
+ * output lines (gen_choices.c): a plain record's {index, prompt, reply, ...} line, or an OpenAI
+ * batch request's Batch API line with its "n" choices. Private to cli/. */
+#ifndef FT_CLI_GEN_CHOICES_H
+#define FT_CLI_GEN_CHOICES_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cli/gen_env.h"
+
+/* One record of a --prompts file, with its settings: the command line's, replaced by those
+ * the record sets (q.params). */
+typedef struct batch_rec {
+    ft_gen_req q;
+    char where[300];            /* "FILE: line N" / "FILE: record N" */
+    char at[40];                /* "line N" / "record N" */
+    int32_t *ids;
+    int64_t n;
+    ft_sample_cfg sc;           /* sc.seed: the record's "seed", else ft_gen_record_seed's (choice
+                                 * 0's; gen_choice_seed gives the others') */
+    int64_t max_new;
+    const char *const *stop;    /* n_stop: the --stop strings or the record's "stop" */
+    int64_t n_stop;
+    const int32_t *stop_ids;    /* n_stop_ids: --stop-token-ids or the record's "stop_token_ids" */
+    int64_t n_stop_ids;
+    int64_t min_tokens;         /* the record's "min_tokens" (0: none) */
+    int64_t lp_top;             /* log-probabilities with this many alternatives per token
+                                 * (--logprobs or the record's own); -1: none */
+    int64_t n_choices;          /* 1, or a batch request's "n" */
+    int64_t first;              /* its first choice's place in the run's list of choices */
+} batch_rec;
+
+/* One finished choice (reply) of a record, held until the records before it are written. */
+typedef struct gen_choice {
+    int done;
+    gen_result r;               /* r.text malloc'ed; r.out_ids and r.lp NULL (the slot's buffers
+                                 * went to the next reply) */
+    double seconds;             /* from its prefill to its last token */
+    int32_t stop_tok;           /* the stop token that ended it (GEN_STOP_TOKEN), else -1 */
+    cJSON *lp;                  /* its log-probabilities (gen_logprobs_json in the record's
+                                 * shape), or NULL */
+} gen_choice;
+
+/* The sampling seed of choice c of a record whose seed is `seed` (choice 0's):
+ * ft_gen_record_seed(seed, c), so choice 0 samples as a one-choice request does, and choice
+ * c as record c of a --prompts file run with --seed seed (vLLM's parallel sampling gives
+ * child c seed + c; ftune's derivation keeps seeds below 2^53, as for records). */
+uint64_t gen_choice_seed(uint64_t seed, int64_t c);
+
+/* 1 when t is one of record x's stop token ids. */
+int gen_rec_stop_id(const batch_rec *x, int32_t t);
+
+/* Writes record i's output line to f (o->out names it in messages): the Batch API's object for
+ * a batch request, its choices c[0..x->n_choices) in order; else {index, prompt, reply, ...}
+ * from c[0] (cmd_generate.c's header). eos: the tokenizer's EOS id (vLLM's stop_reason is null
+ * for it). Takes over each c[j].lp (set to NULL). Returns 0, -ENOMEM, -EIO. */
+int gen_put_record(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, gen_choice *c,
+                   int32_t eos);
+
+#endif
