@@ -102,9 +102,11 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# -MMD: the headers a .cu file includes from elsewhere (kernels/cpu/cpu_common.h's dropout
+# mask, src/model/nf4.h) rebuild it too
 $(BUILD)/%.o: %.cu $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/kernels.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -I. -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -I. -MMD -MP -c $< -o $@
 
 $(BUILD)/libftune.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
@@ -211,7 +213,7 @@ test-gpu:
 clean:
 	rm -rf $(BUILD)
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d)
 
 $(BUILD)/bench/sgemm_rate: bench/sgemm_rate.c
 	@mkdir -p $(dir $@)

@@ -19,6 +19,7 @@
 #ifndef FT_CPU_COMMON_H
 #define FT_CPU_COMMON_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "src/core/err.h"
@@ -36,14 +37,15 @@ static inline FT_HD uint64_t ft_dropout_mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* Keep threshold for drop probability p in [0, 1): keep element i iff its 24-bit draw is
- * >= this value. */
-static inline FT_HD double ft_dropout_threshold(double p) { return p * 16777216.0; }
+/* Keep threshold for drop probability p in [0, 1): keep element i iff its 24-bit draw u_i
+ * is >= p * 2^24, that is (u_i an integer) u_i >= ceil(p * 2^24), this value (at most 2^24;
+ * the integer compare spares a conversion to double per element). */
+static inline FT_HD uint32_t ft_dropout_threshold(double p) { return (uint32_t)ceil(p * 16777216.0); }
 
 /* 1 if element i is kept under key = ft_dropout_mix64(seed) and threshold thr. */
-static inline FT_HD int ft_dropout_keep(uint64_t key, uint64_t i, double thr)
+static inline FT_HD int ft_dropout_keep(uint64_t key, uint64_t i, uint32_t thr)
 {
-    return (double)(ft_dropout_mix64(key ^ i) >> 40) >= thr;
+    return (uint32_t)(ft_dropout_mix64(key ^ i) >> 40) >= thr;
 }
 
 /* NEFTune noise draw (kernels.h noise_uniform_add) of element i under key =

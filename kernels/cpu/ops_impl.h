@@ -391,7 +391,7 @@ int FN(dropout)(REAL *y, const REAL *x, int64_t n, REAL p, uint64_t seed)
         return 0;
     }
     const uint64_t key = ft_dropout_mix64(seed);
-    const double thr = ft_dropout_threshold((double)p);
+    const uint32_t thr = ft_dropout_threshold((double)p);
     const REAL sc = 1 / (1 - p);
 #pragma omp parallel for simd schedule(static) if (n > FT_CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)

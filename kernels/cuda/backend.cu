@@ -626,7 +626,7 @@ static int cu_swiglu_bwd(ft_backend *be, float *dgate, float *dup, const float *
 }
 
 /* The mask is cpu_common.h's counter-based hash, so CPU and CUDA drop the same elements. */
-__global__ void k_dropout(float *y, const float *x, int64_t n, uint64_t key, double thr, float sc)
+__global__ void k_dropout(float *y, const float *x, int64_t n, uint64_t key, uint32_t thr, float sc)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)

@@ -445,6 +445,24 @@ static void test_dropout(void **state)
     for (int64_t i = 0; i < n; i++) kept += y[i] != 0;
     print_message("dropout p=0.1: kept fraction %.5f\n", (double)kept / n);
     assert_true(fabs((double)kept / n - 0.9) <= TOL_DROPOUT_FRAC);
+    /* the mask against its definition written out here (cpu_common.h's comment), in double:
+     * keep iff (double)(t_mix64(t_mix64(seed) ^ i) >> 40) >= p * 2^24, for p whose p * 2^24 is
+     * an integer (0.5, 0.25, 2^-24) or not (0.05, 0.1, 1e-7, 0.9999) */
+    const float ps[] = {0.5f, 0.25f, 0x1p-24f, 0.05f, 0.1f, 1e-7f, 0.9999f};
+    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) {
+        assert_int_equal(g_be->ops->dropout(g_be, y, x.f, n, ps[k], 77 + k), 0);
+        const uint64_t key = t_mix64(77 + k);
+        const double thr = (double)ps[k] * 16777216.0;
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < n; i++)
+            wrong += (y[i] != 0) != ((double)(t_mix64(key ^ (uint64_t)i) >> 40) >= thr);
+        assert_int_equal(wrong, 0);
+    }
+    /* at the threshold itself: a draw of exactly ceil(p 2^24) is kept, one less is dropped */
+    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) {
+        const uint32_t t = ft_dropout_threshold((double)ps[k]);
+        assert_true((double)t >= (double)ps[k] * 16777216.0 && (double)(t - 1) < (double)ps[k] * 16777216.0);
+    }
     assert_int_equal(g_be->ops->dropout(g_be, y, x.f, n, 1.0f, 1), FT_E_INVALID);
     assert_int_equal(g_be->ops->dropout(g_be, y, x.f, n, -0.1f, 1), FT_E_INVALID);
     p_free(&x), free(y), free(y2), free(yd);
