@@ -717,11 +717,13 @@ int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char 
     int lock;
     double waited;
     FT_TRY(build_lock(info->path, on_wait, user, &lock, &waited));
-    if (waited > 0 && !force) { /* another run built it meanwhile (or failed to: look again) */
+    if (!force) {
+        /* look again under the lock: another run may have built it meanwhile, also one that
+         * finished between the look above and the lock (no wait then) */
         found = locate(model, cache_dir, s, 0, info);
         info->waited_s = waited;
         if (found) {
-            close(lock);
+            if (lock >= 0) close(lock);
             return found < 0 ? found : 0;
         }
     }
