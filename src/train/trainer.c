@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1049,6 +1050,9 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     const int per = dpo ? 2 : 1;  /* examples per record: a pair gives two */
     const char *unit = dpo ? "pairs" : "examples";
     r->eval_reward_accuracy = NAN;
+    /* --threads holds for the data's reading too (its records are encoded on every OpenMP
+     * thread), which comes before the backend (ft_backend_init) sets it for the ops */
+    if (c->threads > 0) omp_set_num_threads(c->threads);
     FT_TRY(ft_dataset_load_files(&r->ds, c->data, c->n_data, &dc, r->tok));
     /* "FILE" or "N files (FILE: R records, schema[, S skipped]; ...)" for the data line */
     char files[1400];
