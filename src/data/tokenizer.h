@@ -54,7 +54,10 @@ int ft_tok_encode(const ft_tokenizer *t, const char *text, size_t len, int add_s
 /* A word -> ids cache of the model step (src/data/tok_cache.c; huggingface/tokenizers keeps
  * one in its BPE model): a pre-tokenized word's ids depend on its bytes alone, so a repeated
  * word is looked up instead of merged again. Bounded (max_words entries, words of at most 64
- * bytes; emptied when full). Not thread-safe: one cache per thread. NULL when out of memory. */
+ * bytes; emptied when full). Its keys are the words' bytes only: a cache serves one tokenizer.
+ * Not thread-safe: one cache per thread. A tokenizer without a pre-tokenizer (Llama-2's
+ * tokenizer.json) gives whole segments as one "word", mostly longer than 64 bytes: there it
+ * rarely hits. NULL when out of memory. */
 typedef struct ft_tok_cache ft_tok_cache;
 ft_tok_cache *ft_tok_cache_new(int64_t max_words);
 void ft_tok_cache_free(ft_tok_cache *c); /* NULL-safe */
