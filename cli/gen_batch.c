@@ -399,9 +399,10 @@ static int slot_advance(gen_env *e, slot_run *sr, float *logits, int *fin)
 
 /* Sets slot k up for choice c of record i (its settings, the choice's draws, stop text,
  * penalties), its cache emptied and its RoPE table that of a cache sized for this prompt alone
- * (dynamic NTK scaling): slots_prefill then prefills it. Each choice is a sequence of its own,
- * its prompt prefilled again (sharing one prefill's KV cache among the choices is left for
- * later); the choices that start together are prefilled in one forward. */
+ * (dynamic NTK scaling): slots_prefill then prefills it. Each choice is a sequence of its own;
+ * the choices of a record that start together share one prefill (slots_prefill copies the
+ * first one's cache to the others), and the prompts that start together are prefilled in one
+ * forward. */
 static int slot_begin(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, int64_t i, int64_t c)
 {
     memset(&sr->r, 0, sizeof sr->r);
@@ -434,10 +435,13 @@ static int slot_begin(gen_env *e, slot_run *sr, int64_t k, const batch_rec *x, i
 /* The prefill of the slots that start together (slots_prefill). */
 typedef struct prefill_buf {
     int64_t *slots, *lens;      /* (e->slots) a group's slots and prompt lengths */
+    int64_t *lead, *lk;         /* (e->slots) per begun slot its leader's index (-1: none); the
+                                 * leaders' slots */
     int32_t *ids;               /* (chunk_max) its prompts' ids, concatenated */
     int each;                   /* FTUNE_GEN_PREFILL=each: one prompt per forward (as before
                                  * ft_gen_prefill; for comparisons) */
     int64_t forwards, batched;  /* prefill forwards run; prompts prefilled with others */
+    int64_t shared;             /* choices whose cache was copied from another choice's */
 } prefill_buf;
 
 /* "FILE: line 3, line 4, line 6" for the records of the n slots ks[] (a failed group). */
@@ -455,11 +459,22 @@ static void group_where(const batch *b, const slot_run *sl, const int64_t *ks, i
  * fit together within the chunk (and the rows of logits), in slot order, share one forward
  * (ft_gen_prefill: each layer visited once for all of them); a prompt longer than the chunk
  * is prefilled alone, in chunks. Errors are prefixed with the records they concern. */
-static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks, int64_t n, const batch *b,
+static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks0, int64_t n0, const batch *b,
                          gen_choice *dn, prefill_buf *pb)
 {
     const int64_t V = e->m->cfg.vocab_size, cmax = e->g.chunk_max;
     const int64_t rmax = pb->each ? 1 : e->g.logit_rows_max;
+    /* A choice begun with an earlier choice of its record (ks0[] is in choice order) follows
+     * that one, its leader: it is not prefilled, its cache is a copy of the leader's prompt
+     * rows (ft_gen_copy_slot) and its first token is drawn from the leader's logits, the same
+     * values a prefill of the same prompt gives. ks[]: the leaders, prefilled. */
+    int64_t n = 0, *ks = pb->lk;
+    for (int64_t i = 0; i < n0; i++) {
+        pb->lead[i] = -1;
+        for (int64_t q = 0; q < i && pb->lead[i] < 0; q++)
+            if (pb->lead[q] < 0 && sl[ks0[q]].rec == sl[ks0[i]].rec) pb->lead[i] = q;
+        if (pb->lead[i] < 0) ks[n++] = ks0[i];
+    }
     for (int64_t j = 0; j < n;) {
         /* the group: ks[j..j2) */
         int64_t j2 = j, tot = 0;
@@ -495,14 +510,30 @@ static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks, int64_t n,
             group_where(b, sl, ks + j, j2 - j, where, sizeof where);
             return ft_err_prefix(rc, "%s%s", where, j2 - j > 1 ? " (prompts prefilled together)" : "");
         }
+        /* the followers' caches, while the leaders' slots still hold the prompts */
+        for (int64_t f = 0; f < n0; f++) {
+            if (pb->lead[f] < 0) continue;
+            const int64_t lead_slot = ks0[pb->lead[f]];
+            int in_group = 0;
+            for (int64_t i = j; i < j2; i++) in_group |= ks[i] == lead_slot;
+            if (!in_group) continue;
+            rc = ft_gen_copy_slot(&e->g, ks0[f], lead_slot, sl[lead_slot].x->n);
+            if (rc) return ft_err_prefix(rc, "%s", b->r[sl[ks0[f]].rec].where);
+            pb->shared++;
+        }
         for (int64_t i = j; i < j2; i++) {
-            slot_run *sr = &sl[ks[i]];
-            const int64_t rec = sr->rec;
-            int fin = 0;
-            sr->r.prefill_s = dt;
-            rc = slot_advance(e, sr, e->logits + (i - j) * V, &fin);
-            if (!rc && fin) rc = slot_finish(e, sr, dn);
-            if (rc) return ft_err_prefix(rc, "%s", b->r[rec].where);
+            float *row = e->logits + (i - j) * V; /* slot_advance leaves it as it is */
+            for (int64_t f = -1; f < n0; f++) {
+                /* the leader (f = -1), then its followers */
+                if (f >= 0 && (pb->lead[f] < 0 || ks0[pb->lead[f]] != ks[i])) continue;
+                slot_run *sr = &sl[f < 0 ? ks[i] : ks0[f]];
+                const int64_t rec = sr->rec;
+                int fin = 0;
+                sr->r.prefill_s = dt;
+                rc = slot_advance(e, sr, row, &fin);
+                if (!rc && fin) rc = slot_finish(e, sr, dn);
+                if (rc) return ft_err_prefix(rc, "%s", b->r[rec].where);
+            }
         }
         j = j2;
     }
@@ -609,11 +640,12 @@ int gen_run_batch(const gen_opts *o)
     int64_t *act = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *act);
     int32_t *tok = malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof *tok);
     const char *pv = getenv("FTUNE_GEN_PREFILL");
-    prefill_buf pb = {malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof(int64_t)),
-                      malloc((size_t)(e.slots > 0 ? e.slots : 1) * sizeof(int64_t)),
+    const size_t ns = (size_t)(e.slots > 0 ? e.slots : 1);
+    prefill_buf pb = {malloc(ns * sizeof(int64_t)), malloc(ns * sizeof(int64_t)),
+                      malloc(ns * sizeof(int64_t)), malloc(ns * sizeof(int64_t)),
                       malloc((size_t)(e.g.chunk_max > 0 ? e.g.chunk_max : 1) * sizeof(int32_t)),
-                      pv && !strcmp(pv, "each"), 0, 0};
-    if (!rc && (!sl || !dn || !act || !tok || !pb.slots || !pb.lens || !pb.ids))
+                      pv && !strcmp(pv, "each"), 0, 0, 0};
+    if (!rc && (!sl || !dn || !act || !tok || !pb.slots || !pb.lens || !pb.ids || !pb.lead || !pb.lk))
         rc = ft_err(-ENOMEM, "out of memory");
     for (int64_t k = 0; !rc && k < e.slots; k++) sl[k].rec = -1;
     /* next, next_c: the record and choice that the next free slot takes */
@@ -688,10 +720,12 @@ int gen_run_batch(const gen_opts *o)
                 snprintf(visits + w, sizeof visits - (size_t)w, " (%.1f MiB streamed)",
                          (double)e.s.ex.h2d_bytes / 1048576.0);
         }
+        char shared[64] = "";
+        if (pb.shared) snprintf(shared, sizeof shared, ", %lld choices' caches copied", (long long)pb.shared);
         fprintf(stderr, "ftune: %lld prompts, %lld new tokens in %.3f s (%.2f tok/s; %lld decode "
-                "steps); %lld prefill forwards (%lld prompts prefilled with others)%s%s%s\n",
+                "steps); %lld prefill forwards (%lld prompts prefilled with others%s)%s%s%s\n",
                 (long long)b.n, (long long)total_new, t, t > 0 ? total_new / t : 0.0,
-                (long long)steps, (long long)pb.forwards, (long long)pb.batched, visits,
+                (long long)steps, (long long)pb.forwards, (long long)pb.batched, shared, visits,
                 o->out ? "; wrote " : "", o->out ? o->out : "");
     }
     for (int64_t k = 0; sl && k < e.slots; k++) {
@@ -708,6 +742,8 @@ int gen_run_batch(const gen_opts *o)
     free(tok);
     free(pb.slots);
     free(pb.lens);
+    free(pb.lead);
+    free(pb.lk);
     free(pb.ids);
     int rc2 = out_close(&of, o->out, !rc);
     if (!rc) rc = rc2;

@@ -13,7 +13,15 @@
 
 uint64_t gen_choice_seed(uint64_t seed, int64_t c)
 {
-    return ft_gen_record_seed(seed, c);
+    if (c == 0) return seed;
+    /* splitmix64's finalizer of the seed first: with seed ^ (a function of c) alone, and a
+     * record's seed being --seed ^ (the same function of its index), choice c of record i
+     * and choice i of record c would draw alike (seed ^ M(i) ^ M(c) both) */
+    uint64_t z = seed ^ 0x63686f696365ull; /* "choice" */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return ft_gen_record_seed(z & ((1ull << 53) - 1), c);
 }
 
 int gen_rec_stop_id(const batch_rec *x, int32_t t)

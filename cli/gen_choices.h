@@ -43,10 +43,12 @@ typedef struct gen_choice {
                                  * shape), or NULL */
 } gen_choice;
 
-/* The sampling seed of choice c of a record whose seed is `seed` (choice 0's):
- * ft_gen_record_seed(seed, c), so choice 0 samples as a one-choice request does, and choice
- * c as record c of a --prompts file run with --seed seed (vLLM's parallel sampling gives
- * child c seed + c; ftune's derivation keeps seeds below 2^53, as for records). */
+/* The sampling seed of choice c of a record whose seed is `seed` (choice 0's): choice 0
+ * samples with seed itself, as a one-choice request does; choice c > 0 with
+ * ft_gen_record_seed(h(seed), c), h splitmix64's finalizer of seed ^ 0x63686f696365 ("choice")
+ * kept to 53 bits, so that no two (record, choice) pairs of a file share a seed by
+ * construction (vLLM's parallel sampling gives child c seed + c; ftune's seeds stay below
+ * 2^53, as for records). */
 uint64_t gen_choice_seed(uint64_t seed, int64_t c);
 
 /* 1 when t is one of record x's stop token ids. */

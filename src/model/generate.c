@@ -259,6 +259,29 @@ int ft_gen_truncate_slot(ft_gen *g, int64_t slot, int64_t n_keep)
     return 0;
 }
 
+static float *kv_of(const ft_gen *g, float *base, int64_t s, int64_t l);
+
+int ft_gen_copy_slot(ft_gen *g, int64_t dst, int64_t src, int64_t n)
+{
+    if (!g || !g->past) return ft_err(FT_E_INVALID, "generate: not initialised");
+    if (dst < 0 || dst >= g->n_slots || src < 0 || src >= g->n_slots || dst == src)
+        return ft_err(FT_E_RANGE, "generate: copy of slot %lld into slot %lld, expected two slots "
+                      "of 0..%lld", (long long)src, (long long)dst, (long long)g->n_slots - 1);
+    if (n < 0 || n > g->past[src])
+        return ft_err(FT_E_RANGE, "generate: copy of %lld tokens of slot %lld, which holds %lld",
+                      (long long)n, (long long)src, (long long)g->past[src]);
+    const ft_model_config *c = &g->m->cfg;
+    const size_t bytes = (size_t)(n * c->num_key_value_heads * c->head_dim) * sizeof(float);
+    int rc = 0;
+    for (int64_t l = 0; l < c->num_hidden_layers && !rc && bytes; l++) {
+        rc = g->be->ops->copy(g->be, kv_of(g, g->kc, dst, l), kv_of(g, g->kc, src, l), bytes);
+        if (!rc) rc = g->be->ops->copy(g->be, kv_of(g, g->vc, dst, l), kv_of(g, g->vc, src, l), bytes);
+    }
+    g->past[dst] = rc ? 0 : n;
+    if (dst == 0) g->n_past = g->past[0];
+    return rc;
+}
+
 int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len) { return ft_gen_set_rope_len_slot(g, 0, seq_len); }
 
 int ft_gen_set_rope_len_slot(ft_gen *g, int64_t slot, int64_t seq_len)

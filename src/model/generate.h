@@ -137,6 +137,14 @@ void ft_gen_reset_slot(ft_gen *g, int64_t slot);
  * FT_E_INVALID (g not initialised). */
 int ft_gen_truncate_slot(ft_gen *g, int64_t slot, int64_t n_keep);
 
+/* Makes slot dst hold the first n tokens slot src holds (every layer's K and V rows, copied on
+ * the backend), as if they had been prefilled into dst: the choices of one prompt (`generate
+ * --prompts`, a batch request's "n") share one prefill. The rows carry src's RoPE table: the
+ * caller gives dst the same (ft_gen_set_rope_len_slot with the same length). Returns 0,
+ * FT_E_RANGE (a slot outside 0..n_slots-1, dst == src, n outside 0..src's tokens; nothing
+ * changes), FT_E_INVALID (g not initialised), or the backend's copy error (dst emptied). */
+int ft_gen_copy_slot(ft_gen *g, int64_t dst, int64_t src, int64_t n);
+
 /* Recomputes slot 0's (ft_gen_set_rope_len_slot: any slot's) RoPE inverse frequencies for a
  * sequence of seq_len tokens (ft_gen_init uses ctx_max). Only FT_ROPE_DYNAMIC depends on
  * it: a cache sized for several prompts then rotates each one as a cache sized for that

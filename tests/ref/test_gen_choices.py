@@ -7,7 +7,7 @@ Formats: cli/gen_batch.c's header (the output line), ft_gen_req_parse in src/mod
     usage counts the prompt once and sums the choices' completion tokens (vLLM's serving_chat /
     serving_completion);
   - n = 3 with temperature 1 and a seed: choice 0 is the n = 1 reply with that seed, choice c
-    the n = 1 reply with seed ft_gen_record_seed(seed, c) (the documented derivation, computed
+    the n = 1 reply with seed gen_choice_seed(seed, c) (the documented derivation, computed
     here); the file is the same when run twice and with --batch 4 as with --batch 1 (but for
     "created"); each choice carries its own log-probabilities; other requests keep their
     replies and the input order;
@@ -26,6 +26,7 @@ Models: the tiny-llama fixture (random weights, completions requests: raw text),
 example SmolLM2-135M-Instruct Q4_1 GGUF with chat requests (skipped when it is not cached).
 """
 import json
+import re
 
 import numpy as np
 import pytest
@@ -137,6 +138,19 @@ def record_seed(seed, i):
     return seed ^ (z & ((1 << 53) - 1))
 
 
+def choice_seed(seed, c):
+    """gen_choice_seed (cli/gen_choices.h): seed for choice 0, else record_seed(h(seed), c),
+    h splitmix64's finalizer of seed ^ 0x63686f696365 kept to 53 bits."""
+    if c == 0:
+        return seed
+    m = (1 << 64) - 1
+    z = seed ^ 0x63686f696365
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & m
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & m
+    z ^= z >> 31
+    return record_seed(z & ((1 << 53) - 1), c)
+
+
 def completion_tokens(c):
     """A choice's completion tokens from its log-probabilities: its reply tokens, plus the stop
     token when one ended it (not a stop string)."""
@@ -181,11 +195,10 @@ def test_sampled_choices(tmp_path):
     assert [x["custom_id"] for x in got] == ["a", "s", "b", "c"]
     cs = check_choices(got[1], reqs[1], 3)
     assert len({text(c) for c in cs}) > 1, "three samples at temperature 1 all alike"
-    # choice c is the one-choice reply with seed ft_gen_record_seed(seed, c): choice 0 with the
+    # choice c is the one-choice reply with seed gen_choice_seed(seed, c): choice 0 with the
     # seed itself
     singles = [completion_req("s", PROMPT, max_tokens=8, temperature=1.0,
-                              seed=record_seed(seed, c), logprobs=2) for c in range(3)]
-    assert record_seed(seed, 0) == seed
+                              seed=choice_seed(seed, c), logprobs=2) for c in range(3)]
     for c, req in enumerate(singles):
         one = run_lines(tmp_path, [req], name=f"s{c}.jsonl")[0]
         c1 = check_choices(one, req, 1)[0]
@@ -203,6 +216,22 @@ def test_sampled_choices(tmp_path):
     assert drop_created(run_lines(tmp_path, reqs, "--batch", 4)) == drop_created(got)
     assert_close(drop_created(run_lines(tmp_path, reqs, "--batch", 1)), drop_created(got))
     print("\n" + "\n".join(f"{c['index']} {c['finish_reason']} {text(c)!r}" for c in cs))
+    # with --batch 4 the three choices of "s" start together: one prefill, its cache copied to
+    # the other two (ft_gen_copy_slot), which the comparisons above hold to the single replies
+    r = ftune("--prompts", write_jsonl(tmp_path / "k.jsonl", reqs), "--batch", 4)
+    m = re.search(r"(\d+) choices' caches copied", r.stderr)
+    assert m and int(m.group(1)) >= 2, r.stderr
+
+
+def test_choices_of_equal_requests_differ(tmp_path):
+    """Two requests with the same body and no seed of their own (their seeds derived from
+    --seed and their index): their choices are not each other's (they were, swapped, when
+    choice c's seed was derived as record c's is)."""
+    req = completion_req("r0", PROMPT, n=2, max_tokens=8, temperature=1.0)
+    got = run_lines(tmp_path, [req, {**req, "custom_id": "r1"}], "--seed", 7, "--batch", 4)
+    a = [text(c) for c in body(got[0])["choices"]]
+    b = [text(c) for c in body(got[1])["choices"]]
+    assert len(set(a + b)) == 4, (a, b)
 
 
 def test_chat_choices_shape(tmp_path):
