@@ -3,6 +3,7 @@
  *
  *   ftune tokenize --model M (--text S | --texts FILE | --data FILE) [--no-special]
  *                  [--data-format NAME] [--chat-template NAME] [--train-on-prompt] [--decode]
+ *                  [--threads N]
  *
  * M is a folder with tokenizer.json (+ tokenizer_config.json) or a .gguf file.
  *   --text S      one line {"ids":[...]} (plus "text" with --decode: the ids decoded back)
@@ -16,6 +17,7 @@
  * Special tokens are added (post-processor, e.g. BOS) unless --no-special.
  * Exit codes: 0 success, 1 error (message "ftune: ..." on stderr), 2 usage.
  */
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +48,8 @@ static void usage(FILE *f)
         "  --train-on-prompt    labels on every token (with --data)\n"
         "  --preference         with --data: preference records (what --method dpo trains on); print\n"
         "                       {\"chosen\":{\"ids\",\"labels\"},\"rejected\":{...}} per pair\n"
-        "  --decode             with --text/--texts: also print the ids decoded back to text\n");
+        "  --decode             with --text/--texts: also print the ids decoded back to text\n"
+        "  --threads N          threads that encode --data's records (default: all cores)\n");
 }
 
 /* ---- output ------------------------------------------------------------------------------ */
@@ -269,6 +272,7 @@ static int is_gguf(const char *m)
 int ft_cmd_tokenize(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *texts = NULL, *data = NULL, *fmt = NULL, *tmpl = NULL;
+    const char *threads = NULL;
     int no_special = 0, train_on_prompt = 0, decode = 0, preference = 0, n_stdin = 0;
     /* the --data files in order (at most argc / 2 of them) */
     const char **files = malloc((size_t)(argc / 2 + 1) * sizeof *files);
@@ -282,7 +286,7 @@ int ft_cmd_tokenize(int argc, char **argv)
         const char **dst = !strcmp(a, "--model") ? &model : !strcmp(a, "--text") ? &text
                          : !strcmp(a, "--texts") ? &texts : !strcmp(a, "--data") ? &data
                          : !strcmp(a, "--data-format") ? &fmt : !strcmp(a, "--chat-template") ? &tmpl
-                         : NULL;
+                         : !strcmp(a, "--threads") ? &threads : NULL;
         if (dst) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "ftune: tokenize: %s needs a value\n", a);
@@ -316,6 +320,16 @@ int ft_cmd_tokenize(int argc, char **argv)
             free(files);
             return 2;
         }
+    }
+    if (threads) {
+        char *end;
+        long t = strtol(threads, &end, 10);
+        if (end == threads || *end || t < 1 || t > 4096) {
+            fprintf(stderr, "ftune: tokenize: --threads '%s': expected an integer 1..4096\n", threads);
+            free(files);
+            return 2;
+        }
+        omp_set_num_threads((int)t);
     }
     if (!model || (!!text + !!texts + !!data) != 1) {
         fprintf(stderr, "ftune: tokenize: needs --model and exactly one of --text, --texts, --data\n");
