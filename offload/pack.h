@@ -384,11 +384,11 @@ int ft_pack_ensure(const char *model, const char *cache_dir, const ft_pack_setti
  * same bytes as streaming it). loaded may be NULL or without weights (ft_model_load_deferred):
  * then as ft_pack_ensure; a folder is always streamed from its safetensors.
  * Concurrent runs sharing a cache folder (a sweep) build a pack once: the builder holds an
- * exclusive flock(2) on "<pack>.lock" (left in place: an empty file with the builder's pid)
- * while it builds; another process that finds no usable pack waits for that lock (on_wait,
- * if not NULL, is told first; info->waited_s says how long), then looks again and reuses
- * what was built (force != 0: rebuilds anyway). Where the file system has no flock, builds
- * proceed unlocked, as before. */
+ * exclusive flock(2) on "<pack>.lock" (a small file with the builder's pid, removed when it is
+ * done; one left by a killed run is harmless) while it builds; another process that finds no
+ * usable pack waits for that lock (on_wait, if not NULL, is told first; info->waited_s says
+ * how long), then looks again and reuses what was built (force != 0: rebuilds anyway). Where
+ * the file system has no flock, builds proceed unlocked, as before. */
 int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
                           const ft_pack_settings *s, int force, ft_pack_ensure_info *info,
                           ft_pack_wait_cb on_wait, void *user);

@@ -665,8 +665,10 @@ void ft_pack_wait_text(char *buf, size_t n, const char *pack_path, long pid)
 
 /* The build lock of the pack at path: an exclusive flock on "<path>.lock", waited for when
  * another process holds it (on_wait told first, with the pid it wrote there; *waited_s the
- * seconds waited, > 0 exactly when it waited). *fd_out: the lock's descriptor (closing it releases the lock), or -1 when
- * the file system has no flock (then nothing is locked). Returns 0 or an error. */
+ * seconds waited, > 0 exactly when it waited). The holder removes the file before it lets go
+ * (build_unlock), so a waiter that then gets the lock on the removed file opens the path
+ * again and locks what is there now (the inode check). *fd_out: the lock's descriptor, or -1
+ * when the file system has no flock (then nothing is locked). Returns 0 or an error. */
 static int build_lock(const char *path, ft_pack_wait_cb on_wait, void *user, int *fd_out,
                       double *waited_s)
 {
@@ -675,33 +677,50 @@ static int build_lock(const char *path, ft_pack_wait_cb on_wait, void *user, int
     *waited_s = 0;
     if (snprintf(lp, sizeof lp, "%s.lock", path) >= (int)sizeof lp)
         return ft_err(FT_E_INVALID, "%s: path too long for its build lock", path);
-    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return ft_err(-errno, "%s: cannot open the pack's build lock: %s", lp, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        if (errno != EWOULDBLOCK) { /* ENOLCK, EOPNOTSUPP: no locks here; build unlocked */
-            close(fd);
+    int told = 0;
+    for (;;) {
+        int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) return ft_err(-errno, "%s: cannot open the pack's build lock: %s", lp, strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            if (errno != EWOULDBLOCK) { /* ENOLCK, EOPNOTSUPP: no locks here; build unlocked */
+                close(fd);
+                return 0;
+            }
+            ssize_t k = pread(fd, pid, sizeof pid - 1, 0);
+            pid[k > 0 ? k : 0] = 0;
+            if (on_wait && !told++) on_wait(path, strtol(pid, NULL, 10), user);
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            while (flock(fd, LOCK_EX) != 0) {
+                if (errno == EINTR) continue;
+                int e = errno;
+                close(fd);
+                return ft_err(-e, "%s: waiting for the pack's build lock: %s", lp, strerror(e));
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            *waited_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            if (*waited_s <= 0) *waited_s = 1e-9; /* > 0: it waited */
+        }
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(lp, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+            ssize_t w = ftruncate(fd, 0) == 0 ? pwrite(fd, pid, (size_t)n, 0) : -1;
+            (void)w; /* the pid only names this process in a waiter's message */
+            *fd_out = fd;
             return 0;
         }
-        ssize_t k = pread(fd, pid, sizeof pid - 1, 0);
-        pid[k > 0 ? k : 0] = 0;
-        if (on_wait) on_wait(path, strtol(pid, NULL, 10), user);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        while (flock(fd, LOCK_EX) != 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            close(fd);
-            return ft_err(-e, "%s: waiting for the pack's build lock: %s", lp, strerror(e));
-        }
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        *waited_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        if (*waited_s <= 0) *waited_s = 1e-9; /* > 0: it waited */
+        close(fd); /* the holder removed the file it locked: lock the one at the path now */
     }
-    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    ssize_t w = ftruncate(fd, 0) == 0 ? pwrite(fd, pid, (size_t)n, 0) : -1;
-    (void)w; /* the pid only names this process in a waiter's message */
-    *fd_out = fd;
-    return 0;
+}
+
+/* Lets go of a build lock taken by build_lock: its file removed first, then the descriptor
+ * closed (a waiter on the removed file then locks the path afresh). */
+static void build_unlock(const char *path, int fd)
+{
+    if (fd < 0) return;
+    char lp[4300];
+    if (snprintf(lp, sizeof lp, "%s.lock", path) < (int)sizeof lp) unlink(lp);
+    close(fd);
 }
 
 int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char *cache_dir,
@@ -723,14 +742,14 @@ int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char 
         found = locate(model, cache_dir, s, 0, info);
         info->waited_s = waited;
         if (found) {
-            if (lock >= 0) close(lock);
+            build_unlock(info->path, lock);
             return found < 0 ? found : 0;
         }
     }
     info->waited_s = waited;
     stamp_remove(info->path);
     int rc = build_from(model, loaded, info->path, info->identity, s, &info->stats);
-    if (lock >= 0) close(lock);
+    build_unlock(info->path, lock);
     return rc < 0 ? ft_err_prefix(rc, "building the pack of %s", model) : 0;
 }
 

@@ -1307,7 +1307,7 @@ static void test_build_lock(void **state)
     assert_true(r.info.waited_s > 0.04);
     fprintf(stderr, "waited %.3f s for the holder's build, then reused it\n", r.info.waited_s);
 
-    /* 2. the holder ends without a pack: the waiter builds it, its own pid in the lock */
+    /* 2. the holder ends without a pack: the waiter builds it; the lock file is gone after */
     assert_int_equal(unlink(loc.path), 0);
     atomic_store(&r.told, 0);
     fd = hold_lock(loc.path);
@@ -1318,19 +1318,31 @@ static void test_build_lock(void **state)
     assert_int_equal(r.rc, 0);
     assert_int_equal(r.info.action, FT_PACK_BUILT);
     assert_true(r.info.waited_s > 0);
-    char lp[4400], *txt = NULL;
-    size_t len = 0;
+    char lp[4400];
     snprintf(lp, sizeof lp, "%s.lock", loc.path);
-    assert_int_equal(ft_read_file(lp, &txt, &len), 0);
-    assert_int_equal(strtol(txt, NULL, 10), (long)getpid());
-    free(txt);
+    assert_int_equal(access(lp, F_OK), -1);
     assert_true(files_equal(loc.path, built.path));
+
+    /* 2b. the holder removes its lock file before it lets go (as build_unlock does): the
+     * waiter, which got the lock on the removed file, locks the path afresh and goes on */
+    assert_int_equal(unlink(loc.path), 0);
+    atomic_store(&r.told, 0);
+    fd = hold_lock(loc.path);
+    assert_int_equal(pthread_create(&th, NULL, lock_thread, &r), 0);
+    wait_told(&r);
+    assert_int_equal(unlink(lp), 0);
+    close(fd);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(r.rc, 0);
+    assert_int_equal(r.info.action, FT_PACK_BUILT);
+    assert_int_equal(access(lp, F_OK), -1);
 
     /* 3. nobody holds it: no wait, no callback */
     atomic_store(&r.told, 0);
     assert_int_equal(ft_pack_ensure_loaded(TINY, NULL, cache, &r.s, 1, &r.info, lock_told, &r), 0);
     assert_int_equal(r.info.action, FT_PACK_REBUILT);
     assert_true(r.info.waited_s == 0 && !atomic_load(&r.told));
+    assert_int_equal(access(lp, F_OK), -1); /* nothing but the pack is left in the folder */
     assert_int_equal(t_rmtree(dir), 0);
 }
 
