@@ -69,6 +69,17 @@ sec_smoke() {
   done
   python3 -c "import json,sys; a,b=[[json.loads(l)['logprobs'] for l in open(f)] for f in sys.argv[1:]]; same=[[t['id'] for t in r] for r in a]==[[t['id'] for t in r] for r in b]; d=max([abs(x['logprob']-y['logprob']) for r,q in zip(a,b) for x,y in zip(r,q)] or [0]); print('generate --logprobs --batch 3 vs 1:', 'same tokens' if same else 'DIFFERENT TOKENS', 'max |dlogprob| %.2e' % d, 'ok' if same and d <= 1e-4 else 'OVER 1e-4')" \
     $TMPW/lp1.jsonl $TMPW/lp3.jsonl >> $OUT/smoke.log 2>&1
+  # "n": 3 choices on the device: one prefill, its K/V rows copied to the two other slots
+  # (ft_gen_copy_slot, D2D copies); greedy, so the three replies equal the one-choice reply
+  printf '{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8, "n": 3}}\n' > $TMPW/n3.jsonl
+  printf '{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8}}\n' > $TMPW/n1.jsonl
+  for k in 1 3; do
+    timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --prompts $TMPW/n$k.jsonl --device $DEV \
+      --quant nf4 --cache-dir $TMPW/smokecache --batch 3 --out $TMPW/gn$k.jsonl 2>&1 | tail -1 >> $OUT/smoke.log
+    echo "generate n=$k rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
+  done
+  python3 -c "import json,sys; t=[[c['text'] for c in json.loads(open(f).readline())['response']['body']['choices']] for f in sys.argv[1:]]; print('generate n=3 (shared prefill) vs n=1:', 'same replies' if t[1] == t[0] * 3 else 'DIFFER %r' % t)" \
+    $TMPW/gn1.jsonl $TMPW/gn3.jsonl >> $OUT/smoke.log 2>&1
   # --chat on the device: turn 2 prefills only what follows the cached prefix (ft_gen_truncate_slot)
   printf 'Hello there\nTell me more\n' | timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --chat \
     --max-new-tokens 8 --device $DEV --quant nf4 --cache-dir $TMPW/smokecache 2>&1 | grep -E 'turn [0-9]|error' >> $OUT/smoke.log
