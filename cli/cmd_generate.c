@@ -155,7 +155,7 @@ int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int6
         int32_t t;
         rc = ft_sample_next_pen(&e->smp, e->logits, seen, cnt, &t);
         if (rc) break;
-        if (gen_is_stop(e, t) || gen_id_listed(&o->stop_ids, t)) {
+        if (gen_is_stop(e, t) || gen_id_listed(o->stop_ids.v, o->stop_ids.n, t)) {
             r->stop = GEN_STOP_TOKEN; /* its text is not part of the reply (as vLLM's) */
             r->stop_tok = t;
             break;
@@ -212,7 +212,8 @@ static int print_json(const gen_env *e, const gen_opts *o, int tmpl, const gen_r
     cJSON_AddStringToObject(j, "stop", gen_stop_name(r));
     if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", o->stop.v[r->stop_str]);
     /* a --stop-token-ids token: its id, as the --prompts lines (not for the EOS) */
-    if (r->stop == GEN_STOP_TOKEN && r->stop_tok != ft_tok_eos(e->tok) && gen_id_listed(&o->stop_ids, r->stop_tok))
+    if (r->stop == GEN_STOP_TOKEN && r->stop_tok != ft_tok_eos(e->tok) &&
+        gen_id_listed(o->stop_ids.v, o->stop_ids.n, r->stop_tok))
         cJSON_AddNumberToObject(j, "stop_reason", r->stop_tok);
     gen_add_seed(j, (uint64_t)o->seed);
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);

@@ -380,7 +380,7 @@ static int slot_advance(gen_env *e, slot_run *sr, float *logits, int *fin)
     sr->rng = e->smp.rng;
     if (rc) return rc;
     sr->pending = 0;
-    if (gen_is_stop(e, t) || gen_rec_stop_id(x, t)) {
+    if (gen_is_stop(e, t) || gen_id_listed(x->stop_ids, x->n_stop_ids, t)) {
         sr->r.stop = GEN_STOP_TOKEN;
         sr->stop_tok = t;
         *fin = 1;

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "src/core/err.h"
+#include "src/core/rng.h"
 
 uint64_t gen_choice_seed(uint64_t seed, int64_t c)
 {
@@ -17,18 +18,8 @@ uint64_t gen_choice_seed(uint64_t seed, int64_t c)
     /* splitmix64's finalizer of the seed first: with seed ^ (a function of c) alone, and a
      * record's seed being --seed ^ (the same function of its index), choice c of record i
      * and choice i of record c would draw alike (seed ^ M(i) ^ M(c) both) */
-    uint64_t z = seed ^ 0x63686f696365ull; /* "choice" */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return ft_gen_record_seed(z & ((1ull << 53) - 1), c);
-}
-
-int gen_rec_stop_id(const batch_rec *x, int32_t t)
-{
-    for (int64_t i = 0; i < x->n_stop_ids; i++)
-        if (x->stop_ids[i] == t) return 1;
-    return 0;
+    const uint64_t h = ft_mix64(seed ^ 0x63686f696365ull); /* "choice" */
+    return ft_gen_record_seed(h & ((1ull << 53) - 1), c);
 }
 
 /* 16 hex digits of custom_id: FNV-1a 64 (Fowler, Noll, Vo) mixed by splitmix64's finalizer
@@ -37,10 +28,7 @@ static void id_hex(const char *s, char out[17])
 {
     uint64_t h = 0xcbf29ce484222325ull;
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
-    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-    h ^= h >> 31;
-    snprintf(out, 17, "%016llx", (unsigned long long)h);
+    snprintf(out, 17, "%016llx", (unsigned long long)ft_mix64(h));
 }
 
 /* Choice `index` of a batch request x's reply (vLLM's ChatCompletionResponseChoice /
@@ -154,7 +142,7 @@ static cJSON *plain_line(int64_t i, const batch_rec *x, gen_choice *c, int32_t e
     if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
     /* a stop token the record (or --stop-token-ids) asked for: its id, as vLLM's
      * CompletionOutput.stop_reason (not for the EOS, which vLLM checks first) */
-    if (r->stop == GEN_STOP_TOKEN && c->stop_tok != eos && gen_rec_stop_id(x, c->stop_tok))
+    if (r->stop == GEN_STOP_TOKEN && c->stop_tok != eos && gen_id_listed(x->stop_ids, x->n_stop_ids, c->stop_tok))
         cJSON_AddNumberToObject(j, "stop_reason", c->stop_tok);
     cJSON_AddNumberToObject(j, "seconds", c->seconds);
     if (x->sc.temperature > 0) gen_add_seed(j, x->sc.seed);

@@ -51,9 +51,6 @@ typedef struct gen_choice {
  * 2^53, as for records). */
 uint64_t gen_choice_seed(uint64_t seed, int64_t c);
 
-/* 1 when t is one of record x's stop token ids. */
-int gen_rec_stop_id(const batch_rec *x, int32_t t);
-
 /* Writes record i's output line to f (o->out names it in messages): the Batch API's object for
  * a batch request, its choices c[0..x->n_choices) in order; else {index, prompt, reply, ...}
  * from c[0] (cmd_generate.c's header). eos: the tokenizer's EOS id (vLLM's stop_reason is null

@@ -26,10 +26,10 @@ int gen_is_stop(const gen_env *e, int32_t t)
     return 0;
 }
 
-int gen_id_listed(const gen_id_list *l, int32_t t)
+int gen_id_listed(const int32_t *ids, int64_t n, int32_t t)
 {
-    for (int64_t i = 0; i < l->n; i++)
-        if (l->v[i] == t) return 1;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] == t) return 1;
     return 0;
 }
 

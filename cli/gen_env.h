@@ -110,8 +110,8 @@ double gen_now_s(void);
 
 /* 1 when token t ends a reply (the template's end-of-turn or an EOS id). */
 int gen_is_stop(const gen_env *e, int32_t t);
-/* 1 when t is one of l's ids (--stop-token-ids). */
-int gen_id_listed(const gen_id_list *l, int32_t t);
+/* 1 when t is one of ids[0..n) (--stop-token-ids, a record's "stop_token_ids"). */
+int gen_id_listed(const int32_t *ids, int64_t n, int32_t t);
 /* FT_E_INVALID naming (after `what`) the first of ids[0..n) that is no id of a vocabulary of
  * V tokens ("item 2: 32000 is no token id of the model ..."); 0 when all are. */
 int gen_stop_ids_check(const int32_t *ids, int64_t n, int64_t V, const char *what);

@@ -663,20 +663,18 @@ void ft_pack_wait_text(char *buf, size_t n, const char *pack_path, long pid)
              "it is reused when done", who, pack_path);
 }
 
-/* The build lock of the pack at path: an exclusive flock on "<path>.lock", waited for when
+/* The build lock of the pack at path: an exclusive flock on lp ("<path>.lock"), waited for when
  * another process holds it (on_wait told first, with the pid it wrote there; *waited_s the
  * seconds waited, > 0 exactly when it waited). The holder removes the file before it lets go
  * (build_unlock), so a waiter that then gets the lock on the removed file opens the path
  * again and locks what is there now (the inode check). *fd_out: the lock's descriptor, or -1
  * when the file system has no flock (then nothing is locked). Returns 0 or an error. */
-static int build_lock(const char *path, ft_pack_wait_cb on_wait, void *user, int *fd_out,
-                      double *waited_s)
+static int build_lock(const char *path, const char *lp, ft_pack_wait_cb on_wait, void *user,
+                      int *fd_out, double *waited_s)
 {
-    char lp[4300], pid[32] = "";
+    char pid[32] = "";
     *fd_out = -1;
     *waited_s = 0;
-    if (snprintf(lp, sizeof lp, "%s.lock", path) >= (int)sizeof lp)
-        return ft_err(FT_E_INVALID, "%s: path too long for its build lock", path);
     int told = 0;
     for (;;) {
         int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -713,13 +711,12 @@ static int build_lock(const char *path, ft_pack_wait_cb on_wait, void *user, int
     }
 }
 
-/* Lets go of a build lock taken by build_lock: its file removed first, then the descriptor
- * closed (a waiter on the removed file then locks the path afresh). */
-static void build_unlock(const char *path, int fd)
+/* Lets go of a build lock taken by build_lock on lp: its file removed first, then the
+ * descriptor closed (a waiter on the removed file then locks the path afresh). */
+static void build_unlock(const char *lp, int fd)
 {
     if (fd < 0) return;
-    char lp[4300];
-    if (snprintf(lp, sizeof lp, "%s.lock", path) < (int)sizeof lp) unlink(lp);
+    unlink(lp);
     close(fd);
 }
 
@@ -735,21 +732,24 @@ int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char 
     FT_TRY(ft_mkdir_p(dir));
     int lock;
     double waited;
-    FT_TRY(build_lock(info->path, on_wait, user, &lock, &waited));
+    char lp[4300];
+    if (snprintf(lp, sizeof lp, "%s.lock", info->path) >= (int)sizeof lp)
+        return ft_err(FT_E_INVALID, "%s: path too long for its build lock", info->path);
+    FT_TRY(build_lock(info->path, lp, on_wait, user, &lock, &waited));
     if (!force) {
         /* look again under the lock: another run may have built it meanwhile, also one that
          * finished between the look above and the lock (no wait then) */
         found = locate(model, cache_dir, s, 0, info);
         info->waited_s = waited;
         if (found) {
-            build_unlock(info->path, lock);
+            build_unlock(lp, lock);
             return found < 0 ? found : 0;
         }
     }
     info->waited_s = waited;
     stamp_remove(info->path);
     int rc = build_from(model, loaded, info->path, info->identity, s, &info->stats);
-    build_unlock(info->path, lock);
+    build_unlock(lp, lock);
     return rc < 0 ? ft_err_prefix(rc, "building the pack of %s", model) : 0;
 }
 

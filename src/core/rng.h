@@ -7,12 +7,18 @@
 
 typedef struct ft_rng { uint64_t s[4]; } ft_rng;
 
-static inline uint64_t ft_splitmix64(uint64_t *x)
+/* splitmix64's output function (Steele, Lea & Flood, OOPSLA 2014; Vigna's splitmix64.c): the
+ * two xor-shift-multiply rounds and the final xor-shift, a bijection on 64 bits. */
+static inline uint64_t ft_mix64(uint64_t z)
 {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+static inline uint64_t ft_splitmix64(uint64_t *x)
+{
+    return ft_mix64(*x += 0x9e3779b97f4a7c15ull);
 }
 
 static inline void ft_rng_seed(ft_rng *r, uint64_t seed)

@@ -11,6 +11,7 @@
 
 #include "src/core/err.h"
 #include "src/core/json.h"
+#include "src/core/rng.h"
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
 #include "src/model/gen_prompt_internal.h"
@@ -485,11 +486,8 @@ int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int f
 
 uint64_t ft_gen_record_seed(uint64_t seed, int64_t i)
 {
-    uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15ull; /* splitmix64's state after i steps */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return seed ^ (z & ((1ull << 53) - 1));
+    /* splitmix64's output after i steps from state 0 */
+    return seed ^ (ft_mix64((uint64_t)i * 0x9e3779b97f4a7c15ull) & ((1ull << 53) - 1));
 }
 
 /* ---- streaming detokenization ------------------------------------------------------------ */
