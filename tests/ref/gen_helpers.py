@@ -95,3 +95,31 @@ def streamed_budget(r, extra_gib):
     slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
     assert r.returncode == 1 and fixed and slots, r.stderr
     return f"{int((float(fixed.group(1)) + float(slots.group(2)) + extra_gib) * 1024)}M"
+
+
+def generate(*args, check=True, model=TINY):
+    """`ftune generate --model MODEL ARGS...` (600 s at most); with check, asserts exit 0."""
+    r = run_ftune(["generate", "--model", model, *args], timeout=600)
+    if check:
+        assert r.returncode == 0, f"{args}\n{r.stderr}"
+    return r
+
+
+def write_jsonl(path, recs):
+    """recs as JSONL at path (a Path); returns path."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def mix64(z):
+    """splitmix64's output function (src/core/rng.h ft_mix64) on a 64-bit integer."""
+    m = (1 << 64) - 1
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & m
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & m
+    return z ^ (z >> 31)
+
+
+def record_seed(seed, i):
+    """ft_gen_record_seed (src/model/generate.h): seed XOR (splitmix64 output i mod 2^53),
+    record 0 the seed itself."""
+    return seed ^ (mix64((i * 0x9e3779b97f4a7c15) & ((1 << 64) - 1)) & ((1 << 53) - 1))

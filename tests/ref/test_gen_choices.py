@@ -32,23 +32,11 @@ import numpy as np
 import pytest
 
 from cli_helpers import TINY, assert_clean_error, run_ftune
-from gen_helpers import example_or_skip, last_logits
+from gen_helpers import example_or_skip, generate as ftune, mix64, record_seed, write_jsonl
 
 PROMPT = "Once upon a time, in a quiet village by the sea,"
 RAW = ["Once upon a time", "The capital of France is", "Hello world"]
 QUESTION = "Write one sentence about the sea."
-
-
-def ftune(*args, check=True, model=TINY):
-    r = run_ftune(["generate", "--model", model, *args], timeout=600)
-    if check:
-        assert r.returncode == 0, f"{args}\n{r.stderr}"
-    return r
-
-
-def write_jsonl(path, recs):
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return path
 
 
 def chat_req(cid, content, **body):
@@ -128,27 +116,12 @@ def check_choices(x, req, n):
     return cs
 
 
-def record_seed(seed, i):
-    """ft_gen_record_seed (src/model/generate.h): seed XOR (splitmix64 output i mod 2^53)."""
-    m = (1 << 64) - 1
-    z = (i * 0x9e3779b97f4a7c15) & m
-    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & m
-    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & m
-    z ^= z >> 31
-    return seed ^ (z & ((1 << 53) - 1))
-
-
 def choice_seed(seed, c):
     """gen_choice_seed (cli/gen_choices.h): seed for choice 0, else record_seed(h(seed), c),
     h splitmix64's finalizer of seed ^ 0x63686f696365 kept to 53 bits."""
     if c == 0:
         return seed
-    m = (1 << 64) - 1
-    z = seed ^ 0x63686f696365
-    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & m
-    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & m
-    z ^= z >> 31
-    return record_seed(z & ((1 << 53) - 1), c)
+    return record_seed(mix64(seed ^ 0x63686f696365) & ((1 << 53) - 1), c)
 
 
 def completion_tokens(c):
@@ -386,9 +359,10 @@ def test_min_tokens_masks_stop_tokens(tmp_path, which):
     plain = run_lines(tmp_path, [rec], *flags, model=model, name="z.jsonl")[0]
     assert plain["new_tokens"] == ids.index(stop) < m and plain["stop_reason"] == stop
     # the log-probabilities are those of the unmasked logits (vLLM's raw_logprobs): at the
-    # first masked step, against numpy's log_softmax of `ftune logits`
+    # first masked step, against numpy's log_softmax of `ftune logits` (the row of the
+    # teacher-forced call above that follows prompt + ref[:j])
     j = m - 1
-    z = last_logits(tmp_path, model, prompt_ids + ref[:j]).astype(np.float64)
+    z = rows[len(prompt_ids) - 1 + j].astype(np.float64)
     lsm = z - z.max() - np.log(np.exp(z - z.max()).sum())
     assert abs(got["logprobs"][j]["logprob"] - lsm[ref[j]]) < 1e-4
     # the batch request's min_tokens: the same reply

@@ -27,7 +27,7 @@ import json
 import pytest
 
 from cli_helpers import TINY, assert_clean_error, run_ftune
-from gen_helpers import CACHED_EXAMPLE as EXAMPLE, reference_greedy
+from gen_helpers import CACHED_EXAMPLE as EXAMPLE, generate as ftune, reference_greedy, write_jsonl
 
 PROMPT = "Once upon a time, in a quiet village by the sea,"
 QUESTIONS = ["Name three colors.", "What is two plus two?", "Write a haiku about rain.",
@@ -42,18 +42,6 @@ SETTINGS = [
     {"max_tokens": 12, "repetition_penalty": 1.3, "stop": ["ing", "::"]},
     {"max_tokens": 9, "presence_penalty": 0.8, "frequency_penalty": 0.5},
 ]
-
-
-def ftune(*args, check=True, model=TINY):
-    r = run_ftune(["generate", "--model", model, *args], timeout=600)
-    if check:
-        assert r.returncode == 0, f"{args}\n{r.stderr}"
-    return r
-
-
-def write_jsonl(path, recs):
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return path
 
 
 def chat_req(cid, messages, **body):

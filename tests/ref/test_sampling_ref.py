@@ -26,7 +26,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from gen_helpers import reference_greedy
+from gen_helpers import record_seed, reference_greedy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -292,16 +292,6 @@ def test_config_and_bad_flags(tmp_path):
 
 # ---------------------------------------------------------------------------------------
 # per-record settings in a --prompts file (vLLM's one SamplingParams per prompt)
-
-def record_seed(seed, i):
-    """ft_gen_record_seed: seed XOR (splitmix64 output i mod 2^53), record 0 the seed itself."""
-    m = (1 << 64) - 1
-    z = (i * 0x9E3779B97F4A7C15) & m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    z ^= z >> 31
-    return seed ^ (z & ((1 << 53) - 1))
-
 
 # record key -> the flag it replaces
 FLAG_OF = {"max_new_tokens": "--max-new-tokens", "max_tokens": "--max-new-tokens",
