@@ -6,7 +6,9 @@
  *
  * Masks follow TRL SFTTrainer (formats.md 8.2): the rendered text is tokenized once, and each
  * boundary between untrained and trained text is mapped to a token index by tokenizing the
- * prefix before it (the prompt/prompt+completion method of TRL and Stanford Alpaca). Where a
+ * prefix before it (the prompt/prompt+completion method of TRL and Stanford Alpaca; the
+ * prefixes go through a piece memo of the whole text, tokenizer.h ft_tok_memo, so the pieces
+ * before a boundary are not encoded again: the same ids, faster). Where a
  * token straddles a boundary (the prefix's last token merges with the text after it, e.g.
  * "\n" + " Paris" -> "\n " in byte-level BPE), it is trained: a token is trained when it
  * overlaps trained text, as transformers' return_assistant_tokens_mask decides.
@@ -448,11 +450,18 @@ static int encode_text(ft_example *ex, const ft_chat_text *t, int add_special, i
 {
     int32_t *ids = NULL, *lab = NULL, *pre = NULL;
     int64_t n = 0, np;
-    int rc = ft_tok_encode_cached(tok, tc, t->text ? t->text : "", t->n, add_special, &ids, &n);
-    if (rc < 0) return rc;
+    /* the prefixes below share the text's pieces up to each boundary: a memo encodes each
+     * shared piece once (a conversation of k turns costs about two encodes, not k) */
+    ft_tok_memo *memo = !train_all && t->n_seg > 1 && t->text ? ft_tok_memo_new() : NULL;
+    int rc = ft_tok_encode_memo(tok, tc, memo, t->text ? t->text : "", t->n, add_special, &ids, &n);
+    if (rc < 0) {
+        ft_tok_memo_free(memo);
+        return rc;
+    }
     lab = malloc((size_t)(n ? n : 1) * sizeof *lab);
     if (!lab) {
         free(ids);
+        ft_tok_memo_free(memo);
         return ft_err(-ENOMEM, "out of memory");
     }
     for (int64_t i = 0; i < n; i++) lab[i] = train_all ? ids[i] : FT_IGNORE_INDEX;
@@ -465,7 +474,7 @@ static int encode_text(ft_example *ex, const ft_chat_text *t, int add_special, i
                 end = n;
             } else {
                 size_t b = t->seg[s + 1].off;
-                rc = ft_tok_encode_cached(tok, tc, t->text, b, add_special, &pre, &np);
+                rc = ft_tok_encode_memo(tok, tc, memo, t->text, b, add_special, &pre, &np);
                 if (rc < 0) break;
                 int64_t k = 0;
                 while (k < np && k < n && pre[k] == ids[k]) k++;
@@ -484,6 +493,7 @@ static int encode_text(ft_example *ex, const ft_chat_text *t, int add_special, i
             prev = end;
         }
     }
+    ft_tok_memo_free(memo);
     if (rc < 0) {
         free(ids);
         free(lab);

@@ -208,20 +208,138 @@ int tk_out_push(tk_ctx *c, int32_t id)
     return 0;
 }
 
-static int encode(const ft_tokenizer *t, tk_ctx *c, const char *text, size_t len, int add_special)
+/* Normalization, the normalized added tokens, pre-tokenization and the model step over the
+ * pieces in c->a, ids appended to c->out. */
+static int encode_pieces(const ft_tokenizer *t, tk_ctx *c)
+{
+    FT_TRY(tk_normalize_pieces(t, c));
+    FT_TRY(tk_pretokenize(t, c));
+    for (int64_t i = 0; i < c->a.n; i++) {
+        tk_piece p = c->a.v[i];
+        if (p.id >= 0) FT_TRY(tk_out_push(c, p.id));
+        else FT_TRY(tk_model_word(t, c, p.off, p.n));
+    }
+    return 0;
+}
+
+/* ---- the piece memo (tokenizer.h ft_tok_memo) ------------------------------------------- */
+
+/* One text piece of the recorded text (between raw added tokens): its place, its origin0
+ * flag and its ids (ids[ids_off, ids_off + n_ids) of the memo). */
+typedef struct memo_piece { size_t off, n; int64_t ids_off, n_ids; uint8_t origin0; } memo_piece;
+
+struct ft_tok_memo {
+    const char *text;         /* the recorded text, NULL before the first call */
+    size_t len;
+    int add_special;
+    memo_piece *p; int64_t n_p, cap_p;
+    int32_t *ids; int64_t n_ids, cap_ids;
+};
+
+ft_tok_memo *ft_tok_memo_new(void) { return calloc(1, sizeof(ft_tok_memo)); }
+
+void ft_tok_memo_reset(ft_tok_memo *m)
+{
+    if (!m) return;
+    m->text = NULL;
+    m->len = 0;
+    m->n_p = m->n_ids = 0;
+}
+
+void ft_tok_memo_free(ft_tok_memo *m)
+{
+    if (!m) return;
+    free(m->p);
+    free(m->ids);
+    free(m);
+}
+
+static int memo_put(ft_tok_memo *m, tk_piece p, const int32_t *ids, int64_t n)
+{
+    if (m->n_p == m->cap_p) {
+        int64_t cap = m->cap_p ? m->cap_p * 2 : 16;
+        void *q = realloc(m->p, (size_t)cap * sizeof *m->p);
+        if (!q) return -ENOMEM;
+        m->p = q;
+        m->cap_p = cap;
+    }
+    if (m->n_ids + n > m->cap_ids) {
+        int64_t cap = m->cap_ids ? m->cap_ids : 256;
+        while (cap < m->n_ids + n) cap *= 2;
+        void *q = realloc(m->ids, (size_t)cap * sizeof *m->ids);
+        if (!q) return -ENOMEM;
+        m->ids = q;
+        m->cap_ids = cap;
+    }
+    if (n) memcpy(m->ids + m->n_ids, ids, (size_t)n * sizeof *ids);
+    m->p[m->n_p++] = (memo_piece){p.off, p.n, m->n_ids, n, p.origin0};
+    m->n_ids += n;
+    return 0;
+}
+
+/* The recorded piece at exactly p's place, or NULL; *cur walks the recorded pieces in order
+ * (the pieces of a text come in increasing offsets). */
+static const memo_piece *memo_find(const ft_tok_memo *m, tk_piece p, int64_t *cur)
+{
+    while (*cur < m->n_p && m->p[*cur].off < p.off) (*cur)++;
+    if (*cur == m->n_p) return NULL;
+    const memo_piece *q = &m->p[*cur];
+    return q->off == p.off && q->n == p.n && q->origin0 == p.origin0 ? q : NULL;
+}
+
+/* After the raw added-token split: each text piece on its own (every later stage acts on one
+ * piece at a time, so the ids are the same as all pieces at once), recorded into m, or, when
+ * m holds a text this one is a prefix of, taken from it where a piece is the same. */
+static int encode_memo(const ft_tokenizer *t, tk_ctx *c, ft_tok_memo *m, int reuse)
+{
+    int64_t n = c->a.n, cur = 0;
+    tk_piece *raw = malloc((size_t)(n ? n : 1) * sizeof *raw);
+    if (!raw) return -ENOMEM;
+    if (n) memcpy(raw, c->a.v, (size_t)n * sizeof *raw);
+    int rc = 0;
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        tk_piece p = raw[i];
+        if (p.id >= 0) {
+            rc = tk_out_push(c, p.id);
+            continue;
+        }
+        const memo_piece *q = reuse ? memo_find(m, p, &cur) : NULL;
+        if (q) {
+            for (int64_t k = 0; k < q->n_ids && rc == 0; k++) rc = tk_out_push(c, m->ids[q->ids_off + k]);
+            continue;
+        }
+        int64_t n0 = c->n_out;
+        c->a.n = 0;
+        rc = tk_pieces_push(&c->a, p.off, p.n, -1, p.origin0);
+        if (rc == 0) rc = encode_pieces(t, c);
+        if (rc == 0 && !reuse) rc = memo_put(m, p, c->out + n0, c->n_out - n0);
+    }
+    free(raw);
+    return rc;
+}
+
+static int encode(const ft_tokenizer *t, tk_ctx *c, ft_tok_memo *m, const char *text, size_t len,
+                  int add_special)
 {
     if (!(c->md = pcre2_match_data_create(1, NULL))) return -ENOMEM;
     FT_TRY(tk_buf_put(&c->w, text, len));
     FT_TRY(tk_pieces_push(&c->a, 0, len, -1, 1));
     FT_TRY(tk_split_added(t, c, &t->m_raw));
-    FT_TRY(tk_normalize_pieces(t, c));
-    FT_TRY(tk_pretokenize(t, c));
     if (add_special)
         for (int64_t i = 0; i < t->n_post_pre; i++) FT_TRY(tk_out_push(c, t->post_pre[i]));
-    for (int64_t i = 0; i < c->a.n; i++) {
-        tk_piece p = c->a.v[i];
-        if (p.id >= 0) FT_TRY(tk_out_push(c, p.id));
-        else FT_TRY(tk_model_word(t, c, p.off, p.n));
+    if (!m) {
+        FT_TRY(encode_pieces(t, c));
+    } else {
+        /* the bytes at a recorded place are the same when text is the recorded pointer and
+         * no longer (the caller's promise: the text is not changed between the calls) */
+        int reuse = m->text && m->text == text && len <= m->len && m->add_special == add_special;
+        if (!reuse) {
+            ft_tok_memo_reset(m);
+            m->text = text;
+            m->len = len;
+            m->add_special = add_special;
+        }
+        FT_TRY(encode_memo(t, c, m, reuse));
     }
     if (add_special)
         for (int64_t i = 0; i < t->n_post_suf; i++) FT_TRY(tk_out_push(c, t->post_suf[i]));
@@ -237,11 +355,17 @@ int ft_tok_encode(const ft_tokenizer *t, const char *text, size_t len, int add_s
 int ft_tok_encode_cached(const ft_tokenizer *t, ft_tok_cache *cache, const char *text, size_t len,
                          int add_special, int32_t **ids, int64_t *n)
 {
+    return ft_tok_encode_memo(t, cache, NULL, text, len, add_special, ids, n);
+}
+
+int ft_tok_encode_memo(const ft_tokenizer *t, ft_tok_cache *cache, ft_tok_memo *memo,
+                       const char *text, size_t len, int add_special, int32_t **ids, int64_t *n)
+{
     *ids = NULL;
     *n = 0;
     if (!t || (!text && len)) return ft_err(FT_E_INVALID, "ft_tok_encode: NULL tokenizer or text");
     tk_ctx c = {.cache = cache};
-    int rc = encode(t, &c, text ? text : "", len, add_special);
+    int rc = encode(t, &c, text ? memo : NULL, text ? text : "", len, add_special);
     if (rc == 0 && !c.out && !(c.out = malloc(sizeof *c.out))) rc = -ENOMEM;
     if (rc == 0) {
         *ids = c.out;

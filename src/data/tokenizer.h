@@ -69,6 +69,25 @@ void ft_tok_cache_stats(const ft_tok_cache *c, uint64_t *hits, uint64_t *misses,
 int ft_tok_encode_cached(const ft_tokenizer *t, ft_tok_cache *c, const char *text, size_t len,
                          int add_special, int32_t **ids, int64_t *n);
 
+/* A memo of one text's pieces for encoding that text's prefixes (src/data/tokenizer.c): the
+ * encode pipeline splits a text at the added tokens written in it (formats.md 6) and runs
+ * every later stage (normalizer, pre-tokenizer, model) on each piece alone, so a prefix
+ * text[0, b) shares its pieces with text up to the one that b cuts (or an added token near
+ * b that no longer matches), and their ids. ft_tok_encode_memo with an empty memo encodes
+ * text and records its pieces; a later call with the same text pointer, the same add_special
+ * and len no greater than the first call's encodes only the pieces that differ. The ids are
+ * always those of ft_tok_encode. The caller must not change the text between the calls
+ * (the memo compares places, not bytes). ft_tok_memo_reset empties it; NULL when out of
+ * memory. Not thread-safe: one memo per thread. */
+typedef struct ft_tok_memo ft_tok_memo;
+ft_tok_memo *ft_tok_memo_new(void);
+void ft_tok_memo_reset(ft_tok_memo *m); /* NULL-safe */
+void ft_tok_memo_free(ft_tok_memo *m);  /* NULL-safe */
+
+/* ft_tok_encode_cached through memo m (NULL: none), above. The same ids and errors. */
+int ft_tok_encode_memo(const ft_tokenizer *t, ft_tok_cache *c, ft_tok_memo *m, const char *text,
+                       size_t len, int add_special, int32_t **ids, int64_t *n);
+
 /* Decodes ids to UTF-8 (malloc'ed, NUL-terminated). skip_special drops special tokens. */
 int ft_tok_decode(const ft_tokenizer *t, const int32_t *ids, int64_t n, int skip_special,
                   char **text);

@@ -3,12 +3,18 @@
  * every word and with one so small that it is emptied again and again, on the Llama-2
  * (SentencePiece-style BPE, byte fallback) and Llama-3 (byte-level BPE) tokenizers, over text
  * drawn from a pool of words, numbers, punctuation, multi-byte and invalid UTF-8, special
- * tokens written literally, and words longer than the cache takes. */
+ * tokens written literally, and words longer than the cache takes. The piece memo
+ * (ft_tok_memo): every prefix of a text encoded through a memo of the whole text gives
+ * ft_tok_encode's ids of that prefix, cut at every byte (inside a UTF-8 character, inside an
+ * added token, beside tokens that strip the spaces around them or match single words only),
+ * and encodes fewer words than without it. */
 #include "tests/unit/harness.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "src/core/rng.h"
 #include "src/data/tokenizer.h"
@@ -126,12 +132,156 @@ static void test_hits(void **state)
     ft_tok_free(t);
 }
 
+/* A BPE tokenizer whose added tokens strip spaces ([M]: lstrip and rstrip), match whole
+ * words only (cc), or are matched after normalization (<n>), with a Metaspace pre-tokenizer
+ * that prepends its space to the first piece only. */
+static const char MEMO_JSON[] =
+    "{\"version\":\"1.0\",\"added_tokens\":["
+    "{\"id\":20,\"content\":\"<x>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true},"
+    "{\"id\":21,\"content\":\"[M]\",\"single_word\":false,\"lstrip\":true,\"rstrip\":true,\"normalized\":false,\"special\":false},"
+    "{\"id\":22,\"content\":\"cc\",\"single_word\":true,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":false},"
+    "{\"id\":23,\"content\":\"<n>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":true,\"special\":false}],"
+    "\"normalizer\":null,"
+    "\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\u2581\",\"prepend_scheme\":\"first\",\"split\":true},"
+    "\"post_processor\":null,\"decoder\":null,"
+    "\"model\":{\"type\":\"BPE\",\"unk_token\":\"?\",\"fuse_unk\":true,\"byte_fallback\":false,"
+    "\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"abc\":4,\"?\":7,\"\u2581\":8,\"\u2581a\":9,\"\u2581ab\":10},"
+    "\"merges\":[[\"a\",\"b\"],[\"ab\",\"c\"],[\"\u2581\",\"a\"],[\"\u2581a\",\"b\"]]}}";
+
+static const char *const MEMO_POOL[] = {"a", "b", "c", "ab", " ", "  ", "<x>", "[M]", "cc",
+                                        " cc ", "<n>", "<", "[", "abc", "\xc3\xa9", "\n"};
+
+static char *memo_text(ft_rng *r, const char *const *pool, size_t npool, size_t words, size_t *n)
+{
+    size_t cap = 1, k = 0;
+    for (size_t i = 0; i < npool; i++) cap += strlen(pool[i]);
+    char *s = malloc(cap * words);
+    for (size_t i = 0; i < words; i++) {
+        const char *w = pool[ft_rng_next(r) % npool];
+        size_t l = strlen(w);
+        memcpy(s + k, w, l);
+        k += l;
+    }
+    s[k] = 0;
+    *n = k;
+    return s;
+}
+
+/* Every cut of texts from pool through one memo of the whole text equals ft_tok_encode of the
+ * cut; the cuts taken in increasing order, then the whole text again, then cuts in a random
+ * order (the memo keeps the whole text's pieces). */
+static void memo_same_ids(const ft_tokenizer *t, const char *name, const char *const *pool,
+                          size_t npool, int texts)
+{
+    ft_rng r;
+    ft_rng_seed(&r, 11);
+    ft_tok_memo *m = ft_tok_memo_new();
+    assert_non_null(m);
+    for (int it = 0; it < texts; it++) {
+        size_t n;
+        char *s = memo_text(&r, pool, npool, 1 + ft_rng_next(&r) % 24, &n);
+        int sp = it & 1;
+        ft_tok_memo_reset(m);
+        for (int pass = 0; pass < 2; pass++) {
+            for (size_t k = 0; k <= n + 1; k++) {
+                /* k = 0 is the whole text (recorded on the first pass), then the cuts */
+                size_t b = k == 0 ? n : pass == 0 ? k - 1 : ft_rng_next(&r) % (n + 1);
+                int32_t *a, *c;
+                int64_t na, nc;
+                assert_int_equal(ft_tok_encode(t, s, b, sp, &a, &na), 0);
+                assert_int_equal(ft_tok_encode_memo(t, NULL, m, s, b, sp, &c, &nc), 0);
+                if (na != nc || memcmp(a, c, (size_t)na * sizeof *a))
+                    fail_msg("%s: memo ids differ for the first %zu bytes of \"%s\"", name, b, s);
+                free(a);
+                free(c);
+            }
+        }
+        free(s);
+    }
+    ft_tok_memo_free(m);
+}
+
+static void test_memo(void **state)
+{
+    (void)state;
+    ft_tokenizer *t;
+    const char *dirs[] = {"tests/fixtures/tokenizers/llama2", "tests/fixtures/tokenizers/llama3"};
+    for (int d = 0; d < 2; d++) {
+        assert_int_equal(ft_tok_load_dir(&t, dirs[d]), 0);
+        memo_same_ids(t, dirs[d], POOL, sizeof POOL / sizeof *POOL, 24);
+        ft_tok_free(t);
+    }
+    char dir[] = "/tmp/ftune_memo_XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(MEMO_JSON, f);
+    fclose(f);
+    assert_int_equal(ft_tok_load_dir(&t, dir), 0);
+    unlink(path);
+    rmdir(dir);
+    memo_same_ids(t, "added-token tokenizer", MEMO_POOL, sizeof MEMO_POOL / sizeof *MEMO_POOL, 300);
+    ft_tok_free(t);
+}
+
+/* The memo's point: the prefixes of a text of many pieces (turns between added tokens) reuse
+ * the whole text's pieces, so the model step sees far fewer words (counted by a cache's
+ * lookups); a text at another address, or longer than the recorded one, is encoded whole. */
+static void test_memo_reuses(void **state)
+{
+    (void)state;
+    ft_tokenizer *t;
+    assert_int_equal(ft_tok_load_dir(&t, "tests/fixtures/tokenizers/llama3"), 0);
+    char s[4096];
+    size_t n = 0;
+    for (int i = 0; i < 8; i++)
+        n += (size_t)snprintf(s + n, sizeof s - n, "<|start_header_id|>user<|end_header_id|>\n\n"
+                              "Question %d: what is the capital of country %d?<|eot_id|>", i, i);
+    ft_tok_memo *m = ft_tok_memo_new();
+    uint64_t lookups[2];
+    for (int use = 0; use < 2; use++) {
+        ft_tok_cache *c = ft_tok_cache_new(4096);
+        int32_t *ids;
+        int64_t k;
+        ft_tok_memo_reset(m);
+        for (size_t b = n; b > 0; b -= 37) {
+            assert_int_equal(ft_tok_encode_memo(t, c, use ? m : NULL, s, b, 1, &ids, &k), 0);
+            free(ids);
+            if (b < 37) break;
+        }
+        uint64_t h, mi, re;
+        ft_tok_cache_stats(c, &h, &mi, &re);
+        lookups[use] = h + mi;
+        ft_tok_cache_free(c);
+    }
+    fprintf(stderr, "model-step words for 20 prefixes: %llu without the memo, %llu with it\n",
+            (unsigned long long)lookups[0], (unsigned long long)lookups[1]);
+    assert_true(lookups[1] * 4 < lookups[0]);
+    /* a copy of the text (another address) is not taken from the memo: still right */
+    char *copy = strdup(s);
+    int32_t *a, *b;
+    int64_t na, nb;
+    assert_int_equal(ft_tok_encode(t, copy, n / 2, 0, &a, &na), 0);
+    assert_int_equal(ft_tok_encode_memo(t, NULL, m, copy, n / 2, 0, &b, &nb), 0);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, (size_t)na * sizeof *a);
+    free(a);
+    free(b);
+    free(copy);
+    ft_tok_memo_free(m);
+    ft_tok_memo_free(NULL);
+    ft_tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_llama3),
         cmocka_unit_test(test_hits),
+        cmocka_unit_test(test_memo),
+        cmocka_unit_test(test_memo_reuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
