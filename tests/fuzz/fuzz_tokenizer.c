@@ -4,7 +4,9 @@
  * Input: tokenizer.json, optionally followed by FUZZ_SEP and tokenizer_config.json.
  * Per input: ft_tok_load_dir on a folder holding them; on success every fixed text below is
  * encoded with and without special tokens and decoded both ways, each id must be inside
- * the vocabulary, and the lookups (ft_tok_id/str, bos/eos, chat template detection) run.
+ * the vocabulary, and the lookups (ft_tok_id/str, bos/eos, chat template detection) run;
+ * every prefix of the special-token text encoded through a piece memo of the whole text
+ * (ft_tok_memo) must give ft_tok_encode's ids of that prefix (abort otherwise).
  * Seeds: tests/fuzz/corpus/tokenizer/ (minimized Llama-2 SentencePiece-style and Llama-3
  * byte-level tokenizers plus one per normalizer / pre-tokenizer / decoder type). */
 #include <stdint.h>
@@ -60,6 +62,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             free(ids);
         }
     }
+    /* the piece memo against plain encodes of every cut, whatever the added tokens' flags */
+    ft_tok_memo *m = ft_tok_memo_new();
+    const char *mt = k_texts[2];
+    size_t mn = strlen(mt);
+    for (size_t b = mn + 1; m && b-- > 0;) {
+        int32_t *a = NULL, *c = NULL;
+        int64_t na = 0, nc = 0;
+        int ra, rc2;
+        FUZZ_CALL(ra, ft_tok_encode_memo(t, NULL, m, mt, b, 1, &a, &na));
+        FUZZ_CALL(rc2, ft_tok_encode(t, mt, b, 1, &c, &nc));
+        if (ra == 0 && rc2 == 0 && (na != nc || memcmp(a, c, (size_t)na * sizeof *a))) {
+            fprintf(stderr, "fuzz_tokenizer: memo ids differ for the first %zu bytes\n", b);
+            abort();
+        }
+        free(a);
+        free(c);
+    }
+    ft_tok_memo_free(m);
     const char *probe[] = {"<s>", "</s>", "<unk>", "<|eot_id|>", "a", ""};
     for (size_t k = 0; k < sizeof probe / sizeof probe[0]; k++) {
         int32_t id = ft_tok_id(t, probe[k]);
