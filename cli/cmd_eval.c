@@ -1,44 +1,174 @@
 /* cmd_eval.c - `ftune eval --model M --data F [--data F2 ...] [--adapter DIR]`: mean token
  * loss and perplexity over every record of the files (the same masks as training), one JSON
- * line. With --method dpo the files hold preference records and the line has the mean DPO
- * pair loss and TRL's reward metrics of the adapter against the reference: the base model, or
- * the base with --ref-adapter (src/train/dpo.h; the reference-free losses need none). */
+ * line. --per-example FILE also writes each example's loss, one JSON line per example in
+ * data-file order (per-sample losses, as lm-evaluation-harness and transformers' Trainer
+ * predict give them). With --method dpo the files hold preference records and the line has
+ * the mean DPO pair loss and TRL's reward metrics of the adapter against the reference: the
+ * base model, or the base with --ref-adapter (src/train/dpo.h; the reference-free losses need
+ * none). */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
 
 #include "cli/args.h"
 #include "cli/opt_parse.h"
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "src/core/err.h"
+#include "src/core/fsutil.h"
 #include "src/data/dataset.h"
 #include "src/train/dpo_run.h"
 #include "src/train/trainer.h"
 
-/* SFT: the mean token loss of every example of ds (packed as training packs them). */
+/* SFT: the mean token loss of every example of ds (packed as training packs them): *loss,
+ * *tokens and their summed loss *nll. With ex_nll and ex_tok (n_train each, else NULL), each
+ * example's summed loss and target count too: the heads of its rows alone
+ * (ft_exec_eval_spans), from the same forward as the micro-batch's head, which still gives
+ * the totals, so that these are the same with or without them. */
 static int eval_tokens(ft_session *s, const ft_dataset *ds, int64_t seq_len, int64_t batch,
-                       double *loss, int64_t *tokens)
+                       double *loss, int64_t *tokens, double *nll, double *ex_nll, int64_t *ex_tok)
 {
     ft_batch *b = NULL;
-    int64_t nb = 0;
+    int64_t nb = 0, most = 1;
+    int64_t *spans = NULL, *btok = NULL;
+    double *bnll = NULL;
     int rc = ft_pack(&b, &nb, ds->train, ds->n_train, seq_len, batch, 0);
+    for (int64_t i = 0; i < nb; i++) most = b[i].n_ex > most ? b[i].n_ex : most;
+    if (!rc && ex_nll) { /* one micro-batch's spans and values, sized once */
+        spans = malloc((size_t)(2 * most) * sizeof *spans);
+        bnll = malloc((size_t)most * sizeof *bnll);
+        btok = malloc((size_t)most * sizeof *btok);
+        if (!spans || !bnll || !btok) rc = ft_err(-ENOMEM, "out of memory for per-example losses");
+    }
     if (!rc) rc = ft_session_plan(s, batch * seq_len);
     double sum = 0;
     int64_t cnt = 0;
     for (int64_t i = 0; !rc && i < nb; i++) {
         double ls;
         int64_t nv;
-        rc = ft_exec_eval(&s->ex, &b[i], &ls, &nv);
+        if (ex_nll) {
+            int64_t t0 = 0;
+            for (int64_t k = 0; k < b[i].n_ex; k++) { /* the examples lie back to back */
+                spans[2 * k] = t0;
+                spans[2 * k + 1] = ds->train[b[i].ex_index[k]].n;
+                t0 += spans[2 * k + 1];
+            }
+            rc = ft_exec_eval_spans(&s->ex, &b[i], spans, b[i].n_ex, bnll, btok, &ls, &nv);
+            for (int64_t k = 0; !rc && k < b[i].n_ex; k++) {
+                ex_nll[b[i].ex_index[k]] = bnll[k];
+                ex_tok[b[i].ex_index[k]] = btok[k];
+            }
+        } else {
+            rc = ft_exec_eval(&s->ex, &b[i], &ls, &nv);
+        }
         sum += ls;
         cnt += nv;
     }
     *loss = cnt ? sum / cnt : NAN;
     *tokens = cnt;
+    *nll = sum;
+    free(spans);
+    free(bnll);
+    free(btok);
     ft_batches_free(b, nb);
     return rc;
+}
+
+/* A JSON number, or null when x is not finite (JSON has no NaN). */
+static int put_num(char *buf, size_t n, double x)
+{
+    return isfinite(x) ? snprintf(buf, n, "%.17g", x) : snprintf(buf, n, "null");
+}
+
+/* The --per-example lines of ds (its examples in data-file order: eval loads without a
+ * shuffle or split) from ex_nll/ex_tok, into path: a temporary name in its folder, fsynced,
+ * renamed (ft_write_file_atomic), or standard output for "-". paths: the --data files, as
+ * ft_example.file indexes them. Returns 0, -ENOMEM, -errno naming the path. */
+static int write_per_example(const char *path, const ft_str_list *paths, const ft_dataset *ds,
+                             const double *ex_nll, const int64_t *ex_tok)
+{
+    char **name = calloc((size_t)paths->n, sizeof *name); /* each path as a JSON string */
+    size_t cap = 4096, len = 0;
+    char *out = malloc(cap);
+    int rc = name && out ? 0 : ft_err(-ENOMEM, "out of memory for the per-example lines");
+    for (int64_t f = 0; !rc && f < paths->n; f++) {
+        cJSON *j = cJSON_CreateString(paths->v[f]);
+        name[f] = j ? cJSON_PrintUnformatted(j) : NULL;
+        cJSON_Delete(j);
+        if (!name[f]) rc = ft_err(-ENOMEM, "out of memory for the per-example lines");
+    }
+    for (int64_t i = 0; !rc && i < ds->n_train; i++) {
+        const ft_example *e = &ds->train[i];
+        char loss[32], nll[32];
+        put_num(loss, sizeof loss, ex_tok[i] ? ex_nll[i] / (double)ex_tok[i] : NAN);
+        put_num(nll, sizeof nll, ex_nll[i]);
+        size_t need = strlen(name[e->file]) + 256; /* the rest is 69 + at most 93 bytes */
+        if (len + need > cap) {
+            size_t nc = 2 * cap + need;
+            char *p = realloc(out, nc);
+            if (!p) {
+                rc = ft_err(-ENOMEM, "out of memory for the per-example lines");
+                break;
+            }
+            out = p;
+            cap = nc;
+        }
+        len += (size_t)snprintf(out + len, cap - len,
+                                "{\"file\": %s, \"record\": %lld, \"tokens\": %lld, \"loss\": %s, "
+                                "\"nll\": %s, \"truncated\": %s}\n", name[e->file],
+                                (long long)e->record, (long long)ex_tok[i], loss, nll,
+                                e->truncated ? "true" : "false");
+    }
+    if (!rc && !strcmp(path, "-")) {
+        if (fwrite(out, 1, len, stdout) != len || fflush(stdout) != 0)
+            rc = ft_err(-EIO, "--per-example: writing to standard output failed");
+    } else if (!rc) {
+        rc = ft_write_file_atomic(path, out, len);
+    }
+    for (int64_t f = 0; name && f < paths->n; f++) free(name[f]);
+    free(name);
+    free(out);
+    return rc;
+}
+
+/* --per-example FILE's checks before any work: a name, not a folder, in a folder that
+ * exists, and none of the --data files. Returns 0 or prints "ftune: ..." and returns 1. */
+static int per_example_path_ok(const char *path, const ft_str_list *data)
+{
+    if (!strcmp(path, "-")) return 0;
+    struct stat st, sd;
+    if (!*path || path[strlen(path) - 1] == '/' || ft_is_dir(path) == 1) {
+        fprintf(stderr, "ftune: --per-example '%s': expected a file name (or - for standard output)\n", path);
+        return 1;
+    }
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (slash && (size_t)(slash - path) >= sizeof dir) {
+        fprintf(stderr, "ftune: --per-example %s: path too long\n", path);
+        return 1;
+    }
+    if (slash == path) snprintf(dir, sizeof dir, "/");
+    else if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else snprintf(dir, sizeof dir, ".");
+    if (ft_is_dir(dir) != 1) {
+        fprintf(stderr, "ftune: --per-example %s: the folder %s does not exist\n", path, dir);
+        return 1;
+    }
+    if (stat(path, &st) == 0)
+        for (int64_t i = 0; i < data->n; i++)
+            if (!ft_input_is_stdin(data->v[i]) && stat(data->v[i], &sd) == 0 &&
+                st.st_dev == sd.st_dev && st.st_ino == sd.st_ino) {
+                fprintf(stderr, "ftune: --per-example %s is the --data file %s: it would be replaced\n",
+                        path, data->v[i]);
+                return 1;
+            }
+    return 0;
 }
 
 /* DPO: the pairs of ds scored with the session's adapter (from `adapter`) against the
@@ -80,18 +210,29 @@ static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapte
     return rc;
 }
 
-/* The model, adapter and data of the command, then eval_tokens (dpo NULL) or eval_pairs. */
+/* What run_eval found: the DPO stats (pst), or the SFT totals and the data's counts. */
+typedef struct eval_out {
+    double loss, nll;            /* mean (DPO: mean pair loss) and summed token loss (SFT) */
+    int64_t tokens;              /* targets scored (DPO: completion tokens read) */
+    int64_t examples, skipped, dropped; /* SFT: examples scored, bad records skipped,
+                                         * examples left without a scored token by --seq-len */
+} eval_out;
+
+/* The model, adapter and data of the command, then eval_tokens (dpo NULL) or eval_pairs;
+ * with per_example (SFT), eval_tokens' per-example values written there (write_per_example). */
 /* quant, cache_dir, budget (--gpu-mem, --host-mem): as ft_session_open_quant takes them. */
 static int run_eval(const char *model, const char *adapter, const char *ref_adapter,
                     const char *quant, const char *cache_dir, const int64_t budget[2],
                     const ft_str_list *data, ft_data_cfg *dc,
                     int64_t batch, const char *device, int threads, const ft_dpo_cfg *dpo,
-                    ft_dpo_stats *pst, double *loss, int64_t *tokens)
+                    const char *per_example, ft_dpo_stats *pst, eval_out *o)
 {
     ft_session s;
     ft_tokenizer *tok = NULL;
     ft_dataset ds;
     memset(&ds, 0, sizeof ds);
+    double *ex_nll = NULL;
+    int64_t *ex_tok = NULL;
     int qcorr = 0;
     /* the executor is planned once the batches' size is known (eval_tokens, eval_pairs) */
     int rc = ft_session_open_quant(&s, model, adapter, device, threads, quant, cache_dir, budget[0],
@@ -106,8 +247,22 @@ static int run_eval(const char *model, const char *adapter, const char *ref_adap
         dc->seq_len = s.model->cfg.max_position_embeddings < 2048 ? s.model->cfg.max_position_embeddings : 2048;
     if (!rc) rc = ft_dataset_load_files(&ds, data->v, data->n, dc, tok);
     if (!rc && ds.n_train == 0) rc = ft_err(FT_E_INVALID, "%s: no examples to evaluate", data->v[0]);
-    if (!rc) rc = dpo ? eval_pairs(&s, adapter, ref_adapter, &ds, dc->seq_len, batch, dpo, pst, loss, tokens)
-                      : eval_tokens(&s, &ds, dc->seq_len, batch, loss, tokens);
+    if (!rc && per_example) {
+        ex_nll = calloc((size_t)ds.n_train, sizeof *ex_nll);
+        ex_tok = calloc((size_t)ds.n_train, sizeof *ex_tok);
+        if (!ex_nll || !ex_tok) rc = ft_err(-ENOMEM, "out of memory for %lld per-example losses",
+                                            (long long)ds.n_train);
+    }
+    if (!rc) rc = dpo ? eval_pairs(&s, adapter, ref_adapter, &ds, dc->seq_len, batch, dpo, pst,
+                                   &o->loss, &o->tokens)
+                      : eval_tokens(&s, &ds, dc->seq_len, batch, &o->loss, &o->tokens, &o->nll,
+                                    ex_nll, ex_tok);
+    if (!rc && per_example) rc = write_per_example(per_example, data, &ds, ex_nll, ex_tok);
+    o->examples = ds.n_train;
+    o->skipped = ds.n_skipped;
+    o->dropped = ds.n_dropped;
+    free(ex_nll);
+    free(ex_tok);
     ft_dataset_free(&ds);
     ft_tok_free(tok);
     ft_session_close(&s);
@@ -117,7 +272,7 @@ static int run_eval(const char *model, const char *adapter, const char *ref_adap
 int ft_cmd_eval(int argc, char **argv)
 {
     const char *model = NULL, *adapter = NULL, *ref_adapter = NULL, *device = NULL;
-    const char *quant = NULL, *cache_dir = NULL;
+    const char *quant = NULL, *cache_dir = NULL, *per_example = NULL;
     int64_t budget[2] = {0, 0}; /* --gpu-mem, --host-mem */
     ft_str_list data = {0};
     int64_t threads = 0, batch = 1;
@@ -138,6 +293,18 @@ int ft_cmd_eval(int argc, char **argv)
         {"chat-template", FT_OPT_FN, &dc.chat_template, "auto | llama3 | llama3.1 | chatml | qwen3 | llama2 | mistral | zephyr | alpaca | jinja (the model's own template, rendered as transformers does)", ft_opt_chat_template, "NAME"},
         {"train-on-prompt", FT_OPT_FLAG, &dc.train_on_prompt, "score prompt tokens too"},
         {"skip-bad-records", FT_OPT_FLAG, &dc.skip_bad_records, "skip bad records"},
+        {"per-example", FT_OPT_STR, &per_example, "also write each example's loss to FILE, one JSON "
+         "line per example in data-file order: {\"file\": its --data path, \"record\": its record's "
+         "0-based index in that file (every record counted, bad ones too: a JSON array's index, a "
+         "JSONL file's line number - 1 when it has no blank line), \"tokens\": scored tokens, "
+         "\"loss\": their mean loss (nats), \"nll\": their sum, \"truncated\": cut to --seq-len}; "
+         "FILE is written whole under a temporary name and renamed, or not at all; - for standard "
+         "output, the summary line then going to standard error. The summary's loss is the "
+         "tokens-weighted mean of the lines' (its \"nll\" their sum, up to rounding). A record "
+         "without a scored token within --seq-len gets no line, as in the loss (the summary's "
+         "\"dropped\" counts them, \"skipped\" the bad records --skip-bad-records left out): the "
+         "record indices missing from FILE are these two kinds; a larger --seq-len scores the "
+         "dropped ones. --method sft only", 0, "FILE"},
         {"method", FT_OPT_STR, &method, "sft (default) | dpo: the files hold preference records; print the mean DPO pair loss and TRL's reward metrics of --adapter against the base model", 0, "NAME"},
         {"ref-adapter", FT_OPT_STR, &ref_adapter, "with --method dpo: the reference is the base model with this PEFT adapter (the --init-adapter the run trained from) instead of the base model alone", 0, "DIR"},
         {"dpo-loss", FT_OPT_FN, &dpo.loss_type, "with --method dpo: sigmoid (default) | hinge | ipo | robust | orpo | simpo", ft_opt_dpo_loss, "NAME"},
@@ -197,12 +364,23 @@ int ft_cmd_eval(int argc, char **argv)
             return 2;
         }
     }
-    double loss = NAN;
-    int64_t tokens = 0;
+    if (per_example && is_dpo) {
+        fprintf(stderr, "ftune: --per-example writes per-example token losses (--method sft); it "
+                "has no per-pair form for --method dpo yet\n");
+        ft_str_list_free(&data);
+        return 2;
+    }
+    if (per_example && per_example_path_ok(per_example, &data)) {
+        ft_str_list_free(&data);
+        return 1;
+    }
+    eval_out o = {NAN, 0, 0, 0, 0, 0};
     ft_dpo_stats st = {0};
     rc = run_eval(model, adapter, ref_adapter, quant, cache_dir, budget, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
-                  is_dpo ? &dpo : NULL, &st, &loss, &tokens);
+                  is_dpo ? &dpo : NULL, per_example, &st, &o);
     ft_str_list_free(&data);
+    const double loss = o.loss;
+    const int64_t tokens = o.tokens;
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         return 1;
@@ -217,6 +395,12 @@ int ft_cmd_eval(int argc, char **argv)
                st.logp_chosen / n, st.logp_rejected / n);
         return 0;
     }
-    printf("{\"loss\": %.6f, \"perplexity\": %.4f, \"tokens\": %lld}\n", loss, exp(loss), (long long)tokens);
+    /* with --per-example - the lines hold standard output: the summary goes to stderr */
+    FILE *sum = per_example && !strcmp(per_example, "-") ? stderr : stdout;
+    char nll[32];
+    put_num(nll, sizeof nll, o.nll);
+    fprintf(sum, "{\"loss\": %.6f, \"perplexity\": %.4f, \"tokens\": %lld, \"nll\": %s, "
+            "\"examples\": %lld, \"skipped\": %lld, \"dropped\": %lld}\n", loss, exp(loss),
+            (long long)tokens, nll, (long long)o.examples, (long long)o.skipped, (long long)o.dropped);
     return 0;
 }

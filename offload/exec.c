@@ -624,6 +624,20 @@ static int check_pairs(const ft_batch *b)
     return 0;
 }
 
+/* The LM head + CE of the rows [t0, t0 + n) of micro-batch mb on their own, from the final
+ * norm's output in e->xf: *nll (nats) and *n_tok of their targets; with grad, d nll / d x of
+ * those rows into the same rows of e->dxf. The op chunks the rows by e->ce_chunk into
+ * e->ce_scratch, as a whole micro-batch's head does. */
+static int span_ce(ft_exec *e, int64_t mb, int64_t t0, int64_t n, int grad, double *nll,
+                   int64_t *n_tok)
+{
+    const ft_model_config *c = &e->m->cfg;
+    const int64_t C = c->hidden_size;
+    return e->be->ops->lm_head_ce(e->be, nll, n_tok, grad ? e->dxf + t0 * C : NULL, e->xf + t0 * C,
+                                  e->lm_head, e->targets + mb * e->T_max + t0, n, C,
+                                  c->vocab_size, 1.0f, e->ce_scratch, e->ce_chunk);
+}
+
 /* The head of a preference micro-batch: final norm, then the LM head + CE of each sequence
  * on its own rows (nll[s], n_tok[s]); with dx: d nll[s] / d x of each sequence's rows,
  * scaled by fn's scale[s], then through the final norm into dx. */
@@ -637,13 +651,10 @@ static int head_seq(ft_exec *e, const ft_batch *b, int64_t mb, float *dx, double
     int mk;
     FT_TRY(head_begin(e, b, mb, &xL, &mk));
     if (dx) FT_TRY(be->ops->zero(be, e->dxf, (size_t)(T * C) * sizeof(float)));
-    const int32_t *tg = e->targets + mb * e->T_max;
     for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
         int64_t t0, n;
         seq_span(b, s, &t0, &n);
-        FT_TRY(be->ops->lm_head_ce(be, &nll[s], &n_tok[s], dx ? e->dxf + t0 * C : NULL,
-                                   e->xf + t0 * C, e->lm_head, tg + t0, n, C, c->vocab_size, 1.0f,
-                                   e->ce_scratch, e->ce_chunk));
+        FT_TRY(span_ce(e, mb, t0, n, dx != NULL, &nll[s], &n_tok[s]));
     }
     if (dx) {
         double *scale = nll + 2 * b->n_pairs;
@@ -755,6 +766,38 @@ int ft_exec_eval(ft_exec *e, const ft_batch *mb, double *loss_sum, int64_t *n_to
 {
     FT_TRY(forward_all(e, mb, 1, 0, 0));
     FT_TRY(head(e, mb, 0, 0.0f, NULL, loss_sum, n_tokens));
+    return ft_exec_op_end(e);
+}
+
+int ft_exec_eval_spans(ft_exec *e, const ft_batch *mb, const int64_t *spans, int64_t n_spans,
+                       double *nll, int64_t *n_tok, double *loss_sum, int64_t *n_tokens)
+{
+    if (n_spans < 0 || (n_spans > 0 && (!spans || !nll || !n_tok)))
+        return ft_err(FT_E_INVALID, "ft_exec_eval_spans: %lld spans%s", (long long)n_spans,
+                      n_spans < 0 ? "" : " without their arrays");
+    for (int64_t s = 0; s < n_spans; s++) {
+        int64_t t0 = spans[2 * s], n = spans[2 * s + 1];
+        if (t0 < 0 || n < 1 || t0 > mb->T - n)
+            return ft_err(FT_E_INVALID, "span %lld: rows [%lld, +%lld) outside the %lld-token micro-batch",
+                          (long long)s, (long long)t0, (long long)n, (long long)mb->T);
+    }
+    FT_TRY(forward_all(e, mb, 1, 0, 0));
+    ft_backend *be = e->be;
+    const ft_model_config *c = &e->m->cfg;
+    float *xL;
+    int mk;
+    FT_TRY(head_begin(e, mb, 0, &xL, &mk));
+    if (loss_sum || n_tokens) { /* ft_exec_eval's head: the same call on the same rows */
+        double ls;
+        int64_t nv;
+        FT_TRY(be->ops->lm_head_ce(be, &ls, &nv, NULL, e->xf, e->lm_head, e->targets, mb->T,
+                                   c->hidden_size, c->vocab_size, 0.0f, e->ce_scratch, e->ce_chunk));
+        if (loss_sum) *loss_sum = ls;
+        if (n_tokens) *n_tokens = nv;
+    }
+    for (int64_t s = 0; s < n_spans; s++)
+        FT_TRY(span_ce(e, 0, spans[2 * s], spans[2 * s + 1], 0, &nll[s], &n_tok[s]));
+    FT_TRY(head_end(e, mb, xL, NULL, mk));
     return ft_exec_op_end(e);
 }
 

@@ -309,6 +309,23 @@ int ft_exec_train_step_seq(ft_exec *e, const ft_batch *mbs, int64_t n_mb, ft_exe
  * sequence of one preference micro-batch. */
 int ft_exec_eval_seq(ft_exec *e, const ft_batch *mb, double *nll, int64_t *n_tok);
 
+/* Forward only (no dropout, no noise), then the LM head + cross-entropy of each span of one
+ * micro-batch on its own rows: span s is rows [spans[2s], spans[2s] + spans[2s + 1]) (its
+ * first token as a flat offset, its length >= 1; host array (n_spans, 2)), typically one
+ * packed example each (ft_batch.ex_index). nll[s] receives its summed token loss (-log p of
+ * each target, nats, double) and n_tok[s] its target count (host arrays of n_spans). The
+ * op is the one of ft_exec_eval's head (lm_head_ce, rows chunked by ce_chunk into the
+ * executor's scratch: nothing is allocated), on a span's rows instead of the micro-batch's,
+ * so where the spans tile the micro-batch their nll add up to ft_exec_eval's loss_sum up to
+ * rounding: the head's GEMM over another row count may round a row's fp32 logits otherwise
+ * (OpenBLAS: up to 7e-10 relative on a micro-batch's sum, test_exec.c), and the double sums
+ * run in another order; a span that is the whole micro-batch gives its bits. loss_sum
+ * and n_tokens (either may be NULL): also ft_exec_eval's head over the whole micro-batch,
+ * from the same forward (the same bits as ft_exec_eval). Returns 0, FT_E_INVALID (a span
+ * outside the micro-batch, n_spans < 0, NULL arrays), or what the ops return. */
+int ft_exec_eval_spans(ft_exec *e, const ft_batch *mb, const int64_t *spans, int64_t n_spans,
+                       double *nll, int64_t *n_tok, double *loss_sum, int64_t *n_tokens);
+
 /* Forward only: logits (T, V) of one micro-batch into host memory `logits`. */
 int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
 

@@ -25,6 +25,7 @@ void ft_batches_free(ft_batch *b, int64_t n)
         free(b[i].pos);
         free(b[i].seq_start);
         free(b[i].pairs);
+        free(b[i].ex_index);
     }
     free(b);
 }
@@ -55,6 +56,8 @@ static void tree_set(int64_t *t, int64_t P, int64_t leaf, int64_t v)
     for (i /= 2; i >= 1; i /= 2) t[i] = t[2 * i] > t[2 * i + 1] ? t[2 * i] : t[2 * i + 1];
 }
 
+/* *b: the examples ex[members[0..n_mem)] concatenated in that order (T tokens in all), its
+ * ex_index a copy of members. Returns 0 or -ENOMEM (the caller frees b's arrays). */
 static int fill_batch(ft_batch *b, const ft_example *ex, const int64_t *members, int64_t n_mem,
                       int64_t T, int64_t rows, int64_t seq_len)
 {
@@ -66,8 +69,11 @@ static int fill_batch(ft_batch *b, const ft_example *ex, const int64_t *members,
     b->targets = malloc(bytes);
     b->pos = malloc(bytes);
     b->seq_start = malloc(bytes);
-    if (!b->ids || !b->targets || !b->pos || !b->seq_start)
+    b->ex_index = malloc((size_t)(n_mem ? n_mem : 1) * sizeof *b->ex_index);
+    if (!b->ids || !b->targets || !b->pos || !b->seq_start || !b->ex_index)
         return ft_err(-ENOMEM, "packing: out of memory");
+    b->n_ex = n_mem;
+    memcpy(b->ex_index, members, (size_t)n_mem * sizeof *members);
     int64_t t = 0, nt = 0;
     for (int64_t k = 0; k < n_mem; k++) {
         const ft_example *e = &ex[members[k]];

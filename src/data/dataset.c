@@ -767,6 +767,7 @@ static int encode_one(ft_example *e, const cJSON *json, int format, int tmpl,
     if (rc < 0) return rc;
     if (e->n > cfg->seq_len) {
         e->n = cfg->seq_len;
+        e->truncated = 1;
         *cut = 1;
     }
     if (n_trained(e) == 0) { /* the response starts beyond seq_len */
@@ -826,6 +827,7 @@ static int encode_pair(ft_example e[2], const cJSON *json, int tmpl, const ft_da
     for (int s = 0; s < 2; s++) {
         if (e[s].n > cfg->seq_len) {
             e[s].n = cfg->seq_len;
+            e[s].truncated = 1;
             *cut = 1;
         }
         empty |= n_trained(&e[s]) == 0;
@@ -936,11 +938,12 @@ static int detect_file_format(file_ctx *f, const rec_job *j, ft_data_file *fs)
                   pair ? " (chosen/rejected: a preference record; train on it with --method dpo)" : "");
 }
 
-/* Job j's outcome, in file order: appended to *x, or (past keep_max usable examples of this
- * file, keep_max > 0) freed and counted in fs->n_over_cap; counted as truncated/dropped.
- * Returns 0 or j's error (re-raised here; the caller skips or stops). */
+/* Job j's outcome, in file order: appended to *x with its origin (file index, record
+ * index), or (past keep_max usable examples of this file, keep_max > 0) freed and counted in
+ * fs->n_over_cap; counted as truncated/dropped. Returns 0 or j's error (re-raised here; the
+ * caller skips or stops). */
 static int job_take(rec_job *j, const ft_data_cfg *cfg, int64_t n0, int64_t keep_max,
-                    ft_data_file *fs, ex_vec *x)
+                    ft_data_file *fs, ex_vec *x, int32_t file, int64_t record)
 {
     if (j->rc < 0) return ft_err(j->rc, "%s", j->msg ? j->msg : "out of memory");
     const int k = cfg->preference ? 2 : 1;
@@ -954,12 +957,17 @@ static int job_take(rec_job *j, const ft_data_cfg *cfg, int64_t n0, int64_t keep
         fs->n_over_cap += k;
         return 0;
     }
+    for (int q = 0; q < k; q++) {
+        j->e[q].file = file;
+        j->e[q].record = record;
+    }
     FT_TRY(ex_vec_push(x, j->e, k));
     memset(j->e, 0, sizeof j->e); /* x owns them now */
     return 0;
 }
 
-/* Reads path into examples appended to *x: schema detection (from this file's first record
+/* Reads path (file: its index in the caller's list, each example's ft_example.file) into
+ * examples appended to *x: schema detection (from this file's first record
  * unless cfg->format forces one), the resolved chat template tmpl, masks, truncation to
  * cfg->seq_len, bad records skipped and counted when cfg->skip_bad_records. *fs gets this
  * file's counts and schema. keep_max > 0: only the first keep_max usable examples are kept;
@@ -969,8 +977,8 @@ static int job_take(rec_job *j, const ft_data_cfg *cfg, int64_t n0, int64_t keep
  * each), then taken in file order, so the examples, counts and the error reported (the first
  * in the file) are those of reading one record at a time. On error the examples this call
  * appended are freed (x->n is as on entry); fs's counts say how far it got. */
-static int read_file(const char *path, const ft_data_cfg *cfg, int tmpl, const ft_tokenizer *tok,
-                     int64_t keep_max, ft_data_file *fs, ex_vec *x)
+static int read_file(const char *path, int32_t file, const ft_data_cfg *cfg, int tmpl,
+                     const ft_tokenizer *tok, int64_t keep_max, ft_data_file *fs, ex_vec *x)
 {
     memset(fs, 0, sizeof *fs);
     ft_records rr;
@@ -1014,7 +1022,7 @@ static int read_file(const char *path, const ft_data_cfg *cfg, int tmpl, const f
         for (int i = 0; i < n; i++) {
             if (!rc) {
                 fs->n_records++;
-                rc = job_take(&jobs[i], cfg, n0, keep_max, fs, x);
+                rc = job_take(&jobs[i], cfg, n0, keep_max, fs, x, file, fs->n_records - 1);
                 if (rc < 0 && rc != -ENOMEM && cfg->skip_bad_records) {
                     fs->n_skipped++;
                     rc = 0;
@@ -1054,6 +1062,7 @@ static int read_files(ft_dataset *ds, const char *const *paths, int64_t n_paths,
 {
     memset(x, 0, sizeof *x);
     if (n_paths < 1 || !paths) return ft_err(FT_E_INVALID, "no data file given");
+    if (n_paths > INT32_MAX) return ft_err(FT_E_RANGE, "%lld data files (at most %d)", (long long)n_paths, INT32_MAX);
     for (int64_t i = 0; i < n_paths; i++)
         if (!paths[i] || !*paths[i]) return ft_err(FT_E_INVALID, "data file %lld: empty name", (long long)i + 1);
     if (cfg->preference && cfg->format != FT_DATA_AUTO)
@@ -1073,7 +1082,7 @@ static int read_files(ft_dataset *ds, const char *const *paths, int64_t n_paths,
     int rc = 0;
     for (int64_t i = 0; i < n_paths && !rc; i++) {
         ft_data_file *fs = &ds->files[i];
-        rc = read_file(paths[i], cfg, tmpl, tok, keep_max, fs, x);
+        rc = read_file(paths[i], (int32_t)i, cfg, tmpl, tok, keep_max, fs, x);
         ds->n_records += fs->n_records;
         ds->n_skipped += fs->n_skipped;
         ds->n_truncated += fs->n_truncated;

@@ -70,6 +70,15 @@ typedef struct ft_example {
     int32_t *ids;            /* n */
     int32_t *labels;         /* n: the token itself where trained, -100 elsewhere (unshifted) */
     int64_t n;
+    /* Where it came from (ft_dataset_load*, kept through the shuffle and split; 0 for an
+     * example encoded alone): its file's index in the paths given and its record's 0-based
+     * index in that file, counting every record read, the bad ones skipped with
+     * skip_bad_records too (a JSON array's index; in JSONL the line number minus one when
+     * the file has no blank line, blank lines being no records); the two examples of a
+     * preference record share both. */
+    int64_t record;
+    int32_t file;
+    int32_t truncated;       /* 1: cut to seq_len (ft_data_cfg.seq_len) */
 } ft_example;
 
 /* What one data file gave (ft_dataset.files). */
@@ -225,6 +234,11 @@ typedef struct ft_batch {
                           * example's first token (flat offset in this micro-batch) and
                           * length, then the rejected example's; the rejected example
                           * follows the chosen one directly. NULL when n_pairs is 0 */
+    int64_t n_ex;        /* examples in it (ft_pack, ft_pack_pairs; 0 in a batch made by hand) */
+    int64_t *ex_index;   /* (n_ex) the index (into the ex given to the packer) of each example
+                          * in placement order: example k spans the ex[ex_index[k]].n tokens
+                          * after those of examples 0..k-1 (flat offsets; pos restarts at 0
+                          * at each). NULL when n_ex is 0 */
 } ft_batch;
 
 enum { FT_PAIR_INDEX = 0, FT_PAIR_CHOSEN_START, FT_PAIR_CHOSEN_LEN, FT_PAIR_REJECTED_START,
@@ -232,7 +246,8 @@ enum { FT_PAIR_INDEX = 0, FT_PAIR_CHOSEN_START, FT_PAIR_CHOSEN_LEN, FT_PAIR_REJE
 
 /* Packs examples (each 1..seq_len tokens) first-fit-decreasing by length into micro-batches
  * of at most rows * seq_len tokens (an example is never split), then shuffles the order of
- * the micro-batches by `seed`. *batches is malloc'ed; each batch owns its arrays.
+ * the micro-batches by `seed`. Each batch's ex_index lists its examples in placement order
+ * (every example in exactly one batch). *batches is malloc'ed; each batch owns its arrays.
  * Returns 0, -ENOMEM, FT_E_INVALID (seq_len < 2, rows < 1), FT_E_RANGE (an example longer
  * than seq_len or empty). */
 int ft_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_t n_ex,

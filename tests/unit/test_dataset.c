@@ -2,7 +2,8 @@
  * masks on the real Llama-2/Llama-3 tokenizers, errors with file and line, skip-bad-records,
  * truncation, deterministic shuffle and eval split, an eval set from its own file
  * (ft_dataset_load_eval, checked whole under its cap), several training files
- * (ft_dataset_load_files), and padding-free packing invariants.
+ * (ft_dataset_load_files), each example's origin (file, record, truncated), and padding-free
+ * packing invariants with the map from each micro-batch back to its examples (ex_index).
  * tests/ref/test_chat_ref.py checks ids and masks against jinja2 + `tokenizers`.
  * Run from the repository root. */
 #include "tests/unit/harness.h"
@@ -634,6 +635,153 @@ static void test_pack_invariants(void **state)
     ft_dataset_free(&ds);
 }
 
+/* The origin of each example (ft_example.file, record, truncated): two files, a bad record
+ * skipped (its index counted), a blank JSONL line (no record), a record dropped by seq_len
+ * and one cut to it; kept through the shuffle; a preference record's two examples share it. */
+static void test_example_origin(void **state)
+{
+    const char *ok = "{\"instruction\":\"Add 2 and 3.\",\"input\":\"\",\"output\":\"5\"}\n";
+    char long_out[600], long_in[900], buf[4096];
+    snprintf(long_out, sizeof long_out, "{\"instruction\":\"Count.\",\"input\":\"\",\"output\":\"%s\"}\n",
+             "one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+             "fifteen sixteen seventeen eighteen nineteen twenty twenty-one twenty-two");
+    snprintf(long_in, sizeof long_in, "{\"instruction\":\"%s\",\"input\":\"\",\"output\":\"Yes.\"}\n",
+             "Read every word of this instruction before you answer, because it is long on "
+             "purpose: its answer must start past the cut, so that nothing of it is trained, "
+             "and the record is dropped from the data set while still counted as a record");
+    /* records: 0 ok, 1 bad, 2 long answer (cut), blank line, 3 long prompt (dropped), 4 ok */
+    snprintf(buf, sizeof buf, "%s{oops\n%s\n%s%s", ok, long_out, long_in, ok);
+    char *a = write_str("origin_a.jsonl", buf);
+    char *b = write_str("origin_b.json", "[{\"text\":\"x\"}, {\"text\":\"y z\"}]");
+    ft_data_cfg c = cfg_plain();
+    c.skip_bad_records = 1;
+    c.seq_len = 30; /* record 2 has 37 tokens (L3: the llama3 template), record 3 answers past 30 */
+    ft_dataset ds;
+    const char *const p[] = {a, b};
+    assert_int_equal(ft_dataset_load_files(&ds, p, 2, &c, L3), 0);
+    assert_int_equal(ds.n_skipped, 1);
+    assert_int_equal(ds.n_dropped, 1);
+    assert_int_equal(ds.n_train, 5);
+    const int64_t want_file[] = {0, 0, 0, 1, 1}, want_rec[] = {0, 2, 4, 0, 1};
+    const int32_t want_cut[] = {0, 1, 0, 0, 0};
+    for (int64_t i = 0; i < ds.n_train; i++) {
+        assert_int_equal(ds.train[i].file, want_file[i]);
+        assert_int_equal(ds.train[i].record, want_rec[i]);
+        assert_int_equal(ds.train[i].truncated, want_cut[i]);
+        assert_true(ds.train[i].n <= c.seq_len);
+    }
+    ft_dataset_free(&ds);
+    /* the shuffle and split move the origin with the example */
+    c.no_shuffle = 0;
+    c.seed = 3;
+    c.eval_fraction = 0.4;
+    assert_int_equal(ft_dataset_load_files(&ds, p, 2, &c, L3), 0);
+    assert_int_equal(ds.n_train + ds.n_eval, 5);
+    int seen[5] = {0};
+    for (int64_t i = 0; i < ds.n_train + ds.n_eval; i++) {
+        const ft_example *e = i < ds.n_train ? &ds.train[i] : &ds.eval[i - ds.n_train];
+        int k = -1;
+        for (int q = 0; q < 5; q++)
+            if (e->file == want_file[q] && e->record == want_rec[q]) k = q;
+        assert_true(k >= 0);
+        seen[k]++;
+        assert_int_equal(e->truncated, want_cut[k]);
+    }
+    for (int q = 0; q < 5; q++) assert_int_equal(seen[q], 1);
+    ft_dataset_free(&ds);
+    /* preference records: both examples of a pair carry its record */
+    char *pr = write_str("origin_pref.jsonl",
+                         "{\"prompt\": \"Hi\", \"chosen\": \" there\", \"rejected\": \" no\"}\n"
+                         "{oops\n"
+                         "{\"prompt\": \"Bye\", \"chosen\": \" now\", \"rejected\": \" never\"}\n");
+    c = cfg_plain();
+    c.preference = 1;
+    c.skip_bad_records = 1;
+    assert_int_equal(ft_dataset_load(&ds, pr, &c, L3), 0);
+    assert_int_equal(ds.n_train, 4);
+    for (int64_t i = 0; i < 4; i++) {
+        assert_int_equal(ds.train[i].file, 0);
+        assert_int_equal(ds.train[i].record, i < 2 ? 0 : 2);
+    }
+    ft_dataset_free(&ds);
+    free(pr);
+    free(a);
+    free(b);
+}
+
+/* Each batch's ex_index maps its tokens back to the examples (ft_pack, ft_pack_pairs): every
+ * example in exactly one batch, back to back in ex_index order, its tokens, positions and
+ * seq_start those of its span; for several shapes and seeds. */
+static void check_example_map(const ft_batch *b, int64_t nb, const ft_example *ex, int64_t n_ex)
+{
+    int *seen = calloc((size_t)n_ex, sizeof *seen);
+    for (int64_t i = 0; i < nb; i++) {
+        assert_true(b[i].n_ex >= 1);
+        assert_non_null(b[i].ex_index);
+        int64_t t0 = 0;
+        for (int64_t k = 0; k < b[i].n_ex; k++) {
+            int64_t x = b[i].ex_index[k];
+            assert_true(x >= 0 && x < n_ex);
+            seen[x]++;
+            const ft_example *e = &ex[x];
+            assert_true(t0 + e->n <= b[i].T);
+            assert_memory_equal(b[i].ids + t0, e->ids, (size_t)e->n * sizeof *e->ids);
+            for (int64_t t = 0; t < e->n; t++) {
+                assert_int_equal(b[i].pos[t0 + t], t);
+                assert_int_equal(b[i].seq_start[t0 + t], t0);
+                int32_t tg = t + 1 < e->n ? e->labels[t + 1] : FT_IGNORE_INDEX;
+                assert_int_equal(b[i].targets[t0 + t], tg);
+            }
+            t0 += e->n;
+        }
+        assert_int_equal(t0, b[i].T);
+    }
+    for (int64_t x = 0; x < n_ex; x++) assert_int_equal(seen[x], 1);
+    free(seen);
+}
+
+static void test_pack_example_map(void **state)
+{
+    ft_data_cfg c = cfg_plain();
+    c.seq_len = 128;
+    c.skip_bad_records = 1;
+    ft_dataset ds;
+    assert_int_equal(ft_dataset_load(&ds, ZH_JSON, &c, L2), 0);
+    const struct { int64_t n_ex, seq_len, rows; uint64_t seed; } shapes[] = {
+        {1, 128, 1, 0}, {7, 128, 1, 0}, {ds.n_train, 128, 1, 0}, {ds.n_train, 128, 3, 1},
+        {ds.n_train, 256, 2, 9}, {50, 1024, 4, 2},
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        ft_batch *b;
+        int64_t nb;
+        assert_int_equal(ft_pack(&b, &nb, ds.train, shapes[k].n_ex, shapes[k].seq_len,
+                                 shapes[k].rows, shapes[k].seed), 0);
+        check_example_map(b, nb, ds.train, shapes[k].n_ex);
+        int64_t most = 0;
+        for (int64_t i = 0; i < nb; i++) most = b[i].n_ex > most ? b[i].n_ex : most;
+        printf("  %lld examples, seq_len %lld, rows %lld: %lld micro-batches of up to %lld examples\n",
+               (long long)shapes[k].n_ex, (long long)shapes[k].seq_len, (long long)shapes[k].rows,
+               (long long)nb, (long long)most);
+        ft_batches_free(b, nb);
+    }
+    /* preference pairs: ex_index lists 2p, 2p + 1 of each pair of pairs[] in order */
+    const int64_t n_pairs = ds.n_train / 2;
+    ft_batch *b;
+    int64_t nb;
+    assert_int_equal(ft_pack_pairs(&b, &nb, ds.train, n_pairs, 128, 2, 4), 0);
+    check_example_map(b, nb, ds.train, 2 * n_pairs);
+    for (int64_t i = 0; i < nb; i++) {
+        assert_int_equal(b[i].n_ex, 2 * b[i].n_pairs);
+        for (int64_t q = 0; q < b[i].n_pairs; q++) {
+            const int64_t *row = b[i].pairs + q * FT_PAIR_FIELDS;
+            assert_int_equal(b[i].ex_index[2 * q], 2 * row[FT_PAIR_INDEX]);
+            assert_int_equal(b[i].ex_index[2 * q + 1], 2 * row[FT_PAIR_INDEX] + 1);
+        }
+    }
+    ft_batches_free(b, nb);
+    ft_dataset_free(&ds);
+}
+
 /* Function calling (formats.md 8.1): the template variables carry the record's message
  * objects and "tools" as written (chat_jinja.c vars_of); records with tools or tool calls are
  * refused where no template can write them. */
@@ -866,6 +1014,8 @@ int main(void)
         cmocka_unit_test(test_eval_file),
         cmocka_unit_test(test_several_files),
         cmocka_unit_test(test_pack_invariants),
+        cmocka_unit_test(test_example_origin),
+        cmocka_unit_test(test_pack_example_map),
         cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_llamafactory_function_call),
     };

@@ -1,6 +1,7 @@
 /* test_exec.c - the per-layer executor and the LoRA training math on a real (tiny) model:
  * weight-fetch counting under gradient accumulation, accumulation == one big micro-batch,
- * LoRA gradients vs central finite differences through the whole network, PEFT round trip. */
+ * LoRA gradients vs central finite differences through the whole network, PEFT round trip,
+ * per-example losses of packed micro-batches (ft_exec_eval_spans). */
 #include "tests/unit/harness.h"
 
 #include "adapters/lora.h"
@@ -232,6 +233,143 @@ static void test_peft_roundtrip(void **state)
     free(dir);
 }
 
+/* n_ex synthetic examples of 1..max_len tokens (random ids, about a third of the labels -100,
+ * at least one trained target each), for ft_pack. */
+static ft_example *rand_examples(int64_t n_ex, int64_t max_len, int64_t V, uint64_t seed)
+{
+    ft_example *ex = calloc((size_t)n_ex, sizeof *ex);
+    ft_rng rng;
+    ft_rng_seed(&rng, seed);
+    for (int64_t i = 0; i < n_ex; i++) {
+        int64_t n = 2 + (int64_t)(ft_rng_next(&rng) % (uint64_t)(max_len - 1));
+        ex[i].n = n;
+        ex[i].ids = malloc((size_t)n * 4);
+        ex[i].labels = malloc((size_t)n * 4);
+        for (int64_t t = 0; t < n; t++) {
+            ex[i].ids[t] = (int32_t)(ft_rng_next(&rng) % (uint64_t)V);
+            ex[i].labels[t] = ft_rng_next(&rng) % 3 == 0 ? FT_IGNORE_INDEX : ex[i].ids[t];
+        }
+        ex[i].labels[n - 1] = ex[i].ids[n - 1]; /* one trained target at least */
+    }
+    return ex;
+}
+
+static void free_examples(ft_example *ex, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        free(ex[i].ids);
+        free(ex[i].labels);
+    }
+    free(ex);
+}
+
+/* The spans of batch b's examples (ex_index, lengths from ex) into spans (2 n_ex). */
+static void spans_of(const ft_batch *b, const ft_example *ex, int64_t *spans)
+{
+    int64_t t0 = 0;
+    for (int64_t k = 0; k < b->n_ex; k++) {
+        spans[2 * k] = t0;
+        spans[2 * k + 1] = ex[b->ex_index[k]].n;
+        t0 += ex[b->ex_index[k]].n;
+    }
+    assert_int_equal(t0, b->T);
+}
+
+/* The spans' heads vs the whole micro-batch's: the LM head's GEMM over other row counts
+ * rounds a row's fp32 logits differently now and then (OpenBLAS blocks by the row count), and
+ * the double sums run in another order: measured 6e-11 relative on ~70 rows. */
+#define FT_TOL_SPAN_SUM_REL 1e-9
+/* One example alone vs packed with others: the same rows through GEMMs of other row counts
+ * (bit for bit on the CPU backend; bf16 products on cpu-device round alike). */
+#define FT_TOL_SPAN_ALONE_REL 1e-5
+
+/* ft_exec_eval_spans on packed micro-batches of the tiny model, on the CPU backend (with
+ * the fixture's adapter) and on cpu-device (the base alone): its whole-batch head is
+ * ft_exec_eval's bit for bit, the spans' nll add up to it and their counts to its count, and
+ * each example's nll equals ft_exec_eval of a micro-batch holding that example alone. */
+static void test_eval_spans(void **state)
+{
+    fix *f = *state;
+    ft_backend *dev;
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
+    const int64_t V = f->m->cfg.vocab_size, S = 24, rows = 3, n_ex = 13;
+    ft_example *ex = rand_examples(n_ex, S, V, 77);
+    for (int bi = 0; bi < 2; bi++) {
+        ft_backend *be = bi ? dev : f->be;
+        ft_exec e;
+        assert_int_equal(ft_exec_init(&e, be, f->m, bi ? NULL : &f->lora, rows * S, 1, S), 0);
+        ft_batch *b;
+        int64_t nb;
+        assert_int_equal(ft_pack(&b, &nb, ex, n_ex, S, rows, 0), 0);
+        double *alone = calloc((size_t)n_ex, sizeof *alone);
+        int64_t *alone_n = calloc((size_t)n_ex, sizeof *alone_n);
+        for (int64_t i = 0; i < n_ex; i++) { /* each example in a micro-batch of its own */
+            ft_batch *one;
+            int64_t n1;
+            assert_int_equal(ft_pack(&one, &n1, ex + i, 1, S, 1, 0), 0);
+            assert_int_equal(n1, 1);
+            assert_int_equal(ft_exec_eval(&e, one, &alone[i], &alone_n[i]), 0);
+            ft_batches_free(one, n1);
+        }
+        double max_sum = 0, max_alone = 0;
+        int64_t seen = 0;
+        for (int64_t i = 0; i < nb; i++) {
+            int64_t *spans = malloc((size_t)(2 * b[i].n_ex) * sizeof *spans);
+            double *nll = malloc((size_t)b[i].n_ex * sizeof *nll), ls, ls_spans;
+            int64_t *nt = malloc((size_t)b[i].n_ex * sizeof *nt), nv, nv_spans;
+            spans_of(&b[i], ex, spans);
+            assert_int_equal(ft_exec_eval(&e, &b[i], &ls, &nv), 0);
+            assert_int_equal(ft_exec_eval_spans(&e, &b[i], spans, b[i].n_ex, nll, nt, &ls_spans,
+                                                &nv_spans), 0);
+            assert_true(ls_spans == ls); /* the same head on the same forward */
+            assert_int_equal(nv_spans, nv);
+            double sum = 0;
+            int64_t cnt = 0;
+            for (int64_t k = 0; k < b[i].n_ex; k++) {
+                int64_t x = b[i].ex_index[k];
+                sum += nll[k];
+                cnt += nt[k];
+                assert_int_equal(nt[k], alone_n[x]);
+                double d = fabs(nll[k] - alone[x]) / fabs(alone[x]);
+                max_alone = fmax(max_alone, d);
+                assert_true(d <= FT_TOL_SPAN_ALONE_REL);
+                seen++;
+            }
+            assert_int_equal(cnt, nv);
+            double d = fabs(sum - ls) / fabs(ls);
+            max_sum = fmax(max_sum, d);
+            assert_true(d <= FT_TOL_SPAN_SUM_REL);
+            /* without the whole head: the same spans' values */
+            double nll2[64];
+            int64_t nt2[64];
+            assert_true(b[i].n_ex <= 64);
+            assert_int_equal(ft_exec_eval_spans(&e, &b[i], spans, b[i].n_ex, nll2, nt2, NULL, NULL), 0);
+            assert_memory_equal(nll2, nll, (size_t)b[i].n_ex * sizeof *nll);
+            assert_memory_equal(nt2, nt, (size_t)b[i].n_ex * sizeof *nt);
+            free(spans);
+            free(nll);
+            free(nt);
+        }
+        assert_int_equal(seen, n_ex);
+        printf("%s: %lld examples in %lld micro-batches: spans' nll sum vs whole head max rel %.3g; "
+               "packed vs alone max rel %.3g\n", bi ? "cpu-device" : "cpu", (long long)n_ex,
+               (long long)nb, max_sum, max_alone);
+        /* a span outside the micro-batch, a negative count: refused before any work */
+        int64_t bad[2] = {b[0].T - 1, 2};
+        double x;
+        int64_t xn;
+        assert_int_equal(ft_exec_eval_spans(&e, &b[0], bad, 1, &x, &xn, NULL, NULL), FT_E_INVALID);
+        assert_non_null(strstr(ft_errmsg(), "outside"));
+        assert_int_equal(ft_exec_eval_spans(&e, &b[0], bad, -1, &x, &xn, NULL, NULL), FT_E_INVALID);
+        free(alone);
+        free(alone_n);
+        ft_batches_free(b, nb);
+        ft_exec_free(&e);
+    }
+    free_examples(ex, n_ex);
+    ft_backend_free(dev);
+}
+
 /* The device bytes of the base count the same whether the model's weights are read or only
  * its shapes are known (a deferred model: the resident/streamed decision is taken before any
  * weight is read): qwen2's q/k/v biases included, which a deferred model has no pointers for. */
@@ -264,6 +402,7 @@ int main(void)
         cmocka_unit_test(test_lora_grad_fd),
         cmocka_unit_test(test_peft_roundtrip),
         cmocka_unit_test(test_weight_bytes_deferred),
+        cmocka_unit_test(test_eval_spans),
     };
     return cmocka_run_group_tests(tests, setup, model_fix_teardown);
 }
