@@ -34,7 +34,10 @@
  *    "stop" ("stop_token" | "stop_string" | "length", as --json), "stop_reason"? (the --stop
  *    string, with "stop_string"; the token id, with "stop_token" when the token is one of the
  *    record's "stop_token_ids" or --stop-token-ids, not the EOS), "seconds", "seed"? (when
- *    sampling), "logprobs"? (with --logprobs or the record's "logprobs": k)}
+ *    sampling), "logprobs"? (with --logprobs or the record's "logprobs": k),
+ *    "prompt_logprobs"? (with --prompt-logprobs or the record's "prompt_logprobs": k: vLLM's
+ *    list, null for the first prompt token, then {"<id>": {"logprob", "rank", "decoded_token"}}
+ *    for the token itself and its k most likely alternatives; cli/gen_prompt_lp.h)}
  * ("seconds": from the start of the record's prefill to its last token, the records decoded
  * alongside it included)
  * or to --out FILE, written as FILE.tmp.PID and renamed at the end (an interrupted run leaves
@@ -42,7 +45,8 @@
  * seed itself), so its reply is that of --prompt with that --seed.
  * A record (an object) may set its own "max_new_tokens" (or "max_tokens"), "temperature",
  * "top_p", "top_k", "min_p", "repetition_penalty", "stop" (a string or a list), "seed",
- * "stop_token_ids" (a list of ids: --stop-token-ids) and "min_tokens" (ft_gen_req_parse), as
+ * "stop_token_ids" (a list of ids: --stop-token-ids), "min_tokens", "prompt_logprobs",
+ * "logit_bias" and "ignore_eos" (ft_gen_req_parse), as
  * vLLM's LLM.generate takes one SamplingParams per prompt: each
  * replaces the flag for that record only, so its line is that of --prompt with the flags so
  * changed ("seed": its own when it sets one; "seed" is written when the record samples). Each
@@ -300,6 +304,7 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     o->top_p = 1.0f;
     o->rep_penalty = 1.0f;
     o->logprobs = INT64_MIN; /* not given (then -1: none) */
+    o->prompt_logprobs = INT64_MIN;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &o->model, "model folder or .gguf", 0, "PATH"},
         {"adapter", FT_OPT_STR, &o->adapter, "PEFT adapter folder to apply", 0, "DIR"},
@@ -309,9 +314,10 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
          "prompt/completion lists; a final assistant turn or \"output\": the \"reference\"); an object record "
          "may set its own max_new_tokens (or max_tokens), temperature, top_p, top_k, min_p, "
          "repetition_penalty, presence_penalty, frequency_penalty, stop (a string or a list), seed, "
-         "logprobs (k or false), stop_token_ids (a list) and min_tokens, each replacing the flag for that record (other keys are named in a warning, then ignored); "
+         "logprobs (k or false), prompt_logprobs (k or false), stop_token_ids (a list), min_tokens, "
+         "logit_bias ({\"<id>\": -100..100}) and ignore_eos, each replacing the flag for that record (other keys are named in a warning, then ignored); "
          "one JSON line each: {index, prompt, reply, reference?, prompt_tokens, new_tokens, stop, "
-         "stop_reason?, seconds, seed?, logprobs?}. A file of OpenAI batch requests ({custom_id, method, url: "
+         "stop_reason?, seconds, seed?, logprobs?, prompt_logprobs?}. A file of OpenAI batch requests ({custom_id, method, url: "
          "/v1/chat/completions or /v1/completions, body}, as OpenAI's Batch API and vLLM's run_batch "
          "read them) gets the Batch API's output lines instead, \"n\" choices each (1..16); settings a "
          "request leaves out take the flags (greedy by default, not OpenAI's temperature 1)", 0, "FILE"},
@@ -368,6 +374,12 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
          "distribution (before penalties, temperature, top-k/p; vLLM's raw_logprobs): \"logprobs\": "
          "[{id, token, logprob, top: [[id, logprob], ...]}]; the default for --prompts records that do "
          "not set \"logprobs\" (an OpenAI batch request's logprobs / top_logprobs: OpenAI's shapes)", 0, "N"},
+        {"prompt-logprobs", FT_OPT_INT, &o->prompt_logprobs, "with --prompts: the log-probability of each "
+         "prompt token (the prompt as ftune feeds it: chat template applied, BOS included) given the "
+         "tokens before it, and the K most likely tokens at its place (0..20; raw, as --logprobs), "
+         "as vLLM's prompt_logprobs: \"prompt_logprobs\": [null, {\"<id>\": {logprob, rank, "
+         "decoded_token}, ...}, ...] (in each completions choice; once in a chat body); the default "
+         "for records and requests that do not set \"prompt_logprobs\"", 0, "K"},
         {"threads", FT_OPT_INT, &o->threads, "CPU threads"},
         {"device", FT_OPT_STR, &o->device, FT_DEVICE_HELP, 0, "DEV"},
         {"quant", FT_OPT_STR, &o->quant, "base linear weights: bf16 (default: the model's weights unquantized; on a GPU streamed from its bf16 pack, as in training, when its layers do not all fit --gpu-mem) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
@@ -381,10 +393,13 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
     if (ft_session_bad_quant(o->quant)) return 2;
-    if (o->chat && (o->prompt || o->prompts || o->raw || o->json || o->out || o->batch || o->logprobs >= 0)) {
+    const int plp_given = o->prompt_logprobs != INT64_MIN;
+    if (o->chat && (o->prompt || o->prompts || o->raw || o->json || o->out || o->batch ||
+                    o->logprobs >= 0 || plp_given)) {
         fprintf(stderr, "ftune: generate: --chat reads the conversation from standard input; it does "
                 "not go with %s\n", o->prompt ? "--prompt" : o->prompts ? "--prompts" : o->raw ? "--raw"
-                : o->json ? "--json" : o->out ? "--out" : o->batch ? "--batch" : "--logprobs");
+                : o->json ? "--json" : o->out ? "--out" : o->batch ? "--batch"
+                : o->logprobs >= 0 ? "--logprobs" : "--prompt-logprobs");
         return 2;
     }
     if (!o->model || (!o->chat && !o->prompt == !o->prompts)) {
@@ -428,6 +443,17 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         return 2;
     }
     if (o->logprobs == INT64_MIN) o->logprobs = -1;
+    if (plp_given && (o->prompt_logprobs < 0 || o->prompt_logprobs > FT_GEN_MAX_LOGPROBS)) {
+        fprintf(stderr, "ftune: generate: --prompt-logprobs %lld: expected 0..%d (the alternatives "
+                "listed per prompt token)\n", (long long)o->prompt_logprobs, FT_GEN_MAX_LOGPROBS);
+        return 2;
+    }
+    if (plp_given && !o->prompts) {
+        fprintf(stderr, "ftune: generate: --prompt-logprobs goes with --prompts (its JSON lines hold "
+                "them)\n");
+        return 2;
+    }
+    if (!plp_given) o->prompt_logprobs = -1;
     if (o->logprobs >= 0 && !o->prompts && !o->json) {
         fprintf(stderr, "ftune: generate: --logprobs goes with --json (or --prompts): the streamed "
                 "text has no place for them\n");

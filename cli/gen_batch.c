@@ -32,6 +32,22 @@
  * over the choices, each choice's stop token included as vLLM counts it, its output token_ids
  * ending with the EOS (vllm-project/vllm#28185): new_tokens + 1 when a stop token ended the
  * reply), total_tokens.
+ * Prompt log-probabilities (vLLM's prompt_logprobs; gen_prompt_lp.h for the shapes): a request's
+ * "prompt_logprobs": k (or --prompt-logprobs k for those that leave it out; with "echo" the
+ * request's logprobs, as vLLM takes them) gives, for the prompt as ftune feeds it (chat template
+ * applied, BOS included), each token's log-probability given the tokens before it with its rank
+ * and the k most likely tokens at its place: in each completions choice's "prompt_logprobs"
+ * (the same for every choice), once in a chat body's. The record's prompt is then prefilled
+ * alone, in forwards of up to GEN_PLP_ROWS tokens returning all their rows of logits
+ * (ft_gen_prompt_logprobs), once per record: its other choices copy that cache. A completions
+ * request's "echo": true puts the prompt text before the reply's, and the prompt tokens' entries
+ * before the reply's in its logprobs (the first token's log-probability and alternatives null,
+ * text_offset running on through the reply); with "max_tokens": 0 nothing is generated: the text
+ * is the prompt, finish_reason "length", completion_tokens 0 (vLLM's CompletionRequest.
+ * to_sampling_params, mid-2025, still samples one token there, which the response does not show
+ * but counts in usage, finish_reason "length" unless it is a stop token). A chat request's "echo"
+ * changes no text (vLLM repeats a final message of the reply's role, which ftune refuses) but, as
+ * vLLM's, asks for the prompt log-probabilities with top_logprobs (0 without it) alternatives.
  * A file mixing batch requests and plain records, a repeated custom_id, are refused. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -43,6 +59,7 @@
 
 #include "cli/gen_choices.h"
 #include "cli/gen_env.h"
+#include "cli/gen_prompt_lp.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/data/chat.h"
@@ -63,6 +80,7 @@ static void batch_free(batch *b)
     for (int64_t i = 0; i < b->n; i++) {
         ft_gen_req_free(&b->r[i].q);
         free(b->r[i].ids);
+        ft_gen_plp_free(&b->r[i].plp);
     }
     free(b->r);
     memset(b, 0, sizeof *b);
@@ -92,6 +110,12 @@ static void rec_settings(batch_rec *x, const gen_opts *o, int64_t i)
     x->n_stop_ids = set & FT_GEN_SET_STOP_IDS ? p->n_stop_ids : o->stop_ids.n;
     x->min_tokens = set & FT_GEN_SET_MIN_TOKENS ? p->min_tokens : 0;
     x->n_choices = set & FT_GEN_SET_N ? p->n : 1;
+    x->bias_ids = p->bias_ids;
+    x->bias = p->bias;
+    x->n_bias = p->n_bias;
+    x->ignore_eos = p->ignore_eos;
+    x->echo = x->q.api == FT_GEN_API_COMPLETIONS && p->echo;
+    x->plp_k = gen_plp_alternatives(p, x->q.api, o->prompt_logprobs, x->lp_top);
 }
 
 /* Reads and checks every record of o->prompts (no model needed). */
@@ -359,16 +383,29 @@ static int stop_set(const gen_env *e, const batch_rec *x, int32_t *ids)
  * draw, as vLLM's MinTokensLogitsProcessor masks them; the log-probabilities are those of the
  * unmasked logits, as vLLM computes raw_logprobs before its logits processors) and no stop
  * string is searched in the text of the first min_tokens tokens (vLLM's detokenizer moves its
- * stop_check_offset past it; a string that ends after it may begin inside it). */
+ * stop_check_offset past it; a string that ends after it may begin inside it).
+ * The record's logit_bias is added to the logits for the draw (before the penalties and the
+ * min_tokens mask, as vLLM's LogitBiasLogitsProcessor runs before its penalties), its
+ * log-probabilities again those of the raw logits; with ignore_eos only the record's stop
+ * token ids end the reply (vLLM's check_stop skips the EOS, and update_from_generation_config
+ * adds no other EOS ids then), the env's stop tokens being part of it like any other. */
 static int slot_advance(gen_env *e, slot_run *sr, float *logits, int *fin)
 {
     const batch_rec *x = sr->x;
     int32_t t;
     *fin = 0;
+    if (x->max_new == 0) { /* echo with max_tokens 0: the prompt alone, "length" */
+        *fin = 1;
+        return 0;
+    }
     e->smp.cfg = x->sc; /* checked in slot_begin; the sampler derives nothing from it */
     e->smp.rng = sr->rng;
     int32_t ms[MASK_MAX];
-    float saved[MASK_MAX];
+    float saved[MASK_MAX], bsaved[FT_GEN_MAX_LOGIT_BIAS];
+    for (int64_t s = 0; s < x->n_bias; s++) { /* distinct ids */
+        bsaved[s] = logits[x->bias_ids[s]];
+        logits[x->bias_ids[s]] += x->bias[s];
+    }
     const int masked = sr->r.n_out < x->min_tokens ? stop_set(e, x, ms) : 0;
     for (int s = 0; s < masked; s++) {
         saved[s] = logits[ms[s]];
@@ -377,10 +414,11 @@ static int slot_advance(gen_env *e, slot_run *sr, float *logits, int *fin)
     int rc = ft_sample_next_pen(&e->smp, logits, sr->seen, sr->use_cnt ? &sr->cnt : NULL, &t);
     /* put back in reverse order: an id listed twice ends with its own value */
     for (int s = masked - 1; s >= 0; s--) logits[ms[s]] = saved[s];
+    for (int64_t s = 0; s < x->n_bias; s++) logits[x->bias_ids[s]] = bsaved[s];
     sr->rng = e->smp.rng;
     if (rc) return rc;
     sr->pending = 0;
-    if (gen_is_stop(e, t) || gen_id_listed(x->stop_ids, x->n_stop_ids, t)) {
+    if ((!x->ignore_eos && gen_is_stop(e, t)) || gen_id_listed(x->stop_ids, x->n_stop_ids, t)) {
         sr->r.stop = GEN_STOP_TOKEN;
         sr->stop_tok = t;
         *fin = 1;
@@ -454,12 +492,43 @@ static void group_where(const batch *b, const slot_run *sl, const int64_t *ks, i
             w += (size_t)snprintf(out + w, cap - w, "%s%s", j ? ", " : "", b->r[sl[ks[j]].rec].at);
 }
 
+/* 1 when slot sr's record asks for its prompt's log-probabilities and no choice of it has
+ * computed them yet (its prefill then computes them: prefill_alone). */
+static int wants_plp(const batch *b, const slot_run *sr)
+{
+    const batch_rec *x = &b->r[sr->rec];
+    return x->plp_k >= 0 && !x->plp.lp;
+}
+
+/* Prefills slot k's prompt alone: in chunks of the forward's tokens, or, for the record's
+ * prompt log-probabilities, in forwards of e->g.logit_rows_max tokens returning all their rows
+ * (ft_gen_prompt_logprobs, into the record's plp). e->logits' first row then holds the last
+ * prompt row's logits. */
+static int prefill_alone(gen_env *e, batch *b, const slot_run *sr, int64_t k, prefill_buf *pb)
+{
+    batch_rec *x = &b->r[sr->rec];
+    if (wants_plp(b, sr)) {
+        const int64_t rows = e->g.logit_rows_max;
+        pb->forwards += (x->n + rows - 1) / rows;
+        return ft_gen_prompt_logprobs(&e->g, k, x->ids, x->n, x->plp_k, rows, e->logits, &x->plp);
+    }
+    const int64_t cmax = e->g.chunk_max;
+    int rc = 0;
+    for (int64_t i = 0; !rc && i < x->n; i += cmax) {
+        int64_t c = x->n - i < cmax ? x->n - i : cmax;
+        rc = ft_gen_forward_slot(&e->g, k, x->ids + i, c, e->logits, 1);
+        pb->forwards++;
+    }
+    return rc;
+}
+
 /* Prefills the prompts of the n slots ks[] (begun by slot_begin) and samples each one's first
  * token; a reply that finishes there is recorded in dn and frees its slot. The prompts that
  * fit together within the chunk (and the rows of logits), in slot order, share one forward
- * (ft_gen_prefill: each layer visited once for all of them); a prompt longer than the chunk
- * is prefilled alone, in chunks. Errors are prefixed with the records they concern. */
-static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks0, int64_t n0, const batch *b,
+ * (ft_gen_prefill: each layer visited once for all of them); a prompt longer than the chunk,
+ * or whose log-probabilities its record asks for, is prefilled alone (prefill_alone). Errors
+ * are prefixed with the records they concern. */
+static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks0, int64_t n0, batch *b,
                          gen_choice *dn, prefill_buf *pb)
 {
     const int64_t V = e->m->cfg.vocab_size, cmax = e->g.chunk_max;
@@ -478,10 +547,11 @@ static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks0, int64_t n
     for (int64_t j = 0; j < n;) {
         /* the group: ks[j..j2) */
         int64_t j2 = j, tot = 0;
-        if (sl[ks[j]].x->n > cmax) {
+        if (sl[ks[j]].x->n > cmax || wants_plp(b, &sl[ks[j]])) {
             j2 = j + 1;
         } else {
-            while (j2 < n && j2 - j < rmax && sl[ks[j2]].x->n <= cmax - tot) {
+            while (j2 < n && j2 - j < rmax && sl[ks[j2]].x->n <= cmax - tot &&
+                   !wants_plp(b, &sl[ks[j2]])) {
                 const batch_rec *x = sl[ks[j2]].x;
                 memcpy(pb->ids + tot, x->ids, (size_t)x->n * sizeof(int32_t));
                 pb->slots[j2 - j] = ks[j2];
@@ -496,13 +566,8 @@ static int slots_prefill(gen_env *e, slot_run *sl, const int64_t *ks0, int64_t n
             rc = ft_gen_prefill(&e->g, j2 - j, pb->slots, pb->ids, pb->lens, e->logits);
             pb->forwards++;
             if (j2 - j > 1) pb->batched += j2 - j;
-        } else { /* longer than the chunk: alone, chunk by chunk */
-            const batch_rec *x = sl[ks[j]].x;
-            for (int64_t i = 0; !rc && i < x->n; i += cmax) {
-                int64_t c = x->n - i < cmax ? x->n - i : cmax;
-                rc = ft_gen_forward_slot(&e->g, ks[j], x->ids + i, c, e->logits, 1);
-                pb->forwards++;
-            }
+        } else { /* longer than the chunk, or its prompt's log-probabilities: alone */
+            rc = prefill_alone(e, b, &sl[ks[j]], ks[j], pb);
         }
         const double dt = gen_now_s() - t0;
         if (rc) {
@@ -588,7 +653,7 @@ int gen_run_batch(const gen_opts *o)
     if (!rc) warn_unknown_keys(&b);
     if (!rc) rc = out_open(&of, o->out);
     if (!rc) rc = gen_env_open(&e, o);
-    gen_need nd = {0, 0, 0, 0, 0};
+    gen_need nd = {0, 0, 0, 0, 0, 0};
     int64_t n_over = 0, over_len = 0, over_new = 0, n_sampled = 0, n_raw = 0;
     const int64_t maxpos = e.m ? e.m->cfg.max_position_embeddings : 0;
     for (int64_t i = 0; !rc && i < b.n; i++) {
@@ -598,6 +663,9 @@ int gen_run_batch(const gen_opts *o)
         if (!rc && (x->q.params.set & FT_GEN_SET_STOP_IDS))
             rc = gen_stop_ids_check(x->stop_ids, x->n_stop_ids, e.m->cfg.vocab_size,
                                 x->q.api ? "body: 'stop_token_ids' " : "'stop_token_ids' ");
+        if (!rc && x->n_bias)
+            rc = gen_stop_ids_check(x->bias_ids, x->n_bias, e.m->cfg.vocab_size,
+                                    x->q.api ? "body: 'logit_bias' " : "'logit_bias' ");
         if (rc) {
             ft_err_prefix(rc, "%s", x->where);
             break;
@@ -608,6 +676,7 @@ int gen_run_batch(const gen_opts *o)
         if (x->max_new > nd.max_new) nd.max_new = x->max_new;
         nd.seen |= x->sc.repetition_penalty != 1;
         if (x->lp_top >= 0 && 1 + x->lp_top > nd.lp_n) nd.lp_n = 1 + x->lp_top;
+        if (x->plp_k >= 0) nd.plp_rows = GEN_PLP_ROWS;
         n_sampled += x->sc.temperature > 0 && !(x->q.params.set & FT_GEN_SET_SEED);
         n_raw += x->q.raw;
         if (maxpos > 0 && x->n + x->max_new > maxpos) {
@@ -623,6 +692,7 @@ int gen_run_batch(const gen_opts *o)
                  (long long)b.n);
         gen_warn_context(&e, over_len, over_new, what);
     }
+    if (nd.max_new < 1) nd.max_new = 1; /* echo with max_tokens 0 only: no buffer of 0 */
     /* the seed the records' own derive from (unless they set theirs) */
     if (!rc && n_sampled) fprintf(stderr, "ftune: seed %lld\n", (long long)o->seed);
     if (!rc) gen_warn_no_think(o, e.tok, tmpl);
@@ -698,13 +768,14 @@ int gen_run_batch(const gen_opts *o)
         while (!rc && emitted < b.n && rec_done(&b.r[emitted], dn)) {
             batch_rec *x = &b.r[emitted];
             gen_choice *d = dn + x->first;
-            rc = gen_put_record(of.f ? of.f : stdout, o, emitted, x, d, ft_tok_eos(e.tok));
+            rc = gen_put_record(of.f ? of.f : stdout, o, e.tok, emitted, x, d, ft_tok_eos(e.tok));
             if (rc) ft_err_prefix(rc, "%s", x->where);
             else total_new += rec_said(&b, emitted, d);
             for (int64_t c = 0; c < x->n_choices; c++) {
                 free(d[c].r.text);
                 d[c].r.text = NULL;
             }
+            ft_gen_plp_free(&x->plp);
             emitted++;
         }
         if (!rc && !n && emitted < b.n && next >= b.n) /* cannot happen: every record finishes */

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/gen_prompt_lp.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
 
@@ -31,18 +32,48 @@ static void id_hex(const char *s, char out[17])
     snprintf(out, 17, "%016llx", (unsigned long long)ft_mix64(h));
 }
 
+/* A completions choice's "text": with echo the prompt, then the reply (vLLM's
+ * request_output_to_completion_response: prompt_text + output.text), malloc'ed. */
+static char *choice_text(const batch_rec *x, const char *reply)
+{
+    const char *pre = x->echo ? x->q.user : "";
+    const size_t a = strlen(pre), b = strlen(reply);
+    char *s = malloc(a + b + 1);
+    if (s) {
+        memcpy(s, pre, a);
+        memcpy(s + a, reply, b + 1);
+    }
+    return s;
+}
+
+/* Adds key "prompt_logprobs" (gen_plp_json of x's values) to j. */
+static int add_plp(cJSON *j, const ft_tokenizer *tok, const batch_rec *x)
+{
+    cJSON *a = NULL;
+    FT_TRY(gen_plp_json(tok, &x->plp, &a));
+    if (cJSON_AddItemToObject(j, "prompt_logprobs", a)) return 0;
+    cJSON_Delete(a);
+    return ft_err(-ENOMEM, "out of memory");
+}
+
 /* Choice `index` of a batch request x's reply (vLLM's ChatCompletionResponseChoice /
  * CompletionResponseChoice): {"index", "message": {"role", "content"} | "text", "logprobs",
- * "finish_reason", "stop_reason"}; takes over c->lp. NULL when out of memory. */
-static cJSON *choice_json(const batch_rec *x, int64_t index, gen_choice *c, int32_t eos)
+ * "finish_reason", "stop_reason", "prompt_logprobs"? (completions)}; takes over c->lp. Returns
+ * 0 or an error (*out NULL). */
+static int choice_json(const ft_tokenizer *tok, const batch_rec *x, int64_t index, gen_choice *c,
+                       int32_t eos, cJSON **out)
 {
     const gen_result *r = &c->r;
     cJSON *j = cJSON_CreateObject();
     cJSON *lp = c->lp;
     c->lp = NULL;
-    if (!j) {
+    *out = NULL;
+    int rc = j ? 0 : ft_err(-ENOMEM, "out of memory");
+    if (!rc && lp && x->echo) rc = gen_plp_echo(tok, &x->plp, x->lp_top, lp);
+    if (rc) {
+        cJSON_Delete(j);
         cJSON_Delete(lp);
-        return NULL;
+        return rc;
     }
     cJSON_AddNumberToObject(j, "index", (double)index);
     const char *text = r->text ? r->text : "";
@@ -51,7 +82,9 @@ static cJSON *choice_json(const batch_rec *x, int64_t index, gen_choice *c, int3
         cJSON_AddStringToObject(m, "role", "assistant");
         cJSON_AddStringToObject(m, "content", text);
     } else {
-        cJSON_AddStringToObject(j, "text", text);
+        char *t = choice_text(x, text);
+        if (!t || !cJSON_AddStringToObject(j, "text", t)) rc = ft_err(-ENOMEM, "out of memory");
+        free(t);
     }
     if (lp) cJSON_AddItemToObject(j, "logprobs", lp);
     else cJSON_AddNullToObject(j, "logprobs");
@@ -61,25 +94,31 @@ static cJSON *choice_json(const batch_rec *x, int64_t index, gen_choice *c, int3
     if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
     else if (r->stop == GEN_STOP_TOKEN && c->stop_tok != eos) cJSON_AddNumberToObject(j, "stop_reason", c->stop_tok);
     else cJSON_AddNullToObject(j, "stop_reason");
-    return j;
+    /* vLLM: each completions choice carries the request's prompt_logprobs; chat: the body */
+    if (!rc && x->plp_k >= 0 && x->q.api == FT_GEN_API_COMPLETIONS) rc = add_plp(j, tok, x);
+    if (rc) cJSON_Delete(j);
+    else *out = j;
+    return rc;
 }
 
 /* The Batch API output object of batch request x with its choices c[0..x->n_choices) (see
- * gen_batch.c's header); takes over their "logprobs". NULL when out of memory. */
-static cJSON *batch_line(const gen_opts *o, const batch_rec *x, gen_choice *c, int32_t eos)
+ * gen_batch.c's header); takes over their "logprobs". Returns 0 or an error (*out NULL). */
+static int batch_line(const gen_opts *o, const ft_tokenizer *tok, const batch_rec *x, gen_choice *c,
+                      int32_t eos, cJSON **out)
 {
     const int chat = x->q.api == FT_GEN_API_CHAT;
     char h[17], id[64];
     id_hex(x->q.custom_id, h);
     cJSON *j = cJSON_CreateObject(), *resp = cJSON_CreateObject(), *body = cJSON_CreateObject();
     cJSON *choices = cJSON_CreateArray(), *usage = cJSON_CreateObject();
+    *out = NULL;
     if (!j || !resp || !body || !choices || !usage) {
         cJSON_Delete(j);
         cJSON_Delete(resp);
         cJSON_Delete(body);
         cJSON_Delete(choices);
         cJSON_Delete(usage);
-        return NULL;
+        return ft_err(-ENOMEM, "out of memory");
     }
     snprintf(id, sizeof id, "batch_req_%s", h);
     cJSON_AddStringToObject(j, "id", id);
@@ -100,37 +139,41 @@ static cJSON *batch_line(const gen_opts *o, const batch_rec *x, gen_choice *c, i
      * completion tokens summed over the choices, each with the stop token that ended it (its
      * output token_ids end with it, vllm-project/vllm#28185) */
     int64_t done = 0;
-    int oom = 0;
-    for (int64_t k = 0; k < x->n_choices; k++) {
+    int rc = 0;
+    for (int64_t k = 0; k < x->n_choices && !rc; k++) {
         const gen_result *r = &c[k].r;
         done += r->n_out + (r->stop == GEN_STOP_TOKEN);
-        cJSON *cj = choice_json(x, k, &c[k], eos);
-        if (!cj || !cJSON_AddItemToArray(choices, cj)) {
+        cJSON *cj = NULL;
+        rc = choice_json(tok, x, k, &c[k], eos, &cj);
+        if (!rc && !cJSON_AddItemToArray(choices, cj)) {
             cJSON_Delete(cj);
-            oom = 1;
+            rc = ft_err(-ENOMEM, "out of memory");
         }
     }
     cJSON_AddNumberToObject(usage, "prompt_tokens", (double)x->n);
     cJSON_AddNumberToObject(usage, "completion_tokens", (double)done);
     cJSON_AddNumberToObject(usage, "total_tokens", (double)(x->n + done));
     cJSON_AddItemToObject(body, "usage", usage);
-    if (oom) {
-        cJSON_Delete(j);
-        return NULL;
-    }
-    return j;
+    /* vLLM's ChatCompletionResponse.prompt_logprobs: once, after usage */
+    if (!rc && x->plp_k >= 0 && chat) rc = add_plp(body, tok, x);
+    if (rc) cJSON_Delete(j);
+    else *out = j;
+    return rc;
 }
 
-/* A plain record's line (cmd_generate.c's header) from its one reply c; takes over c->lp. */
-static cJSON *plain_line(int64_t i, const batch_rec *x, gen_choice *c, int32_t eos)
+/* A plain record's line (cmd_generate.c's header) from its one reply c; takes over c->lp.
+ * Returns 0 or an error (*out NULL). */
+static int plain_line(const ft_tokenizer *tok, int64_t i, const batch_rec *x, gen_choice *c,
+                      int32_t eos, cJSON **out)
 {
     const gen_result *r = &c->r;
     cJSON *lp = c->lp;
     c->lp = NULL;
     cJSON *j = cJSON_CreateObject();
+    *out = NULL;
     if (!j) {
         cJSON_Delete(lp);
-        return NULL;
+        return ft_err(-ENOMEM, "out of memory");
     }
     cJSON_AddNumberToObject(j, "index", (double)i);
     cJSON_AddStringToObject(j, "prompt", x->q.user);
@@ -147,18 +190,24 @@ static cJSON *plain_line(int64_t i, const batch_rec *x, gen_choice *c, int32_t e
     cJSON_AddNumberToObject(j, "seconds", c->seconds);
     if (x->sc.temperature > 0) gen_add_seed(j, x->sc.seed);
     if (lp && !cJSON_AddItemToObject(j, "logprobs", lp)) cJSON_Delete(lp);
-    return j;
+    int rc = x->plp_k >= 0 ? add_plp(j, tok, x) : 0;
+    if (rc) cJSON_Delete(j);
+    else *out = j;
+    return rc;
 }
 
-int gen_put_record(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, gen_choice *c,
-                   int32_t eos)
+int gen_put_record(FILE *f, const gen_opts *o, const ft_tokenizer *tok, int64_t i,
+                   const batch_rec *x, gen_choice *c, int32_t eos)
 {
-    cJSON *j = x->q.api != FT_GEN_API_NONE ? batch_line(o, x, c, eos) : plain_line(i, x, c, eos);
+    cJSON *j = NULL;
+    int rc = x->q.api != FT_GEN_API_NONE ? batch_line(o, tok, x, c, eos, &j)
+                                         : plain_line(tok, i, x, c, eos, &j);
     for (int64_t k = 0; k < x->n_choices; k++) { /* what a failed line left */
         cJSON_Delete(c[k].lp);
         c[k].lp = NULL;
     }
-    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    FT_TRY(rc);
+    char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!s) return ft_err(-ENOMEM, "out of memory");
     int bad = fputs(s, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0;

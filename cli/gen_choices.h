@@ -26,10 +26,22 @@ typedef struct batch_rec {
     const int32_t *stop_ids;    /* n_stop_ids: --stop-token-ids or the record's "stop_token_ids" */
     int64_t n_stop_ids;
     int64_t min_tokens;         /* the record's "min_tokens" (0: none) */
+    const int32_t *bias_ids;    /* n_bias: the record's "logit_bias" ids, and their biases */
+    const float *bias;
+    int64_t n_bias;
+    int ignore_eos;             /* the record's "ignore_eos": only its stop ids end the reply */
     int64_t lp_top;             /* log-probabilities with this many alternatives per token
                                  * (--logprobs or the record's own); -1: none */
     int64_t n_choices;          /* 1, or a batch request's "n" */
     int64_t first;              /* its first choice's place in the run's list of choices */
+    int64_t plp_k;              /* its prompt's log-probabilities with this many alternatives per
+                                 * token (the record's "prompt_logprobs", else
+                                 * --prompt-logprobs, else with echo the request's logprobs:
+                                 * gen_prompt_lp.h); -1: none */
+    int echo;                   /* a completions request's "echo": true (the prompt before the
+                                 * reply, in its text and log-probabilities) */
+    ft_gen_plp plp;             /* the values, once its first choice's prefill computed them
+                                 * (ft_gen_prompt_logprobs); freed when its line is written */
 } batch_rec;
 
 /* One finished choice (reply) of a record, held until the records before it are written. */
@@ -53,9 +65,13 @@ uint64_t gen_choice_seed(uint64_t seed, int64_t c);
 
 /* Writes record i's output line to f (o->out names it in messages): the Batch API's object for
  * a batch request, its choices c[0..x->n_choices) in order; else {index, prompt, reply, ...}
- * from c[0] (cmd_generate.c's header). eos: the tokenizer's EOS id (vLLM's stop_reason is null
- * for it). Takes over each c[j].lp (set to NULL). Returns 0, -ENOMEM, -EIO. */
-int gen_put_record(FILE *f, const gen_opts *o, int64_t i, const batch_rec *x, gen_choice *c,
-                   int32_t eos);
+ * from c[0] (cmd_generate.c's header); with x->plp_k >= 0 the prompt's log-probabilities
+ * (gen_prompt_lp.h: vLLM's "prompt_logprobs" in each completions choice, once in a chat body,
+ * in a plain line), with x->echo the prompt before a completions choice's text and
+ * log-probabilities. tok names the tokens; eos: the tokenizer's EOS id (vLLM's stop_reason is
+ * null for it). Takes over each c[j].lp (set to NULL). Returns 0, -ENOMEM, -EIO, FT_E_INVALID
+ * (a token the tokenizer lacks). */
+int gen_put_record(FILE *f, const gen_opts *o, const ft_tokenizer *tok, int64_t i,
+                   const batch_rec *x, gen_choice *c, int32_t eos);
 
 #endif

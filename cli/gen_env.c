@@ -104,6 +104,9 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
     e->slots = slots;
     int64_t chunk = max_prompt < FT_GEN_CHUNK_DEFAULT ? max_prompt : FT_GEN_CHUNK_DEFAULT;
     if (chunk < slots) chunk = slots;
+    /* rows of logits per forward: a decode step's (one per slot), or a prompt's whose
+     * log-probabilities are asked for (ft_gen_prompt_logprobs) */
+    const int64_t plp = nd->plp_rows < chunk ? nd->plp_rows : chunk;
     /* the rows of a batched prefill: every slot's prompt at once, up to the default chunk */
     int64_t wide = max_prompt < FT_GEN_CHUNK_DEFAULT / slots ? max_prompt * slots : FT_GEN_CHUNK_DEFAULT;
     if (wide < chunk) wide = chunk;
@@ -124,7 +127,8 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
             const uint64_t budget = ft_backend_mem_budget(e->s.be, o->gpu_mem, 0, &mb) ? 0 : mb.budget;
             const int64_t asked = slots;
             while (!o->batch_set && slots > 1 && budget &&
-                   ft_gen_source_bytes(e->m, lora, ctx, chunk, slots, slots) > budget / 4)
+                   ft_gen_source_bytes(e->m, lora, ctx, chunk, slots > plp ? slots : plp, slots) >
+                       budget / 4)
                 slots--;
             if (slots < asked) {
                 fprintf(stderr, "ftune: %lld prompts at a time, not %lld: their KV caches of %lld "
@@ -137,16 +141,21 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
             if (wide > max_prompt * slots) wide = max_prompt * slots;
             if (wide < chunk) wide = chunk;
             while (!o->batch_set && budget && wide > chunk &&
-                   ft_gen_source_bytes(e->m, lora, ctx, wide, slots, slots) > budget / 4)
+                   ft_gen_source_bytes(e->m, lora, ctx, wide, slots > plp ? slots : plp, slots) >
+                       budget / 4)
                 wide = wide - max_prompt > chunk ? wide - max_prompt : chunk;
-            e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, ctx, wide, slots, slots);
+            e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, ctx, wide,
+                                                            slots > plp ? slots : plp, slots);
         }
         FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
         FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
-        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, wide, slots, slots));
+        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, wide,
+                                 slots > plp ? slots : plp, slots));
     } else {
-        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, wide, slots, slots));
+        FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, wide,
+                                 slots > plp ? slots : plp, slots));
     }
+    const int64_t rows = e->g.logit_rows_max;
     ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed, o->rep_penalty, o->min_p,
                         o->presence_penalty, o->frequency_penalty};
     FT_TRY(ft_sampler_init(&e->smp, &sc, V));
@@ -156,7 +165,7 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
         if (!e->seen) return ft_err(-ENOMEM, "out of memory");
         for (int64_t k = 0; k < slots; k++) FT_TRY(ft_sample_seen_init(&e->seen[k], V));
     }
-    e->logits = malloc((size_t)(slots * V) * sizeof(float));
+    e->logits = malloc((size_t)(rows * V) * sizeof(float));
     e->max_new = nd->max_new;
     e->out_ids = malloc((size_t)(slots * nd->max_new) * sizeof(int32_t));
     if (!e->logits || !e->out_ids) return ft_err(-ENOMEM, "out of memory");
@@ -271,7 +280,7 @@ int gen_lp_note(const gen_env *e, gen_result *r, const float *logits, int32_t t)
 /* v for JSON: the -inf stand-in below the floor; else the double nearest to v's 9 significant
  * digits, which read back as v in float (FLT_DECIMAL_DIG) and which cJSON prints in as many
  * digits (it would print v's own double in 17). */
-static double lp_out(float v)
+double gen_lp_out(float v)
 {
     if (!(v > LOGPROB_FLOOR)) return LOGPROB_FLOOR;
     char b[32];
@@ -299,6 +308,17 @@ static int token_strs(const ft_tokenizer *tok, int32_t id, char **text, char **r
     return 0;
 }
 
+int gen_token_text(const ft_tokenizer *tok, int32_t id, char **text, int64_t *chars)
+{
+    char *raw = NULL;
+    size_t raw_n = 0;
+    int64_t c = 0;
+    int rc = token_strs(tok, id, text, &raw, &raw_n, &c);
+    free(raw);
+    if (chars) *chars = c;
+    return rc;
+}
+
 /* {"token", "logprob", "bytes"} of a chat entry. */
 static cJSON *chat_entry(const char *text, const char *raw, size_t raw_n, float lp)
 {
@@ -309,7 +329,7 @@ static cJSON *chat_entry(const char *text, const char *raw, size_t raw_n, float 
         return NULL;
     }
     cJSON_AddStringToObject(o, "token", text);
-    cJSON_AddNumberToObject(o, "logprob", lp_out(lp));
+    cJSON_AddNumberToObject(o, "logprob", gen_lp_out(lp));
     for (size_t i = 0; i < raw_n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)raw[i]));
     cJSON_AddItemToObject(o, "bytes", b);
     return o;
@@ -363,13 +383,13 @@ int gen_logprobs_json(const ft_tokenizer *tok, const gen_result *r, int api, cJS
             if (e) cJSON_AddItemToArray(content, e);
         } else if (api == FT_GEN_API_COMPLETIONS) {
             cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
-            cJSON_AddItemToArray(tlp, cJSON_CreateNumber(lp_out(v[0])));
+            cJSON_AddItemToArray(tlp, cJSON_CreateNumber(gen_lp_out(v[0])));
             cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
             offset += chars;
             top = cJSON_CreateObject();
             if (top) {
                 cJSON_AddItemToArray(tops, top);
-                dict_set(top, text, lp_out(v[0])); /* the token first (vLLM's order) */
+                dict_set(top, text, gen_lp_out(v[0])); /* the token first (vLLM's order) */
             }
         } else {
             e = cJSON_CreateObject();
@@ -377,7 +397,7 @@ int gen_logprobs_json(const ft_tokenizer *tok, const gen_result *r, int api, cJS
                 cJSON_AddItemToArray(content, e);
                 cJSON_AddNumberToObject(e, "id", d[0]);
                 cJSON_AddStringToObject(e, "token", text);
-                cJSON_AddNumberToObject(e, "logprob", lp_out(v[0]));
+                cJSON_AddNumberToObject(e, "logprob", gen_lp_out(v[0]));
                 top = cJSON_AddArrayToObject(e, "top");
             }
         }
@@ -389,7 +409,7 @@ int gen_logprobs_json(const ft_tokenizer *tok, const gen_result *r, int api, cJS
                 cJSON *pair = cJSON_CreateArray();
                 if (!pair) goto oom;
                 cJSON_AddItemToArray(pair, cJSON_CreateNumber(d[j]));
-                cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp_out(v[j])));
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(gen_lp_out(v[j])));
                 cJSON_AddItemToArray(top, pair);
                 continue;
             }
@@ -404,7 +424,7 @@ int gen_logprobs_json(const ft_tokenizer *tok, const gen_result *r, int api, cJS
                 if (a) cJSON_AddItemToArray(top, a);
                 else rc = -ENOMEM;
             } else {
-                dict_set(top, text, lp_out(v[j]));
+                dict_set(top, text, gen_lp_out(v[j]));
             }
             free(text);
             free(raw);

@@ -20,6 +20,11 @@
 #define MAX_STOP 16     /* stop token ids */
 #define GEN_EXEC_T 64 /* tokens of the executor that serves generation its weights */
 #define GEN_BATCH_DEFAULT 8 /* --prompts records decoded together unless --batch says */
+/* Rows of logits per forward of a prompt whose log-probabilities are asked for (prompt_logprobs,
+ * echo): its prefill runs in forwards of this many tokens, each returning (rows, V) logits, so
+ * that a long prompt never needs (prompt, V) of them (128k vocabulary: 128 MiB of fp32 host
+ * logits, as much in the backend's arena). */
+#define GEN_PLP_ROWS 256
 
 /* --stop-token-ids ID,ID,...: the token ids (each below the model's vocabulary size, checked
  * once it is loaded). */
@@ -44,6 +49,9 @@ typedef struct gen_opts {
     int64_t ctx_size;           /* --ctx-size: the chat's KV cache in tokens (0: the default) */
     int64_t logprobs;           /* --logprobs N: the reply's log-probabilities with N alternatives
                                  * per token (0..FT_GEN_MAX_LOGPROBS); -1: none (the default) */
+    int64_t prompt_logprobs;    /* --prompt-logprobs K (--prompts): the prompt tokens'
+                                 * log-probabilities with K alternatives each for the records
+                                 * that do not set "prompt_logprobs"; -1: none (the default) */
 } gen_opts;
 
 /* What ended a reply. */
@@ -97,12 +105,15 @@ typedef struct gen_env {
 
 /* What gen_env_plan sizes for: the longest prompt, the longest prompt plus the new tokens asked
  * of its reply (tokens per KV cache), the most new tokens of any reply, whether some
- * sequence has a repetition penalty (each slot then keeps the ids it holds), and lp_n: 1 + the
- * most alternatives per token of a reply with log-probabilities (0: none has them). */
+ * sequence has a repetition penalty (each slot then keeps the ids it holds), lp_n: 1 + the
+ * most alternatives per token of a reply with log-probabilities (0: none has them), and
+ * plp_rows: the rows of logits a prompt with log-probabilities needs per forward
+ * (GEN_PLP_ROWS; 0: no prompt asks for them). */
 typedef struct gen_need {
     int64_t max_prompt, ctx, max_new;
     int seen;
     int64_t lp_n;
+    int64_t plp_rows;
 } gen_need;
 
 /* Seconds on the monotonic clock. */
@@ -138,7 +149,9 @@ int gen_env_open(gen_env *e, const gen_opts *o);
 /* Sizes the KV caches of `slots` sequences (decoded together) for nd->ctx tokens each
  * (prompts of up to nd->max_prompt tokens, prefilled in chunks of at most
  * FT_GEN_CHUNK_DEFAULT, and their replies); the sampler (the command line's settings), the
- * buffers and the stop tokens of the resolved template tmpl. */
+ * buffers and the stop tokens of the resolved template tmpl. The forwards return up to
+ * max(slots, min(nd->plp_rows, chunk)) rows of logits (e->g.logit_rows_max), e->logits holds
+ * as many rows. */
 int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, int64_t slots);
 
 /* Frees what gen_env_open and gen_env_plan made; leaves e zeroed. */
@@ -185,6 +198,15 @@ int gen_lp_note(const gen_env *e, gen_result *r, const float *logits, int32_t t)
  * OpenAI write it. *out is NULL on error. Returns 0, -ENOMEM, FT_E_INVALID (a token the
  * tokenizer lacks). */
 int gen_logprobs_json(const ft_tokenizer *tok, const gen_result *r, int api, cJSON **out);
+
+/* A log-probability for JSON: -9999.0 for -inf (and below it), as vLLM and OpenAI write it;
+ * else the double nearest to v's 9 significant digits (it reads back as v in float). */
+double gen_lp_out(float v);
+
+/* Token id's text as the log-probabilities name it ("token", "decoded_token": its bytes as
+ * UTF-8, an invalid sequence replaced by U+FFFD), malloc'ed; *chars its length in characters
+ * (may be NULL). Returns 0, -ENOMEM, FT_E_INVALID (an id the tokenizer lacks). */
+int gen_token_text(const ft_tokenizer *tok, int32_t id, char **text, int64_t *chars);
 
 /* --no-think with a template that has no enable_thinking switch: said once, as transformers
  * passes enable_thinking to any template and those ignore it. */

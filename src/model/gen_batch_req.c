@@ -24,7 +24,8 @@ static const char *const SETTING_KEYS[] = {"max_new_tokens", "max_tokens", "max_
                                            "temperature", "top_p", "top_k", "min_p",
                                            "repetition_penalty", "presence_penalty",
                                            "frequency_penalty", "stop", "seed", "logprobs",
-                                           "stop_token_ids", "min_tokens", NULL};
+                                           "stop_token_ids", "min_tokens", "prompt_logprobs",
+                                           "logit_bias", "ignore_eos", NULL};
 /* Keys of the lines `ftune generate --prompts` writes (a line fed back is a record). */
 static const char *const WRITTEN_KEYS[] = {"index", "reply", "reference", "prompt_tokens",
                                            "new_tokens", "stop_reason", "seconds", NULL};
@@ -37,7 +38,8 @@ static const char *const BODY_READ_KEYS[] = {"messages", "prompt", "tools", "max
                                              "top_k", "min_p", "repetition_penalty",
                                              "presence_penalty", "frequency_penalty", "stop",
                                              "seed", "n", "logprobs", "top_logprobs",
-                                             "stop_token_ids", "min_tokens", NULL};
+                                             "stop_token_ids", "min_tokens", "prompt_logprobs",
+                                             "echo", "logit_bias", "ignore_eos", NULL};
 
 static int in_list(const char *const *list, const char *k)
 {
@@ -154,8 +156,6 @@ static const struct body_field { const char *key; int rule; const char *why; } B
     {"kv_transfer_params", B_IGNORE, NULL},
     {"spaces_between_special_tokens", B_IGNORE, NULL},
     {"stream", B_FALSE, "the reply is written whole"},
-    {"echo", B_FALSE, "the prompt is not repeated in the reply"},
-    {"ignore_eos", B_FALSE, NULL},
     {"include_stop_str_in_output", B_FALSE, "the reply stops before the stop string"},
     {"use_beam_search", B_FALSE, NULL},
     {"continue_final_message", B_FALSE, NULL},
@@ -166,7 +166,6 @@ static const struct body_field { const char *key; int rule; const char *why; } B
     {"parallel_tool_calls", B_TRUE, NULL},
     {"best_of", B_ONE, NULL},
     {"length_penalty", B_ONE, NULL},
-    {"logit_bias", B_EMPTY, NULL},
     {"bad_words", B_EMPTY, NULL},
     {"allowed_token_ids", B_EMPTY, NULL},
     {"logits_processors", B_EMPTY, NULL},
@@ -193,7 +192,6 @@ static const struct body_field { const char *key; int rule; const char *why; } B
     {"reasoning_effort", B_EMPTY, NULL},
     {"verbosity", B_EMPTY, NULL},
     {"truncate_prompt_tokens", B_EMPTY, NULL},
-    {"prompt_logprobs", B_EMPTY, "ftune returns the log-probabilities of the reply's tokens only"},
     {"suffix", B_EMPTY, NULL},
     {"add_special_tokens", B_IGNORE, NULL}, /* checked in body_fields */
 };
@@ -243,7 +241,7 @@ static int body_fields(ft_gen_req *q, const cJSON *body, int api)
         char val[48];
         if (!strcmp(k, api == FT_GEN_API_CHAT ? "messages" : "prompt") ||
             (api == FT_GEN_API_CHAT && (!strcmp(k, "tools") || !strcmp(k, "top_logprobs"))) ||
-            !strcmp(k, "n") || /* the choices (gp_req_params) */
+            !strcmp(k, "n") || !strcmp(k, "echo") || /* the choices, echo (gp_req_params) */
             (in_list(SETTING_KEYS, k) && strcmp(k, "max_new_tokens")))
             continue;
         if (!strcmp(k, "add_special_tokens")) {

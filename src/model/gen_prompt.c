@@ -15,6 +15,7 @@
 #include "src/data/chat.h"
 #include "src/data/dataset.h"
 #include "src/model/gen_prompt_internal.h"
+#include "src/model/sample.h"
 
 /* ---- prompt ------------------------------------------------------------------------------ */
 
@@ -54,6 +55,88 @@ int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, con
     return msgs_ids(tok, tmpl, m, k, NULL, flags, ids, n, NULL);
 }
 
+/* ---- prompt log-probabilities ------------------------------------------------------------- */
+
+void ft_gen_plp_free(ft_gen_plp *p)
+{
+    if (!p) return;
+    free(p->lp);
+    free(p->ids);
+    free(p->rank);
+    memset(p, 0, sizeof *p);
+}
+
+/* vLLM's rank of token t in row z (V logits): how many logits are >= z[t], t included. */
+static int64_t logit_rank(const float *z, int64_t V, int32_t t)
+{
+    int64_t r = 0;
+    for (int64_t j = 0; j < V; j++) r += z[j] >= z[t];
+    return r;
+}
+
+/* Position p of *out from the row of logits z that predicts ids[p]. */
+static int plp_row(ft_gen_plp *out, const float *z, int64_t V, int32_t tok, int64_t p)
+{
+    const int64_t at = p * (1 + out->k);
+    out->ids[at] = tok;
+    out->rank[p] = logit_rank(z, V, tok);
+    int64_t nt = 0;
+    FT_TRY(ft_sample_logprobs(z, V, tok, out->k, &out->lp[at], &out->ids[at + 1], &out->lp[at + 1],
+                              &nt));
+    for (int64_t j = nt; j < out->k; j++) out->ids[at + 1 + j] = -1; /* a vocabulary below k */
+    return 0;
+}
+
+int ft_gen_prompt_logprobs(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, int64_t k,
+                           int64_t rows, float *logits, ft_gen_plp *out)
+{
+    if (!out) return ft_err(FT_E_INVALID, "generate: NULL prompt log-probabilities");
+    memset(out, 0, sizeof *out);
+    if (!g || !g->arena || !ids || !logits) return ft_err(FT_E_INVALID, "generate: not initialised");
+    if (k < 0 || k > FT_GEN_MAX_LOGPROBS)
+        return ft_err(FT_E_INVALID, "generate: %lld prompt log-probability alternatives, expected "
+                      "0..%d", (long long)k, FT_GEN_MAX_LOGPROBS);
+    const int64_t rmax = g->chunk_max < g->logit_rows_max ? g->chunk_max : g->logit_rows_max;
+    if (rows < 1 || rows > rmax || n < 1 || n > g->ctx_max)
+        return ft_err(FT_E_RANGE, "generate: prompt log-probabilities of %lld tokens in forwards of "
+                      "%lld rows, expected 1..%lld tokens and 1..%lld rows", (long long)n,
+                      (long long)rows, (long long)g->ctx_max, (long long)rmax);
+    if (slot >= 0 && slot < g->n_slots && g->past[slot] != 0)
+        return ft_err(FT_E_INVALID, "generate: sequence slot %lld holds %lld tokens (prompt "
+                      "log-probabilities start an empty cache)", (long long)slot,
+                      (long long)g->past[slot]);
+    const int64_t V = g->m->cfg.vocab_size, w = 1 + k;
+    out->n = n;
+    out->k = k;
+    out->lp = malloc((size_t)(n * w) * sizeof *out->lp);
+    out->ids = malloc((size_t)(n * w) * sizeof *out->ids);
+    out->rank = calloc((size_t)n, sizeof *out->rank);
+    if (!out->lp || !out->ids || !out->rank) {
+        ft_gen_plp_free(out);
+        return ft_err(-ENOMEM, "out of memory for the log-probabilities of %lld prompt tokens",
+                      (long long)n);
+    }
+    for (int64_t j = 0; j < w; j++) { /* the first token: nothing predicts it */
+        out->lp[j] = NAN;
+        out->ids[j] = j ? -1 : ids[0];
+    }
+    int rc = 0;
+    int64_t c = 0;
+    for (int64_t i = 0; !rc && i < n; i += c) {
+        c = n - i < rows ? n - i : rows;
+        rc = ft_gen_forward_slot(g, slot, ids + i, c, logits, c);
+        /* row t predicts the token after position i + t (the last row: the reply's first) */
+        for (int64_t t = 0; !rc && t < c && i + t + 1 < n; t++)
+            rc = plp_row(out, logits + t * V, V, ids[i + t + 1], i + t + 1);
+    }
+    if (!rc && c > 1) memmove(logits, logits + (c - 1) * V, (size_t)V * sizeof *logits);
+    if (rc) {
+        ft_gen_plp_free(out);
+        ft_gen_reset_slot(g, slot);
+    }
+    return rc;
+}
+
 /* ---- prompts files ----------------------------------------------------------------------- */
 
 char *gp_dup_str(const char *s, size_t n)
@@ -82,6 +165,8 @@ void ft_gen_req_free(ft_gen_req *q)
     for (int64_t i = 0; i < q->params.n_stop; i++) free(q->params.stop[i]);
     free(q->params.stop);
     free(q->params.stop_ids);
+    free(q->params.bias_ids);
+    free(q->params.bias);
     free(q->custom_id);
     for (int64_t i = 0; i < q->n_unknown; i++) free(q->unknown[i]);
     free(q->unknown);
@@ -292,6 +377,44 @@ static int param_stop_ids(const cJSON *v, ft_gen_params *p)
     return 0;
 }
 
+/* "logit_bias": {"<token id>": bias, ...}, up to FT_GEN_MAX_LOGIT_BIAS distinct ids 0..2^31 - 1
+ * written as decimal integers, biases in [-100, 100] (OpenAI's logit_bias; vLLM's
+ * SamplingParams.logit_bias adds them to the logits the same way). */
+static int param_logit_bias(const cJSON *v, ft_gen_params *p)
+{
+    if (!cJSON_IsObject(v))
+        return ft_err(FT_E_INVALID, "'logit_bias' must be an object of \"<token id>\": bias, found %s",
+                      ft_json_type(v));
+    const int64_t n = cJSON_GetArraySize(v);
+    if (n > FT_GEN_MAX_LOGIT_BIAS)
+        return ft_err(FT_E_INVALID, "'logit_bias': %lld token ids, at most %d", (long long)n,
+                      FT_GEN_MAX_LOGIT_BIAS);
+    p->bias_ids = calloc((size_t)(n ? n : 1), sizeof *p->bias_ids);
+    p->bias = calloc((size_t)(n ? n : 1), sizeof *p->bias);
+    if (!p->bias_ids || !p->bias) return ft_err(-ENOMEM, "out of memory");
+    int64_t i = 0;
+    for (const cJSON *e = v->child; e; e = e->next, i++) {
+        const char *k = e->string ? e->string : "";
+        char *end = NULL;
+        long long id = -1;
+        if (*k >= '0' && *k <= '9') id = strtoll(k, &end, 10);
+        if (id < 0 || id > INT32_MAX || !end || *end)
+            return ft_err(FT_E_INVALID, "'logit_bias' key \"%.40s\" is no token id (expected an integer "
+                          "0..%d, as a string)", k, INT32_MAX);
+        for (int64_t j = 0; j < i; j++)
+            if (p->bias_ids[j] == (int32_t)id)
+                return ft_err(FT_E_INVALID, "'logit_bias' names token %lld twice", id);
+        const double d = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+        if (!(d >= -100 && d <= 100))
+            return ft_err(FT_E_INVALID, "'logit_bias' \"%s\": expected a number -100..100%s%s", k,
+                          cJSON_IsNumber(e) ? "" : ", found ", cJSON_IsNumber(e) ? "" : ft_json_type(e));
+        p->bias_ids[i] = (int32_t)id;
+        p->bias[i] = (float)d;
+        p->n_bias = i + 1;
+    }
+    return 0;
+}
+
 /* The generation settings of object record rec into *p (see ft_gen_req_parse); body =
  * FT_GEN_API_CHAT or FT_GEN_API_COMPLETIONS: rec is a batch request's body for that endpoint
  * (OpenAI's names only: no "max_new_tokens"; vLLM's -1 for top_k "off" and for seed "none"
@@ -301,11 +424,22 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
 {
     static const char *const max_keys[] = {"max_new_tokens", "max_tokens", "max_completion_tokens"};
     const char *max_key = NULL;
+    const cJSON *v;
+    /* a batch request's "echo" (vLLM's CompletionRequest.echo, ChatCompletionRequest.echo);
+     * with it a completions request may ask for no new token (OpenAI's legacy completions:
+     * the prompt and its log-probabilities only) */
+    if (body && (v = param_item(rec, "echo"))) {
+        if (!cJSON_IsBool(v))
+            return ft_err(FT_E_INVALID, "'echo' must be true or false, found %s", ft_json_type(v));
+        p->echo = cJSON_IsTrue(v);
+        p->set |= FT_GEN_SET_ECHO;
+    }
+    const int none_ok = body == FT_GEN_API_COMPLETIONS && p->echo;
     for (int i = body ? 1 : 0; i < 3; i++) { /* a body has no "max_new_tokens" */
-        const cJSON *v = param_item(rec, max_keys[i]);
         int64_t m;
-        if (!v) continue;
-        FT_TRY(param_int(v, max_keys[i], 1, FT_GEN_MAX_NEW_TOKENS, "1..1000000", &m));
+        if (!(v = param_item(rec, max_keys[i]))) continue;
+        FT_TRY(param_int(v, max_keys[i], none_ok ? 0 : 1, FT_GEN_MAX_NEW_TOKENS,
+                         none_ok ? "0..1000000 (0 with echo: the prompt alone)" : "1..1000000", &m));
         if (max_key && m != p->max_new_tokens)
             return ft_err(FT_E_INVALID, "'%s' %lld and '%s' %lld: give one of them",
                           max_key, (long long)p->max_new_tokens, max_keys[i], (long long)m);
@@ -313,7 +447,6 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
         p->max_new_tokens = m;
         p->set |= FT_GEN_SET_MAX_NEW;
     }
-    const cJSON *v;
     if ((v = param_item(rec, "temperature"))) {
         FT_TRY(param_float(v, "temperature", 0, 0, INFINITY, "a finite value >= 0 (0: greedy)",
                            &p->temperature));
@@ -390,9 +523,30 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
         }
         p->set |= FT_GEN_SET_LOGPROBS;
     }
+    /* vLLM's prompt_logprobs (a line generate wrote, fed back, holds the values under it) */
+    if ((v = param_item(rec, "prompt_logprobs")) && (body || !cJSON_GetObjectItemCaseSensitive(rec, "reply"))) {
+        if (!body && cJSON_IsFalse(v))
+            p->prompt_logprobs = -1;
+        else
+            FT_TRY(param_int(v, "prompt_logprobs", 0, FT_GEN_MAX_LOGPROBS, body ? "an integer 0..20 "
+                             "(the alternatives listed per prompt token; vLLM's limit)" : "an integer "
+                             "0..20 (the alternatives listed per prompt token) or false",
+                             &p->prompt_logprobs));
+        p->set |= FT_GEN_SET_PROMPT_LOGPROBS;
+    }
     if ((v = param_item(rec, "stop_token_ids"))) {
         FT_TRY(param_stop_ids(v, p));
         p->set |= FT_GEN_SET_STOP_IDS;
+    }
+    if ((v = param_item(rec, "logit_bias"))) {
+        FT_TRY(param_logit_bias(v, p));
+        p->set |= FT_GEN_SET_LOGIT_BIAS;
+    }
+    if ((v = param_item(rec, "ignore_eos"))) {
+        if (!cJSON_IsBool(v))
+            return ft_err(FT_E_INVALID, "'ignore_eos' must be true or false, found %s", ft_json_type(v));
+        p->ignore_eos = cJSON_IsTrue(v);
+        p->set |= FT_GEN_SET_IGNORE_EOS;
     }
     if ((v = param_item(rec, "min_tokens"))) {
         FT_TRY(param_int(v, "min_tokens", 0, FT_GEN_MAX_NEW_TOKENS, "an integer 0..1000000",

@@ -225,6 +225,8 @@ int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, con
 #define FT_GEN_MAX_STOP_IDS 64
 /* Most choices a batch request may ask for ("n"). */
 #define FT_GEN_MAX_CHOICES 16
+/* Most token ids a record's "logit_bias" may name. */
+#define FT_GEN_MAX_LOGIT_BIAS 1024
 
 /* Bits of ft_gen_params.set: the fields a record gives. */
 enum {
@@ -242,6 +244,10 @@ enum {
     FT_GEN_SET_STOP_IDS = 1 << 11,
     FT_GEN_SET_MIN_TOKENS = 1 << 12,
     FT_GEN_SET_N = 1 << 13,
+    FT_GEN_SET_PROMPT_LOGPROBS = 1 << 14,
+    FT_GEN_SET_ECHO = 1 << 15,
+    FT_GEN_SET_LOGIT_BIAS = 1 << 16,
+    FT_GEN_SET_IGNORE_EOS = 1 << 17,
 };
 
 /* Most alternatives per token a record may ask for ("top_logprobs" / "logprobs": k, and
@@ -274,6 +280,19 @@ typedef struct ft_gen_params {
     int64_t min_tokens;         /* 0..FT_GEN_MAX_NEW_TOKENS: no stop token or stop string ends
                                  * the reply before this many tokens (vLLM's min_tokens) */
     int64_t n;                  /* 1..FT_GEN_MAX_CHOICES: choices of a batch request ("n") */
+    int64_t prompt_logprobs;    /* 0..FT_GEN_MAX_LOGPROBS: the prompt tokens' log-probabilities
+                                 * with this many alternatives each (vLLM's prompt_logprobs);
+                                 * -1: none (a plain record's false) */
+    int echo;                   /* 1: a batch request's "echo": true (completions: the prompt
+                                 * repeated before the reply; ft_gen_req_parse) */
+    int32_t *bias_ids;          /* n_bias token ids 0..INT32_MAX, distinct (the vocabulary bound
+                                 * is checked once the model is loaded), malloc'ed */
+    float *bias;                /* n_bias values in [-100, 100], added to those ids' logits
+                                 * before sampling (OpenAI's and vLLM's logit_bias) */
+    int64_t n_bias;             /* 0..FT_GEN_MAX_LOGIT_BIAS */
+    int ignore_eos;             /* 1: the EOS and the other stop tokens of the model and template
+                                 * do not end the reply; stop_token_ids still do (vLLM's
+                                 * ignore_eos) */
 } ft_gen_params;
 
 /* What a record is: a plain prompt, or an OpenAI batch request (formats: OpenAI's Batch API
@@ -347,9 +366,17 @@ typedef struct ft_gen_req {
  *       none), as vLLM's SamplingParams.stop_token_ids (the caller checks each against the
  *       model's vocabulary once it is loaded);
  *   "min_tokens": an integer 0..FT_GEN_MAX_NEW_TOKENS, as vLLM's SamplingParams.min_tokens (the
- *       caller checks that it does not exceed the reply's max new tokens).
+ *       caller checks that it does not exceed the reply's max new tokens);
+ *   "prompt_logprobs": an integer k in 0..FT_GEN_MAX_LOGPROBS (vLLM's SamplingParams.
+ *       prompt_logprobs: each prompt token's log-probability with the k most likely
+ *       alternatives; FT_GEN_SET_PROMPT_LOGPROBS) or, in a plain record, false (none: -1);
+ *   "logit_bias": an object of up to FT_GEN_MAX_LOGIT_BIAS entries "<token id>": bias, the ids
+ *       decimal integers 0..2^31 - 1 (each once), the biases numbers in [-100, 100] (OpenAI's
+ *       range), added to those logits before the penalties and sampling ({} : none);
+ *   "ignore_eos": true or false (vLLM's SamplingParams.ignore_eos).
  * A record with a "reply" key (a line `ftune generate --prompts` wrote, fed back) keeps its
- * "stop", the reason that reply ended, and its "logprobs", out of its settings.
+ * "stop", the reason that reply ended, its "logprobs" and its "prompt_logprobs" out of its
+ * settings.
  * Other keys are ignored, and listed in q->unknown (q->unknown_hint: the schema key or
  * setting within edit distance 2, e.g. "top_k" for "top_kk"), except those of the lines
  * generate writes (index, reply, reference, prompt_tokens, new_tokens, stop_reason, seconds).
@@ -366,9 +393,13 @@ typedef struct ft_gen_req {
  *   "logprobs" true or false with "top_logprobs" 0..20 (only with "logprobs": true, as OpenAI
  *   and vLLM refuse it otherwise), completions "logprobs" an integer 0..20 (vLLM's limit;
  *   OpenAI's is 5); "n", an integer 1..FT_GEN_MAX_CHOICES, the choices of the reply (a plain
- *   record has no "n": there it is an unknown key). B's fields that ftune does not implement
- *   are refused, naming the field, unless their value changes nothing (echo false, stream false,
- *   response_format {"type": "text"}, tool_choice "auto", logit_bias {}, ...: the list is
+ *   record has no "n": there it is an unknown key); "prompt_logprobs" an integer 0..20 or null
+ *   (not false); "echo" true or false (FT_GEN_SET_ECHO; completions: the prompt text before the
+ *   reply, and then "max_tokens" (or "max_completion_tokens") may be 0, as OpenAI's legacy
+ *   completions allow; chat: vLLM's echo repeats a final message of the reply's role, which
+ *   ftune refuses, so the text is unchanged). B's fields that ftune does not implement
+ *   are refused, naming the field, unless their value changes nothing (stream false,
+ *   response_format {"type": "text"}, tool_choice "auto", best_of 1, ...: the list is
  *   gen_batch_req.c BODY_FIELDS, from OpenAI's and vLLM's request schemas); model, user,
  *   metadata, store, service_tier and other bookkeeping are accepted and ignored. Other keys
  *   of the line or of B are unknown keys ("body.KEY").
@@ -389,6 +420,38 @@ void ft_gen_req_free(ft_gen_req *q); /* NULL-safe; leaves q zeroed */
  * ft_gen_prompt_ids, and ft_chat_template_for's FT_E_INVALID. */
 int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int flags,
                    int32_t **ids, int64_t *n, int *tmpl_out);
+
+/* The prompt log-probabilities of one prompt (ft_gen_prompt_logprobs), host memory, malloc'ed:
+ * for each position p in 1..n-1, at row p (stride 1 + k): ids[p * (1 + k)] is the prompt
+ * token and lp[p * (1 + k)] its log-probability given the tokens before it, then the k most
+ * likely tokens at that place and theirs (descending, ties to the lower id); rank[p] is the
+ * token's rank as vLLM counts it (vllm/v1/sample/ops/logprobs.py batched_count_greater_than:
+ * the number of tokens whose logit is >= its own, itself included, so 1 for the most likely
+ * token without a tie). Row 0 (the first token: nothing before it) holds the first token, lp
+ * NaN, alternatives -1 (ids) and NaN, rank 0. */
+typedef struct ft_gen_plp {
+    int64_t n, k;
+    float *lp;                  /* (n, 1 + k) */
+    int32_t *ids;               /* (n, 1 + k) */
+    int64_t *rank;              /* (n) */
+} ft_gen_plp;
+
+/* vLLM's prompt_logprobs (and OpenAI's legacy completions echo with logprobs): the empty slot
+ * `slot` prefilled with prompt ids[0..n) (host) in forwards of at most `rows` tokens
+ * (ft_gen_forward_slot), each returning the logits of all its rows, so that memory holds
+ * (rows, V) logits at a time, never (n, V); row t of the forward at position i gives the
+ * distribution of ids[i + t + 1] (ft_sample_logprobs: the raw log-softmax, its log-sum-exp in
+ * double; the k alternatives as the reply's log-probabilities list them), into *out (see
+ * ft_gen_plp; allocated here, freed with ft_gen_plp_free). Afterwards the slot holds the
+ * prompt, as a prefill leaves it, and logits[0..V) the distribution of the first reply token
+ * (the last prompt row). logits: (rows, V) host scratch. The same forwards on every backend
+ * (the op table), the logits copied to the host as the reply's are. Returns 0, -ENOMEM,
+ * FT_E_INVALID (a slot that is not empty, k outside 0..FT_GEN_MAX_LOGPROBS, NULL pointers),
+ * FT_E_RANGE (rows outside 1..min(chunk_max, logit_rows_max), n outside 1..ctx_max) or the
+ * forward's and ft_sample_logprobs' errors (*out then empty, the slot reset). */
+int ft_gen_prompt_logprobs(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, int64_t k,
+                           int64_t rows, float *logits, ft_gen_plp *out);
+void ft_gen_plp_free(ft_gen_plp *p); /* NULL-safe; leaves *p zeroed */
 
 /* The sampling seed of record i of a prompts file run with seed `seed`:
  *   seed XOR (z_i mod 2^53), z_0 = 0, z_i = the i-th output of splitmix64 started at 0

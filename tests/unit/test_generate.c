@@ -305,6 +305,80 @@ static void test_gen_bad_input(void **state)
     ft_gen_free(&g); /* twice: zeroed, harmless */
 }
 
+/* ft_gen_prompt_logprobs against ft_sample_logprobs over the rows of one forward of the whole
+ * prompt: a 10-token prompt in forwards of 3 rows (4 forwards, the later ones through the KV
+ * cache) gives each token's log-probability and alternatives within FT_TOL_PLP (the chunked
+ * logits are those of cached decoding, FT_TOL_KV_DECODE_REL of max |logit|; a log-softmax moves
+ * by at most twice that), vLLM's ranks (ties within the tolerance aside), the first token's row
+ * empty; the slot then holds the prompt and logits[0] the last row. Refusals change nothing. */
+#define FT_TOL_PLP_REL (2 * FT_TOL_KV_DECODE_REL)
+
+static void check_plp_row(const ft_gen_plp *p, int64_t q, const float *z, int64_t V, double tol)
+{
+    const int64_t w = 1 + p->k;
+    float want = 0, top_lp[FT_GEN_MAX_LOGPROBS];
+    int32_t top_id[FT_GEN_MAX_LOGPROBS];
+    assert_int_equal(ft_sample_logprobs(z, V, SEQ[q], p->k, &want, top_id, top_lp, NULL), 0);
+    assert_int_equal(p->ids[q * w], SEQ[q]);
+    assert_true(fabs(p->lp[q * w] - want) <= tol);
+    for (int64_t j = 0; j < p->k; j++) {
+        assert_int_equal(p->ids[q * w + 1 + j], top_id[j]);
+        assert_true(fabs(p->lp[q * w + 1 + j] - top_lp[j]) <= tol);
+    }
+    int64_t above = 0, at_least = 0; /* vLLM's count of logits >= the token's, with tol */
+    for (int64_t v = 0; v < V; v++) {
+        above += z[v] > z[SEQ[q]] + tol;
+        at_least += z[v] >= z[SEQ[q]] - tol;
+    }
+    assert_true(p->rank[q] >= above && p->rank[q] <= at_least && p->rank[q] >= 1);
+}
+
+static void test_gen_prompt_logprobs(void **state)
+{
+    fix *f = *state;
+    enum { N = 10, K = 4, ROWS = 3 };
+    const int64_t V = f->m->cfg.vocab_size;
+    ft_gen g, one;
+    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, &f->lora, NULL, 16, 8, ROWS, 2), 0);
+    assert_int_equal(ft_gen_init(&one, f->be, f->m, &f->lora, 16, N, N), 0);
+    float *all = malloc((size_t)(N * V) * 4), *lg = malloc((size_t)(ROWS * V) * 4);
+    assert_int_equal(ft_gen_forward(&one, SEQ, N, all, N), 0);
+    ft_gen_plp p;
+    assert_int_equal(ft_gen_prompt_logprobs(&g, 1, SEQ, N, K, ROWS, lg, &p), 0);
+    assert_int_equal(p.n, N);
+    assert_int_equal(p.k, K);
+    assert_int_equal(g.past[1], N);
+    assert_int_equal(p.ids[0], SEQ[0]); /* nothing predicts the first token */
+    assert_true(isnan(p.lp[0]) && p.rank[0] == 0 && p.ids[1] == -1);
+    const double tol = FT_TOL_PLP_REL * max_abs(all, N * V);
+    for (int64_t q = 1; q < N; q++) check_plp_row(&p, q, all + (q - 1) * V, V, tol);
+    double d = max_diff(lg, all + (N - 1) * V, V);
+    printf("prompt log-probabilities in forwards of %d rows vs one forward: last row max abs "
+           "diff %.3e (tolerance %.3e)\n", ROWS, d, tol);
+    assert_true(d <= FT_TOL_KV_DECODE_REL * max_abs(all, N * V));
+    ft_gen_plp_free(&p);
+    ft_gen_plp_free(&p); /* zeroed: harmless */
+    /* refusals: a slot holding tokens, rows beyond the logits planned, k > 20, n beyond ctx */
+    assert_int_equal(ft_gen_prompt_logprobs(&g, 1, SEQ, N, K, ROWS, lg, &p), FT_E_INVALID);
+    assert_int_equal(g.past[1], N);
+    assert_int_equal(ft_gen_prompt_logprobs(&g, 0, SEQ, N, K, ROWS + 1, lg, &p), FT_E_RANGE);
+    assert_int_equal(ft_gen_prompt_logprobs(&g, 0, SEQ, N, FT_GEN_MAX_LOGPROBS + 1, ROWS, lg, &p),
+                     FT_E_INVALID);
+    assert_int_equal(ft_gen_prompt_logprobs(&g, 0, SEQ, 17, K, ROWS, lg, &p), FT_E_RANGE);
+    assert_int_equal(ft_gen_prompt_logprobs(&g, 2, SEQ, N, K, ROWS, lg, &p), FT_E_RANGE);
+    assert_int_equal(g.past[0], 0);
+    assert_null(p.lp);
+    /* a one-token prompt: its row only, logits[0] its distribution */
+    assert_int_equal(ft_gen_prompt_logprobs(&g, 0, SEQ, 1, 0, ROWS, lg, &p), 0);
+    assert_int_equal(p.n, 1);
+    assert_true(max_diff(lg, all, V) <= FT_TOL_KV_DECODE_REL * max_abs(all, N * V));
+    ft_gen_plp_free(&p);
+    free(all);
+    free(lg);
+    ft_gen_free(&g);
+    ft_gen_free(&one);
+}
+
 /* ---- sampling ------------------------------------------------------------------------------ */
 
 static void test_sample_greedy(void **state)
@@ -1088,10 +1162,11 @@ static void test_gen_req_batch(void **state)
     expect_msg(&q, 1, FT_ROLE_USER, "U");
     assert_string_equal(q.user, "U");
     assert_null(q.reference);
-    /* top_k -1 is vLLM's off, seed -1 its none; logprobs false: none, said */
+    /* top_k -1 is vLLM's off, seed -1 its none; logprobs false: none, said; logit_bias {}: none */
     assert_int_equal(q.params.set, FT_GEN_SET_MAX_NEW | FT_GEN_SET_TEMPERATURE | FT_GEN_SET_TOP_K |
                                        FT_GEN_SET_STOP | FT_GEN_SET_FREQUENCY | FT_GEN_SET_LOGPROBS |
-                                       FT_GEN_SET_N);
+                                       FT_GEN_SET_N | FT_GEN_SET_LOGIT_BIAS);
+    assert_int_equal(q.params.n_bias, 0);
     assert_int_equal(q.params.n, 1);
     assert_int_equal(q.params.logprobs, 0);
     assert_int_equal(q.params.max_new_tokens, 9);
@@ -1195,6 +1270,65 @@ static void test_gen_req_batch(void **state)
     assert_int_equal(q.params.n, 2);
     assert_int_equal(q.n_unknown, 0);
     ft_gen_req_free(&q);
+    /* vLLM's prompt_logprobs (0..20, null absent) and echo: a completions request with echo may
+     * ask for no new token; chat's echo is read too (it changes no text: the last message is
+     * never the reply's role); a plain record's prompt_logprobs k or false, and a line generate
+     * wrote ("reply") keeps its values out of its settings */
+    static const struct { const char *json; unsigned set; int64_t plp, max_new; int echo; } pl[] = {
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"p\", \"echo\": true, \"max_tokens\": 0, \"logprobs\": 3, \"prompt_logprobs\": 20}}",
+         FT_GEN_SET_ECHO | FT_GEN_SET_MAX_NEW | FT_GEN_SET_LOGPROBS | FT_GEN_SET_PROMPT_LOGPROBS, 20, 0, 1},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"p\", \"max_completion_tokens\": 0, \"echo\": true, \"prompt_logprobs\": null}}",
+         FT_GEN_SET_ECHO | FT_GEN_SET_MAX_NEW, 0, 0, 1},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"p\", \"echo\": false, \"prompt_logprobs\": 0}}",
+         FT_GEN_SET_ECHO | FT_GEN_SET_PROMPT_LOGPROBS, 0, 0, 0},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"echo\": true, \"prompt_logprobs\": 5}}",
+         FT_GEN_SET_ECHO | FT_GEN_SET_PROMPT_LOGPROBS, 5, 0, 1},
+        {"{\"prompt\": \"p\", \"prompt_logprobs\": 7}", FT_GEN_SET_PROMPT_LOGPROBS, 7, 0, 0},
+        {"{\"prompt\": \"p\", \"prompt_logprobs\": false}", FT_GEN_SET_PROMPT_LOGPROBS, -1, 0, 0},
+        {"{\"prompt\": \"p\", \"prompt_logprobs\": null}", 0, 0, 0, 0},
+        {"{\"prompt\": \"p\", \"reply\": \"r\", \"prompt_logprobs\": [null, {\"5\": {}}]}", 0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof pl / sizeof *pl; i++) {
+        assert_int_equal(parse_req(&q, pl[i].json, NULL, 0), 0);
+        assert_int_equal(q.params.set, pl[i].set);
+        assert_int_equal(q.params.prompt_logprobs, pl[i].plp);
+        assert_int_equal(q.params.max_new_tokens, pl[i].max_new);
+        assert_int_equal(q.params.echo, pl[i].echo);
+        assert_int_equal(q.n_unknown, 0);
+        ft_gen_req_free(&q);
+    }
+    /* OpenAI's and vLLM's logit_bias ({"<id>": bias}, -100..100, {}: none) and vLLM's
+     * ignore_eos, in bodies and plain records */
+    assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
+                                   "\"/v1/chat/completions\", \"body\": {\"messages\": [{\"role\": "
+                                   "\"user\", \"content\": \"u\"}], \"logit_bias\": {\"5\": -100, "
+                                   "\"0\": 2.5, \"2147483647\": 100}, \"ignore_eos\": true}}", NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_LOGIT_BIAS | FT_GEN_SET_IGNORE_EOS);
+    assert_int_equal(q.params.n_bias, 3);
+    assert_int_equal(q.params.bias_ids[0], 5);
+    assert_int_equal(q.params.bias_ids[2], INT32_MAX);
+    assert_true(q.params.bias[0] == -100.0f && q.params.bias[1] == 2.5f && q.params.bias[2] == 100.0f);
+    assert_int_equal(q.params.ignore_eos, 1);
+    assert_int_equal(q.n_unknown, 0);
+    ft_gen_req_free(&q);
+    assert_null(q.params.bias);
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"p\", \"logit_bias\": {}, \"ignore_eos\": false}",
+                               NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_LOGIT_BIAS | FT_GEN_SET_IGNORE_EOS);
+    assert_int_equal(q.params.n_bias, 0);
+    assert_int_equal(q.params.ignore_eos, 0);
+    assert_int_equal(q.n_unknown, 0);
+    ft_gen_req_free(&q);
+    /* echo is a body field: in a plain record an unknown key */
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"p\", \"echo\": true}", NULL, 0), 0);
+    assert_int_equal(q.params.set, 0);
+    assert_int_equal(q.n_unknown, 1);
+    assert_string_equal(q.unknown[0], "echo");
+    ft_gen_req_free(&q);
     /* top_logprobs is no completions field: an unknown key there */
     assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
                                    "\"/v1/completions\", \"body\": {\"prompt\": \"p\", \"top_logprobs\": 2}}",
@@ -1228,7 +1362,31 @@ static void test_gen_req_batch(void **state)
         {CHAT_REQ("\"logprobs\": false, \"top_logprobs\": 0"), 0, "'top_logprobs' needs 'logprobs': true"},
         {CHAT_REQ("\"logprobs\": true, \"top_logprobs\": 21"), 0, "body: 'top_logprobs' 21: expected an "
          "integer 0..20"},
-        {CHAT_REQ("\"prompt_logprobs\": 1"), 0, "'body.prompt_logprobs' 1"},
+        {CHAT_REQ("\"prompt_logprobs\": 21"), 0, "body: 'prompt_logprobs' 21: expected an integer "
+         "0..20 (the alternatives listed per prompt token; vLLM's limit)"},
+        {CHAT_REQ("\"prompt_logprobs\": -1"), 0, "body: 'prompt_logprobs' -1: expected an integer 0..20"},
+        {CHAT_REQ("\"prompt_logprobs\": \"x\""), 0, "body: 'prompt_logprobs' must be an integer, found a "
+         "string"},
+        {CHAT_REQ("\"prompt_logprobs\": false"), 0, "body: 'prompt_logprobs' must be an integer, found a "
+         "boolean"},
+        {CHAT_REQ("\"echo\": 1"), 0, "body: 'echo' must be true or false, found a number"},
+        /* max_tokens 0: only a completions request with echo (the prompt alone) */
+        {CHAT_REQ("\"echo\": true, \"max_tokens\": 0"), 0, "body: 'max_tokens' 0: expected 1..1000000"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\", \"max_tokens\": 0}}", 0, "body: 'max_tokens' 0: expected 1..1000000"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\", \"echo\": false, \"max_tokens\": 0}}", 0, "body: 'max_tokens' 0"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
+         "{\"prompt\": \"a\", \"echo\": true, \"max_tokens\": -1}}", 0, "body: 'max_tokens' -1: expected "
+         "0..1000000 (0 with echo: the prompt alone)"},
+        {"{\"prompt\": \"p\", \"prompt_logprobs\": 21}", 0, "'prompt_logprobs' 21: expected an integer "
+         "0..20 (the alternatives listed per prompt token) or false"},
+        {"{\"prompt\": \"p\", \"prompt_logprobs\": -1}", 0, "'prompt_logprobs' -1"},
+        {"{\"prompt\": \"p\", \"prompt_logprobs\": \"x\"}", 0, "'prompt_logprobs' must be an integer, "
+         "found a string"},
+        {"{\"prompt\": \"p\", \"prompt_logprobs\": true}", 0, "'prompt_logprobs' must be an integer, "
+         "found a boolean"},
+        {"{\"prompt\": \"p\", \"max_tokens\": 0, \"echo\": true}", 0, "'max_tokens' 0: expected 1..1000000"},
         {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
          "{\"prompt\": \"a\", \"logprobs\": true}}", 0, "body: 'logprobs' must be an integer, found a boolean"},
         {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
@@ -1238,7 +1396,17 @@ static void test_gen_req_batch(void **state)
         {"{\"prompt\": \"p\", \"logprobs\": true}", 0, "'logprobs' must be an integer, found a boolean"},
         {CHAT_REQ("\"stream\": true"), 0, "'body.stream' true"},
         {CHAT_REQ("\"response_format\": {\"type\": \"json_object\"}"), 0, "'body.response_format'"},
-        {CHAT_REQ("\"logit_bias\": {\"5\": 10}"), 0, "'body.logit_bias'"},
+        {CHAT_REQ("\"logit_bias\": {\"5\": 101}"), 0, "body: 'logit_bias' \"5\": expected a number -100..100"},
+        {CHAT_REQ("\"logit_bias\": {\"5\": \"1\"}"), 0, "body: 'logit_bias' \"5\": expected a number "
+         "-100..100, found a string"},
+        {CHAT_REQ("\"logit_bias\": {\"x\": 1}"), 0, "body: 'logit_bias' key \"x\" is no token id"},
+        {CHAT_REQ("\"logit_bias\": {\"-1\": 1}"), 0, "'logit_bias' key \"-1\" is no token id"},
+        {CHAT_REQ("\"logit_bias\": {\"2147483648\": 1}"), 0, "'logit_bias' key \"2147483648\""},
+        {CHAT_REQ("\"logit_bias\": {\"5\": 1, \"05\": 2}"), 0, "'logit_bias' names token 5 twice"},
+        {CHAT_REQ("\"logit_bias\": [5]"), 0, "'logit_bias' must be an object of \"<token id>\": bias, found a list"},
+        {CHAT_REQ("\"ignore_eos\": 1"), 0, "body: 'ignore_eos' must be true or false, found a number"},
+        {"{\"prompt\": \"p\", \"ignore_eos\": \"yes\"}", 0, "'ignore_eos' must be true or false"},
+        {"{\"prompt\": \"p\", \"logit_bias\": {\"1\": -101}}", 0, "'logit_bias' \"1\": expected a number"},
         {CHAT_REQ("\"tool_choice\": \"required\""), 0, "'body.tool_choice' \"required\""},
         {CHAT_REQ("\"best_of\": 2"), 0, "'body.best_of' 2"},
         {CHAT_REQ("\"chat_template_kwargs\": {\"enable_thinking\": false}"), 0, "--no-think"},
@@ -1262,7 +1430,7 @@ static void test_gen_req_batch(void **state)
         {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
          "{\"prompt\": [\"a\", \"b\"]}}", 0, "'body.prompt' must be a string"},
         {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"echo\": true}}", 0, "'body.echo' true"},
+         "{\"prompt\": \"a\", \"echo\": \"yes\"}}", 0, "body: 'echo' must be true or false, found a string"},
         {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
          "{\"prompt\": \"a\", \"suffix\": \"z\"}}", 0, "'body.suffix' \"z\""},
         {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
@@ -2194,6 +2362,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kv_decode_matches_recompute, setup, model_fix_teardown),
         cmocka_unit_test_setup_teardown(test_prefill_equals_exec_logits, setup, model_fix_teardown),
         cmocka_unit_test_setup_teardown(test_gen_bad_input, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_gen_prompt_logprobs, setup, model_fix_teardown),
         cmocka_unit_test(test_sample_greedy),
         cmocka_unit_test(test_sample_temperature),
         cmocka_unit_test(test_sample_top_k_top_p),
