@@ -80,6 +80,24 @@ sec_smoke() {
   done
   python3 -c "import json,sys; t=[[c['text'] for c in json.loads(open(f).readline())['response']['body']['choices']] for f in sys.argv[1:]]; print('generate n=3 (shared prefill) vs n=1:', 'same replies' if t[1] == t[0] * 3 else 'DIFFER %r' % t)" \
     $TMPW/gn1.jsonl $TMPW/gn3.jsonl >> $OUT/smoke.log 2>&1
+  # prompt log-probabilities on the device (ft_gen_prompt_logprobs: forwards returning every
+  # row's logits) against the CPU's: echo + logprobs + max_tokens 0, as lm-eval scores
+  printf '{"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time there was a small dog who liked to run", "max_tokens": 0, "echo": true, "logprobs": 2}}\n' > $TMPW/echo.jsonl
+  for d in $DEV cpu; do
+    timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --prompts $TMPW/echo.jsonl --device $d \
+      --quant nf4 --cache-dir $TMPW/smokecache --out $TMPW/echo_$d.jsonl 2>&1 | tail -1 >> $OUT/smoke.log
+    echo "generate echo prompt logprobs --device $d rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
+  done
+  python3 -c "import json,sys; a,b=[json.loads(open(f).readline())['response']['body']['choices'][0]['logprobs']['token_logprobs'][1:] for f in sys.argv[1:]]; print('prompt logprobs device vs cpu: %d tokens, max |diff| %.3g' % (len(a), max(abs(x-y) for x,y in zip(a,b))))" \
+    $TMPW/echo_$DEV.jsonl $TMPW/echo_cpu.jsonl >> $OUT/smoke.log 2>&1
+  # per-example eval losses on the device (ft_exec_eval_spans) against the CPU's
+  for d in $DEV cpu; do
+    timeout $(cap 60) $F eval --model $TL --adapter $TMPW/o_smoke --data $D --quant nf4 --device $d --seq-len 128 \
+      --cache-dir $TMPW/smokecache --per-example $TMPW/pe_$d.jsonl 2>&1 | tail -1 >> $OUT/smoke.log
+    echo "eval --per-example --device $d rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
+  done
+  python3 -c "import json,sys; a,b=[[json.loads(l)['loss'] for l in open(f)] for f in sys.argv[1:]]; print('per-example losses device vs cpu: %d examples, max |diff| %.3g' % (len(a), max(abs(x-y) for x,y in zip(a,b))))" \
+    $TMPW/pe_$DEV.jsonl $TMPW/pe_cpu.jsonl >> $OUT/smoke.log 2>&1
   # --chat on the device: turn 2 prefills only what follows the cached prefix (ft_gen_truncate_slot)
   printf 'Hello there\nTell me more\n' | timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --chat \
     --max-new-tokens 8 --device $DEV --quant nf4 --cache-dir $TMPW/smokecache 2>&1 | grep -E 'turn [0-9]|error' >> $OUT/smoke.log

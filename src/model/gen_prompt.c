@@ -558,6 +558,12 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
         FT_TRY(param_int(v, "n", 1, FT_GEN_MAX_CHOICES, "an integer 1..16 (the choices of the "
                          "reply)", &p->n));
         p->set |= FT_GEN_SET_N;
+        /* "best_of" is 1 or null (gen_batch_req.c); vLLM's SamplingParams refuses best_of < n */
+        const cJSON *bo = param_item(rec, "best_of");
+        if (p->n > 1 && bo && cJSON_IsNumber(bo))
+            return ft_err(FT_E_INVALID, "'best_of' %g is below 'n' %lld (best_of must be at least n, "
+                          "as vLLM requires; ftune draws n choices, leave best_of out)",
+                          bo->valuedouble, (long long)p->n);
     }
     if ((v = param_item(rec, "seed")) && !(body && cJSON_IsNumber(v) && v->valuedouble == -1)) {
         int64_t sd;

@@ -1409,6 +1409,7 @@ static void test_gen_req_batch(void **state)
         {"{\"prompt\": \"p\", \"logit_bias\": {\"1\": -101}}", 0, "'logit_bias' \"1\": expected a number"},
         {CHAT_REQ("\"tool_choice\": \"required\""), 0, "'body.tool_choice' \"required\""},
         {CHAT_REQ("\"best_of\": 2"), 0, "'body.best_of' 2"},
+        {CHAT_REQ("\"best_of\": 1, \"n\": 2"), 0, "'best_of' 1 is below 'n' 2"},
         {CHAT_REQ("\"chat_template_kwargs\": {\"enable_thinking\": false}"), 0, "--no-think"},
         {CHAT_REQ("\"skip_special_tokens\": false"), 0, "'body.skip_special_tokens' false"},
         {CHAT_REQ("\"add_special_tokens\": true"), 0, "'body.add_special_tokens' must be false"},
