@@ -763,6 +763,44 @@ def _(d):
                            '"body": {"input": "hi"}}')
 
 
+@case("generate", "OpenAI batch request with `\"prompt_logprobs\": 21`", "src/model/gen_prompt.c gp_req_params")
+def _(d):
+    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
+                           '"body": {"prompt": "hi", "prompt_logprobs": 21}}')
+
+
+@case("generate", "OpenAI chat request with `\"max_tokens\": 0` (allowed only with completions echo)",
+      "src/model/gen_prompt.c gp_req_params")
+def _(d):
+    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+                           '"body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}}')
+
+
+@case("generate", "`--prompts` record with `\"logit_bias\": {\"999999\": 5}` (id past the vocabulary)",
+      "cli/gen_batch.c")
+def _(d):
+    return prompts_file(d, '{"prompt": "hi", "logit_bias": {"999999": 5}}')
+
+
+@case("generate", "OpenAI batch request with `\"best_of\": 1, \"n\": 2`", "src/model/gen_prompt.c gp_req_params")
+def _(d):
+    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
+                           '"body": {"prompt": "hi", "best_of": 1, "n": 2}}')
+
+
+@case("options", "`eval --per-example` into a folder that does not exist", "cli/cmd_eval.c")
+def _(d):
+    return ["eval", "--model", TINY, "--data", ALPACA, "--seq-len", "64", "--per-example",
+            "no-such-dir/losses.jsonl"]
+
+
+@case("options", "`eval --per-example` naming the `--data` file itself", "cli/cmd_eval.c")
+def _(d):
+    shutil.copy(ALPACA, d / "data.jsonl")
+    return ["eval", "--model", TINY, "--data", "data.jsonl", "--seq-len", "64", "--per-example",
+            "data.jsonl"]
+
+
 @case("generate", "`--chat` with `--prompt`", "cli/cmd_generate.c")
 def _(d):
     return ["generate", "--model", TINY, "--chat", "--prompt", "hi"]
