@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -158,6 +159,11 @@ static int per_example_path_ok(const char *path, const ft_str_list *data)
     else snprintf(dir, sizeof dir, ".");
     if (ft_is_dir(dir) != 1) {
         fprintf(stderr, "ftune: --per-example %s: the folder %s does not exist\n", path, dir);
+        return 1;
+    }
+    if (access(dir, W_OK | X_OK) != 0) { /* found before the evaluation, not after it */
+        fprintf(stderr, "ftune: --per-example %s: cannot write in the folder %s: %s\n", path, dir,
+                strerror(errno));
         return 1;
     }
     if (stat(path, &st) == 0)

@@ -89,10 +89,12 @@ static int choice_json(const ft_tokenizer *tok, const batch_rec *x, int64_t inde
     if (lp) cJSON_AddItemToObject(j, "logprobs", lp);
     else cJSON_AddNullToObject(j, "logprobs");
     cJSON_AddStringToObject(j, "finish_reason", r->stop == GEN_STOP_LENGTH ? "length" : "stop");
-    /* vLLM's check_stop (vllm/v1/core/sched/utils.py): null for the EOS, the id of any other
+    /* vLLM's check_stop (vllm/v1/core/sched/utils.py): null for the EOS (unless ignore_eos,
+     * which skips that check: then a stop_token_ids EOS gives its id), the id of any other
      * stop token (a stop_token_ids entry, the template's end of turn), the stop string */
     if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
-    else if (r->stop == GEN_STOP_TOKEN && c->stop_tok != eos) cJSON_AddNumberToObject(j, "stop_reason", c->stop_tok);
+    else if (r->stop == GEN_STOP_TOKEN && (c->stop_tok != eos || x->ignore_eos))
+        cJSON_AddNumberToObject(j, "stop_reason", c->stop_tok);
     else cJSON_AddNullToObject(j, "stop_reason");
     /* vLLM: each completions choice carries the request's prompt_logprobs; chat: the body */
     if (!rc && x->plp_k >= 0 && x->q.api == FT_GEN_API_COMPLETIONS) rc = add_plp(j, tok, x);
@@ -185,7 +187,8 @@ static int plain_line(const ft_tokenizer *tok, int64_t i, const batch_rec *x, ge
     if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", x->stop[r->stop_str]);
     /* a stop token the record (or --stop-token-ids) asked for: its id, as vLLM's
      * CompletionOutput.stop_reason (not for the EOS, which vLLM checks first) */
-    if (r->stop == GEN_STOP_TOKEN && c->stop_tok != eos && gen_id_listed(x->stop_ids, x->n_stop_ids, c->stop_tok))
+    if (r->stop == GEN_STOP_TOKEN && (c->stop_tok != eos || x->ignore_eos) &&
+        gen_id_listed(x->stop_ids, x->n_stop_ids, c->stop_tok))
         cJSON_AddNumberToObject(j, "stop_reason", c->stop_tok);
     cJSON_AddNumberToObject(j, "seconds", c->seconds);
     if (x->sc.temperature > 0) gen_add_seed(j, x->sc.seed);

@@ -257,6 +257,7 @@ void gen_warn_no_think(const gen_opts *o, const ft_tokenizer *tok, int tmpl)
 void gen_lp_attach(const gen_env *e, int64_t k, int64_t top, gen_result *r)
 {
     if (top < 0 || top >= e->lp_n) return;
+    if (top > e->smp.V) top = e->smp.V; /* a vocabulary smaller than k: every token listed */
     r->lp = e->lp_val + k * e->max_new * e->lp_n;
     r->lp_ids = e->lp_ids + k * e->max_new * e->lp_n;
     r->lp_stride = e->lp_n;

@@ -12,10 +12,10 @@
 int64_t gen_plp_alternatives(const ft_gen_params *p, int api, int64_t flag, int64_t lp_top)
 {
     if (p->set & FT_GEN_SET_PROMPT_LOGPROBS) return p->prompt_logprobs;
-    if (flag >= 0) return flag;
-    if (!p->echo || api == FT_GEN_API_NONE) return -1;
-    if (api == FT_GEN_API_CHAT) return lp_top >= 0 ? lp_top : 0; /* top_logprobs, default 0 */
-    return lp_top; /* completions: logprobs, none without them */
+    /* what the request's echo implies comes before the command's default */
+    if (p->echo && api == FT_GEN_API_CHAT) return lp_top >= 0 ? lp_top : 0; /* top_logprobs */
+    if (p->echo && api == FT_GEN_API_COMPLETIONS && lp_top >= 0) return lp_top; /* logprobs */
+    return flag >= 0 ? flag : -1;
 }
 
 /* Sets o[key] to item (a key met again keeps its place and takes the new value, as a Python

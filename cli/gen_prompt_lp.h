@@ -22,10 +22,10 @@
 #include "src/model/generate.h"
 
 /* The alternatives per prompt token of a record (-1: no prompt log-probabilities): its own
- * "prompt_logprobs" (p, FT_GEN_SET_PROMPT_LOGPROBS; a plain record's false: -1), else the
- * command line's (flag, -1 when not given), else, with "echo" (api: FT_GEN_API_*), the reply's
- * alternatives lp_top as vLLM takes the request's logprobs for them (completions: none without
- * logprobs; chat: 0 without them). */
+ * "prompt_logprobs" (p, FT_GEN_SET_PROMPT_LOGPROBS; a plain record's false: -1), else, with
+ * "echo" (api: FT_GEN_API_*), the reply's alternatives lp_top as vLLM takes the request's
+ * logprobs for them (chat: 0 without them; completions without logprobs: none implied), else
+ * the command line's (flag, -1 when not given). */
 int64_t gen_plp_alternatives(const ft_gen_params *p, int api, int64_t flag, int64_t lp_top);
 
 /* vLLM's prompt_logprobs list of p (n entries): null for the first token, then for each position

@@ -77,7 +77,8 @@ int ft_tok_encode_cached(const ft_tokenizer *t, ft_tok_cache *c, const char *tex
  * text and records its pieces; a later call with the same text pointer, the same add_special
  * and len no greater than the first call's encodes only the pieces that differ. The ids are
  * always those of ft_tok_encode. The caller must not change the text between the calls
- * (the memo compares places, not bytes). ft_tok_memo_reset empties it; NULL when out of
+ * and must use one memo with one tokenizer until it is reset (the memo compares places, not
+ * bytes, and keeps no tokenizer). ft_tok_memo_reset empties it; NULL when out of
  * memory. Not thread-safe: one memo per thread. */
 typedef struct ft_tok_memo ft_tok_memo;
 ft_tok_memo *ft_tok_memo_new(void);

@@ -359,3 +359,70 @@ def test_ignore_eos(tmp_path):
     body = bodies(gen(TINY, "--prompts", write_jsonl(tmp_path / "c.jsonl", [
         completion_req("i", PROMPT, max_tokens=3, logit_bias={str(eos): 100}, ignore_eos=True)])))[0]
     assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 3
+
+
+# ---------------------------------------------------------------------------------------
+# review fixes (helper-75): a vocabulary below k, echo before --prompt-logprobs, ignore_eos
+# with the EOS listed in stop_token_ids
+
+def small_vocab_model(tmp_path):
+    """tiny-llama's shape with a vocabulary of 16 tokens (random weights, ftune init-model)
+    and a 16-token BPE tokenizer."""
+    cfg = json.loads((TINY / "config.json").read_text())
+    cfg["vocab_size"] = 16
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    m = tmp_path / "m16"
+    r = run_ftune(["init-model", "--config", tmp_path / "cfg.json", "--out", m])
+    assert r.returncode == 0, r.stderr
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: 3 + i for i, c in enumerate("abcdefgh")},
+             " ": 11, "ab": 12, "cd": 13, "x14": 14, "x15": 15}
+    special = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": False, "special": True} for i, s in enumerate(["<unk>", "<s>", "</s>"])]
+    tok = {"version": "1.0", "added_tokens": special, "normalizer": None, "pre_tokenizer": None,
+           "post_processor": {"type": "TemplateProcessing",
+                              "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                         {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [1],
+                                                                     "tokens": ["<s>"]}}},
+           "decoder": None,
+           "model": {"type": "BPE", "unk_token": "<unk>", "vocab": vocab, "merges": ["a b", "c d"]}}
+    (m / "tokenizer.json").write_text(json.dumps(tok))
+    (m / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    return m
+
+
+def test_logprobs_of_a_vocabulary_below_k(tmp_path):
+    m = small_vocab_model(tmp_path)
+    f = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "abcd efgh", "max_new_tokens": 3, "logprobs": 20,
+                                           "prompt_logprobs": 20}])
+    out = lines(gen(m, "--raw", "--prompts", f))[0]
+    for e in out["logprobs"]:
+        ids = [t[0] for t in e["top"]]
+        assert len(ids) == 16 and sorted(ids) == list(range(16)), e["top"]
+    assert all(len(d) == 16 for d in out["prompt_logprobs"][1:])
+    f = write_jsonl(tmp_path / "c.jsonl", [completion_req("a", "abcd efgh", max_tokens=2, logprobs=20,
+                                                          echo=True)])
+    body = bodies(gen(m, "--raw", "--prompts", f))[0]
+    tops = body["choices"][0]["logprobs"]["top_logprobs"]
+    assert tops[0] is None and all(len(t) == 16 for t in tops[1:]), tops
+
+
+def test_echo_logprobs_come_before_the_flag(tmp_path):
+    f = write_jsonl(tmp_path / "e.jsonl", [completion_req("a", PROMPT, max_tokens=0, echo=True, logprobs=3)])
+    a = bodies(gen(TINY, "--raw", "--prompts", f))[0]["choices"][0]
+    b = bodies(gen(TINY, "--raw", "--prompts", f, "--prompt-logprobs", 0))[0]["choices"][0]
+    assert a == b
+    assert all(len(t) in (3, 4) for t in a["logprobs"]["top_logprobs"][1:])
+
+
+def test_ignore_eos_with_the_eos_as_a_stop_id(tmp_path):
+    eos = 2  # tiny-llama's </s>
+    f = write_jsonl(tmp_path / "s.jsonl", [
+        completion_req("a", PROMPT, max_tokens=4, logit_bias={str(eos): 100}, ignore_eos=True,
+                       stop_token_ids=[eos]),
+        completion_req("b", PROMPT, max_tokens=4, logit_bias={str(eos): 100}, stop_token_ids=[eos])])
+    a, b = [x["choices"][0] for x in bodies(gen(TINY, "--raw", "--prompts", f))]
+    # vLLM's check_stop: with ignore_eos the EOS is a stop_token_ids entry (its id the reason);
+    # without it, the EOS check comes first (no reason)
+    assert (a["finish_reason"], a["stop_reason"]) == ("stop", eos), a
+    assert (b["finish_reason"], b["stop_reason"]) == ("stop", None), b
