@@ -24,7 +24,7 @@ PY
 )
 # FLOPs per token, counted explicitly (bench/lora_flops.py), at the mean example length
 MEANLEN=$(build/ftune tokenize --model "$GGUF" --data examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl \
-    | python3 -c 'import json,sys; n=[min(256,len(json.loads(l)["ids"])) for l in sys.stdin]; print('%.1f' % (sum(n)/len(n)))')
+    | python3 -c 'import json,sys; n=[min(256,len(json.loads(l)["ids"])) for l in sys.stdin]; print("%.1f" % (sum(n)/len(n)))')
 FLOPS=$(python3 bench/lora_flops.py "$GGUF" 16 "$MEANLEN")
 GFLOPS=$(python3 -c "print('%.1f' % ($TPS * $FLOPS / 1e9))")
 {
