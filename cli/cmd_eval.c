@@ -109,7 +109,7 @@ static int write_per_example(const char *path, const ft_str_list *paths, const f
         char loss[32], nll[32];
         put_num(loss, sizeof loss, ex_tok[i] ? ex_nll[i] / (double)ex_tok[i] : NAN);
         put_num(nll, sizeof nll, ex_nll[i]);
-        size_t need = strlen(name[e->file]) + 256; /* the rest is 69 + at most 93 bytes */
+        size_t need = strlen(name[e->file]) + 256; /* the rest is 79 + at most 113 bytes */
         if (len + need > cap) {
             size_t nc = 2 * cap + need;
             char *p = realloc(out, nc);
@@ -120,10 +120,13 @@ static int write_per_example(const char *path, const ft_str_list *paths, const f
             out = p;
             cap = nc;
         }
+        char line[32];
+        if (e->line > 0) snprintf(line, sizeof line, "%lld", (long long)e->line);
+        else snprintf(line, sizeof line, "null");
         len += (size_t)snprintf(out + len, cap - len,
-                                "{\"file\": %s, \"record\": %lld, \"tokens\": %lld, \"loss\": %s, "
-                                "\"nll\": %s, \"truncated\": %s}\n", name[e->file],
-                                (long long)e->record, (long long)ex_tok[i], loss, nll,
+                                "{\"file\": %s, \"record\": %lld, \"line\": %s, \"tokens\": %lld, "
+                                "\"loss\": %s, \"nll\": %s, \"truncated\": %s}\n", name[e->file],
+                                (long long)e->record, line, (long long)ex_tok[i], loss, nll,
                                 e->truncated ? "true" : "false");
     }
     if (!rc && !strcmp(path, "-")) {
@@ -301,8 +304,8 @@ int ft_cmd_eval(int argc, char **argv)
         {"skip-bad-records", FT_OPT_FLAG, &dc.skip_bad_records, "skip bad records"},
         {"per-example", FT_OPT_STR, &per_example, "also write each example's loss to FILE, one JSON "
          "line per example in data-file order: {\"file\": its --data path, \"record\": its record's "
-         "0-based index in that file (every record counted, bad ones too: a JSON array's index, a "
-         "JSONL file's line number - 1 when it has no blank line), \"tokens\": scored tokens, "
+         "0-based index in that file (every record counted, bad ones too: a JSON array's index), "
+         "\"line\": its line in a JSONL file (null in a JSON array), \"tokens\": scored tokens, "
          "\"loss\": their mean loss (nats), \"nll\": their sum, \"truncated\": cut to --seq-len}; "
          "FILE is written whole under a temporary name and renamed, or not at all; - for standard "
          "output, the summary line then going to standard error. The summary's loss is the "

@@ -939,11 +939,11 @@ static int detect_file_format(file_ctx *f, const rec_job *j, ft_data_file *fs)
 }
 
 /* Job j's outcome, in file order: appended to *x with its origin (file index, record
- * index), or (past keep_max usable examples of this file, keep_max > 0) freed and counted in
+ * index, JSONL line or 0), or (past keep_max usable examples of this file, keep_max > 0) freed and counted in
  * fs->n_over_cap; counted as truncated/dropped. Returns 0 or j's error (re-raised here; the
  * caller skips or stops). */
 static int job_take(rec_job *j, const ft_data_cfg *cfg, int64_t n0, int64_t keep_max,
-                    ft_data_file *fs, ex_vec *x, int32_t file, int64_t record)
+                    ft_data_file *fs, ex_vec *x, int32_t file, int64_t record, int64_t line)
 {
     if (j->rc < 0) return ft_err(j->rc, "%s", j->msg ? j->msg : "out of memory");
     const int k = cfg->preference ? 2 : 1;
@@ -960,6 +960,7 @@ static int job_take(rec_job *j, const ft_data_cfg *cfg, int64_t n0, int64_t keep
     for (int q = 0; q < k; q++) {
         j->e[q].file = file;
         j->e[q].record = record;
+        j->e[q].line = line;
     }
     FT_TRY(ex_vec_push(x, j->e, k));
     memset(j->e, 0, sizeof j->e); /* x owns them now */
@@ -1022,7 +1023,8 @@ static int read_file(const char *path, int32_t file, const ft_data_cfg *cfg, int
         for (int i = 0; i < n; i++) {
             if (!rc) {
                 fs->n_records++;
-                rc = job_take(&jobs[i], cfg, n0, keep_max, fs, x, file, fs->n_records - 1);
+                rc = job_take(&jobs[i], cfg, n0, keep_max, fs, x, file, fs->n_records - 1,
+                              rr.is_array ? 0 : jobs[i].loc);
                 if (rc < 0 && rc != -ENOMEM && cfg->skip_bad_records) {
                     fs->n_skipped++;
                     rc = 0;

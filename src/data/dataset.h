@@ -75,8 +75,10 @@ typedef struct ft_example {
      * index in that file, counting every record read, the bad ones skipped with
      * skip_bad_records too (a JSON array's index; in JSONL the line number minus one when
      * the file has no blank line, blank lines being no records); the two examples of a
-     * preference record share both. */
+     * preference record share both. line: its 1-based line in a JSONL file (0 in a JSON
+     * array). */
     int64_t record;
+    int64_t line;
     int32_t file;
     int32_t truncated;       /* 1: cut to seq_len (ft_data_cfg.seq_len) */
 } ft_example;

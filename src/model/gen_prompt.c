@@ -439,7 +439,8 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
         int64_t m;
         if (!(v = param_item(rec, max_keys[i]))) continue;
         FT_TRY(param_int(v, max_keys[i], none_ok ? 0 : 1, FT_GEN_MAX_NEW_TOKENS,
-                         none_ok ? "0..1000000 (0 with echo: the prompt alone)" : "1..1000000", &m));
+                         none_ok ? "0..1000000 (0 with echo: the prompt alone)" :
+                         body ? "1..1000000 (0 only with echo on /v1/completions)" : "1..1000000", &m));
         if (max_key && m != p->max_new_tokens)
             return ft_err(FT_E_INVALID, "'%s' %lld and '%s' %lld: give one of them",
                           max_key, (long long)p->max_new_tokens, max_keys[i], (long long)m);

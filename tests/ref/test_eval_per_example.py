@@ -1,8 +1,8 @@
 """`ftune eval --per-example FILE` (cli/cmd_eval.c) on tests/fixtures/tiny-llama (no chat
 template: the Alpaca prompt) with records of the bundled Alpaca seed tasks:
 
-  - one line per example in data-file order: two --data files (JSONL, then a JSON array), a
-    bad record skipped with --skip-bad-records (its index missing, the next ones counted on),
+  - one line per example in data-file order: two --data files (JSONL, then a JSON array;
+    each example's JSONL "line", null in the array), a bad record skipped with --skip-bad-records (its index missing, the next ones counted on),
     a blank JSONL line (not a record), a record whose answer starts past --seq-len (dropped:
     no line, counted in the summary's "dropped"), records cut to --seq-len ("truncated");
     each line's "tokens" and "truncated" as computed here from `ftune tokenize --data` (the
@@ -135,11 +135,14 @@ def test_order_records_tokens(data, two_files):
     recs_a = [l["record"] for l in lines if l["file"] == str(data["a"])]
     assert recs_a == [0, 1, 2, 4, 6, 7]  # 3 bad (skipped), 5 dropped, the blank line no record
     assert [l["record"] for l in lines if l["file"] == str(b_file)] == [0, 1, 2]
+    # the JSONL line of each (the blank line after record 5 moves 6 and 7 down); none in an array
+    assert [l["line"] for l in lines if l["file"] == str(data["a"])] == [1, 2, 3, 5, 8, 9]
+    assert [l["line"] for l in lines if l["file"] == str(b_file)] == [None, None, None]
     assert any(l["truncated"] for l in lines) and not all(l["truncated"] for l in lines)
     assert lines[1]["truncated"] and lines[1]["record"] == 1  # the long answer
     assert s["examples"] == len(lines) == 9 and s["skipped"] == 1 and s["dropped"] == 1
     for l in lines:
-        assert set(l) == {"file", "record", "tokens", "loss", "nll", "truncated"}
+        assert set(l) == {"file", "record", "line", "tokens", "loss", "nll", "truncated"}
         assert l["tokens"] >= 1 and math.isfinite(l["loss"])
         assert abs(l["loss"] - l["nll"] / l["tokens"]) <= 1e-15 * abs(l["loss"]) + 1e-15
 
