@@ -97,6 +97,10 @@ int gen_env_open(gen_env *e, const gen_opts *o)
  * take up to max_prompt * slots tokens (at most FT_GEN_CHUNK_DEFAULT), so that the prompts
  * that start together are prefilled in one forward (ft_gen_prefill); on a device with the
  * default batch, only as many as keep the arena within a quarter of the budget. */
+/* Rows of logits per forward: one per slot for a decode step, or plp for a prompt whose
+ * log-probabilities are asked for, whichever is more. */
+static int64_t rows_of(int64_t slots, int64_t plp) { return slots > plp ? slots : plp; }
+
 int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, int64_t slots)
 {
     const int64_t V = e->m->cfg.vocab_size, ctx = nd->ctx, max_prompt = nd->max_prompt;
@@ -127,7 +131,7 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
             const uint64_t budget = ft_backend_mem_budget(e->s.be, o->gpu_mem, 0, &mb) ? 0 : mb.budget;
             const int64_t asked = slots;
             while (!o->batch_set && slots > 1 && budget &&
-                   ft_gen_source_bytes(e->m, lora, ctx, chunk, slots > plp ? slots : plp, slots) >
+                   ft_gen_source_bytes(e->m, lora, ctx, chunk, rows_of(slots, plp), slots) >
                        budget / 4)
                 slots--;
             if (slots < asked) {
@@ -141,19 +145,19 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
             if (wide > max_prompt * slots) wide = max_prompt * slots;
             if (wide < chunk) wide = chunk;
             while (!o->batch_set && budget && wide > chunk &&
-                   ft_gen_source_bytes(e->m, lora, ctx, wide, slots > plp ? slots : plp, slots) >
+                   ft_gen_source_bytes(e->m, lora, ctx, wide, rows_of(slots, plp), slots) >
                        budget / 4)
                 wide = wide - max_prompt > chunk ? wide - max_prompt : chunk;
             e->s.gpu_reserve = (int64_t)ft_gen_source_bytes(e->m, lora, ctx, wide,
-                                                            slots > plp ? slots : plp, slots);
+                                                            rows_of(slots, plp), slots);
         }
         FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
         FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
         FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, wide,
-                                 slots > plp ? slots : plp, slots));
+                                 rows_of(slots, plp), slots));
     } else {
         FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, NULL, ctx, wide,
-                                 slots > plp ? slots : plp, slots));
+                                 rows_of(slots, plp), slots));
     }
     const int64_t rows = e->g.logit_rows_max;
     ft_sample_cfg sc = {o->temperature, o->top_k, o->top_p, (uint64_t)o->seed, o->rep_penalty, o->min_p,

@@ -28,15 +28,14 @@ static const char *const POOL[] = {
     "    indented", " x=y+z;", " {\"key\": [1, 2]}", " https://example.org/a?b=c", " ___",
 };
 
-static char *random_text(ft_rng *r, size_t *n)
+/* A text of `words` words drawn from pool (malloc'ed, NUL-terminated; *n its length). */
+static char *pool_text(ft_rng *r, const char *const *pool, size_t npool, size_t words, size_t *n)
 {
-    size_t words = 1 + ft_rng_next(r) % 60, cap = 1, k = 0;
-    const size_t npool = sizeof POOL / sizeof *POOL;
-    for (size_t i = 0; i < npool; i++) cap += strlen(POOL[i]);
-    cap *= words; /* generous */
-    char *s = malloc(cap);
+    size_t cap = 1, k = 0;
+    for (size_t i = 0; i < npool; i++) cap += strlen(pool[i]);
+    char *s = malloc(cap * words);
     for (size_t i = 0; i < words; i++) {
-        const char *w = POOL[ft_rng_next(r) % npool];
+        const char *w = pool[ft_rng_next(r) % npool];
         size_t l = strlen(w);
         memcpy(s + k, w, l);
         k += l;
@@ -44,6 +43,12 @@ static char *random_text(ft_rng *r, size_t *n)
     s[k] = 0;
     *n = k;
     return s;
+}
+
+static char *random_text(ft_rng *r, size_t *n)
+{
+    const size_t words = 1 + ft_rng_next(r) % 60;
+    return pool_text(r, POOL, sizeof POOL / sizeof *POOL, words, n);
 }
 
 /* expect_resets: the cache is too small for the pool; mostly_hits: a byte-level tokenizer
@@ -151,22 +156,6 @@ static const char MEMO_JSON[] =
 static const char *const MEMO_POOL[] = {"a", "b", "c", "ab", " ", "  ", "<x>", "[M]", "cc",
                                         " cc ", "<n>", "<", "[", "abc", "\xc3\xa9", "\n"};
 
-static char *memo_text(ft_rng *r, const char *const *pool, size_t npool, size_t words, size_t *n)
-{
-    size_t cap = 1, k = 0;
-    for (size_t i = 0; i < npool; i++) cap += strlen(pool[i]);
-    char *s = malloc(cap * words);
-    for (size_t i = 0; i < words; i++) {
-        const char *w = pool[ft_rng_next(r) % npool];
-        size_t l = strlen(w);
-        memcpy(s + k, w, l);
-        k += l;
-    }
-    s[k] = 0;
-    *n = k;
-    return s;
-}
-
 /* Every cut of texts from pool through one memo of the whole text equals ft_tok_encode of the
  * cut; the cuts taken in increasing order, then the whole text again, then cuts in a random
  * order (the memo keeps the whole text's pieces). */
@@ -179,7 +168,7 @@ static void memo_same_ids(const ft_tokenizer *t, const char *name, const char *c
     assert_non_null(m);
     for (int it = 0; it < texts; it++) {
         size_t n;
-        char *s = memo_text(&r, pool, npool, 1 + ft_rng_next(&r) % 24, &n);
+        char *s = pool_text(&r, pool, npool, 1 + ft_rng_next(&r) % 24, &n);
         int sp = it & 1;
         ft_tok_memo_reset(m);
         for (int pass = 0; pass < 2; pass++) {
