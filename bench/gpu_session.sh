@@ -134,7 +134,7 @@ sec_70b() {
   run host 110 --gpu-mem $GPU24 --host-mem $HOST48 --grad-accum auto --max-steps 3 --timeline $OUT/host.svg
   run resident 100 --grad-accum auto --max-steps 3
   run disk 150 --gpu-mem $GPU24 --host-mem $HOST8 --grad-accum auto --max-steps 2 --timeline $OUT/disk.svg
-  rm -rf $TMPW/o_*
+  rm -rf $M $TMPW/o_*  # the 40 GB pack: the 8B files after it would not fit a 64 GB disk beside it
 }
 
 sec_bench() {
