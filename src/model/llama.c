@@ -12,62 +12,76 @@ static int64_t max3(int64_t a, int64_t b, int64_t c)
     return m > c ? m : c;
 }
 
+/* Each region starts 64 bytes (16 floats) after a 64-byte boundary: the CUDA linear ops read an
+ * activation as float4 and write bf16 pairs into the scratch (kernels/cuda/backend.cu
+ * to_bf16), which a region after T floats (rstd1, lse: T odd) would misalign. base NULL:
+ * nothing is carved, only counted. Returns the floats used. */
+static float *take(float *base, int64_t *off, int64_t n)
+{
+    float *r = base ? base + *off : NULL;
+    *off += (n + 15) & ~(int64_t)15;
+    return r;
+}
+
+static int64_t acts_layout(ft_block_acts *a, float *p, const ft_block_dims *d)
+{
+    int64_t T = d->T, o = 0;
+    a->xn1 = take(p, &o, T * d->C);
+    a->rstd1 = take(p, &o, T);
+    a->q = take(p, &o, T * d->H * d->D);
+    a->k = take(p, &o, T * d->Hkv * d->D);
+    a->v = take(p, &o, T * d->Hkv * d->D);
+    a->att = take(p, &o, T * d->H * d->D);
+    a->lse = take(p, &o, T * d->H);
+    a->h = take(p, &o, T * d->C);
+    a->xn2 = take(p, &o, T * d->C);
+    a->rstd2 = take(p, &o, T);
+    a->gate = take(p, &o, T * d->F);
+    a->up = take(p, &o, T * d->F);
+    a->act = take(p, &o, T * d->F);
+    for (int i = 0; i < FT_N_PROJ; i++)
+        a->u[i] = take(p, &o, T * d->r);
+    a->rstd_q = take(p, &o, T * d->H);
+    a->rstd_k = take(p, &o, T * d->Hkv);
+    return o;
+}
+
+static int64_t scratch_layout(ft_block_scratch *s, float *p, const ft_block_dims *d)
+{
+    int64_t T = d->T, wide = max3(d->C, d->H * d->D, d->F), o = 0;
+    s->d1 = take(p, &o, T * wide);
+    s->d2 = take(p, &o, T * wide);
+    s->dq = take(p, &o, T * d->H * d->D);
+    s->dk = take(p, &o, T * d->Hkv * d->D);
+    s->dv = take(p, &o, T * d->Hkv * d->D);
+    s->dgate = take(p, &o, T * d->F);
+    s->dup = take(p, &o, T * d->F);
+    s->du = take(p, &o, T * d->r);
+    s->xd = take(p, &o, 2 * T * wide);
+    return o;
+}
+
 int64_t ft_block_acts_floats(const ft_block_dims *d)
 {
-    int64_t T = d->T;
-    return 3 * T * d->C + 2 * T * d->H * d->D + 2 * T * d->Hkv * d->D + T * d->H + 2 * T +
-           3 * T * d->F + FT_N_PROJ * T * d->r + T * (d->H + d->Hkv);
+    ft_block_acts a;
+    return acts_layout(&a, NULL, d);
 }
 
 int64_t ft_block_scratch_floats(const ft_block_dims *d)
 {
-    int64_t T = d->T, wide = max3(d->C, d->H * d->D, d->F);
-    return 2 * T * wide + T * d->H * d->D + 2 * T * d->Hkv * d->D + 2 * T * d->F + T * d->r +
-           2 * T * wide;
-}
-
-static float *take(float **p, int64_t n)
-{
-    float *r = *p;
-    *p += n;
-    return r;
+    ft_block_scratch s;
+    return scratch_layout(&s, NULL, d);
 }
 
 void ft_block_acts_carve(ft_block_acts *a, float *p, const ft_block_dims *d, unsigned targets)
 {
-    int64_t T = d->T;
-    a->xn1 = take(&p, T * d->C);
-    a->rstd1 = take(&p, T);
-    a->q = take(&p, T * d->H * d->D);
-    a->k = take(&p, T * d->Hkv * d->D);
-    a->v = take(&p, T * d->Hkv * d->D);
-    a->att = take(&p, T * d->H * d->D);
-    a->lse = take(&p, T * d->H);
-    a->h = take(&p, T * d->C);
-    a->xn2 = take(&p, T * d->C);
-    a->rstd2 = take(&p, T);
-    a->gate = take(&p, T * d->F);
-    a->up = take(&p, T * d->F);
-    a->act = take(&p, T * d->F);
-    for (int i = 0; i < FT_N_PROJ; i++)
-        a->u[i] = take(&p, T * d->r);
-    a->rstd_q = take(&p, T * d->H);
-    a->rstd_k = take(&p, T * d->Hkv);
+    acts_layout(a, p, d);
     (void)targets;
 }
 
 void ft_block_scratch_carve(ft_block_scratch *s, float *p, const ft_block_dims *d)
 {
-    int64_t T = d->T, wide = max3(d->C, d->H * d->D, d->F);
-    s->d1 = take(&p, T * wide);
-    s->d2 = take(&p, T * wide);
-    s->dq = take(&p, T * d->H * d->D);
-    s->dk = take(&p, T * d->Hkv * d->D);
-    s->dv = take(&p, T * d->Hkv * d->D);
-    s->dgate = take(&p, T * d->F);
-    s->dup = take(&p, T * d->F);
-    s->du = take(&p, T * d->r);
-    s->xd = take(&p, 2 * T * wide);
+    scratch_layout(s, p, d);
 }
 
 /* Softmax scale: 1/sqrt(D), times the square of RoPE's cos/sin factor (yarn), since

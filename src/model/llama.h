@@ -54,7 +54,8 @@ typedef struct ft_block_io {
 } ft_block_io;
 
 /* Floats needed by ft_block_acts / ft_block_scratch for dims d (carving order is the
- * struct order). */
+ * struct order; each region padded to 16 floats, so a 64-byte aligned base gives 64-byte
+ * aligned regions, which the CUDA linear ops require of activations and scratch). */
 int64_t ft_block_acts_floats(const ft_block_dims *d);
 int64_t ft_block_scratch_floats(const ft_block_dims *d);
 void ft_block_acts_carve(ft_block_acts *a, float *base, const ft_block_dims *d, unsigned lora_targets);
