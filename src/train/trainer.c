@@ -597,10 +597,11 @@ static int device_budget(run *r, const ft_train_cfg *c, size_t *used, size_t *bu
 
 /* The device memory (bytes) of a run with the bf16 base resident (every layer in device
  * memory, plan_device_memory's executor, 1 GiB spare) and what the budget leaves for it. */
-static int resident_need(run *r, const ft_train_cfg *c, int64_t T, size_t *need, size_t *avail)
+static int resident_need(run *r, const ft_train_cfg *c, int64_t T, size_t *need, size_t *avail,
+                         size_t *used)
 {
-    size_t used, budget, total;
-    FT_TRY(device_budget(r, c, &used, &budget, avail, &total));
+    size_t budget, total;
+    FT_TRY(device_budget(r, c, used, &budget, avail, &total));
     *need = ft_exec_bytes(r->be, r->model, &r->lora, T, c->grad_accum > 0 ? c->grad_accum : 1) +
             FT_EXEC_SPARE_BYTES;
     return 0;
@@ -629,8 +630,8 @@ static int choose_quant(run *r, const ft_train_cfg *c, int64_t T, int *quant, ch
         *quant = FT_PACK_QUANT_BF16;
         snprintf(why, n, "auto: the %s backend holds the base in host memory", r->be->ops->name);
     } else {
-        size_t need, avail;
-        FT_TRY(resident_need(r, c, T, &need, &avail));
+        size_t need, avail, used;
+        FT_TRY(resident_need(r, c, T, &need, &avail, &used));
         *quant = need <= avail ? FT_PACK_QUANT_BF16 : FT_PACK_QUANT_NF4;
         snprintf(why, n, "auto: the bf16 base run needs %.2f GiB, %s allows %.2f GiB",
                  gib((double)need), c->gpu_mem > 0 ? "--gpu-mem" : "the GPU", gib((double)avail));
@@ -1155,13 +1156,14 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
      * device cannot hold whole, streamed by the offload executor as a QLoRA base is */
     int packed = quant == FT_PACK_QUANT_NF4 || r->model->pack_only[0];
     if (!packed && !r->be->ops->host_memory) {
-        size_t need, avail;
-        FT_TRY(resident_need(r, c, T, &need, &avail));
+        size_t need, avail, used;
+        FT_TRY(resident_need(r, c, T, &need, &avail, &used));
         if (need > avail) {
             packed = 1;
-            info(cb, user, FT_EV_INFO, "the bf16 base run needs %.2f GiB of GPU memory with every "
-                 "layer resident, %s allows %.2f GiB: the base is streamed from its bf16 pack",
-                 gib((double)need), c->gpu_mem > 0 ? "--gpu-mem" : "the GPU", gib((double)avail));
+            info(cb, user, FT_EV_INFO, "the bf16 base run needs %.3f GiB of GPU memory with every "
+                 "layer resident, %s allows %.3f GiB (%.3f GiB in use): the base is streamed from "
+                 "its bf16 pack", gib((double)need), c->gpu_mem > 0 ? "--gpu-mem" : "the GPU",
+                 gib((double)avail), gib((double)used));
         }
     }
     if (packed) {

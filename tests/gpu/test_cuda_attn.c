@@ -449,8 +449,8 @@ static void test_mma_sweep(void **state)
 #endif
 }
 
-/* With FTUNE_ATTN=mma (the opt-in while attn_mma.cu is not the default; set here when the
- * environment does not set it) the op table (context not precise) runs attn_mma.cu for D = 64
+/* With FTUNE_ATTN=mma (the default since 2026-11-28; set here when the environment does not
+ * set it) the op table (context not precise) runs attn_mma.cu for D = 64
  * and 128: the same bits as the direct call; D = 96 goes elsewhere (attn_mma.cu refuses it).
  * The routing is not asserted when FTUNE_ATTN is set to something else. Bad shapes for
  * attn_mma.cu: FT_E_INVALID. */

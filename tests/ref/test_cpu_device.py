@@ -58,16 +58,25 @@ def mid_model(tmp_path):
 
 def test_bf16_streamed_equals_resident(tmp_path):
     model, cache = mid_model(tmp_path), tmp_path / "cache"
-    # the budget the resident run needs, from the trainer's own line (a budget of 1 MiB fits
-    # neither way and is refused after saying it)
+    # the budget the resident run needs (the trainer's line: beyond what is in use on the
+    # device, 0 on cpu-device, the CUDA context's ~0.7 GiB on a GPU) and the streamed plan's
+    # smallest (its fixed part and two layer slots), from one run at 1 MiB, which fits neither
+    # way and is refused after saying both; the streamed run takes the middle of the two
     r = run_ftune(["train", "--model", model, "--out", tmp_path / "none", "--quant", "bf16",
                    "--gpu-mem", "1M", "--cache-dir", cache, *TRAIN, *DEV])
     m = re.search(r"the bf16 base run needs ([0-9.]+) GiB of GPU memory with every layer "
-                  r"resident", r.stderr)
+                  r"resident, --gpu-mem allows [0-9.-]+ GiB \(([0-9.]+) GiB in use\)", r.stderr)
     assert r.returncode == 1 and m and "does not fit" in r.stderr, r.stderr
-    need = float(m.group(1))
+    need, used = float(m.group(1)), float(m.group(2))
+    fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
+    slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
+    assert fixed and slots, r.stderr
+    lo, hi = float(fixed.group(1)) + float(slots.group(2)), need + used
+    print(f"streamed plan from {lo:.3f} GiB, resident from {hi:.3f} GiB ({used} in use)")
+    assert lo < hi, (lo, hi)
     runs = {}
-    for name, budget in (("resident", "8G"), ("streamed", f"{int((need - 0.03) * 1024)}M")):
+    for name, budget in (("resident", f"{int((hi + 1) * 1024)}M"),
+                         ("streamed", f"{int((lo + hi) / 2 * 1024)}M")):
         out = tmp_path / name
         r = run_ftune(["train", "--model", model, "--out", out, "--quant", "bf16", "--gpu-mem",
                        budget, "--cache-dir", cache, *TRAIN, *DEV], timeout=600)
@@ -94,7 +103,7 @@ def test_bf16_streamed_equals_resident(tmp_path):
     pairs.write_text(json.dumps({"prompt": "The sky is", "chosen": " blue.", "rejected": " green."})
                      + "\n")
     got, streamed, built = {}, {}, {}
-    for name, budget in (("resident", "8G"), ("streamed", f"{int((need - 0.03) * 1024)}M")):
+    for name, budget in (("resident", "8G"), ("streamed", f"{int((hi - 0.03) * 1024)}M")):
         common = ["--model", model, "--adapter", out, "--gpu-mem", budget, "--cache-dir", cache, *DEV]
         runs_ = {"eval": ["eval", "--data", one, "--seq-len", "64"],
                  "dpo": ["eval", "--method", "dpo", "--data", pairs, "--seq-len", "64"],
@@ -126,7 +135,7 @@ def test_bf16_streamed_equals_resident(tmp_path):
                    "64", "--eval-max", "1", "--lora-r", "4", "--save-every", "0", *DEV])
     assert r.returncode == 0, r.stderr
     refd = {}
-    for name, budget in (("resident", "8G"), ("streamed", f"{int((need - 0.03) * 1024)}M")):
+    for name, budget in (("resident", "8G"), ("streamed", f"{int((hi - 0.03) * 1024)}M")):
         r = run_ftune(["eval", "--method", "dpo", "--data", pairs, "--seq-len", "64", "--model",
                        model, "--adapter", out, "--ref-adapter", r4, "--gpu-mem", budget,
                        "--cache-dir", cache, *DEV])
@@ -277,21 +286,35 @@ def test_generate_default_batch_fits_budget(tmp_path):
     r = run_ftune(["init-model", "--config", tmp_path / "kv.json", "--out", model, "--tokenizer",
                    TINY, "--seed", "3"])
     assert r.returncode == 0, r.stderr
-    recs = [{"prompt": " ".join(["word"] * (90 + 3 * i))} for i in range(4)]
+    # the budget: 1600 MiB on cpu-device; on a GPU, where the CUDA context and workspaces take
+    # ~1.8 GiB before any layer, enough that three quarters of it still hold the smallest plan
+    # (its fixed part and layer slots, read from a refused 1 MiB run); the prompts grow with
+    # the budget's quarter, so that about three sequences' caches fit in it as on cpu-device
+    r = run_ftune(["generate", "--model", model, "--raw", "--prompt", "word word",
+                   "--max-new-tokens", "3", "--gpu-mem", "1M", *DEV])
+    fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
+    slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
+    assert r.returncode == 1 and fixed and slots, r.stderr
+    floor_mib = (float(fixed.group(1)) + float(slots.group(2)) + 0.05) * 1024
+    budget_mib = max(1600, int(floor_mib / 0.75) + 1)
+    quarter = budget_mib / 4 * 2**20
+    scale = budget_mib / 1600
+    recs = [{"prompt": " ".join(["word"] * int((90 + 3 * i) * scale))} for i in range(4)]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in recs))
     gen = ["generate", "--model", model, "--raw", "--prompts", prompts, "--max-new-tokens", "3",
-           "--gpu-mem", "1600M", *DEV]
+           "--gpu-mem", f"{budget_mib}M", *DEV]
     capped = run_ftune(gen)
     assert capped.returncode == 0, capped.stderr
     m = re.search(r"ftune: (\d+) prompts at a time, not 4: their KV caches of (\d+) tokens would "
                   r"take more than a quarter of the GPU budget", capped.stderr)
     assert m, capped.stderr
     n, ctx = int(m.group(1)), int(m.group(2))
-    # the budget's quarter (400 MiB) holds the caches of n sequences (and the buffers), not n + 1
+    # the budget's quarter holds the caches of n sequences (and the buffers), not n + 1
     kv = 2 * 8 * 64 * 256 * 4 * ctx
-    print(f"default batch lowered to {n} (caches of {ctx} tokens, {kv / 2**20:.1f} MiB each)")
-    assert 1 <= n < 4 and n * kv <= 400 * 2**20 < (n + 1) * kv + 100 * 2**20, (n, ctx)
+    print(f"--gpu-mem {budget_mib}M: default batch lowered to {n} (caches of {ctx} tokens, "
+          f"{kv / 2**20:.1f} MiB each)")
+    assert 1 <= n < 4 and n * kv <= quarter < (n + 1) * kv + 100 * 2**20, (n, ctx)
     one = run_ftune(gen + ["--batch", "1"])
     assert one.returncode == 0, one.stderr
     assert "prompts at a time" not in one.stderr
