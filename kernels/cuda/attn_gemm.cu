@@ -55,6 +55,17 @@ static int attn_route(const ft_cuda_ctx *cx, int64_t D)
     return cx->gemm_bf16 && (D == 64 || D == 128) ? ROUTE_MMA : ROUTE_GEMM; /* mma, unset, other */
 }
 
+/* attn_mma.cu reads q, k, v, out and dout as float4 and writes float2/float4 (a misaligned
+ * address would be a sticky CUDA fault, ending the context): a call whose buffers are not all
+ * 16-byte aligned, or whose T is over its grid's limit, takes this file's kernels instead. */
+static int mma_fits(int64_t T, const void *const *p, int n)
+{
+    if (T > (int64_t)65535 * 64) return 0;
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)p[i] & 15) return 0;
+    return 1;
+}
+
 #define TILE_MAX 512      /* query rows per tile, at most */
 #define SM_THREADS 256
 
@@ -393,7 +404,8 @@ extern "C" int ft_cuda_attention_fwd(ft_backend *be, float *out, float *lse, con
     FT_TRY(check_shape("attention_fwd", T, H, Hkv, D));
     if (!T || !H) return 0;
     const int route = attn_route(cx, D);
-    if (route == ROUTE_MMA)
+    const void *const mp[] = {out, q, k, v};
+    if (route == ROUTE_MMA && mma_fits(T, mp, 4))
         return ft_cuda_mma_attention_fwd(be, out, lse, q, k, v, seq_start, T, H, Hkv, D, scale);
     if (route == ROUTE_FLASH)
         return ft_cuda_flash_attention_fwd(be, out, lse, q, k, v, seq_start, T, H, Hkv, D, scale);
@@ -415,7 +427,8 @@ extern "C" int ft_cuda_attention_bwd(ft_backend *be, float *dq, float *dk, float
     FT_TRY(check_shape("attention_bwd", T, H, Hkv, D));
     if (!T || !H) return 0;
     const int route = attn_route(cx, D);
-    if (route == ROUTE_MMA)
+    const void *const mp[] = {dq, dk, dv, dout, q, k, v, out};
+    if (route == ROUTE_MMA && mma_fits(T, mp, 8))
         return ft_cuda_mma_attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, seq_start, T, H,
                                          Hkv, D, scale);
     if (route == ROUTE_FLASH)

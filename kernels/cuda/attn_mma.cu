@@ -765,6 +765,16 @@ static int mma_check(const char *op, int64_t T, int64_t H, int64_t Hkv, int64_t 
     return 0;
 }
 
+/* The kernels' float4 / float2 accesses need 16-byte aligned buffers (the op table routes a
+ * misaligned call elsewhere, attn_gemm.cu mma_fits); FT_E_INVALID for a direct caller. */
+static int mma_aligned(const char *op, const void *const *p, int n)
+{
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)p[i] & 15)
+            return ft_err(FT_E_INVALID, "cuda %s: buffer %d at %p is not 16-byte aligned", op, i, p[i]);
+    return 0;
+}
+
 template <typename K>
 static int mma_smem_attr(ft_cuda_ctx *cx, K *kernel, size_t bytes, const char *op)
 {
@@ -847,6 +857,8 @@ extern "C" int ft_cuda_mma_attention_fwd(ft_backend *be, float *out, float *lse,
     FT_TRY(mma_check(op, T, H, Hkv, D));
     if (T == 0 || H == 0) return 0;
     if (!out || !lse || !q || !k || !v || !seq_start) return ft_err(FT_E_INVALID, "cuda %s: NULL buffer", op);
+    const void *const al[] = {out, q, k, v};
+    FT_TRY(mma_aligned(op, al, 4));
     mma_ws w;
     FT_TRY(mma_stage(cx, &w, op, q, k, v, T, H, Hkv, D));
     if (D == 64) return mma_fwd<64>(cx, out, lse, &w, seq_start, T, H, Hkv, scale);
@@ -867,6 +879,8 @@ extern "C" int ft_cuda_mma_attention_bwd(ft_backend *be, float *dq, float *dk, f
     if (T == 0 || H == 0) return 0;
     if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse || !seq_start)
         return ft_err(FT_E_INVALID, "cuda %s: NULL buffer", op);
+    const void *const al[] = {dq, dk, dv, dout, q, k, v, out};
+    FT_TRY(mma_aligned(op, al, 8));
     mma_ws w;
     FT_TRY(mma_stage(cx, &w, op, q, k, v, T, H, Hkv, D));
     k_mma_dout<<<ft_cuda_blocks(T * H, 8), 256, 0, cx->stream>>>(w.dout, w.delta, dout, out, T * H, (int)D);
