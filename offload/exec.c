@@ -35,7 +35,9 @@ static layout plan(const ft_model *m, const ft_lora *lora, int64_t T, int64_t n_
     layout L;
     if (ckpt_bufs < 0) ckpt_bufs = (c->num_hidden_layers + 1) * n_micro;
     L.ckpt = ckpt_bufs * T * c->hidden_size;
-    L.dx = n_micro * T * c->hidden_size;
+    /* one d(hidden) per micro-batch, each on 64 bytes (dx_stride): it is the dy of the down and
+     * o projections' input gradients, which CUDA rounds to bf16 with float4 reads */
+    L.dx = n_micro * ((T * c->hidden_size + 15) & ~(int64_t)15);
     L.acts = ft_block_acts_floats(&d);
     L.scr = ft_block_scratch_floats(&d);
     L.xf = T * c->hidden_size;
@@ -442,6 +444,12 @@ int ft_exec_gen_source(ft_exec *e, ft_gen_source *s)
  * tier's otherwise (offload/ckpt.h; its hooks order the copies around compute). */
 static int64_t ck_stride(const ft_exec *e) { return e->T_max * e->m->cfg.hidden_size; }
 
+/* Floats between micro-batches in e->dx: T_max x hidden rounded up to 16 (see plan). */
+static int64_t dx_stride(const ft_exec *e)
+{
+    return (e->T_max * e->m->cfg.hidden_size + 15) & ~(int64_t)15;
+}
+
 static int ck_write(ft_exec *e, int64_t j, float **out)
 {
     if (e->ckt) return ft_ckpt_tier_write(e, j, out);
@@ -680,7 +688,6 @@ int ft_exec_train_step_seq(ft_exec *e, const ft_batch *mbs, int64_t n_mb, ft_exe
                       (long long)n_mb, (long long)e->n_micro_max);
     if (!e->lora) return ft_err(FT_E_INVALID, "train step without an adapter");
     if (!fn) return ft_err(FT_E_INVALID, "a sequence objective without its gradient function");
-    int64_t C = e->m->cfg.hidden_size;
     for (int64_t mb = 0; mb < n_mb; mb++) FT_TRY(check_pairs(&mbs[mb]));
     /* room for the most sequences a micro-batch can hold (one token each), so that the
      * buffer is sized at the first step and never again */
@@ -689,7 +696,7 @@ int ft_exec_train_step_seq(ft_exec *e, const ft_batch *mbs, int64_t n_mb, ft_exe
     for (int64_t mb = 0; mb < n_mb; mb++) {
         double *nll = e->seq_buf;
         int64_t *n_tok = (int64_t *)(e->seq_buf + 2 * e->seq_cap);
-        FT_TRY(head_seq(e, &mbs[mb], mb, e->dx + mb * e->T_max * C, nll, n_tok, fn, user));
+        FT_TRY(head_seq(e, &mbs[mb], mb, e->dx + mb * dx_stride(e), nll, n_tok, fn, user));
     }
     return backward_all(e, mbs, n_mb, dropout_seed);
 }
@@ -709,7 +716,6 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
         return ft_err(FT_E_RANGE, "step of %lld micro-batches exceeds the planned %lld",
                       (long long)n_mb, (long long)e->n_micro_max);
     if (!e->lora) return ft_err(FT_E_INVALID, "train step without an adapter");
-    int64_t C = e->m->cfg.hidden_size;
     float gs = grad_norm_tokens > 0 ? 1.0f / (float)grad_norm_tokens : 0.0f;
     FT_TRY(forward_all(e, mbs, n_mb, dropout_seed, 1));
     *loss_sum = 0;
@@ -717,7 +723,7 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
     for (int64_t mb = 0; mb < n_mb; mb++) {
         double ls = 0;
         int64_t nv = 0;
-        FT_TRY(head(e, &mbs[mb], mb, gs, e->dx + mb * e->T_max * C, &ls, &nv));
+        FT_TRY(head(e, &mbs[mb], mb, gs, e->dx + mb * dx_stride(e), &ls, &nv));
         *loss_sum += ls;
         *n_tokens += nv;
     }
@@ -728,7 +734,6 @@ static int backward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t 
 {
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
-    int64_t C = c->hidden_size;
     if (e->ckt) FT_TRY(ft_ckpt_tier_bwd_begin(e));
     int64_t st = ck_stride(e);
     for (int64_t l = c->num_hidden_layers - 1; l >= 0; l--) {
@@ -747,7 +752,7 @@ static int backward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t 
             ft_block_dims d = dims_of(e, mbs[mb].T);
             ft_block_io io = io_of(e, mb, dropout_seed);
             const float *x = xl + mb * st;
-            float *dx = e->dx + mb * e->T_max * C;
+            float *dx = e->dx + mb * dx_stride(e);
             ft_block_acts *a = &e->acts;
             if (e->kept)
                 a = &e->kept[l * e->n_micro_max + mb];

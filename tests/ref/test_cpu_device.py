@@ -273,6 +273,28 @@ def test_eval_generate_streamed_nf4(tmp_path):
     assert got["streamed"][:2] == got["resident"][:2]
 
 
+def test_odd_hidden_grad_accum(tmp_path):
+    """A hidden size that is not a multiple of 4 (66), an odd sequence length and two
+    micro-batches: each micro-batch's d(hidden) in the executor starts on 64 bytes, as the
+    device's bf16 rounding of the down and o projections' dy needs (CUDA reads it as float4;
+    cpu-device checks the same alignment). It was refused before the stride was padded."""
+    cfg = json.loads((TINY / "config.json").read_text())
+    cfg.update({"hidden_size": 66, "num_attention_heads": 3, "num_key_value_heads": 1,
+                "head_dim": 22})
+    (tmp_path / "c66.json").write_text(json.dumps(cfg))
+    model = tmp_path / "m66"
+    r = run_ftune(["init-model", "--config", tmp_path / "c66.json", "--out", model, "--tokenizer",
+                   TINY, "--seed", "3"])
+    assert r.returncode == 0, r.stderr
+    r = run_ftune(["train", "--model", model, "--data", SEED_DATA, "--seq-len", "137",
+                   "--grad-accum", "2", "--max-steps", "2", "--save-every", "0", "--eval-max", "1",
+                   "--out", tmp_path / "o", *DEV])
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    print(f"hidden 66, seq 137, grad-accum 2: final eval loss {summary['final_eval_loss']}")
+    assert np.isfinite(summary["final_eval_loss"])
+
+
 def test_generate_default_batch_fits_budget(tmp_path):
     """`generate --prompts` on a device lowers its default --batch (here the 4 records) until
     the KV caches of the sequences decoded together take at most a quarter of --gpu-mem, and
