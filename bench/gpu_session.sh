@@ -24,6 +24,9 @@
 #          the planner's prediction, peak GPU memory and RSS (issue 6)
 #   bench  attn_bench and nf4_gemm: per-kernel TFLOP/s (the closing note's kernel table)
 #   unit   device-agnostic unit tests bundled with UNIT=..., run with FTUNE_DEVICE=cuda
+#   peer   bench/run --quick within what is left of the deadline: ftune and transformers + PEFT on
+#          the 8B shape in this call (issue 4's ratio; needs ~330 s: torch, transformers, peft
+#          are on the GPU machine); its README, results.json and raw outputs go into results.tgz
 #   devtests  tests/ref/test_cpu_device.py with --device cuda: a bf16 base streamed within
 #          --gpu-mem vs resident (adapters), NF4 eval/generate streamed vs resident, QLoRA of
 #          the tied model with eval --quant nf4 and generate vs logits
@@ -149,6 +152,14 @@ sec_bench() {
   stamp bench
 }
 
+sec_peer() {  # bench/run --quick: ftune vs transformers + PEFT in this call (its own deadline)
+  [ -n "$DRY" ] && { echo "peer: skipped (DRY: bench/run --cpu-check checks it on a CPU)"; return; }
+  [ "$(left)" -lt 240 ] && { echo "peer: skipped ($(left) s left; bench/run --quick needs ~330 s)"; return; }
+  FTUNE_BIN=$F FTUNE_BENCH_DEADLINE=$(( $(left) - 15 )) OUT=$OUT timeout $(cap 600) bench/run --quick \
+    > $OUT/peer.txt 2>&1; echo "bench/run --quick rc=$?"; tail -14 $OUT/peer.txt
+  stamp peer
+}
+
 sec_devtests() {  # the cpu-device end-to-end checks on the GPU: streamed vs resident bases
   [ "$(left)" -lt 90 ] && { echo "devtests: skipped ($(left) s left)"; return; }
   FTUNE_BIN=$F FTUNE_TEST_DEVICE=$DEV timeout $(cap 150) python3 tests/ref/test_cpu_device.py \
@@ -178,6 +189,7 @@ for s in $ORDER; do
     bench) sec_bench ;;
     unit) sec_unit ;;
     devtests) sec_devtests ;;
+    peer) sec_peer ;;
     *) echo "unknown section $s" ;;
   esac
 done
