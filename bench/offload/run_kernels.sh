@@ -2,7 +2,7 @@
 # One GPU call (sessions 5 and 7): the GPU tests, the kernel benches (tensor-core
 # FlashAttention-2 vs the cuBLAS-tile path vs fp32; fused NF4 GEMM vs dequant + cuBLAS), then
 # ftune on the Llama-3-8B shape (random weights), batch 1, seq 2048, same call: bf16 LoRA with
-# the tensor-core attention (FTUNE_ATTN=mma, opt-in) and with the default cuBLAS-tile one;
+# the tensor-core attention (the default since 2026-11-28) and with the cuBLAS-tile one (FTUNE_ATTN=gemm);
 # QLoRA with the NF4 projections dequantized per layer visit (default), then with
 # FTUNE_NF4_GEMM=fused (the dequant-fused GEMM in the executor, with its per-op profile), then
 # auto (the probe times one layer both ways, keeps the faster). Usage there (two calls when
@@ -22,8 +22,8 @@ fi
 M=/tmp/m8b
 timeout 200 $F init-model --config examples/configs/llama-3-8b.json --out $M --pack --safetensors --tokenizer tests/fixtures/tokenizers/llama3 2>&1 | grep -E "safetensors|pack" | tail -2
 stamp init-model
-FTUNE_ATTN=mma run lora_mma 110 --quant bf16 --max-steps 6
-run lora_gemm 110 --quant bf16 --max-steps 6
+run lora_mma 110 --quant bf16 --max-steps 6
+FTUNE_ATTN=gemm run lora_gemm 110 --quant bf16 --max-steps 6
 run qlora 110 --quant nf4 --max-steps 6
 FTUNE_NF4_GEMM=fused run qlora_fused 110 --quant nf4 --max-steps 6 --profile
 FTUNE_NF4_GEMM=auto run qlora_auto 110 --quant nf4 --max-steps 4
