@@ -183,7 +183,8 @@ static int place(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file 
     in->per_micro_bytes = per_micro;
     in->kept_bytes = kept1;
     in->host_fixed = ft_place_rss();
-    in->t_fwd_layer = t_f + t_dq;
+    in->t_fwd_layer = t_f;
+    in->t_visit = t_dq; /* once per visit, for all its micro-batches (the recompute reuses it) */
     in->t_bwd_layer = o->forward_only ? 0 : t_b;
     double P = layer_params(m);
     in->flops_fwd_layer = 2.0 * (double)T * P;

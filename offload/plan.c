@@ -43,8 +43,9 @@
  * tokens/s.
  *
  * Step time. Per micro-batch: f = t_fwd_layer (or flops_fwd_layer / rates.flops), b =
- * t_bwd_layer, h = t_head. Visits of one step: forward 0..L-1 (compute m*f), head (m*h),
- * backward L-1..0 (compute m*((keep ? 0 : f) + b)). A streamed visit copies its layer:
+ * t_bwd_layer, h = t_head; per layer visit v = t_visit (the weights' binding: an NF4 layer
+ * dequantized once per visit for all its micro-batches). Visits of one step: forward 0..L-1
+ * (compute v + m*f), head (m*h), backward L-1..0 (compute v + m*((keep ? 0 : f) + b)). A streamed visit copies its layer:
  * x = layer_bytes / h2d from the pool; from NVMe a read r = layer_bytes / disk into a host
  * slot and the same copy (device == 0: only the read, into the slot). Once the pipeline is
  * full each visit costs
@@ -87,9 +88,9 @@
 #define PLAN_CKPT_SETS 2    /* device checkpoint sets the planner asks for (executor: 2..4) */
 #define PLAN_MAX_CKPT_SETS 4
 
-/* Per-micro-batch compute seconds and per-transfer seconds (0 when the rate is unknown). */
+/* Per-micro-batch compute seconds (f, b, h) and per-visit seconds (v). */
 typedef struct {
-    double f, b, h;
+    double f, b, h, v;
 } cost;
 
 enum { NEED_H2D = 1, NEED_D2H = 2, NEED_DISK = 4 };
@@ -141,9 +142,13 @@ static int check_in(const ft_plan_in *in, cost *c)
             return ft_err(FT_E_INVALID, "offload plan: the %s time is unknown (t_* is 0 and %s)", nm[i],
                           fl > 0 ? "rates.flops is 0" : "its FLOP count is 0");
     }
+    if (bad_rate(in->t_visit))
+        return ft_err(FT_E_INVALID, "offload plan: the per-visit time %g s must be finite and >= 0",
+                      in->t_visit);
     c->f = out[0];
     c->b = out[1];
     c->h = out[2];
+    c->v = in->t_visit;
     return 0;
 }
 
@@ -311,7 +316,7 @@ static void simulate(const ft_plan_in *in, const cost *c, const ft_plan *p, sim_
     const double xr = p->n_tier[FT_TIER_DISK] ? (double)in->layer_bytes / r->disk : 0;
     const double ckb = (double)m * (double)in->ckpt_bytes;
     const double xcl = ckh ? ckb / r->h2d : 0, xcs = ckh ? ckb / r->d2h : 0;
-    const double cf = (double)m * c->f, cb = (double)m * ((p->keep_acts ? 0 : c->f) + c->b),
+    const double cf = c->v + (double)m * c->f, cb = c->v + (double)m * ((p->keep_acts ? 0 : c->f) + c->b),
                  chd = (double)m * c->h;
     /* host checkpoints: S sets; layers >= h keep theirs on the device; < n_st go to the host */
     const int S = !ckh ? 1 : p->ckpt_sets >= 2 ? p->ckpt_sets : PLAN_CKPT_SETS;

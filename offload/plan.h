@@ -54,6 +54,9 @@ typedef struct ft_plan_in {
     double t_fwd_layer;         /* one layer's forward */
     double t_bwd_layer;         /* one layer's backward, without the recompute */
     double t_head;              /* final norm + LM head + loss, forward and backward */
+    double t_visit;             /* per layer visit, whatever the micro-batch count: binding the
+                                 * layer's weights (NF4 dequantized into the bf16 staging), paid
+                                 * by the forward and by the backward visit; 0 = none */
     double flops_fwd_layer, flops_bwd_layer, flops_head; /* FLOPs of the same, one micro-batch */
     int64_t tokens_per_micro;   /* rows * seq_len */
     int64_t micro_batches;      /* gradient accumulation fixed by the user; 0 = the planner

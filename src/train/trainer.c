@@ -861,7 +861,7 @@ static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_l
                      pr->disk_source[0] ? "; " : "", pr->disk_source);
         info(cb, user, FT_EV_INFO, "probe: one layer of %lld tokens: dequant %.2f ms, forward %.2f ms, "
              "backward %.2f ms; PCIe H2D %.1f GB/s%s",
-             (long long)T, pr->t_dequant * 1e3, (pr->in.t_fwd_layer - pr->t_dequant) * 1e3,
+             (long long)T, pr->t_dequant * 1e3, pr->in.t_fwd_layer * 1e3,
              pr->in.t_bwd_layer * 1e3, pr->in.rates.h2d / 1e9, disk);
         if (pr->nf4_probed)
             info(cb, user, FT_EV_INFO, "probe (FTUNE_NF4_GEMM=auto): one layer's forward + backward "

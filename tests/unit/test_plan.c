@@ -41,11 +41,12 @@ static ft_plan_in in70(void)
     return in;
 }
 
-/* Compute seconds of one step with every layer resident (the header's formula). */
+/* Compute seconds of one step with every layer resident (the header's formula): per layer
+ * a forward and a backward visit, each paying t_visit once for its m micro-batches. */
 static double compute_s(const ft_plan_in *in, int64_t m, int keep)
 {
-    double f = in->t_fwd_layer, b = in->t_bwd_layer;
-    return (double)m * ((double)in->n_layers * (f + (keep ? 0 : f) + b) + in->t_head);
+    double f = in->t_fwd_layer, b = in->t_bwd_layer, v = in->t_visit;
+    return (double)in->n_layers * 2 * v + (double)m * ((double)in->n_layers * (f + (keep ? 0 : f) + b) + in->t_head);
 }
 
 /* Layers whose checkpoints have a host home in a plan (plan.h). */
@@ -166,6 +167,21 @@ static void test_everything_fits(void **st)
     assert_int_equal(p.keep_acts, 1);
     assert_true(fabs(p.t_step - compute_s(&in, 2, 1)) <= REL_EPS * p.t_step);
     assert_true(p.t_step < compute_s(&in, 2, 0));
+
+    /* a per-visit binding time (NF4 dequantization): paid by the forward and the backward
+     * visit of each layer, once for both micro-batches; kept activations or recomputed */
+    in.t_visit = 0.0015;
+    assert_int_equal(ft_plan_make(&in, &p), 0);
+    assert_int_equal(p.keep_acts, 1);
+    assert_true(fabs(p.t_step - compute_s(&in, 2, 1)) <= REL_EPS * p.t_step);
+    assert_true(fabs(p.t_compute - compute_s(&in, 2, 1)) <= REL_EPS * p.t_step);
+    in.kept_bytes = 0;
+    assert_int_equal(ft_plan_make(&in, &p), 0);
+    assert_int_equal(p.keep_acts, 0);
+    assert_true(fabs(p.t_step - compute_s(&in, 2, 0)) <= REL_EPS * p.t_step);
+    in.t_visit = -1;
+    assert_int_equal(ft_plan_make(&in, &p), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "per-visit time"));
 
     /* no h2d rate is needed when nothing streams */
     in = in70();
