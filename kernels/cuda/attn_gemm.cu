@@ -60,10 +60,7 @@ static int attn_route(const ft_cuda_ctx *cx, int64_t D)
  * 16-byte aligned, or whose T is over its grid's limit, takes this file's kernels instead. */
 static int mma_fits(int64_t T, const void *const *p, int n)
 {
-    if (T > (int64_t)65535 * 64) return 0;
-    for (int i = 0; i < n; i++)
-        if ((uintptr_t)p[i] & 15) return 0;
-    return 1;
+    return T <= FT_CUDA_MMA_T_MAX && ft_cuda_misaligned16(p, n) < 0;
 }
 
 #define TILE_MAX 512      /* query rows per tile, at most */

@@ -759,9 +759,9 @@ static int mma_check(const char *op, int64_t T, int64_t H, int64_t Hkv, int64_t 
     if (D != 64 && D != 128)
         return ft_err(FT_E_INVALID, "cuda %s: head dim D = %lld; the tensor-core kernels take 64 or 128",
                       op, (long long)D);
-    if (T > (int64_t)65535 * 64)
-        return ft_err(FT_E_INVALID, "cuda %s: T = %lld, expected <= %d (grid y of 64-row tiles)", op,
-                      (long long)T, 65535 * 64);
+    if (T > FT_CUDA_MMA_T_MAX)
+        return ft_err(FT_E_INVALID, "cuda %s: T = %lld, expected <= %lld (grid y of 64-row tiles)", op,
+                      (long long)T, (long long)FT_CUDA_MMA_T_MAX);
     return 0;
 }
 
@@ -769,9 +769,9 @@ static int mma_check(const char *op, int64_t T, int64_t H, int64_t Hkv, int64_t 
  * misaligned call elsewhere, attn_gemm.cu mma_fits); FT_E_INVALID for a direct caller. */
 static int mma_aligned(const char *op, const void *const *p, int n)
 {
-    for (int i = 0; i < n; i++)
-        if ((uintptr_t)p[i] & 15)
-            return ft_err(FT_E_INVALID, "cuda %s: buffer %d at %p is not 16-byte aligned", op, i, p[i]);
+    const int i = ft_cuda_misaligned16(p, n);
+    if (i >= 0)
+        return ft_err(FT_E_INVALID, "cuda %s: buffer %d at %p is not 16-byte aligned", op, i, p[i]);
     return 0;
 }
 

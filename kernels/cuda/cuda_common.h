@@ -120,6 +120,18 @@ struct ft_op_add { template <typename V> __device__ V operator()(V a, V b) const
 struct ft_op_max { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
 #endif
 
+/* The tensor-core attention (attn_mma.cu): its grid's y dimension counts 64-row query tiles,
+ * so T is at most this; the op table (attn_gemm.cu) routes longer calls elsewhere. */
+#define FT_CUDA_MMA_T_MAX ((int64_t)65535 * 64)
+
+/* The index of the first of p[0..n) that is not 16-byte aligned (float4 access), or -1. */
+static inline int ft_cuda_misaligned16(const void *const *p, int n)
+{
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)p[i] & 15) return i;
+    return -1;
+}
+
 static inline unsigned ft_cuda_blocks(int64_t n, int threads)
 {
     int64_t b = (n + threads - 1) / threads;
