@@ -37,7 +37,7 @@ static layout plan(const ft_model *m, const ft_lora *lora, int64_t T, int64_t n_
     L.ckpt = ckpt_bufs * T * c->hidden_size;
     /* one d(hidden) per micro-batch, each on 64 bytes (dx_stride): it is the dy of the down and
      * o projections' input gradients, which CUDA rounds to bf16 with float4 reads */
-    L.dx = n_micro * ((T * c->hidden_size + 15) & ~(int64_t)15);
+    L.dx = n_micro * ft_pad16(T * c->hidden_size);
     L.acts = ft_block_acts_floats(&d);
     L.scr = ft_block_scratch_floats(&d);
     L.xf = T * c->hidden_size;
@@ -215,7 +215,7 @@ void ft_exec_free(ft_exec *e)
 size_t ft_exec_kept_bytes(const ft_exec *e)
 {
     ft_block_dims d = dims_of(e, e->T_max);
-    int64_t per = (ft_block_acts_floats(&d) + 15) & ~(int64_t)15;
+    int64_t per = ft_pad16(ft_block_acts_floats(&d));
     return (size_t)(per * e->m->cfg.num_hidden_layers * e->n_micro_max) * sizeof(float);
 }
 
@@ -234,7 +234,7 @@ int ft_exec_keep_activations(ft_exec *e, size_t budget_bytes)
     }
     e->kept_bytes = need;
     ft_block_dims d = dims_of(e, e->T_max);
-    int64_t per = (ft_block_acts_floats(&d) + 15) & ~(int64_t)15;
+    int64_t per = ft_pad16(ft_block_acts_floats(&d));
     for (int64_t i = 0; i < n; i++)
         ft_block_acts_carve(&e->kept[i], e->kept_mem + i * per, &d, e->lora->cfg.targets);
     return 1;
@@ -447,7 +447,7 @@ static int64_t ck_stride(const ft_exec *e) { return e->T_max * e->m->cfg.hidden_
 /* Floats between micro-batches in e->dx: T_max x hidden rounded up to 16 (see plan). */
 static int64_t dx_stride(const ft_exec *e)
 {
-    return (e->T_max * e->m->cfg.hidden_size + 15) & ~(int64_t)15;
+    return ft_pad16(e->T_max * e->m->cfg.hidden_size);
 }
 
 static int ck_write(ft_exec *e, int64_t j, float **out)

@@ -4,12 +4,13 @@
 #define FT_EXEC_INTERNAL_H
 
 #include "offload/exec.h"
+#include "src/core/align.h"
 
 /* Returns *p and advances it by n floats rounded up to 16 (64-byte alignment). */
 static inline float *ft_exec_carve(float **p, int64_t n)
 {
     float *r = *p;
-    *p += (n + 15) & ~(int64_t)15;
+    *p += ft_pad16(n);
     return r;
 }
 

@@ -22,7 +22,7 @@ static int proj_wtype(const ft_backend *be)
 static size_t floats_for(int64_t n, int wtype)
 {
     int64_t f = wtype == FT_W_BF16 ? (n + 1) / 2 : n;
-    return (size_t)((f + 15) & ~(int64_t)15);
+    return (size_t)ft_pad16(f);
 }
 
 /* Bytes of the global tensors (embeddings, LM head when untied, final norm) in fp32. */

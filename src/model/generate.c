@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "src/core/err.h"
+#include "src/core/align.h"
 
 #define GEN_MAX_HALF_D 1024 /* head_dim / 2 bound of the inv_freq staging array */
 
@@ -17,8 +18,6 @@
 typedef struct gen_layout {
     int64_t kv, x, y, xn, rstd, q, att, lse, h, gate, up, act, u, logits, inv, ints, xd, kt;
 } gen_layout;
-
-static int64_t up16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
 /* xd (linear_fwd's scratch) only with a source: the model's own weights are fp32 */
 static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int64_t chunk,
@@ -36,7 +35,7 @@ static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int6
     L.gate = L.up = L.act = chunk * c->intermediate_size;
     L.u = chunk * (lora ? lora->cfg.r : 1);
     L.logits = rows * c->vocab_size;
-    L.inv = slots * up16(c->head_dim / 2 + 1); /* one RoPE table per slot */
+    L.inv = slots * ft_pad16(c->head_dim / 2 + 1); /* one RoPE table per slot */
     L.ints = 3 * chunk; /* ids, pos, seq_start: int32 in float-sized slots */
     int64_t wide = C > HD ? C : HD;
     if (c->intermediate_size > wide) wide = c->intermediate_size;
@@ -47,10 +46,11 @@ static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int6
 
 static int64_t plan_floats(const gen_layout *L)
 {
-    return 2 * up16(L->kv) + up16(L->x) + up16(L->y) + up16(L->xn) + up16(L->rstd) +
-           up16(L->q) + up16(L->att) + up16(L->lse) + up16(L->h) + up16(L->gate) +
-           up16(L->up) + up16(L->act) + up16(L->u) + up16(L->logits) + up16(L->inv) +
-           up16(L->ints) + up16(L->xd) + up16(L->kt);
+    return 2 * ft_pad16(L->kv) + ft_pad16(L->x) + ft_pad16(L->y) + ft_pad16(L->xn) +
+           ft_pad16(L->rstd) + ft_pad16(L->q) + ft_pad16(L->att) + ft_pad16(L->lse) +
+           ft_pad16(L->h) + ft_pad16(L->gate) + ft_pad16(L->up) + ft_pad16(L->act) +
+           ft_pad16(L->u) + ft_pad16(L->logits) + ft_pad16(L->inv) + ft_pad16(L->ints) +
+           ft_pad16(L->xd) + ft_pad16(L->kt);
 }
 
 /* 1 when a chunk exceeds what the caches can take in one forward: ctx_max tokens of one
@@ -83,7 +83,7 @@ size_t ft_gen_source_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_m
 static float *carve(float **p, int64_t n)
 {
     float *r = *p;
-    *p += up16(n);
+    *p += ft_pad16(n);
     return r;
 }
 
@@ -92,7 +92,7 @@ static int place_weights(ft_gen *g);
 /* Slot s's RoPE table (head_dim / 2 floats, backend memory). */
 static float *inv_of(const ft_gen *g, int64_t s)
 {
-    return g->inv_freq + s * up16(g->m->cfg.head_dim / 2 + 1);
+    return g->inv_freq + s * ft_pad16(g->m->cfg.head_dim / 2 + 1);
 }
 
 static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,

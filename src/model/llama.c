@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "src/core/err.h"
+#include "src/core/align.h"
 
 static int64_t max3(int64_t a, int64_t b, int64_t c)
 {
@@ -19,7 +20,7 @@ static int64_t max3(int64_t a, int64_t b, int64_t c)
 static float *take(float *base, int64_t *off, int64_t n)
 {
     float *r = base ? base + *off : NULL;
-    *off += (n + 15) & ~(int64_t)15;
+    *off += ft_pad16(n);
     return r;
 }
 

@@ -15,6 +15,7 @@
 #include <dirent.h>
 
 #include "offload/pack.h"
+#include "src/core/align.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/model/bnb4.h"
@@ -35,8 +36,6 @@ typedef struct {
     float **layer;     /* one buffer per layer */
     int64_t n_layer;
 } model_priv;
-
-static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; } /* 64-byte carving */
 
 /* model.h; formats.md 2.3 */
 void ft_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
@@ -62,11 +61,11 @@ int ft_proj_has_bias(const ft_model_config *c, int p, int o_bias)
 /* model.h */
 int64_t ft_layer_floats(const ft_model_config *c, int o_bias)
 {
-    int64_t n = 2 * pad16(c->hidden_size) + (c->qk_norm ? 2 * pad16(c->head_dim) : 0);
+    int64_t n = 2 * ft_pad16(c->hidden_size) + (c->qk_norm ? 2 * ft_pad16(c->head_dim) : 0);
     for (int p = 0; p < FT_N_PROJ; p++) {
         int64_t out, in;
         ft_proj_dims(c, p, &out, &in);
-        n += pad16(out * in) + (ft_proj_has_bias(c, p, o_bias) ? pad16(out) : 0);
+        n += ft_pad16(out * in) + (ft_proj_has_bias(c, p, o_bias) ? ft_pad16(out) : 0);
     }
     return n;
 }
@@ -76,23 +75,23 @@ void ft_layer_carve(const ft_model_config *c, int o_bias, float *b, ft_layer_wei
 {
     memset(w, 0, sizeof *w);
     w->attn_norm = b;
-    b += pad16(c->hidden_size);
+    b += ft_pad16(c->hidden_size);
     w->ffn_norm = b;
-    b += pad16(c->hidden_size);
+    b += ft_pad16(c->hidden_size);
     if (c->qk_norm) { /* Qwen3: (head_dim) each */
         w->q_norm = b;
-        b += pad16(c->head_dim);
+        b += ft_pad16(c->head_dim);
         w->k_norm = b;
-        b += pad16(c->head_dim);
+        b += ft_pad16(c->head_dim);
     }
     for (int p = 0; p < FT_N_PROJ; p++) {
         ft_linear *li = &w->proj[p];
         ft_proj_dims(c, p, &li->out_n, &li->in_n);
         li->w = b;
-        b += pad16(li->out_n * li->in_n);
+        b += ft_pad16(li->out_n * li->in_n);
         if (ft_proj_has_bias(c, p, o_bias)) {
             li->b = b;
-            b += pad16(li->out_n);
+            b += ft_pad16(li->out_n);
         }
     }
 }
@@ -122,11 +121,11 @@ static int carve(ft_model *m, int o_bias)
     pv->layer = calloc((size_t)L, sizeof *pv->layer);
     if (!pv->layer) return ft_err(-ENOMEM, "%s: out of memory", m->path);
     pv->n_layer = L;
-    int64_t g = pad16(V * C) + pad16(C) + (c->tie_word_embeddings ? 0 : pad16(V * C));
+    int64_t g = ft_pad16(V * C) + ft_pad16(C) + (c->tie_word_embeddings ? 0 : ft_pad16(V * C));
     if (!(pv->glob = alloc_floats(g, m->path))) return -ENOMEM;
     m->embed = pv->glob;
-    m->final_norm = m->embed + pad16(V * C);
-    m->lm_head = c->tie_word_embeddings ? m->embed : m->final_norm + pad16(C);
+    m->final_norm = m->embed + ft_pad16(V * C);
+    m->lm_head = c->tie_word_embeddings ? m->embed : m->final_norm + ft_pad16(C);
     int64_t lf = ft_layer_floats(c, o_bias);
     for (int64_t l = 0; l < L; l++) {
         if (!(pv->layer[l] = alloc_floats(lf, m->path))) return -ENOMEM;
@@ -315,12 +314,12 @@ int ft_model_load_pack_globals(ft_model *m)
     const ft_model_config *c = &m->cfg;
     const int64_t C = c->hidden_size, V = c->vocab_size;
     model_priv *pv = m->priv;
-    int64_t g = pad16(V * C) + pad16(C) + (c->tie_word_embeddings ? 0 : pad16(V * C));
+    int64_t g = ft_pad16(V * C) + ft_pad16(C) + (c->tie_word_embeddings ? 0 : ft_pad16(V * C));
     float *buf = alloc_floats(g, m->path);
     if (!buf) return -ENOMEM;
     ft_pack_file *p;
     int rc = ft_pack_open(&p, m->pack_only, 0);
-    float *emb = buf, *fn = buf + pad16(V * C), *head = c->tie_word_embeddings ? emb : fn + pad16(C);
+    float *emb = buf, *fn = buf + ft_pad16(V * C), *head = c->tie_word_embeddings ? emb : fn + ft_pad16(C);
     if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_EMBED, 0, V, emb);
     if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_FINAL_NORM, 0, C, fn);
     if (!rc && !c->tie_word_embeddings) rc = ft_pack_read_global(p, FT_PACK_ROLE_LM_HEAD, 0, V, head);
