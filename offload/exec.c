@@ -56,8 +56,6 @@ static int64_t total(const layout *L)
     return t + 16 * 11; /* 64-byte alignment slack per region */
 }
 
-static float *carve(float **p, int64_t n) { return ft_exec_carve(p, n); }
-
 /* LM-head rows per chunk: small on the CPU (the chunk's logits stay in cache), large on a
  * GPU (a (chunk, V) GEMM needs many rows to fill the tensor cores; 1024 x 128256 fp32 is
  * 0.5 GB of scratch). */
@@ -93,17 +91,17 @@ static int carve_arena(ft_exec *e, int64_t ckpt_bufs)
                       "of %lld tokens (try a smaller --batch-size, --seq-len or --grad-accum)",
                       e->arena_bytes / 1048576.0, (long long)n_micro, (long long)T_max);
     float *p = e->arena;
-    e->ckpt = carve(&p, L.ckpt);
-    e->dx = carve(&p, L.dx);
+    e->ckpt = ft_carve16(&p, L.ckpt);
+    e->dx = ft_carve16(&p, L.dx);
     ft_block_dims d = dims_of(e, T_max);
-    ft_block_acts_carve(&e->acts, carve(&p, L.acts), &d, e->lora ? e->lora->cfg.targets : 0);
-    ft_block_scratch_carve(&e->scr, carve(&p, L.scr), &d);
-    e->xf = carve(&p, L.xf);
-    e->rstdf = carve(&p, L.rstdf);
-    e->dxf = carve(&p, L.dxf);
-    e->ce_scratch = carve(&p, L.ce);
-    e->inv_freq = carve(&p, L.inv);
-    int32_t *ip = (int32_t *)carve(&p, L.ints);
+    ft_block_acts_carve(&e->acts, ft_carve16(&p, L.acts), &d, e->lora ? e->lora->cfg.targets : 0);
+    ft_block_scratch_carve(&e->scr, ft_carve16(&p, L.scr), &d);
+    e->xf = ft_carve16(&p, L.xf);
+    e->rstdf = ft_carve16(&p, L.rstdf);
+    e->dxf = ft_carve16(&p, L.dxf);
+    e->ce_scratch = ft_carve16(&p, L.ce);
+    e->inv_freq = ft_carve16(&p, L.inv);
+    int32_t *ip = (int32_t *)ft_carve16(&p, L.ints);
     e->ids = ip;
     e->targets = ip + n_micro * T_max;
     e->pos = ip + 2 * n_micro * T_max;

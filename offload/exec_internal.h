@@ -6,14 +6,6 @@
 #include "offload/exec.h"
 #include "src/core/align.h"
 
-/* Returns *p and advances it by n floats rounded up to 16 (64-byte alignment). */
-static inline float *ft_exec_carve(float **p, int64_t n)
-{
-    float *r = *p;
-    *p += ft_pad16(n);
-    return r;
-}
-
 /* Points e at the base weights (resident.c): in place on a host-memory backend; on a device
  * backend one allocation with the embeddings, final norm and LM head in fp32 and, when
  * with_layers, every layer (projections in bf16 where the backend takes it). */

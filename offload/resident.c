@@ -90,7 +90,7 @@ int ft_exec_place_weights(ft_exec *e, int with_layers)
     float *p = e->weights;
     int64_t VC = c->vocab_size * c->hidden_size;
     int rc = 0;
-#define PUT(dst, src, n) do { float *d_ = ft_exec_carve(&p, (n)); \
+#define PUT(dst, src, n) do { float *d_ = ft_carve16(&p, (n)); \
         if (!rc) { rc = be->ops->copy(be, d_, (src), (size_t)(n) * sizeof(float)); } \
         (dst) = d_; } while (0)
     PUT(e->embed, m->embed, VC);
@@ -113,7 +113,7 @@ int ft_exec_place_weights(ft_exec *e, int with_layers)
             const ft_linear *s = &src->proj[q];
             int64_t n = s->out_n * s->in_n;
             if (wt == FT_W_BF16) {
-                float *d = ft_exec_carve(&p, (int64_t)floats_for(n, FT_W_BF16));
+                float *d = ft_carve16(&p, (int64_t)floats_for(n, FT_W_BF16));
                 ft_quant_f32_to_bf16_n(stage, s->w, n);
                 rc = be->ops->copy(be, d, stage, (size_t)n * sizeof(uint16_t));
                 dst->proj[q].w = d;

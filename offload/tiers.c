@@ -242,7 +242,7 @@ int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
         return ft_err(-ENOMEM, "out of %s memory for the LM head and final norm (%.2f GiB)",
                       be->ops->name, n * sizeof(float) / 1073741824.0);
     float *p = e->weights;
-    float *fnorm = ft_exec_carve(&p, C);
+    float *fnorm = ft_carve16(&p, C);
     e->final_norm = fnorm;
     if (lazy) {
         /* bf16 values per table, each table 64-byte aligned */
@@ -265,8 +265,8 @@ int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
         e->lm_head_bf16 = untied ? e->globals_bf16 + tab : e->globals_bf16;
         return 0;
     }
-    float *head = has_head ? ft_exec_carve(&p, V * C) : NULL;
-    float *emb = has_emb ? ft_exec_carve(&p, V * C) : NULL;
+    float *head = has_head ? ft_carve16(&p, V * C) : NULL;
+    float *emb = has_emb ? ft_carve16(&p, V * C) : NULL;
     int64_t rows = (int64_t)((64u << 20) / (size_t)(C * 4));
     if (rows < 1) rows = 1;
     float *buf = host ? NULL : malloc((size_t)(rows * C) * sizeof(float));
@@ -307,8 +307,8 @@ int ft_exec_globals_f32(ft_exec *e)
         return ft_err(-ENOMEM, "out of %s memory for the embeddings and LM head in fp32 (%.2f GiB)",
                       be->ops->name, (1 + untied) * (double)(V * C) * 4.0 / 1073741824.0);
     /* the layout and reads of ft_exec_globals_from_pack's fp32 tables: head (untied), embeddings */
-    float *head = untied ? ft_exec_carve(&p, V * C) : NULL;
-    float *emb = ft_exec_carve(&p, V * C);
+    float *head = untied ? ft_carve16(&p, V * C) : NULL;
+    float *emb = ft_carve16(&p, V * C);
     if (head) FT_TRY(read_table_f32(e, e->pack, FT_PACK_ROLE_LM_HEAD, head, NULL, V));
     FT_TRY(read_table_f32(e, e->pack, FT_PACK_ROLE_EMBED, emb, NULL, V));
     e->embed = emb;

@@ -10,4 +10,12 @@
 /* n (floats) rounded up to a multiple of 16; n >= 0. */
 static inline int64_t ft_pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
+/* Returns *p and advances it past n floats, rounded up to 16: the next region of an arena. */
+static inline float *ft_carve16(float **p, int64_t n)
+{
+    float *r = *p;
+    *p += ft_pad16(n);
+    return r;
+}
+
 #endif

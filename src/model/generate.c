@@ -80,13 +80,6 @@ size_t ft_gen_source_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_m
     return (size_t)plan_floats(&L) * sizeof(float);
 }
 
-static float *carve(float **p, int64_t n)
-{
-    float *r = *p;
-    *p += ft_pad16(n);
-    return r;
-}
-
 static int place_weights(ft_gen *g);
 
 /* Slot s's RoPE table (head_dim / 2 floats, backend memory). */
@@ -149,28 +142,28 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
     g->logit_rows_max = logit_rows_max;
     g->n_slots = n_slots;
     float *p = g->arena;
-    g->kc = carve(&p, L.kv);
-    g->vc = carve(&p, L.kv);
-    g->x = carve(&p, L.x);
-    g->y = carve(&p, L.y);
-    g->xn = carve(&p, L.xn);
-    g->rstd = carve(&p, L.rstd);
-    g->q = carve(&p, L.q);
-    g->att = carve(&p, L.att);
-    g->lse = carve(&p, L.lse);
-    g->h = carve(&p, L.h);
-    g->gate = carve(&p, L.gate);
-    g->up = carve(&p, L.up);
-    g->act = carve(&p, L.act);
-    g->u = carve(&p, L.u);
-    g->logits = carve(&p, L.logits);
-    g->inv_freq = carve(&p, L.inv);
-    int32_t *ip = (int32_t *)carve(&p, L.ints);
+    g->kc = ft_carve16(&p, L.kv);
+    g->vc = ft_carve16(&p, L.kv);
+    g->x = ft_carve16(&p, L.x);
+    g->y = ft_carve16(&p, L.y);
+    g->xn = ft_carve16(&p, L.xn);
+    g->rstd = ft_carve16(&p, L.rstd);
+    g->q = ft_carve16(&p, L.q);
+    g->att = ft_carve16(&p, L.att);
+    g->lse = ft_carve16(&p, L.lse);
+    g->h = ft_carve16(&p, L.h);
+    g->gate = ft_carve16(&p, L.gate);
+    g->up = ft_carve16(&p, L.up);
+    g->act = ft_carve16(&p, L.act);
+    g->u = ft_carve16(&p, L.u);
+    g->logits = ft_carve16(&p, L.logits);
+    g->inv_freq = ft_carve16(&p, L.inv);
+    int32_t *ip = (int32_t *)ft_carve16(&p, L.ints);
     g->ids = ip;
     g->pos = ip + chunk_max;
     g->seq_start = ip + 2 * chunk_max;
-    g->xd = src ? carve(&p, L.xd) : NULL;
-    g->kt = n_slots > 1 ? carve(&p, L.kt) : NULL;
+    g->xd = src ? ft_carve16(&p, L.xd) : NULL;
+    g->kt = n_slots > 1 ? ft_carve16(&p, L.kt) : NULL;
 
     int rc = place_weights(g);
     if (!rc) rc = be->ops->zero(be, g->seq_start, (size_t)chunk_max * sizeof(int32_t));
