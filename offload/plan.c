@@ -45,8 +45,8 @@
  * Step time. Per micro-batch: f = t_fwd_layer (or flops_fwd_layer / rates.flops), b =
  * t_bwd_layer, h = t_head; per layer visit v = t_visit (the weights' binding: an NF4 layer
  * dequantized once per visit for all its micro-batches). Visits of one step: forward 0..L-1
- * (compute v + m*f), head (m*h), backward L-1..0 (compute v + m*((keep ? 0 : f) + b)). A streamed visit copies its layer:
- * x = layer_bytes / h2d from the pool; from NVMe a read r = layer_bytes / disk into a host
+ * (compute v + m*f), head (m*h), backward L-1..0 (compute v + m*((keep ? 0 : f) + b)). A
+ * streamed visit copies its layer: x = layer_bytes / h2d from the pool; from NVMe a read r = layer_bytes / disk into a host
  * slot and the same copy (device == 0: only the read, into the slot). Once the pipeline is
  * full each visit costs
  *     t_visit = max(compute, x + ckpt_load, ckpt_store, r)
@@ -316,8 +316,8 @@ static void simulate(const ft_plan_in *in, const cost *c, const ft_plan *p, sim_
     const double xr = p->n_tier[FT_TIER_DISK] ? (double)in->layer_bytes / r->disk : 0;
     const double ckb = (double)m * (double)in->ckpt_bytes;
     const double xcl = ckh ? ckb / r->h2d : 0, xcs = ckh ? ckb / r->d2h : 0;
-    const double cf = c->v + (double)m * c->f, cb = c->v + (double)m * ((p->keep_acts ? 0 : c->f) + c->b),
-                 chd = (double)m * c->h;
+    const double cf = c->v + (double)m * c->f,
+                 cb = c->v + (double)m * ((p->keep_acts ? 0 : c->f) + c->b), chd = (double)m * c->h;
     /* host checkpoints: S sets; layers >= h keep theirs on the device; < n_st go to the host */
     const int S = !ckh ? 1 : p->ckpt_sets >= 2 ? p->ckpt_sets : PLAN_CKPT_SETS;
     const int64_t h = ckh ? L - p->ckpt_dev_layers : 0, n_st = ckh ? ckpt_host_layers(L, L - h, S) : 0;

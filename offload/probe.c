@@ -157,7 +157,8 @@ static int probe_range(const char *path, uint64_t base, uint64_t end, uint64_t m
         double best_q = 0;
         for (int i = 0; i < r->n_grid; i++) {
             const ft_probe_disk_point *p = &r->grid[i];
-            double q = (double)p->queue_depth * (double)p->chunk_bytes + (double)p->chunk_bytes * 1e-3;
+            double q = (double)p->queue_depth * (double)p->chunk_bytes +
+                       (double)p->chunk_bytes * 1e-3; /* ties: the larger chunk */
             if (p->bytes_per_s >= PROBE_BAND * best && q > best_q) {
                 best_q = q;
                 best_qd = p->queue_depth;

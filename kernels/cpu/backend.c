@@ -496,7 +496,8 @@ static int dev_linear_check(const char *op, int wtype, int64_t T, int64_t out, i
      * alignment here, so a misplaced buffer fails on the CPU as it would on the GPU */
     if (wtype != FT_W_F32 && T && out && in && (((uintptr_t)a & 15) || ((uintptr_t)scratch & 7)))
         return ft_err(FT_E_INVALID, "cpu-device %s: unaligned activation or scratch buffer "
-                      "(%p, %p; 16 and 8 bytes expected)", op, (const void *)a, (const void *)scratch);
+                      "(%p, %p; 16 and 8 bytes expected)", op, (const void *)a,
+                      (const void *)scratch);
     if (wtype == FT_W_NF4 && W) {
         const ft_nf4_tensor *t = W;
         if (t->n != out * in || !ft_nf4_fusable(out, in, t->blocksize, t->nested_blocksize))

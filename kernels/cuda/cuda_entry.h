@@ -30,8 +30,9 @@ int ft_cuda_flash_attention_kv_fwd(ft_backend *be, float *out, const float *q, c
                                    const float *v, int64_t p, int64_t n_q, int64_t H,
                                    int64_t Hkv, int64_t D, float scale);
 
-/* FlashAttention-2 on the tensor cores (attn_mma.cu, the default; FTUNE_ATTN=gemm opts out): the same contracts,
- * D 64 or 128, bf16 operands; its workspace bytes; a host self-check of its index math. */
+/* FlashAttention-2 on the tensor cores (attn_mma.cu, the default; FTUNE_ATTN=gemm opts out):
+ * the same contracts, D 64 or 128, bf16 operands; its workspace bytes; a host self-check of its
+ * index math. */
 size_t ft_cuda_mma_attn_ws_bytes(int64_t T, int64_t H, int64_t Hkv, int64_t D);
 int ft_cuda_mma_attention_fwd(ft_backend *be, float *out, float *lse, const float *q,
                               const float *k, const float *v, const int32_t *seq_start,
