@@ -88,13 +88,19 @@ def streamed_nf4_model(tmp_path):
     return model
 
 
-def streamed_budget(r, extra_gib):
-    """--gpu-mem value "<N>M": the fixed part and the slots of the smallest plan, read from r,
-    the refusal (exit 1) of a 1 MiB budget, plus extra_gib GiB for a few resident layers."""
+def plan_floor_gib(r):
+    """GiB of device memory the smallest streamed plan takes (its fixed part and its layer
+    slots), read from r, the refusal (exit 1) of a 1 MiB budget."""
     fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
     slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
     assert r.returncode == 1 and fixed and slots, r.stderr
-    return f"{int((float(fixed.group(1)) + float(slots.group(2)) + extra_gib) * 1024)}M"
+    return float(fixed.group(1)) + float(slots.group(2))
+
+
+def streamed_budget(r, extra_gib):
+    """--gpu-mem value "<N>M": the smallest plan's floor (plan_floor_gib of r) plus extra_gib
+    GiB for a few resident layers."""
+    return f"{int((plan_floor_gib(r) + extra_gib) * 1024)}M"
 
 
 def generate(*args, check=True, model=TINY):

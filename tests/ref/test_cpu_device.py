@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from cli_helpers import SEED_DATA, TINY, run_ftune
-from gen_helpers import streamed_budget, streamed_nf4_model
+from gen_helpers import plan_floor_gib, streamed_budget, streamed_nf4_model
 
 # FTUNE_TEST_DEVICE=cuda runs the same checks on a GPU (bench/gpu_session.sh, `python3
 # tests/ref/test_cpu_device.py` there: the GPU machine has no pytest)
@@ -68,10 +68,7 @@ def test_bf16_streamed_equals_resident(tmp_path):
                   r"resident, --gpu-mem allows [0-9.-]+ GiB \(([0-9.]+) GiB in use\)", r.stderr)
     assert r.returncode == 1 and m and "does not fit" in r.stderr, r.stderr
     need, used = float(m.group(1)), float(m.group(2))
-    fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
-    slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
-    assert fixed and slots, r.stderr
-    lo, hi = float(fixed.group(1)) + float(slots.group(2)), need + used
+    lo, hi = plan_floor_gib(r), need + used
     print(f"streamed plan from {lo:.3f} GiB, resident from {hi:.3f} GiB ({used} in use)")
     assert lo < hi, (lo, hi)
     runs = {}
@@ -314,10 +311,7 @@ def test_generate_default_batch_fits_budget(tmp_path):
     # the budget's quarter, so that about three sequences' caches fit in it as on cpu-device
     r = run_ftune(["generate", "--model", model, "--raw", "--prompt", "word word",
                    "--max-new-tokens", "3", "--gpu-mem", "1M", *DEV])
-    fixed = re.search(r"GPU: ([0-9.]+)G fixed", r.stderr)
-    slots = re.search(r"([0-9]+) layer slots ([0-9.]+)G", r.stderr)
-    assert r.returncode == 1 and fixed and slots, r.stderr
-    floor_mib = (float(fixed.group(1)) + float(slots.group(2)) + 0.05) * 1024
+    floor_mib = (plan_floor_gib(r) + 0.05) * 1024
     budget_mib = max(1600, int(floor_mib / 0.75) + 1)
     quarter = budget_mib / 4 * 2**20
     scale = budget_mib / 1600
