@@ -811,6 +811,16 @@ static int plan_device_memory(run *r, const ft_train_cfg *c, int64_t T, int64_t 
     return rc < 0 ? rc : 0;
 }
 
+/* Test hook: FTUNE_TEST_STOP_HOLD_MS=N makes a run stopped by a signal wait N ms before its
+ * stop checkpoint, so that a test's second signal lands while the process still runs (on a
+ * tiny model the save and exit take a few ms, less than a loaded test runner's reaction). */
+static void test_stop_hold(void)
+{
+    const char *v = getenv("FTUNE_TEST_STOP_HOLD_MS");
+    long long ms = v && *v ? strtoll(v, NULL, 10) : 0;
+    for (long long i = 0; i < ms; i += 10) usleep(10000); /* a signal's _exit ends it */
+}
+
 /* Test hook (fault injection for tests/ref/test_resume.py): FTUNE_TEST_INF_EMBEDDING=ID sets
  * the input embedding row of token ID to +Inf once the weights are read, so that the
  * micro-batches holding that token give non-finite losses and gradients (the skipped-step
@@ -1436,6 +1446,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     res->n_truncated = r->ds.n_truncated;
     res->n_dropped = r->ds.n_dropped;
     res->layer_fetches = r->ex.layer_fetches;
+    if (stopped) test_stop_hold();
     if (saved_step != st.step && (st.step > 0 || !stopped))
         FT_TRY(save_checkpoint(r, c, &st, base_s + now_s() - t0, cb, user, res));
     if (stopped) {

@@ -77,8 +77,10 @@ def start(args):
 def wait_for_step(p, out, step, probe=last_step):
     t0 = time.time()
     while probe(out) < step:
-        assert p.poll() is None, f"ftune ended (status {p.returncode}) before step {step}: " + \
-            p.stderr.read()
+        if p.poll() is not None:
+            err = p.stderr.read()
+            err = err.decode() if isinstance(err, bytes) else err
+            raise AssertionError(f"ftune ended (status {p.returncode}) before step {step}: {err}")
         assert time.time() - t0 < TIMEOUT, f"step {step} not reached in {TIMEOUT} s"
         time.sleep(POLL)
 
@@ -171,16 +173,24 @@ def test_sigint_saves_and_prints_resume_command(tmp_path, reference):
 
 
 def test_second_signal_exits_at_once(tmp_path, reference):
-    out, p = started_past(tmp_path, 4)
+    # the hook holds the stopped run before its checkpoint (else, on 2 loaded cores, the
+    # run could save and exit before the second signal is sent); an unbuffered byte pipe,
+    # read a byte at a time by readline, leaves nothing in a buffer communicate() skips
+    out = tmp_path / "run"
+    env = dict(os.environ, FTUNE_TEST_STOP_HOLD_MS="120000")
+    p = subprocess.Popen(cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         bufsize=0, env=env)
+    wait_for_step(p, out, 4)
     p.send_signal(signal.SIGTERM)
     seen = []
-    while not seen or "stop requested" not in seen[-1]:  # the handler ran: flag set
+    while not seen or b"stop requested" not in seen[-1]:  # the handler ran: flag set
         seen.append(p.stderr.readline())
-        assert seen[-1], "".join(seen)
+        assert seen[-1], b"".join(seen).decode()
     p.send_signal(signal.SIGTERM)  # (sent together, two signals would coalesce into one)
-    err = "".join(seen) + p.communicate(timeout=TIMEOUT)[1]
+    err = (b"".join(seen) + p.communicate(timeout=TIMEOUT)[1]).decode()
     assert p.returncode == 143, err  # 128 + SIGTERM, from the handler's _exit
-    assert "exiting now" in err
+    assert "exiting now" in err, err
+    assert "resume with" not in err, err  # not the first signal's save-and-exit path
     run(cmd(out, "--resume"))
     assert_same_run(out, reference)
 
