@@ -87,10 +87,32 @@ with open(sys.argv[1] + '/d.jsonl', 'w') as f:
     for i in range(64):
         f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(2600))}) + "\n")
 PY
+# One line from nvidia-smi samples "MiB, MHz, W, C": the SM clock's spread over the samples
+# taken under load (power above half its peak), the peak power and temperature.
+smi_summary() {
+  python3 - "$1" <<'PY'
+import sys
+rows = []
+for line in open(sys.argv[1]) if __import__("os").path.exists(sys.argv[1]) else []:
+    try:
+        rows.append([float(x) for x in line.split(",")])
+    except ValueError:
+        pass
+busy = sorted(r[1] for r in rows if len(r) == 4 and rows and r[2] > 0.5 * max(q[2] for q in rows))
+if busy:
+    q = lambda f: busy[min(len(busy) - 1, int(f * len(busy)))]
+    print(f"nvidia-smi under load ({len(busy)} samples): SM clock min {busy[0]:.0f} / median {q(0.5):.0f}"
+          f" / max {busy[-1]:.0f} MHz; peak power {max(r[2] for r in rows):.0f} W, "
+          f"peak temperature {max(r[3] for r in rows):.0f} C")
+PY
+}
 run() { # name, seconds, args...  (uses $M, $LOG_LINES)
   local name=$1 lim rc; lim=$(cap $2); shift 2
   [ "$lim" -lt 25 ] && { echo "$name: skipped ($(left) s left before the deadline)"; return 0; }
-  (while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits >> $TMPW/mem_$name.txt; sleep 0.2; done) & local MP=$!
+  # memory (MiB), SM clock (MHz), power (W), temperature (C) every 0.2 s: the peak memory, and
+  # whether the clocks fell under sustained load (the planner's probe runs one layer, cold)
+  (while true; do nvidia-smi --query-gpu=memory.used,clocks.sm,power.draw,temperature.gpu \
+     --format=csv,noheader,nounits >> $TMPW/smi_$name.txt 2>/dev/null; sleep 0.2; done) & local MP=$!
   timeout $lim $F train --model $M --data $TMPW/d.jsonl --data-format text --device $DEV --seq-len $SEQ \
      --lora-dropout 0 --save-every 0 --out $TMPW/o_$name --eval-fraction 0 --log-every 1 "$@" 2>&1 \
      | grep -vE "^ftune: (model|data) " | tee $TMPW/full_$name.log | tail -${LOG_LINES:-22} | tee $OUT/$name.log
@@ -98,7 +120,8 @@ run() { # name, seconds, args...  (uses $M, $LOG_LINES)
   grep -E "probe|plan:" $TMPW/full_$name.log | head -6 >> $OUT/$name.log
   grep -E "^ftune: profile: " $TMPW/full_$name.log | head -40 >> $OUT/$name.log  # --profile's table
   kill $MP 2>/dev/null
-  echo "$name: ftune train rc=$rc; peak GPU memory used (nvidia-smi) $(sort -n $TMPW/mem_$name.txt 2>/dev/null | tail -1) MiB" | tee -a $OUT/$name.log
+  echo "$name: ftune train rc=$rc; peak GPU memory used (nvidia-smi) $(cut -d, -f1 $TMPW/smi_$name.txt 2>/dev/null | sort -n | tail -1) MiB" | tee -a $OUT/$name.log
+  smi_summary $TMPW/smi_$name.txt | tee -a $OUT/$name.log
   cp $TMPW/o_$name/metrics.jsonl $OUT/$name.metrics.jsonl 2>/dev/null
   stamp $name
 }
