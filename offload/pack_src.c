@@ -686,9 +686,9 @@ static int build_lock(const char *path, const char *lp, ft_pack_wait_cb on_wait,
             }
             ssize_t k = pread(fd, pid, sizeof pid - 1, 0);
             pid[k > 0 ? k : 0] = 0;
-            if (on_wait && !told++) on_wait(path, strtol(pid, NULL, 10), user);
-            struct timespec t0, t1;
+            struct timespec t0, t1; /* from before the caller is told: it may act on that */
             clock_gettime(CLOCK_MONOTONIC, &t0);
+            if (on_wait && !told++) on_wait(path, strtol(pid, NULL, 10), user);
             while (flock(fd, LOCK_EX) != 0) {
                 if (errno == EINTR) continue;
                 int e = errno;

