@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/omp_env.h"
 
 #define FTUNE_VERSION "0.1.0"
 
@@ -30,6 +31,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    ft_omp_env_reexec(argv); /* returns only when OpenMP's spin count is set already */
     if (argc < 2) {
         usage(stderr);
         return 2;
