@@ -24,8 +24,15 @@ tps() { # metrics.jsonl -> median tokens/s of the steps after the first two
   python3 -c 'import json,sys,statistics; r=[json.loads(l) for l in open(sys.argv[1]) if "\"loss\"" in l]; print("%.1f" % statistics.median(x["tokens_per_s"] for x in r[2:]))' "$1"
 }
 policy() { # name -> the environment
-  case $1 in spin) echo "GOMP_SPINCOUNT=300000";; spin*) echo "GOMP_SPINCOUNT=${1#spin}";; passive) echo "OMP_WAIT_POLICY=passive";; esac
+  case $1 in
+    spin) echo "GOMP_SPINCOUNT=300000";;
+    spin[0-9]*) echo "GOMP_SPINCOUNT=${1#spin}";;
+    passive) echo "OMP_WAIT_POLICY=passive";;
+    *) echo "omp_policy.sh: unknown policy '$1' (spin, spinN, passive)" >&2; exit 2;;
+  esac
 }
+[ "$ROUNDS" -ge 1 ] 2>/dev/null || { echo "omp_policy.sh: ROUNDS must be >= 1" >&2; exit 2; }
+for p in $POLICIES; do policy $p >/dev/null; done
 declare -A alone
 for r in $(seq $ROUNDS); do
   for p in $POLICIES; do

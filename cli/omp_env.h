@@ -2,10 +2,12 @@
 #ifndef FT_CLI_OMP_ENV_H
 #define FT_CLI_OMP_ENV_H
 
-/* When neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set: sets GOMP_SPINCOUNT=1000 and execs
- * this program again with the same argv (libgomp reads the variable only when it loads), so
- * the call does not return. Returns when either variable is set, or when the exec failed (no
- * /proc, the binary replaced meanwhile): the run then goes on with libgomp's default. */
+/* When the user set none of libgomp's wait or thread-binding variables: sets
+ * GOMP_SPINCOUNT=1000 and execs this program's file again with the same argv (libgomp reads
+ * the variable only when it loads), so the call does not return. Returns when one of them is
+ * set, when the program was started through the dynamic loader (ld.so ftune ...), or when the
+ * exec failed: the run then goes on with libgomp's default. Under valgrind (whose tracing stops
+ * at the exec unless --trace-children=yes) set GOMP_SPINCOUNT to run without it. */
 void ft_omp_env_reexec(char **argv);
 
 #endif

@@ -98,11 +98,13 @@ for line in open(sys.argv[1]) if __import__("os").path.exists(sys.argv[1]) else 
         rows.append([float(x) for x in line.split(",")])
     except ValueError:
         pass
-busy = sorted(r[1] for r in rows if len(r) == 4 and rows and r[2] > 0.5 * max(q[2] for q in rows))
+rows = [r for r in rows if len(r) == 4]
+peak_w = max((r[2] for r in rows), default=0)
+busy = sorted(r[1] for r in rows if r[2] > 0.5 * peak_w)
 if busy:
     q = lambda f: busy[min(len(busy) - 1, int(f * len(busy)))]
     print(f"nvidia-smi under load ({len(busy)} samples): SM clock min {busy[0]:.0f} / median {q(0.5):.0f}"
-          f" / max {busy[-1]:.0f} MHz; peak power {max(r[2] for r in rows):.0f} W, "
+          f" / max {busy[-1]:.0f} MHz; peak power {peak_w:.0f} W, "
           f"peak temperature {max(r[3] for r in rows):.0f} C")
 PY
 }

@@ -304,9 +304,10 @@ def test_tiny_sigint_stops_reply_then_exits():
     # replies of up to 30000 tokens (the tiny model's 2048 positions are exceeded with a
     # warning): many seconds of streaming, so a SIGINT sent at a reply's first bytes finds it
     # running even on a loaded machine (1900 tokens took ~1 s, a window a stall could miss);
-    # both turns are interrupted, so neither runs to its end
+    # both turns are interrupted, so neither runs to its end. The context holds turn 1's whole
+    # reply and turn 2's 30000 (no exchange dropped, however late the SIGINT lands)
     cmd = [ftune_bin(), "generate", "--model", str(TINY), "--chat", *THREADS,
-           "--max-new-tokens", 30000, "--ctx-size", 32768]
+           "--max-new-tokens", 30000, "--ctx-size", 65536]
     p = subprocess.Popen(list(map(str, cmd)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, cwd=ROOT)
     try:
@@ -331,6 +332,7 @@ def test_tiny_sigint_stops_reply_then_exits():
     assert st[0][5] == "interrupted" and 0 < st[0][4] < 30000, st
     assert st[1][5] == "interrupted" and 0 < st[1][4] < 30000, st
     assert "reply interrupted after" in err and "kept in the conversation" in err
+    assert "dropped the oldest" not in err, err
     # turn 2 reuses turn 1's prompt (but its last token, "Response:" retokenized with the
     # reply after it: see test_tiny_three_turns_equal_records)
     assert st[1][2] >= st[0][1] - 1, st

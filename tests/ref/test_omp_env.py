@@ -1,19 +1,26 @@
-"""ftune's OpenMP spin count (cli/omp_env.c): with neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT
-set, ftune runs with GOMP_SPINCOUNT=1000 (it sets it and execs itself once, before libgomp's
-reading could matter); either variable set by the user is kept as given, with no re-exec.
-libgomp prints the settings it loaded when OMP_DISPLAY_ENV=verbose, once per load."""
+"""ftune's OpenMP spin count (cli/omp_env.c): with none of libgomp's wait or binding variables
+set, ftune runs with GOMP_SPINCOUNT=1000 (it sets it and execs itself once, libgomp reading it
+only when it loads); a wait policy, spin count or thread binding set by the user is kept as
+given, with no re-exec. libgomp prints the settings it loaded when OMP_DISPLAY_ENV=verbose,
+once per load."""
 import os
 import re
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cli_helpers import ftune_bin  # noqa: E402
+from cli_helpers import TINY, ftune_bin  # noqa: E402
+
+
+def clean_env():
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_PLACES",
+                                 "GOMP_CPU_AFFINITY"))}
 
 
 def loaded(extra):
     """(stdout, the GOMP_SPINCOUNT and OMP_WAIT_POLICY values of each libgomp load)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env = clean_env()
     env.update(extra, OMP_DISPLAY_ENV="verbose")
     r = subprocess.run([ftune_bin(), "--version"], env=env, capture_output=True, text=True,
                        timeout=60)
@@ -35,3 +42,29 @@ def test_user_settings_are_kept():
     assert spins == ["5"], spins
     _, spins, policies = loaded({"OMP_WAIT_POLICY": "active"})
     assert policies == ["ACTIVE"] and len(spins) == 1 and spins[0] != "1000", (policies, spins)
+
+
+def test_thread_binding_is_kept():
+    # libgomp binds the main thread when it loads; a re-exec would inherit that one-CPU mask
+    _, spins, _ = loaded({"OMP_PROC_BIND": "true"})
+    assert len(spins) == 1 and spins[0] != "1000", spins
+    _, spins, _ = loaded({"OMP_PLACES": "cores"})
+    assert len(spins) == 1, spins
+
+
+def test_process_keeps_its_name():
+    # the re-exec runs the file's own path, not /proc/self/exe (whose name would be "exe")
+    p = subprocess.Popen([ftune_bin(), "generate", "--model", TINY, "--chat", "--threads", "1"],
+                         env=clean_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    try:
+        got = b""
+        while b"chat (" not in got:  # the banner: running, after the re-exec
+            chunk = os.read(p.stderr.fileno(), 4096)
+            assert chunk, got
+            got += chunk
+        with open(f"/proc/{p.pid}/comm") as f:
+            assert f.read().strip() == os.path.basename(ftune_bin())[:15]
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)

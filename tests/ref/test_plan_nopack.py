@@ -176,8 +176,8 @@ def test_plan_without_pack_matches_built(tmp_path, mid):
           f"{js['seconds']:.2f} s, estimated {nb['estimate_s']} s from layer 0's block in "
           f"{nb['probe_s']} s")
     # (loose bounds: wall times of separate processes on a shared machine; measured here the
-    # probe takes ~1/20 of the build and the preview ~1/6)
-    assert nb["probe_s"] is not None and nb["probe_s"] < js["seconds"], (nb, js["seconds"])
+    # probe takes ~1/20 of the build and the preview ~1/6: 10x and 6x of headroom)
+    assert nb["probe_s"] is not None and nb["probe_s"] * 2 < js["seconds"], (nb, js["seconds"])
     assert nb["estimate_s"] > 0
     assert min(times["preview"]) < js["seconds"], (times, js["seconds"])
 
