@@ -342,7 +342,7 @@ int FN(rope_bwd)(REAL *dx, const int32_t *pos, const REAL *inv_freq, int64_t T, 
 /* In-place use (h == gate or h == up; dgate == dh, ...) is allowed: element i is read
  * before it is written and no other element is touched. */
 
-int FN(swiglu_fwd)(REAL *h, const REAL *gate, const REAL *up, int64_t n)
+FT_CPU_CLONES int FN(swiglu_fwd)(REAL *h, const REAL *gate, const REAL *up, int64_t n)
 {
     FT_CPU_CHECK_NONNEG("swiglu_fwd", n);
     FT_CPU_CHECK_PTR("swiglu_fwd", h, n);
@@ -358,8 +358,8 @@ int FN(swiglu_fwd)(REAL *h, const REAL *gate, const REAL *up, int64_t n)
 }
 
 /* h = g s(g) u with s' = s (1 - s): dgate = dh u s (1 + g (1 - s)), dup = dh g s. */
-int FN(swiglu_bwd)(REAL *dgate, REAL *dup, const REAL *dh, const REAL *gate, const REAL *up,
-                   int64_t n)
+FT_CPU_CLONES int FN(swiglu_bwd)(REAL *dgate, REAL *dup, const REAL *dh, const REAL *gate,
+                                 const REAL *up, int64_t n)
 {
     FT_CPU_CHECK_NONNEG("swiglu_bwd", n);
     FT_CPU_CHECK_PTR("swiglu_bwd", dgate, n);
@@ -379,7 +379,7 @@ int FN(swiglu_bwd)(REAL *dgate, REAL *dup, const REAL *dh, const REAL *gate, con
 
 /* ---- dropout (mask: cpu_common.h) ----------------------------------------------------- */
 
-int FN(dropout)(REAL *y, const REAL *x, int64_t n, REAL p, uint64_t seed)
+FT_CPU_CLONES int FN(dropout)(REAL *y, const REAL *x, int64_t n, REAL p, uint64_t seed)
 {
     FT_CPU_CHECK_NONNEG("dropout", n);
     FT_CPU_CHECK_PTR("dropout", y, n);
