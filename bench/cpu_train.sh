@@ -16,12 +16,7 @@ SGEMM=$(build/bench/sgemm_rate)
 CMD="build/ftune train --model $GGUF --data examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl --out $TMP/run --seq-len 256 --batch-size 2 --grad-accum 1 --max-steps $((STEPS + 2)) --eval-fraction 0 --quiet"
 $CMD
 # tokens/s over the steps after the first two (warm caches), from metrics.jsonl
-TPS=$(python3 - "$TMP/run/metrics.jsonl" <<'PY'
-import json, sys, statistics
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-print("%.1f" % statistics.median(r["tokens_per_s"] for r in rows[2:]))
-PY
-)
+TPS=$(python3 bench/median_tps.py "$TMP/run/metrics.jsonl")
 # FLOPs per token, counted explicitly (bench/lora_flops.py), at the mean example length
 MEANLEN=$(build/ftune tokenize --model "$GGUF" --data examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl \
     | python3 -c 'import json,sys; n=[min(256,len(json.loads(l)["ids"])) for l in sys.stdin]; print("%.1f" % (sum(n)/len(n)))')

@@ -20,9 +20,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 OUT=bench/results/cpu-omp-$(date -u +%Y-%m-%d).md
 CMD="build/ftune train --model $GGUF --data $DATA --seq-len 256 --batch-size 2 --grad-accum 1 --max-steps $STEPS --eval-fraction 0 --save-every 0 --quiet"
-tps() { # metrics.jsonl -> median tokens/s of the steps after the first two
-  python3 -c 'import json,sys,statistics; r=[json.loads(l) for l in open(sys.argv[1]) if "\"loss\"" in l]; print("%.1f" % statistics.median(x["tokens_per_s"] for x in r[2:]))' "$1"
-}
+tps() { python3 bench/median_tps.py "$1"; }  # metrics.jsonl -> median tokens/s, steps 3..
 policy() { # name -> the environment
   case $1 in
     spin) echo "GOMP_SPINCOUNT=300000";;

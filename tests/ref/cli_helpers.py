@@ -3,10 +3,12 @@ test_chat_ref.py, test_resume.py, test_early_stop.py, test_dpo_ref.py, ...): loc
 running the ftune binary, copying the tiny-llama fixture, reading a training run's outputs
 (metrics.jsonl, summary.json, the adapter, checkpoint-N folders), and checking the bad-input
 contract (one "ftune: " line naming the file and the position, a non-zero exit that is not a
-signal, no adapter under the final name).
+signal, no adapter under the final name), and reading a running process's pipes without
+Python's read-ahead buffer (wait_output, read_until, drain: os.read on the descriptor).
 """
 import json
 import os
+import select
 import shutil
 import struct
 import subprocess
@@ -123,3 +125,30 @@ def st_write(path, header, data):
     hb += b" " * ((8 - len(hb) % 8) % 8)
     Path(path).write_bytes(struct.pack("<Q", len(hb)) + hb + data)
     return len(hb)
+
+
+def wait_output(stream, timeout):
+    """Blocks until `stream` (a pipe) has data, or timeout seconds; returns its first bytes."""
+    r, _, _ = select.select([stream], [], [], timeout)
+    return os.read(stream.fileno(), 4096) if r else b""
+
+
+def read_until(stream, needle, timeout):
+    """The bytes of `stream` (a pipe) up to and including the first read that holds needle."""
+    got = b""
+    while needle not in got:
+        chunk = wait_output(stream, timeout)
+        assert chunk, f"no {needle!r} within {timeout} s: {got!r}"
+        got += chunk
+    return got
+
+
+def drain(stream):
+    """What `stream` (a pipe) holds now, without waiting."""
+    got = b""
+    while select.select([stream], [], [], 0)[0]:
+        chunk = os.read(stream.fileno(), 65536)
+        if not chunk:
+            break
+        got += chunk
+    return got

@@ -24,7 +24,6 @@ provide it).
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from cli_helpers import ROOT, TINY, ftune_bin  # noqa: E402
+from cli_helpers import ROOT, TINY, drain, ftune_bin, read_until, wait_output  # noqa: E402
 from gen_helpers import example_or_skip  # noqa: E402
 
 THREADS = ["--threads", "1"]  # results do not depend on it; a 2-core machine is faster with 1
@@ -269,33 +268,6 @@ def test_refused_ctx_flags(flags, needle):
     p = subprocess.run([ftune_bin(), "generate", "--model", str(TINY), *flags],
                        capture_output=True, text=True, timeout=60, input="")
     assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
-
-
-def wait_output(stream, timeout):
-    """Blocks until `stream` (a pipe) has data, or timeout seconds; returns its first bytes."""
-    r, _, _ = select.select([stream], [], [], timeout)
-    return os.read(stream.fileno(), 4096) if r else b""
-
-
-def read_until(stream, needle, timeout):
-    """The bytes of `stream` (a pipe) up to and including the first read that holds needle."""
-    got = b""
-    while needle not in got:
-        chunk = wait_output(stream, timeout)
-        assert chunk, f"no {needle!r} within {timeout} s: {got!r}"
-        got += chunk
-    return got
-
-
-def drain(stream):
-    """What `stream` (a pipe) holds now, without waiting."""
-    got = b""
-    while select.select([stream], [], [], 0)[0]:
-        chunk = os.read(stream.fileno(), 65536)
-        if not chunk:
-            break
-        got += chunk
-    return got
 
 
 def test_tiny_sigint_stops_reply_then_exits():

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cli_helpers import TINY, ftune_bin  # noqa: E402
+from cli_helpers import TINY, ftune_bin, read_until  # noqa: E402
 
 
 def clean_env():
@@ -58,11 +58,7 @@ def test_process_keeps_its_name():
                          env=clean_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
     try:
-        got = b""
-        while b"chat (" not in got:  # the banner: running, after the re-exec
-            chunk = os.read(p.stderr.fileno(), 4096)
-            assert chunk, got
-            got += chunk
+        read_until(p.stderr, b"chat (", 60)  # the banner: running, after the re-exec
         with open(f"/proc/{p.pid}/comm") as f:
             assert f.read().strip() == os.path.basename(ftune_bin())[:15]
     finally:

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from cli_helpers import (ROOT, SEED_DATA, TINY, adapter_bytes, ftune_path, max_ckpt, metrics,
-                         run_argv)
+                         read_until, run_argv)
 
 FTUNE = ftune_path()
 DATA = SEED_DATA
@@ -178,20 +178,16 @@ def test_sigint_saves_and_prints_resume_command(tmp_path, reference):
 
 def test_second_signal_exits_at_once(tmp_path, reference):
     # the hook holds the stopped run before its checkpoint (else, on 2 loaded cores, the
-    # run could save and exit before the second signal is sent); an unbuffered byte pipe,
-    # read a byte at a time by readline, leaves nothing in a buffer communicate() skips
+    # run could save and exit before the second signal is sent); read_until reads the
+    # descriptor itself, leaving nothing in a buffer communicate() skips
     out = tmp_path / "run"
     env = dict(os.environ, FTUNE_TEST_STOP_HOLD_MS="120000")
-    p = subprocess.Popen(cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         bufsize=0, env=env)
+    p = subprocess.Popen(cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     wait_for_step(p, out, 4)
     p.send_signal(signal.SIGTERM)
-    seen = []
-    while not seen or b"stop requested" not in seen[-1]:  # the handler ran: flag set
-        seen.append(p.stderr.readline())
-        assert seen[-1], b"".join(seen).decode()
+    seen = read_until(p.stderr, b"stop requested", TIMEOUT)  # the handler ran: flag set
     p.send_signal(signal.SIGTERM)  # (sent together, two signals would coalesce into one)
-    err = (b"".join(seen) + p.communicate(timeout=TIMEOUT)[1]).decode()
+    err = (seen + p.communicate(timeout=TIMEOUT)[1]).decode()
     assert p.returncode == 143, err  # 128 + SIGTERM, from the handler's _exit
     assert "exiting now" in err, err
     assert "resume with" not in err, err  # not the first signal's save-and-exit path
