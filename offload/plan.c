@@ -45,10 +45,10 @@
  * Step time. Per micro-batch: f = t_fwd_layer (or flops_fwd_layer / rates.flops), b =
  * t_bwd_layer, h = t_head; per layer visit v = t_visit (the weights' binding: an NF4 layer
  * dequantized once per visit for all its micro-batches). Visits of one step: forward 0..L-1
- * (compute v + m*f), head (m*h), backward L-1..0 (compute v + m*((keep ? 0 : f) + b)). A
- * streamed visit copies its layer: x = layer_bytes / h2d from the pool; from NVMe a read r = layer_bytes / disk into a host
- * slot and the same copy (device == 0: only the read, into the slot). Once the pipeline is
- * full each visit costs
+ * (compute v + m*f), head (m*h), backward L-1..0 (compute v + m*((keep ? 0 : f) + b)). A streamed
+ * visit copies its layer: x = layer_bytes / h2d from the pool; from NVMe a read r = layer_bytes /
+ * disk into a host slot and the same copy (device == 0: only the read, into the slot). Once the
+ * pipeline is full each visit costs
  *     t_visit = max(compute, x + ckpt_load, ckpt_store, r)
  * (ckpt_load = m * ckpt_bytes / h2d per backward visit and ckpt_store = m * ckpt_bytes / d2h
  * per forward visit, for the layers whose checkpoints go to the host), and

@@ -42,9 +42,10 @@ typedef struct ft_probe_disk_result {
  * chunks on short slices (max(64 MiB, 2 x depth x chunk), at rotating offsets, capped by the
  * range), then the chosen point (of those within 8% of the fastest, the one with the most
  * bytes in flight, depth x chunk: single slices vary by +-15% on virtual disks) over the first
- * min(max_bytes, file size) bytes (max_bytes 0: FT_PROBE_DISK_DEFAULT_BYTES), in reads of max(64 MiB, 2 x depth x chunk) into one
- * 2 MiB-aligned buffer advised to use huge pages (MADV_HUGEPAGE: fewer segments per request;
- * on the CPU VM's virtio disk scattered 4 KiB pages read 25-40% slower). O_DIRECT reads bypass the page cache; in the pread fallback (no
+ * min(max_bytes, file size) bytes (max_bytes 0: FT_PROBE_DISK_DEFAULT_BYTES), in reads of
+ * max(64 MiB, 2 x depth x chunk) into one 2 MiB-aligned buffer advised to use huge pages
+ * (MADV_HUGEPAGE: fewer segments per request; on the CPU VM's virtio disk scattered 4 KiB
+ * pages read 25-40% slower). O_DIRECT reads bypass the page cache; in the pread fallback (no
  * liburing, no O_DIRECT) the grid is skipped (depth and chunk have no effect there), the
  * file's clean cached pages are dropped first (posix_fadvise DONTNEED) and r->page_cache is
  * set, as it is for a file on tmpfs/ramfs (whose O_DIRECT reads are memory copies).

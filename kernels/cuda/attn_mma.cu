@@ -760,8 +760,8 @@ static int mma_check(const char *op, int64_t T, int64_t H, int64_t Hkv, int64_t 
         return ft_err(FT_E_INVALID, "cuda %s: head dim D = %lld; the tensor-core kernels take 64 or 128",
                       op, (long long)D);
     if (T > FT_CUDA_MMA_T_MAX)
-        return ft_err(FT_E_INVALID, "cuda %s: T = %lld, expected <= %lld (grid y of 64-row tiles)", op,
-                      (long long)T, (long long)FT_CUDA_MMA_T_MAX);
+        return ft_err(FT_E_INVALID, "cuda %s: T = %lld, expected <= %lld (grid y of 64-row tiles)",
+                      op, (long long)T, (long long)FT_CUDA_MMA_T_MAX);
     return 0;
 }
 

@@ -319,7 +319,8 @@ int ft_model_load_pack_globals(ft_model *m)
     if (!buf) return -ENOMEM;
     ft_pack_file *p;
     int rc = ft_pack_open(&p, m->pack_only, 0);
-    float *emb = buf, *fn = buf + ft_pad16(V * C), *head = c->tie_word_embeddings ? emb : fn + ft_pad16(C);
+    float *emb = buf, *fn = buf + ft_pad16(V * C);
+    float *head = c->tie_word_embeddings ? emb : fn + ft_pad16(C);
     if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_EMBED, 0, V, emb);
     if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_FINAL_NORM, 0, C, fn);
     if (!rc && !c->tie_word_embeddings) rc = ft_pack_read_global(p, FT_PACK_ROLE_LM_HEAD, 0, V, head);

@@ -46,7 +46,8 @@ static ft_plan_in in70(void)
 static double compute_s(const ft_plan_in *in, int64_t m, int keep)
 {
     double f = in->t_fwd_layer, b = in->t_bwd_layer, v = in->t_visit;
-    return (double)in->n_layers * 2 * v + (double)m * ((double)in->n_layers * (f + (keep ? 0 : f) + b) + in->t_head);
+    return (double)in->n_layers * 2 * v +
+           (double)m * ((double)in->n_layers * (f + (keep ? 0 : f) + b) + in->t_head);
 }
 
 /* Layers whose checkpoints have a host home in a plan (plan.h). */
