@@ -80,7 +80,7 @@ endif
 CFLAGS += $(BLAS_CFLAGS) $(CJSON_CFLAGS)
 LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(UTF8PROC_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(ZLIB_LIBS) $(CUDA_LIBS) -lm -lpthread
 
-LIB_SRC := $(wildcard src/*/*.c kernels/*.c kernels/cpu/*.c offload/*.c adapters/*.c)
+LIB_SRC := $(wildcard src/*/*.c kernels/*.c kernels/cpu/*.c offload/*.c adapters/*.c adapters/*/*.c)
 CU_SRC  := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu) $(CU_EXTRA))
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
 GPU_SRC := $(wildcard tests/gpu/test_*.c)
@@ -103,7 +103,7 @@ $(BUILD)/%.o: %.c
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 # -MMD: the headers a .cu file includes from elsewhere (kernels/cpu/cpu_common.h's dropout
-# mask, src/model/nf4.h) rebuild it too
+# mask, src/numeric/nf4.h) rebuild it too
 $(BUILD)/%.o: %.cu $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/kernels.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -I. -MMD -MP -c $< -o $@

@@ -9,9 +9,9 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/model/hub_cache.h"
-#include "src/model/quant.h"
-#include "src/model/safetensors.h"
+#include "src/formats/hub_cache.h"
+#include "src/numeric/quant.h"
+#include "src/formats/safetensors.h"
 
 void ft_peft_key(char *out, size_t n, int64_t layer, int p, char which)
 {

@@ -5,9 +5,9 @@
 #ifndef FT_PEFT_H
 #define FT_PEFT_H
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "src/model/model.h"
-#include "src/model/safetensors.h"
+#include "src/formats/safetensors.h"
 
 /* Writes DIR/adapter_model.safetensors then DIR/adapter_config.json, each to a temporary
  * name, fsynced and renamed (a failure leaves no partial file under the final names).

@@ -29,7 +29,7 @@
 
 #include <stdint.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "src/data/dataset.h"
 #include "src/model/model.h"
 

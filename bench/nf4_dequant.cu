@@ -1,6 +1,6 @@
 /* nf4_dequant.cu - NF4 -> bf16 dequantization rate on the GPU: the previous kernel (`old`,
  * copied below as it was in 6fd832d) against kernels/cuda/nf4.cu (`new`, included), on random
- * weights quantized on the host by the CPU quantizer (src/model/nf4.c, bnb NF4, blocksize 64,
+ * weights quantized on the host by the CPU quantizer (src/numeric/nf4.c, bnb NF4, blocksize 64,
  * double quantization with nested blocks of 256). Not a test.
  *
  * For each shape (4096 x 14336 and 8192 x 28672 by default): both kernels' outputs are checked
@@ -13,9 +13,9 @@
  * buffer (as offload/ does per layer visit), and that times 64 (32 layers, forward and
  * backward visit): the dequantization cost of one training step.
  *
- * Build (after `make`, which builds build/src/model/nf4.o and build/src/core/err.o):
+ * Build (after `make`, which builds build/src/numeric/nf4.o and build/src/core/err.o):
  *   nvcc -O3 -std=c++20 -arch=sm_90 -I. -Xcompiler -fopenmp bench/nf4_dequant.cu \
- *        build/src/model/nf4.o build/src/core/err.o -o build/bench/nf4_dequant
+ *        build/src/numeric/nf4.o build/src/core/err.o -o build/bench/nf4_dequant
  * Usage: build/bench/nf4_dequant [rows cols]...   (default: 4096 14336 8192 28672)
  * Exit status 1 when the new kernel's output differs from the CPU's in any bit.
  */
@@ -23,7 +23,7 @@
 #include "kernels/cuda/nf4.cu"
 
 extern "C" {
-#include "src/model/nf4.h"
+#include "src/numeric/nf4.h"
 }
 
 #include <omp.h>

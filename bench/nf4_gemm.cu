@@ -21,9 +21,9 @@
  * values. Activations: random bf16 in [-1, 1]. Split-K partials use a 64 MB workspace, the
  * backend's cx->work size.
  *
- * Build (after `make`, which builds build/src/model/nf4.o and build/src/core/err.o):
+ * Build (after `make`, which builds build/src/numeric/nf4.o and build/src/core/err.o):
  *   mkdir -p build/bench && nvcc -O3 -std=c++20 -arch=sm_90 -I. -Xcompiler -fopenmp bench/nf4_gemm.cu \
- *        build/src/model/nf4.o build/src/core/err.o -lcublas -o build/bench/nf4_gemm
+ *        build/src/numeric/nf4.o build/src/core/err.o -lcublas -o build/bench/nf4_gemm
  * Usage: build/bench/nf4_gemm [--8b] [--70b] [--T t1,t2,..] [--bm 16|32|64|128] [--splits S]
  *        [--reps R] [--no-flush]      (default: both models, T 16,128,512,2048,4096, 10 reps)
  */
@@ -33,7 +33,7 @@
 #include "kernels/cuda/nf4_gemm.cu"
 
 extern "C" {
-#include "src/model/nf4.h"
+#include "src/numeric/nf4.h"
 }
 
 #include <cublas_v2.h>

@@ -1,15 +1,15 @@
 /* cmd_export.c - `ftune export --adapter DIR --format gguf --out FILE [--model M]
  * [--dtype f32|f16]`: a PEFT adapter as a GGUF LoRA file for llama.cpp (llama-cli --lora
- * FILE), written the way convert_lora_to_gguf.py writes it (adapters/export_gguf.h). */
+ * FILE), written the way convert_lora_to_gguf.py writes it (adapters/export/export_gguf.h). */
 #include <stdio.h>
 #include <string.h>
 
-#include "adapters/export_gguf.h"
+#include "adapters/export/export_gguf.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "src/core/err.h"
-#include "src/model/quant.h"
+#include "src/numeric/quant.h"
 
 int ft_cmd_export(int argc, char **argv)
 {

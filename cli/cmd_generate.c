@@ -4,7 +4,7 @@
  * The prompt goes through the model's chat template with the generation prompt (unless
  * --raw), is prefilled in one batched forward (chunks of FT_GEN_CHUNK_DEFAULT tokens when
  * longer), then tokens are chosen one by one (greedy by default; --temperature > 0 samples,
- * with --top-k / --top-p / --min-p; --repetition-penalty for either; src/model/sample.h) and
+ * with --top-k / --top-p / --min-p; --repetition-penalty for either; src/infer/sample.h) and
  * each runs one forward against the KV cache, until an EOS or end-of-turn token, a --stop
  * string or --max-new-tokens. Text is printed as whole UTF-8 characters become available;
  * speeds go to stderr. --json prints one JSON object instead (prompt and generated ids, text,
@@ -26,7 +26,7 @@
  *
  * --prompts FILE answers many prompts in one process: the model, adapter and KV cache are
  * loaded once (the cache sized for the longest prompt), every record of FILE (JSONL or a JSON
- * array; ft_gen_req_parse in src/model/generate.h lists the schemas) is read and encoded
+ * array; ft_gen_req_parse in src/infer/generate.h lists the schemas) is read and encoded
  * before anything is generated, so that a bad record stops the run with its line; up to
  * --batch records are decoded together (run_batch), each in its own cache slot, reset when a
  * record takes it. One JSON line per record goes to stdout, in input order:
@@ -99,7 +99,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "adapters/peft.h"
 #include "cli/args.h"
 #include "cli/opt_parse.h"
@@ -107,12 +107,12 @@
 #include "cli/session.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/data/chat.h"
+#include "src/template/chat.h"
 #include "src/data/dataset.h"
 #include "src/data/records.h"
-#include "src/model/generate.h"
-#include "src/model/sample.h"
-#include "src/model/stop_text.h"
+#include "src/infer/generate.h"
+#include "src/infer/sample.h"
+#include "src/infer/stop_text.h"
 #include "cli/gen_env.h"
 
 /* gen_env.h: the reply to ids[0..n), the cache already holding ids[0..keep). */

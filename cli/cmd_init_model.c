@@ -1,6 +1,6 @@
 /* cmd_init_model.c - `ftune init-model --config FILE --out DIR [--seed S] [--pack
  * [--quant nf4|bf16] [--safetensors]] [--shard-size MB] [--tokenizer DIR]`: a model of any
- * Llama-family config.json with random weights (src/model/init_model.h), for benchmarks:
+ * Llama-family config.json with random weights (src/tools/init_model.h), for benchmarks:
  * bf16 safetensors, or with --pack a pack written straight from the random values (no bf16
  * detour: a 70B NF4 pack without 140 GB of safetensors; --safetensors writes both). --config here names the architecture's config.json, not an options file, so it
  * is taken out of argv before the shared parser sees it. The Llama-3 tokenizer
@@ -19,8 +19,8 @@
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/model/config.h"
-#include "src/model/init_model.h"
+#include "src/formats/config.h"
+#include "src/tools/init_model.h"
 
 /* The Llama-3 tokenizer folder: $FTUNE_HOME, the binary's ../ and ../../, the working
  * directory. */

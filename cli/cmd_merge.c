@@ -1,6 +1,6 @@
 /* cmd_merge.c - `ftune merge --model DIR|FILE.gguf --adapter DIR --out DIR
  * [--format safetensors|gguf] [--dtype bf16|f16|f32|q8_0] [--shard-size 5GB]`: the base model
- * with the LoRA adapter merged in (adapters/merge.h), streamed a block of rows at a time.
+ * with the LoRA adapter merged in (adapters/export/merge.h), streamed a block of rows at a time.
  * Prints what was written, the peak resident memory and the model's size. */
 #include <ctype.h>
 #include <stdio.h>
@@ -8,12 +8,12 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "adapters/merge.h"
+#include "adapters/export/merge.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "src/core/err.h"
-#include "src/model/quant.h"
+#include "src/numeric/quant.h"
 
 /* "5GB", "500MB", "2GiB", "123456" -> bytes (decimal units as transformers' max_shard_size). */
 static int opt_size(const char *v, void *dst, char *err, size_t n)

@@ -29,8 +29,8 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/data/dataset.h"
-#include "src/data/tokenizer.h"
-#include "src/model/gguf.h"
+#include "src/tokenizer/tokenizer.h"
+#include "src/formats/gguf.h"
 
 static void usage(FILE *f)
 {

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "adapters/qcorr.h"
 #include "cli/args.h"
 #include "cli/opt_parse.h"

@@ -62,7 +62,7 @@
 #include "cli/gen_prompt_lp.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/data/chat.h"
+#include "src/template/chat.h"
 #include "src/data/records.h"
 
 /* ---- --prompts FILE ------------------------------------------------------------------------ */

@@ -21,9 +21,9 @@
 
 #include "cli/gen_env.h"
 #include "src/core/err.h"
-#include "src/data/chat.h"
+#include "src/template/chat.h"
 #include "src/data/dataset.h"
-#include "src/model/config.h"
+#include "src/formats/config.h"
 
 #define CHAT_CTX_DEFAULT 4096 /* --ctx-size when the model allows more */
 

@@ -8,8 +8,8 @@
 #include <time.h>
 
 #include "src/core/err.h"
-#include "src/data/chat.h"
-#include "src/model/sample.h"
+#include "src/template/chat.h"
+#include "src/infer/sample.h"
 
 double gen_now_s(void)
 {

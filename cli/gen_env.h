@@ -12,10 +12,10 @@
 
 #include "cli/args.h"
 #include "cli/session.h"
-#include "src/data/tokenizer.h"
-#include "src/model/generate.h"
-#include "src/model/sample.h"
-#include "src/model/stop_text.h"
+#include "src/tokenizer/tokenizer.h"
+#include "src/infer/generate.h"
+#include "src/infer/sample.h"
+#include "src/infer/stop_text.h"
 
 #define MAX_STOP 16     /* stop token ids */
 #define GEN_EXEC_T 64 /* tokens of the executor that serves generation its weights */

@@ -1,6 +1,6 @@
 /* gen_prompt_lp.h - the prompt log-probabilities of `ftune generate --prompts` as JSON (vLLM's
  * prompt_logprobs; OpenAI's legacy completions echo), from the values ft_gen_prompt_logprobs
- * computes (src/model/generate.h ft_gen_plp). Private to cli/.
+ * computes (src/infer/generate.h ft_gen_plp). Private to cli/.
  *
  * Sources: vllm/logprobs.py (Logprob: logprob, rank, decoded_token; PromptLogprobs, a list with
  * None for the first prompt token; append_logprobs_for_next_position: the token first with its
@@ -18,8 +18,8 @@
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
-#include "src/data/tokenizer.h"
-#include "src/model/generate.h"
+#include "src/tokenizer/tokenizer.h"
+#include "src/infer/generate.h"
 
 /* The alternatives per prompt token of a record (-1: no prompt log-probabilities): its own
  * "prompt_logprobs" (p, FT_GEN_SET_PROMPT_LOGPROBS; a plain record's false: -1), else, with

@@ -9,7 +9,7 @@
 #include "adapters/peft.h"
 #include "offload/place.h"
 #include "src/core/err.h"
-#include "src/model/hub_cache.h"
+#include "src/formats/hub_cache.h"
 #include "src/train/correction.h"
 #include "src/train/dpo.h"
 

@@ -6,7 +6,7 @@
 
 #include <signal.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "src/model/model.h"
@@ -89,7 +89,7 @@ int ft_opt_dpo_loss(const char *v, void *dst, char *err, size_t n);
 /* --model (and --adapter, --init-adapter, --ref-adapter: `what` names the flag) for every
  * command: an existing path as given, else a Hugging Face id ("org/name", "org/name@REV",
  * "org/name/FILE.gguf") resolved to its snapshot in the local hub cache
- * (src/model/hub_cache.h ft_hub_resolve); *path then points at buf (n bytes), and unless
+ * (src/formats/hub_cache.h ft_hub_resolve); *path then points at buf (n bytes), and unless
  * quiet the snapshot is named on stderr. NULL *path: nothing to do. Returns 0, or 1 after
  * printing the error (the command exits 1). */
 int ft_session_hub_path(const char **path, char *buf, size_t n, int quiet, const char *what);

@@ -54,7 +54,7 @@ enum ft_wtype {
 #define FT_LM_HEAD_BF16_ROWS 16
 
 /* An NF4 tensor with double quantization in backend memory: bitsandbytes' layout and
- * arithmetic (src/model/nf4.h, formats.md 5): codes (n + 1) / 2 bytes, first element in the
+ * arithmetic (src/numeric/nf4.h, formats.md 5): codes (n + 1) / 2 bytes, first element in the
  * high nibble; block b of blocksize elements has absmax = nested_map[qabsmax[b]] *
  * nested_absmax[b / nested_blocksize] + offset (two fp32 roundings), or absmax[b] (fp32)
  * when nested_blocksize is 0; element = code[q] * absmax (fp32). */
@@ -291,7 +291,7 @@ int ft_backend_cpu_init(ft_backend **out, int n_threads);
  * the offload executor runs its device path on it (base weights copied in, packed bases by
  * tier through slots and the disk read-ahead, host checkpoints over copy_async and events),
  * with bf16 weights in linear_fwd/linear_bwd_x (the activation rounded to bf16 as the CUDA
- * backend does, fp32 sums) and dequant_nf4 to bf16 (src/model/nf4.c's arithmetic). Copies run
+ * backend does, fp32 sums) and dequant_nf4 to bf16 (src/numeric/nf4.c's arithmetic). Copies run
  * at once; events are host times. For tests of the device executor without a GPU. Returns 0
  * or -ENOMEM. */
 int ft_backend_cpu_device_init(ft_backend **out, int n_threads);

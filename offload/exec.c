@@ -1,6 +1,6 @@
 /* exec.c - the per-layer executor (see exec.h). Checkpoints are addressed through ck_*()
  * below: in the arena by default ((L + 1) * n_micro buffers), or through the host tier
- * (offload/ckpt.h) when e->ckt is set. */
+ * (offload/actckpt.h) when e->ckt is set. */
 #include "offload/exec.h"
 
 #include <math.h>
@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "offload/ckpt.h"
+#include "offload/actckpt.h"
 #include "offload/exec_internal.h"
 #include "offload/timeline.h"
 #include "src/core/err.h"
-#include "src/model/quant.h"
+#include "src/numeric/quant.h"
 
 static ft_block_dims dims_of(const ft_exec *e, int64_t T)
 {
@@ -439,7 +439,7 @@ int ft_exec_gen_source(ft_exec *e, ft_gen_source *s)
 
 /* Checkpoints: ck_*() give the device buffers of checkpoint j (micro-batch mb at
  * + mb * ck_stride(e)): the arena's when every checkpoint stays on the device, the host
- * tier's otherwise (offload/ckpt.h; its hooks order the copies around compute). */
+ * tier's otherwise (offload/actckpt.h; its hooks order the copies around compute). */
 static int64_t ck_stride(const ft_exec *e) { return e->T_max * e->m->cfg.hidden_size; }
 
 /* Floats between micro-batches in e->dx: T_max x hidden rounded up to 16 (see plan). */

@@ -18,11 +18,11 @@
 
 #include <stdint.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "kernels/kernels.h"
 #include "offload/pack.h"
 #include "src/data/dataset.h"
-#include "src/model/generate.h"
+#include "src/infer/generate.h"
 #include "src/model/llama.h"
 #include "src/model/model.h"
 
@@ -139,7 +139,7 @@ typedef struct ft_exec {
     const uint16_t *embed_bf16, *lm_head_bf16;
     float *globals_f32;         /* backend memory, the fp32 tables once read, or NULL */
     struct ft_disk_prefetch *dpf; /* disk tier read-ahead (offload/prefetch.c), NULL if unused */
-    struct ft_ckpt_tier *ckt;   /* layer-input checkpoints in host memory (offload/ckpt.c), NULL: on the device */
+    struct ft_ckpt_tier *ckt;   /* layer-input checkpoints in host memory (offload/actckpt.c), NULL: on the device */
     struct ft_timeline *tl;     /* when set, spans of each operation are recorded (tiers.c) */
     int tl_next_ev;             /* next free event id for the timeline */
     double tl_host0;            /* host clock at the operation's origin event */
@@ -182,7 +182,7 @@ size_t ft_exec_kept_bytes(const ft_exec *e);
  * allocation itself fails. */
 int ft_exec_keep_activations(ft_exec *e, size_t budget_bytes);
 
-/* Layer-input checkpoints in pinned host memory (offload/ckpt.h): the inputs of the last
+/* Layer-input checkpoints in pinned host memory (offload/actckpt.h): the inputs of the last
  * dev_layers layers stay on the device, the others are stored to the host after the forward
  * computes them and loaded back ahead of the backward, through a ring of n_sets (2..4) device
  * sets of n_micro buffers, on the checkpoint lane. Results are bit-identical to checkpoints
@@ -329,7 +329,7 @@ int ft_exec_eval_spans(ft_exec *e, const ft_batch *mb, const int64_t *spans, int
 /* Forward only: logits (T, V) of one micro-batch into host memory `logits`. */
 int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
 
-/* The weights of an executor, as generation reads them (src/model/generate.h
+/* The weights of an executor, as generation reads them (src/infer/generate.h
  * ft_gen_init_source): each layer fetched per visit as a training forward fetches it (placed
  * weights: the model's on the host, bf16 copies on a device; over a pack (ft_exec_use_pack,
  * _ex, _tiers): the block dequantized to fp32 on the host, on a device bound in its tier with

@@ -16,7 +16,7 @@
 #include "src/core/fsutil.h"
 #include "offload/pack_internal.h"
 #include "offload/uring.h"
-#include "src/model/quant.h"
+#include "src/numeric/quant.h"
 
 /* ---- XXH64 (xxHash spec, "XXH64 algorithm description") ------------------------------ */
 

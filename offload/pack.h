@@ -10,7 +10,7 @@
  *                       weights (NF4 with its quant state, or BF16), biases if any (F32).
  *   block n_layers      embed_tokens (BF16), the final norm (F32), lm_head (BF16, untied only).
  *   Each block starts at a multiple of 4096 and is zero-padded to one (O_DIRECT reads).
- * NF4 tensors are bnb's layout (src/model/nf4.h): codes (rows*cols+1)/2 bytes, high nibble
+ * NF4 tensors are bnb's layout (src/numeric/nf4.h): codes (rows*cols+1)/2 bytes, high nibble
  * first; nested: qabsmax U8 [n_blocks], nested_absmax F32, the 256-entry dynamic map, the
  * fp32 offset (in the record); not nested: absmax F32 [n_blocks]; plus the 16-entry code.
  * Integrity: each block's xxh64 (seed 0) is in the table; the header carries the model
@@ -26,9 +26,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/model/config.h"
+#include "src/formats/config.h"
 #include "src/model/model.h"
-#include "src/model/nf4.h"
+#include "src/numeric/nf4.h"
 
 #define FT_PACK_MAGIC "FTPACK\0\1"
 #define FT_PACK_VERSION 1u

@@ -19,7 +19,7 @@
 #include "offload/pack_internal.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/model/quant.h"
+#include "src/numeric/quant.h"
 
 #define CHUNK_FLOATS ((int64_t)1 << 24)  /* serial source: values per read_f32 call */
 #define TASK_FLOATS ((int64_t)1 << 16)   /* concurrent source: values per thread chunk */

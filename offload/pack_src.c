@@ -19,9 +19,9 @@
 #include "offload/pack_internal.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/model/bnb4.h"
-#include "src/model/gguf.h"
-#include "src/model/safetensors.h"
+#include "src/formats/bnb4.h"
+#include "src/formats/gguf.h"
+#include "src/formats/safetensors.h"
 
 /* ---- HF folder source --------------------------------------------------------------------- */
 

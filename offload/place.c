@@ -208,7 +208,7 @@ static int place(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file 
     double h2d = 0, d2h = 0;
     FT_TRY(ft_probe_pcie(be, 0, &h2d, &d2h));
     in->rates.h2d = h2d;
-    in->rates.d2h = d2h; /* checkpoint stores (offload/ckpt.h) */
+    in->rates.d2h = d2h; /* checkpoint stores (offload/actckpt.h) */
     /* FTUNE_CKPT_HOST: 1 = checkpoints in host memory (tests), auto = where the predicted
      * step is faster; unset = in host memory only when the run does not fit otherwise (the
      * CUDA checkpoint offload is checked on the CPU twin but has not run on a GPU yet) */

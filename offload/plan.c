@@ -9,7 +9,7 @@
  *          + (checkpoints on the host ? max(0, L - e - (S - 1)) * m * ckpt_bytes : 0)
  * depth(s) = 2 when s > 0: two device slots (the copy of the next streamed layer overlaps
  * the compute of this one; the executor takes 2..8). host_slots = min(d, 3) pinned staging
- * buffers for io_uring reads. Host checkpoints (offload/ckpt.h): S = 2 device sets of m
+ * buffers for io_uring reads. Host checkpoints (offload/actckpt.h): S = 2 device sets of m
  * buffers (a layer's inputs and outputs in the forward; this layer's checkpoints and the next
  * one's load in the backward) and the inputs of the last e layers kept on the device, e being
  * what the device budget holds after the layers are placed (at most L - S: the layers are

@@ -11,7 +11,7 @@
  *                    (disk reads and H2D copies overlap each other through pinned staging),
  *   checkpoints      on the GPU, or in pinned host memory: stored D2H after the forward visit
  *                    that computes them, loaded H2D ahead of the backward visit that needs
- *                    them (offload/ckpt.h), both overlapped with compute,
+ *                    them (offload/actckpt.h), both overlapped with compute,
  *   step             sum over the forward and backward visits + head + the pipeline fill.
  * Units: bytes, seconds, FLOP/s, bytes/s.
  */

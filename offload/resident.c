@@ -9,7 +9,7 @@
 #include "offload/exec_internal.h"
 #include "offload/pack_internal.h"
 #include "src/core/err.h"
-#include "src/model/quant.h"
+#include "src/numeric/quant.h"
 
 /* bf16 for the projections when the backend takes it and its memory is not the host's (a
  * device copy is being made anyway: half the bytes, twice the tensor-core rate); fp32 else. */

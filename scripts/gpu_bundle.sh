@@ -26,7 +26,7 @@ if [ -n "$(command -v nvcc)" ]; then
     nvcc -O3 -std=c++20 -arch=sm_90 -I. bench/attn_bench.cu "$B/libftune.a" \
         $A/openblas-pthread/libopenblas.a -lgfortran $A/libpcre2-8.a $A/libutf8proc.a -lcjson \
         $A/liburing.a "$(gcc -print-file-name=libnuma.a)" -lgomp -ldl -lrt -lpthread -o .gpu/bin/attn_bench
-    nvcc -O3 -std=c++20 -arch=sm_90 -I. -Xcompiler -fopenmp bench/nf4_gemm.cu "$B/src/model/nf4.o" \
+    nvcc -O3 -std=c++20 -arch=sm_90 -I. -Xcompiler -fopenmp bench/nf4_gemm.cu "$B/src/numeric/nf4.o" \
         "$B/src/core/err.o" -lcublas -lgomp -o .gpu/bin/nf4_gemm
 fi
 strip --strip-debug .gpu/bin/* 2>/dev/null || true

@@ -24,8 +24,8 @@
 #include "kernels/cpu/rows_f32.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
-#include "src/model/nf4.h"
-#include "src/model/quant.h"
+#include "src/numeric/nf4.h"
+#include "src/numeric/quant.h"
 
 typedef struct ft_cpu_ctx {
     int n_threads; /* OpenMP team size (OpenBLAS itself runs single-threaded) */
@@ -425,7 +425,7 @@ static const ft_backend_ops cpu_ops = {
  * The same numeric entries, but host_memory = 0, so the offload executor treats the CPU as a
  * device: it copies the base weights in (projections in bf16), places a packed base by tier
  * (offload/tiers.c: device / pinned host / disk through slots on the H2D lane, the disk
- * read-ahead), and keeps checkpoints in "pinned" host memory (offload/ckpt.c), all through
+ * read-ahead), and keeps checkpoints in "pinned" host memory (offload/actckpt.c), all through
  * copy_async and the events, exactly as on CUDA. Copies run at once (in queue order), so the
  * events are host times taken when recorded (event_elapsed works; the timeline gets spans).
  *
@@ -449,7 +449,7 @@ static double dev_now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* v = the NF4 tensor t (kernels.h) as src/model/nf4.h reads it. Returns 0 or FT_E_INVALID. */
+/* v = the NF4 tensor t (kernels.h) as src/numeric/nf4.h reads it. Returns 0 or FT_E_INVALID. */
 static int dev_nf4_view(ft_nf4_view *v, const ft_nf4_tensor *t)
 {
     *v = (ft_nf4_view){{0}, t->codes, t->qabsmax, t->absmax, t->nested_absmax, t->nested_map,
@@ -559,7 +559,7 @@ static int cpu_dev_linear_bwd_x(ft_backend *be, float *dx, const float *dy, cons
     return 0;
 }
 
-/* dst (n bf16) = t dequantized by src/model/nf4.c (ft_nf4_dequant_range: bitsandbytes' fp32
+/* dst (n bf16) = t dequantized by src/numeric/nf4.c (ft_nf4_dequant_range: bitsandbytes' fp32
  * arithmetic, the same as kernels/cuda/nf4.cu), then rounded to bf16 to nearest even
  * (ft_quant_f32_to_bf16's rule, as __floats2bfloat162_rn), DEV_TILE_FLOATS at a time. */
 static int cpu_dev_dequant_nf4(ft_backend *be, uint16_t *dst, const ft_nf4_tensor *t)

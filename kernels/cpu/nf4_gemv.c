@@ -1,7 +1,7 @@
 /* nf4_gemv.c - y = x W^T for a few rows x and an NF4 weight W read in place (nf4_gemv.h).
  *
  * Per output row o and per block b of the row (blocksize elements, bs / 2 bytes, the first
- * element in the high nibble: bitsandbytes' order, src/model/nf4.h):
+ * element in the high nibble: bitsandbytes' order, src/numeric/nf4.h):
  *     s_t = sum_j code[byte_j >> 4] * x_t[2j] + code[byte_j & 15] * x_t[2j + 1]
  *     y_t[o] += absmax[b] * s_t
  * with the block absmax computed as nf4.c computes it (nested: map[q] * nested_absmax, then

@@ -17,7 +17,7 @@
 int ft_cpu_nf4_gemv_ok(const ft_nf4_tensor *t, int64_t out, int64_t in);
 
 /* y (T, out) = x (T, in) W^T + beta * y, fp32, W (out, in) the NF4 tensor t (kernels.h;
- * bitsandbytes' layout and block absmax arithmetic, src/model/nf4.h). Each output is
+ * bitsandbytes' layout and block absmax arithmetic, src/numeric/nf4.h). Each output is
  * sum over the row's blocks b of absmax[b] * (sum over i in b of code[q_i] * x_i), in fp32:
  * the dequantized weights' product up to fp32 rounding (the absmax is factored out of each
  * block), not bit-identical to ft_nf4_dequant followed by sgemm. beta 0 overwrites y (a NaN

@@ -1,7 +1,7 @@
 /* nf4.cu - NF4 (bitsandbytes, double quantization) to bf16 on the GPU (kernels.h
  * dequant_nf4), written for memory bandwidth.
  *
- * Arithmetic per element, exactly the CPU's ft_nf4_dequant (src/model/nf4.c, compiled without
+ * Arithmetic per element, exactly the CPU's ft_nf4_dequant (src/numeric/nf4.c, compiled without
  * contraction) followed by bf16 round-to-nearest-even: the block's absmax is rebuilt with
  * bitsandbytes' two fp32 roundings (map value times nested absmax, then plus the offset:
  * __fmul_rn / __fadd_rn, so nvcc cannot contract them into one FMA), the element is

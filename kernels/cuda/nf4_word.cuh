@@ -1,6 +1,6 @@
 /* nf4_word.cuh - NF4 code bytes to bf16, the step shared by the plain dequantization
  * (nf4.cu) and the fused GEMM's shared-memory dequantizer (nf4_gemm.cu): the same fp32
- * operations as the CPU (src/model/nf4.c), then bf16 round-to-nearest-even. */
+ * operations as the CPU (src/numeric/nf4.c), then bf16 round-to-nearest-even. */
 #ifndef FT_NF4_WORD_CUH
 #define FT_NF4_WORD_CUH
 

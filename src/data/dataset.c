@@ -26,7 +26,7 @@
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
 #include "src/core/json.h"
-#include "src/data/chat.h"
+#include "src/template/chat.h"
 #include "src/data/pref.h"
 #include "src/data/records.h"
 

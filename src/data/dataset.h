@@ -17,7 +17,7 @@
 
 #include <stdint.h>
 
-#include "src/data/tokenizer.h"
+#include "src/tokenizer/tokenizer.h"
 
 #define FT_IGNORE_INDEX (-100)
 

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "kernels/kernels.h"
 #include "src/model/model.h"
 

@@ -18,10 +18,10 @@
 #include "src/core/align.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/model/bnb4.h"
-#include "src/model/gguf.h"
-#include "src/model/quant.h"
-#include "src/model/safetensors.h"
+#include "src/formats/bnb4.h"
+#include "src/formats/gguf.h"
+#include "src/numeric/quant.h"
+#include "src/formats/safetensors.h"
 
 const char *const ft_proj_name[FT_N_PROJ] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                              "gate_proj", "up_proj", "down_proj"};

@@ -2,7 +2,7 @@
  *
  * ft_model_load() accepts a Hugging Face folder (config.json + model.safetensors or a
  * sharded model.safetensors.index.json; F32/F16/BF16) or a GGUF file (formats.md 4.3;
- * the ggml types of src/model/quant.h dequantized at load, llama.cpp's q/k row permutation undone,
+ * the ggml types of src/numeric/quant.h dequantized at load, llama.cpp's q/k row permutation undone,
  * formats.md 2.4). Weights are converted to fp32 host arrays in HF layout: every linear
  * is (out, in) row-major, y = x W^T (+ b).
  */
@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "src/model/config.h"
-#include "src/data/tokenizer.h"
+#include "src/formats/config.h"
+#include "src/tokenizer/tokenizer.h"
 
 enum ft_proj { FT_Q = 0, FT_K, FT_V, FT_O, FT_GATE, FT_UP, FT_DOWN, FT_N_PROJ };
 

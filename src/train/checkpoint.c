@@ -16,7 +16,7 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/json.h"
-#include "src/model/safetensors.h"
+#include "src/formats/safetensors.h"
 
 #define PATH_N 4200
 

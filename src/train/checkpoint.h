@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "src/model/model.h"
 
 struct cJSON;

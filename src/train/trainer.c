@@ -21,8 +21,8 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
-#include "src/data/chat.h"
-#include "src/model/hub_cache.h"
+#include "src/template/chat.h"
+#include "src/formats/hub_cache.h"
 #include "src/model/model.h"
 #include "src/train/checkpoint.h"
 #include "src/train/correction.h"
@@ -912,7 +912,7 @@ static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_l
  * lora_A -> lr, lora_B -> lr * ratio, both with the same weight_decay coefficient, so
  * decoupled decay on B is lr * ratio * wd, as torch.optim.AdamW applies a group's lr), as
  * one backend adamw call per A and per B slice (A and B of each linear alternate in
- * params, adapters/lora.h; grads, m and v share the layout). adamw is elementwise, so
+ * params, src/model/lora.h; grads, m and v share the layout). adamw is elementwise, so
  * ratio 1 gives the same bits as the single call. Returns 0 or the backend's error;
  * FT_E_INVALID if the slices do not cover params (a layout change not followed here). */
 static int adamw_update(run *r, const ft_train_cfg *c, double lr, int64_t step)

@@ -39,7 +39,7 @@
 #include <signal.h>
 #include <stdint.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "src/data/dataset.h"
 #include "src/train/dpo.h"
 

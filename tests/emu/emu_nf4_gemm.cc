@@ -3,7 +3,7 @@
  * and k_nf4g_reduce, through the CUDA emulation of tests/emu/cuda_emu.h (cp.async, ldmatrix,
  * ldmatrix.trans, mma.sync m16n8k16, barriers; shared memory poisoned with NaN), against a CPU
  * reference:
- *   - forward y = x W^T and input gradient dx = dy W, W (N, K) quantized by src/model/nf4.c and
+ *   - forward y = x W^T and input gradient dx = dy W, W (N, K) quantized by src/numeric/nf4.c and
  *     dequantized by ft_nf4_dequant, rounded to bf16 like the kernel's operand; x / dy random
  *     bf16; sums in double. N, K in {64, 128, 192} (whole and half 128-column tiles, 1 to 3
  *     reduction steps), T in {1, 7, 33, 130}, every tile height (16, 32, 64, 128) and the one
@@ -34,7 +34,7 @@
 #include <vector>
 
 extern "C" {
-#include "src/model/nf4.h"
+#include "src/numeric/nf4.h"
 }
 
 /* nf4_gemm.cu's primitives (its inline PTX is left out under FT_MMA_EMU) */

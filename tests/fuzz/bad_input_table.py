@@ -728,17 +728,17 @@ def prompts_file(d, *lines):
             "--threads", "1"]
 
 
-@case("generate", "`--prompts` record that is a number (line 2)", "src/model/gen_prompt.c ft_gen_req_parse")
+@case("generate", "`--prompts` record that is a number (line 2)", "src/infer/gen_prompt.c ft_gen_req_parse")
 def _(d):
     return prompts_file(d, '"hi"', '42')
 
 
-@case("generate", "`--prompts` record with `\"temperature\": -1`", "src/model/gen_prompt.c gp_req_params")
+@case("generate", "`--prompts` record with `\"temperature\": -1`", "src/infer/gen_prompt.c gp_req_params")
 def _(d):
     return prompts_file(d, '{"prompt": "hi", "temperature": -1}')
 
 
-@case("generate", "OpenAI batch request with `\"n\": 17`", "src/model/gen_prompt.c gp_req_params")
+@case("generate", "OpenAI batch request with `\"n\": 17`", "src/infer/gen_prompt.c gp_req_params")
 def _(d):
     return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
                            '"body": {"messages": [{"role": "user", "content": "hi"}], "n": 17}}')
@@ -757,20 +757,20 @@ def _(d):
                            '"body": {"prompt": "hi"}}', '"plain"')
 
 
-@case("generate", "OpenAI batch request to `/v1/embeddings`", "src/model/gen_batch_req.c gp_req_batch")
+@case("generate", "OpenAI batch request to `/v1/embeddings`", "src/infer/gen_batch_req.c gp_req_batch")
 def _(d):
     return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", '
                            '"body": {"input": "hi"}}')
 
 
-@case("generate", "OpenAI batch request with `\"prompt_logprobs\": 21`", "src/model/gen_prompt.c gp_req_params")
+@case("generate", "OpenAI batch request with `\"prompt_logprobs\": 21`", "src/infer/gen_prompt.c gp_req_params")
 def _(d):
     return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
                            '"body": {"prompt": "hi", "prompt_logprobs": 21}}')
 
 
 @case("generate", "OpenAI chat request with `\"max_tokens\": 0` (allowed only with completions echo)",
-      "src/model/gen_prompt.c gp_req_params")
+      "src/infer/gen_prompt.c gp_req_params")
 def _(d):
     return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
                            '"body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}}')
@@ -782,7 +782,7 @@ def _(d):
     return prompts_file(d, '{"prompt": "hi", "logit_bias": {"999999": 5}}')
 
 
-@case("generate", "OpenAI batch request with `\"best_of\": 1, \"n\": 2`", "src/model/gen_prompt.c gp_req_params")
+@case("generate", "OpenAI batch request with `\"best_of\": 1, \"n\": 2`", "src/infer/gen_prompt.c gp_req_params")
 def _(d):
     return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
                            '"body": {"prompt": "hi", "best_of": 1, "n": 2}}')
@@ -1033,7 +1033,7 @@ def main():
         "fuzz target are the fuzzers' findings: before the fix, the `eos_token_id`, vocabulary",
         "id and `r` rows were undefined behaviour (a double cast to int64 out of range; UBSan),",
         "the BOS-id row crashed `ftune train` with SIGSEGV (exit 139, strlen(NULL) in",
-        "src/data/tokenizer.c tk_finalize) and the empty `target_modules` row was accepted and",
+        "src/tokenizer/tokenizer.c tk_finalize) and the empty `target_modules` row was accepted and",
         "failed later without naming the file.",
         "",
         "| # | file | bad input | source | exit | what the user sees (stderr) | adapter |",

@@ -1,4 +1,4 @@
-/* fuzz_config.c - libFuzzer target: HF config.json (src/model/config.c).
+/* fuzz_config.c - libFuzzer target: HF config.json (src/formats/config.c).
  *
  * Input: the text of a config.json. Per input: ft_config_parse on an exact-size copy (no
  * NUL terminator, so ASan sees any read past `len`), then ft_config_load on the same bytes
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/model/config.h"
+#include "src/formats/config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

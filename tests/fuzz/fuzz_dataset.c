@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "src/data/dataset.h"
-#include "src/data/tokenizer.h"
+#include "src/tokenizer/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static ft_tokenizer *g_tok[2];

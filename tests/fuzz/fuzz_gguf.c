@@ -1,4 +1,4 @@
-/* fuzz_gguf.c - libFuzzer target: GGUF files (src/model/gguf.c, quant.c, and the GGUF paths
+/* fuzz_gguf.c - libFuzzer target: GGUF files (src/formats/gguf.c, quant.c, and the GGUF paths
  * of loader.c: metadata -> config, tensors -> fp32 weights, tokenizer.ggml.* -> tokenizer).
  *
  * Input: the bytes of one .gguf file.
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/data/tokenizer.h"
-#include "src/model/gguf.h"
+#include "src/tokenizer/tokenizer.h"
+#include "src/formats/gguf.h"
 #include "src/model/model.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -1,5 +1,5 @@
-/* fuzz_jinja.c - libFuzzer target: the Jinja engine (src/data/jinja*.c) and the chat-template
- * bridge that derives loss masks from it (src/data/chat_jinja.c).
+/* fuzz_jinja.c - libFuzzer target: the Jinja engine (src/template/jinja*.c) and the chat-template
+ * bridge that derives loss masks from it (src/template/chat_jinja.c).
  *
  * Input: a template source, optionally followed by FUZZ_SEP and a JSON object of variables.
  * Per input: ft_jinja_parse; on success ft_jinja_render with those variables (or a fixed
@@ -16,8 +16,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "src/data/chat.h"
-#include "src/data/jinja.h"
+#include "src/template/chat.h"
+#include "src/template/jinja.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static const char CONV[] = "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, "

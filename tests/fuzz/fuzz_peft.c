@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "adapters/peft.h"
 #include "kernels/kernels.h"
 #include "src/model/model.h"

@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c - libFuzzer target: the safetensors reader (src/model/safetensors.c)
+/* fuzz_safetensors.c - libFuzzer target: the safetensors reader (src/formats/safetensors.c)
  * and the folder loader behind it (src/model/loader.c load_hf).
  *
  * Input: the bytes of one .safetensors file (u64 header length, JSON header, data).
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "src/model/model.h"
-#include "src/model/safetensors.h"
+#include "src/formats/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 /* The model whose tensors the corpus's model seeds hold (make_corpus.py TINY_CFG). */

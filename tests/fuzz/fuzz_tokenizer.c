@@ -1,5 +1,5 @@
 /* fuzz_tokenizer.c - libFuzzer target: HF tokenizer.json + tokenizer_config.json
- * (src/data/tok_json.c, tokenizer.c, tok_bpe.c, tok_pretok.c, tok_decode.c).
+ * (src/tokenizer/tok_json.c, tokenizer.c, tok_bpe.c, tok_pretok.c, tok_decode.c).
  *
  * Input: tokenizer.json, optionally followed by FUZZ_SEP and tokenizer_config.json.
  * Per input: ft_tok_load_dir on a folder holding them; on success every fixed text below is
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "src/data/dataset.h"
-#include "src/data/tokenizer.h"
+#include "src/tokenizer/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static const char *const k_texts[] = {

@@ -15,8 +15,8 @@
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
-#include "src/model/nf4.h"
-#include "src/model/quant.h"
+#include "src/numeric/nf4.h"
+#include "src/numeric/quant.h"
 
 static int setup(void **state) { return gpu_fixture_setup(state, 4321, 0); }
 static int teardown(void **state) { return gpu_fixture_teardown(state); }

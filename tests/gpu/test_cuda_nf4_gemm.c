@@ -1,6 +1,6 @@
 /* test_cuda_nf4_gemm.c - the fused NF4 GEMMs (kernels/cuda/nf4_gemm.cu) against the CPU:
  *   - forward y = x W^T and input gradient dx = dy W, W quantized by the CPU quantizer
- *     (src/model/nf4.c) and the reference dequantized by ft_nf4_dequant, rounded to bf16 like
+ *     (src/numeric/nf4.c) and the reference dequantized by ft_nf4_dequant, rounded to bf16 like
  *     the kernel's operand, x / dy rounded to bf16, products summed in double: over W shapes
  *     whose output tiles are whole or half (N, K = 192, 320, ...), T = 1, 7, 20, 50, 100, 2048
  *     (every tile height, ragged last tiles), the tile heights and split-K counts chosen by the
@@ -19,8 +19,8 @@
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
-#include "src/model/nf4.h"
-#include "src/model/quant.h"
+#include "src/numeric/nf4.h"
+#include "src/numeric/quant.h"
 
 /* GEMM output vs the double reference: |got - ref| <= ABS + REL * sum_k |a_k b_k|. The bf16
  * products are exact in fp32; what differs is the fp32 summation (tensor-core accumulation of

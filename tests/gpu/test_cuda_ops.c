@@ -9,14 +9,14 @@
 #include "tests/unit/harness.h"
 #include "tests/gpu/gpu_fixture.h"
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"
-#include "src/model/nf4.h"
-#include "src/model/quant.h"
+#include "src/numeric/nf4.h"
+#include "src/numeric/quant.h"
 
 /* fp32 arithmetic in another order (reductions, fused multiply-add, expf vs Cephes). */
 #define TOL_F32 1e-5

@@ -5,7 +5,7 @@
  * the bytes live changes, not the math); the disk tier reads each block twice per optimizer
  * step with gradient accumulation 4, less the blocks still loaded at a turn; the timeline
  * records one compute span per layer visit. The layer-input checkpoints in pinned host memory
- * (offload/ckpt.h: stored on the checkpoint lane after the forward, loaded back ahead of the
+ * (offload/actckpt.h: stored on the checkpoint lane after the forward, loaded back ahead of the
  * backward, ordered by events) give the same bits again, alone and with streamed weights, on
  * the tiny model and on a 6-layer one (its layers repeated) for several device-layer and set
  * counts, grad-accum 1 and 4, recomputed or kept activations, with the bytes each way and the
@@ -16,8 +16,8 @@
  * within 1e-3. Skipped without a GPU. */
 #include "tests/unit/harness.h"
 
-#include "adapters/lora.h"
-#include "offload/ckpt.h"
+#include "src/model/lora.h"
+#include "offload/actckpt.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "offload/plan.h"

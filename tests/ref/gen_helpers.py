@@ -126,6 +126,6 @@ def mix64(z):
 
 
 def record_seed(seed, i):
-    """ft_gen_record_seed (src/model/generate.h): seed XOR (splitmix64 output i mod 2^53),
+    """ft_gen_record_seed (src/infer/generate.h): seed XOR (splitmix64 output i mod 2^53),
     record 0 the seed itself."""
     return seed ^ (mix64((i * 0x9e3779b97f4a7c15) & ((1 << 64) - 1)) & ((1 << 53) - 1))

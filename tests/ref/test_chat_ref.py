@@ -956,8 +956,8 @@ def test_mistral_small3(tmp_path):
 
 
 # ---- the Jinja engine: --chat-template jinja, and auto for templates without a built-in ------
-# ftune renders the model's own template (src/data/jinja*.c) and derives the trained spans
-# turn by turn (src/data/chat_jinja.c): the same rules as the built-in renderers, so the
+# ftune renders the model's own template (src/template/jinja*.c) and derives the trained spans
+# turn by turn (src/template/chat_jinja.c): the same rules as the built-in renderers, so the
 # references above apply unchanged; Gemma's and Phi-3's turns are added here.
 TRAINED["gemma"] = lambda c, eos: (c.strip() + "<end_of_turn>", "\n")
 # Phi-3 writes the EOS after the last message only (when no generation prompt follows): it

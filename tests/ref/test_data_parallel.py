@@ -1,5 +1,5 @@
 """Data sets are encoded in chunks of records by every OpenMP thread (src/data/dataset.c
-read_file), each thread with its own word cache (src/data/tok_cache.c). The result must be that
+read_file), each thread with its own word cache (src/tokenizer/tok_cache.c). The result must be that
 of one thread reading one record at a time: the same examples in the same order, the same
 counts (truncated, dropped, skipped), the same first error. Checked by `ftune tokenize --data`
 with OMP_NUM_THREADS=1 against 3 threads, on generated files of several schemas, of more

@@ -1,7 +1,7 @@
 """`ftune generate --prompts` with several choices per OpenAI batch request ("n"), stop token
 ids ("stop_token_ids", --stop-token-ids) and "min_tokens", as vLLM's SamplingParams has them.
 
-Formats: cli/gen_batch.c's header (the output line), ft_gen_req_parse in src/model/generate.h
+Formats: cli/gen_batch.c's header (the output line), ft_gen_req_parse in src/infer/generate.h
 (the settings). Checked here:
   - n = 3 with temperature 0: three identical choices, "index" 0..2, each the n = 1 reply;
     usage counts the prompt once and sums the choices' completion tokens (vLLM's serving_chat /

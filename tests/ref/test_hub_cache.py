@@ -1,4 +1,4 @@
-"""`--model ORG/NAME` through the local Hugging Face cache (src/model/hub_cache.h): a model a
+"""`--model ORG/NAME` through the local Hugging Face cache (src/formats/hub_cache.h): a model a
 user downloaded once with huggingface_hub is found by its id, the adapter names the base by
 that id (base_model_name_or_path, as PEFT and vLLM load it), `ftune export` finds the base
 from it, and an id that is not cached is refused with one line naming the cache and how to

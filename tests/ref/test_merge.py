@@ -1,6 +1,6 @@
 """`ftune merge`: W + scale * B A written as safetensors or GGUF, checked against numpy.
 
-The numpy reference is the formula of adapters/merge.h, exactly:
+The numpy reference is the formula of adapters/export/merge.h, exactly:
     delta = (B.astype(f64) @ A.astype(f64)).astype(f32)        (fp64 accumulation, one rounding)
     W'    = W32 + f32(alpha / r) * delta                        (fp32 multiply, fp32 add)
 then one rounding to the output type: bf16 round-to-nearest-even bits, numpy's float16, or

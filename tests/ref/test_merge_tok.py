@@ -1,5 +1,5 @@
 """`ftune merge` of a GGUF model into a Hugging Face folder writes tokenizer.json and
-tokenizer_config.json rebuilt from the GGUF's tokenizer.ggml.* metadata (adapters/hf_tok.c).
+tokenizer_config.json rebuilt from the GGUF's tokenizer.ggml.* metadata (adapters/export/hf_tok.c).
 
 The folder's tokenizer.json, loaded by the `tokenizers` package, must give the ids that
 `ftune tokenize --model X.gguf` gives (with and without special tokens) on varied texts
@@ -207,7 +207,7 @@ def check_folder(gguf, out, tmp):
     hf = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
     texts = TEXTS + ["cafe\u0301 \u212b \u1100\u1161", "e\u0301\u0327"]  # not NFC
     if (json.loads((out / "tokenizer.json").read_text())["normalizer"] or {}).get("type") == "NFC":
-        # Qwen2: both tokenizers compose (ftune through utf8proc, src/data/tok_pretok.c)
+        # Qwen2: both tokenizers compose (ftune through utf8proc, src/tokenizer/tok_pretok.c)
         assert hf.encode("cafe\u0301 \u212b").ids == hf.encode("caf\u00e9 \u00c5").ids
     assert hf.get_vocab_size(with_added_tokens=True) == len(toks)
     for i in (0, 1, len(toks) // 2, len(toks) - 1):

@@ -2,7 +2,7 @@
 input of vLLM's `python -m vllm.entrypoints.openai.run_batch`), the unknown-key warning, and
 OpenAI's presence / frequency penalties.
 
-Formats (see cli/gen_batch.c's header and ft_gen_req_parse in src/model/generate.h): an input
+Formats (see cli/gen_batch.c's header and ft_gen_req_parse in src/infer/generate.h): an input
 line is {"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
 "body"} (OpenAI openapi.yaml BatchRequestInput; vLLM run_batch.py); an output line is
 {"id", "custom_id", "response": {"status_code": 200, "request_id", "body": a chat.completion or

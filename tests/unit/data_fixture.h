@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "src/data/dataset.h"
-#include "src/data/tokenizer.h"
+#include "src/tokenizer/tokenizer.h"
 
 /* The decoded text of the trained tokens of ex (labels != -100, each equal to its id), a new
  * string. */

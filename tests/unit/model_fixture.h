@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
-#include "src/model/init_model.h"
+#include "src/tools/init_model.h"
 #include "src/model/model.h"
 #include "tests/unit/stream_fixture.h"
 

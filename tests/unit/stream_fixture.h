@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "offload/pack.h"
 #include "src/core/rng.h"
 #include "src/data/dataset.h"

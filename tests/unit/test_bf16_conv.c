@@ -1,4 +1,4 @@
-/* test_bf16_conv.c - the array conversions of src/model/quant.h (ft_quant_bf16_to_f32_n,
+/* test_bf16_conv.c - the array conversions of src/numeric/quant.h (ft_quant_bf16_to_f32_n,
  * ft_quant_f32_to_bf16_n, ft_quant_round_bf16_n) against fixed bit patterns worked out by
  * hand from round-to-nearest-even (torch .to(bfloat16) gives the same) and against the
  * scalar functions over random bits, on both sides of the OpenMP threshold. */
@@ -7,7 +7,7 @@
 #include <omp.h>
 
 #include "src/core/rng.h"
-#include "src/model/quant.h"
+#include "src/numeric/quant.h"
 
 static float f_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t u_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

@@ -1,4 +1,4 @@
-/* test_ckpt.c - layer-input checkpoints in host memory (offload/ckpt.c) vs on the device, on
+/* test_ckpt.c - layer-input checkpoints in host memory (offload/actckpt.c) vs on the device, on
  * the CPU backend (whose host_alloc is plain memory and copy_async a memcpy, so the host
  * tier's schedule runs as on a GPU, in order): a 6-layer model (the tiny fixture's layers
  * repeated) trains two steps with gradient accumulation 1 and 4, activations recomputed or
@@ -10,8 +10,8 @@
  * left out. */
 #include "tests/unit/harness.h"
 
-#include "adapters/lora.h"
-#include "offload/ckpt.h"
+#include "src/model/lora.h"
+#include "offload/actckpt.h"
 #include "offload/exec.h"
 #include "offload/timeline.h"
 #include "src/core/err.h"

@@ -2,7 +2,7 @@
 #include "tests/unit/harness.h"
 
 #include "src/core/err.h"
-#include "src/model/config.h"
+#include "src/formats/config.h"
 #include "tests/unit/format_fixture.h"
 
 /* fp32 RoPE vs the reference values below: the references emulate torch's fp32 ops with

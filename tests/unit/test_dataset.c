@@ -10,9 +10,9 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/data/chat.h"
+#include "src/template/chat.h"
 #include "src/data/dataset.h"
-#include "src/data/tokenizer.h"
+#include "src/tokenizer/tokenizer.h"
 #include "tests/unit/data_fixture.h"
 #include "tests/unit/tok_template.h"
 

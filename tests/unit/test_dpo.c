@@ -25,7 +25,7 @@
 #include <math.h>
 #include <signal.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "offload/plan.h"

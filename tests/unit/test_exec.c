@@ -4,7 +4,7 @@
  * per-example losses of packed micro-batches (ft_exec_eval_spans). */
 #include "tests/unit/harness.h"
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "adapters/peft.h"
 #include "offload/exec.h"
 #include "src/core/err.h"

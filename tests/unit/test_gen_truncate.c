@@ -1,4 +1,4 @@
-/* test_gen_truncate.c - ft_gen_truncate_slot (src/model/generate.h), the prefix reuse of
+/* test_gen_truncate.c - ft_gen_truncate_slot (src/infer/generate.h), the prefix reuse of
  * `ftune generate --chat`: a cache that held a prompt A + B and its decode, cut back to A and
  * continued with C, gives the logits of a cache that only ever saw A + C (and of A + C
  * recomputed from scratch); bad cuts are refused and change nothing; a cut of one slot leaves
@@ -6,13 +6,13 @@
  * LoRA so that the adapter path is covered too. */
 #include "tests/unit/harness.h"
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
-#include "src/model/generate.h"
+#include "src/infer/generate.h"
 #include "src/model/model.h"
-#include "src/model/sample.h"
+#include "src/infer/sample.h"
 #include "tests/unit/model_fixture.h"
 
 /* A continuation after a cut vs the same tokens in a cache that never held the cut rows:

@@ -1,4 +1,4 @@
-/* test_gguf.c - GGUF reader (formats.md 4.3), ggml dequantization (src/model/quant.h) and
+/* test_gguf.c - GGUF reader (formats.md 4.3), ggml dequantization (src/numeric/quant.h) and
  * GGUF model loading with llama.cpp's q/k permutation undone (formats.md 2.4).
  * Fixtures: tests/fixtures/gguf, made by tests/ref/make_gguf_fixtures.py with gguf-py, and
  * kquant_<TYPE>.bin by tests/ref/make_kquant_fixtures.py. */
@@ -10,10 +10,10 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/model/gguf.h"
+#include "src/formats/gguf.h"
 #include "src/model/model.h"
-#include "src/model/quant.h"
-#include "src/model/safetensors.h"
+#include "src/numeric/quant.h"
+#include "src/formats/safetensors.h"
 #include "tests/unit/format_fixture.h"
 
 #define FIX "tests/fixtures/gguf/"

@@ -1,5 +1,5 @@
-/* test_gguf_write.c - the streaming GGUF writer (src/model/gguf_write.h) read back through
- * our reader (src/model/gguf.h): metadata of every value type (arrays of every element type
+/* test_gguf_write.c - the streaming GGUF writer (src/formats/gguf_write.h) read back through
+ * our reader (src/formats/gguf.h): metadata of every value type (arrays of every element type
  * and of strings included), the default and a custom alignment with exact padded offsets,
  * tensor data of F32/F16/BF16/Q8_0 written whole or in pieces, copying entries between
  * files, and the error paths (duplicates, bad names/shapes, wrong amounts of data), none of
@@ -10,9 +10,9 @@
 #include <sys/stat.h>
 
 #include "src/core/err.h"
-#include "src/model/gguf.h"
-#include "src/model/gguf_write.h"
-#include "src/model/quant.h"
+#include "src/formats/gguf.h"
+#include "src/formats/gguf_write.h"
+#include "src/numeric/quant.h"
 
 /* Tolerances (STYLE C10). */
 #define FT_TOL_EXACT 0.0                 /* F32 round trip, metadata values */

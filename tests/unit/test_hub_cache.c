@@ -1,4 +1,4 @@
-/* test_hub_cache.c - Hugging Face ids resolved in a local hub cache (src/model/hub_cache.h):
+/* test_hub_cache.c - Hugging Face ids resolved in a local hub cache (src/formats/hub_cache.h):
  * the cache folder's environment variables, refs, commits, files, GGUF repositories, and the
  * errors of a model that is not there. The cache is a fake one in a temp folder, laid out as
  * huggingface.co/docs/hub/local-cache describes. */
@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "src/core/err.h"
-#include "src/model/hub_cache.h"
+#include "src/formats/hub_cache.h"
 
 #define H1 "0123456789abcdef0123456789abcdef01234567"
 #define H2 "89abcdef0123456789abcdef0123456789abcdef"

@@ -1,4 +1,4 @@
-/* test_jinja.c - the Jinja interpreter (src/data/jinja.h) against jinja2.
+/* test_jinja.c - the Jinja interpreter (src/template/jinja.h) against jinja2.
  *
  * tests/fixtures/jinja/cases.json (made by tests/ref/make_jinja_cases.py with jinja2 3.1.6 in
  * transformers' chat-template environment) holds real chat templates x conversations and
@@ -15,7 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "src/core/err.h"
-#include "src/data/jinja.h"
+#include "src/template/jinja.h"
 
 #define CASES_JSON "tests/fixtures/jinja/cases.json"
 #define TPL_DIR "tests/fixtures/jinja/templates/"

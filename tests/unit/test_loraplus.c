@@ -10,7 +10,7 @@
  * per-slice adamw calls the same way. */
 #include "tests/unit/harness.h"
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "adapters/peft.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"

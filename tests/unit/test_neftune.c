@@ -20,7 +20,7 @@
 
 #include <signal.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "offload/plan.h"

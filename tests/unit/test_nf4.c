@@ -1,5 +1,5 @@
-/* test_nf4.c - NF4 with double quantization (src/model/nf4.c) and pre-quantized bitsandbytes
- * weights (src/model/bnb4.c): the code tables, bnb's dynamic map against a published dump,
+/* test_nf4.c - NF4 with double quantization (src/numeric/nf4.c) and pre-quantized bitsandbytes
+ * weights (src/formats/bnb4.c): the code tables, bnb's dynamic map against a published dump,
  * dQuantize against nearest-code search, quantize/dequantize error bounds, chunked
  * quantization, edge cases (odd sizes, zero blocks, non-finite input), the exact fsum, and
  * a bitsandbytes-layout safetensors file parsed back (good and bad). The byte-level
@@ -10,9 +10,9 @@
 
 #include "src/core/err.h"
 #include "src/core/rng.h"
-#include "src/model/bnb4.h"
-#include "src/model/nf4.h"
-#include "src/model/safetensors.h"
+#include "src/formats/bnb4.h"
+#include "src/numeric/nf4.h"
+#include "src/formats/safetensors.h"
 
 /* NF4 round trip of N(0, 1) data: the expected mean |w - dq| / std is ~0.0725 for blocks of
  * 64 (the tiny-llama and example-model figures in test_nf4_ref.py are 0.072-0.095); the

@@ -15,7 +15,7 @@
 #include "kernels/kernels.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"
-#include "src/model/nf4.h"
+#include "src/numeric/nf4.h"
 
 /* An fp32 sum of products whose terms are exact (code * absmax, then * x), each rounded
  * once: |error| <= n eps sum |terms| (Higham 3.1), with n the row length. The factored

@@ -1,5 +1,5 @@
 /* test_pack.c - the pack file (offload/pack*.c), the executor's packed base
- * (ft_exec_use_pack) and init-model (src/model/init_model.c):
+ * (ft_exec_use_pack) and init-model (src/tools/init_model.c):
  *   XXH64 against published vectors, one-shot == streaming;
  *   the cache: built, reused, another quant setting gets its own file, corruption of a data
  *   byte / the header / the complete flag / the length detected and rebuilt with a reason,
@@ -35,15 +35,15 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "offload/exec.h"
 #include "kernels/kernels.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
-#include "src/model/gguf.h"
-#include "src/model/init_model.h"
+#include "src/formats/gguf.h"
+#include "src/tools/init_model.h"
 #include "src/model/model.h"
 
 #define TINY "tests/fixtures/tiny-llama"

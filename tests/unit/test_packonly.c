@@ -16,13 +16,13 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
-#include "src/model/init_model.h"
+#include "src/tools/init_model.h"
 #include "src/model/model.h"
 
 #define TINY "tests/fixtures/tiny-llama"

@@ -11,13 +11,13 @@
  * And ft_place_preview, the plan of a pack not built yet, against the built pack's. */
 #include "tests/unit/harness.h"
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "offload/place.h"
 #include "offload/probe.h"
 #include "src/core/err.h"
-#include "src/model/init_model.h"
+#include "src/tools/init_model.h"
 #include "src/model/model.h"
 #include "tests/unit/stream_fixture.h"
 

@@ -10,7 +10,7 @@
  *     reduces the calibrated error. */
 #include "tests/unit/harness.h"
 
-#include "adapters/lora.h"
+#include "src/model/lora.h"
 #include "adapters/qcorr.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"

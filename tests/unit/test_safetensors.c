@@ -11,8 +11,8 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/model/model.h"
-#include "src/model/quant.h"
-#include "src/model/safetensors.h"
+#include "src/numeric/quant.h"
+#include "src/formats/safetensors.h"
 #include "tests/unit/format_fixture.h"
 
 #define TINY "tests/fixtures/tiny-llama"

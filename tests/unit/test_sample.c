@@ -11,7 +11,7 @@
 
 #include "src/core/err.h"
 #include "src/core/rng.h"
-#include "src/model/sample.h"
+#include "src/infer/sample.h"
 
 /* Probabilities computed here in double from float logits vs the sampler's (double):
  * the same formula, summed in another order. */

@@ -1,10 +1,10 @@
-/* test_stop_text.c - stop strings over a reply's text as it grows (src/model/stop_text.h):
+/* test_stop_text.c - stop strings over a reply's text as it grows (src/infer/stop_text.h):
  * a match inside one piece or across pieces, the text cut before the string, the tie rules,
  * nothing appended after a match, and the held-back end that streaming must not show yet. */
 #include "tests/unit/harness.h"
 
-#include "src/data/tokenizer.h"
-#include "src/model/stop_text.h"
+#include "src/tokenizer/tokenizer.h"
+#include "src/infer/stop_text.h"
 
 static void feed(ft_stop_text *x, const char *const *stop, int64_t n, const char *const *pieces)
 {

@@ -4,12 +4,12 @@
  * system allows) gives bit-identical losses and LoRA gradients; with gradient accumulation 4
  * the streamed run reads each layer's block twice per optimizer step (forward and backward),
  * whatever the micro-batch count, except the two still loaded at a turn (last and first
- * layer). The streamed run with the layer-input checkpoints in host memory too (offload/ckpt.h)
+ * layer). The streamed run with the layer-input checkpoints in host memory too (offload/actckpt.h)
  * gives the same bits, storing and loading exactly layer 0's checkpoints. */
 #include "tests/unit/harness.h"
 
-#include "adapters/lora.h"
-#include "offload/ckpt.h"
+#include "src/model/lora.h"
+#include "offload/actckpt.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "src/core/err.h"

@@ -16,7 +16,7 @@
 #include "offload/pack.h"
 #include "offload/stream_bench.h"
 #include "src/core/err.h"
-#include "src/model/init_model.h"
+#include "src/tools/init_model.h"
 
 #define N_LAYERS 6
 

@@ -7,16 +7,16 @@
  * /tmp, a real disk here, so io_uring where the kernel allows) and a mix of the three give
  * bit-identical losses and LoRA gradients; the disk tier reads each block twice per optimizer
  * step with gradient accumulation 4, less the blocks still loaded at a turn; the timeline has
- * one compute span per layer visit. Host checkpoints (offload/ckpt.h) give the same bits
+ * one compute span per layer visit. Host checkpoints (offload/actckpt.h) give the same bits
  * again with the exact bytes each way, on the tiny model and on a 6-layer one for several
  * device-layer and set counts. The device ops themselves are checked against references:
- * dequant_nf4 bit for bit against src/model/nf4.c + bf16 rounding, the bf16 products against a
+ * dequant_nf4 bit for bit against src/numeric/nf4.c + bf16 rounding, the bf16 products against a
  * double-precision product of the bf16-rounded operands (across the weight tiling), and the
  * device-mode loss against the host-mode CPU run of the same pack (within bf16 rounding). */
 #include "tests/unit/harness.h"
 
-#include "adapters/lora.h"
-#include "offload/ckpt.h"
+#include "src/model/lora.h"
+#include "offload/actckpt.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "offload/place.h"
@@ -26,8 +26,8 @@
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"
-#include "src/model/nf4.h"
-#include "src/model/quant.h"
+#include "src/numeric/nf4.h"
+#include "src/numeric/quant.h"
 #include "tests/unit/model_fixture.h"
 #include "tests/unit/stream_fixture.h"
 
@@ -38,7 +38,7 @@
 
 #include "tests/unit/tiers_cases.h"
 
-/* dequant_nf4 of the device mode equals src/model/nf4.c's fp32 dequantization rounded to bf16,
+/* dequant_nf4 of the device mode equals src/numeric/nf4.c's fp32 dequantization rounded to bf16,
  * bit for bit, nested and not, over more than one of the backend's tiles. */
 static void test_dequant_nf4_exact(void **state)
 {

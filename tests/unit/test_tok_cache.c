@@ -1,4 +1,4 @@
-/* test_tok_cache.c - the word cache of the tokenizer's model step (src/data/tok_cache.c):
+/* test_tok_cache.c - the word cache of the tokenizer's model step (src/tokenizer/tok_cache.c):
  * ft_tok_encode_cached gives ft_tok_encode's ids exactly, with a cache large enough to keep
  * every word and with one so small that it is emptied again and again, on the Llama-2
  * (SentencePiece-style BPE, byte fallback) and Llama-3 (byte-level BPE) tokenizers, over text
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "src/core/rng.h"
-#include "src/data/tokenizer.h"
+#include "src/tokenizer/tokenizer.h"
 
 static const char *const POOL[] = {
     "the", " the", "The", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ".",

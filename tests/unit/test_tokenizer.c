@@ -1,4 +1,4 @@
-/* test_tokenizer.c - the tokenizer (src/data/tokenizer.h) on the real Llama-2 and Llama-3
+/* test_tokenizer.c - the tokenizer (src/tokenizer/tokenizer.h) on the real Llama-2 and Llama-3
  * tokenizer.json fixtures, the GGUF-style spec path, and malformed input.
  *
  * Expected ids were produced once with the Python `tokenizers` package 0.23:
@@ -14,7 +14,7 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
-#include "src/data/tokenizer.h"
+#include "src/tokenizer/tokenizer.h"
 
 #define LLAMA2_DIR "tests/fixtures/tokenizers/llama2"
 #define LLAMA3_DIR "tests/fixtures/tokenizers/llama3"

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adapters/lora.h"
-#include "offload/ckpt.h"
+#include "src/model/lora.h"
+#include "offload/actckpt.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
 #include "offload/prefetch.h"
