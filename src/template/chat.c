@@ -39,7 +39,6 @@
 #include <string.h>
 
 #include "src/core/err.h"
-#include "src/data/dataset.h"
 #include "src/tokenizer/tok_internal.h"
 
 static const char ALPACA_INPUT_HEAD[] =

@@ -22,6 +22,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The chat template a data set is rendered with (--chat-template; FT_CHAT_AUTO: chosen from
+ * the tokenizer's chat_template). */
+enum ft_chat_template {
+    FT_CHAT_AUTO = 0,  /* match tokenizer_config chat_template; alpaca prompt if none */
+    FT_CHAT_LLAMA3,    /* <|start_header_id|>role<|end_header_id|>\n\n content <|eot_id|> */
+    FT_CHAT_CHATML,    /* <|im_start|>role\n content <|im_end|>\n (Qwen, SmolLM) */
+    FT_CHAT_LLAMA2,    /* <s>[INST] <<SYS>>..<</SYS>> user [/INST] assistant </s> (Llama-2, Mistral) */
+    FT_CHAT_ALPACA,    /* Stanford Alpaca prompt, "### Response:" */
+    FT_CHAT_QWEN3,     /* ChatML + Qwen3's <think> blocks (chat.c) */
+    FT_CHAT_LLAMA31,   /* Llama-3.1/3.2/3.3: llama3 + the system turn with its date lines */
+    FT_CHAT_ZEPHYR,    /* <|user|>\n content </s>\n (Zephyr, TinyLlama-Chat) */
+    FT_CHAT_JINJA,     /* the tokenizer's own chat_template through the Jinja engine (chat_jinja.c) */
+};
+
 enum ft_chat_role { FT_ROLE_SYSTEM = 0, FT_ROLE_USER, FT_ROLE_ASSISTANT, FT_ROLE_TOOL };
 
 /* One message. Strings are borrowed (not copied) and need not be NUL-terminated. */
