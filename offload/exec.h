@@ -265,7 +265,7 @@ size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, cons
  * and keeps the faster, when their outputs agree (offload/place.h). */
 enum ft_nf4_gemm { FT_NF4_GEMM_DEQUANT = 0, FT_NF4_GEMM_FUSED = 1, FT_NF4_GEMM_AUTO = 2 };
 /* The mode for backend be from FTUNE_NF4_GEMM (dequant | fused | auto; unset or another value:
- * dequant, the default until the fused kernel is measured on a GPU: docs/qlora.md);
+ * dequant, the default until the fused kernel is measured on a GPU: bench/results/qlora.md);
  * FT_NF4_GEMM_DEQUANT on a host-memory backend or one without FT_W_NF4. */
 int ft_exec_nf4_gemm_mode(const ft_backend *be);
 /* Bytes of the device copy of the base model's weights on backend be (embeddings counted

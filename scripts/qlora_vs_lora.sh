@@ -15,7 +15,7 @@
 # The base settings are the demo's (scripts/demo.sh): seq 256, batch 2, grad-accum 2, lr 1e-3,
 # 10% held out, seed 42. Flags given later override them (ftune takes the last value).
 # Exit status: 0 when both runs finished (whatever the gap), 1 otherwise. Results and the
-# measured numbers: docs/qlora.md.
+# measured numbers: bench/results/qlora.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FTUNE=${FTUNE:-build/ftune}

@@ -27,7 +27,7 @@
  *
  * The QLoRA path dequantizes one layer's projections per layer visit into a bf16 staging
  * buffer that the bf16 GEMMs read (kernels.h linear_fwd); what a GEMM with the dequantization
- * fused into its operand load must beat is worked out in docs/qlora.md.
+ * fused into its operand load must beat is worked out in bench/results/qlora.md.
  *
  * bench/nf4_dequant.cu includes this file with FT_NF4_KERNELS_ONLY defined (kernels and the
  * launcher only, no op-table entry) to time it against the previous kernel. */

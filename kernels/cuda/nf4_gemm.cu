@@ -43,7 +43,7 @@
  * blocksize <= 1024 here); A 16-byte aligned, C 8-byte aligned, codes 16-byte aligned,
  * qabsmax and the fp32 arrays 4-byte aligned (cp.async).
  *
- * docs/qlora.md ("The fused NF4 GEMM") says what it must beat and what to measure;
+ * bench/results/qlora.md ("The fused NF4 GEMM") says what it must beat and what to measure;
  * bench/nf4_gemm.cu times it against dequant_nf4 + cuBLAS, and includes this file with
  * FT_NF4_GEMM_KERNELS_ONLY defined (kernels and launcher only, no backend entry points).
  * tests/emu/emu_nf4_gemm.cc runs the kernels and the launcher themselves on the CPU: under

@@ -34,8 +34,8 @@ TOL_QLORA_REL_ISSUE = 0.05
 # mean |W|, the usual NF4 error of ~0.075 std). LoRA training shrinks the gap only slowly:
 # +9.6% after these 4 steps, +7.0% after the full 20-step demo (eval 2.0688 vs 2.2135),
 # measured on the 2-core VM, 2026-11-23; over 3 epochs (60 steps) it reaches +4.9%
-# (scripts/qlora_vs_lora.sh, docs/qlora.md). So a few steps cannot meet 5% on this model (the
-# test prints whether it was met); asserted instead: the final gap is no larger than the
+# (scripts/qlora_vs_lora.sh, bench/results/qlora.md). So a few steps cannot meet 5% on this
+# model (the test prints whether it was met); asserted instead: the final gap is no larger than the
 # initial quantization gap plus 1% (training through the NF4 base is not worse than the
 # quantization itself), and below this bound.
 TOL_QLORA_REL_SHORT = 0.10
@@ -100,8 +100,8 @@ def test_qlora_vs_lora_example_model(tmp_path):
 
     # The same QLoRA run with the calibrated correction of the NF4 error (adapters/qcorr.h):
     # measured 2026-11-23 (2-core VM, 20-step demo): untrained gap +9.2% -> +4.2%, final
-    # +3.7% (docs/qlora.md). Asserted: it at least ~halves the untrained gap, and the gap after
-    # these steps is smaller than without it and within the issue's 5%.
+    # +3.7% (bench/results/qlora.md). Asserted: it at least ~halves the untrained gap, and the
+    # gap after these steps is smaller than without it and within the issue's 5%.
     qc, qc_plan, qc_err, qc_t = train(gguf, tmp_path / "qcorr", "nf4", cache,
                                       args + ["--quant-correction", "calibrated"])
     assert "quant correction: calibrated, rank 16" in qc_err, qc_err
