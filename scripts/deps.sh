@@ -3,7 +3,7 @@
 # (apt-get) and Python test packages (pip). Idempotent; prints one line per install.
 set -euo pipefail
 need_deb=()
-for p in libopenblas-dev libpcre2-dev libutf8proc-dev libcjson-dev libcmocka-dev liburing-dev libnuma-dev zlib1g-dev pkg-config unzip; do
+for p in libopenblas-dev libpcre2-dev libutf8proc-dev libcjson-dev libcmocka-dev liburing-dev libnuma-dev zlib1g-dev libprotobuf-c-dev protobuf-c-compiler pkg-config unzip; do
     dpkg -s "$p" >/dev/null 2>&1 || need_deb+=("$p")
 done
 if [ ${#need_deb[@]} -gt 0 ]; then
@@ -12,8 +12,16 @@ if [ ${#need_deb[@]} -gt 0 ]; then
     $SUDO apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_deb[@]}" >/dev/null
 fi
+# Headless Chromium for the report test (tests/ref/test_report.py takes a screenshot of
+# report.html); optional: the test skips, naming the package, where it cannot be installed.
+if ! command -v chromium >/dev/null 2>&1 && ! dpkg -s chromium >/dev/null 2>&1; then
+    echo "[deps] apt-get install chromium (optional: the report screenshot test)"
+    SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium; } >/dev/null 2>&1 ||
+        echo "[deps] chromium could not be installed; the report screenshot test will skip"
+fi
 need_py=()
-for m in numpy:numpy safetensors:safetensors gguf:gguf tokenizers:tokenizers transformers:transformers pytest:pytest; do
+for m in numpy:numpy safetensors:safetensors gguf:gguf tokenizers:tokenizers transformers:transformers pytest:pytest tensorboard:tensorboard; do
     python3 -c "import ${m%%:*}" 2>/dev/null || need_py+=("${m#*:}")
 done
 if [ ${#need_py[@]} -gt 0 ]; then

@@ -1274,6 +1274,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
                  c->out, n_old, FT_CKPT_PREFIX, (long long)latest);
         FT_TRY(ft_metrics_open(&r->met, path));
     }
+    FT_TRY(ft_metrics_tensorboard(&r->met, c->tensorboard));
 
     double eval_loss = NAN;
     int64_t eval_tok = 0;

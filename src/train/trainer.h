@@ -98,6 +98,8 @@ typedef struct ft_train_cfg {
     int64_t host_mem;           /* bytes of host memory for the offload tiers' pinned pool and
                                  * staging (0: available memory less 4 GiB); layers beyond it
                                  * are read from the pack file on NVMe at each visit */
+    const char *tensorboard;    /* if set: the metrics also go to TensorBoard event files in
+                                 * this folder (ft_metrics_tensorboard) */
     const char *timeline;       /* if set: the second step's timeline (compute, copies, disk
                                  * reads per layer) is drawn into this SVG file */
     int plan_only;              /* 1: load, measure and print the plan, then return (ftune plan) */
