@@ -29,6 +29,7 @@
 #include "src/train/dpo_refcache.h"
 #include "src/train/dpo_run.h"
 #include "src/train/metrics.h"
+#include "src/train/report.h"
 #include "src/train/schedule.h"
 
 void ft_train_defaults(ft_train_cfg *c)
@@ -1560,6 +1561,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         info(cb, user, FT_EV_INFO, "best eval loss %.4f at step %lld%s%s", st.best_eval_loss,
              (long long)st.best_eval_step, c->save_best ? ": adapter in " : "",
              c->save_best ? best_dir : "");
+    if (ft_report_write(c->out, path, sizeof path) < 0) info(cb, user, FT_EV_WARN, "report: %s", ft_errmsg());
     info(cb, user, FT_EV_DONE, "adapter written to %s%s", c->out,
          early ? " (the last step's; early stopped)" : "");
     return 0;
