@@ -220,6 +220,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"model", FT_OPT_STR, &c.model, "model folder (config.json + safetensors) or .gguf file", 0, "PATH"},
         {"data", FT_OPT_LIST, &data, "training data: JSON array or JSONL, gzip-compressed or not; - reads standard input, a pipe such as <(cmd) is read to its end; repeat it to train on several files (each with its own schema, --data-format auto), their examples joined in the order given, then shuffled and split as one; in --config a file or a list of files", 0, "FILE"},
         {"out", FT_OPT_STR, &c.out, "output folder for the PEFT adapter, metrics.jsonl, summary.json (default ftune-out)", 0, "DIR"},
+        {"base-model-id", FT_OPT_STR, &c.base_model_id, "the base model's Hugging Face id (org/name[@REVISION]) for the adapter's base_model_name_or_path and model card, so AutoPeftModelForCausalLM and vLLM load the base by it (default: the id of a model from the Hugging Face cache, or the repository a GGUF's metadata names, else the --model path)", 0, "ID"},
         {"init-adapter", FT_OPT_STR, &c.init_adapter, "start from this PEFT LoRA adapter folder", 0, "DIR"},
         {"seq-len", FT_OPT_INT, &c.seq_len, "tokens per packed row (default min(2048, model max))"},
         {"batch-size", FT_OPT_INT, &c.batch_size, "rows per micro-batch: a budget of N x seq-len tokens (default 1); with --method dpo N full-length pairs, 2 x N x seq-len tokens"},

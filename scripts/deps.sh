@@ -28,3 +28,10 @@ if [ ${#need_py[@]} -gt 0 ]; then
     echo "[deps] pip install ${need_py[*]}"
     python3 -m pip install -q "${need_py[@]}"
 fi
+# PEFT, to read ftune's adapter folders as a PEFT user does (tests/ref/test_adapter_card.py,
+# test_peft_layout.py: PeftConfig.from_pretrained). It pulls in torch (about 4 GB with its
+# CUDA libraries from PyPI), so a failed install only leaves those checks out.
+if ! python3 -c "import peft" 2>/dev/null; then
+    echo "[deps] pip install peft (with torch; optional: PEFT's own reading of adapter folders)"
+    python3 -m pip install -q peft || echo "[deps] peft could not be installed; the PEFT checks will be left out"
+fi

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adapters/model_card.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/train/checkpoint.h"
@@ -624,4 +625,15 @@ int ft_report_write(const char *dir, char *path, size_t n)
     FT_TRY(ft_report_write_runs(p, title, &run, 1));
     if (path && n) snprintf(path, n, "%s", p);
     return 0;
+}
+
+int ft_report_model_card(const char *dir)
+{
+    cJSON *summary, *config = NULL;
+    FT_TRY(read_object(dir, "summary.json", &summary));
+    int rc = latest_config(dir, &config);
+    if (!rc) rc = ft_model_card_write(dir, summary, config);
+    cJSON_Delete(summary);
+    cJSON_Delete(config);
+    return rc;
 }

@@ -51,6 +51,11 @@ int ft_report_write(const char *dir, char *path, size_t n);
 int ft_report_write_runs(const char *out_path, const char *title, const ft_report_run *runs,
                          int64_t n_runs);
 
+/* The adapter folder's model card, dir/README.md (adapters/model_card.h), from the run's
+ * adapter_config.json, summary.json and the latest checkpoint's run config: what a finished
+ * run writes next to its adapter. Returns 0 or the error of a file (named). */
+int ft_report_model_card(const char *dir);
+
 /* TensorBoard's smoothing of y (n values) with weight w into out (may be y): last = 0, then
  * for each finite y[i]: last = last * w + (1 - w) * y[i], out[i] = last / (1 - w^k) after k
  * finite values; non-finite values, and every value of a constant series, are copied. */
