@@ -577,7 +577,7 @@ static int page(const char *out_path, const char *title, const rundata *r, int64
     if (single) {
         fputs("<p class=\"sub\">", f);
         esc(f, r[0].dir);
-        fprintf(f, " &middot; %lld steps, %lld evaluations%s</p>\n", (long long)r[0].s[S_LOSS].n,
+        fprintf(f, " &middot; %lld steps logged, %lld evaluations%s</p>\n", (long long)r[0].s[S_LOSS].n,
                 (long long)r[0].s[S_EVAL].n, r[0].summary ? "" : " &middot; no summary.json yet (in progress, or stopped)");
     } else {
         fprintf(f, "<p class=\"sub\">%lld runs</p>\n", (long long)n);
