@@ -84,7 +84,7 @@ static int card_text(FILE *f, const char *dir, const cJSON *ac, const cJSON *sum
     const char *rev = cJSON_IsString(rv) && rv->valuestring[0] ? rv->valuestring : NULL;
     int is_id = ft_peft_is_repo_id(base) && !ft_path_exists(base);
     const cJSON *r = get(ac, "r");
-    long long rank = cJSON_IsNumber(r) ? (long long)r->valuedouble : 0;
+    long long rank = cJSON_IsNumber(r) && r->valuedouble >= 0 && r->valuedouble < 1e9 ? (long long)r->valuedouble : 0;
     /* front matter: what the Hub reads (model-card metadata; PEFT sets library_name and
      * base_model, and the base_model:adapter tag) */
     fputs("---\n", f);

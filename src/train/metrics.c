@@ -2,6 +2,7 @@
 #include "src/train/metrics.h"
 
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,12 @@ static void tb_tag(char *out, size_t n, const char *key, int is_eval)
 
 #define TB_MAX_VALUES 32
 
+/* v as float32; beyond float's range +-Inf (a C conversion of such a value is undefined). */
+static float to_f32(double v)
+{
+    return fabs(v) > FLT_MAX ? (float)copysign(INFINITY, v) : (float)v;
+}
+
 /* One metrics.jsonl line (len bytes) as one event: every number (null: NaN) under its tag,
  * and on an eval line eval/perplexity = exp(eval_loss). The values are the line's numbers
  * as written (float32 of the printed decimal), so TensorBoard shows what metrics.jsonl
@@ -105,11 +112,11 @@ static int tb_line(ft_metrics *m, const char *txt, size_t len)
         double v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
         tb_tag(tags[n], sizeof tags[n], it->string, is_eval);
         tp[n] = tags[n];
-        vals[n++] = (float)v;
+        vals[n++] = to_f32(v);
         if (is_eval && !strcmp(it->string, "eval_loss")) {
             snprintf(tags[n], sizeof tags[n], "eval/perplexity");
             tp[n] = tags[n];
-            vals[n++] = (float)exp(v);
+            vals[n++] = to_f32(exp(v));
         }
     }
     int64_t step = (int64_t)s->valuedouble;

@@ -3,8 +3,9 @@
  * masked CRCs), the records of a written file decoded back with protobuf-c (file_version,
  * the session-start marker, scalar summaries with their tags, steps and float32 values, NaN
  * kept), a second file in the same second not overwriting the first, and an uncreatable
- * folder as an error naming it. Without protobuf-c in the build: the error naming the
- * packages. */
+ * folder as an error naming it; the metrics module's lines (src/train/metrics.h) as written
+ * to metrics.jsonl and as events (tags, NaN for null, an eval loss whose perplexity is beyond
+ * float32 as +Inf). Without protobuf-c in the build: the error naming the packages. */
 #include "tests/unit/harness.h"
 
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/formats/tfevents.h"
+#include "src/train/metrics.h"
 #ifdef FT_HAVE_TFEVENTS
 #include "src/formats/tb_event.pb-c.h"
 #endif
@@ -149,6 +151,57 @@ static void test_file(void **state)
     free(dir);
 }
 
+static void test_metrics_events(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir();
+    char path[4200], tb[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    snprintf(tb, sizeof tb, "%s/tb", dir);
+    ft_metrics m;
+    assert_int_equal(ft_metrics_open(&m, path), 0);
+    assert_int_equal(ft_metrics_tensorboard(&m, tb), 0);
+    assert_int_equal(ft_metrics_step(&m, 1, 2.5, 1e-4, 0.5, 10, 100.0, 0.25, 0, 0, NULL), 0);
+    assert_int_equal(ft_metrics_step(&m, 2, NAN, 2e-4, NAN, 10, 90.0, 0.5, 1, 1, NULL), 0);
+    assert_int_equal(ft_metrics_eval(&m, 2, 200.0, 7, 0.75, NULL), 0);
+    char evpath[4300];
+    snprintf(evpath, sizeof evpath, "%s", ft_tfevents_path(m.tb));
+    ft_metrics_close(&m);
+    char *txt;
+    size_t len;
+    assert_int_equal(ft_read_file(path, &txt, &len), 0);
+    const char *want =
+        "{\"step\": 1, \"loss\": 2.5, \"lr\": 0.0001, \"grad_norm\": 0.5, \"tokens\": 10, \"tokens_per_s\": 100, \"elapsed_s\": 0.25, \"bad_steps\": 0}\n"
+        "{\"step\": 2, \"loss\": null, \"lr\": 0.0002, \"grad_norm\": null, \"tokens\": 10, \"tokens_per_s\": 90, \"elapsed_s\": 0.5, \"skipped\": true, \"bad_steps\": 1}\n"
+        "{\"step\": 2, \"eval_loss\": 200, \"eval_tokens\": 7, \"elapsed_s\": 0.75}\n";
+    assert_int_equal(len, strlen(want));
+    assert_memory_equal(txt, want, len);
+    free(txt);
+    Tensorboard__Event *ev[8];
+    int n = read_events(evpath, ev, 8);
+    assert_int_equal(n, 5);
+    const Tensorboard__Summary *s1 = ev[2]->summary, *s2 = ev[3]->summary, *s3 = ev[4]->summary;
+    assert_int_equal(ev[2]->step, 1);
+    assert_int_equal(s1->n_value, 7); /* loss lr grad_norm tokens tokens_per_s elapsed_s bad_steps */
+    assert_string_equal(s1->value[0]->tag, "train/loss");
+    assert_true(s1->value[0]->simple_value == 2.5f);
+    assert_string_equal(s1->value[1]->tag, "train/lr");
+    assert_true(s1->value[1]->simple_value == 1e-4f);
+    assert_string_equal(s1->value[6]->tag, "train/bad_steps");
+    assert_true(isnan(s2->value[0]->simple_value) && isnan(s2->value[2]->simple_value));
+    assert_true(s2->value[6]->simple_value == 1.0f);
+    assert_int_equal(ev[4]->step, 2);
+    assert_int_equal(s3->n_value, 4);
+    assert_string_equal(s3->value[0]->tag, "eval/loss");
+    assert_true(s3->value[0]->simple_value == 200.0f);
+    assert_string_equal(s3->value[1]->tag, "eval/perplexity");
+    assert_true(isinf(s3->value[1]->simple_value) && s3->value[1]->simple_value > 0); /* e^200 */
+    assert_string_equal(s3->value[2]->tag, "eval/tokens");
+    assert_string_equal(s3->value[3]->tag, "eval/elapsed_s");
+    for (int i = 0; i < n; i++) tensorboard__event__free_unpacked(ev[i], NULL);
+    t_rmtree(dir);
+}
+
 static void test_bad_dir(void **state)
 {
     (void)state;
@@ -180,6 +233,7 @@ int main(void)
         cmocka_unit_test(test_frame),
 #ifdef FT_HAVE_TFEVENTS
         cmocka_unit_test(test_file),
+        cmocka_unit_test(test_metrics_events),
         cmocka_unit_test(test_bad_dir),
 #else
         cmocka_unit_test(test_unavailable),
