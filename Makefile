@@ -46,6 +46,21 @@ NUMA         ?= $(if $(and $(NUMA_A),$(wildcard /usr/include/numa.h)),1,0)
 ZLIB_A       ?= $(firstword $(wildcard $(shell $(CC) -print-file-name=libz.a 2>/dev/null) /usr/lib/x86_64-linux-gnu/libz.a /usr/lib64/libz.a))
 ZLIB_LIBS    ?= $(or $(ZLIB_A),-lz)
 
+# protobuf-c (src/formats/tfevents.c, `ftune train --tensorboard`): the messages of
+# src/formats/tb_event.proto are compiled by protoc-c into $(BUILD)/gen at build time and
+# libprotobuf-c.a is linked statically, as libnuma is (the lent GPU machine has no
+# libprotobuf-c.so). Debian: libprotobuf-c-dev protobuf-c-compiler. Without them (or with
+# TFEVENTS=0) --tensorboard is an error naming them.
+PROTOC_C     ?= $(shell command -v protoc-c 2>/dev/null)
+PROTOBUF_C_A ?= $(firstword $(wildcard $(shell $(CC) -print-file-name=libprotobuf-c.a 2>/dev/null) /usr/lib/x86_64-linux-gnu/libprotobuf-c.a /usr/lib64/libprotobuf-c.a))
+TFEVENTS     ?= $(if $(and $(PROTOC_C),$(PROTOBUF_C_A),$(wildcard /usr/include/protobuf-c/protobuf-c.h)),1,0)
+ifeq ($(TFEVENTS),1)
+TB_GEN  := $(BUILD)/gen/src/formats/tb_event.pb-c.c
+TB_OBJ  := $(TB_GEN:.c=.o)
+TB_LIBS := $(PROTOBUF_C_A)
+CFLAGS  += -DFT_HAVE_TFEVENTS -I$(BUILD)/gen
+endif
+
 have = $(if $(1),yes,NO)
 # CUDA backend (kernels/cuda/*.cu): built whenever nvcc is found, unless CUDA=0. The
 # sanitizer build leaves it out (ASan's shadow memory and the CUDA driver do not mix).
@@ -63,7 +78,7 @@ CUDA_LIBS  := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart_static -ldl -l
 CFLAGS     += -DFT_HAVE_CUDA
 endif
 
-$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) utf8proc=$(call have,$(UTF8PROC_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) libnuma=$(NUMA) zlib=$(if $(ZLIB_A),static,-lz) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
+$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) utf8proc=$(call have,$(UTF8PROC_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) libnuma=$(NUMA) zlib=$(if $(ZLIB_A),static,-lz) protobuf-c=$(if $(filter 1,$(TFEVENTS)),static,NO) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
 
 # liburing (offload/uring.c, the NVMe reader): used when found; without it the reader falls
 # back to pread and says so. URING_LIBS can name the static archive for the GPU bundle.
@@ -78,7 +93,7 @@ NUMA_LIBS  ?= $(NUMA_A)
 endif
 
 CFLAGS += $(BLAS_CFLAGS) $(CJSON_CFLAGS)
-LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(UTF8PROC_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(ZLIB_LIBS) $(CUDA_LIBS) -lm -lpthread
+LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(UTF8PROC_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(ZLIB_LIBS) $(TB_LIBS) $(CUDA_LIBS) -lm -lpthread
 
 LIB_SRC := $(wildcard src/*/*.c kernels/*.c kernels/cpu/*.c offload/*.c adapters/*.c adapters/*/*.c)
 CU_SRC  := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu) $(CU_EXTRA))
@@ -108,7 +123,17 @@ $(BUILD)/%.o: %.cu $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/kerne
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -I. -MMD -MP -c $< -o $@
 
-$(BUILD)/libftune.a: $(LIB_OBJ) $(CU_OBJ)
+ifeq ($(TFEVENTS),1)
+$(TB_GEN): src/formats/tb_event.proto
+	@mkdir -p $(BUILD)/gen
+	$(PROTOC_C) --c_out=$(BUILD)/gen --proto_path=. $<
+$(TB_GEN:.c=.h): $(TB_GEN)
+$(BUILD)/src/formats/tfevents.o: $(TB_GEN:.c=.h)
+$(TB_OBJ): $(TB_GEN)
+	$(CC) $(CFLAGS) -c $< -o $@
+endif
+
+$(BUILD)/libftune.a: $(LIB_OBJ) $(CU_OBJ) $(TB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 

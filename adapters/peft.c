@@ -6,9 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/formats/gguf.h"
 #include "src/formats/hub_cache.h"
 #include "src/numeric/quant.h"
 #include "src/formats/safetensors.h"
@@ -17,6 +19,114 @@ void ft_peft_key(char *out, size_t n, int64_t layer, int p, char which)
 {
     snprintf(out, n, "base_model.model.model.layers.%lld.%s.%s.lora_%c.weight", (long long)layer,
              ft_proj_parent[p], ft_proj_name[p], which);
+}
+
+/* The shortest decimal that reads back as the same float32, as a double: a float the user
+ * gave (--lora-dropout 0.05, stored as the float32 0.05f) is written as they wrote it,
+ * "0.05", not as that float's exact value 0.05000000074505806. Any decimal of up to 6
+ * significant digits reads back from float32 as itself, so this is the number typed. */
+double ft_peft_float_repr(float v)
+{
+    if (!isfinite(v)) return v;
+    char buf[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)v);
+        if (strtof(buf, NULL) == v) return strtod(buf, NULL);
+    }
+    return v;
+}
+
+/* "org/name" of a Hugging Face URL "https://huggingface.co/org/name[/]" (or hf.co) into
+ * out, and 1; 0 for another shape. */
+static int hf_url_id(const char *url, char *out, size_t n)
+{
+    static const char *const pre[4] = {"https://huggingface.co/", "http://huggingface.co/",
+                                       "https://hf.co/", "http://hf.co/"};
+    for (int i = 0; i < 4; i++) {
+        size_t l = strlen(pre[i]);
+        if (strncmp(url, pre[i], l)) continue;
+        char id[256];
+        size_t k = strlen(url + l);
+        if (k == 0 || k >= sizeof id) return 0;
+        memcpy(id, url + l, k + 1);
+        if (id[k - 1] == '/') id[k - 1] = 0;
+        if (!ft_peft_is_repo_id(id)) return 0;
+        snprintf(out, n, "%s", id);
+        return 1;
+    }
+    return 0;
+}
+
+int ft_peft_is_repo_id(const char *s)
+{
+    /* huggingface_hub's validate_repo_id: [A-Za-z0-9._-] parts, no "--" or "..", not
+     * starting or ending with '-' or '.', at most 96 characters; one '/' here (org/name) */
+    size_t n = strlen(s);
+    const char *slash = strchr(s, '/');
+    if (!slash || strchr(slash + 1, '/') || n > 96 || strstr(s, "--") || strstr(s, "..")) return 0;
+    for (const char *p = s; *p; p++) {
+        int ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                 *p == '.' || *p == '_' || *p == '-' || p == slash;
+        if (!ok) return 0;
+        int edge = p == s || p == slash - 1 || p == slash + 1 || p[1] == 0;
+        if (edge && (*p == '.' || *p == '-' || *p == '/')) return 0;
+    }
+    return 1;
+}
+
+/* The GGUF keys that name the Hugging Face repository a GGUF file was made from, in the
+ * order they are tried: the id key of earlier gguf-py versions (and its misspelling, which
+ * gguf-py wrote at first), the source repository URL that current gguf-py writes
+ * (Keys.General.SOURCE_REPO_URL, REPO_URL), then the first base model's URL, which
+ * llama.cpp's convert takes from the model card's base_model (the model this one was made
+ * from: the same weights only when the GGUF is a conversion of that repository, so it is
+ * the last resort and said so). */
+static const char *const k_gguf_repo_keys[] = {
+    "general.source.huggingface.repository", "general.source.hugginface.repository",
+    "general.source.repo_url", "general.repo_url", "general.base_model.0.repo_url"};
+
+int ft_peft_base_name(const char *model, const char *base_model_id, char *out, size_t n,
+                      const char **source)
+{
+    *source = NULL;
+    if (base_model_id) {
+        char id[256], rev[128];
+        if (!ft_peft_is_repo_id(base_model_id) &&
+            !ft_hub_split_rev(base_model_id, id, sizeof id, rev, sizeof rev))
+            return ft_err(FT_E_INVALID, "base model id '%s' is not a Hugging Face repository id (org/name, or org/name@REVISION)",
+                          base_model_id);
+        snprintf(out, n, "%s", base_model_id);
+        *source = "--base-model-id";
+        return 0;
+    }
+    /* a model from the Hugging Face cache is named by its id, so PEFT and vLLM find it */
+    if (ft_hub_repo_id(model, out, n)) {
+        /* reached by another branch, a tag or a commit than main: "org/name@<commit>",
+         * written as PEFT's revision */
+        char commit[128];
+        size_t bl = strlen(out);
+        if (ft_hub_pinned_commit(model, commit, sizeof commit))
+            snprintf(out + bl, n - bl, "@%s", commit);
+        *source = "the Hugging Face cache";
+        return 0;
+    }
+    snprintf(out, n, "%s", model);
+    size_t ml = strlen(model);
+    if (ml < 5 || strcasecmp(model + ml - 5, ".gguf") || !ft_path_exists(model)) return 0;
+    ft_gguf *g;
+    if (ft_gguf_open(&g, model) < 0) { /* the loader reports it */
+        ft_err_clear();
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof k_gguf_repo_keys / sizeof *k_gguf_repo_keys && !*source; i++) {
+        const ft_gguf_kv *kv = ft_gguf_find_kv(g, k_gguf_repo_keys[i]);
+        if (!kv || kv->type != FT_GGUF_STRING || !kv->str) continue;
+        if (i < 2 ? ft_peft_is_repo_id(kv->str) && snprintf(out, n, "%s", kv->str) >= 0
+                  : hf_url_id(kv->str, out, n))
+            *source = k_gguf_repo_keys[i];
+    }
+    ft_gguf_close(g);
+    return 0;
 }
 
 static int write_config(const char *path, const ft_lora *l, const char *base_name)
@@ -34,8 +144,8 @@ static int write_config(const char *path, const ft_lora *l, const char *base_nam
     cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     cJSON_AddNullToObject(o, "layers_pattern");
     cJSON_AddNullToObject(o, "layers_to_transform");
-    cJSON_AddNumberToObject(o, "lora_alpha", l->cfg.alpha);
-    cJSON_AddNumberToObject(o, "lora_dropout", l->cfg.dropout);
+    cJSON_AddNumberToObject(o, "lora_alpha", ft_peft_float_repr(l->cfg.alpha));
+    cJSON_AddNumberToObject(o, "lora_dropout", ft_peft_float_repr(l->cfg.dropout));
     cJSON_AddNullToObject(o, "modules_to_save");
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", (double)l->cfg.r);

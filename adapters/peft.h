@@ -21,6 +21,31 @@ int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *bas
  * is, B where its B is), e.g. the frozen correction of a quantized base (adapters/qcorr.h). */
 int ft_peft_save_values(const char *dir, const ft_lora *l, const float *values, const char *base_name);
 
+/* The base_model_name_or_path of an adapter trained on `model` (the --model path, after
+ * the Hugging Face cache resolved an id) into out (n bytes), and in *source what it came
+ * from (a static string for messages; NULL: the path itself):
+ *   base_model_id when given (checked: "org/name" or "org/name@REV" as huggingface_hub's
+ *     repo ids, else FT_E_INVALID), "--base-model-id";
+ *   the id of a cache snapshot path (hub_cache.h ft_hub_repo_id, "org/name@<commit>" when
+ *     not main's), "the Hugging Face cache";
+ *   for a .gguf file, the repository its metadata names, the key as the source: an id in
+ *     general.source.huggingface.repository, or a https://huggingface.co/org/name URL in
+ *     general.source.repo_url, general.repo_url or (last: the model the converted one was
+ *     made from, per llama.cpp's convert) general.base_model.0.repo_url;
+ *   else model as given.
+ * Returns 0 or FT_E_INVALID. A GGUF that does not open is left to the loader to report. */
+int ft_peft_base_name(const char *model, const char *base_model_id, char *out, size_t n,
+                      const char **source);
+
+/* 1 if s is a Hugging Face repository id "org/name" (huggingface_hub's validate_repo_id
+ * rules with one '/'), else 0. */
+int ft_peft_is_repo_id(const char *s);
+
+/* The shortest decimal that reads back as v (float32), as a double: what adapter_config.json
+ * writes for lora_alpha and lora_dropout, so 0.05f is written 0.05 (the number the user gave,
+ * which any decimal of up to 6 significant digits is), not 0.05000000074505806. */
+double ft_peft_float_repr(float v);
+
 /* Reads DIR/adapter_config.json into cfg (r, lora_alpha, lora_dropout, use_rslora,
  * target_modules). Rejects what ftune cannot apply (use_dora, bias != "none",
  * fan_in_fan_out, unknown target modules) with FT_E_UNSUPPORTED naming the file and key. */

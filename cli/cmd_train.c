@@ -19,6 +19,7 @@
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/formats/tfevents.h"
 #include "src/train/checkpoint.h"
 #include "src/train/dpo.h"
 #include "src/train/schedule.h"
@@ -213,11 +214,13 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     int64_t threads = 0;
     const char *device = NULL;
     const char *resume = NULL;
+    const char *tensorboard = NULL;
     ft_str_list data = {0};
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &c.model, "model folder (config.json + safetensors) or .gguf file", 0, "PATH"},
         {"data", FT_OPT_LIST, &data, "training data: JSON array or JSONL, gzip-compressed or not; - reads standard input, a pipe such as <(cmd) is read to its end; repeat it to train on several files (each with its own schema, --data-format auto), their examples joined in the order given, then shuffled and split as one; in --config a file or a list of files", 0, "FILE"},
         {"out", FT_OPT_STR, &c.out, "output folder for the PEFT adapter, metrics.jsonl, summary.json (default ftune-out)", 0, "DIR"},
+        {"base-model-id", FT_OPT_STR, &c.base_model_id, "the base model's Hugging Face id (org/name[@REVISION]) for the adapter's base_model_name_or_path and model card, so AutoPeftModelForCausalLM and vLLM load the base by it (default: the id of a model from the Hugging Face cache, or the repository a GGUF's metadata names, else the --model path)", 0, "ID"},
         {"init-adapter", FT_OPT_STR, &c.init_adapter, "start from this PEFT LoRA adapter folder", 0, "DIR"},
         {"seq-len", FT_OPT_INT, &c.seq_len, "tokens per packed row (default min(2048, model max))"},
         {"batch-size", FT_OPT_INT, &c.batch_size, "rows per micro-batch: a budget of N x seq-len tokens (default 1); with --method dpo N full-length pairs, 2 x N x seq-len tokens"},
@@ -270,13 +273,14 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"cache-dir", FT_OPT_STR, &c.cache_dir, "where pack files are kept (--quant nf4, or a streamed bf16 base), reused while the model is unchanged (default $XDG_CACHE_HOME/ftune/packs or ~/.cache/ftune/packs)", 0, "DIR"},
         {"gpu-mem", FT_OPT_FN, &c.gpu_mem, "GPU memory the run may use, e.g. 24G (default: all that is free); the run is refused up front, naming the smallest budget that works, if it cannot fit", ft_opt_bytes, "SIZE"},
         {"host-mem", FT_OPT_FN, &c.host_mem, "host memory for the offload tiers (pinned pool of base layers and staging), e.g. 48G (default: available memory less 4 GiB); layers beyond it are read from the pack file (NVMe, io_uring) at each visit", ft_opt_bytes, "SIZE"},
+        {"tensorboard", FT_OPT_STR, &tensorboard, "also write the metrics as TensorBoard event files into DIR (default OUT/tb), flushed at every log line: tensorboard --logdir DIR", 0, "[DIR]"},
         {"timeline", FT_OPT_STR, &c.timeline, "draw the second step's timeline (compute, H2D copies, disk reads per layer) into this SVG file", 0, "FILE"},
         {"profile", FT_OPT_FLAG, &c.profile, "time every GPU op after the first step and print the per-op table at the end"},
         {"log-every", FT_OPT_INT, &log_every, "plain-output log line every N steps"},
         {"quiet", FT_OPT_FLAG, &quiet, "print only errors"},
         {NULL},
     };
-    /* a bare --resume takes no value: make it --resume= for the table parser */
+    /* a bare --resume or --tensorboard takes no value: make it --resume= for the table parser */
     char **av = malloc((size_t)(argc + 1) * sizeof *av);
     if (!av) {
         fprintf(stderr, "ftune: out of memory\n");
@@ -284,7 +288,9 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     }
     for (int i = 0; i < argc; i++)
         av[i] = !strcmp(argv[i], "--resume") && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))
-                    ? "--resume=" : argv[i];
+                    ? "--resume="
+                : !strcmp(argv[i], "--tensorboard") && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))
+                    ? "--tensorboard=" : argv[i];
     av[argc] = NULL;
     char err[1024];
     int rc = ft_args_parse(opts, argc, av, err, sizeof err);
@@ -359,6 +365,15 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         resume = latest;
     }
     c.resume = resume;
+    char tb_dir[4200];
+    if (tensorboard && !ft_tfevents_available()) {
+        fprintf(stderr, "ftune: --tensorboard: this ftune was built without protobuf-c (Debian: libprotobuf-c-dev protobuf-c-compiler; install them and rebuild)\n");
+        ft_str_list_free(&data);
+        return 2;
+    }
+    if (tensorboard && !*tensorboard && ft_path_join(tb_dir, sizeof tb_dir, c.out, "tb") == 0)
+        tensorboard = tb_dir;
+    c.tensorboard = tensorboard;
     /* test hook (fault injection): checkpoint writes fail with ENOSPC after N bytes */
     const char *fail = getenv("FTUNE_FAIL_WRITE_AFTER");
     if (fail && *fail) ft_ckpt_fail_writes_after(strtoll(fail, NULL, 10));

@@ -15,5 +15,6 @@ int ft_cmd_init_model(int argc, char **argv); /* ftune init-model --config FILE 
 int ft_cmd_plan(int argc, char **argv);     /* ftune plan --model M [train options]: the offload plan */
 int ft_cmd_train_ex(int argc, char **argv, int plan_only); /* train, or with plan_only = 1 plan */
 int ft_cmd_bench(int argc, char **argv);    /* ftune bench io|step ...: I/O rates, one-step timeline */
+int ft_cmd_report(int argc, char **argv);   /* ftune report DIR [DIR ...] [--out FILE]: HTML report */
 
 #endif

@@ -25,6 +25,7 @@ static void usage(FILE *f)
         "       ftune init-model --config config.json --out DIR [--pack]   random weights (benchmarks)\n"
         "       ftune plan --model M --data FILE [train options]           where weights and checkpoints go\n"
         "       ftune bench io --path FILE | bench step --model M ...     disk/PCIe rates, step timeline\n"
+        "       ftune report DIR [DIR ...] [--out FILE]                    HTML report of runs (charts)\n"
         "       ftune --version | --help\n\n"
         "`ftune train --help` lists the training options; `ftune COMMAND --help` each command's.\n", FTUNE_VERSION);
 }
@@ -56,6 +57,7 @@ int main(int argc, char **argv)
     if (!strcmp(c, "init-model")) return ft_cmd_init_model(argc - 1, argv + 1);
     if (!strcmp(c, "plan")) return ft_cmd_plan(argc - 1, argv + 1);
     if (!strcmp(c, "bench")) return ft_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(c, "report")) return ft_cmd_report(argc - 1, argv + 1);
     if (c[0] == '-') return ft_cmd_train(argc, argv); /* flags only: train */
     fprintf(stderr, "ftune: unknown command '%s' (try ftune --help)\n", c);
     return 2;

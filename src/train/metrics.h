@@ -1,14 +1,20 @@
 /* metrics.h - machine-readable run output: metrics JSONL (one object per line, flushed
- * as written) and the final summary JSON (written atomically). */
+ * as written) and the final summary JSON (written atomically); with ft_metrics_tensorboard
+ * also TensorBoard event files of the same numbers (src/formats/tfevents.h). */
 #ifndef FT_METRICS_H
 #define FT_METRICS_H
 
 #include <stdint.h>
 #include <stdio.h>
 
+#include "src/formats/tfevents.h"
 #include "src/train/dpo.h"
 
-typedef struct ft_metrics { FILE *f; char path[4096]; } ft_metrics;
+typedef struct ft_metrics {
+    FILE *f;
+    char path[4096];
+    ft_tfevents *tb; /* the event file of ft_metrics_tensorboard, or NULL */
+} ft_metrics;
 
 /* Creates/truncates path. Returns 0 or -errno (message names the path). */
 int ft_metrics_open(ft_metrics *m, const char *path);
@@ -20,7 +26,21 @@ int ft_metrics_open(ft_metrics *m, const char *path);
  * (the trainer evaluates mid-run before a checkpoint, but the final eval after the last
  * one). Returns 0 or -errno. */
 int ft_metrics_open_resume(ft_metrics *m, const char *path, int64_t step, int keep_eval_at_step);
-void ft_metrics_close(ft_metrics *m);
+void ft_metrics_close(ft_metrics *m); /* the event file too */
+
+/* After ft_metrics_open or ft_metrics_open_resume: every line written from now on also goes
+ * to a new TensorBoard event file in dir (created; dir NULL: nothing to do), one Event per
+ * line at the line's step, flushed with the line. Scalars: every number of the line under
+ * "train/<key>" (a step line: train/loss, train/lr, train/grad_norm, train/tokens,
+ * train/tokens_per_s, train/elapsed_s, train/bad_steps, the DPO train/rewards/... and
+ * train/logps/... means, train/pairs) or "eval/<key less eval_>" (an eval line: eval/loss,
+ * eval/tokens, eval/elapsed_s, eval/rewards/...), plus eval/perplexity = exp(eval_loss); a
+ * null (non-finite) number is NaN. Each value is the float32 nearest the number as written
+ * to metrics.jsonl. The file starts with TensorBoard's session-start marker at step 0
+ * (tfevents.h: earlier event files in dir are superseded), then, for a resumed run, the
+ * lines kept in metrics.jsonl; so the event files say what metrics.jsonl says. Returns 0,
+ * FT_E_UNSUPPORTED (built without protobuf-c) or -errno, naming the file. */
+int ft_metrics_tensorboard(ft_metrics *m, const char *dir);
 
 /* One training step: {"step","loss","lr","grad_norm","tokens","tokens_per_s","elapsed_s",
  * "bad_steps"} and "skipped": true for a step skipped for a non-finite loss or gradient

@@ -29,6 +29,7 @@
 #include "src/train/dpo_refcache.h"
 #include "src/train/dpo_run.h"
 #include "src/train/metrics.h"
+#include "src/train/report.h"
 #include "src/train/schedule.h"
 
 void ft_train_defaults(ft_train_cfg *c)
@@ -1028,17 +1029,12 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     double t0 = now_s();
     FT_TRY(check_finite_cfg(c));
     if (!c->model) return ft_err(FT_E_INVALID, "missing --model");
-    /* a model from the Hugging Face cache is named by its id, so PEFT and vLLM find the base */
-    if (!ft_hub_repo_id(c->model, r->base_name, sizeof r->base_name)) {
-        snprintf(r->base_name, sizeof r->base_name, "%s", c->model);
-    } else {
-        /* reached by another branch, a tag or a commit than main: "org/name@<commit>",
-         * written as PEFT's revision (adapters/peft.h) */
-        char commit[128];
-        size_t bl = strlen(r->base_name);
-        if (ft_hub_pinned_commit(c->model, commit, sizeof commit))
-            snprintf(r->base_name + bl, sizeof r->base_name - bl, "@%s", commit);
-    }
+    /* the base's Hugging Face id when known, so PEFT and vLLM find it (adapters/peft.h) */
+    const char *base_src;
+    FT_TRY(ft_peft_base_name(c->model, c->base_model_id, r->base_name, sizeof r->base_name, &base_src));
+    if (base_src && strncmp(base_src, "general.", 8) == 0)
+        info(cb, user, FT_EV_INFO, "base model id %s, from the GGUF's %s (adapter_config.json's base_model_name_or_path; --base-model-id ID names another)",
+             r->base_name, base_src);
     if (!c->data || c->n_data < 1) return ft_err(FT_E_INVALID, "missing --data");
     /* the weights are read once the base's quantization is known: a QLoRA base comes from the
      * pack, built by streaming the safetensors, so the fp32 model is never in host memory */
@@ -1274,6 +1270,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
                  c->out, n_old, FT_CKPT_PREFIX, (long long)latest);
         FT_TRY(ft_metrics_open(&r->met, path));
     }
+    FT_TRY(ft_metrics_tensorboard(&r->met, c->tensorboard));
 
     double eval_loss = NAN;
     int64_t eval_tok = 0;
@@ -1559,6 +1556,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         info(cb, user, FT_EV_INFO, "best eval loss %.4f at step %lld%s%s", st.best_eval_loss,
              (long long)st.best_eval_step, c->save_best ? ": adapter in " : "",
              c->save_best ? best_dir : "");
+    if (ft_report_write(c->out, path, sizeof path) < 0 || ft_report_model_card(c->out) < 0) info(cb, user, FT_EV_WARN, "report: %s", ft_errmsg());
     info(cb, user, FT_EV_DONE, "adapter written to %s%s", c->out,
          early ? " (the last step's; early stopped)" : "");
     return 0;

@@ -63,6 +63,9 @@ typedef struct ft_train_cfg {
                                  * NULL: eval_fraction of data is split off */
     const char *out;            /* output folder */
     const char *init_adapter;   /* PEFT folder to start from, or NULL */
+    const char *base_model_id;  /* the base's Hugging Face id for adapter_config.json's
+                                 * base_model_name_or_path, or NULL: inferred
+                                 * (ft_peft_base_name) */
     int64_t seq_len;            /* 0: min(2048, max_position_embeddings) */
     int64_t batch_size;         /* rows per micro-batch */
     int64_t grad_accum;         /* micro-batches per optimizer step; 0: the offload planner
@@ -98,6 +101,8 @@ typedef struct ft_train_cfg {
     int64_t host_mem;           /* bytes of host memory for the offload tiers' pinned pool and
                                  * staging (0: available memory less 4 GiB); layers beyond it
                                  * are read from the pack file on NVMe at each visit */
+    const char *tensorboard;    /* if set: the metrics also go to TensorBoard event files in
+                                 * this folder (ft_metrics_tensorboard) */
     const char *timeline;       /* if set: the second step's timeline (compute, copies, disk
                                  * reads per layer) is drawn into this SVG file */
     int plan_only;              /* 1: load, measure and print the plan, then return (ftune plan) */
