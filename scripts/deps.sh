@@ -13,7 +13,7 @@ if [ ${#need_deb[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_deb[@]}" >/dev/null
 fi
 need_py=()
-for m in numpy:numpy safetensors:safetensors gguf:gguf tokenizers:tokenizers transformers:transformers pytest:pytest; do
+for m in numpy:numpy safetensors:safetensors gguf:gguf tokenizers:tokenizers transformers:transformers pytest:pytest jsonschema:jsonschema; do
     python3 -c "import ${m%%:*}" 2>/dev/null || need_py+=("${m#*:}")
 done
 if [ ${#need_py[@]} -gt 0 ]; then
