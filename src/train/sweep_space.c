@@ -490,6 +490,8 @@ int ft_sweep_space_expand(const ft_sweep_space *s, int64_t max_trials, ft_sweep_
     }
     int64_t draws = total / grid_n; /* 1 without random dimensions */
     int nk = s->n_dims;
+    if (total > INT64_MAX / (int64_t)sizeof(ft_sweep_val) / (nk + 1))
+        return ft_err(-ENOMEM, "search space of %lld trials: too large to hold", (long long)total);
     out->n = total;
     out->n_keys = nk;
     out->keys = malloc((size_t)nk * sizeof *out->keys);

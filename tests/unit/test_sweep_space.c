@@ -511,6 +511,58 @@ static void test_names(void **state)
     ft_sweep_space_free(&s);
 }
 
+/* Damaged copies of a good --config file and of --grid flags are parsed without a crash
+ * (the sanitizer build checks the memory): accepted, or refused with one line naming the
+ * file or the flag, the space as before. */
+static void test_damaged_input(void **state)
+{
+    static const char SET[] = " \"{}[],:0123456789.-eEnulltruefasx_", GRID_SET[] = "=,+_-.0123456789eqkvoallinear";
+    size_t n = strlen(EXAMPLE);
+    char buf[1024];
+    ft_rng r;
+    ft_rng_seed(&r, 9);
+    int refused = 0;
+    for (int i = 0; i < 3000; i++) {
+        memcpy(buf, EXAMPLE, n + 1);
+        size_t len = n;
+        for (int m = 0; m < 1 + (int)(ft_rng_next(&r) % 3) && len; m++) {
+            size_t at = (size_t)(ft_rng_next(&r) % len);
+            if (ft_rng_next(&r) % 2) buf[at] = SET[ft_rng_next(&r) % (sizeof SET - 1)];
+            else memmove(buf + at, buf + at + 1, len-- - at);
+        }
+        ft_sweep_space s;
+        ft_sweep_space_init(&s);
+        ft_err_clear();
+        int rc = ft_sweep_space_parse(&s, buf, len, "sweep.json");
+        if (rc) {
+            refused++;
+            assert_int_equal(rc, FT_E_INVALID);
+            assert_memory_equal(ft_errmsg(), "sweep.json: ", 12);
+            assert_int_equal(s.n_dims, 0);
+        } else {
+            ft_sweep_trials t;
+            rc = ft_sweep_space_expand(&s, 1000, &t);
+            if (!rc) ft_sweep_trials_free(&t);
+        }
+        ft_sweep_space_free(&s);
+    }
+    assert_true(refused > 1500);
+    const char *grid = "lora_target=q_proj+v_proj,all-linear";
+    for (int i = 0; i < 2000; i++) {
+        snprintf(buf, sizeof buf, "%s", grid);
+        size_t len = strlen(buf), at = (size_t)(ft_rng_next(&r) % len);
+        buf[at] = GRID_SET[ft_rng_next(&r) % (sizeof GRID_SET - 1)];
+        ft_sweep_space s;
+        ft_sweep_space_init(&s);
+        ft_err_clear();
+        if (ft_sweep_space_add_grid(&s, buf)) {
+            assert_memory_equal(ft_errmsg(), "--grid ", 7);
+            assert_int_equal(s.n_dims, 0);
+        }
+        ft_sweep_space_free(&s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -524,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_grid_crossed_with_draws),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_damaged_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

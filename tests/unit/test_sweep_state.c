@@ -12,6 +12,7 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/rng.h"
 #include "src/train/sweep_state.h"
 
 /* A sweep's whole state. */
@@ -529,6 +530,54 @@ static void test_bad_content(void **state)
     sweep_free(&w);
 }
 
+/* Damaged copies of a good file (bytes replaced, removed or repeated) are read without a
+ * crash (the sanitizer build checks the memory), each either accepted or refused with one
+ * line naming the file. */
+static void test_damaged_bytes(void **state)
+{
+    sweep w;
+    example_a(&w, A_SPLIT);
+    char *good;
+    assert_int_equal(ft_sweep_json_format(&w.t, &w.s, w.r, &good), 0);
+    size_t n = strlen(good);
+    char *buf = malloc(2 * n + 1);
+    assert_non_null(buf);
+    static const char SET[] = " \"{}[],:0123456789.-eEnulltruefasx\\";
+    ft_rng r;
+    ft_rng_seed(&r, 32);
+    int refused = 0;
+    for (int i = 0; i < 3000; i++) {
+        memcpy(buf, good, n + 1);
+        size_t len = n;
+        for (int m = 0; m < 1 + (int)(ft_rng_next(&r) % 3); m++) {
+            size_t at = (size_t)(ft_rng_next(&r) % len), k = 1 + (size_t)(ft_rng_next(&r) % 8);
+            if (at + k > len) k = len - at;
+            switch (ft_rng_next(&r) % 3) {
+            case 0: buf[at] = SET[ft_rng_next(&r) % (sizeof SET - 1)]; break;
+            case 1: memmove(buf + at, buf + at + k, len - at - k + 1); len -= k; break;
+            default:
+                if (len + k <= 2 * n) {
+                    memmove(buf + at + k, buf + at, len - at + 1);
+                    len += k;
+                }
+            }
+            if (!len) break;
+        }
+        ft_err_clear();
+        int rc = ft_sweep_json_parse(buf, len, "sweep.json", &w.t, &w.s, w.r);
+        if (rc) {
+            refused++;
+            assert_true(rc == FT_E_INVALID || rc == FT_E_UNSUPPORTED);
+            assert_memory_equal(ft_errmsg(), "sweep.json: ", 12);
+            assert_null(strchr(ft_errmsg(), '\n'));
+        }
+    }
+    assert_true(refused > 2000);
+    free(buf);
+    free(good);
+    sweep_free(&w);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--write-examples")) {
@@ -542,6 +591,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_text),
         cmocka_unit_test(test_resume_decides_the_same),
         cmocka_unit_test(test_bad_content),
+        cmocka_unit_test(test_damaged_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
