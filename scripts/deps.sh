@@ -21,7 +21,7 @@ if ! command -v chromium >/dev/null 2>&1 && ! dpkg -s chromium >/dev/null 2>&1; 
         echo "[deps] chromium could not be installed; the report screenshot test will skip"
 fi
 need_py=()
-for m in numpy:numpy safetensors:safetensors gguf:gguf tokenizers:tokenizers transformers:transformers pytest:pytest tensorboard:tensorboard PIL:pillow; do
+for m in numpy:numpy safetensors:safetensors gguf:gguf tokenizers:tokenizers transformers:transformers pytest:pytest tensorboard:tensorboard PIL:pillow jsonschema:jsonschema; do
     python3 -c "import ${m%%:*}" 2>/dev/null || need_py+=("${m#*:}")
 done
 if [ ${#need_py[@]} -gt 0 ]; then
