@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "adapters/peft.h"
+#include "offload/pack_model.h"
 #include "offload/place.h"
 #include "src/core/err.h"
 #include "src/formats/hub_cache.h"
@@ -70,7 +71,7 @@ static int qcorr_home(const char *adapter_dir, char *out, size_t n)
 /* Hands the session's deferred base to its pack of quantization `quant` (enum ft_pack_quant),
  * found or built under cache_dir (NULL: the default; offload/pack.h ft_pack_ensure_loaded, as
  * `ftune train` does); says so on stderr when it was built. On an error the model is as it
- * was (ft_model_use_pack checks the pack before it drops anything). */
+ * was (ft_pack_model_use checks the pack before it drops anything). */
 void ft_session_pack_wait_note(const char *path, long pid, void *user)
 {
     char line[4400];
@@ -87,7 +88,7 @@ static int base_to_pack(ft_session *s, int quant, const char *cache_dir)
     if (!pi) return ft_err(-ENOMEM, "out of memory");
     int rc = ft_pack_ensure_loaded(s->model->path, s->model, cache_dir, &ps, 0, pi, ft_session_pack_wait_note, NULL);
     if (!rc && pi->action != FT_PACK_REUSED) fprintf(stderr, "ftune: pack: built %s\n", pi->path);
-    if (!rc) rc = ft_model_use_pack(s->model, pi->path);
+    if (!rc) rc = ft_pack_model_use(s->model, pi->path);
     free(pi);
     return rc;
 }
@@ -97,7 +98,7 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
 {
     memset(s, 0, sizeof *s);
     if (qcorr) *qcorr = 0;
-    FT_TRY(ft_model_load_deferred(&s->model, model));
+    FT_TRY(ft_pack_model_load_deferred(&s->model, model));
     FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
     if (!s->model->pack_only[0]) {
         FT_TRY(base_to_pack(s, FT_PACK_QUANT_NF4, cache_dir));
@@ -127,7 +128,7 @@ static int open_bf16(ft_session *s, const char *model, const char *adapter_dir, 
                      int threads, const char *cache_dir)
 {
     memset(s, 0, sizeof *s);
-    FT_TRY(ft_model_load_deferred(&s->model, model));
+    FT_TRY(ft_pack_model_load_deferred(&s->model, model));
     FT_TRY(ft_backend_init(&s->be, ft_session_device(device), threads));
     if (s->be->ops->host_memory || s->model->pack_only[0]) FT_TRY(ft_model_load_weights(s->model));
     else s->bf16_deferred = 1;

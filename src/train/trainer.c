@@ -15,6 +15,7 @@
 #include "kernels/kernels.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
+#include "offload/pack_model.h"
 #include "offload/place.h"
 #include "offload/prefetch.h"
 #include "offload/timeline.h"
@@ -1042,7 +1043,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     if (!c->data || c->n_data < 1) return ft_err(FT_E_INVALID, "missing --data");
     /* the weights are read once the base's quantization is known: a QLoRA base comes from the
      * pack, built by streaming the safetensors, so the fp32 model is never in host memory */
-    FT_TRY(ft_model_load_deferred(&r->model, c->model));
+    FT_TRY(ft_pack_model_load_deferred(&r->model, c->model));
     const ft_model_config *mc = &r->model->cfg;
     FT_TRY(ft_model_tokenizer(r->model, &r->tok));
     info(cb, user, FT_EV_INFO, "model %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %.1fM params (loaded in %.1f s)",
@@ -1191,7 +1192,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
     /* from here the base is the pack's: the host copy (a GGUF file's dequantized weights, or
      * those the correction read) is freed, and the executor reads every weight from the pack
      * as for a pack-only folder (offload/tiers.c ft_exec_globals_from_pack) */
-    if (r->pack) FT_TRY(ft_model_use_pack(r->model, ft_pack_path(r->pack)));
+    if (r->pack) FT_TRY(ft_pack_model_use(r->model, ft_pack_path(r->pack)));
     if ((r->pack || r->preview) && !r->be->ops->host_memory) {
         FT_TRY(place_offload(r, c, T, seq_len, &cm->grad_accum, cb, user, res));
         if (c->plan_only) return 0;
