@@ -30,6 +30,7 @@
 #include "src/train/dpo_refcache.h"
 #include "src/train/dpo_run.h"
 #include "src/train/metrics.h"
+#include "src/train/optim.h"
 #include "src/train/schedule.h"
 
 void ft_train_defaults(ft_train_cfg *c)
@@ -120,6 +121,7 @@ typedef struct run {
     ft_pack_file *pack;         /* the NF4 base (--quant nf4), or NULL */
     ft_pack_preview *preview;   /* `ftune plan` of a pack not built yet: its sizes and probe */
     ft_metrics met;
+    ft_optim opt;
     char *cfg_json;             /* the run config stored in checkpoints */
     double *ref_train, *ref_eval; /* DPO: reference nlls by pair (dpo_run.h), 2 per pair */
     double eval_reward_accuracy;  /* DPO: the last evaluation's (NAN before one) */
@@ -131,6 +133,7 @@ typedef struct run {
 static void run_free(run *r)
 {
     ft_metrics_close(&r->met);
+    ft_optim_free(&r->opt);
     if (r->ex_ok) ft_exec_free(&r->ex);
     ft_pack_close(r->pack);
     ft_pack_preview_free(r->preview);
@@ -907,46 +910,6 @@ static int place_offload(run *r, const ft_train_cfg *c, int64_t T, int64_t seq_l
     return rc;
 }
 
-/* One AdamW update of the whole adapter at the scheduled lr, adam step `step` (>= 1).
- * Without LoRA+ (cfg loraplus_lr_ratio 0): one call over the flat array. With it: the
- * parameter groups of PEFT's create_loraplus_optimizer (peft/optimizers/loraplus.py:
- * lora_A -> lr, lora_B -> lr * ratio, both with the same weight_decay coefficient, so
- * decoupled decay on B is lr * ratio * wd, as torch.optim.AdamW applies a group's lr), as
- * one backend adamw call per A and per B slice (A and B of each linear alternate in
- * params, src/model/lora.h; grads, m and v share the layout). adamw is elementwise, so
- * ratio 1 gives the same bits as the single call. Returns 0 or the backend's error;
- * FT_E_INVALID if the slices do not cover params (a layout change not followed here). */
-static int adamw_update(run *r, const ft_train_cfg *c, double lr, int64_t step)
-{
-    ft_backend *be = r->be;
-    const ft_lora *l = &r->lora;
-    const float b1 = (float)c->adam_beta1, b2 = (float)c->adam_beta2, eps = (float)c->adam_eps;
-    const float wd = (float)c->weight_decay;
-    if (!(c->loraplus_lr_ratio > 0))
-        return be->ops->adamw(be, l->params, l->grads, l->m, l->v, l->n_params, (float)lr, b1, b2,
-                              eps, wd, step);
-    const float lr_b = (float)(lr * c->loraplus_lr_ratio);
-    int64_t covered = 0;
-    for (int64_t i = 0; i < l->n_layers; i++) {
-        for (int p = 0; p < FT_N_PROJ; p++) {
-            const ft_lora_linear *ll = &l->lin[i][p];
-            if (!ll->A) continue;
-            const int64_t off[2] = {ll->A - l->params, ll->B - l->params};
-            const int64_t n[2] = {l->cfg.r * ll->in_n, ll->out_n * l->cfg.r};
-            const float lrs[2] = {(float)lr, lr_b};
-            for (int k = 0; k < 2; k++) {
-                FT_TRY(be->ops->adamw(be, l->params + off[k], l->grads + off[k], l->m + off[k],
-                                      l->v + off[k], n[k], lrs[k], b1, b2, eps, wd, step));
-                covered += n[k];
-            }
-        }
-    }
-    if (covered != l->n_params)
-        return ft_err(FT_E_INVALID, "LoRA+: the A/B slices cover %lld of %lld adapter parameters",
-                      (long long)covered, (long long)l->n_params);
-    return 0;
-}
-
 /* Counts a mid-run or final evaluation (eval loss `loss` of the adapter after step `step`)
  * in the order of transformers' Trainer._maybe_log_save_evaluate: first
  * EarlyStoppingCallback.check_metric_value against the best before it (the first counted
@@ -1283,8 +1246,10 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         st.initial_eval_loss = st.last_eval_loss = eval_loss;
     }
 
-    size_t pbytes = (size_t)r->lora.n_params * sizeof(float);
-    const ft_backend_ops *o = r->be->ops;
+    ft_optim_cfg oc = {c->lr, c->schedule, warmup, total, c->min_lr_ratio, c->adam_beta1,
+                       c->adam_beta2, c->adam_eps, c->weight_decay, c->max_grad_norm,
+                       c->loraplus_lr_ratio};
+    FT_TRY(ft_optim_init(&r->opt, &oc, &r->lora));
     const int64_t start = st.step;
     int64_t saved_step = c->resume ? st.step : -1, positions0 = st.positions;
     double base_s = st.elapsed_s; /* run time of earlier sessions */
@@ -1319,7 +1284,7 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
             n_targets += mbs[i].n_targets;
             step_pairs += mbs[i].n_pairs;
         }
-        FT_TRY(o->zero(r->be, r->lora.grads, pbytes));
+        FT_TRY(ft_optim_zero_grad(&r->opt));
         double loss_sum;
         int64_t nv;
         /* dropout masks: a pure function of (seed, step), so a resumed run needs no RNG state */
@@ -1349,14 +1314,13 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
         }
         double loss = dpo ? (ds.st.pairs ? loss_sum / (double)ds.st.pairs : NAN)
                           : nv ? loss_sum / (double)nv : NAN;
-        double sq;
-        FT_TRY(o->sumsq(r->be, &sq, r->lora.grads, r->lora.n_params));
-        double gnorm = sqrt(sq);
-        double lr = ft_schedule_lr(c->schedule, c->lr, step, warmup, total, c->min_lr_ratio);
+        double gnorm;
+        FT_TRY(ft_optim_grad_norm(&r->opt, &gnorm));
+        double lr = ft_optim_lr(&r->opt, step);
         int bad = (nv && !isfinite(loss)) || !isfinite(gnorm);
         if (bad) {
             /* skip: no update, gradients dropped; the schedule position still advances */
-            FT_TRY(o->zero(r->be, r->lora.grads, pbytes));
+            FT_TRY(ft_optim_zero_grad(&r->opt));
             st.bad_steps++;
             st.bad_run++;
             char ls[32], gs[32];
@@ -1367,9 +1331,8 @@ static int train_inner(run *r, const ft_train_cfg *c_in, ft_train_cb cb, void *u
                  (long long)st.bad_steps, (long long)st.bad_run, (long long)c->max_bad_steps);
         } else {
             st.bad_run = 0;
-            if (c->max_grad_norm > 0 && gnorm > c->max_grad_norm)
-                FT_TRY(o->scale(r->be, r->lora.grads, (float)(c->max_grad_norm / (gnorm + 1e-6)), r->lora.n_params));
-            FT_TRY(adamw_update(r, c, lr, st.adam_step + 1));
+            FT_TRY(ft_optim_clip(&r->opt, gnorm));
+            FT_TRY(ft_optim_step(&r->opt, lr, st.adam_step + 1));
             st.adam_step++;
             st.tokens += nv;
             st.last_loss = loss;
