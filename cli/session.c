@@ -110,7 +110,7 @@ int ft_session_open_nf4(ft_session *s, const char *model, const char *adapter_di
         FT_TRY(load_adapter(s, adapter_dir));
         char home[4200];
         if (qcorr_home(adapter_dir, home, sizeof home)) {
-            FT_TRY(ft_correction_load(&s->lora, home));
+            FT_TRY(ft_qcorr_load(&s->lora, home));
             fprintf(stderr, "ftune: the NF4 base with its quantization correction %s/" FT_QCORR_DIR
                     " (the adapter was trained on it)\n", home);
             if (qcorr) *qcorr = 1;

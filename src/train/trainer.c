@@ -749,7 +749,7 @@ static int setup_correction(run *r, const ft_train_cfg *c, int quant, ft_train_c
         return 0;
     }
     if (c->resume) {
-        FT_TRY(ft_correction_load(&r->lora, c->out));
+        FT_TRY(ft_qcorr_load(&r->lora, c->out));
         info(cb, user, FT_EV_INFO, "quant correction: %s, read from %s/" FT_QCORR_DIR,
              ft_qcorr_name(c->quant_correction), c->out);
         return 0;
