@@ -205,10 +205,9 @@ static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapte
     } else {
         if (!rc) rc = ft_session_plan(s, T);
         if (!rc && !ft_dpo_reference_free(c->loss_type)) {
-            ft_lora *policy = s->ex.lora;
-            s->ex.lora = NULL; /* the base model */
+            ft_lora *policy = ft_session_swap_adapter(s, NULL); /* the base model */
             rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
-            s->ex.lora = policy;
+            ft_session_swap_adapter(s, policy);
         }
     }
     if (!rc) rc = ft_dpo_evaluate(&s->ex, b, nb, 0, ref, c, st);
