@@ -1,7 +1,7 @@
 /* cmd_train.c - `ftune [train] --model M --data F [--data F2 ...] [options]`: flags, the
- * signal handling of a run (cli/session.c), the resume hint and exit statuses: 0 done,
- * 1 error, 2 usage, 128 + signo when stopped by SIGINT (130) or SIGTERM (143) after saving
- * a checkpoint. */
+ * signal handling of a run (cli/session.c), the test hooks from the environment, the resume
+ * hint and exit statuses: 0 done, 1 error, 2 usage, 128 + signo when stopped by SIGINT (130)
+ * or SIGTERM (143) after saving a checkpoint. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

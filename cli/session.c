@@ -1,4 +1,5 @@
-/* session.c - the commands' side of the runtime session, paths, training signals (see session.h). */
+/* session.c - the commands' side of the runtime session, paths, training signals (see
+ * session.h). */
 #include "cli/session.h"
 
 #include <stdio.h>

@@ -82,7 +82,8 @@ int ft_pack_model_load_globals(ft_model *m)
     int rc = ft_pack_open(&p, m->pack_only, 0);
     if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_EMBED, 0, V, emb);
     if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_FINAL_NORM, 0, C, fn);
-    if (!rc && !c->tie_word_embeddings) rc = ft_pack_read_global(p, FT_PACK_ROLE_LM_HEAD, 0, V, head);
+    if (!rc && !c->tie_word_embeddings)
+        rc = ft_pack_read_global(p, FT_PACK_ROLE_LM_HEAD, 0, V, head);
     ft_pack_close(p);
     if (rc < 0) {
         free(mem);

@@ -267,7 +267,8 @@ static int settle_base(ft_session *s, const ft_session_place_cfg *pc, int packed
 {
     ft_model *m = s->model;
     if (packed) {
-        if (s->pack || s->preview) return 0; /* a forward command's earlier placement, or its NF4 open */
+        /* a forward command's earlier placement, or its NF4 open */
+        if (s->pack || s->preview) return 0;
         if (!s->cfg.train && m->pack_only[0]) return ft_pack_open(&s->pack, m->pack_only, 0);
         if (s->quant == FT_PACK_QUANT_NF4 && pc->nf4_weights && !pc->plan_only)
             FT_TRY(ft_model_load_weights(m));
@@ -430,8 +431,8 @@ int ft_session_place(ft_session *s, const ft_session_place_cfg *pc)
     place_need nd;
     memset(&nd, 0, sizeof nd);
     if (!host)
-        FT_TRY(ft_backend_mem_budget(s->be, s->gpu_mem, s->gpu_reserve > 0 ? (size_t)s->gpu_reserve : 0,
-                                     &nd.mb));
+        FT_TRY(ft_backend_mem_budget(s->be, s->gpu_mem,
+                                     s->gpu_reserve > 0 ? (size_t)s->gpu_reserve : 0, &nd.mb));
     nd.exec = ft_exec_bytes(s->be, s->model, lora, pc->T, pc->n_micro > 0 ? pc->n_micro : 1);
     nd.need = nd.exec + FT_EXEC_SPARE_BYTES;
     FT_TRY(choose_quant(s, &nd));
@@ -448,7 +449,8 @@ int ft_session_place(ft_session *s, const ft_session_place_cfg *pc)
     /* from here the base is the pack's: the host copy (a GGUF file's dequantized weights, or
      * those a correction read) is freed, and the executor reads every weight from the pack
      * (offload/tiers.c ft_exec_globals_from_pack) */
-    if (s->pack && !s->model->pack_only[0]) FT_TRY(ft_pack_model_use(s->model, ft_pack_path(s->pack)));
+    if (s->pack && !s->model->pack_only[0])
+        FT_TRY(ft_pack_model_use(s->model, ft_pack_path(s->pack)));
     return make_exec(s, pc, lora, &nd);
 }
 

@@ -87,7 +87,8 @@ typedef struct ft_session_place_cfg {
     int64_t n_micro;            /* micro-batches per step; 0: the offload planner picks (a packed
                                  * base on a device), else 1 */
     int64_t rope_seq_len;       /* for the executor's RoPE (ft_exec_init); 0: T */
-    ft_lora *lora;              /* the adapter the executor runs; NULL: the session's own (if any) */
+    ft_lora *lora;              /* the adapter the executor runs; NULL: the session's own, if
+                                 * any */
     const ft_batch *probe;      /* a real micro-batch of T tokens whose layout (pos, seq_start)
                                  * the planner's probe takes, or NULL */
     int plan_only;              /* training's `ftune plan`: decide and report; read no weights,
@@ -104,12 +105,14 @@ typedef struct ft_session {
     ft_model *model;
     ft_tokenizer *tok;          /* cfg.tokenizer: the model's tokenizer, else NULL */
     ft_backend *be;
-    ft_lora lora;               /* the session's own adapter (cfg.adapter, ft_session_set_adapter) */
+    ft_lora lora;               /* the session's own adapter (cfg.adapter,
+                                 * ft_session_set_adapter) */
     int has_lora;
     int qcorr;                  /* 1: that adapter came with its run's quantization correction */
     ft_exec ex;                 /* the executor, made by ft_session_place */
     int has_ex;
-    ft_pack_file *pack;         /* the base's pack (NF4, a streamed bf16 base, a pack-only folder) */
+    ft_pack_file *pack;         /* the base's pack (NF4, a streamed bf16 base, a pack-only
+                                 * folder) */
     ft_pack_preview *preview;   /* training's `ftune plan` of a pack not built yet: its sizes and
                                  * probe (offload/pack.h ft_pack_preview_make) */
     int pack_in_memory;         /* host backends: the pack read whole into memory once

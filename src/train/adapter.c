@@ -102,7 +102,8 @@ static int dpo_ref_compute(ft_train_adapter *a, ft_session *s, const ft_train_da
     const int64_t np_train = d->ds.n_train / 2, np_eval = d->ds.n_eval / 2;
     ft_lora *was = ft_session_swap_adapter(s, &a->lora);
     int rc = 0;
-    if (!got_train) rc = ft_dpo_reference(&s->ex, d->train_b, d->n_train_b, 0, a->ref_train, np_train);
+    if (!got_train)
+        rc = ft_dpo_reference(&s->ex, d->train_b, d->n_train_b, 0, a->ref_train, np_train);
     if (!rc && d->n_eval_b && !got_eval)
         rc = ft_dpo_reference(&s->ex, d->eval_b, d->n_eval_b, a->cfg->eval_max_batches, a->ref_eval,
                               np_eval);
@@ -215,7 +216,8 @@ int ft_train_adapter_open(ft_train_adapter *a, ft_session *s, ft_train_data *d,
     } else {
         new_run_id(st->run_id, sizeof st->run_id);
         if (c->method == FT_METHOD_DPO) FT_TRY(dpo_reference(a, s, d, k));
-        if (c->save_best) ft_ckpt_adapter_cleanup(c->out, FT_CKPT_BEST_DIR, 1); /* an earlier run's */
+        if (c->save_best) /* an earlier run's */
+            ft_ckpt_adapter_cleanup(c->out, FT_CKPT_BEST_DIR, 1);
         ft_train_eval_set_id(d, c->eval_max_batches, st->eval_set, sizeof st->eval_set);
         if (n_old > 0)
             ft_train_info(k, FT_EV_INFO, "note: %s holds %d checkpoint(s) of an earlier run (latest %s%lld); this run starts over and removes them at its first checkpoint (stop now and add --resume to continue that run instead)",
@@ -244,7 +246,8 @@ static void bad_step_warn(const ft_train_adapter *a, int64_t step, double loss, 
     snprintf(gs, sizeof gs, isnan(gnorm) ? "NaN" : "%g", gnorm);
     ft_train_info(k, FT_EV_WARN, "step %lld: %s is not finite (loss %s, gradient norm %s); step skipped, no update (%lld bad steps, %lld in a row, --max-bad-steps %lld)",
                   (long long)step + 1, !isfinite(loss) ? "the loss" : "the gradient norm", ls, gs,
-                  (long long)a->st.bad_steps, (long long)a->st.bad_run, (long long)a->cfg->max_bad_steps);
+                  (long long)a->st.bad_steps, (long long)a->st.bad_run,
+                  (long long)a->cfg->max_bad_steps);
 }
 
 int ft_train_adapter_update(ft_train_adapter *a, int64_t step, const ft_train_step_out *o,

@@ -38,7 +38,8 @@ void ft_optim_free(ft_optim *o)
 double ft_optim_lr(const ft_optim *o, int64_t step)
 {
     const ft_optim_cfg *c = &o->cfg;
-    return ft_schedule_lr(c->schedule, c->lr, step, c->warmup_steps, c->total_steps, c->min_lr_ratio);
+    return ft_schedule_lr(c->schedule, c->lr, step, c->warmup_steps, c->total_steps,
+                          c->min_lr_ratio);
 }
 
 int ft_optim_zero_grad(ft_optim *o)

@@ -34,7 +34,8 @@ typedef struct ft_optim_cfg {
 typedef struct ft_optim {
     ft_optim_cfg cfg;
     ft_lora *lora;              /* the adapter it updates (params, grads, m, v) */
-    ft_lora_slice *slices;      /* LoRA+: the adapter's A and B tensors (ft_lora_slices), else NULL */
+    ft_lora_slice *slices;      /* LoRA+: the adapter's A and B tensors (ft_lora_slices), else
+                                 * NULL */
     int64_t n_slices;
 } ft_optim;
 

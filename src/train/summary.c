@@ -103,11 +103,13 @@ int ft_train_summary_write(const ft_train_adapter *a, int has_eval, const char *
     if (res->base_layers[0] >= 0) { /* where the offload planner put the base's layers */
         cJSON *bl = cJSON_AddObjectToObject(js, "base_layers");
         static const char *const tier[3] = {"gpu", "host", "disk"};
-        for (int t = 0; bl && t < 3; t++) cJSON_AddNumberToObject(bl, tier[t], (double)res->base_layers[t]);
+        for (int t = 0; bl && t < 3; t++)
+            cJSON_AddNumberToObject(bl, tier[t], (double)res->base_layers[t]);
     }
     add_method(js, c, res, has_eval);
     if (pack) cJSON_AddStringToObject(js, "pack", pack);
-    char *out = ft_ckpt_json_print(js, 1); /* numbers exact: best_eval_loss is a metrics.jsonl value */
+    /* numbers exact: best_eval_loss is a metrics.jsonl value */
+    char *out = ft_ckpt_json_print(js, 1);
     cJSON_Delete(js);
     if (!out) return ft_err(-ENOMEM, "out of memory writing summary.json");
     char path[4200];

@@ -181,7 +181,9 @@ static int test_inf_embedding(ft_model *m, int64_t id, const ft_train_sink *k)
 static void session_note(void *user, int kind, const char *line)
 {
     const ft_train_job *r = user;
-    const int ev = kind == FT_SESSION_WARN ? FT_EV_WARN : kind == FT_SESSION_PLAN ? FT_EV_PLAN : FT_EV_INFO;
+    const int ev = kind == FT_SESSION_WARN   ? FT_EV_WARN
+                   : kind == FT_SESSION_PLAN ? FT_EV_PLAN
+                                             : FT_EV_INFO;
     ft_train_info(&r->sink, ev, "%s", line);
 }
 
@@ -212,11 +214,13 @@ static int setup_base(ft_train_job *r)
     FT_TRY(ft_session_open_model(&r->s, &sc));
     const ft_model_config *mc = &r->s.model->cfg;
     ft_train_info(k, FT_EV_INFO, "model %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %.1fM params (loaded in %.1f s)",
-                  c->model, mc->model_type, (long long)mc->num_hidden_layers, (long long)mc->hidden_size,
-                  (long long)mc->num_attention_heads, (long long)mc->num_key_value_heads,
-                  (long long)mc->vocab_size, ft_model_n_params(r->s.model) / 1e6, ft_train_now_s() - r->t0);
+                  c->model, mc->model_type, (long long)mc->num_hidden_layers,
+                  (long long)mc->hidden_size, (long long)mc->num_attention_heads,
+                  (long long)mc->num_key_value_heads, (long long)mc->vocab_size,
+                  ft_model_n_params(r->s.model) / 1e6, ft_train_now_s() - r->t0);
     int64_t seq_len = c->seq_len;
-    if (seq_len == 0) seq_len = mc->max_position_embeddings < 2048 ? mc->max_position_embeddings : 2048;
+    if (seq_len == 0)
+        seq_len = mc->max_position_embeddings < 2048 ? mc->max_position_embeddings : 2048;
     FT_TRY(ft_train_data_load(&r->d, c, r->s.tok, seq_len, k));
     FT_TRY(ft_session_open_backend(&r->s));
     r->n_ad = 1;
@@ -247,7 +251,8 @@ static void plan_line(const ft_train_job *r, int64_t warmup)
                   s->quant_why[0] ? "; " : "", s->quant_why, (long long)a->lc.r, a->lc.alpha,
                   a->lc.use_rslora ? " (rsLoRA)" : "", __builtin_popcount(a->lc.targets),
                   a->lora.n_params / 1e6, (long long)r->d.n_train_b,
-                  (long long)((c->method == FT_METHOD_DPO ? 2 : 1) * c->batch_size), (long long)r->d.seq_len,
+                  (long long)((c->method == FT_METHOD_DPO ? 2 : 1) * c->batch_size),
+                  (long long)r->d.seq_len,
                   (long long)c->grad_accum, (long long)r->total, (long long)warmup,
                   ft_schedule_name(c->schedule),
                   (ex->arena_bytes + ex->weights_bytes + ex->kept_bytes + pack_bytes) / 1048576.0,
@@ -271,7 +276,8 @@ static int setup(ft_train_job *r)
     int64_t steps_per_epoch = (r->d.n_train_b + c->grad_accum - 1) / c->grad_accum;
     r->total = c->max_steps > 0 ? c->max_steps : (int64_t)ceil(c->epochs * steps_per_epoch);
     if (r->total < 1) r->total = 1;
-    int64_t warmup = c->warmup_steps > 0 ? c->warmup_steps : (int64_t)ceil(c->warmup_ratio * r->total);
+    int64_t warmup = c->warmup_steps > 0 ? c->warmup_steps
+                                         : (int64_t)ceil(c->warmup_ratio * r->total);
     plan_line(r, warmup);
     if (c->loraplus_lr_ratio > 0)
         ft_train_info(k, FT_EV_INFO, "LoRA+: the B matrices train at %g x the learning rate of the A matrices",
@@ -281,7 +287,8 @@ static int setup(ft_train_job *r)
     if (c->neftune_noise_alpha > 0)
         ft_train_info(k, FT_EV_INFO, "NEFTune: noise alpha %g: uniform noise of magnitude %.3g (alpha / sqrt(seq_len %lld * hidden %lld)) on the training embeddings, none in eval",
                       c->neftune_noise_alpha,
-                      c->neftune_noise_alpha / sqrt((double)r->d.seq_len * (double)r->s.model->cfg.hidden_size),
+                      c->neftune_noise_alpha /
+                          sqrt((double)r->d.seq_len * (double)r->s.model->cfg.hidden_size),
                       (long long)r->d.seq_len, (long long)r->s.model->cfg.hidden_size);
     for (int i = 0; i < r->n_ad; i++) {
         ft_train_adapter *a = &r->ad[i];
@@ -349,7 +356,8 @@ static int finish(ft_train_job *r, ft_train_adapter *a)
     char hint[512];
     if (ft_peft_serving_hints(&a->lora.cfg, hint, sizeof hint) > 0)
         ft_train_info(k, FT_EV_WARN, "serving: %s", hint);
-    FT_TRY(ft_train_summary_write(a, r->d.n_eval_b > 0, r->s.pack ? ft_pack_path(r->s.pack) : NULL));
+    FT_TRY(ft_train_summary_write(a, r->d.n_eval_b > 0,
+                                  r->s.pack ? ft_pack_path(r->s.pack) : NULL));
     char best_dir[4200];
     FT_TRY(ft_path_join(best_dir, sizeof best_dir, c->out, FT_CKPT_BEST_DIR));
     if (st->best_eval_step > 0 && (c->save_best || a->early || st->best_eval_step != st->step))
