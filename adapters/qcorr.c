@@ -7,8 +7,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "adapters/peft.h"
 #include "kernels/kernels.h"
 #include "src/core/err.h"
+#include "src/core/fsutil.h"
 #include "src/core/rng.h"
 #include "src/model/llama.h"
 
@@ -380,5 +382,20 @@ done:
     free(R);
     if (k.be || k.x) calib_free(&k);
     st->seconds = now_s() - t0;
+    return rc;
+}
+
+int ft_qcorr_load(ft_lora *l, const char *run_dir)
+{
+    char dir[4200];
+    FT_TRY(ft_path_join(dir, sizeof dir, run_dir, FT_QCORR_DIR));
+    float *vals = malloc((size_t)l->n_params * sizeof *vals);
+    if (!vals) return ft_err(-ENOMEM, "out of memory reading %s", dir);
+    int rc = ft_peft_load_values(dir, l, vals);
+    if (rc < 0)
+        ft_err_prefix(rc, "the run's quantization correction (written at its start) in %s", dir);
+    else
+        rc = ft_lora_set_fixed(l, vals);
+    free(vals);
     return rc;
 }

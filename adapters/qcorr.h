@@ -35,6 +35,16 @@
 
 enum ft_qcorr_mode { FT_QCORR_NONE = 0, FT_QCORR_CALIBRATED, FT_QCORR_WEIGHT };
 
+/* The folder of a run (OUT/quant_correction) that keeps its correction in PEFT format: A0/B0
+ * at the adapter's rank and alpha (src/train/correction.h writes it). */
+#define FT_QCORR_DIR "quant_correction"
+
+/* Reads run_dir/quant_correction back (ft_peft_load_values' checks: same rank, targets and
+ * shapes) and installs it in l (ft_lora_set_fixed); l's own parameters are left as they are.
+ * Training calls it on --resume, eval and generation for an adapter trained with the
+ * correction. Returns 0, -ENOMEM, or an error naming the folder. */
+int ft_qcorr_load(ft_lora *l, const char *run_dir);
+
 /* "none" / "calibrated" / "weight" -> *mode; FT_E_INVALID listing the choices otherwise. */
 int ft_qcorr_parse(const char *s, int *mode);
 const char *ft_qcorr_name(int mode);

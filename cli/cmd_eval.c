@@ -25,61 +25,8 @@
 #include "src/core/fsutil.h"
 #include "src/data/dataset.h"
 #include "src/train/dpo_run.h"
+#include "src/train/eval_run.h"
 #include "src/train/trainer.h"
-
-/* SFT: the mean token loss of every example of ds (packed as training packs them): *loss,
- * *tokens and their summed loss *nll. With ex_nll and ex_tok (n_train each, else NULL), each
- * example's summed loss and target count too: the heads of its rows alone
- * (ft_exec_eval_spans), from the same forward as the micro-batch's head, which still gives
- * the totals, so that these are the same with or without them. */
-static int eval_tokens(ft_session *s, const ft_dataset *ds, int64_t seq_len, int64_t batch,
-                       double *loss, int64_t *tokens, double *nll, double *ex_nll, int64_t *ex_tok)
-{
-    ft_batch *b = NULL;
-    int64_t nb = 0, most = 1;
-    int64_t *spans = NULL, *btok = NULL;
-    double *bnll = NULL;
-    int rc = ft_pack(&b, &nb, ds->train, ds->n_train, seq_len, batch, 0);
-    for (int64_t i = 0; i < nb; i++) most = b[i].n_ex > most ? b[i].n_ex : most;
-    if (!rc && ex_nll) { /* one micro-batch's spans and values, sized once */
-        spans = malloc((size_t)(2 * most) * sizeof *spans);
-        bnll = malloc((size_t)most * sizeof *bnll);
-        btok = malloc((size_t)most * sizeof *btok);
-        if (!spans || !bnll || !btok) rc = ft_err(-ENOMEM, "out of memory for per-example losses");
-    }
-    if (!rc) rc = ft_session_plan(s, batch * seq_len);
-    double sum = 0;
-    int64_t cnt = 0;
-    for (int64_t i = 0; !rc && i < nb; i++) {
-        double ls;
-        int64_t nv;
-        if (ex_nll) {
-            int64_t t0 = 0;
-            for (int64_t k = 0; k < b[i].n_ex; k++) { /* the examples lie back to back */
-                spans[2 * k] = t0;
-                spans[2 * k + 1] = ds->train[b[i].ex_index[k]].n;
-                t0 += spans[2 * k + 1];
-            }
-            rc = ft_exec_eval_spans(&s->ex, &b[i], spans, b[i].n_ex, bnll, btok, &ls, &nv);
-            for (int64_t k = 0; !rc && k < b[i].n_ex; k++) {
-                ex_nll[b[i].ex_index[k]] = bnll[k];
-                ex_tok[b[i].ex_index[k]] = btok[k];
-            }
-        } else {
-            rc = ft_exec_eval(&s->ex, &b[i], &ls, &nv);
-        }
-        sum += ls;
-        cnt += nv;
-    }
-    *loss = cnt ? sum / cnt : NAN;
-    *tokens = cnt;
-    *nll = sum;
-    free(spans);
-    free(bnll);
-    free(btok);
-    ft_batches_free(b, nb);
-    return rc;
-}
 
 /* A JSON number, or null when x is not finite (JSON has no NaN). */
 static int put_num(char *buf, size_t n, double x)
@@ -180,100 +127,19 @@ static int per_example_path_ok(const char *path, const ft_str_list *data)
     return 0;
 }
 
-/* DPO: the pairs of ds scored with the session's adapter (from `adapter`) against the
- * reference: the base model (the adapter switched off for the reference pass), or the base
- * with the adapter of ref_adapter (loaded for the reference pass, then `adapter` again); none
- * for the reference-free losses. *st, the mean pair loss and the completion tokens read. */
-static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapter,
-                      const ft_dataset *ds, int64_t seq_len, int64_t batch,
-                      const ft_dpo_cfg *c, ft_dpo_stats *st, double *loss, int64_t *tokens)
-{
-    ft_batch *b = NULL;
-    int64_t nb = 0, n_pairs = ds->n_train / 2;
-    double *ref = calloc((size_t)(2 * (n_pairs ? n_pairs : 1)), sizeof *ref);
-    int rc = ref ? 0 : ft_err(-ENOMEM, "out of memory for reference log-probabilities");
-    if (!rc) rc = ft_pack_pairs(&b, &nb, ds->train, n_pairs, seq_len, batch, 0);
-    const int64_t T = 2 * batch * seq_len;
-    if (!rc && ref_adapter && !ft_dpo_reference_free(c->loss_type)) {
-        /* the reference adapter first (the session has no executor yet: the base is placed
-         * for it), then the policy's, in place when it has the same rank and targets: one
-         * placement of the base, two when they differ (three if the policy came first) */
-        rc = ft_session_set_adapter(s, ref_adapter, T);
-        if (rc < 0) rc = ft_err_prefix(rc, "--ref-adapter");
-        if (!rc) rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
-        if (!rc) rc = ft_session_set_adapter(s, adapter, T);
-    } else {
-        if (!rc) rc = ft_session_plan(s, T);
-        if (!rc && !ft_dpo_reference_free(c->loss_type)) {
-            ft_lora *policy = s->ex.lora;
-            s->ex.lora = NULL; /* the base model */
-            rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
-            s->ex.lora = policy;
-        }
-    }
-    if (!rc) rc = ft_dpo_evaluate(&s->ex, b, nb, 0, ref, c, st);
-    *loss = !rc && st->pairs ? st->loss / (double)st->pairs : NAN;
-    *tokens = rc ? 0 : st->tokens;
-    free(ref);
-    ft_batches_free(b, nb);
-    return rc;
-}
-
-/* What run_eval found: the DPO stats (pst), or the SFT totals and the data's counts. */
-typedef struct eval_out {
-    double loss, nll;            /* mean (DPO: mean pair loss) and summed token loss (SFT) */
-    int64_t tokens;              /* targets scored (DPO: completion tokens read) */
-    int64_t examples, skipped, dropped; /* SFT: examples scored, bad records skipped,
-                                         * examples left without a scored token by --seq-len */
-} eval_out;
-
-/* The model, adapter and data of the command, then eval_tokens (dpo NULL) or eval_pairs;
- * with per_example (SFT), eval_tokens' per-example values written there (write_per_example). */
-/* quant, cache_dir, budget (--gpu-mem, --host-mem): as ft_session_open_quant takes them. */
-static int run_eval(const char *model, const char *adapter, const char *ref_adapter,
-                    const char *quant, const char *cache_dir, const int64_t budget[2],
-                    const ft_str_list *data, ft_data_cfg *dc,
-                    int64_t batch, const char *device, int threads, const ft_dpo_cfg *dpo,
-                    const char *per_example, ft_dpo_stats *pst, eval_out *o)
+/* The session of the command's flags (cli/session.h ft_session_open_quant: quant, cache_dir,
+ * budget = --gpu-mem, --host-mem), then the library's evaluation (src/train/eval_run.h); with
+ * per_example (SFT) each example's loss written there (write_per_example). */
+static int run_eval(const char *model, const char *quant, const char *cache_dir,
+                    const int64_t budget[2], const char *device, int threads,
+                    const ft_str_list *data, const ft_eval_cfg *ec, const char *per_example,
+                    ft_eval_result *o)
 {
     ft_session s;
-    ft_tokenizer *tok = NULL;
-    ft_dataset ds;
-    memset(&ds, 0, sizeof ds);
-    double *ex_nll = NULL;
-    int64_t *ex_tok = NULL;
-    int qcorr = 0;
-    /* the executor is planned once the batches' size is known (eval_tokens, eval_pairs) */
-    int rc = ft_session_open_quant(&s, model, adapter, device, threads, quant, cache_dir, budget[0],
-                                   budget[1], &qcorr);
-    /* the DPO reference swaps the adapter out, and the correction with it */
-    if (!rc && qcorr && dpo && !ft_dpo_reference_free(dpo->loss_type))
-        rc = ft_err(FT_E_UNSUPPORTED, "%s: --method dpo --quant nf4 with an adapter trained with "
-                    "--quant-correction is not supported yet (its reference is the corrected base)",
-                    adapter);
-    if (!rc) rc = ft_model_tokenizer(s.model, &tok);
-    if (!rc && dc->seq_len == 0)
-        dc->seq_len = s.model->cfg.max_position_embeddings < 2048 ? s.model->cfg.max_position_embeddings : 2048;
-    if (!rc) rc = ft_dataset_load_files(&ds, data->v, data->n, dc, tok);
-    if (!rc && ds.n_train == 0) rc = ft_err(FT_E_INVALID, "%s: no examples to evaluate", data->v[0]);
-    if (!rc && per_example) {
-        ex_nll = calloc((size_t)ds.n_train, sizeof *ex_nll);
-        ex_tok = calloc((size_t)ds.n_train, sizeof *ex_tok);
-        if (!ex_nll || !ex_tok) rc = ft_err(-ENOMEM, "out of memory for %lld per-example losses",
-                                            (long long)ds.n_train);
-    }
-    if (!rc) rc = dpo ? eval_pairs(&s, adapter, ref_adapter, &ds, dc->seq_len, batch, dpo, pst,
-                                   &o->loss, &o->tokens)
-                      : eval_tokens(&s, &ds, dc->seq_len, batch, &o->loss, &o->tokens, &o->nll,
-                                    ex_nll, ex_tok);
-    if (!rc && per_example) rc = write_per_example(per_example, data, &ds, ex_nll, ex_tok);
-    o->examples = ds.n_train;
-    o->skipped = ds.n_skipped;
-    o->dropped = ds.n_dropped;
-    free(ex_nll);
-    free(ex_tok);
-    ft_dataset_free(&ds);
-    ft_tok_free(tok);
+    int rc = ft_session_open_quant(&s, model, ec->adapter, device, threads, quant, cache_dir,
+                                   budget[0], budget[1], NULL);
+    if (!rc) rc = ft_eval_run(&s, ec, o);
+    if (!rc && per_example) rc = write_per_example(per_example, data, &o->ds, o->ex_nll, o->ex_tok);
     ft_session_close(&s);
     return rc;
 }
@@ -383,13 +249,19 @@ int ft_cmd_eval(int argc, char **argv)
         ft_str_list_free(&data);
         return 1;
     }
-    eval_out o = {NAN, 0, 0, 0, 0, 0};
-    ft_dpo_stats st = {0};
-    rc = run_eval(model, adapter, ref_adapter, quant, cache_dir, budget, &data, &dc, batch < 1 ? 1 : batch, device, (int)threads,
-                  is_dpo ? &dpo : NULL, per_example, &st, &o);
+    ft_eval_cfg ec = {(const char *const *)data.v, data.n, dc, batch < 1 ? 1 : batch,
+                      is_dpo ? &dpo : NULL, adapter, ref_adapter, per_example != NULL};
+    ft_eval_result o;
+    memset(&o, 0, sizeof o);
+    o.loss = NAN;
+    rc = run_eval(model, quant, cache_dir, budget, device, (int)threads, &data, &ec, per_example, &o);
     ft_str_list_free(&data);
     const double loss = o.loss;
     const int64_t tokens = o.tokens;
+    const ft_dpo_stats st = o.dpo;
+    const double sum_nll = o.nll;
+    const int64_t examples = o.examples, skipped = o.skipped, dropped = o.dropped;
+    ft_eval_result_free(&o);
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         return 1;
@@ -407,9 +279,9 @@ int ft_cmd_eval(int argc, char **argv)
     /* with --per-example - the lines hold standard output: the summary goes to stderr */
     FILE *sum = per_example && !strcmp(per_example, "-") ? stderr : stdout;
     char nll[32];
-    put_num(nll, sizeof nll, o.nll);
+    put_num(nll, sizeof nll, sum_nll);
     fprintf(sum, "{\"loss\": %.6f, \"perplexity\": %.4f, \"tokens\": %lld, \"nll\": %s, "
             "\"examples\": %lld, \"skipped\": %lld, \"dropped\": %lld}\n", loss, exp(loss),
-            (long long)tokens, nll, (long long)o.examples, (long long)o.skipped, (long long)o.dropped);
+            (long long)tokens, nll, (long long)examples, (long long)skipped, (long long)dropped);
     return 0;
 }

@@ -1,7 +1,7 @@
 /* cmd_train.c - `ftune [train] --model M --data F [--data F2 ...] [options]`: flags, the
- * signal handling of a run (cli/session.c), the resume hint and exit statuses: 0 done,
- * 1 error, 2 usage, 128 + signo when stopped by SIGINT (130) or SIGTERM (143) after saving
- * a checkpoint. */
+ * signal handling of a run (cli/session.c), the test hooks from the environment, the resume
+ * hint and exit statuses: 0 done, 1 error, 2 usage, 128 + signo when stopped by SIGINT (130)
+ * or SIGTERM (143) after saving a checkpoint. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -198,6 +198,26 @@ int ft_cmd_train(int argc, char **argv)
     return ft_cmd_train_ex(argc, argv, 0);
 }
 
+/* The trainer's test hooks from the environment (trainer.h ft_train_test_hooks):
+ * FTUNE_TEST_STOP_HOLD_MS=N (ms a stopped run waits before its stop checkpoint) and
+ * FTUNE_TEST_INF_EMBEDDING=ID (a token id whose input embedding is made +Inf). Returns 0, or
+ * -1 after printing the error for a value that is not a number. */
+static int test_hooks(ft_train_test_hooks *t)
+{
+    const char *hold = getenv("FTUNE_TEST_STOP_HOLD_MS");
+    t->stop_hold_ms = hold && *hold ? strtoll(hold, NULL, 10) : 0;
+    const char *inf = getenv("FTUNE_TEST_INF_EMBEDDING");
+    if (!inf || !*inf) return 0;
+    char *end;
+    long long id = strtoll(inf, &end, 10);
+    if (*end || id < 0) {
+        fprintf(stderr, "ftune: FTUNE_TEST_INF_EMBEDDING=%s: expected a token id\n", inf);
+        return -1;
+    }
+    t->inf_embedding = id;
+    return 0;
+}
+
 int ft_cmd_plan(int argc, char **argv)
 {
     return ft_cmd_train_ex(argc, argv, 1);
@@ -377,6 +397,10 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     /* test hook (fault injection): checkpoint writes fail with ENOSPC after N bytes */
     const char *fail = getenv("FTUNE_FAIL_WRITE_AFTER");
     if (fail && *fail) ft_ckpt_fail_writes_after(strtoll(fail, NULL, 10));
+    if (test_hooks(&c.test) < 0) {
+        ft_str_list_free(&data);
+        return 2;
+    }
     ft_progress prog;
     ft_progress_init(&prog, quiet);
     prog.log_every = log_every;

@@ -435,8 +435,7 @@ int ft_pack_preview_make(const char *model, const ft_model *loaded, const char *
                          const ft_pack_settings *s, int probe, ft_pack_preview *pv);
 void ft_pack_preview_free(ft_pack_preview *pv); /* NULL-safe; zeroes *pv */
 
-/* The file name init-model gives a pack it writes into a model folder. */
-#define FT_PACK_LOCAL_NF4 "model-nf4.ftpack"
-#define FT_PACK_LOCAL_BF16 "model-bf16.ftpack"
+/* The file names init-model gives a pack it writes into a model folder, FT_PACK_LOCAL_NF4 and
+ * FT_PACK_LOCAL_BF16, are model.h's: the loader finds a pack-only folder by them. */
 
 #endif

@@ -14,7 +14,6 @@
 
 #include <dirent.h>
 
-#include "offload/pack.h"
 #include "src/core/align.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -23,10 +22,6 @@
 #include "src/numeric/quant.h"
 #include "src/formats/safetensors.h"
 
-const char *const ft_proj_name[FT_N_PROJ] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                             "gate_proj", "up_proj", "down_proj"};
-const char *const ft_proj_parent[FT_N_PROJ] = {"self_attn", "self_attn", "self_attn", "self_attn",
-                                               "mlp", "mlp", "mlp"};
 /* GGUF base names by projection (gguf-py TENSOR_NAMES, formats.md 4.2). */
 static const char *const k_gguf_proj[FT_N_PROJ] = {"attn_q", "attn_k", "attn_v", "attn_output",
                                                    "ffn_gate", "ffn_up", "ffn_down"};
@@ -36,65 +31,6 @@ typedef struct {
     float **layer;     /* one buffer per layer */
     int64_t n_layer;
 } model_priv;
-
-/* model.h; formats.md 2.3 */
-void ft_proj_dims(const ft_model_config *c, int p, int64_t *out, int64_t *in)
-{
-    const int64_t C = c->hidden_size, F = c->intermediate_size;
-    const int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
-    switch (p) {
-    case FT_Q: *out = qd; *in = C; break;
-    case FT_K: case FT_V: *out = kd; *in = C; break;
-    case FT_O: *out = C; *in = qd; break;
-    case FT_GATE: case FT_UP: *out = F; *in = C; break;
-    default: *out = C; *in = F; break;
-    }
-}
-
-/* model.h. LlamaAttention gives o_proj bias=attention_bias; Qwen2Attention never does. */
-int ft_proj_has_bias(const ft_model_config *c, int p, int o_bias)
-{
-    if (!c->attention_bias) return 0;
-    return p == FT_Q || p == FT_K || p == FT_V || (p == FT_O && o_bias);
-}
-
-/* model.h */
-int64_t ft_layer_floats(const ft_model_config *c, int o_bias)
-{
-    int64_t n = 2 * ft_pad16(c->hidden_size) + (c->qk_norm ? 2 * ft_pad16(c->head_dim) : 0);
-    for (int p = 0; p < FT_N_PROJ; p++) {
-        int64_t out, in;
-        ft_proj_dims(c, p, &out, &in);
-        n += ft_pad16(out * in) + (ft_proj_has_bias(c, p, o_bias) ? ft_pad16(out) : 0);
-    }
-    return n;
-}
-
-/* model.h */
-void ft_layer_carve(const ft_model_config *c, int o_bias, float *b, ft_layer_weights *w)
-{
-    memset(w, 0, sizeof *w);
-    w->attn_norm = b;
-    b += ft_pad16(c->hidden_size);
-    w->ffn_norm = b;
-    b += ft_pad16(c->hidden_size);
-    if (c->qk_norm) { /* Qwen3: (head_dim) each */
-        w->q_norm = b;
-        b += ft_pad16(c->head_dim);
-        w->k_norm = b;
-        b += ft_pad16(c->head_dim);
-    }
-    for (int p = 0; p < FT_N_PROJ; p++) {
-        ft_linear *li = &w->proj[p];
-        ft_proj_dims(c, p, &li->out_n, &li->in_n);
-        li->w = b;
-        b += ft_pad16(li->out_n * li->in_n);
-        if (ft_proj_has_bias(c, p, o_bias)) {
-            li->b = b;
-            b += ft_pad16(li->out_n);
-        }
-    }
-}
 
 static float *alloc_floats(int64_t n, const char *path)
 {
@@ -224,27 +160,6 @@ static int no_safetensors(const char *dir)
     return n == 0;
 }
 
-/* The shapes that must agree between config.json and the pack's stored config. */
-static int same_shapes(const ft_model_config *a, const ft_model_config *b, char *what, size_t n)
-{
-#define CMP(f)                                                                                   \
-    if (a->f != b->f) {                                                                          \
-        snprintf(what, n, #f " %lld in config.json, %lld in the pack", (long long)a->f,          \
-                 (long long)b->f);                                                               \
-        return 0;                                                                                \
-    }
-    CMP(num_hidden_layers) CMP(hidden_size) CMP(intermediate_size) CMP(num_attention_heads)
-    CMP(num_key_value_heads) CMP(head_dim) CMP(vocab_size) CMP(tie_word_embeddings)
-    CMP(attention_bias)
-#undef CMP
-    if (strcmp(a->model_type, b->model_type)) {
-        snprintf(what, n, "model_type \"%s\" in config.json, \"%s\" in the pack", a->model_type,
-                 b->model_type);
-        return 0;
-    }
-    return 1;
-}
-
 /* Frees the host weights of m (the model's shapes stay in m->cfg). */
 static void drop_weights(ft_model *m)
 {
@@ -279,23 +194,13 @@ static int shapes_only(ft_model *m)
     return 0;
 }
 
-/* A folder of config.json + a pack (m->cfg loaded already): checks the pack's header, block
- * table and stored config, and gives the model shapes without weights (model.h). */
-static int load_pack_only(ft_model *m, const char *dir, const char *pack)
+/* The pack-only form of m (model.h): shapes without weights, pack_only = the pack's path. The
+ * pack itself is not opened here: offload/pack_model.h checks it against the config. */
+static int pack_only_form(ft_model *m, const char *pack)
 {
-    ft_pack_file *p;
-    int rc = ft_pack_open(&p, pack, 0);
-    if (rc < 0)
-        return ft_err_prefix(rc, "%s: pack-only model (no safetensors)", dir);
-    char what[256];
-    if (!same_shapes(&m->cfg, ft_pack_config(p), what, sizeof what))
-        rc = ft_err(FT_E_INVALID, "%s: pack-only model: %s does not match config.json: %s", dir,
-                    pack, what);
-    ft_pack_close(p);
-    FT_TRY(rc);
+    if (strlen(pack) >= sizeof m->pack_only) return ft_err(FT_E_RANGE, "%s: path too long", pack);
     FT_TRY(shapes_only(m));
-    if (snprintf(m->pack_only, sizeof m->pack_only, "%s", pack) >= (int)sizeof m->pack_only)
-        return ft_err(FT_E_RANGE, "%s: path too long", pack);
+    snprintf(m->pack_only, sizeof m->pack_only, "%s", pack);
     return 0;
 }
 
@@ -308,32 +213,20 @@ int ft_model_require_weights(const ft_model *m, const char *what)
                   "--safetensors`)", m->path, m->pack_only, what ? what : "this command");
 }
 
-int ft_model_load_pack_globals(ft_model *m)
+int64_t ft_model_global_floats(const ft_model_config *c)
 {
-    if (!m->pack_only[0] || m->embed) return 0;
-    const ft_model_config *c = &m->cfg;
     const int64_t C = c->hidden_size, V = c->vocab_size;
+    return ft_pad16(V * C) + ft_pad16(C) + (c->tie_word_embeddings ? 0 : ft_pad16(V * C));
+}
+
+void ft_model_take_globals(ft_model *m, float *buf)
+{
+    const ft_model_config *c = &m->cfg;
     model_priv *pv = m->priv;
-    int64_t g = ft_pad16(V * C) + ft_pad16(C) + (c->tie_word_embeddings ? 0 : ft_pad16(V * C));
-    float *buf = alloc_floats(g, m->path);
-    if (!buf) return -ENOMEM;
-    ft_pack_file *p;
-    int rc = ft_pack_open(&p, m->pack_only, 0);
-    float *emb = buf, *fn = buf + ft_pad16(V * C);
-    float *head = c->tie_word_embeddings ? emb : fn + ft_pad16(C);
-    if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_EMBED, 0, V, emb);
-    if (!rc) rc = ft_pack_read_global(p, FT_PACK_ROLE_FINAL_NORM, 0, C, fn);
-    if (!rc && !c->tie_word_embeddings) rc = ft_pack_read_global(p, FT_PACK_ROLE_LM_HEAD, 0, V, head);
-    ft_pack_close(p);
-    if (rc < 0) {
-        free(buf);
-        return rc;
-    }
     pv->glob = buf;
-    m->embed = emb;
-    m->final_norm = fn;
-    m->lm_head = head;
-    return 0;
+    m->embed = buf;
+    m->final_norm = buf + ft_pad16(c->vocab_size * c->hidden_size);
+    m->lm_head = c->tie_word_embeddings ? m->embed : m->final_norm + ft_pad16(c->hidden_size);
 }
 
 /* A Hugging Face folder (or a pack-only one). defer: check every tensor, read none (the
@@ -348,7 +241,7 @@ static int load_hf(ft_model *m, const char *dir, int defer)
         static const char *const packs[] = {FT_PACK_LOCAL_NF4, FT_PACK_LOCAL_BF16};
         for (int k = 0; k < 2; k++) {
             FT_TRY(ft_path_join(p, sizeof p, dir, packs[k]));
-            if (access(p, F_OK) == 0) return load_pack_only(m, dir, p);
+            if (access(p, F_OK) == 0) return pack_only_form(m, p);
         }
     }
     ft_st_set *s;
@@ -883,17 +776,12 @@ int ft_model_load_weights(ft_model *m)
     return rc;
 }
 
-int ft_model_use_pack(ft_model *m, const char *pack)
+int ft_model_set_pack_only(ft_model *m, const char *pack)
 {
     if (m->pack_only[0]) return 0;
-    ft_pack_file *p; /* checked before anything is dropped: on an error m is as it was */
-    FT_TRY(ft_pack_open(&p, pack, 0));
-    char what[256];
-    int same = same_shapes(&m->cfg, ft_pack_config(p), what, sizeof what);
-    ft_pack_close(p);
-    if (!same) return ft_err(FT_E_INVALID, "%s: %s does not match the model: %s", m->path, pack, what);
+    if (strlen(pack) >= sizeof m->pack_only) return ft_err(FT_E_RANGE, "%s: path too long", pack);
     drop_weights(m);
-    return load_pack_only(m, m->path, pack);
+    return pack_only_form(m, pack);
 }
 
 int ft_model_tokenizer(const ft_model *m, ft_tokenizer **out)

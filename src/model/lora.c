@@ -122,6 +122,21 @@ int ft_lora_set_fixed(ft_lora *l, const float *host)
     return 0;
 }
 
+int64_t ft_lora_slices(const ft_lora *l, ft_lora_slice *out, int64_t cap)
+{
+    int64_t k = 0;
+    for (int64_t i = 0; i < l->n_layers; i++)
+        for (int p = 0; p < FT_N_PROJ; p++) {
+            const ft_lora_linear *ll = &l->lin[i][p];
+            if (!ll->A) continue;
+            const ft_lora_slice s[2] = {{ll->A - l->params, l->cfg.r * ll->in_n, FT_LORA_GROUP_A},
+                                        {ll->B - l->params, ll->out_n * l->cfg.r, FT_LORA_GROUP_B}};
+            for (int g = 0; g < 2; g++, k++)
+                if (k < cap) out[k] = s[g];
+        }
+    return k;
+}
+
 int ft_lora_pull(ft_lora *l)
 {
     return l->be->ops->copy(l->be, l->host, l->params, (size_t)l->n_params * sizeof(float));

@@ -66,6 +66,24 @@ int ft_lora_set_fixed(ft_lora *l, const float *host);
 int ft_lora_pull(ft_lora *l);
 int ft_lora_push(ft_lora *l);
 
+/* The parameter groups an optimizer tells apart (LoRA+, Hayou, Ghosh, Yu 2024, arXiv
+ * 2402.12354; PEFT's create_loraplus_optimizer): every lora_A, every lora_B. */
+enum ft_lora_group { FT_LORA_GROUP_A = 0, FT_LORA_GROUP_B = 1 };
+
+/* One tensor of the adapter as a range of its flat arrays: params[off, off + n), and the same
+ * range of grads, m and v; group is enum ft_lora_group. */
+typedef struct ft_lora_slice {
+    int64_t off, n;
+    int group;
+} ft_lora_slice;
+
+/* The adapter's tensors in the order they lie in params: for each layer, each adapted
+ * projection in enum ft_proj order, its A (r * in_n floats), then its B (out_n * r); together
+ * they tile [0, n_params). Writes the first cap of them into out (out may be NULL when cap is
+ * 0) and returns how many there are (2 per adapted linear), so a caller sizes its array with
+ * a first call. */
+int64_t ft_lora_slices(const ft_lora *l, ft_lora_slice *out, int64_t cap);
+
 /* "q_proj,k_proj" / "all" / "all-linear" -> bit mask. Returns 0 or FT_E_INVALID naming the
  * unknown module. */
 int ft_lora_parse_targets(const char *s, unsigned *mask);

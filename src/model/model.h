@@ -16,7 +16,8 @@
 
 enum ft_proj { FT_Q = 0, FT_K, FT_V, FT_O, FT_GATE, FT_UP, FT_DOWN, FT_N_PROJ };
 
-/* HF module names, indexed by enum ft_proj: "q_proj", ..., "down_proj". */
+/* The layer layout (layout.c). HF module names, indexed by enum ft_proj: "q_proj", ...,
+ * "down_proj". */
 extern const char *const ft_proj_name[FT_N_PROJ];
 /* HF parent module for each projection: "self_attn" or "mlp". */
 extern const char *const ft_proj_parent[FT_N_PROJ];
@@ -57,6 +58,10 @@ int64_t ft_layer_floats(const ft_model_config *c, int o_bias);
  * the projections' shapes; everything else in w is zeroed (fp32, no bias where none). */
 void ft_layer_carve(const ft_model_config *c, int o_bias, float *buf, ft_layer_weights *w);
 
+/* The pack files a pack-only folder may hold (`ftune init-model --pack`), NF4 preferred. */
+#define FT_PACK_LOCAL_NF4 "model-nf4.ftpack"
+#define FT_PACK_LOCAL_BF16 "model-bf16.ftpack"
+
 typedef struct ft_model {
     ft_model_config cfg;
     char path[4096];             /* the folder or .gguf file it came from */
@@ -67,11 +72,12 @@ typedef struct ft_model {
     ft_layer_weights *layers;    /* num_hidden_layers */
     void *priv;                  /* loader-owned storage (buffers, the GGUF handle) */
     /* A pack-only folder (config.json + model-nf4.ftpack or model-bf16.ftpack, no
-     * safetensors: `ftune init-model --pack`): the pack's path, "" otherwise. Then no host
-     * weights exist: layers[l] holds every projection's out_n/in_n with w = b = NULL (biases
-     * follow cfg), attn_norm/ffn_norm/embed/final_norm/lm_head are NULL until
-     * ft_model_load_pack_globals; the weights are read from the pack by the executor
-     * (ft_exec_use_pack) and ft_pack_read_global. */
+     * safetensors: `ftune init-model --pack`): the pack's path, "" otherwise. The loader knows
+     * the pack by this path alone (it never opens it: offload/pack_model.h checks it against
+     * config.json and reads from it). Then no host weights exist: layers[l] holds every
+     * projection's out_n/in_n with w = b = NULL (biases follow cfg),
+     * attn_norm/ffn_norm/embed/final_norm/lm_head are NULL until ft_model_take_globals; the
+     * weights are read from the pack by the executor (ft_exec_use_pack). */
     char pack_only[4096];
 } ft_model;
 
@@ -80,10 +86,9 @@ typedef struct ft_model {
  * GGUF weight that dequantizes to inf or NaN,
  * missing tensors, shape mismatch), FT_E_UNSUPPORTED (dtype, architecture).
  * A folder with no *.safetensors and no index but model-nf4.ftpack (preferred) or
- * model-bf16.ftpack loads as a pack-only model (m->pack_only, above): the pack's header and
- * block table are validated (not its checksums: ft_pack_ensure verifies them) and its stored
- * config must match config.json's shapes (FT_E_INVALID naming both otherwise; a corrupt pack
- * gives the pack's own FT_E_CORRUPT naming the file).
+ * model-bf16.ftpack loads as a pack-only model (m->pack_only, above) from config.json alone:
+ * the pack is not opened (offload/pack_model.h ft_pack_model_load checks its header, block
+ * table and stored config against config.json).
  * On success the caller owns *out and frees it with ft_model_free(). */
 int ft_model_load(ft_model **out, const char *path);
 void ft_model_free(ft_model *m); /* NULL-safe */
@@ -95,27 +100,30 @@ void ft_model_free(ft_model *m); /* NULL-safe */
  * checked, none dequantized); a pack-only folder loads as with ft_model_load. */
 int ft_model_load_deferred(ft_model **out, const char *path);
 /* 1 while a model from ft_model_load_deferred has no weights yet: neither host weights nor
- * a pack (ft_model_load_weights reads them, ft_model_use_pack hands the base to a pack). */
+ * a pack (ft_model_load_weights reads them, offload/pack_model.h ft_pack_model_use hands
+ * the base to a pack). */
 static inline int ft_model_deferred(const ft_model *m) { return !m->pack_only[0] && !m->embed; }
 /* Reads the weights of a deferred model (no-op for any other). Returns ft_model_load's
  * errors (-ENOMEM among them); after one the model is deferred again (shapes, no weights). */
 int ft_model_load_weights(ft_model *m);
 /* Makes m a pack-only model of the pack file `pack` (model.h's pack_only: the executor reads
  * every weight, embeddings and norms included, from the pack), freeing its host weights if
- * it had any: a QLoRA run once its pack is ready. No-op on a pack-only model. Returns 0,
- * FT_E_INVALID (the pack's stored config has other shapes), or the pack's open errors. */
-int ft_model_use_pack(ft_model *m, const char *pack);
+ * it had any. No-op on a pack-only model. The pack is not opened: the caller has checked it
+ * (offload/pack_model.h ft_pack_model_use). Returns 0, FT_E_RANGE (path too long), -ENOMEM. */
+int ft_model_set_pack_only(ft_model *m, const char *pack);
 
 /* 0 when m has host weights; for a pack-only model FT_E_UNSUPPORTED naming the folder and
  * `what` ("generate", "merge", ...): only training/eval through the executor read it. */
 int ft_model_require_weights(const ft_model *m, const char *what);
 
-/* For a pack-only model: reads the embeddings, final norm and LM head (== embed when tied)
- * from the pack's global block into fp32 host arrays owned by m (2 x vocab x hidden floats
- * untied: 8.4 GB for Llama-3-70B), so code that reads m->embed/final_norm/lm_head works;
- * the layers stay in the pack. No-op (0) if already loaded or not pack-only. Returns 0,
- * -ENOMEM, or the pack's errors. */
-int ft_model_load_pack_globals(ft_model *m);
+/* Floats of the global tensors as ft_model_take_globals lays them out: the embeddings
+ * (vocab x hidden), the final norm (hidden), the LM head (vocab x hidden, untied only), each
+ * padded to 16 floats. */
+int64_t ft_model_global_floats(const ft_model_config *c);
+/* For a pack-only model without them: buf (64-byte aligned, ft_model_global_floats floats,
+ * laid out as said there, read by offload/pack_model.h ft_pack_model_load_globals) becomes
+ * m's, freed with it; m->embed, final_norm and lm_head (== embed when tied) point into it. */
+void ft_model_take_globals(ft_model *m, float *buf);
 
 /* The model config of a GGUF file from its {arch}.* metadata (llama.cpp keys; formats.md
  * 4.3), without reading any weight: rope scaling from rope.scaling.* or rope_freqs.weight

@@ -46,18 +46,3 @@ int ft_correction_compute(ft_lora *l, const ft_model *m, ft_pack_file *pack, con
     free(vals);
     return rc;
 }
-
-int ft_correction_load(ft_lora *l, const char *out_dir)
-{
-    char dir[4200];
-    FT_TRY(ft_path_join(dir, sizeof dir, out_dir, FT_QCORR_DIR));
-    float *vals = malloc((size_t)l->n_params * sizeof *vals);
-    if (!vals) return ft_err(-ENOMEM, "out of memory reading %s", dir);
-    int rc = ft_peft_load_values(dir, l, vals);
-    if (rc < 0)
-        ft_err_prefix(rc, "the run's quantization correction (written at its start) in %s", dir);
-    else
-        rc = ft_lora_set_fixed(l, vals);
-    free(vals);
-    return rc;
-}

@@ -45,6 +45,21 @@
 
 #define FT_TRAIN_QUANT_AUTO 0
 
+/* Test hooks (fault injection for the tests; cli/cmd_train.c reads them from the environment,
+ * FTUNE_TEST_STOP_HOLD_MS and FTUNE_TEST_INF_EMBEDDING, since library code reads none). */
+typedef struct ft_train_test_hooks {
+    int64_t stop_hold_ms;       /* > 0: a run stopped through cfg->stop waits this long before its
+                                 * stop checkpoint, so that a test's second signal lands while
+                                 * the process still runs (on a tiny model the save and exit take
+                                 * a few ms, less than a loaded test runner's reaction) */
+    int64_t inf_embedding;      /* >= 0: the input embedding row of this token id is set to +Inf
+                                 * once the weights are read, so that the micro-batches holding
+                                 * it give non-finite losses and gradients (the skipped-step
+                                 * path) while the others train; a model file cannot carry such
+                                 * a row (the loaders refuse non-finite weights). Only an untied
+                                 * model read into memory (FT_E_INVALID otherwise). -1: off */
+} ft_train_test_hooks;
+
 /* What the adapter is trained on: the token loss of instruction data (supervised fine-tuning),
  * or preference pairs by Direct Preference Optimization (src/train/dpo.h, dpo_run.h). */
 enum ft_train_method { FT_METHOD_SFT = 0, FT_METHOD_DPO };
@@ -140,11 +155,13 @@ typedef struct ft_train_cfg {
     int64_t early_stopping_patience; /* 0: off; needs an eval split and eval_every > 0 */
     double early_stopping_threshold; /* >= 0, in eval-loss units (nats per token) */
     volatile sig_atomic_t *stop;/* if non-NULL and non-zero: stop after the current step */
+    ft_train_test_hooks test;   /* off in ft_train_defaults */
 } ft_train_cfg;
 
 /* Fills the defaults a user expects (r 16, alpha 32, all linear targets, lr 2e-4, one epoch,
  * batch 1, grad-accum 1, cosine with 3% warmup, clip 1.0, AdamW (0.9, 0.999, 1e-8), wd 0;
- * a checkpoint every 200 steps, 2 kept, stop after 5 consecutive non-finite steps). */
+ * a checkpoint every 200 steps, 2 kept, stop after 5 consecutive non-finite steps; test
+ * hooks off). */
 void ft_train_defaults(ft_train_cfg *c);
 
 /* FT_EV_WARN: a recoverable problem (a skipped step), text = one line.

@@ -836,14 +836,14 @@ def _pack_only_cases():
     for name, argv in cmds.items():
         @case("model folder",
               f"`{name} --quant bf16` on a folder holding only an NF4 pack (`init-model --pack`)",
-              "cli/session.c ft_session_open_quant")
+              "offload/session.c ft_session_open_backend")
         def _(d, argv=argv):
             pack_only(d)
             return argv(["--quant", "bf16"])
 
         @case("model folder", f"`{name} --quant nf4` on a folder holding only a bf16 pack "
               "(`init-model --pack --quant bf16`)",
-              "cli/session.c ft_session_open_nf4")
+              "offload/session.c open_forward_base")
         def _(d, argv=argv):
             pack_only(d, "--quant", "bf16")
             return argv(["--quant", "nf4", "--cache-dir", "cache"])

@@ -1,6 +1,6 @@
 /* fuzz_ckptstate.c - libFuzzer target: a checkpoint's trainer_state.json and
  * optimizer.safetensors (src/train/checkpoint.c ft_ckpt_load), as `ftune train --resume`
- * reads them (trainer.c resume_from).
+ * reads them (src/train/adapter.c resume_from).
  *
  * Input: trainer_state.json, FUZZ_SEP, optimizer.safetensors (without a separator the whole
  * input is the state and the checkpoint has no optimizer file). The adapter files of the

@@ -1,5 +1,5 @@
 /* fuzz_dporef.c - libFuzzer target: the DPO reference cache OUT/dpo_reference.bin
- * (src/train/dpo_refcache.c), as a resumed DPO run reads it back (trainer.c dpo_reference).
+ * (src/train/dpo_refcache.c), as a resumed DPO run reads it back (src/train/adapter.c dpo_reference).
  *
  * Input: the whole file. Before writing it, the target recomputes the trailing checksum
  * (ft_ckpt_hash over every byte before the last 8, dpo_refcache.h) so that mutations reach

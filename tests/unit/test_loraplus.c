@@ -1,4 +1,4 @@
-/* test_loraplus.c - LoRA+ (ft_train_cfg.loraplus_lr_ratio, src/train/trainer.c): the B
+/* test_loraplus.c - LoRA+ (ft_train_cfg.loraplus_lr_ratio, src/train/optim.c): the B
  * matrices step at ratio * lr(t), the A matrices at lr(t) (Hayou, Ghosh, Yu 2024; PEFT's
  * create_loraplus_optimizer), checked on whole training runs of tests/fixtures/tiny-llama:
  *   - ratio 1 writes the same adapter bytes as LoRA+ off (the one-call optimizer path);

@@ -19,7 +19,7 @@
  *   GGUF models: a pack streamed from the file (ft_gguf_hf_rows) is byte-identical to the
  *   one built from the loaded model, whose weights the row reads give bit for bit; a
  *   deferred load (ft_model_load_deferred) has the shapes and no weights until
- *   ft_model_load_weights, and ft_model_use_pack turns a model into a pack-only one;
+ *   ft_model_load_weights, and ft_pack_model_use turns a model into a pack-only one;
  *   a pack not built yet (`ftune plan`): ft_pack_layout's sizes are the built pack's (llama,
  *   biases, qwen2, qwen3, NF4/bf16, pre-quantized sources), partial packs hold the whole
  *   pack's first blocks, and ft_pack_preview_make leaves nothing in the cache folder. */
@@ -39,6 +39,7 @@
 #include "offload/exec.h"
 #include "kernels/kernels.h"
 #include "offload/pack.h"
+#include "offload/pack_model.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
@@ -831,7 +832,7 @@ static void test_gguf_stream(void **state)
         ft_pack_settings_default(&s, FT_PACK_QUANT_NF4);
         assert_int_equal(ft_pack_ensure_loaded(models[mi], NULL, db, &s, 0, &ib, NULL, NULL), 0);
         assert_int_equal(ib.action, FT_PACK_REUSED);
-        assert_int_equal(ft_model_use_pack(d, ib.path), 0);
+        assert_int_equal(ft_pack_model_use(d, ib.path), 0);
         assert_true(d->pack_only[0] && !d->embed && !d->layers[0].proj[FT_K].w);
         assert_int_equal(ft_model_n_params(d), ft_model_n_params(m));
         ft_model_free(d);

@@ -1,9 +1,10 @@
 /* test_packonly.c - a model folder holding only config.json + the pack (+ tokenizer), as
- * `ftune init-model --pack` writes it (src/model/loader.c, model.h pack_only):
+ * `ftune init-model --pack` writes it (src/model/loader.c, model.h pack_only; the pack
+ * checked and read by offload/pack_model.h):
  *   it loads: shapes of every projection, no host weights, the pack's path, the parameter
  *   count of the same model with safetensors, its tokenizer; paths that need host weights
  *   are refused naming the folder;
- *   ft_model_load_pack_globals gives the embeddings/norm/head of the safetensors model bit
+ *   ft_pack_model_load_globals gives the embeddings/norm/head of the safetensors model bit
  *   for bit, and the CPU executor over the pack then gives the same eval loss, bit for bit,
  *   as the safetensors model with the same pack; on a device backend (cpu-device) the
  *   tied pack-only model's globals come from the pack to the device (the embedding table is
@@ -19,6 +20,7 @@
 #include "src/model/lora.h"
 #include "offload/exec.h"
 #include "offload/pack.h"
+#include "offload/pack_model.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
@@ -95,8 +97,8 @@ static void test_load(void **state)
     assert_false(has_file(f->only, "model.safetensors"));
     assert_true(has_file(f->only, FT_PACK_LOCAL_NF4) && has_file(f->only, "tokenizer.json"));
     ft_model *a, *b;
-    assert_int_equal(ft_model_load(&a, f->full), 0);
-    if (ft_model_load(&b, f->only) < 0) fail_msg("%s", ft_errmsg());
+    assert_int_equal(ft_pack_model_load(&a, f->full), 0);
+    if (ft_pack_model_load(&b, f->only) < 0) fail_msg("%s", ft_errmsg());
     char want[800];
     snprintf(want, sizeof want, "%s/%s", f->only, FT_PACK_LOCAL_NF4);
     assert_string_equal(b->pack_only, want);
@@ -189,16 +191,16 @@ static void test_globals_and_exec(void **state)
 {
     fx *f = *state;
     ft_model *a, *b;
-    assert_int_equal(ft_model_load(&a, f->full), 0);
-    assert_int_equal(ft_model_load(&b, f->only), 0);
-    if (ft_model_load_pack_globals(b) < 0) fail_msg("%s", ft_errmsg());
+    assert_int_equal(ft_pack_model_load(&a, f->full), 0);
+    assert_int_equal(ft_pack_model_load(&b, f->only), 0);
+    if (ft_pack_model_load_globals(b) < 0) fail_msg("%s", ft_errmsg());
     const int64_t V = a->cfg.vocab_size, C = a->cfg.hidden_size;
     assert_non_null(b->embed);
     assert_memory_equal(b->embed, a->embed, (size_t)(V * C) * sizeof(float));
     assert_memory_equal(b->final_norm, a->final_norm, (size_t)C * sizeof(float));
     assert_true(b->cfg.tie_word_embeddings && b->lm_head == b->embed);
     const float *e0 = b->embed;
-    assert_int_equal(ft_model_load_pack_globals(b), 0); /* loaded once */
+    assert_int_equal(ft_pack_model_load_globals(b), 0); /* loaded once */
     assert_ptr_equal(b->embed, e0);
     /* eval through the CPU executor: safetensors model + its pack == pack-only model +
      * its pack (the same random weights), bit for bit */
@@ -235,7 +237,7 @@ static void test_globals_and_exec(void **state)
     double dloss[2];
     for (int k = 0; k < 2; k++) {
         ft_model *m = NULL;
-        assert_int_equal(ft_model_load(&m, k ? f->only : f->full), 0);
+        assert_int_equal(ft_pack_model_load(&m, k ? f->only : f->full), 0);
         assert_true(m->cfg.tie_word_embeddings && (k ? m->embed == NULL : m->embed != NULL));
         dloss[k] = pack_eval(dev, m, k ? f->only : f->full, &bt, S);
         ft_model_free(m);
@@ -260,26 +262,26 @@ static void test_bf16_and_preference(void **state)
     ft_init_result res;
     assert_int_equal(ft_init_model(&c, &res), 0);
     ft_model *m;
-    assert_int_equal(ft_model_load(&m, d), 0);
+    assert_int_equal(ft_pack_model_load(&m, d), 0);
     assert_non_null(strstr(m->pack_only, FT_PACK_LOCAL_BF16));
-    assert_int_equal(ft_model_load_pack_globals(m), 0);
+    assert_int_equal(ft_pack_model_load_globals(m), 0);
     ft_model *ref;
-    assert_int_equal(ft_model_load(&ref, f->full), 0);
+    assert_int_equal(ft_pack_model_load(&ref, f->full), 0);
     assert_memory_equal(m->embed, ref->embed,
                         (size_t)(ref->cfg.vocab_size * ref->cfg.hidden_size) * sizeof(float));
     ft_model_free(ref);
     ft_model_free(m);
     copy(f->only, d, FT_PACK_LOCAL_NF4); /* both: NF4 is taken */
-    assert_int_equal(ft_model_load(&m, d), 0);
+    assert_int_equal(ft_pack_model_load(&m, d), 0);
     assert_non_null(strstr(m->pack_only, FT_PACK_LOCAL_NF4));
     ft_model_free(m);
 }
 
-/* ft_model_load of `dir` fails with code `rc`, its message naming the folder and `needle`. */
+/* ft_pack_model_load of `dir` fails with code `rc`, its message naming the folder and `needle`. */
 static void expect_fail(const char *dir, int rc, const char *needle)
 {
     ft_model *m = NULL;
-    int got = ft_model_load(&m, dir);
+    int got = ft_pack_model_load(&m, dir);
     if (got != rc) fail_msg("%s: expected %d, got %d (%s)", dir, rc, got, ft_errmsg());
     assert_null(m);
     const char *msg = ft_errmsg();
@@ -334,7 +336,7 @@ static void test_bad_packs(void **state)
     assert_int_equal(ft_mkdir_p(d), 0);
     copy(f->only, d, "config.json");
     ft_model *m = NULL;
-    assert_true(ft_model_load(&m, d) < 0);
+    assert_true(ft_pack_model_load(&m, d) < 0);
     assert_null(m);
     assert_non_null(strstr(ft_errmsg(), d));
 }
@@ -369,7 +371,7 @@ static void test_bias_from_config(void **state)
     ft_init_result res;
     if (ft_init_model(&ic, &res) < 0) fail_msg("%s", ft_errmsg());
     ft_model *m;
-    if (ft_model_load(&m, dir) < 0) fail_msg("%s", ft_errmsg());
+    if (ft_pack_model_load(&m, dir) < 0) fail_msg("%s", ft_errmsg());
     assert_true(m->cfg.attention_bias && m->layers[0].proj[FT_Q].b == NULL);
 
     const int64_t S = 16, V = m->cfg.vocab_size;

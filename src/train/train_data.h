@@ -1,0 +1,38 @@
+/* train_data.h - the data of a training run, shared by its adapters: the tokenized examples
+ * (src/data/dataset.h: the training files, their eval split or --eval-data), the eval
+ * micro-batches and the training micro-batches of the current epoch (src/data/batch.c
+ * ft_pack / ft_pack_pairs: first-fit-decreasing sequence packing, re-packed each epoch with
+ * the seed + epoch). */
+#ifndef FT_TRAIN_DATA_H
+#define FT_TRAIN_DATA_H
+
+#include <stdint.h>
+
+#include "src/data/dataset.h"
+#include "src/train/events.h"
+#include "src/train/trainer.h"
+
+typedef struct ft_train_data {
+    ft_dataset ds;              /* examples (DPO: a pair is two, chosen then rejected) */
+    ft_batch *train_b, *eval_b; /* micro-batches of the current epoch, and of the held-out set */
+    int64_t n_train_b, n_eval_b;
+    int64_t epoch;              /* the epoch train_b is packed for */
+    int64_t seq_len;            /* tokens per packed row */
+} ft_train_data;
+
+/* Reads c->data (and c->eval_data) with tok as the run's data (seq_len tokens per row: the
+ * data_cfg's schema, template, masks, truncation, split), reports the data line (and a chat
+ * template that cannot end a reply, an --eval-fraction that --eval-data makes moot) to k, and
+ * packs epoch 0 and the eval micro-batches. Returns 0 or an error naming the file: FT_E_INVALID
+ * also when no training example is left, or when --early-stopping-patience or --save-best
+ * have no eval examples. */
+int ft_train_data_load(ft_train_data *d, const ft_train_cfg *c, ft_tokenizer *tok,
+                       int64_t seq_len, const ft_train_sink *k);
+
+/* Packs the training micro-batches of `epoch` (epoch 0 uses the seed itself). Returns 0 or
+ * -ENOMEM. */
+int ft_train_data_pack_epoch(ft_train_data *d, const ft_train_cfg *c, int64_t epoch);
+
+void ft_train_data_free(ft_train_data *d); /* zeroes *d */
+
+#endif
