@@ -179,16 +179,18 @@ static int lin_fwd_one(ft_backend *be, const ft_linear *w, const seg_lora *g, co
     return 0;
 }
 
-/* Projection pj over the segments' rows: one segment, or b->split: lin_fwd_one per segment
- * (each its own frozen GEMM); else each adapter's share on its rows (the rows of segments
- * without one on pj zeroed when some have one), then one frozen GEMM over all rows. */
+/* Projection pj over the segments' rows: one segment, or b->split (not concat_gemms):
+ * lin_fwd_one per segment (each its own frozen GEMM); else each adapter's share on its rows
+ * (the rows of segments without one on pj zeroed when some have one), then one frozen GEMM
+ * over all rows. */
 static int lin_fwd(ft_backend *be, const ft_linear *w, const blk_segs *b, int pj, const float *x,
                    float *y, float *u, float *xd, float *tmp)
 {
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
     int per_seg = b->n == 1 || b->split, n_lora = 0;
-    for (int64_t k = 0; k < b->n && !per_seg; k++) n_lora += lora_of(b->segs[k].lora, b->layer, pj) != NULL;
+    for (int64_t k = 0; k < b->n && !per_seg; k++)
+        n_lora += lora_of(b->segs[k].lora, b->layer, pj) != NULL;
     for (int64_t k = 0; k < b->n; k++) {
         const ft_block_seg *sg = &b->segs[k];
         seg_lora g = seg_lora_of(sg, b->layer, pj, b->train);
@@ -300,7 +302,8 @@ static int lin_bwd(ft_backend *be, const ft_linear *w, const blk_segs *b, int pj
         float *dxk = dx + r0 * in, *duk = du + r0 * R;
         if (g.ll) FT_TRY(lora_bwd_b(be, &g, out, u + r0 * R, dy + r0 * out, duk, T));
         if (g.ll && !seg_drops(&g)) {
-            FT_TRY(o->gemm(be, 1, 0, g.r, in, T, 1.0f, duk, g.r, x + r0 * in, in, 1.0f, g.ll->dA, in));
+            FT_TRY(o->gemm(be, 1, 0, g.r, in, T, 1.0f, duk, g.r, x + r0 * in, in, 1.0f, g.ll->dA,
+                           in));
             FT_TRY(o->gemm(be, 0, 0, T, in, g.r, 1.0f, duk, g.r, g.ll->A, in, beta, dxk, in));
         } else if (n_first && beta != 1.0f) { /* the GEMM adds into these rows too */
             if (beta == 0.0f)
@@ -309,7 +312,8 @@ static int lin_bwd(ft_backend *be, const ft_linear *w, const blk_segs *b, int pj
                 FT_TRY(o->scale(be, dxk, beta, T * in));
         }
     }
-    FT_TRY(o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, b->T, out, in, n_first ? 1.0f : beta, xd));
+    FT_TRY(o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, b->T, out, in, n_first ? 1.0f : beta,
+                           xd));
     for (int64_t k = 0; k < b->n; k++) {
         const ft_block_seg *sg = &b->segs[k];
         seg_lora g = seg_lora_of(sg, b->layer, pj, 1);
@@ -330,7 +334,7 @@ static int lin_bwd(ft_backend *be, const ft_linear *w, const blk_segs *b, int pj
 static int segs_of(blk_segs *b, const ft_block_dims *d, const ft_block_io *io,
                    const ft_block_seg *segs, int64_t n, int64_t layer, int train)
 {
-    *b = (blk_segs){segs, n, d->T, d->r, layer, train, io->per_segment_gemms != 0};
+    *b = (blk_segs){segs, n, d->T, d->r, layer, train, !io->concat_gemms};
     if (n < 1 || !segs)
         return ft_err(FT_E_INVALID, "block: %lld segments", (long long)n);
     int64_t next = 0;
@@ -338,8 +342,8 @@ static int segs_of(blk_segs *b, const ft_block_dims *d, const ft_block_io *io,
         const ft_block_seg *g = &segs[k];
         if (g->row0 != next || g->T < 0 || g->T > d->T - next)
             return ft_err(FT_E_INVALID, "block: segment %lld is rows [%lld, +%lld), expected to "
-                          "start at row %lld within the %lld rows", (long long)k, (long long)g->row0,
-                          (long long)g->T, (long long)next, (long long)d->T);
+                          "start at row %lld within the %lld rows", (long long)k,
+                          (long long)g->row0, (long long)g->T, (long long)next, (long long)d->T);
         if (g->lora && g->lora->cfg.r > d->r)
             return ft_err(FT_E_INVALID, "block: segment %lld's adapter has rank %lld, the "
                           "activations hold rank %lld", (long long)k, (long long)g->lora->cfg.r,
@@ -424,7 +428,8 @@ int ft_block_fwd_segs(ft_backend *be, const ft_model_config *cfg, const ft_layer
     FT_TRY(o->axpy(be, 1.0f, x, a->h, T * C));
 
     FT_TRY(o->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, w->ffn_norm, T, C, cfg->rms_norm_eps));
-    FT_TRY(lin_fwd(be, &w->proj[FT_GATE], &b, FT_GATE, a->xn2, a->gate, a->u[FT_GATE], s->xd, s->du));
+    FT_TRY(lin_fwd(be, &w->proj[FT_GATE], &b, FT_GATE, a->xn2, a->gate, a->u[FT_GATE], s->xd,
+                   s->du));
     FT_TRY(lin_fwd(be, &w->proj[FT_UP], &b, FT_UP, a->xn2, a->up, a->u[FT_UP], s->xd, s->du));
     FT_TRY(o->swiglu_fwd(be, a->act, a->gate, a->up, T * F));
     FT_TRY(lin_fwd(be, &w->proj[FT_DOWN], &b, FT_DOWN, a->act, out, a->u[FT_DOWN], s->xd, s->du));

@@ -54,22 +54,24 @@ typedef struct ft_block_io {
     const float *inv_freq;     /* (D/2) RoPE */
     uint64_t dropout_seed;     /* mixes step, layer, micro-batch; 0 when dropout is off
                                 * (ft_block_fwd/_bwd; the segments carry their own) */
-    /* Segments only: 0 (default) multiplies the frozen projections once over all T rows;
-     * 1 once per segment, on its rows, each with the ops and shapes ft_block_fwd/_bwd give a
-     * micro-batch of that segment alone, so each segment gets those bits on any backend
-     * (a backend whose GEMM rounds a row by the row count and tile it falls in, such as
-     * OpenBLAS, otherwise differs from one adapter's run by fp32 rounding). */
-    int per_segment_gemms;
+    /* Segments only: 0 (default) multiplies the frozen projections once per segment, on its
+     * rows, with the ops and shapes ft_block_fwd/_bwd give a micro-batch of that segment
+     * alone, so each segment gets those bits on any backend; 1 once over all T rows (one GEMM
+     * over the concatenated segments; a backend whose GEMM rounds a row by the row count and
+     * the tile it falls in, as OpenBLAS does, then differs from each segment alone by
+     * rounding: offload/exec.h ft_exec.concat_gemms). */
+    int concat_gemms;
 } ft_block_io;
 
 /* Several adapters in one micro-batch: its T rows are the concatenation of n segments, each
  * one adapter's micro-batch of whole sequences (no sequence crosses a segment boundary).
- * Norms, RoPE, SwiGLU, the residual adds and the frozen projections run over all rows;
- * attention runs once per segment, on its own rows (it has no weights to share, and the
- * CPU's tiles count from a call's first row, so a call over all rows would tile each segment
- * otherwise than its own run does); each segment's LoRA path (its rank, scale, dropout,
- * targets, frozen correction A0/B0) applies to its rows only, and its gradients go to its own
- * adapter. Segments tile [0, T) in order; their adapters are distinct. */
+ * Norms, RoPE, SwiGLU and the residual adds run over all rows, the frozen projections per
+ * segment or over all rows (ft_block_io.concat_gemms); attention runs once per segment, on
+ * its own rows (it has no weights to share, and the CPU's tiles count from a call's first
+ * row, so a call over all rows would tile each segment otherwise than its own run does);
+ * each segment's LoRA path (its rank, scale, dropout, targets, frozen correction A0/B0)
+ * applies to its rows only, and its gradients go to its own adapter. Segments tile [0, T) in
+ * order. */
 typedef struct ft_block_seg {
     const ft_lora *lora;       /* NULL: the base alone on these rows */
     int64_t row0, T;           /* rows [row0, row0 + T) of the micro-batch */
