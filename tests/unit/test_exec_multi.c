@@ -597,8 +597,66 @@ static void test_sizes(void **state)
         prev_kept = kept;
         ft_exec_free(&e);
     }
+    for (int k = 0; k < K; k++) { /* the LoRA state per adapter the planner adds */
+        ft_lora a;
+        lora_make(&a, be, m, k);
+        assert_true(ft_lora_bytes(m, &CFG[k].lc, CFG[k].fixed) ==
+                    (size_t)a.n_params * 4 * (CFG[k].fixed ? 5 : 4));
+        ft_lora_free(&a);
+    }
     ft_lora_free(&l);
     tiny_close(m, be, NULL);
+}
+
+/* The planner's K (offload/plan.h): a 70B-shaped QLoRA run (80 layers of 450 MB, seq 2048)
+ * under --gpu-mem 24G --host-mem 8G, disk-bound: ft_plan_in_adapters scales the
+ * per-micro-batch terms by K and adds the adapters' state, ft_plan_max_adapters is the last K
+ * ft_plan_make accepts, and K adapters' aggregate tokens/s beats one adapter's (the weights'
+ * reads are shared). */
+static void test_plan_adapters(void **state)
+{
+    (void)state;
+    ft_plan_in one;
+    memset(&one, 0, sizeof one);
+    one.n_layers = 80;
+    one.layer_bytes = one.slot_bytes = 450000000;
+    one.packed = one.device = 1;
+    one.gpu_fixed = (uint64_t)10 << 30;
+    one.ckpt_bytes = 2048ull * 8192 * 4;
+    one.per_micro_bytes = 2048ull * 8192 * 4 + 65536;
+    one.kept_bytes = 900000000;
+    one.t_fwd_layer = 0.012;
+    one.t_bwd_layer = 0.024;
+    one.t_head = 0.03;
+    one.t_visit = 0.002;
+    one.tokens_per_micro = 2048;
+    one.micro_batches = 1;
+    one.gpu_budget = (uint64_t)24 << 30;
+    one.host_budget = (uint64_t)8 << 30;
+    one.rates.h2d = one.rates.d2h = 25e9;
+    one.rates.disk = 3e9;
+    const uint64_t per_adapter = (uint64_t)1 << 30; /* LoRA state and working set */
+    ft_plan_in in3;
+    ft_plan_in_adapters(&one, 3, per_adapter, &in3);
+    assert_true(in3.ckpt_bytes == 3 * one.ckpt_bytes && in3.kept_bytes == 3 * one.kept_bytes);
+    assert_true(in3.per_micro_bytes == 3 * one.per_micro_bytes && in3.tokens_per_micro == 3 * 2048);
+    assert_true(in3.gpu_fixed == one.gpu_fixed + 2 * per_adapter);
+    assert_true(in3.t_fwd_layer == 3 * one.t_fwd_layer && in3.t_visit == one.t_visit);
+    assert_true(in3.layer_bytes == one.layer_bytes);
+    ft_plan p1, pk, p;
+    assert_int_equal(ft_plan_make(&one, &p1), 0);
+    int64_t k = ft_plan_max_adapters(&one, per_adapter, 64, &pk);
+    ft_plan_in ink, ink1;
+    ft_plan_in_adapters(&one, k, per_adapter, &ink);
+    ft_plan_in_adapters(&one, k + 1, per_adapter, &ink1);
+    printf("plan: %lld adapters per pass fit 24G/8G; %.1f tokens/s aggregate vs %.1f for one "
+           "(%s-bound, %s-bound)\n", (long long)k, pk.tokens_per_s, p1.tokens_per_s, pk.bound,
+           p1.bound);
+    assert_true(k > 1 && k < 64);
+    assert_int_equal(ft_plan_make(&ink, &p), 0);
+    assert_true(p.tokens_per_s == pk.tokens_per_s);
+    assert_true(ft_plan_make(&ink1, &p) != 0);
+    assert_true(pk.tokens_per_s > 1.5 * p1.tokens_per_s);
 }
 
 int main(void)
@@ -610,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_eval_multi),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_plan_adapters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
