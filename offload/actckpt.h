@@ -80,7 +80,7 @@ int ft_ckpt_tier_check(int64_t L, int64_t dev_layers, int n_sets);
 int ft_ckpt_tier_init(ft_exec *e, int64_t dev_layers, int n_sets);
 void ft_ckpt_tier_free(ft_exec *e); /* NULL-safe; e->ckt = NULL */
 
-/* ---- the executor's hooks (exec.c), in schedule order -------------------------------- */
+/* ---- the executor's hooks (exec_step.c), in schedule order -------------------------------- */
 
 /* An operation starts: n_mb micro-batches of rows[mb] tokens (a pass micro-batch's: every
  * adapter's rows); train = 1: a backward follows (the forward stores its checkpoints), 0:

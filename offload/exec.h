@@ -52,7 +52,7 @@ typedef struct ft_exec {
     /* NEFTune (Jain et al. 2023, arXiv 2310.05914): neftune_alpha > 0 adds uniform noise of
      * magnitude alpha / sqrt(seq_len * hidden_size) to the embeddings of every micro-batch of
      * ft_exec_train_step (never ft_exec_eval or ft_exec_logits), drawn from neftune_seed and
-     * the micro-batch index (exec.c neftune). Zero after init (off); the caller sets both
+     * the micro-batch index (exec_step.c neftune). Zero after init (off); the caller sets both
      * before a step, the seed a pure function of its run seed and the step, so that a
      * resumed run draws the same noise. */
     double neftune_alpha;
