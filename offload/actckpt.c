@@ -110,11 +110,11 @@ static int set_of(const ft_ckpt_tier *k, int64_t j)
 
 static int on_dev(const ft_ckpt_tier *k, int64_t j) { return j >= k->h && j < k->L; }
 
-void ft_ckpt_tier_begin(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int train)
+void ft_ckpt_tier_begin(ft_exec *e, const int64_t *rows, int64_t n_mb, int train)
 {
     ft_ckpt_tier *k = e->ckt;
     k->n_mb = n_mb;
-    for (int64_t mb = 0; mb < n_mb; mb++) k->rows[mb] = mbs[mb].T;
+    for (int64_t mb = 0; mb < n_mb; mb++) k->rows[mb] = rows[mb];
     for (int s = 0; s < FT_CKPT_MAX_SETS; s++) k->hold[s] = -1;
     memset(k->stored, 0, (size_t)(k->L + 1));
     k->ring = 0;

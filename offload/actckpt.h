@@ -58,7 +58,7 @@ typedef struct ft_ckpt_tier {
     int64_t cur;                    /* backward: next layer to compute; sets holding more are free */
     int64_t next_load;              /* backward: next checkpoint to load, -1: none left */
     int64_t n_mb;                   /* micro-batches of the operation */
-    int64_t *rows;                  /* n_micro: tokens of each micro-batch (bytes copied) */
+    int64_t *rows;                  /* n_micro: rows of each micro-batch (bytes copied) */
     uint8_t *stored;                /* L + 1 flags: stored by this operation's forward */
     int train;                      /* the forward stores (a backward follows) */
     /* counters since init (test hooks, `ftune bench step`) */
@@ -80,11 +80,12 @@ int ft_ckpt_tier_check(int64_t L, int64_t dev_layers, int n_sets);
 int ft_ckpt_tier_init(ft_exec *e, int64_t dev_layers, int n_sets);
 void ft_ckpt_tier_free(ft_exec *e); /* NULL-safe; e->ckt = NULL */
 
-/* ---- the executor's hooks (exec.c), in schedule order -------------------------------- */
+/* ---- the executor's hooks (exec_step.c), in schedule order -------------------------------- */
 
-/* An operation starts: n_mb micro-batches of rows[mb] tokens; train = 1: a backward follows
- * (the forward stores its checkpoints), 0: forward only (nothing is copied). */
-void ft_ckpt_tier_begin(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int train);
+/* An operation starts: n_mb micro-batches of rows[mb] tokens (a pass micro-batch's: every
+ * adapter's rows); train = 1: a backward follows (the forward stores its checkpoints), 0:
+ * forward only (nothing is copied). */
+void ft_ckpt_tier_begin(ft_exec *e, const int64_t *rows, int64_t n_mb, int train);
 /* Forward: device buffers (micro-batch mb at + mb * T_max * C) where checkpoint j is written;
  * the compute lane waits until the set is free. */
 int ft_ckpt_tier_write(ft_exec *e, int64_t j, float **out);

@@ -1,6 +1,6 @@
-/* exec.c - the per-layer executor (see exec.h). Checkpoints are addressed through ck_*()
- * below: in the arena by default ((L + 1) * n_micro buffers), or through the host tier
- * (offload/actckpt.h) when e->ckt is set. */
+/* exec.c - the per-layer executor (see exec.h): sizing, the arena, the base weights as each
+ * layer visit fetches them, the generation source. The schedule of an operation (forward,
+ * head, backward over passes of one or more adapters) is in exec_step.c. */
 #include "offload/exec.h"
 
 #include <math.h>
@@ -14,24 +14,16 @@
 #include "src/core/err.h"
 #include "src/numeric/quant.h"
 
-static ft_block_dims dims_of(const ft_exec *e, int64_t T)
-{
-    const ft_model_config *c = &e->m->cfg;
-    ft_block_dims d = {T, c->hidden_size, c->num_attention_heads, c->num_key_value_heads,
-                       c->head_dim, c->intermediate_size, e->lora ? e->lora->cfg.r : 1};
-    return d;
-}
-
 /* Floats of every region, in carving order. */
 typedef struct { int64_t ckpt, dx, acts, scr, xf, rstdf, dxf, ce, inv, ints; } layout;
 
-/* ckpt_bufs: device checkpoint buffers of T * C floats; < 0: all (L + 1) * n_micro. */
-static layout plan(const ft_model *m, const ft_lora *lora, int64_t T, int64_t n_micro,
-                   int64_t chunk, int64_t ckpt_bufs)
+/* T: rows of a micro-batch (a pass's: every adapter's); r: the largest LoRA rank (1 without an
+ * adapter); ckpt_bufs: device checkpoint buffers of T * C floats; < 0: all (L + 1) * n_micro. */
+static layout plan(const ft_model *m, int64_t r, int64_t T, int64_t n_micro, int64_t chunk,
+                   int64_t ckpt_bufs)
 {
     const ft_model_config *c = &m->cfg;
-    ft_block_dims d = {T, c->hidden_size, c->num_attention_heads, c->num_key_value_heads,
-                       c->head_dim, c->intermediate_size, lora ? lora->cfg.r : 1};
+    ft_block_dims d = ft_exec_dims_for(m, r, T);
     layout L;
     if (ckpt_bufs < 0) ckpt_bufs = (c->num_hidden_layers + 1) * n_micro;
     L.ckpt = ckpt_bufs * T * c->hidden_size;
@@ -65,11 +57,40 @@ static int64_t ce_chunk_for(const ft_backend *be, int64_t T_max)
     return c < T_max ? c : T_max;
 }
 
+size_t ft_exec_bytes_multi(const ft_backend *be, const ft_model *m, int64_t n_adapters,
+                           int64_t r_max, int64_t T_max, int64_t n_micro)
+{
+    layout L = plan(m, r_max, n_adapters * T_max, n_micro, ce_chunk_for(be, T_max), -1);
+    return (size_t)total(&L) * sizeof(float) +
+           (be->ops->host_memory ? 0 : ft_exec_weight_bytes(be, m));
+}
+
 size_t ft_exec_bytes(const ft_backend *be, const ft_model *m, const ft_lora *lora, int64_t T_max,
                      int64_t n_micro)
 {
-    layout L = plan(m, lora, T_max, n_micro, ce_chunk_for(be, T_max), -1);
-    return (size_t)total(&L) * sizeof(float) + (be->ops->host_memory ? 0 : ft_exec_weight_bytes(be, m));
+    return ft_exec_bytes_multi(be, m, 1, lora ? lora->cfg.r : 1, T_max, n_micro);
+}
+
+/* Floats of the kept activations of every layer and micro-batch of T rows. */
+static int64_t kept_floats(const ft_model *m, int64_t r, int64_t T, int64_t n_micro)
+{
+    ft_block_dims d = ft_exec_dims_for(m, r, T);
+    return ft_pad16(ft_block_acts_floats(&d)) * m->cfg.num_hidden_layers * n_micro;
+}
+
+void ft_exec_adapter_bytes(const ft_model *m, int64_t r_max, int64_t T_max, int64_t n_micro,
+                           ft_exec_adapter_sizes *out)
+{
+    /* the growth from one adapter to two: the regions that scale with the rows (the chunk and
+     * inv_freq do not: the same chunk for both) */
+    layout a = plan(m, r_max, T_max, n_micro, 1, -1), b = plan(m, r_max, 2 * T_max, n_micro, 1, -1);
+    out->ckpt = (size_t)(b.ckpt - a.ckpt) * sizeof(float);
+    out->per_micro = (size_t)(b.dx - a.dx + b.ints - a.ints) * sizeof(float);
+    out->work = (size_t)(b.acts - a.acts + b.scr - a.scr + b.xf - a.xf + b.rstdf - a.rstdf +
+                         b.dxf - a.dxf) * sizeof(float);
+    out->total = out->ckpt + out->per_micro + out->work;
+    out->kept = (size_t)(kept_floats(m, r_max, 2 * T_max, n_micro) -
+                         kept_floats(m, r_max, T_max, n_micro)) * sizeof(float);
 }
 
 int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
@@ -83,7 +104,7 @@ static int carve_arena(ft_exec *e, int64_t ckpt_bufs)
 {
     ft_backend *be = e->be;
     int64_t T_max = e->T_max, n_micro = e->n_micro_max;
-    layout L = plan(e->m, e->lora, T_max, n_micro, e->ce_chunk, ckpt_bufs);
+    layout L = plan(e->m, e->r_max, T_max, n_micro, e->ce_chunk, ckpt_bufs);
     e->arena_bytes = (size_t)total(&L) * sizeof(float);
     e->arena = be->ops->alloc(be, e->arena_bytes);
     if (!e->arena)
@@ -93,8 +114,8 @@ static int carve_arena(ft_exec *e, int64_t ckpt_bufs)
     float *p = e->arena;
     e->ckpt = ft_carve16(&p, L.ckpt);
     e->dx = ft_carve16(&p, L.dx);
-    ft_block_dims d = dims_of(e, T_max);
-    ft_block_acts_carve(&e->acts, ft_carve16(&p, L.acts), &d, e->lora ? e->lora->cfg.targets : 0);
+    ft_block_dims d = ft_exec_dims(e, T_max);
+    ft_block_acts_carve(&e->acts, ft_carve16(&p, L.acts), &d, FT_LORA_ALL_TARGETS);
     ft_block_scratch_carve(&e->scr, ft_carve16(&p, L.scr), &d);
     e->xf = ft_carve16(&p, L.xf);
     e->rstdf = ft_carve16(&p, L.rstdf);
@@ -109,8 +130,18 @@ static int carve_arena(ft_exec *e, int64_t ckpt_bufs)
     return 0;
 }
 
-static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
-                     int64_t n_micro, int64_t rope_seq_len, int place_layers, int64_t ckpt_bufs);
+/* The sizes of an executor: n_adapters adapters per pass of up to T_adapter tokens each, LoRA
+ * ranks up to r_max (ft_exec_init: one adapter, its rank). */
+typedef struct exec_sizes { int64_t n_adapters, r_max, T_adapter, n_micro; } exec_sizes;
+
+static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora,
+                     const exec_sizes *z, int64_t rope_seq_len, int place_layers,
+                     int64_t ckpt_bufs);
+
+static exec_sizes one_adapter(const ft_lora *lora, int64_t T_max, int64_t n_micro)
+{
+    return (exec_sizes){1, lora ? lora->cfg.r : 1, T_max, n_micro};
+}
 
 int ft_exec_free_keeping_err(ft_exec *e, int rc)
 {
@@ -123,8 +154,37 @@ int ft_exec_free_keeping_err(ft_exec *e, int rc)
 int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
                     int64_t n_micro, int64_t rope_seq_len, int place_layers)
 {
-    int rc = init_impl(e, be, m, lora, T_max, n_micro, rope_seq_len, place_layers, -1);
+    exec_sizes z = one_adapter(lora, T_max, n_micro);
+    int rc = init_impl(e, be, m, lora, &z, rope_seq_len, place_layers, -1);
     return rc < 0 ? ft_exec_free_keeping_err(e, rc) : rc; /* a failed init frees its own */
+}
+
+/* ft_exec_init_ckpt_host's body for sizes z (n_sets 0: every checkpoint in the arena). */
+static int init_sized(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora,
+                      const exec_sizes *z, int64_t rope_seq_len, int place_layers,
+                      int64_t dev_layers, int n_sets)
+{
+    memset(e, 0, sizeof *e);
+    if (n_sets) FT_TRY(ft_ckpt_tier_check(m->cfg.num_hidden_layers, dev_layers, n_sets));
+    int64_t bufs = n_sets ? ft_ckpt_tier_dev_buffers(z->n_micro, dev_layers, n_sets) : -1;
+    int rc = init_impl(e, be, m, lora, z, rope_seq_len, place_layers, bufs);
+    if (!rc && n_sets) rc = ft_ckpt_tier_init(e, dev_layers, n_sets);
+    return rc < 0 ? ft_exec_free_keeping_err(e, rc) : rc;
+}
+
+int ft_exec_init_multi(ft_exec *e, ft_backend *be, const ft_model *m, int64_t n_adapters,
+                       int64_t r_max, int64_t T_max, int64_t n_micro, int64_t rope_seq_len,
+                       int place_layers, int64_t dev_layers, int n_sets)
+{
+    memset(e, 0, sizeof *e);
+    if (n_adapters < 1 || r_max < 1 || r_max > 4096 || T_max < 1 || T_max > INT64_MAX / n_adapters)
+        return ft_err(FT_E_INVALID, "executor: %lld adapters per pass of rank <= %lld and %lld "
+                      "tokens each (expected >= 1 adapters, rank 1..4096)", (long long)n_adapters,
+                      (long long)r_max, (long long)T_max);
+    exec_sizes z = {n_adapters, r_max, T_max, n_micro};
+    FT_TRY(init_sized(e, be, m, NULL, &z, rope_seq_len, place_layers, dev_layers, n_sets));
+    e->adapters_per_step = 1;
+    return 0;
 }
 
 int ft_exec_init_ckpt_host(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora,
@@ -133,10 +193,8 @@ int ft_exec_init_ckpt_host(ft_exec *e, ft_backend *be, const ft_model *m, ft_lor
 {
     memset(e, 0, sizeof *e);
     FT_TRY(ft_ckpt_tier_check(m->cfg.num_hidden_layers, dev_layers, n_sets));
-    int rc = init_impl(e, be, m, lora, T_max, n_micro, rope_seq_len, place_layers,
-                       ft_ckpt_tier_dev_buffers(n_micro, dev_layers, n_sets));
-    if (!rc) rc = ft_ckpt_tier_init(e, dev_layers, n_sets);
-    return rc < 0 ? ft_exec_free_keeping_err(e, rc) : rc;
+    exec_sizes z = one_adapter(lora, T_max, n_micro);
+    return init_sized(e, be, m, lora, &z, rope_seq_len, place_layers, dev_layers, n_sets);
 }
 
 int ft_exec_ckpt_to_host(ft_exec *e, int64_t dev_layers, int n_sets)
@@ -156,10 +214,12 @@ int ft_exec_ckpt_to_host(ft_exec *e, int64_t dev_layers, int n_sets)
     return ft_ckpt_tier_init(e, dev_layers, n_sets);
 }
 
-static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
-                     int64_t n_micro, int64_t rope_seq_len, int place_layers, int64_t ckpt_bufs)
+static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora,
+                     const exec_sizes *z, int64_t rope_seq_len, int place_layers,
+                     int64_t ckpt_bufs)
 {
     memset(e, 0, sizeof *e);
+    int64_t T_max = z->T_adapter, n_micro = z->n_micro, K = z->n_adapters;
     if (T_max < 1 || n_micro < 1)
         return ft_err(FT_E_INVALID, "executor: bad sizes T=%lld micro-batches=%lld",
                       (long long)T_max, (long long)n_micro);
@@ -167,9 +227,21 @@ static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lor
     e->nf4_fused = ft_exec_nf4_gemm_mode(be) == FT_NF4_GEMM_FUSED;
     e->m = m;
     e->lora = lora;
-    e->T_max = T_max;
+    e->n_adapters = K;
+    e->adapter_T_max = T_max;
+    e->r_max = z->r_max;
+    e->T_max = K * T_max;
     e->n_micro_max = n_micro;
+    /* the head runs per adapter's rows: one adapter's chunk, as its run alone has */
     e->ce_chunk = ce_chunk_for(be, T_max);
+    e->op_segs = calloc((size_t)(n_micro * K), sizeof *e->op_segs);
+    e->op_seg_step = calloc((size_t)(n_micro * K), sizeof *e->op_seg_step);
+    e->op_rows = calloc((size_t)n_micro, sizeof *e->op_rows);
+    e->op_nseg = calloc((size_t)n_micro, sizeof *e->op_nseg);
+    e->op_ntok = calloc((size_t)K, sizeof *e->op_ntok);
+    e->op_loss = calloc((size_t)K, sizeof *e->op_loss);
+    if (!e->op_segs || !e->op_seg_step || !e->op_rows || !e->op_nseg || !e->op_ntok || !e->op_loss)
+        return ft_err(-ENOMEM, "out of memory for the executor's schedule");
     FT_TRY(carve_arena(e, ckpt_bufs));
 
     float inv[1024];
@@ -177,7 +249,7 @@ static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lor
         return ft_err(FT_E_UNSUPPORTED, "head_dim %lld too large", (long long)m->cfg.head_dim);
     ft_rope_inv_freq(&m->cfg, rope_seq_len, inv);
     FT_TRY(be->ops->copy(be, e->inv_freq, inv, (size_t)(m->cfg.head_dim / 2) * sizeof(float)));
-    if (be->ops->prepare)
+    if (be->ops->prepare) /* attention runs per adapter's rows (llama.h ft_block_seg) */
         FT_TRY(be->ops->prepare(be, T_max, m->cfg.num_attention_heads, m->cfg.num_key_value_heads,
                                 m->cfg.head_dim));
     return ft_exec_place_weights(e, place_layers);
@@ -206,21 +278,25 @@ void ft_exec_free(ft_exec *e)
         free(e->pack_raw);
         free(e->pack_host);
         free(e->seq_buf);
+        free(e->op_segs);
+        free(e->op_seg_step);
+        free(e->op_rows);
+        free(e->op_nseg);
+        free(e->op_ntok);
+        free(e->op_loss);
     }
     if (e) memset(e, 0, sizeof *e);
 }
 
 size_t ft_exec_kept_bytes(const ft_exec *e)
 {
-    ft_block_dims d = dims_of(e, e->T_max);
-    int64_t per = ft_pad16(ft_block_acts_floats(&d));
-    return (size_t)(per * e->m->cfg.num_hidden_layers * e->n_micro_max) * sizeof(float);
+    return (size_t)kept_floats(e->m, e->r_max, e->T_max, e->n_micro_max) * sizeof(float);
 }
 
 int ft_exec_keep_activations(ft_exec *e, size_t budget_bytes)
 {
     size_t need = ft_exec_kept_bytes(e);
-    if (e->kept || !e->lora) return e->kept != NULL;
+    if (e->kept || (!e->lora && !e->adapters_per_step)) return e->kept != NULL;
     if (need > budget_bytes) return 0;
     int64_t n = e->m->cfg.num_hidden_layers * e->n_micro_max;
     e->kept = calloc((size_t)n, sizeof *e->kept);
@@ -231,10 +307,10 @@ int ft_exec_keep_activations(ft_exec *e, size_t budget_bytes)
         return ft_err(-ENOMEM, "out of memory keeping activations (%.1f GiB)", need / 1073741824.0);
     }
     e->kept_bytes = need;
-    ft_block_dims d = dims_of(e, e->T_max);
+    ft_block_dims d = ft_exec_dims(e, e->T_max);
     int64_t per = ft_pad16(ft_block_acts_floats(&d));
     for (int64_t i = 0; i < n; i++)
-        ft_block_acts_carve(&e->kept[i], e->kept_mem + i * per, &d, e->lora->cfg.targets);
+        ft_block_acts_carve(&e->kept[i], e->kept_mem + i * per, &d, FT_LORA_ALL_TARGETS);
     return 1;
 }
 
@@ -335,7 +411,7 @@ static int host_block(ft_exec *e, int64_t l, const void **blk)
  * the same layer is fetched again right away (the last layer of the forward pass is the
  * first of the backward pass). The CPU backend's memory is host memory, so the block is
  * dequantized in place; a device backend will fuse dequantization into its GEMMs. */
-static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
+int ft_exec_fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
 {
     e->layer_fetches++;
     if (!e->pack) {
@@ -363,13 +439,13 @@ static int fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
 
 /* Layer l for a generation visit of n tokens: on a host-memory backend over an NF4 pack with
  * n <= GEN_NF4_ROWS, the block's projections as stored (ft_pack_layer_weights_nf4; norms and
- * biases in layer_f32, which then no longer holds a whole layer); else fetch_layer. */
+ * biases in layer_f32, which then no longer holds a whole layer); else ft_exec_fetch_layer. */
 static int gen_layer(void *ctx, int64_t l, int64_t n, const ft_layer_weights **w)
 {
     ft_exec *e = ctx;
     if (!e->pack || e->pack_dev || !e->be->ops->host_memory || n > GEN_NF4_ROWS ||
         ft_pack_header(e->pack)->quant != FT_PACK_QUANT_NF4)
-        return fetch_layer(e, l, w);
+        return ft_exec_fetch_layer(e, l, w);
     e->layer_fetches++;
     e->fetched_layer = -1;
     const void *blk;
@@ -435,389 +511,4 @@ int ft_exec_gen_source(ft_exec *e, ft_gen_source *s)
                          e->embed, e->final_norm, e->lm_head};
     if (e->globals_lazy && !e->lm_head) s->head = gen_head; /* lm_head NULL: the bf16 table */
     return 0;
-}
-
-/* Checkpoints: ck_*() give the device buffers of checkpoint j (micro-batch mb at
- * + mb * ck_stride(e)): the arena's when every checkpoint stays on the device, the host
- * tier's otherwise (offload/actckpt.h; its hooks order the copies around compute). */
-static int64_t ck_stride(const ft_exec *e) { return e->T_max * e->m->cfg.hidden_size; }
-
-/* Floats between micro-batches in e->dx: T_max x hidden rounded up to 16 (see plan). */
-static int64_t dx_stride(const ft_exec *e)
-{
-    return ft_pad16(e->T_max * e->m->cfg.hidden_size);
-}
-
-static int ck_write(ft_exec *e, int64_t j, float **out)
-{
-    if (e->ckt) return ft_ckpt_tier_write(e, j, out);
-    *out = e->ckpt + j * e->n_micro_max * ck_stride(e);
-    return 0;
-}
-
-static int ck_read(ft_exec *e, int64_t j, float **at)
-{
-    if (e->ckt) return ft_ckpt_tier_read(e, j, at);
-    *at = e->ckpt + j * e->n_micro_max * ck_stride(e);
-    return 0;
-}
-
-static int ck_written(ft_exec *e, int64_t j) { return e->ckt ? ft_ckpt_tier_written(e, j) : 0; }
-static int ck_used(ft_exec *e, int64_t j) { return e->ckt ? ft_ckpt_tier_used(e, j) : 0; }
-
-static int upload(ft_exec *e, const ft_batch *b, int64_t mb)
-{
-    if (b->T > e->T_max)
-        return ft_err(FT_E_RANGE, "micro-batch of %lld tokens exceeds the planned %lld",
-                      (long long)b->T, (long long)e->T_max);
-    ft_backend *be = e->be;
-    size_t n = (size_t)b->T * sizeof(int32_t);
-    int64_t o = mb * e->T_max;
-    FT_TRY(be->ops->copy(be, e->ids + o, b->ids, n));
-    FT_TRY(be->ops->copy(be, e->targets + o, b->targets, n));
-    FT_TRY(be->ops->copy(be, e->pos + o, b->pos, n));
-    return be->ops->copy(be, e->seq_start + o, b->seq_start, n);
-}
-
-static ft_block_io io_of(ft_exec *e, int64_t mb, uint64_t seed)
-{
-    ft_block_io io = {e->pos + mb * e->T_max, e->seq_start + mb * e->T_max, e->inv_freq, 0};
-    if (seed) io.dropout_seed = seed ^ ((uint64_t)(mb + 1) * 0xd1b54a32d192ed03ull);
-    return io;
-}
-
-/* NEFTune (Jain et al. 2023, arXiv 2310.05914; transformers' neftune_post_forward_hook):
- * adds uniform(-mag, mag) noise to the embeddings x (T, C) of training micro-batch mb, where
- * the hook's mag = alpha / sqrt(L * d) for a (B, L, d) embedding output. ftune packs examples
- * into rows of seq_len tokens (as TRL with packing), so L = the batch's seq_len (T when a
- * hand-made batch leaves it 0) and d = hidden_size. The draw is a pure function of
- * (neftune_seed, mb, element): a resumed run draws the same noise, and as the noise lands
- * before checkpoint 0 is stored (ck_written), the backward of layer 0 (its recompute, or the
- * kept activations) starts from the same noisy values. The embedding is frozen, so the
- * backward needs nothing else: the noise is additive. */
-static int neftune(ft_exec *e, const ft_batch *b, int64_t mb, float *x)
-{
-    const int64_t C = e->m->cfg.hidden_size;
-    if (b->T < 1) return 0;
-    const int64_t L = b->seq_len > 0 ? b->seq_len : b->T;
-    const float mag = (float)(e->neftune_alpha / sqrt((double)L * (double)C));
-    /* another odd constant than io_of's: the noise of micro-batch mb is unrelated to the
-     * dropout masks even when the two seeds coincide */
-    const uint64_t seed = e->neftune_seed ^ ((uint64_t)(mb + 1) * 0x9e6c63d0676a9a99ull);
-    return e->be->ops->noise_uniform_add(e->be, x, b->T * C, mag, seed);
-}
-
-/* Forward of all layers for micro-batches [0, n_mb), vertical order; checkpoint L holds
- * each final hidden state. With train and e->neftune_alpha > 0, the embeddings get NEFTune
- * noise (neftune above). */
-static int forward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t seed, int train)
-{
-    ft_backend *be = e->be;
-    const ft_model_config *c = &e->m->cfg;
-    int64_t st = ck_stride(e);
-    FT_TRY(ft_exec_globals_f32(e)); /* a pack-only model on the host: its fp32 tables, once */
-    for (int64_t mb = 0; mb < n_mb; mb++) FT_TRY(upload(e, &mbs[mb], mb));
-    if (e->ckt) ft_ckpt_tier_begin(e, mbs, n_mb, train);
-    float *x0;
-    FT_TRY(ck_write(e, 0, &x0));
-    for (int64_t mb = 0; mb < n_mb; mb++) {
-        if (!e->embed) /* a pack-only model on a device: rows gathered from the pack file */
-            FT_TRY(ft_exec_embed_from_pack(e, mbs[mb].ids, mbs[mb].T, x0 + mb * st));
-        else
-            FT_TRY(be->ops->embedding_fwd(be, x0 + mb * st, e->ids + mb * e->T_max, e->embed,
-                                          mbs[mb].T, c->hidden_size, c->vocab_size));
-        if (train && e->neftune_alpha > 0) FT_TRY(neftune(e, &mbs[mb], mb, x0 + mb * st));
-    }
-    FT_TRY(ft_exec_begin_op(e, train)); /* the layer order, for prefetching and the timeline */
-    FT_TRY(ck_written(e, 0)); /* its store: after the timeline's origin */
-    for (int64_t l = 0; l < c->num_hidden_layers; l++) {
-        const ft_layer_weights *w;
-        float *x, *y;
-        FT_TRY(fetch_layer(e, l, &w));
-        FT_TRY(ck_read(e, l, &x));
-        FT_TRY(ck_write(e, l + 1, &y));
-        int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_FWD, l);
-        for (int64_t mb = 0; mb < n_mb; mb++) {
-            ft_block_dims d = dims_of(e, mbs[mb].T);
-            ft_block_io io = io_of(e, mb, seed);
-            ft_block_acts *a = train && e->kept ? &e->kept[l * e->n_micro_max + mb] : &e->acts;
-            FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, x + mb * st, y + mb * st, a, &e->scr,
-                                train));
-        }
-        ft_exec_tl_end(e, mk);
-        FT_TRY(ck_used(e, l));
-        FT_TRY(ck_written(e, l + 1));
-    }
-    return 0;
-}
-
-/* The start of a head: micro-batch mb's final hidden state (checkpoint L) into *xL, the
- * timeline mark into *mk, and the final norm of its T rows into e->xf / e->rstdf. */
-static int head_begin(ft_exec *e, const ft_batch *b, int64_t mb, float **xL, int *mk)
-{
-    const ft_model_config *c = &e->m->cfg;
-    FT_TRY(ck_read(e, c->num_hidden_layers, xL));
-    *xL += mb * ck_stride(e);
-    *mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_HEAD, -1);
-    return e->be->ops->rmsnorm_fwd(e->be, e->xf, e->rstdf, *xL, e->final_norm, b->T,
-                                   c->hidden_size, c->rms_norm_eps);
-}
-
-/* The end of a head: with dx, the gradient in e->dxf (T rows) through the final norm into dx
- * (T, C); then the timeline mark mk closes and checkpoint L is released. */
-static int head_end(ft_exec *e, const ft_batch *b, const float *xL, float *dx, int mk)
-{
-    ft_backend *be = e->be;
-    const ft_model_config *c = &e->m->cfg;
-    int64_t T = b->T, C = c->hidden_size;
-    if (dx) {
-        FT_TRY(be->ops->zero(be, dx, (size_t)(T * C) * sizeof(float)));
-        FT_TRY(be->ops->rmsnorm_bwd(be, dx, e->dxf, xL, e->final_norm, e->rstdf, T, C));
-    }
-    ft_exec_tl_end(e, mk);
-    return ck_used(e, c->num_hidden_layers);
-}
-
-/* Final norm + LM head + CE for micro-batch mb; dx (if non-NULL) gets d(final hidden). */
-static int head(ft_exec *e, const ft_batch *b, int64_t mb, float grad_scale, float *dx,
-                double *loss, int64_t *n)
-{
-    ft_backend *be = e->be;
-    const ft_model_config *c = &e->m->cfg;
-    int64_t T = b->T, C = c->hidden_size;
-    float *xL;
-    int mk;
-    FT_TRY(head_begin(e, b, mb, &xL, &mk));
-    FT_TRY(be->ops->lm_head_ce(be, loss, n, dx ? e->dxf : NULL, e->xf, e->lm_head,
-                               e->targets + mb * e->T_max, T, C, c->vocab_size, grad_scale,
-                               e->ce_scratch, e->ce_chunk));
-    return head_end(e, b, xL, dx, mk);
-}
-
-/* Room for n sequences in e->seq_buf: nll, scale (doubles) and n_tok (int64). */
-static int seq_room(ft_exec *e, int64_t n)
-{
-    if (n <= e->seq_cap) return 0;
-    double *p = realloc(e->seq_buf, (size_t)n * (2 * sizeof(double) + sizeof(int64_t)));
-    if (!p) return ft_err(-ENOMEM, "out of memory for %lld sequence losses", (long long)n);
-    e->seq_buf = p;
-    e->seq_cap = n;
-    return 0;
-}
-
-/* A preference micro-batch's pairs tile whole sequences within its T tokens: checked before
- * the forward, so that a bad batch stops no operation half way. */
-/* Sequence s of a preference micro-batch (2k: pair k's chosen, 2k+1: its rejected): its
- * first token *t0 and length *n. */
-static void seq_span(const ft_batch *b, int64_t s, int64_t *t0, int64_t *n)
-{
-    const int64_t *pr = b->pairs + (s / 2) * FT_PAIR_FIELDS;
-    *t0 = pr[s % 2 ? FT_PAIR_REJECTED_START : FT_PAIR_CHOSEN_START];
-    *n = pr[s % 2 ? FT_PAIR_REJECTED_LEN : FT_PAIR_CHOSEN_LEN];
-}
-
-static int check_pairs(const ft_batch *b)
-{
-    if (b->n_pairs < 1 || !b->pairs)
-        return ft_err(FT_E_INVALID, "a sequence objective on a micro-batch without preference pairs");
-    for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
-        int64_t t0, n;
-        seq_span(b, s, &t0, &n);
-        if (t0 < 0 || n < 1 || t0 + n > b->T)
-            return ft_err(FT_E_INVALID, "preference pair %lld: sequence [%lld, +%lld) outside the %lld-token micro-batch",
-                          (long long)(s / 2), (long long)t0, (long long)n, (long long)b->T);
-    }
-    return 0;
-}
-
-/* The LM head + CE of the rows [t0, t0 + n) of micro-batch mb on their own, from the final
- * norm's output in e->xf: *nll (nats) and *n_tok of their targets; with grad, d nll / d x of
- * those rows into the same rows of e->dxf. The op chunks the rows by e->ce_chunk into
- * e->ce_scratch, as a whole micro-batch's head does. */
-static int span_ce(ft_exec *e, int64_t mb, int64_t t0, int64_t n, int grad, double *nll,
-                   int64_t *n_tok)
-{
-    const ft_model_config *c = &e->m->cfg;
-    const int64_t C = c->hidden_size;
-    return e->be->ops->lm_head_ce(e->be, nll, n_tok, grad ? e->dxf + t0 * C : NULL, e->xf + t0 * C,
-                                  e->lm_head, e->targets + mb * e->T_max + t0, n, C,
-                                  c->vocab_size, 1.0f, e->ce_scratch, e->ce_chunk);
-}
-
-/* The head of a preference micro-batch: final norm, then the LM head + CE of each sequence
- * on its own rows (nll[s], n_tok[s]); with dx: d nll[s] / d x of each sequence's rows,
- * scaled by fn's scale[s], then through the final norm into dx. */
-static int head_seq(ft_exec *e, const ft_batch *b, int64_t mb, float *dx, double *nll,
-                    int64_t *n_tok, ft_exec_seq_grad_fn fn, void *user)
-{
-    ft_backend *be = e->be;
-    const ft_model_config *c = &e->m->cfg;
-    int64_t T = b->T, C = c->hidden_size;
-    float *xL;
-    int mk;
-    FT_TRY(head_begin(e, b, mb, &xL, &mk));
-    if (dx) FT_TRY(be->ops->zero(be, e->dxf, (size_t)(T * C) * sizeof(float)));
-    for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
-        int64_t t0, n;
-        seq_span(b, s, &t0, &n);
-        FT_TRY(span_ce(e, mb, t0, n, dx != NULL, &nll[s], &n_tok[s]));
-    }
-    if (dx) {
-        double *scale = nll + 2 * b->n_pairs;
-        FT_TRY(fn(user, mb, b, nll, n_tok, scale));
-        for (int64_t s = 0; s < 2 * b->n_pairs; s++) {
-            int64_t t0, n;
-            seq_span(b, s, &t0, &n);
-            FT_TRY(be->ops->scale(be, e->dxf + t0 * C, (float)scale[s], n * C));
-        }
-    }
-    return head_end(e, b, xL, dx, mk);
-}
-
-/* The backward of all layers for micro-batches [0, n_mb), from the d(final hidden) in e->dx
- * that the head left. */
-static int backward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t dropout_seed);
-
-int ft_exec_train_step_seq(ft_exec *e, const ft_batch *mbs, int64_t n_mb, ft_exec_seq_grad_fn fn,
-                           void *user, uint64_t dropout_seed)
-{
-    if (n_mb < 1 || n_mb > e->n_micro_max)
-        return ft_err(FT_E_RANGE, "step of %lld micro-batches exceeds the planned %lld",
-                      (long long)n_mb, (long long)e->n_micro_max);
-    if (!e->lora) return ft_err(FT_E_INVALID, "train step without an adapter");
-    if (!fn) return ft_err(FT_E_INVALID, "a sequence objective without its gradient function");
-    for (int64_t mb = 0; mb < n_mb; mb++) FT_TRY(check_pairs(&mbs[mb]));
-    /* room for the most sequences a micro-batch can hold (one token each), so that the
-     * buffer is sized at the first step and never again */
-    FT_TRY(seq_room(e, e->T_max));
-    FT_TRY(forward_all(e, mbs, n_mb, dropout_seed, 1));
-    for (int64_t mb = 0; mb < n_mb; mb++) {
-        double *nll = e->seq_buf;
-        int64_t *n_tok = (int64_t *)(e->seq_buf + 2 * e->seq_cap);
-        FT_TRY(head_seq(e, &mbs[mb], mb, e->dx + mb * dx_stride(e), nll, n_tok, fn, user));
-    }
-    return backward_all(e, mbs, n_mb, dropout_seed);
-}
-
-int ft_exec_eval_seq(ft_exec *e, const ft_batch *mb, double *nll, int64_t *n_tok)
-{
-    FT_TRY(check_pairs(mb));
-    FT_TRY(forward_all(e, mb, 1, 0, 0));
-    FT_TRY(head_seq(e, mb, 0, NULL, nll, n_tok, NULL, NULL));
-    return ft_exec_op_end(e);
-}
-
-int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
-                       uint64_t dropout_seed, double *loss_sum, int64_t *n_tokens)
-{
-    if (n_mb < 1 || n_mb > e->n_micro_max)
-        return ft_err(FT_E_RANGE, "step of %lld micro-batches exceeds the planned %lld",
-                      (long long)n_mb, (long long)e->n_micro_max);
-    if (!e->lora) return ft_err(FT_E_INVALID, "train step without an adapter");
-    float gs = grad_norm_tokens > 0 ? 1.0f / (float)grad_norm_tokens : 0.0f;
-    FT_TRY(forward_all(e, mbs, n_mb, dropout_seed, 1));
-    *loss_sum = 0;
-    *n_tokens = 0;
-    for (int64_t mb = 0; mb < n_mb; mb++) {
-        double ls = 0;
-        int64_t nv = 0;
-        FT_TRY(head(e, &mbs[mb], mb, gs, e->dx + mb * dx_stride(e), &ls, &nv));
-        *loss_sum += ls;
-        *n_tokens += nv;
-    }
-    return backward_all(e, mbs, n_mb, dropout_seed);
-}
-
-static int backward_all(ft_exec *e, const ft_batch *mbs, int64_t n_mb, uint64_t dropout_seed)
-{
-    ft_backend *be = e->be;
-    const ft_model_config *c = &e->m->cfg;
-    if (e->ckt) FT_TRY(ft_ckpt_tier_bwd_begin(e));
-    int64_t st = ck_stride(e);
-    for (int64_t l = c->num_hidden_layers - 1; l >= 0; l--) {
-        const ft_layer_weights *w;
-        float *xl, *out;
-        FT_TRY(fetch_layer(e, l, &w));
-        if (e->ckt) {
-            FT_TRY(ft_ckpt_tier_bwd_in(e, l, &xl));
-            out = e->xf; /* the recompute's output is not used: the head's scratch takes it */
-        } else {
-            FT_TRY(ck_read(e, l, &xl));
-            FT_TRY(ck_read(e, l + 1, &out)); /* checkpoint l+1 is no longer needed */
-        }
-        int mk = ft_exec_tl_begin(e, FT_TL_COMPUTE, FT_TL_BWD, l);
-        for (int64_t mb = 0; mb < n_mb; mb++) {
-            ft_block_dims d = dims_of(e, mbs[mb].T);
-            ft_block_io io = io_of(e, mb, dropout_seed);
-            const float *x = xl + mb * st;
-            float *dx = e->dx + mb * dx_stride(e);
-            ft_block_acts *a = &e->acts;
-            if (e->kept)
-                a = &e->kept[l * e->n_micro_max + mb];
-            else /* recompute */
-                FT_TRY(ft_block_fwd(be, c, w, e->lora, l, &d, &io, x, e->ckt ? out : out + mb * st,
-                                    a, &e->scr, 1));
-            FT_TRY(ft_block_bwd(be, c, w, e->lora, l, &d, &io, x, dx, dx, a, &e->scr));
-        }
-        ft_exec_tl_end(e, mk);
-        if (e->ckt) FT_TRY(ft_ckpt_tier_bwd_done(e, l));
-    }
-    return ft_exec_op_end(e);
-}
-
-int ft_exec_eval(ft_exec *e, const ft_batch *mb, double *loss_sum, int64_t *n_tokens)
-{
-    FT_TRY(forward_all(e, mb, 1, 0, 0));
-    FT_TRY(head(e, mb, 0, 0.0f, NULL, loss_sum, n_tokens));
-    return ft_exec_op_end(e);
-}
-
-int ft_exec_eval_spans(ft_exec *e, const ft_batch *mb, const int64_t *spans, int64_t n_spans,
-                       double *nll, int64_t *n_tok, double *loss_sum, int64_t *n_tokens)
-{
-    if (n_spans < 0 || (n_spans > 0 && (!spans || !nll || !n_tok)))
-        return ft_err(FT_E_INVALID, "ft_exec_eval_spans: %lld spans%s", (long long)n_spans,
-                      n_spans < 0 ? "" : " without their arrays");
-    for (int64_t s = 0; s < n_spans; s++) {
-        int64_t t0 = spans[2 * s], n = spans[2 * s + 1];
-        if (t0 < 0 || n < 1 || t0 > mb->T - n)
-            return ft_err(FT_E_INVALID, "span %lld: rows [%lld, +%lld) outside the %lld-token micro-batch",
-                          (long long)s, (long long)t0, (long long)n, (long long)mb->T);
-    }
-    FT_TRY(forward_all(e, mb, 1, 0, 0));
-    ft_backend *be = e->be;
-    const ft_model_config *c = &e->m->cfg;
-    float *xL;
-    int mk;
-    FT_TRY(head_begin(e, mb, 0, &xL, &mk));
-    if (loss_sum || n_tokens) { /* ft_exec_eval's head: the same call on the same rows */
-        double ls;
-        int64_t nv;
-        FT_TRY(be->ops->lm_head_ce(be, &ls, &nv, NULL, e->xf, e->lm_head, e->targets, mb->T,
-                                   c->hidden_size, c->vocab_size, 0.0f, e->ce_scratch, e->ce_chunk));
-        if (loss_sum) *loss_sum = ls;
-        if (n_tokens) *n_tokens = nv;
-    }
-    for (int64_t s = 0; s < n_spans; s++)
-        FT_TRY(span_ce(e, 0, spans[2 * s], spans[2 * s + 1], 0, &nll[s], &n_tok[s]));
-    FT_TRY(head_end(e, mb, xL, NULL, mk));
-    return ft_exec_op_end(e);
-}
-
-int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits)
-{
-    ft_backend *be = e->be;
-    const ft_model_config *c = &e->m->cfg;
-    int64_t T = mb->T, C = c->hidden_size, V = c->vocab_size;
-    float *xL;
-    FT_TRY(forward_all(e, mb, 1, 0, 0));
-    FT_TRY(ck_read(e, c->num_hidden_layers, &xL));
-    FT_TRY(be->ops->rmsnorm_fwd(be, e->xf, e->rstdf, xL, e->final_norm, T, C, c->rms_norm_eps));
-    FT_TRY(ck_used(e, c->num_hidden_layers));
-    float *out = be->ops->alloc(be, (size_t)(T * V) * sizeof(float));
-    if (!out) return ft_err(-ENOMEM, "out of memory for (%lld, %lld) logits", (long long)T, (long long)V);
-    int rc = be->ops->lm_head_logits(be, out, e->xf, e->lm_head, T, C, V);
-    if (!rc) rc = be->ops->copy(be, logits, out, (size_t)(T * V) * sizeof(float));
-    be->ops->free(be, out);
-    return rc;
 }

@@ -52,7 +52,7 @@ typedef struct ft_exec {
     /* NEFTune (Jain et al. 2023, arXiv 2310.05914): neftune_alpha > 0 adds uniform noise of
      * magnitude alpha / sqrt(seq_len * hidden_size) to the embeddings of every micro-batch of
      * ft_exec_train_step (never ft_exec_eval or ft_exec_logits), drawn from neftune_seed and
-     * the micro-batch index (exec.c neftune). Zero after init (off); the caller sets both
+     * the micro-batch index (exec_step.c neftune). Zero after init (off); the caller sets both
      * before a step, the seed a pure function of its run seed and the step, so that a
      * resumed run draws the same noise. */
     double neftune_alpha;
@@ -145,6 +145,32 @@ typedef struct ft_exec {
     double tl_host0;            /* host clock at the operation's origin event */
     int64_t tl_n_marks;
     struct ft_tl_mark *tl_marks;
+    /* Several adapters per pass (ft_exec_init_multi, ft_exec_train_step_multi): a pass
+     * micro-batch holds up to n_adapters adapters' micro-batches of up to adapter_T_max tokens
+     * each, one after another (T_max = n_adapters * adapter_T_max rows); activations are sized
+     * for LoRA ranks up to r_max. ft_exec_init(_ex) makes n_adapters = 1, adapter_T_max =
+     * T_max, r_max = its adapter's rank (1 without one). */
+    int64_t n_adapters;
+    int64_t adapter_T_max;
+    int64_t r_max;
+    int adapters_per_step;      /* 1: made by ft_exec_init_multi (lora NULL: each step names its
+                                 * adapters) */
+    /* 0 (default): the frozen projections of a pass micro-batch run as one GEMM per adapter's
+     * rows, so that each adapter gets the bits of its run alone, whatever shares its pass;
+     * 1: one GEMM over all its adapters' rows (ft_block_io.concat_gemms), which rounds a row
+     * otherwise wherever the backend's GEMM rounds a row by the row count and the tile it
+     * falls in (OpenBLAS; cuBLAS picks kernels by shape): on the tiny model up to 2e-6 of the
+     * largest gradient of a step in fp32 and 6e-4 with bf16 operands, and AdamW's first
+     * steps, near lr * sign(g) for each element, turn that into parameter differences up to
+     * 2 lr on the elements whose gradient is that small (tests/unit/test_exec_multi.c). Set
+     * before a step. */
+    int concat_gemms;
+    /* The current operation's passes (host, sized at init): pass micro-batch mb has
+     * op_nseg[mb] segments op_segs[mb * n_adapters + k] (of steps op_seg_step[...]) over
+     * op_rows[mb] rows; op_loss / op_ntok (n_adapters) sum each step's head. */
+    ft_block_seg *op_segs;
+    int64_t *op_seg_step, *op_rows, *op_nseg, *op_ntok;
+    double *op_loss;
 } ft_exec;
 
 /* Plans and allocates everything for micro-batches of up to T_max tokens and up to
@@ -284,6 +310,81 @@ int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t gr
 /* Forward only (no dropout): summed loss and target count of one micro-batch. */
 int ft_exec_eval(ft_exec *e, const ft_batch *mb, double *loss_sum, int64_t *n_tokens);
 
+/* ---- several adapters in one pass over the base (issue 32) ------------------------------
+ * A pass trains (or evaluates) K adapters at once: at each layer visit the base weights are
+ * fetched once, from whatever tier holds them, and micro-batch i of the pass is the
+ * concatenation of micro-batch i of every adapter that has one this step (adapters may have
+ * different micro-batch counts), in the order of the steps. The frozen projections, norms,
+ * RoPE and SwiGLU run over all its rows, attention per adapter's rows, and each adapter's LoRA
+ * path (rank, scale, dropout, targets, frozen correction) on its own rows only
+ * (src/model/llama.h ft_block_seg); the LM head + cross-entropy runs per adapter's rows with
+ * its own gradient normalization. The frozen projections run one GEMM per adapter's rows by
+ * default (each adapter's bits), or one over all rows (ft_exec.concat_gemms). So weight
+ * traffic (layer_fetches, pack_reads) is that of one adapter whatever K, while activations
+ * and checkpoints grow with K. */
+
+/* One adapter's share of a multi-adapter step. */
+typedef struct ft_exec_adapter_step {
+    ft_lora *lora;              /* its adapter (rank <= the executor's r_max); LoRA gradients
+                                 * accumulate into lora->grads (the caller zeroes them). Eval:
+                                 * may be NULL (the base model) */
+    const ft_batch *mbs;        /* its micro-batches this step, each of <= adapter_T_max tokens,
+                                 * whole sequences (ft_pack's) */
+    int64_t n_mb;               /* 1 .. n_micro_max (eval: 1) */
+    int64_t grad_norm_tokens;   /* its step's target count: its gradients are those of its mean
+                                 * token loss (ft_exec_train_step's normalization) */
+    uint64_t dropout_seed;      /* LoRA dropout masks (0: none), as ft_exec_train_step's */
+    double neftune_alpha;       /* NEFTune on its embeddings (0: off), as the ft_exec fields */
+    uint64_t neftune_seed;
+    double *loss_sum;           /* out (may be NULL): its summed token loss */
+    int64_t *n_tokens;          /* out (may be NULL): its target count */
+} ft_exec_adapter_step;
+
+/* Plans and allocates an executor for passes of up to n_adapters adapters, each with up to
+ * n_micro micro-batches of up to T_max tokens per step and LoRA ranks up to r_max (1..4096).
+ * n_sets = 0 keeps the layer-input checkpoints in the arena; 2..4 puts them in pinned host
+ * memory with dev_layers layers kept on the device (ft_exec_init_ckpt_host). e->lora is NULL:
+ * the adapters come with each step. ft_exec_use_pack(_ex, _tiers) and
+ * ft_exec_keep_activations apply as to any executor (kept activations: for all adapters).
+ * Returns as ft_exec_init_ckpt_host (FT_E_INVALID for bad counts). */
+int ft_exec_init_multi(ft_exec *e, ft_backend *be, const ft_model *m, int64_t n_adapters,
+                       int64_t r_max, int64_t T_max, int64_t n_micro, int64_t rope_seq_len,
+                       int place_layers, int64_t dev_layers, int n_sets);
+
+/* Bytes ft_exec_init_multi would allocate (its arena with every checkpoint in it, plus the
+ * device copy of the base on a device backend without a pack: as ft_exec_bytes). For
+ * n_adapters = 1 and r_max = the adapter's rank this is ft_exec_bytes. */
+size_t ft_exec_bytes_multi(const ft_backend *be, const ft_model *m, int64_t n_adapters,
+                           int64_t r_max, int64_t T_max, int64_t n_micro);
+/* Bytes per adapter a pass holds: ft_exec_bytes_multi(K + 1) - ft_exec_bytes_multi(K), the
+ * same for every K >= 1 to within 64 bytes per region of the arena (each region is rounded up
+ * to 64 bytes), and its parts: checkpoints (every layer input and the final hidden state of
+ * every micro-batch, (L + 1) n_micro T_max C floats), per micro-batch buffers (dx and the
+ * token arrays), and the one-micro-batch working set (block activations and scratch, final
+ * norm buffers). Neither the base weights nor the LM-head scratch grow with K. Kept
+ * activations (ft_exec_keep_activations) add kept per adapter; LoRA state (ft_lora_bytes)
+ * comes on top. */
+typedef struct ft_exec_adapter_sizes {
+    size_t total, ckpt, per_micro, work, kept;
+} ft_exec_adapter_sizes;
+void ft_exec_adapter_bytes(const ft_model *m, int64_t r_max, int64_t T_max, int64_t n_micro,
+                           ft_exec_adapter_sizes *out);
+
+/* Forward + backward of one optimizer step of K adapters (1 <= K <= e->n_adapters, distinct
+ * adapters) in one pass: for each adapter, the losses, target counts and LoRA gradients of
+ * ft_exec_train_step on its own micro-batches, normalization, dropout seed and NEFTune: its
+ * bits (tests/unit/test_exec_multi.c), or with e->concat_gemms = 1 those up to the rounding
+ * of one frozen GEMM over the concatenated rows (see the field). Returns 0,
+ * FT_E_RANGE (too many adapters or micro-batches, a micro-batch over adapter_T_max),
+ * FT_E_INVALID (no adapter, an adapter in two steps, a rank above r_max), or what the ops
+ * return; the checks come before any work. */
+int ft_exec_train_step_multi(ft_exec *e, const ft_exec_adapter_step *steps, int64_t K);
+
+/* Forward only (no dropout, no noise) of K adapters' micro-batches (n_mb = 1 each; the same
+ * micro-batch may serve them all) in one pass: each step's summed loss and target count, as
+ * ft_exec_eval with that adapter (NULL: the base). Returns as ft_exec_train_step_multi. */
+int ft_exec_eval_multi(ft_exec *e, const ft_exec_adapter_step *steps, int64_t K);
+
 /* ---- sequence-level objectives over preference pairs (DPO, src/train/dpo.h) ------------
  * A preference micro-batch (ft_pack_pairs) has 2 * n_pairs sequences: pair k's chosen
  * example is sequence 2k, its rejected one 2k+1 (ft_batch.pairs). nll[s] is the summed token
@@ -297,9 +398,11 @@ typedef int (*ft_exec_seq_grad_fn)(void *user, int64_t mb, const ft_batch *b, co
                                    const int64_t *n_tok, double *scale);
 
 /* Forward + backward of one optimizer step over n_mb preference micro-batches (n_pairs >= 1
- * each): after the forward, the LM head gives each sequence's nll and the gradient of its
- * token losses, fn turns the nlls into per-sequence scales, and the backward runs with
- * d(final hidden) = sum over sequences of scale[s] * d nll[s] / d hidden. LoRA gradients
+ * each), one adapter (e->lora; FT_E_UNSUPPORTED on an executor of several adapters per pass,
+ * ft_exec_init_multi: sequence objectives train one adapter at a time): after the forward,
+ * the LM head gives each sequence's nll and the gradient of its token losses, fn turns the
+ * nlls into per-sequence scales, and the backward runs with d(final hidden) = sum over
+ * sequences of scale[s] * d nll[s] / d hidden. LoRA gradients
  * accumulate as in ft_exec_train_step (dropout, NEFTune alike). Returns 0, fn's error,
  * FT_E_INVALID (a micro-batch without pairs), or what the ops return. */
 int ft_exec_train_step_seq(ft_exec *e, const ft_batch *mbs, int64_t n_mb, ft_exec_seq_grad_fn fn,

@@ -1,15 +1,35 @@
-/* exec_internal.h - shared by the executor's files (exec.c: the schedule; resident.c: where
- * the base weights live on a device backend). Not a public interface. */
+/* exec_internal.h - shared by the executor's files (exec.c: sizing and the weights' fetch;
+ * exec_step.c: the schedule; resident.c: where the base weights live on a device backend;
+ * tiers.c: streamed tiers). Not a public interface. */
 #ifndef FT_EXEC_INTERNAL_H
 #define FT_EXEC_INTERNAL_H
 
 #include "offload/exec.h"
 #include "src/core/align.h"
 
+/* The block dims of a micro-batch of T rows of model m, activations sized for rank r. */
+static inline ft_block_dims ft_exec_dims_for(const ft_model *m, int64_t r, int64_t T)
+{
+    const ft_model_config *c = &m->cfg;
+    ft_block_dims d = {T, c->hidden_size, c->num_attention_heads, c->num_key_value_heads,
+                       c->head_dim, c->intermediate_size, r};
+    return d;
+}
+
+/* ... of executor e (its r_max). */
+static inline ft_block_dims ft_exec_dims(const ft_exec *e, int64_t T)
+{
+    return ft_exec_dims_for(e->m, e->r_max, T);
+}
+
 /* Points e at the base weights (resident.c): in place on a host-memory backend; on a device
  * backend one allocation with the embeddings, final norm and LM head in fp32 and, when
  * with_layers, every layer (projections in bf16 where the backend takes it). */
 int ft_exec_place_weights(ft_exec *e, int with_layers);
+/* The base weights of layer l, ready for compute (exec.c): the model's resident arrays, or
+ * the layer's pack block read and dequantized (host), bound in its tier (device); counted in
+ * e->layer_fetches. */
+int ft_exec_fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w);
 
 /* Device backends: makes every layer block of the pack resident in device memory (read and
  * checksummed once) and replaces the copied layer weights by it; fetches then dequantize a

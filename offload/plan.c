@@ -656,6 +656,44 @@ double ft_plan_step_seconds(const ft_plan_in *in, const ft_plan *p)
     return o.t_step;
 }
 
+void ft_plan_in_adapters(const ft_plan_in *one, int64_t K, uint64_t adapter_bytes, ft_plan_in *out)
+{
+    if (K < 1) K = 1;
+    const uint64_t k = (uint64_t)K;
+    const double kd = (double)K;
+    *out = *one;
+    out->ckpt_bytes = mul_u(one->ckpt_bytes, k);
+    out->per_micro_bytes = mul_u(one->per_micro_bytes, k);
+    out->kept_bytes = mul_u(one->kept_bytes, k);
+    out->gpu_fixed = add_u(one->gpu_fixed, mul_u(adapter_bytes, k - 1));
+    out->tokens_per_micro = one->tokens_per_micro * K;
+    out->t_fwd_layer = one->t_fwd_layer * kd;
+    out->t_bwd_layer = one->t_bwd_layer * kd;
+    out->t_head = one->t_head * kd;
+    out->flops_fwd_layer = one->flops_fwd_layer * kd;
+    out->flops_bwd_layer = one->flops_bwd_layer * kd;
+    out->flops_head = one->flops_head * kd;
+}
+
+int64_t ft_plan_max_adapters(const ft_plan_in *one, uint64_t adapter_bytes, int64_t k_max,
+                             ft_plan *plan)
+{
+    int64_t best = 0;
+    for (int64_t K = 1; K <= (k_max < 1 ? 1 : k_max); K++) {
+        ft_plan_in in;
+        ft_plan p;
+        ft_plan_in_adapters(one, K, adapter_bytes, &in);
+        int rc = ft_plan_make(&in, &p);
+        if (rc) {
+            if (K == 1) return rc;
+            break;
+        }
+        *plan = p;
+        best = K;
+    }
+    return best;
+}
+
 /* "a-b,c" for the layers of one tier: up to 4 runs, else "spread over a-b". */
 static void ranges(const ft_plan *p, int tier, char *buf, size_t n)
 {

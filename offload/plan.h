@@ -128,6 +128,25 @@ void ft_plan_min_budgets(const ft_plan_in *in, uint64_t *gpu_bytes, uint64_t *ho
  * fills t_* with it. */
 double ft_plan_step_seconds(const ft_plan_in *in, const ft_plan *p);
 
+/* K adapters per pass (offload/exec.h ft_exec_train_step_multi): *out = the inputs of a
+ * one-adapter plan (*one) for passes of K adapters. A pass micro-batch holds K adapters'
+ * micro-batches, so ckpt_bytes, per_micro_bytes, kept_bytes, tokens_per_micro and the
+ * per-micro-batch times and FLOPs (t_fwd_layer, t_bwd_layer, t_head, flops_*) are K times
+ * one's (the times: an estimate from K times the rows; a probe of one layer at K T tokens,
+ * ft_exec_probe_layer, measures it), and gpu_fixed grows by (K - 1) adapter_bytes: each
+ * further adapter's LoRA state (src/model/lora.h ft_lora_bytes) and its share of the
+ * executor's one-micro-batch working set (offload/exec.h ft_exec_adapter_sizes.work). The
+ * base weights (layer_bytes, slots) and t_visit (binding a layer's weights, once per visit
+ * whatever K) stay. K < 1 is taken as 1. */
+void ft_plan_in_adapters(const ft_plan_in *one, int64_t K, uint64_t adapter_bytes, ft_plan_in *out);
+
+/* The most adapters per pass, 1..k_max, that ft_plan_make finds a plan for (memory grows with
+ * K, so the search stops at the first K that does not fit), with that plan in *plan (its
+ * tokens_per_s: all K adapters together). Returns K >= 1, or ft_plan_make's error for one
+ * adapter. */
+int64_t ft_plan_max_adapters(const ft_plan_in *one, uint64_t adapter_bytes, int64_t k_max,
+                             ft_plan *plan);
+
 /* A few human lines: tiers (with layer ranges), prefetch depth, micro-batches, checkpoint
  * tier, memory against budgets, predicted step time and tokens/s, the bound. Returns the
  * length written (truncated to n - 1). */

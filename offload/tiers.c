@@ -818,7 +818,7 @@ int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t
     e->layer_f32 = stage;
     e->pack = pack;
     ft_block_dims d = {T, C, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
-                       c->intermediate_size, e->lora ? e->lora->cfg.r : 1}; /* as dims_of */
+                       c->intermediate_size, e->r_max}; /* as ft_exec_dims */
     ft_block_io io = {e->pos, e->seq_start, e->inv_freq, 0};
     double best[3] = {1e30, 1e30, 1e30};
     for (int rep = 0; rep < 3 && !rc; rep++) { /* the first is a warm-up; best of the others */

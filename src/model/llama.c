@@ -116,79 +116,244 @@ static const void *base_w(const ft_linear *w)
     return w->wtype == FT_W_NF4 ? (const void *)w->nf4 : (const void *)w->w;
 }
 
-/* y (T, out) = x W^T (+ b) + scale * dropout(x) A^T B^T (+ scale x A0^T B0^T, the frozen
- * correction of a quantized base, adapters/qcorr.h); u (T, r) keeps dropout(x) A^T; tmp
- * (T, r) is scratch. */
-static int lin_fwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll, float scale,
-                   int64_t r, float p, uint64_t seed, const float *x, float *y, float *u,
-                   float *xd, float *tmp, int64_t T)
+/* One segment's adapter on projection pj of a layer: the adapter's linear (NULL: none on these
+ * rows), its scale, rank, dropout probability (0 outside training) and mask seed. */
+typedef struct seg_lora {
+    const ft_lora_linear *ll;
+    float scale, p;
+    int64_t r;
+    uint64_t seed;
+} seg_lora;
+
+static seg_lora seg_lora_of(const ft_block_seg *g, int64_t layer, int pj, int train)
+{
+    seg_lora o = {lora_of(g->lora, layer, pj), 0.0f, 0.0f, 0, 0};
+    if (!o.ll) return o;
+    o.scale = g->lora->scale;
+    o.r = g->lora->cfg.r;
+    o.p = train ? g->lora->cfg.dropout : 0.0f;
+    o.seed = proj_seed(train ? g->dropout_seed : 0, layer, pj);
+    return o;
+}
+
+static int seg_drops(const seg_lora *g) { return g->p > 0 && g->seed; }
+
+/* A block call's segments: n of them over T rows, u / du strided by r (the largest rank). */
+typedef struct blk_segs {
+    const ft_block_seg *segs;
+    int64_t n, T, r, layer;
+    int train, split;
+} blk_segs;
+
+/* The adapter's share of y (T, out) on one segment's rows, written first (beta = 0):
+ * y = scale dropout(x) A^T B^T (+ scale x A0^T B0^T, the frozen correction of a quantized base,
+ * adapters/qcorr.h); u (T, r) keeps dropout(x) A^T; xd (T, in) and tmp (T, r) are scratch. */
+static int lora_fwd(ft_backend *be, const seg_lora *g, int64_t in, int64_t out, const float *x,
+                    float *y, float *u, float *xd, float *tmp, int64_t T)
+{
+    const ft_backend_ops *o = be->ops;
+    const ft_lora_linear *ll = g->ll;
+    const float *xin = x;
+    if (seg_drops(g)) {
+        FT_TRY(o->dropout(be, xd, x, T * in, g->p, g->seed));
+        xin = xd;
+    }
+    FT_TRY(o->gemm(be, 0, 1, T, g->r, in, 1.0f, xin, in, ll->A, in, 0.0f, u, g->r));
+    FT_TRY(o->gemm(be, 0, 1, T, out, g->r, g->scale, u, g->r, ll->B, g->r, 0.0f, y, out));
+    if (!ll->A0) return 0;
+    FT_TRY(o->gemm(be, 0, 1, T, g->r, in, 1.0f, x, in, ll->A0, in, 0.0f, tmp, g->r));
+    return o->gemm(be, 0, 1, T, out, g->r, g->scale, tmp, g->r, ll->B0, g->r, 1.0f, y, out);
+}
+
+/* y (T, out) = x W^T (+ b) + the adapter's share, on rows of one adapter (or none): the
+ * adapter first, and the frozen GEMM then adds into y in its epilogue (beta = 1) instead of a
+ * second pass reading and rewriting y (T x out) after it. */
+static int lin_fwd_one(ft_backend *be, const ft_linear *w, const seg_lora *g, const float *x,
+                       float *y, float *u, float *xd, float *tmp, int64_t T)
 {
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
-    float beta = 0.0f;
-    if (ll) {
-        /* The adapter first: y = scale u B^T is written once, and the frozen GEMM then adds
-         * into it in its epilogue (beta = 1) instead of a second pass reading and rewriting
-         * y (T x out) after it. */
-        const float *xin = x;
-        if (p > 0 && seed) {
-            FT_TRY(o->dropout(be, xd, x, T * in, p, seed));
-            xin = xd;
-        }
-        FT_TRY(o->gemm(be, 0, 1, T, r, in, 1.0f, xin, in, ll->A, in, 0.0f, u, r));
-        FT_TRY(o->gemm(be, 0, 1, T, out, r, scale, u, r, ll->B, r, 0.0f, y, out));
-        beta = 1.0f;
-    }
-    if (ll && ll->A0) {
-        FT_TRY(o->gemm(be, 0, 1, T, r, in, 1.0f, x, in, ll->A0, in, 0.0f, tmp, r));
-        FT_TRY(o->gemm(be, 0, 1, T, out, r, scale, tmp, r, ll->B0, r, beta, y, out));
-    }
-    FT_TRY(o->linear_fwd(be, y, x, base_w(w), w->wtype, T, out, in, beta, xd));
+    if (g->ll) FT_TRY(lora_fwd(be, g, in, out, x, y, u, xd, tmp, T));
+    FT_TRY(o->linear_fwd(be, y, x, base_w(w), w->wtype, T, out, in, g->ll ? 1.0f : 0.0f, xd));
     if (w->b) FT_TRY(o->bias_add(be, y, w->b, T, out));
     return 0;
 }
 
-/* dx (T, in) = beta * dx + dy W (+ the LoRA path); dA, dB accumulate. xd holds 2*T*in. */
-static int lin_bwd_main(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll, float scale,
-                   int64_t r, float p, uint64_t seed, const float *x, const float *u,
-                   const float *dy, float *dx, float beta, float *du, float *xd, int64_t T)
+/* Projection pj over the segments' rows: one segment, or b->split (not concat_gemms):
+ * lin_fwd_one per segment (each its own frozen GEMM); else each adapter's share on its rows
+ * (the rows of segments without one on pj zeroed when some have one), then one frozen GEMM
+ * over all rows. */
+static int lin_fwd(ft_backend *be, const ft_linear *w, const blk_segs *b, int pj, const float *x,
+                   float *y, float *u, float *xd, float *tmp)
 {
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
-    if (!ll) return o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, T, out, in, beta, xd);
-    /* dB (out, r) += scale * dy^T u;  du (T, r) = scale * dy B */
-    FT_TRY(o->gemm(be, 1, 0, out, r, T, scale, dy, out, u, r, 1.0f, ll->dB, r));
-    FT_TRY(o->gemm(be, 0, 0, T, r, out, scale, dy, out, ll->B, r, 0.0f, du, r));
-    int drop = p > 0 && seed;
-    if (!drop) {
-        /* dA (r, in) += du^T x; then the adapter's share of dx first (dx = du A + beta dx) and
-         * the frozen GEMM adding into it in its epilogue (one pass over dx less). */
-        FT_TRY(o->gemm(be, 1, 0, r, in, T, 1.0f, du, r, x, in, 1.0f, ll->dA, in));
-        FT_TRY(o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A, in, beta, dx, in));
-        return o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, T, out, in, 1.0f, xd);
+    int per_seg = b->n == 1 || b->split, n_lora = 0;
+    for (int64_t k = 0; k < b->n && !per_seg; k++)
+        n_lora += lora_of(b->segs[k].lora, b->layer, pj) != NULL;
+    for (int64_t k = 0; k < b->n; k++) {
+        const ft_block_seg *sg = &b->segs[k];
+        seg_lora g = seg_lora_of(sg, b->layer, pj, b->train);
+        float *yk = y + sg->row0 * out;
+        const float *xk = x + sg->row0 * in;
+        if (per_seg)
+            FT_TRY(lin_fwd_one(be, w, &g, xk, yk, u + sg->row0 * b->r, xd, tmp, sg->T));
+        else if (g.ll)
+            FT_TRY(lora_fwd(be, &g, in, out, xk, yk, u + sg->row0 * b->r, xd, tmp, sg->T));
+        else if (n_lora) /* the GEMM below adds into every row */
+            FT_TRY(o->zero(be, yk, (size_t)(sg->T * out) * sizeof(float)));
     }
-    FT_TRY(o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, T, out, in, beta, xd));
-    /* dA (r, in) += du^T dropout(x) */
-    FT_TRY(o->dropout(be, xd, x, T * in, p, seed));
-    FT_TRY(o->gemm(be, 1, 0, r, in, T, 1.0f, du, r, xd, in, 1.0f, ll->dA, in));
+    if (per_seg) return 0;
+    FT_TRY(o->linear_fwd(be, y, x, base_w(w), w->wtype, b->T, out, in, n_lora ? 1.0f : 0.0f, xd));
+    if (w->b) FT_TRY(o->bias_add(be, y, w->b, b->T, out));
+    return 0;
+}
+
+/* dB (out, r) += scale * dy^T u;  du (T, r) = scale * dy B. */
+static int lora_bwd_b(ft_backend *be, const seg_lora *g, int64_t out, const float *u,
+                      const float *dy, float *du, int64_t T)
+{
+    const ft_backend_ops *o = be->ops;
+    FT_TRY(o->gemm(be, 1, 0, out, g->r, T, g->scale, dy, out, u, g->r, 1.0f, g->ll->dB, g->r));
+    return o->gemm(be, 0, 0, T, g->r, out, g->scale, dy, out, g->ll->B, g->r, 0.0f, du, g->r);
+}
+
+/* With dropout, after the frozen product: dA (r, in) += du^T dropout(x) and dx += dropout(du A)
+ * (xd holds 2*T*in). */
+static int lora_bwd_drop(ft_backend *be, const seg_lora *g, int64_t in, const float *x,
+                         const float *du, float *dx, float *xd, int64_t T)
+{
+    const ft_backend_ops *o = be->ops;
+    FT_TRY(o->dropout(be, xd, x, T * in, g->p, g->seed));
+    FT_TRY(o->gemm(be, 1, 0, g->r, in, T, 1.0f, du, g->r, xd, in, 1.0f, g->ll->dA, in));
     float *dxin = xd + T * in;
-    FT_TRY(o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A, in, 0.0f, dxin, in));
-    FT_TRY(o->dropout(be, xd, dxin, T * in, p, seed));
+    FT_TRY(o->gemm(be, 0, 0, T, in, g->r, 1.0f, du, g->r, g->ll->A, in, 0.0f, dxin, in));
+    FT_TRY(o->dropout(be, xd, dxin, T * in, g->p, g->seed));
     return o->axpy(be, 1.0f, xd, dx, T * in);
 }
 
-/* lin_bwd_main, then the frozen correction's share of dx: dx += scale (dy B0) A0 (du, free
- * again by then, holds dy B0). */
-static int lin_bwd(ft_backend *be, const ft_linear *w, const ft_lora_linear *ll, float scale,
-                   int64_t r, float p, uint64_t seed, const float *x, const float *u,
-                   const float *dy, float *dx, float beta, float *du, float *xd, int64_t T)
+/* The frozen correction's share of dx: dx += scale (dy B0) A0 (du, free again by then, holds
+ * dy B0). */
+static int lora_bwd_fixed(ft_backend *be, const seg_lora *g, int64_t in, int64_t out,
+                          const float *dy, float *dx, float *du, int64_t T)
 {
-    FT_TRY(lin_bwd_main(be, w, ll, scale, r, p, seed, x, u, dy, dx, beta, du, xd, T));
-    if (!ll || !ll->A0) return 0;
+    const ft_backend_ops *o = be->ops;
+    if (!g->ll || !g->ll->A0) return 0;
+    FT_TRY(o->gemm(be, 0, 0, T, g->r, out, g->scale, dy, out, g->ll->B0, g->r, 0.0f, du, g->r));
+    return o->gemm(be, 0, 0, T, in, g->r, 1.0f, du, g->r, g->ll->A0, in, 1.0f, dx, in);
+}
+
+/* dx (T, in) = beta * dx + dy W (+ the LoRA path); dA, dB accumulate; rows of one adapter (or
+ * none). xd holds 2*T*in. */
+static int lin_bwd_one(ft_backend *be, const ft_linear *w, const seg_lora *g, const float *x,
+                       const float *u, const float *dy, float *dx, float beta, float *du,
+                       float *xd, int64_t T)
+{
     const ft_backend_ops *o = be->ops;
     int64_t in = w->in_n, out = w->out_n;
-    FT_TRY(o->gemm(be, 0, 0, T, r, out, scale, dy, out, ll->B0, r, 0.0f, du, r));
-    return o->gemm(be, 0, 0, T, in, r, 1.0f, du, r, ll->A0, in, 1.0f, dx, in);
+    if (!g->ll) return o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, T, out, in, beta, xd);
+    FT_TRY(lora_bwd_b(be, g, out, u, dy, du, T));
+    if (!seg_drops(g)) {
+        /* dA (r, in) += du^T x; then the adapter's share of dx first (dx = du A + beta dx) and
+         * the frozen GEMM adding into it in its epilogue (one pass over dx less). */
+        FT_TRY(o->gemm(be, 1, 0, g->r, in, T, 1.0f, du, g->r, x, in, 1.0f, g->ll->dA, in));
+        FT_TRY(o->gemm(be, 0, 0, T, in, g->r, 1.0f, du, g->r, g->ll->A, in, beta, dx, in));
+        FT_TRY(o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, T, out, in, 1.0f, xd));
+    } else {
+        FT_TRY(o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, T, out, in, beta, xd));
+        FT_TRY(lora_bwd_drop(be, g, in, x, du, dx, xd, T));
+    }
+    return lora_bwd_fixed(be, g, in, out, dy, dx, du, T);
+}
+
+/* The backward of projection pj over the segments' rows. One segment, or b->split:
+ * lin_bwd_one per segment. Else, per row the ops of lin_bwd_one in its order, with one frozen
+ * GEMM over all rows: first each adapter's dB and du (segment k's du at du + row0 * r, kept
+ * through the GEMM) and, without dropout, its dA and dx = du A + beta dx; then the GEMM, which
+ * adds into those rows (beta 1) and applies beta to the others (with both kinds present, the
+ * others' rows are scaled by beta first and the GEMM adds into every row); then the dropout
+ * adapters' shares and the frozen corrections. */
+static int lin_bwd(ft_backend *be, const ft_linear *w, const blk_segs *b, int pj, const float *x,
+                   const float *u, const float *dy, float *dx, float beta, float *du, float *xd)
+{
+    const ft_backend_ops *o = be->ops;
+    const int64_t in = w->in_n, out = w->out_n, R = b->r;
+    if (b->n == 1 || b->split) {
+        for (int64_t k = 0; k < b->n; k++) {
+            const ft_block_seg *sg = &b->segs[k];
+            seg_lora g = seg_lora_of(sg, b->layer, pj, 1);
+            int64_t r0 = sg->row0;
+            FT_TRY(lin_bwd_one(be, w, &g, x + r0 * in, u + r0 * R, dy + r0 * out, dx + r0 * in,
+                               beta, du, xd, sg->T));
+        }
+        return 0;
+    }
+    int64_t n_lora = 0, n_first = 0; /* adapters on pj; those whose dx share comes first */
+    for (int64_t k = 0; k < b->n; k++) {
+        seg_lora g = seg_lora_of(&b->segs[k], b->layer, pj, 1);
+        n_lora += g.ll != NULL;
+        n_first += g.ll && !seg_drops(&g);
+    }
+    if (!n_lora) return o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, b->T, out, in, beta, xd);
+    for (int64_t k = 0; k < b->n; k++) {
+        const ft_block_seg *sg = &b->segs[k];
+        seg_lora g = seg_lora_of(sg, b->layer, pj, 1);
+        int64_t r0 = sg->row0, T = sg->T;
+        float *dxk = dx + r0 * in, *duk = du + r0 * R;
+        if (g.ll) FT_TRY(lora_bwd_b(be, &g, out, u + r0 * R, dy + r0 * out, duk, T));
+        if (g.ll && !seg_drops(&g)) {
+            FT_TRY(o->gemm(be, 1, 0, g.r, in, T, 1.0f, duk, g.r, x + r0 * in, in, 1.0f, g.ll->dA,
+                           in));
+            FT_TRY(o->gemm(be, 0, 0, T, in, g.r, 1.0f, duk, g.r, g.ll->A, in, beta, dxk, in));
+        } else if (n_first && beta != 1.0f) { /* the GEMM adds into these rows too */
+            if (beta == 0.0f)
+                FT_TRY(o->zero(be, dxk, (size_t)(T * in) * sizeof(float)));
+            else
+                FT_TRY(o->scale(be, dxk, beta, T * in));
+        }
+    }
+    FT_TRY(o->linear_bwd_x(be, dx, dy, base_w(w), w->wtype, b->T, out, in, n_first ? 1.0f : beta,
+                           xd));
+    for (int64_t k = 0; k < b->n; k++) {
+        const ft_block_seg *sg = &b->segs[k];
+        seg_lora g = seg_lora_of(sg, b->layer, pj, 1);
+        int64_t r0 = sg->row0;
+        if (g.ll && seg_drops(&g))
+            FT_TRY(lora_bwd_drop(be, &g, in, x + r0 * in, du + r0 * R, dx + r0 * in, xd, sg->T));
+    }
+    for (int64_t k = 0; k < b->n; k++) {
+        const ft_block_seg *sg = &b->segs[k];
+        seg_lora g = seg_lora_of(sg, b->layer, pj, 1);
+        int64_t r0 = sg->row0;
+        FT_TRY(lora_bwd_fixed(be, &g, in, out, dy + r0 * out, dx + r0 * in, du + r0 * R, sg->T));
+    }
+    return 0;
+}
+
+/* Checks the segments of a block call and fills *b. */
+static int segs_of(blk_segs *b, const ft_block_dims *d, const ft_block_io *io,
+                   const ft_block_seg *segs, int64_t n, int64_t layer, int train)
+{
+    *b = (blk_segs){segs, n, d->T, d->r, layer, train, !io->concat_gemms};
+    if (n < 1 || !segs)
+        return ft_err(FT_E_INVALID, "block: %lld segments", (long long)n);
+    int64_t next = 0;
+    for (int64_t k = 0; k < n; k++) {
+        const ft_block_seg *g = &segs[k];
+        if (g->row0 != next || g->T < 0 || g->T > d->T - next)
+            return ft_err(FT_E_INVALID, "block: segment %lld is rows [%lld, +%lld), expected to "
+                          "start at row %lld within the %lld rows", (long long)k,
+                          (long long)g->row0, (long long)g->T, (long long)next, (long long)d->T);
+        if (g->lora && g->lora->cfg.r > d->r)
+            return ft_err(FT_E_INVALID, "block: segment %lld's adapter has rank %lld, the "
+                          "activations hold rank %lld", (long long)k, (long long)g->lora->cfg.r,
+                          (long long)d->r);
+        next += g->T;
+    }
+    if (next != d->T)
+        return ft_err(FT_E_INVALID, "block: the segments cover %lld of the %lld rows",
+                      (long long)next, (long long)d->T);
+    return 0;
 }
 
 /* With qk_norm: the q and k attention reads, from the projections a->q / a->k (T, H, D) /
@@ -216,17 +381,33 @@ int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weig
                  const ft_block_io *io, const float *x, float *out, ft_block_acts *a,
                  ft_block_scratch *s, int train)
 {
+    ft_block_seg one = {lora, 0, d->T, io->dropout_seed};
+    return ft_block_fwd_segs(be, cfg, w, layer, d, io, &one, 1, x, out, a, s, train);
+}
+
+int ft_block_bwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                 const ft_lora *lora, int64_t layer, const ft_block_dims *d,
+                 const ft_block_io *io, const float *x, const float *dout, float *dx,
+                 const ft_block_acts *a, ft_block_scratch *s)
+{
+    ft_block_seg one = {lora, 0, d->T, io->dropout_seed};
+    return ft_block_bwd_segs(be, cfg, w, layer, d, io, &one, 1, x, dout, dx, a, s);
+}
+
+int ft_block_fwd_segs(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                      int64_t layer, const ft_block_dims *d, const ft_block_io *io,
+                      const ft_block_seg *segs, int64_t n, const float *x, float *out,
+                      ft_block_acts *a, ft_block_scratch *s, int train)
+{
     const ft_backend_ops *o = be->ops;
     int64_t T = d->T, C = d->C, H = d->H, Hkv = d->Hkv, D = d->D, F = d->F;
-    float sc = lora ? lora->scale : 0.0f, p = (lora && train) ? lora->cfg.dropout : 0.0f;
-    uint64_t seed = train ? io->dropout_seed : 0;
-    int64_t r = d->r;
+    blk_segs b;
+    FT_TRY(segs_of(&b, d, io, segs, n, layer, train));
 
     FT_TRY(o->rmsnorm_fwd(be, a->xn1, a->rstd1, x, w->attn_norm, T, C, cfg->rms_norm_eps));
     float *qkv[3] = {a->q, a->k, a->v};
     for (int pj = FT_Q; pj <= FT_V; pj++)
-        FT_TRY(lin_fwd(be, &w->proj[pj], lora_of(lora, layer, pj), sc, r, p,
-                       proj_seed(seed, layer, pj), a->xn1, qkv[pj], a->u[pj], s->xd, s->du, T));
+        FT_TRY(lin_fwd(be, &w->proj[pj], &b, pj, a->xn1, qkv[pj], a->u[pj], s->xd, s->du));
     const float *qa = a->q, *ka = a->k; /* what attention reads */
     if (cfg->qk_norm) {
         /* a->q / a->k keep the projections for the norm's backward */
@@ -237,35 +418,35 @@ int ft_block_fwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weig
         FT_TRY(o->rope_fwd(be, a->q, io->pos, io->inv_freq, T, H, D));
         FT_TRY(o->rope_fwd(be, a->k, io->pos, io->inv_freq, T, Hkv, D));
     }
-    FT_TRY(o->attention_fwd(be, a->att, a->lse, qa, ka, a->v, io->seq_start, T, H, Hkv, D,
-                            attn_scale(cfg, D)));
-    FT_TRY(lin_fwd(be, &w->proj[FT_O], lora_of(lora, layer, FT_O), sc, r, p,
-                   proj_seed(seed, layer, FT_O), a->att, a->h, a->u[FT_O], s->xd, s->du, T));
+    for (int64_t k = 0; k < n; k++) { /* per segment: see ft_block_seg */
+        int64_t r0 = segs[k].row0;
+        FT_TRY(o->attention_fwd(be, a->att + r0 * H * D, a->lse + r0 * H, qa + r0 * H * D,
+                                ka + r0 * Hkv * D, a->v + r0 * Hkv * D, io->seq_start + r0,
+                                segs[k].T, H, Hkv, D, attn_scale(cfg, D)));
+    }
+    FT_TRY(lin_fwd(be, &w->proj[FT_O], &b, FT_O, a->att, a->h, a->u[FT_O], s->xd, s->du));
     FT_TRY(o->axpy(be, 1.0f, x, a->h, T * C));
 
     FT_TRY(o->rmsnorm_fwd(be, a->xn2, a->rstd2, a->h, w->ffn_norm, T, C, cfg->rms_norm_eps));
-    FT_TRY(lin_fwd(be, &w->proj[FT_GATE], lora_of(lora, layer, FT_GATE), sc, r, p,
-                   proj_seed(seed, layer, FT_GATE), a->xn2, a->gate, a->u[FT_GATE], s->xd, s->du, T));
-    FT_TRY(lin_fwd(be, &w->proj[FT_UP], lora_of(lora, layer, FT_UP), sc, r, p,
-                   proj_seed(seed, layer, FT_UP), a->xn2, a->up, a->u[FT_UP], s->xd, s->du, T));
+    FT_TRY(lin_fwd(be, &w->proj[FT_GATE], &b, FT_GATE, a->xn2, a->gate, a->u[FT_GATE], s->xd,
+                   s->du));
+    FT_TRY(lin_fwd(be, &w->proj[FT_UP], &b, FT_UP, a->xn2, a->up, a->u[FT_UP], s->xd, s->du));
     FT_TRY(o->swiglu_fwd(be, a->act, a->gate, a->up, T * F));
-    FT_TRY(lin_fwd(be, &w->proj[FT_DOWN], lora_of(lora, layer, FT_DOWN), sc, r, p,
-                   proj_seed(seed, layer, FT_DOWN), a->act, out, a->u[FT_DOWN], s->xd, s->du, T));
+    FT_TRY(lin_fwd(be, &w->proj[FT_DOWN], &b, FT_DOWN, a->act, out, a->u[FT_DOWN], s->xd, s->du));
     return o->axpy(be, 1.0f, a->h, out, T * C);
 }
 
-int ft_block_bwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
-                 const ft_lora *lora, int64_t layer, const ft_block_dims *d,
-                 const ft_block_io *io, const float *x, const float *dout, float *dx,
-                 const ft_block_acts *a, ft_block_scratch *s)
+int ft_block_bwd_segs(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                      int64_t layer, const ft_block_dims *d, const ft_block_io *io,
+                      const ft_block_seg *segs, int64_t n, const float *x, const float *dout,
+                      float *dx, const ft_block_acts *a, ft_block_scratch *s)
 {
     const ft_backend_ops *o = be->ops;
-    int64_t T = d->T, C = d->C, H = d->H, Hkv = d->Hkv, D = d->D, F = d->F, r = d->r;
-    float sc = lora ? lora->scale : 0.0f, p = lora ? lora->cfg.dropout : 0.0f;
-    uint64_t seed = io->dropout_seed;
+    int64_t T = d->T, C = d->C, H = d->H, Hkv = d->Hkv, D = d->D, F = d->F;
+    blk_segs b;
+    FT_TRY(segs_of(&b, d, io, segs, n, layer, 1));
 #define LIN_BWD(pj, xin, dy, dxo, beta)                                                       \
-    FT_TRY(lin_bwd(be, &w->proj[pj], lora_of(lora, layer, pj), sc, r, p,                      \
-                   proj_seed(seed, layer, pj), xin, a->u[pj], dy, dxo, beta, s->du, s->xd, T))
+    FT_TRY(lin_bwd(be, &w->proj[pj], &b, pj, xin, a->u[pj], dy, dxo, beta, s->du, s->xd))
 
     /* MLP: d(act) = dout W_down; SwiGLU; d(xn2) from gate and up. */
     LIN_BWD(FT_DOWN, a->act, dout, s->d1, 0.0f);
@@ -286,8 +467,12 @@ int ft_block_bwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weig
         qa = s->d2;
         ka = s->xd;
     }
-    FT_TRY(o->attention_bwd(be, s->dq, s->dk, s->dv, s->d1, qa, ka, a->v, a->att, a->lse,
-                            io->seq_start, T, H, Hkv, D, attn_scale(cfg, D)));
+    for (int64_t k = 0; k < n; k++) { /* per segment, as the forward */
+        int64_t r0 = segs[k].row0, q0 = r0 * H * D, k0 = r0 * Hkv * D;
+        FT_TRY(o->attention_bwd(be, s->dq + q0, s->dk + k0, s->dv + k0, s->d1 + q0, qa + q0,
+                                ka + k0, a->v + k0, a->att + q0, a->lse + r0 * H,
+                                io->seq_start + r0, segs[k].T, H, Hkv, D, attn_scale(cfg, D)));
+    }
     FT_TRY(o->rope_bwd(be, s->dq, io->pos, io->inv_freq, T, H, D));
     FT_TRY(o->rope_bwd(be, s->dk, io->pos, io->inv_freq, T, Hkv, D));
     const float *dq = s->dq, *dk = s->dk;

@@ -48,10 +48,35 @@ typedef struct ft_block_scratch {
 /* Per micro-batch inputs shared by every block. */
 typedef struct ft_block_io {
     const int32_t *pos;        /* (T) */
-    const int32_t *seq_start;  /* (T) */
+    const int32_t *seq_start;  /* (T); with segments (ft_block_fwd_segs) each segment's
+                                * entries count from the segment's first row, as in a
+                                * micro-batch of its own */
     const float *inv_freq;     /* (D/2) RoPE */
-    uint64_t dropout_seed;     /* mixes step, layer, micro-batch; 0 when dropout is off */
+    uint64_t dropout_seed;     /* mixes step, layer, micro-batch; 0 when dropout is off
+                                * (ft_block_fwd/_bwd; the segments carry their own) */
+    /* Segments only: 0 (default) multiplies the frozen projections once per segment, on its
+     * rows, with the ops and shapes ft_block_fwd/_bwd give a micro-batch of that segment
+     * alone, so each segment gets those bits on any backend; 1 once over all T rows (one GEMM
+     * over the concatenated segments; a backend whose GEMM rounds a row by the row count and
+     * the tile it falls in, as OpenBLAS does, then differs from each segment alone by
+     * rounding: offload/exec.h ft_exec.concat_gemms). */
+    int concat_gemms;
 } ft_block_io;
+
+/* Several adapters in one micro-batch: its T rows are the concatenation of n segments, each
+ * one adapter's micro-batch of whole sequences (no sequence crosses a segment boundary).
+ * Norms, RoPE, SwiGLU and the residual adds run over all rows, the frozen projections per
+ * segment or over all rows (ft_block_io.concat_gemms); attention runs once per segment, on
+ * its own rows (it has no weights to share, and the CPU's tiles count from a call's first
+ * row, so a call over all rows would tile each segment otherwise than its own run does);
+ * each segment's LoRA path (its rank, scale, dropout, targets, frozen correction A0/B0)
+ * applies to its rows only, and its gradients go to its own adapter. Segments tile [0, T) in
+ * order. */
+typedef struct ft_block_seg {
+    const ft_lora *lora;       /* NULL: the base alone on these rows */
+    int64_t row0, T;           /* rows [row0, row0 + T) of the micro-batch */
+    uint64_t dropout_seed;     /* as ft_block_io.dropout_seed, for these rows */
+} ft_block_seg;
 
 /* Floats needed by ft_block_acts / ft_block_scratch for dims d (carving order is the
  * struct order; each region padded to 16 floats, so a 64-byte aligned base gives 64-byte
@@ -78,5 +103,21 @@ int ft_block_bwd(ft_backend *be, const ft_model_config *cfg, const ft_layer_weig
                  const ft_lora *lora, int64_t layer, const ft_block_dims *d,
                  const ft_block_io *io, const float *x, const float *dout, float *dx,
                  const ft_block_acts *a, ft_block_scratch *s);
+
+/* ft_block_fwd / ft_block_bwd over n >= 1 segments (ft_block_seg) of the d->T rows: d->r is
+ * the largest rank among them (it sizes a->u and s->du; segment k's u[p] starts at row0 *
+ * d->r), io->dropout_seed is not read (each segment's is), io->pos / io->seq_start cover all
+ * rows. One segment with lora L over all rows is ft_block_fwd / _bwd with L: the same ops in
+ * the same order, the same bits. Gradients accumulate into each segment's adapter. Returns
+ * 0, FT_E_INVALID (segments that do not tile [0, T) in order, a rank above d->r, an adapter
+ * in two segments), or what ft_block_fwd / _bwd return. */
+int ft_block_fwd_segs(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                      int64_t layer, const ft_block_dims *d, const ft_block_io *io,
+                      const ft_block_seg *segs, int64_t n, const float *x, float *out,
+                      ft_block_acts *a, ft_block_scratch *s, int train);
+int ft_block_bwd_segs(ft_backend *be, const ft_model_config *cfg, const ft_layer_weights *w,
+                      int64_t layer, const ft_block_dims *d, const ft_block_io *io,
+                      const ft_block_seg *segs, int64_t n, const float *x, const float *dout,
+                      float *dx, const ft_block_acts *a, ft_block_scratch *s);
 
 #endif

@@ -23,6 +23,14 @@ float ft_lora_scale(const ft_lora_cfg *c)
     return c->use_rslora ? c->alpha / sqrtf((float)c->r) : c->alpha / (float)c->r;
 }
 
+size_t ft_lora_bytes(const ft_model *m, const ft_lora_cfg *cfg, int fixed)
+{
+    int64_t per_layer = 0; /* ft_lora_init's count */
+    for (int p = 0; p < FT_N_PROJ; p++)
+        if (cfg->targets & (1u << p)) per_layer += cfg->r * (lin_in(m, p) + lin_out(m, p));
+    return (size_t)(per_layer * m->cfg.num_hidden_layers) * sizeof(float) * (fixed ? 5 : 4);
+}
+
 int ft_lora_init(ft_lora *l, const ft_model *m, const ft_lora_cfg *cfg, ft_backend *be)
 {
     memset(l, 0, sizeof *l);

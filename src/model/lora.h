@@ -50,6 +50,12 @@ typedef struct ft_lora {
  * LoraLayer.update_layer, formats.md 3.4). */
 float ft_lora_scale(const ft_lora_cfg *c);
 
+/* Backend bytes ft_lora_init allocates for cfg on m: parameters, gradients and the AdamW
+ * moments (4 n_params floats), and with fixed the frozen correction (ft_lora_set_fixed, one
+ * more); the allocator's rounding (64 bytes per array on the CPU) aside. For sizing several
+ * adapters at once (offload/plan.h ft_plan_in_adapters). */
+size_t ft_lora_bytes(const ft_model *m, const ft_lora_cfg *cfg, int fixed);
+
 /* Allocates the adapter for `m` on backend `be` and initialises it as PEFT does
  * (init_lora_weights=True): A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a=sqrt(5)),
  * B = 0; grads and moments zero. Returns 0, -ENOMEM, FT_E_INVALID (r < 1, no targets). */

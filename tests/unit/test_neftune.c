@@ -1,4 +1,4 @@
-/* test_neftune.c - NEFTune (ft_train_cfg.neftune_noise_alpha, offload/exec.c neftune): uniform
+/* test_neftune.c - NEFTune (ft_train_cfg.neftune_noise_alpha, offload/exec_step.c neftune): uniform
  * noise of magnitude alpha / sqrt(seq_len * hidden_size) on the embeddings of training
  * micro-batches only (Jain et al. 2023, arXiv 2310.05914; transformers'
  * neftune_post_forward_hook). Checked on tests/fixtures/tiny-llama:
