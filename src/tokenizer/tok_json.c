@@ -16,6 +16,7 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/json.h"
 #include "src/tokenizer/tok_internal.h"
 
 #define WHERE_N 1200
@@ -420,8 +421,14 @@ static int parse_file(const char *path, cJSON **root)
     const char *end = NULL;
     *root = cJSON_ParseWithLengthOpts(data, len, &end, 0);
     size_t at = end && end >= data ? (size_t)(end - data) : 0;
+    size_t nul = *root ? ft_json_find_nul(data, len) : len;
     free(data);
     if (!*root) return ft_err(FT_E_INVALID, "%s: invalid JSON at byte %zu of %zu", path, at, len);
+    if (nul < len) { /* a token, pattern or template would be read cut (json.h) */
+        cJSON_Delete(*root);
+        *root = NULL;
+        return ft_err(FT_E_INVALID, "%s: offset %zu: %s", path, nul, FT_JSON_NUL_WHY);
+    }
     if (!cJSON_IsObject(*root)) {
         cJSON_Delete(*root);
         *root = NULL;
