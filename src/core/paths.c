@@ -117,8 +117,11 @@ int ft_path_check_output(const char *out_flag, const char *out, const char *name
     if (same)
         return ft_err(FT_E_INVALID, "%s %s is the %s %s %s: writing there would replace %s",
                       out_flag, out, in_flag, kind, in, in_dir ? "its files" : "it");
-    return ft_err(FT_E_INVALID, "%s %s is inside the %s folder %s: writing there would replace "
-                  "or mix with its files", out_flag, out, in_flag, in);
+    if (stat(w, &sw) == 0)
+        return ft_err(FT_E_INVALID, "%s %s would replace %s, inside the %s folder %s", out_flag,
+                      out, w, in_flag, in);
+    return ft_err(FT_E_INVALID, "%s %s is inside the %s folder %s: writing there would mix the "
+                  "output with its files", out_flag, out, in_flag, in);
 }
 
 int ft_paths_check(const ft_path_arg *outs, int n_out, const ft_path_arg *ins, int n_in)

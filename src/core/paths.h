@@ -25,7 +25,8 @@ int ft_path_within(const char *child, const char *parent);
  * Returns 0 when the written path neither is in nor lies inside in (ft_path_within), else
  * FT_E_INVALID with one line such as
  *   "--out m is the --model folder m: writing there would replace its files"
- *   "--out m/x is inside the --model folder m: writing there would replace or mix with its files"
+ *   "--out m/x would replace m/x, inside the --model folder m" (m/x exists)
+ *   "--out m/x is inside the --model folder m: writing there would mix the output with its files"
  *   "--out o: o/config.json would replace the --config file o/config.json"
  * (or FT_E_RANGE for a path too long). in NULL, empty or "-": 0. */
 int ft_path_check_output(const char *out_flag, const char *out, const char *name,

@@ -130,6 +130,10 @@ static void test_check_output(void **state)
     assert_int_equal(ft_path_check_output("--out", at("model/sub/x"), NULL, "--model", at("model")),
                      FT_E_INVALID);
     assert_non_null(strstr(ft_errmsg(), "is inside the --model folder"));
+    assert_int_equal(ft_path_check_output("--out", at("model/config.json"), NULL, "--adapter",
+                                          at("link-model")), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "/config.json would replace "));
+    assert_non_null(strstr(ft_errmsg(), "inside the --adapter folder"));
     assert_int_equal(ft_path_check_output("--out", at("link-config"), NULL, "--data",
                                           at("model/config.json")), FT_E_INVALID);
     assert_non_null(strstr(ft_errmsg(), "is the --data file"));
