@@ -379,6 +379,30 @@ def test_adapter_config_nulls_as_peft_writes_them(tmp_path, adapter):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("file, edit, needle", [
+    ("tokenizer.json", lambda t: t["model"].__setitem__("byte_fallback", "true"),
+     'key "byte_fallback": expected true or false, found a string'),
+    ("tokenizer.json", lambda t: t["added_tokens"][0].__setitem__("special", 1),
+     'key "special": expected true or false, found a number'),
+    ("tokenizer_config.json", lambda t: t.__setitem__("add_bos_token", "false"),
+     'key "add_bos_token": expected true or false, found a string'),
+    ("tokenizer_config.json", lambda t: t.__setitem__("eos_token", 2),
+     'key "eos_token": expected a token'),
+    ("tokenizer_config.json", lambda t: t.__setitem__("chat_template", {"default": "x"}),
+     'key "chat_template": expected a string or a list of templates, found an object'),
+])
+def test_tokenizer_files_wrong_types(tmp_path, file, edit, needle):
+    """tokenizer.json's flags and tokenizer_config.json's tokens, flags and template, of
+    another JSON type, are refused by key (huggingface/tokenizers' serde refuses them; read as
+    absent they tokenized otherwise: "byte_fallback": "true" was false)."""
+    m = model_copy(tmp_path)
+    t = json.loads((m / file).read_text())
+    edit(t)
+    (m / file).write_text(json.dumps(t))
+    r = ftune("tokenize", "--model", m, "--text", "hi")
+    refused(r, 1, str(m / file), needle)
+
+
 # ---- 5: non-finite adapters never leave the tool --------------------------------------------
 
 def damage(a, tensor_index, value, dtype=None):
