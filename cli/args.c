@@ -18,7 +18,8 @@
 
 #define D_LO_OPEN 1u /* lo itself is outside */
 #define D_HI_OPEN 2u /* hi itself is outside */
-#define D_LIB     4u /* refused by the library (src/train/validate.c, exit 1), not here */
+#define D_LIB     4u /* refused by the library (src/train/validate.c, exit 1), not here: the
+                      * early-stopping flags, whose exit 1 is test_early_stop.py's contract */
 #define D_BIG 9007199254740991.0 /* 2^53 - 1: integers exact in a double (and in JSON) */
 
 /* Every FT_OPT_INT, FT_OPT_DBL and FT_OPT_FLOAT option of every command, by name (one name,

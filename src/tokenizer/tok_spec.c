@@ -19,6 +19,7 @@
  *  llama.cpp's llama_tokenize does, and as export_tok.c sets add_eos_token for a tokenizer.json
  *  whose post-processor appends EOS).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,10 @@ static int spm_setup(ft_tokenizer *t, const ft_tok_spec *s)
     t->model = TK_MODEL_SPM;
     t->score = calloc((size_t)s->n_tokens, sizeof *t->score);
     if (!t->score) return -ENOMEM;
+    for (int64_t i = 0; s->scores && i < s->n_tokens; i++)
+        if (isnan(s->scores[i])) /* a NaN priority orders merges by chance (-inf: last) */
+            return ft_err(FT_E_INVALID, SPEC_WHERE ".scores[%lld] (token '%.64s') is NaN: a "
+                          "merge priority is a number", (long long)i, s->tokens[i]);
     if (s->scores) memcpy(t->score, s->scores, (size_t)s->n_tokens * sizeof *t->score);
     if (s->unk_id >= 0 && s->unk_id < s->n_tokens) t->unk_id = (int32_t)s->unk_id;
     if (s->add_space_prefix) {

@@ -128,6 +128,18 @@ static void test_spec_special_ids(void **state)
     assert_int_equal(ft_tok_from_spec(&t, &sp), 0);
     assert_int_equal(ft_tok_eos(t), -1);
     ft_tok_free(t);
+    /* SPM merge priorities: a NaN one is refused by index, -inf (merged last) is a number */
+    float scores[6] = {0, 0, 0, -1, -2, -0.5f};
+    ft_tok_spec spm = {.model = "llama", .pre = "default", .n_tokens = 6, .tokens = toks,
+                       .scores = scores, .bos_id = 1, .eos_id = 2, .unk_id = 0, .pad_id = -1};
+    assert_int_equal(ft_tok_from_spec(&t, &spm), 0);
+    ft_tok_free(t);
+    scores[4] = -INFINITY;
+    assert_int_equal(ft_tok_from_spec(&t, &spm), 0);
+    ft_tok_free(t);
+    scores[3] = NAN;
+    assert_int_equal(ft_tok_from_spec(&t, &spm), FT_E_INVALID);
+    assert_non_null(strstr(ft_errmsg(), "tokenizer.ggml.scores[3] (token 'a') is NaN"));
 }
 
 /* ---- ft_train_cfg_validate ---------------------------------------------------------------- */
