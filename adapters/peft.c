@@ -10,6 +10,7 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/json.h"
 #include "src/formats/gguf.h"
 #include "src/formats/hub_cache.h"
 #include "src/numeric/quant.h"
@@ -178,8 +179,37 @@ int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *bas
     return ft_peft_save_values(dir, l, l->host, base_name);
 }
 
+/* No adapter leaves ftune holding an inf or NaN (PEFT and vLLM would load it and compute
+ * garbage): FT_E_NUMERIC naming the tensor and the element, or 0. */
+static int check_finite_values(const char *dir, const ft_lora *l, const float *values)
+{
+    if (!isfinite(l->cfg.alpha) || !isfinite(l->cfg.dropout))
+        return ft_err(FT_E_NUMERIC, "%s/adapter_config.json: lora_alpha %g, lora_dropout %g: "
+                      "not written (a config holds finite numbers only)", dir,
+                      (double)l->cfg.alpha, (double)l->cfg.dropout);
+    for (int64_t i = 0; i < l->n_layers; i++)
+        for (int p = 0; p < FT_N_PROJ; p++) {
+            const ft_lora_linear *ll = &l->lin[i][p];
+            if (!ll->A) continue;
+            for (int w = 0; w < 2; w++) {
+                const float *v = values + ((w ? ll->B : ll->A) - l->params);
+                int64_t n = l->cfg.r * (w ? ll->out_n : ll->in_n);
+                int64_t bad = ft_quant_first_nonfinite(v, n);
+                if (bad == n) continue;
+                char key[160];
+                ft_peft_key(key, sizeof key, i, p, w ? 'B' : 'A');
+                return ft_err(FT_E_NUMERIC, "%s/adapter_model.safetensors: tensor %s element %lld "
+                              "is %s: the adapter is not written (training diverged, or its "
+                              "settings do: see metrics.jsonl)", dir, key, (long long)bad,
+                              isnan(v[bad]) ? "NaN" : "infinite");
+            }
+        }
+    return 0;
+}
+
 int ft_peft_save_values(const char *dir, const ft_lora *l, const float *values, const char *base_name)
 {
+    FT_TRY(check_finite_values(dir, l, values));
     FT_TRY(ft_mkdir_p(dir));
     int n_t = 0;
     for (int p = 0; p < FT_N_PROJ; p++)
@@ -227,6 +257,55 @@ static int must_be_empty(const cJSON *o, const char *key, const char *path, cons
     return ft_err(FT_E_UNSUPPORTED, "%s: \"%s\" is set: %s", path, key, why);
 }
 
+/* The JSON types PEFT's LoraConfig fields have (peft/tuners/lora/config.py): a key of another
+ * type is refused by name, as PEFT fails on it or reads it otherwise than ftune would
+ * ("lora_alpha": "32" fails in PEFT's alpha / r; "use_rslora": "true" and "use_dora": 1 are
+ * true to Python). Absent keys take PEFT's defaults; null is accepted where PEFT treats None
+ * as the default (the flags, the strings, target_modules' missing case is refused below). */
+enum { T_NUM = 1, T_INT = 2, T_BOOL = 4, T_STR = 8, T_NULL = 16, T_STRS = 32 };
+static const struct { const char *key; unsigned types; const char *what; } g_key_types[] = {
+    {"peft_type", T_STR, "a string"},
+    {"r", T_INT, "a positive integer"},
+    {"lora_alpha", T_NUM, "a number"},
+    {"lora_dropout", T_NUM, "a number"},
+    {"use_rslora", T_BOOL | T_NULL, "true or false"},
+    {"use_dora", T_BOOL | T_NULL, "true or false"},
+    {"use_qalora", T_BOOL | T_NULL, "true or false"},
+    {"fan_in_fan_out", T_BOOL | T_NULL, "true or false"},
+    {"inference_mode", T_BOOL | T_NULL, "true or false"},
+    {"bias", T_STR | T_NULL, "a string"},
+    {"base_model_name_or_path", T_STR | T_NULL, "a string or null"},
+    {"revision", T_STR | T_NULL, "a string or null"},
+    {"task_type", T_STR | T_NULL, "a string or null"},
+    {"target_modules", T_STR | T_STRS, "a string or a list of strings"},
+};
+
+static int json_has_type(const cJSON *v, unsigned types)
+{
+    if ((types & T_NULL) && cJSON_IsNull(v)) return 1;
+    if ((types & T_BOOL) && cJSON_IsBool(v)) return 1;
+    if ((types & T_STR) && cJSON_IsString(v)) return 1;
+    if ((types & (T_NUM | T_INT)) && cJSON_IsNumber(v)) return 1;
+    if ((types & T_STRS) && cJSON_IsArray(v)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v) if (!cJSON_IsString(it)) return 0;
+        return 1;
+    }
+    return 0;
+}
+
+static int check_key_types(const cJSON *o, const char *path)
+{
+    for (size_t i = 0; i < sizeof g_key_types / sizeof g_key_types[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, g_key_types[i].key);
+        if (!v || json_has_type(v, g_key_types[i].types)) continue;
+        return ft_err(FT_E_INVALID, "%s: key \"%s\": expected %s, found %s%s", path,
+                      g_key_types[i].key, g_key_types[i].what, ft_json_type(v),
+                      cJSON_IsArray(v) ? " holding a non-string" : "");
+    }
+    return 0;
+}
+
 /* Reads adapter_config.json into cfg and base_model_name_or_path into base (may be NULL). */
 static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t base_n)
 {
@@ -235,19 +314,43 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
     char *txt;
     size_t len;
     FT_TRY(ft_read_file(path, &txt, &len));
-    cJSON *o = cJSON_ParseWithLength(txt, len);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(txt, len, &end, 0);
+    size_t nul = ft_json_find_nul(txt, len);
+    size_t err_at = end ? (size_t)(end - txt) : 0, tail = err_at;
+    while (o && tail < len && strchr(" \t\r\n", txt[tail])) tail++;
     free(txt);
-    if (!o || !cJSON_IsObject(o)) {
+    if (o && tail < len) {
         cJSON_Delete(o);
-        return ft_err(FT_E_INVALID, "%s: not a JSON object", path);
+        return ft_err(FT_E_INVALID, "%s: offset %zu: text after the JSON object", path, tail);
     }
-    int rc = 0;
+    if (!o || !cJSON_IsObject(o)) {
+        int rc = o ? ft_err(FT_E_INVALID, "%s: not a JSON object (found %s)", path, ft_json_type(o))
+                   : ft_err(FT_E_INVALID, "%s: not valid JSON (parse error at byte %zu)", path, err_at);
+        cJSON_Delete(o);
+        return rc;
+    }
+    if (nul < len) {
+        cJSON_Delete(o);
+        return ft_err(FT_E_INVALID, "%s: offset %zu: %s", path, nul, FT_JSON_NUL_WHY);
+    }
+    int oom = 0;
+    const char *dup = ft_json_dup_key(o, 1, &oom);
+    int rc = oom ? ft_err(-ENOMEM, "%s: out of memory", path)
+           : dup ? ft_err(FT_E_INVALID, "%s: key \"%s\" appears twice in one object (PEFT's "
+                          "json.load takes the last one): give it once", path, dup)
+           : check_key_types(o, path);
+    if (rc < 0) {
+        cJSON_Delete(o);
+        return rc;
+    }
     const cJSON *pt = cJSON_GetObjectItemCaseSensitive(o, "peft_type");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "r");
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha");
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "lora_dropout");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "use_rslora");
     const cJSON *dora = cJSON_GetObjectItemCaseSensitive(o, "use_dora");
+    const cJSON *qa = cJSON_GetObjectItemCaseSensitive(o, "use_qalora");
     const cJSON *bias = cJSON_GetObjectItemCaseSensitive(o, "bias");
     const cJSON *fifo = cJSON_GetObjectItemCaseSensitive(o, "fan_in_fan_out");
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
@@ -277,8 +380,17 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
     else if (!cJSON_IsNumber(r) || !(r->valuedouble >= 1 && r->valuedouble <= 9007199254740992.0) ||
              r->valuedouble != floor(r->valuedouble)) /* bounded: the int64 cast below */
         rc = ft_err(FT_E_INVALID, "%s: \"r\" must be a positive integer", path);
+    else if (a && !isfinite(a->valuedouble))
+        rc = ft_err(FT_E_INVALID, "%s: key \"lora_alpha\": %g is not a finite number", path,
+                    a->valuedouble);
+    else if (d && !(d->valuedouble >= 0 && d->valuedouble <= 1)) /* torch's nn.Dropout */
+        rc = ft_err(FT_E_INVALID, "%s: key \"lora_dropout\": %g is not a probability 0..1", path,
+                    d->valuedouble);
     else if (cJSON_IsTrue(dora))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: \"use_dora\": DoRA adapters are not supported", path);
+    else if (cJSON_IsTrue(qa))
+        rc = ft_err(FT_E_UNSUPPORTED, "%s: \"use_qalora\": QALoRA adapters (group-pooled inputs) "
+                    "are not supported", path);
     else if (bias && !cJSON_IsNull(bias) && !(cJSON_IsString(bias) && !strcmp(bias->valuestring, "none")))
         rc = ft_err(FT_E_UNSUPPORTED, "%s: \"bias\" must be \"none\"", path);
     else if (cJSON_IsTrue(fifo))
@@ -288,10 +400,15 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
     if (!rc) rc = must_be_empty(o, "layers_to_transform", path, "ftune adapts every layer");
     if (!rc) rc = must_be_empty(o, "rank_pattern", path, "per-module ranks are not supported");
     if (!rc) rc = must_be_empty(o, "alpha_pattern", path, "per-module alphas are not supported");
+    if (!rc) rc = must_be_empty(o, "exclude_modules", path, "ftune adapts every module target_modules names");
+    if (!rc) rc = must_be_empty(o, "layer_replication", path, "a model with replicated layers is not supported");
+    if (!rc) rc = must_be_empty(o, "trainable_token_indices", path, "trained token embeddings are not supported");
+    if (!rc) rc = must_be_empty(o, "target_parameters", path, "LoRA on parameters (not modules) is not supported");
+    if (!rc) rc = must_be_empty(o, "alora_invocation_tokens", path, "activated LoRA (aLoRA) is not supported");
     if (!rc) {
         cfg->r = (int64_t)r->valuedouble;
-        cfg->alpha = cJSON_IsNumber(a) ? (float)a->valuedouble : 8.0f; /* PEFT default */
-        cfg->dropout = cJSON_IsNumber(d) ? (float)d->valuedouble : 0.0f;
+        cfg->alpha = a ? (float)a->valuedouble : 8.0f; /* PEFT default */
+        cfg->dropout = d ? (float)d->valuedouble : 0.0f;
         cfg->use_rslora = cJSON_IsTrue(rs);
         if (cJSON_IsString(tm)) {
             rc = ft_lora_parse_targets(tm->valuestring, &cfg->targets);
@@ -299,7 +416,6 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
             const cJSON *it;
             cJSON_ArrayForEach(it, tm) {
                 unsigned bit;
-                if (!cJSON_IsString(it)) { rc = ft_err(FT_E_INVALID, "\"target_modules\" entries must be strings"); break; }
                 if ((rc = ft_lora_parse_targets(it->valuestring, &bit)) < 0) break;
                 cfg->targets |= bit;
             }
@@ -310,6 +426,8 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
         else if (!cfg->targets)
             rc = ft_err(FT_E_INVALID, "%s: \"target_modules\" is empty", path);
     }
+    if (!rc && !isfinite(cfg->alpha)) /* a double past FLT_MAX */
+        rc = ft_err(FT_E_INVALID, "%s: key \"lora_alpha\": %g is out of range", path, a->valuedouble);
     cJSON_Delete(o);
     return rc;
 }
@@ -432,6 +550,28 @@ static int open_checks(ft_peft_file *a)
     return 0;
 }
 
+/* Every element of every tensor finite, read as eval and train read them (ft_st_to_f32):
+ * an adapter holding an inf or NaN is refused when it is opened, before export or merge
+ * writes anything. */
+static int check_finite_tensors(const ft_peft_file *a)
+{
+    int64_t n = ft_st_count(a->st), max = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const ft_st_tensor *t = ft_st_at(a->st, i);
+        if (t->shape[0] * t->shape[1] > max) max = t->shape[0] * t->shape[1];
+    }
+    float *buf = malloc((size_t)(max ? max : 1) * sizeof *buf);
+    if (!buf) return ft_err(-ENOMEM, "%s: out of memory", a->path);
+    int rc = 0;
+    for (int64_t i = 0; i < n && !rc; i++) {
+        const ft_st_tensor *t = ft_st_at(a->st, i);
+        rc = ft_st_to_f32(t, buf, t->shape[0] * t->shape[1]);
+        if (rc < 0) ft_err_prefix(rc, "%s", a->path);
+    }
+    free(buf);
+    return rc;
+}
+
 int ft_peft_open(ft_peft_file *a, const char *dir)
 {
     memset(a, 0, sizeof *a);
@@ -440,6 +580,7 @@ int ft_peft_open(ft_peft_file *a, const char *dir)
     FT_TRY(ft_path_join(a->path, sizeof a->path, dir, "adapter_model.safetensors"));
     FT_TRY(ft_st_open(&a->st, a->path));
     int rc = open_checks(a);
+    if (!rc) rc = check_finite_tensors(a);
     if (rc < 0) ft_peft_close(a);
     return rc;
 }
@@ -472,18 +613,18 @@ int ft_peft_tensor_f64(const ft_peft_file *a, int64_t layer, int p, int which, d
 {
     const ft_st_tensor *t = a->t[layer][p][which];
     int64_t n = t->shape[0] * t->shape[1];
-    const uint8_t *s = t->data;
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        float f;
-        switch (t->dtype) {
-        case FT_ST_F32: memcpy(&f, s + 4 * i, 4); break;
-        case FT_ST_F16: memcpy(&h, s + 2 * i, 2); f = ft_quant_f16_to_f32(h); break;
-        case FT_ST_BF16: memcpy(&h, s + 2 * i, 2); f = ft_quant_bf16_to_f32(h); break;
-        default: return ft_err(FT_E_UNSUPPORTED, "%s: tensor %s: dtype %s", a->path, t->name,
-                               ft_st_dtype_name(t->dtype));
-        }
-        dst[i] = f;
+    /* converted as eval and train load it (ft_st_to_f32: an inf or NaN is refused, naming
+     * the tensor, its element and file offset), into the first half of dst, then widened in
+     * place from the last element down (element i's double covers floats 2i and 2i + 1,
+     * which are read by then) */
+    float *f = (float *)(void *)dst;
+    int rc = ft_st_to_f32(t, f, n);
+    if (rc < 0) return ft_err_prefix(rc, "%s", a->path);
+    for (int64_t i = n - 1; i >= 0; i--) {
+        float x;
+        memcpy(&x, (const char *)dst + 4 * i, 4);
+        double y = x;
+        memcpy((char *)dst + 8 * i, &y, 8);
     }
     return 0;
 }

@@ -15,7 +15,8 @@
  * (hub_cache.h ft_hub_split_rev), goes there as "org/name" with "revision": "REV", PEFT's
  * revision of the base (peft/config.py; AutoPeftModel loads the base at it); an existing
  * local path with an '@' in its name stays whole. Creates DIR.
- * Returns 0 or -errno. */
+ * Nothing is written when a value is not finite: an A or B element, lora_alpha or
+ * lora_dropout (FT_E_NUMERIC naming the tensor and element). Returns 0, -errno or that. */
 int ft_peft_save(const char *dir, ft_lora *l, const ft_model *m, const char *base_name);
 /* ft_peft_save of other values in l's layout (values: l->n_params host floats, A where l's A
  * is, B where its B is), e.g. the frozen correction of a quantized base (adapters/qcorr.h). */
@@ -47,8 +48,13 @@ int ft_peft_is_repo_id(const char *s);
 double ft_peft_float_repr(float v);
 
 /* Reads DIR/adapter_config.json into cfg (r, lora_alpha, lora_dropout, use_rslora,
- * target_modules). Rejects what ftune cannot apply (use_dora, bias != "none",
- * fan_in_fan_out, unknown target modules) with FT_E_UNSUPPORTED naming the file and key. */
+ * target_modules). Read strictly, as PEFT's LoraConfig types its fields: a key of another
+ * JSON type ("lora_alpha": "32", "use_rslora": "true", "use_dora": 1), a non-finite
+ * lora_alpha, a lora_dropout outside 0..1, a key twice, a NUL in a string or text after the
+ * object is FT_E_INVALID naming the file and the key (or offset). Rejects what ftune cannot
+ * apply (use_dora, use_qalora, bias != "none", fan_in_fan_out, per-module patterns,
+ * exclude_modules, layer_replication, trainable_token_indices, target_parameters, aLoRA,
+ * unknown target modules) with FT_E_UNSUPPORTED naming the file and key. */
 int ft_peft_read_config(const char *dir, ft_lora_cfg *cfg);
 
 /* Serving hints for an adapter of config c, one line per hint into buf ("" when there is
@@ -79,8 +85,11 @@ void ft_peft_key(char *out, size_t n, int64_t layer, int p, char which);
  * projection (q/k/v/o/gate/up/down) under model.layers.{i}, in target_modules, 2-D,
  * F32/F16/BF16, A (r, in) and B (out, r) with r from adapter_config.json, the same in/out
  * for a projection in every layer, and every layer 0..n_layers-1 has every targeted A and
- * B. Errors name the file and the tensor (FT_E_INVALID, FT_E_UNSUPPORTED for embedding,
- * lm_head or modules_to_save tensors, FT_E_NOTFOUND for a missing one, -errno). */
+ * B, and every element finite (read by ft_st_to_f32, as eval and train read them, so export
+ * and merge refuse an adapter holding an inf or NaN before they write anything). Errors
+ * name the file and the tensor (FT_E_INVALID, FT_E_UNSUPPORTED for embedding, lm_head or
+ * modules_to_save tensors, FT_E_NOTFOUND for a missing one, FT_E_CORRUPT for a non-finite
+ * element, -errno). */
 typedef struct ft_peft_file {
     ft_lora_cfg cfg;                 /* r, alpha, use_rslora, targets (dropout, seed unused) */
     float scale;                     /* alpha / r, or alpha / sqrt(r) with rsLoRA (fp32) */
@@ -103,7 +112,10 @@ int ft_peft_check_base(const ft_peft_file *a, const ft_model_config *mc, const c
 
 
 /* Converts the A (which = 0) or B (which = 1) of layer i, projection p to fp64 in dst
- * (r*in or out*r values, row-major). Returns 0 or FT_E_UNSUPPORTED (dtype). */
+ * (r*in or out*r values, row-major; dst from malloc), through ft_st_to_f32 as eval and train
+ * load an adapter: so export and merge refuse an inf or NaN element too. Returns 0,
+ * FT_E_UNSUPPORTED (dtype) or FT_E_CORRUPT ("DIR/adapter_model.safetensors: offset O:
+ * tensor T element E is NaN, ..."). */
 int ft_peft_tensor_f64(const ft_peft_file *a, int64_t layer, int p, int which, double *dst);
 
 #endif

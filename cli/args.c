@@ -11,6 +11,114 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/json.h"
+#include "src/infer/generate.h"
+
+/* ---- the domain of every numeric option ------------------------------------------------- */
+
+#define D_LO_OPEN 1u /* lo itself is outside */
+#define D_HI_OPEN 2u /* hi itself is outside */
+#define D_LIB     4u /* refused by the library (src/train/validate.c, exit 1), not here: the
+                      * early-stopping flags, whose exit 1 is test_early_stop.py's contract */
+#define D_BIG 9007199254740991.0 /* 2^53 - 1: integers exact in a double (and in JSON) */
+
+/* Every FT_OPT_INT, FT_OPT_DBL and FT_OPT_FLOAT option of every command, by name (one name,
+ * one meaning: the same domain wherever a flag appears). A value given (flag or --config) is
+ * refused unless it is finite and within [lo, hi] (bounds open where flagged); a default is
+ * not checked (0 may mean "the default" in a command's variable, e.g. --seq-len: giving 0 is
+ * refused rather than silently taken as the default). The bounds follow torch, PEFT,
+ * transformers and vLLM where they have one (AdamW: 0 <= beta < 1, weight_decay >= 0; an eps
+ * of 0 divides by zero where a second moment is 0, so it must be > 0 here); the upper bounds
+ * of counts keep their products far from int64 overflow. ft_args_parse refuses a table whose
+ * numeric option has no entry (an internal error that any run of the command, --help
+ * included, reports), so no option escapes. */
+static const struct opt_domain {
+    const char *name;
+    double lo, hi;
+    unsigned flags;
+    const char *text;  /* "expected ..." */
+} g_domains[] = {
+    /* train, plan, eval */
+    {"seq-len", 2, 1073741824.0, 0, "an integer 2..1073741824 (tokens per row; leave it out for the default)"},
+    {"batch-size", 1, 1048576.0, 0, "an integer 1..1048576"},
+    {"max-steps", 1, D_BIG, 0, "an integer >= 1 (leave it out to train --epochs)"},
+    {"epochs", 0, 1e6, D_LO_OPEN, "a number > 0 and <= 1e6"},
+    {"lr", 0, INFINITY, D_LO_OPEN | D_HI_OPEN, "a finite number > 0"},
+    {"warmup-steps", 0, D_BIG, 0, "an integer >= 0"},
+    {"warmup-ratio", 0, 1, 0, "a number 0..1 (a fraction of the steps)"},
+    {"min-lr-ratio", 0, 1, 0, "a number 0..1 (a fraction of --lr)"},
+    {"weight-decay", 0, INFINITY, D_HI_OPEN, "a finite number >= 0 (as torch's AdamW)"},
+    {"adam-beta1", 0, 1, D_HI_OPEN, "a number 0 <= X < 1 (as torch's AdamW)"},
+    {"adam-beta2", 0, 1, D_HI_OPEN, "a number 0 <= X < 1 (as torch's AdamW)"},
+    {"adam-eps", 0, INFINITY, D_LO_OPEN | D_HI_OPEN, "a finite number > 0 (AdamW divides by sqrt(v) + eps, and v is 0 wherever a gradient is 0)"},
+    {"max-grad-norm", 0, INFINITY, D_HI_OPEN, "a finite number >= 0 (0: no clipping)"},
+    {"simpo-gamma", -INFINITY, INFINITY, D_LO_OPEN | D_HI_OPEN, "a finite number"},
+    {"dpo-beta", 0, INFINITY, D_LO_OPEN | D_HI_OPEN, "a finite number > 0"},
+    {"dpo-label-smoothing", 0, 0.5, D_HI_OPEN, "a number 0 <= X < 0.5"},
+    {"lora-r", 1, 4096, 0, "an integer 1..4096"},
+    {"lora-alpha", 0, INFINITY, D_LO_OPEN | D_HI_OPEN, "a finite number > 0 (the adapter is scaled by alpha / r)"},
+    {"eval-fraction", 0, 0.5, 0, "a number 0..0.5"},
+    {"eval-max", 0, D_BIG, 0, "an integer >= 0 (0: no cap)"},
+    {"eval-every", 0, D_BIG, 0, "an integer >= 0 (0: at the start and the end only)"},
+    {"early-stopping-patience", 0, D_BIG, D_LIB, "an integer >= 0 (0: off)"},
+    {"early-stopping-threshold", 0, INFINITY, D_HI_OPEN | D_LIB, "a finite number >= 0"},
+    {"save-every", 0, D_BIG, 0, "an integer >= 0 (0: only at the end)"},
+    {"keep", 0, D_BIG, 0, "an integer >= 0 (0: all)"},
+    {"max-bad-steps", 1, D_BIG, 0, "an integer >= 1"},
+    {"quant-correction-tokens", 1, D_BIG, 0, "an integer >= 1"},
+    {"log-every", 1, D_BIG, 0, "an integer >= 1 (leave it out for about 50 lines a run)"},
+    {"threads", 1, 4096, 0, "an integer 1..4096 (leave it out for all cores)"},
+    /* generate */
+    {"ctx-size", 1, 1073741824.0, 0, "an integer 1..1073741824 (leave it out for the default)"},
+    {"max-new-tokens", 1, FT_GEN_MAX_NEW_TOKENS, 0, "an integer 1..1000000"},
+    {"temperature", 0, INFINITY, D_HI_OPEN, "a finite number >= 0 (0: greedy)"},
+    {"top-k", 0, D_BIG, 0, "an integer >= 0 (0: off)"},
+    {"top-p", 0, 1, D_LO_OPEN, "a number 0 < X <= 1 (1: off)"},
+    {"min-p", 0, 1, 0, "a number 0..1 (0: off)"},
+    {"repetition-penalty", 0, INFINITY, D_LO_OPEN | D_HI_OPEN, "a finite number > 0 (1: off)"},
+    {"presence-penalty", -2, 2, 0, "a number -2..2 (0: off)"},
+    {"frequency-penalty", -2, 2, 0, "a number -2..2 (0: off)"},
+    {"batch", 1, FT_GEN_MAX_SLOTS, 0, "an integer 1..256 (leave it out for the default)"},
+    {"seed", 0, D_BIG, 0, "an integer 0..9007199254740991 (2^53 - 1: exact in the JSON output)"},
+    {"logprobs", 0, FT_GEN_MAX_LOGPROBS, 0, "0..20 (the alternatives listed per token)"},
+    {"prompt-logprobs", 0, FT_GEN_MAX_LOGPROBS, 0, "0..20 (the alternatives listed per prompt token)"},
+    /* init-model (--shard-size in MB; merge's is a size, parsed by its own function) */
+    {"shard-size", 1, 1e12, 0, "an integer >= 1 (MB)"},
+    /* bench io --stream */
+    {"steps", 1, 100000, 0, "1..100000"},
+    {"stage", 1, 8, 0, "1..8"},
+    {"slots", 2, 8, 0, "2..8"},
+    {"compute-ms", 0, INFINITY, D_HI_OPEN, "a finite number >= 0 (ms)"},
+};
+
+static const struct opt_domain *domain_of(const char *name)
+{
+    for (size_t i = 0; i < sizeof g_domains / sizeof g_domains[0]; i++)
+        if (!strcmp(g_domains[i].name, name)) return &g_domains[i];
+    return NULL;
+}
+
+static int is_numeric(const ft_opt *o)
+{
+    return o->type == FT_OPT_INT || o->type == FT_OPT_DBL || o->type == FT_OPT_FLOAT;
+}
+
+/* x (as the option will hold it) within o's domain: 0, or -1 with the message in err. */
+static int check_domain(const ft_opt *o, double x, const char *val, const char *where, char *err,
+                        size_t n)
+{
+    const struct opt_domain *d = domain_of(o->name);
+    if (!d) { /* ft_args_parse checks the table first: not reached */
+        snprintf(err, n, "internal error: option --%s has no domain in cli/args.c", o->name);
+        return -1;
+    }
+    if (d->flags & D_LIB) return 0;
+    int ok = isfinite(x) && ((d->flags & D_LO_OPEN) ? x > d->lo : x >= d->lo) &&
+             ((d->flags & D_HI_OPEN) ? x < d->hi : x <= d->hi);
+    if (ok) return 0;
+    snprintf(err, n, "%s--%s %s: expected %s", where, o->name, val, d->text);
+    return -1;
+}
 
 static const ft_opt *find(const ft_opt *opts, const char *name)
 {
@@ -73,6 +181,7 @@ static int set(const ft_opt *o, const char *val, const char *where, char *err, s
             snprintf(err, n, "%s--%s: expected an integer, got '%s'", where, o->name, val);
             return -1;
         }
+        if (check_domain(o, (double)v, val, where, err, n) < 0) return -1;
         *(int64_t *)o->dst = v;
         return 0;
     }
@@ -89,6 +198,9 @@ static int set(const ft_opt *o, const char *val, const char *where, char *err, s
                      val, (double)FLT_MAX);
             return -1;
         }
+        /* the domain of the value the option holds: a float may round a tiny X to 0 */
+        if (check_domain(o, o->type == FT_OPT_FLOAT ? (double)(float)v : v, val, where, err, n) < 0)
+            return -1;
         if (o->type == FT_OPT_DBL) *(double *)o->dst = v;
         else *(float *)o->dst = (float)v;
         return 0;
@@ -133,7 +245,13 @@ static int load_config(const ft_opt *opts, const char *path, char *err, size_t n
         cJSON_Delete(o);
         return -1;
     }
+    size_t nul = ft_json_find_nul(txt, len);
     free(txt);
+    if (nul < len) { /* a path or a name would be read cut (src/core/json.h) */
+        snprintf(err, n, "%s: offset %zu: %s", path, nul, FT_JSON_NUL_WHY);
+        cJSON_Delete(o);
+        return -1;
+    }
     char where[512];
     snprintf(where, sizeof where, "%s: ", path);
     const cJSON *it;
@@ -162,6 +280,19 @@ static int load_config(const ft_opt *opts, const char *path, char *err, size_t n
         }
         char buf[64];
         const char *val = buf;
+        if (!cJSON_IsString(it) && (opt->type == FT_OPT_STR || opt->type == FT_OPT_LIST)) {
+            snprintf(err, n, "%s: key \"%s\": expected a string%s, found %s", path, it->string,
+                     opt->type == FT_OPT_LIST ? " or a list of strings" : "", ft_json_type(it));
+            cJSON_Delete(o);
+            return -1;
+        }
+        if (cJSON_IsNumber(it) && opt->type == FT_OPT_INT &&
+            !(fabs(it->valuedouble) < 9.3e18 && it->valuedouble == floor(it->valuedouble))) {
+            snprintf(err, n, "%s: key \"%s\": expected an integer, found %.17g", path, it->string,
+                     it->valuedouble); /* "%.0f" would round 8.7 to 9 */
+            cJSON_Delete(o);
+            return -1;
+        }
         if (cJSON_IsString(it)) val = it->valuestring;
         else if (cJSON_IsBool(it)) val = cJSON_IsTrue(it) ? "true" : "false";
         else if (cJSON_IsNumber(it)) {
@@ -184,6 +315,12 @@ static int load_config(const ft_opt *opts, const char *path, char *err, size_t n
 
 int ft_args_parse(const ft_opt *opts, int argc, char **argv, char *err, size_t n)
 {
+    for (const ft_opt *o = opts; o->name; o++)
+        if (is_numeric(o) && !domain_of(o->name)) {
+            snprintf(err, n, "internal error: option --%s has no domain in cli/args.c "
+                     "(g_domains)", o->name);
+            return -1;
+        }
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             ft_args_usage(stdout, opts);

@@ -23,6 +23,7 @@
 #include "cli/session.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/paths.h"
 #include "src/data/dataset.h"
 #include "src/train/dpo_run.h"
 #include "src/train/eval_run.h"
@@ -248,6 +249,19 @@ int ft_cmd_eval(int argc, char **argv)
     if (per_example && per_example_path_ok(per_example, &data)) {
         ft_str_list_free(&data);
         return 1;
+    }
+    { /* no output over an input (src/core/paths.h) */
+        const ft_path_arg out = {"--per-example", per_example, NULL};
+        const ft_path_arg ins[] = {{"--model", model, NULL}, {"--adapter", adapter, NULL},
+                                   {"--ref-adapter", ref_adapter, NULL}};
+        int bad = ft_paths_check(&out, 1, ins, 3) < 0;
+        for (int64_t i = 0; i < data.n && !bad; i++)
+            bad = ft_paths_check(&out, 1, &(ft_path_arg){"--data", data.v[i], NULL}, 1) < 0;
+        if (bad) {
+            fprintf(stderr, "ftune: %s\n", ft_errmsg());
+            ft_str_list_free(&data);
+            return 1;
+        }
     }
     ft_eval_cfg ec = {(const char *const *)data.v, data.n, dc, batch < 1 ? 1 : batch,
                       is_dpo ? &dpo : NULL, adapter, ref_adapter, per_example != NULL};

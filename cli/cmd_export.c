@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "src/core/err.h"
+#include "src/core/paths.h"
 #include "src/numeric/quant.h"
 
 int ft_cmd_export(int argc, char **argv)
@@ -48,6 +49,12 @@ int ft_cmd_export(int argc, char **argv)
     if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0) ||
         ft_session_hub_path(&adapter, adapter_buf, sizeof adapter_buf, 0, "adapter"))
         return 1;
+    const ft_path_arg outs[] = {{"--out", out, NULL}};
+    const ft_path_arg ins[] = {{"--adapter", adapter, NULL}, {"--model", model, NULL}};
+    if (ft_paths_check(outs, 1, ins, 2) < 0) {
+        fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        return 1;
+    }
     ft_export_info info;
     rc = ft_export_gguf_lora(adapter, out, model, type, &info);
     if (rc < 0) {

@@ -107,6 +107,7 @@
 #include "cli/session.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/paths.h"
 #include "src/template/chat.h"
 #include "src/data/dataset.h"
 #include "src/data/records.h"
@@ -421,6 +422,19 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     if (ft_session_model_path(&o->model, model_buf, sizeof model_buf, 0) ||
         ft_session_hub_path(&o->adapter, adapter_buf, sizeof adapter_buf, 0, "adapter"))
         return 1;
+    { /* no output over an input (src/core/paths.h); stdout too when --prompts writes there */
+        const ft_path_arg outs[] = {{"--out", o->out, NULL}};
+        const ft_path_arg ins[] = {{"--model", o->model, NULL}, {"--adapter", o->adapter, NULL},
+                                   {"--prompts", o->prompts, NULL}};
+        int bad = ft_paths_check(outs, 1, ins, 3) < 0;
+        if (bad) fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        if (!bad && o->prompts && !o->out && ft_fd_is_path(1, o->prompts)) {
+            fprintf(stderr, "ftune: generate: standard output is the --prompts file %s: it would "
+                    "be replaced (write with --out FILE)\n", o->prompts);
+            bad = 1;
+        }
+        if (bad) return 1;
+    }
     if (o->prompts && o->json) {
         fprintf(stderr, "ftune: generate: --json is for --prompt; --prompts always writes JSON lines\n");
         return 2;

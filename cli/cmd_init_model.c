@@ -19,6 +19,7 @@
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/paths.h"
 #include "src/formats/config.h"
 #include "src/tools/init_model.h"
 
@@ -99,6 +100,16 @@ int ft_cmd_init_model(int argc, char **argv)
     if (!config || !out) {
         fprintf(stderr, "ftune: init-model needs --config FILE and --out DIR (see ftune init-model --help)\n");
         return 2;
+    }
+    { /* no output over an input (src/core/paths.h): OUT and the files written in it */
+        const ft_path_arg outs[] = {{"--out", out, NULL}, {"--out", out, "config.json"},
+                                    {"--out", out, "tokenizer.json"},
+                                    {"--out", out, "tokenizer_config.json"}};
+        const ft_path_arg ins[] = {{"--config", config, NULL}, {"--tokenizer", tok, NULL}};
+        if (ft_paths_check(outs, 4, ins, 2) < 0) {
+            fprintf(stderr, "ftune: %s\n", ft_errmsg());
+            return 1;
+        }
     }
     int no_st = pack && !with_st;
     if (threads > 0) omp_set_num_threads((int)threads);

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "src/core/err.h"
+#include "src/core/paths.h"
 #include "src/core/fsutil.h"
 
 static int parse_ids(const char *s, int32_t **ids, int64_t *n)
@@ -79,6 +80,13 @@ int ft_cmd_logits(int argc, char **argv)
         free(ids);
         return 1;
     }
+    const ft_path_arg outs[] = {{"--out", out, NULL}};
+    const ft_path_arg ins[] = {{"--model", model, NULL}, {"--adapter", adapter, NULL}};
+    if (ft_paths_check(outs, 1, ins, 2) < 0) {
+        fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        free(ids);
+        return 1;
+    }
     int32_t *targets = malloc((size_t)T * sizeof(int32_t)), *pos = malloc((size_t)T * sizeof(int32_t)),
             *ss = calloc((size_t)T, sizeof(int32_t));
     for (int64_t t = 0; t < T; t++) {
@@ -94,6 +102,11 @@ int ft_cmd_logits(int argc, char **argv)
                                budget[1], NULL);
     if (!rc) rc = ft_session_plan(&s, T);
     int64_t V = s.model ? s.model->cfg.vocab_size : 0;
+    for (int64_t t = 0; t < T && !rc; t++) /* found here, not inside the embedding kernel */
+        if (ids[t] < 0 || ids[t] >= V)
+            rc = ft_err(FT_E_INVALID, "--ids: id %d (position %lld) is no token id of the model "
+                        "(its vocabulary has %lld, ids 0..%lld)", ids[t], (long long)t,
+                        (long long)V, (long long)(V - 1));
     if (!rc) {
         logits = malloc((size_t)(T * V) * sizeof(float));
         rc = logits ? ft_exec_logits(&s.ex, &b, logits) : ft_err(-ENOMEM, "out of memory");

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "src/core/err.h"
+#include "src/core/paths.h"
 #include "src/numeric/quant.h"
 
 /* "5GB", "500MB", "2GiB", "123456" -> bytes (decimal units as transformers' max_shard_size). */
@@ -86,6 +87,12 @@ int ft_cmd_merge(int argc, char **argv)
     if (ft_session_model_path(&model, model_buf, sizeof model_buf, 0) ||
         ft_session_hub_path(&adapter, adapter_buf, sizeof adapter_buf, 0, "adapter"))
         return 1;
+    const ft_path_arg outs[] = {{"--out", out, NULL}};
+    const ft_path_arg ins[] = {{"--model", model, NULL}, {"--adapter", adapter, NULL}};
+    if (ft_paths_check(outs, 1, ins, 2) < 0) {
+        fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        return 1;
+    }
     ft_merge_opts o = {0};
     o.shard_bytes = shard;
     if (!strcmp(format, "safetensors")) o.format = FT_MERGE_SAFETENSORS;

@@ -28,6 +28,7 @@
 #include "cli/session.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/paths.h"
 #include "src/data/dataset.h"
 #include "src/tokenizer/tokenizer.h"
 #include "src/formats/gguf.h"
@@ -359,6 +360,27 @@ int ft_cmd_tokenize(int argc, char **argv)
         return 2;
     }
 
+    { /* the output is standard output: never one of the inputs (as GNU cat refuses) */
+        const char *in[4] = {texts, NULL, NULL, NULL};
+        const char *flag[4] = {"--texts", "--model", "--model", "--model"};
+        char tj[4200], tc[4200];
+        if (is_gguf(model)) {
+            in[1] = model;
+        } else if (!ft_path_join(tj, sizeof tj, model, "tokenizer.json") &&
+                   !ft_path_join(tc, sizeof tc, model, "tokenizer_config.json")) {
+            in[2] = tj;
+            in[3] = tc;
+        }
+        for (int64_t i = -4; i < n_files; i++) {
+            const char *p = i < 0 ? in[i + 4] : files[i], *f = i < 0 ? flag[i + 4] : "--data";
+            if (p && ft_fd_is_path(1, p)) {
+                fprintf(stderr, "ftune: tokenize: standard output is the %s file %s: it would be "
+                        "replaced\n", f, p);
+                free(files);
+                return 1;
+            }
+        }
+    }
     ft_tokenizer *tok = NULL;
     int rc = is_gguf(model) ? ft_gguf_load_tokenizer(model, &tok) : ft_tok_load_dir(&tok, model);
     if (rc == 0) {

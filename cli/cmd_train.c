@@ -19,6 +19,7 @@
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/paths.h"
 #include "src/formats/tfevents.h"
 #include "src/train/checkpoint.h"
 #include "src/train/dpo.h"
@@ -369,6 +370,21 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         ft_session_hub_path(&c.init_adapter, init_buf, sizeof init_buf, quiet, "init-adapter")) {
         ft_str_list_free(&data);
         return 1;
+    }
+    if (!plan_only) { /* no output over an input (src/core/paths.h) */
+        const ft_path_arg outs[] = {{"--out", c.out, NULL}, {"--out", c.out, "adapter_model.safetensors"},
+                                    {"--out", c.out, "adapter_config.json"}, {"--out", c.out, "metrics.jsonl"},
+                                    {"--out", c.out, "summary.json"}, {"--timeline", c.timeline, NULL}};
+        const ft_path_arg ins[] = {{"--model", c.model, NULL}, {"--init-adapter", c.init_adapter, NULL},
+                                   {"--eval-data", c.eval_data, NULL}};
+        int bad = ft_paths_check(outs, 6, ins, 3) < 0;
+        for (int64_t i = 0; i < c.n_data && !bad; i++)
+            bad = ft_paths_check(outs, 6, &(ft_path_arg){"--data", c.data[i], NULL}, 1) < 0;
+        if (bad) {
+            fprintf(stderr, "ftune: %s\n", ft_errmsg());
+            ft_str_list_free(&data);
+            return 1;
+        }
     }
     c.threads = (int)threads;
     c.device = ft_session_device(device);

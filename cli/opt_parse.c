@@ -1,6 +1,7 @@
 /* opt_parse.c - FT_OPT_FN value parsers shared by several commands. */
 #include "cli/opt_parse.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +13,11 @@
 int ft_opt_u64(const char *v, void *dst, char *err, size_t n)
 {
     char *end;
+    errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
-    if (end == v || *end || *v == '-') {
-        snprintf(err, n, "expected a non-negative integer, got '%s'", v);
+    /* strtoull takes " -1" as 2^64 - 1 and saturates past 2^64 - 1: only digits, in range */
+    if (end == v || *end || *v < '0' || *v > '9' || errno == ERANGE) {
+        snprintf(err, n, "expected an integer 0..18446744073709551615, got '%s'", v);
         return -1;
     }
     *(uint64_t *)dst = x;

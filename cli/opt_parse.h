@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-/* A non-negative decimal integer into a uint64_t (a seed). */
+/* A decimal integer 0..2^64-1 (digits only) into a uint64_t (a seed). */
 int ft_opt_u64(const char *v, void *dst, char *err, size_t n);
 
 /* A chat template name (dataset.h ft_chat_template_parse: auto, llama3, ..., jinja) into an int. */

@@ -48,3 +48,50 @@ const char *ft_json_dup_key(const cJSON *o, int recursive, int *oom)
     free(keys);
     return d;
 }
+
+int ft_json_next_nul(ft_json_nul_scan *st, const char *s, size_t n)
+{
+    size_t i = st->off;
+    if (!st->started) {
+        st->started = 1;
+        st->cur = -1;
+        /* most texts hold neither: two fast scans decide it */
+        if (!memchr(s + i, 0, n - i) && !memmem(s + i, n - i, "\\u0000", 6)) {
+            st->off = n;
+            return 0;
+        }
+    } else if (i < n) {
+        i += s[i] == '\\' ? 6 : 1; /* past the last hit */
+    }
+    for (; i < n; i++) {
+        const char c = s[i];
+        if (c == 0) break;
+        if (st->in_str) {
+            if (c == '\\') {
+                if (i + 5 < n && s[i + 1] == 'u' && !memcmp(s + i + 2, "0000", 4)) break;
+                i++; /* the escaped character */
+            } else if (c == '"') {
+                st->in_str = 0;
+            }
+            continue;
+        }
+        if (c == '"') st->in_str = 1;
+        else if (c == '[' || c == '{') {
+            if (st->depth++ == 0 && c == '[') st->cur = 0;
+        } else if (c == ']' || c == '}') {
+            if (st->depth > 0) st->depth--;
+        } else if (c == ',' && st->depth == 1 && st->cur >= 0) {
+            st->cur++;
+        }
+    }
+    st->off = i < n ? i : n;
+    if (i >= n) return 0;
+    st->elem = st->depth >= 1 ? st->cur : -1;
+    return 1;
+}
+
+size_t ft_json_find_nul(const char *s, size_t n)
+{
+    ft_json_nul_scan st = {0};
+    return ft_json_next_nul(&st, s, n) ? st.off : n;
+}

@@ -164,10 +164,18 @@ static int arena_keep(arena_blk **arena, cJSON *j)
 }
 
 /* JSON text s parsed whole (trailing text other than whitespace is an error, as in Python's
- * json.loads); NULL, with the byte offset of the error in *err_at, when it does not parse. */
-static cJSON *parse_text(const char *s, size_t *err_at)
+ * json.loads); NULL, with the byte offset of the error in *err_at, when it does not parse,
+ * or (*nul set) when a string in it holds \u0000, which cJSON's strings would end at
+ * (json.h: refused, never cut). */
+static cJSON *parse_text(const char *s, size_t *err_at, int *nul)
 {
     const char *end = NULL;
+    size_t n = strlen(s), z = ft_json_find_nul(s, n);
+    *nul = z < n;
+    if (*nul) {
+        *err_at = z;
+        return NULL;
+    }
     cJSON *j = cJSON_ParseWithOpts(s, &end, 1);
     *err_at = !j && end && end >= s ? (size_t)(end - s) : 0;
     return j;
@@ -242,7 +250,11 @@ static int function_call_of(const cJSON *c, const char *key, const char *where, 
         return ft_err(FT_E_INVALID, "%s %lld: a function_call turn's '%s' must be JSON text, %s",
                       where, (long long)i, key, FORM);
     size_t at;
-    cJSON *calls = parse_text(c->valuestring, &at);
+    int nul;
+    cJSON *calls = parse_text(c->valuestring, &at, &nul);
+    if (!calls && nul)
+        return ft_err(FT_E_INVALID, "%s %lld: the function_call '%s' (JSON text) at byte %zu: %s",
+                      where, (long long)i, key, at, FT_JSON_NUL_WHY);
     if (!calls)
         return ft_err(FT_E_INVALID, "%s %lld: the function_call '%s' is not valid JSON (at byte "
                       "%zu%s%.24s%s); expected %s", where, (long long)i, key, at,
@@ -541,7 +553,10 @@ static int tools_of(const cJSON *j, arena_blk **arena, const cJSON **tools)
         while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
         if (!*p) return 0;
         size_t at;
-        cJSON *l = parse_text(t->valuestring, &at);
+        int nul;
+        cJSON *l = parse_text(t->valuestring, &at, &nul);
+        if (!l && nul)
+            return ft_err(FT_E_INVALID, "'tools' (JSON text) at byte %zu: %s", at, FT_JSON_NUL_WHY);
         if (!l)
             return ft_err(FT_E_INVALID, "'tools' is a string that is not valid JSON (at byte %zu%s"
                           "%.24s%s); expected %s, or that list as JSON text", at,
@@ -687,6 +702,8 @@ static int encode_json(ft_example *ex, const cJSON *j, int format, int tmpl, int
 int ft_dataset_encode_record(ft_example *ex, const char *record_json, int format,
                              int chat_template, int train_on_prompt, const ft_tokenizer *tok)
 {
+    size_t z = ft_json_find_nul(record_json, strlen(record_json));
+    if (record_json[z]) return ft_err(FT_E_INVALID, "byte %zu: %s", z, FT_JSON_NUL_WHY);
     cJSON *j = cJSON_Parse(record_json);
     if (!j) return ft_err(FT_E_INVALID, "malformed JSON record");
     if (format == FT_DATA_AUTO) format = detect_format(j);
@@ -806,6 +823,8 @@ int ft_dataset_encode_pair(ft_example ex[2], const char *record_json, int chat_t
                            const ft_tokenizer *tok)
 {
     memset(ex, 0, 2 * sizeof *ex);
+    size_t z = ft_json_find_nul(record_json, strlen(record_json));
+    if (record_json[z]) return ft_err(FT_E_INVALID, "byte %zu: %s", z, FT_JSON_NUL_WHY);
     cJSON *j = cJSON_Parse(record_json);
     if (!j) return ft_err(FT_E_INVALID, "malformed JSON record");
     if (chat_template == FT_CHAT_AUTO) chat_template = ft_chat_template_detect(tok);

@@ -1,12 +1,14 @@
 /* records.c - JSONL / JSON-array record reader (see records.h). */
 #include "src/data/records.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/json.h"
 
 static int is_blank(char c)
 {
@@ -33,6 +35,30 @@ static void line_col(const char *data, size_t off, int64_t *line, int64_t *col)
         if (data[i] == '\n') { l++; start = i + 1; }
     *line = l;
     *col = (int64_t)(off - start) + 1;
+}
+
+/* The elements of a JSON array (its text data[p, q)) whose strings hold a NUL (json.h):
+ * r->nul_at[i] is the file offset of element i's first one, or SIZE_MAX; NULL when none
+ * has one (the common case: two fast scans). */
+static int array_nuls(ft_records *r, size_t p, size_t q)
+{
+    ft_json_nul_scan st = {0};
+    while (ft_json_next_nul(&st, r->data + p, q - p)) {
+        if (st.elem < 0) continue; /* outside the elements: the parse refused that already */
+        if (!r->nul_at) {
+            int64_t n = cJSON_GetArraySize(r->root);
+            r->n_nul_at = n;
+            r->nul_at = malloc((size_t)(n ? n : 1) * sizeof *r->nul_at);
+            if (!r->nul_at) {
+                int rc = ft_err(-ENOMEM, "%s: out of memory", r->path);
+                ft_records_close(r);
+                return rc;
+            }
+            for (int64_t i = 0; i < n; i++) r->nul_at[i] = SIZE_MAX;
+        }
+        if (st.elem < r->n_nul_at && r->nul_at[st.elem] == SIZE_MAX) r->nul_at[st.elem] = p + st.off;
+    }
+    return 0;
 }
 
 int ft_records_open(ft_records *r, const char *path)
@@ -78,7 +104,7 @@ int ft_records_open(ft_records *r, const char *path)
     }
     r->next = r->root->child;
     r->index = -1;
-    return 0;
+    return array_nuls(r, p, q);
 }
 
 static int next_line(ft_records *r, ft_record *rec)
@@ -118,6 +144,13 @@ static int next_line(ft_records *r, ft_record *rec)
             rec->json = NULL;
             return 1;
         }
+        size_t z = ft_json_find_nul(s, n);
+        if (z < n) { /* the record is refused, never cut (json.h) */
+            cJSON_Delete(j);
+            snprintf(rec->err, sizeof rec->err, "column %lld: %s", (long long)z + 1, FT_JSON_NUL_WHY);
+            rec->json = NULL;
+            return 1;
+        }
         r->cur = j;
         rec->json = j;
         return 1;
@@ -134,6 +167,13 @@ int ft_records_next(ft_records *r, ft_record *rec)
     rec->loc = ++r->index;
     rec->err[0] = 0;
     r->next = r->next->next;
+    if (r->nul_at && rec->loc < r->n_nul_at && r->nul_at[rec->loc] != SIZE_MAX) {
+        int64_t line, col; /* refused, never cut (json.h) */
+        line_col(r->data, r->nul_at[rec->loc], &line, &col);
+        snprintf(rec->err, sizeof rec->err, "line %lld, column %lld: %s", (long long)line,
+                 (long long)col, FT_JSON_NUL_WHY);
+        rec->json = NULL;
+    }
     return 1;
 }
 
@@ -156,6 +196,7 @@ void ft_records_close(ft_records *r)
     if (!r) return;
     cJSON_Delete(r->cur);
     cJSON_Delete(r->root);
+    free(r->nul_at);
     free(r->data);
     free(r->path);
     memset(r, 0, sizeof *r);

@@ -28,6 +28,9 @@ typedef struct ft_records {
     cJSON *next;         /* next array element */
     int64_t index;       /* 0-based index of the last element returned */
     cJSON *cur;          /* JSONL: the record last returned (owned, freed on next/close) */
+    size_t *nul_at;      /* JSON array: element i's first NUL in a string (file offset), or
+                          * SIZE_MAX; NULL when no element has one */
+    int64_t n_nul_at;
 } ft_records;
 
 typedef struct ft_record {
@@ -46,7 +49,10 @@ typedef struct ft_record {
 int ft_records_open(ft_records *r, const char *path);
 
 /* The next record: returns 1 with *rec filled (rec->json valid until the next call or
- * ft_records_close; json == NULL for a malformed JSONL line), 0 at the end, -ENOMEM. */
+ * ft_records_close; json == NULL for a malformed JSONL line, and for a record any of whose
+ * strings holds U+0000, as \u0000 or a raw NUL byte: cJSON's C strings would end there and
+ * the record be read cut, so it is refused with the column (JSONL) or line and column
+ * (array) in rec->err, json.h FT_JSON_NUL_WHY), 0 at the end, -ENOMEM. */
 int ft_records_next(ft_records *r, ft_record *rec);
 
 /* Ownership of the record last returned by ft_records_next, for a caller that keeps several

@@ -784,10 +784,36 @@ int ft_model_set_pack_only(ft_model *m, const char *pack)
     return pack_only_form(m, pack);
 }
 
+/* Every id the tokenizer can give has an embedding row: its largest id (vocabulary or added
+ * token) below the model's vocab_size (the rows of the embedding, which the loader checks
+ * against config.json). Else FT_E_INVALID naming the tokenizer's file, the token and the
+ * model's file: found here, at load, rather than inside the embedding kernel mid-run. */
+static int check_tokenizer_fits(const ft_model *m, const ft_tokenizer *t)
+{
+    const int64_t n = ft_tok_vocab_size(t), V = m->cfg.vocab_size;
+    if (n <= V) return 0;
+    const char *tok = ft_tok_str(t, (int32_t)(n - 1));
+    if (m->is_gguf)
+        return ft_err(FT_E_INVALID, "%s: the tokenizer (tokenizer.ggml.tokens) has token '%.64s' "
+                      "at id %lld, but token_embd.weight has %lld rows (ids 0..%lld): every id "
+                      "the tokenizer gives must have an embedding row", m->path, tok ? tok : "",
+                      (long long)(n - 1), (long long)V, (long long)(V - 1));
+    return ft_err(FT_E_INVALID, "%s/tokenizer.json: token '%.64s' has id %lld, but the model has "
+                  "%lld token embeddings (vocab_size in %s/config.json, ids 0..%lld): the "
+                  "tokenizer belongs to another model, or the model's embeddings were not "
+                  "resized for its added tokens", m->path, tok ? tok : "", (long long)(n - 1),
+                  (long long)V, m->path, (long long)(V - 1));
+}
+
 int ft_model_tokenizer(const ft_model *m, ft_tokenizer **out)
 {
-    if (m->is_gguf) return ft_gguf_load_tokenizer(m->path, out);
-    return ft_tok_load_dir(out, m->path);
+    int rc = m->is_gguf ? ft_gguf_load_tokenizer(m->path, out) : ft_tok_load_dir(out, m->path);
+    if (!rc) rc = check_tokenizer_fits(m, *out);
+    if (rc < 0) {
+        ft_tok_free(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 /* ---- tokenizer from GGUF metadata -------------------------------------------------------- */

@@ -151,8 +151,10 @@ int ft_gguf_hf_rows(const struct ft_gguf *g, const ft_model_config *c, const cha
                     int64_t row0, int64_t n_rows, int64_t cols, float *dst);
 
 /* The model's tokenizer: DIR/tokenizer.json (+ tokenizer_config.json) for a folder, the
- * tokenizer.ggml.* metadata for a GGUF file (ft_tok_from_spec). Returns 0 or an error
- * naming the file. */
+ * tokenizer.ggml.* metadata for a GGUF file (ft_tok_from_spec), checked against the model:
+ * a token id (vocabulary or added token) at or past the model's vocab_size, which has no
+ * embedding row, is FT_E_INVALID naming the tokenizer's file, the token and config.json (or
+ * token_embd.weight). Returns 0 or an error naming the file (*out NULL). */
 int ft_model_tokenizer(const ft_model *m, ft_tokenizer **out);
 
 /* Number of parameters of the base model (embeddings counted once when tied). */

@@ -16,6 +16,7 @@
 
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/core/json.h"
 #include "src/tokenizer/tok_internal.h"
 
 #define WHERE_N 1200
@@ -34,9 +35,19 @@ static const cJSON *jget(const cJSON *o, const char *k)
     return cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, k) : NULL;
 }
 
+/* The first flag of another JSON type than a boolean (or null) met while loading one file:
+ * huggingface/tokenizers (serde) refuses such a file, where taking the default ("byte_fallback":
+ * "true" read as false) would tokenize otherwise; load_tokenizer_json refuses it by key. */
+static _Thread_local const char *g_bad_flag;
+static _Thread_local const cJSON *g_bad_flag_v;
+
 static int jbool(const cJSON *o, const char *k, int def)
 {
     const cJSON *v = jget(o, k);
+    if (v && !cJSON_IsBool(v) && !cJSON_IsNull(v) && !g_bad_flag) {
+        g_bad_flag = k;
+        g_bad_flag_v = v;
+    }
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
 }
 
@@ -420,8 +431,14 @@ static int parse_file(const char *path, cJSON **root)
     const char *end = NULL;
     *root = cJSON_ParseWithLengthOpts(data, len, &end, 0);
     size_t at = end && end >= data ? (size_t)(end - data) : 0;
+    size_t nul = *root ? ft_json_find_nul(data, len) : len;
     free(data);
     if (!*root) return ft_err(FT_E_INVALID, "%s: invalid JSON at byte %zu of %zu", path, at, len);
+    if (nul < len) { /* a token, pattern or template would be read cut (json.h) */
+        cJSON_Delete(*root);
+        *root = NULL;
+        return ft_err(FT_E_INVALID, "%s: offset %zu: %s", path, nul, FT_JSON_NUL_WHY);
+    }
     if (!cJSON_IsObject(*root)) {
         cJSON_Delete(*root);
         *root = NULL;
@@ -444,6 +461,29 @@ static int load_config(ft_tokenizer *t, const char *path, tk_cfg_flags *f)
     int rc = parse_file(path, &root);
     if (rc == -ENOENT) { ft_err_clear(); return 0; }
     FT_TRY(rc);
+    /* the types transformers reads (a token: a string, an AddedToken object or null; a flag:
+     * a boolean or null; the template: a string, a list of named ones or null): another one
+     * is refused by key rather than read as absent */
+    static const struct { const char *key; int kind; } keys[] = {
+        {"bos_token", 0}, {"eos_token", 0}, {"add_bos_token", 1}, {"add_eos_token", 1},
+        {"chat_template", 2},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0] && rc == 0; i++) {
+        const cJSON *v = jget(root, keys[i].key);
+        int ok = !v || cJSON_IsNull(v) ||
+                 (keys[i].kind == 0 ? cJSON_IsString(v) || (cJSON_IsObject(v) && jstr(v, "content"))
+                  : keys[i].kind == 1 ? cJSON_IsBool(v) : cJSON_IsString(v) || cJSON_IsArray(v));
+        if (!ok)
+            rc = ft_err(FT_E_INVALID, "%s: key \"%s\": expected %s, found %s", path, keys[i].key,
+                        keys[i].kind == 0 ? "a token (a string, or an object with a string "
+                                            "\"content\")"
+                        : keys[i].kind == 1 ? "true or false" : "a string or a list of templates",
+                        ft_json_type(v));
+    }
+    if (rc < 0) {
+        cJSON_Delete(root);
+        return rc;
+    }
     const char *bos = token_content(jget(root, "bos_token"));
     const char *eos = token_content(jget(root, "eos_token"));
     if (bos && rc == 0) rc = tk_set_str(t, &t->bos_str, bos);
@@ -486,12 +526,17 @@ static int load_tokenizer_json(ft_tokenizer *t, const char *path)
     cJSON *root;
     FT_TRY(parse_file(path, &root));
     char where[WHERE_N];
+    g_bad_flag = NULL;
     int rc = load_model(t, jget(root, "model"), path);
     if (rc == 0) rc = load_added(t, jget(root, "added_tokens"), path);
     if (rc == 0) { where_fmt(where, sizeof where, "%s: normalizer", path); rc = load_norm(t, jget(root, "normalizer"), where); }
     if (rc == 0) { where_fmt(where, sizeof where, "%s: pre_tokenizer", path); rc = load_pre(t, jget(root, "pre_tokenizer"), where); }
     if (rc == 0) { where_fmt(where, sizeof where, "%s: post_processor", path); rc = load_post(t, jget(root, "post_processor"), where); }
     if (rc == 0) { where_fmt(where, sizeof where, "%s: decoder", path); rc = load_dec(t, jget(root, "decoder"), where); }
+    if (rc == 0 && g_bad_flag)
+        rc = ft_err(FT_E_INVALID, "%s: key \"%s\": expected true or false, found %s", path,
+                    g_bad_flag, ft_json_type(g_bad_flag_v));
+    g_bad_flag = NULL;
     cJSON_Delete(root);
     return rc;
 }

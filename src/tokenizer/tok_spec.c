@@ -19,6 +19,7 @@
  *  llama.cpp's llama_tokenize does, and as export_tok.c sets add_eos_token for a tokenizer.json
  *  whose post-processor appends EOS).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,10 @@ static int spm_setup(ft_tokenizer *t, const ft_tok_spec *s)
     t->model = TK_MODEL_SPM;
     t->score = calloc((size_t)s->n_tokens, sizeof *t->score);
     if (!t->score) return -ENOMEM;
+    for (int64_t i = 0; s->scores && i < s->n_tokens; i++)
+        if (isnan(s->scores[i])) /* a NaN priority orders merges by chance (-inf: last) */
+            return ft_err(FT_E_INVALID, SPEC_WHERE ".scores[%lld] (token '%.64s') is NaN: a "
+                          "merge priority is a number", (long long)i, s->tokens[i]);
     if (s->scores) memcpy(t->score, s->scores, (size_t)s->n_tokens * sizeof *t->score);
     if (s->unk_id >= 0 && s->unk_id < s->n_tokens) t->unk_id = (int32_t)s->unk_id;
     if (s->add_space_prefix) {
@@ -120,6 +125,18 @@ static int spm_setup(ft_tokenizer *t, const ft_tok_spec *s)
     return 0;
 }
 
+/* A special token id of the spec: -1 (absent) or an id of its vocabulary; anything else is
+ * refused, as tokenizer.json's post-processor ids are (tok_json.c): a BOS or EOS past the
+ * vocabulary would vanish from every example (and with EOS gone the model never learns to
+ * stop). */
+static int check_special(int64_t id, int64_t n_tokens, const char *key)
+{
+    if (id == -1 || (id >= 0 && id < n_tokens)) return 0;
+    return ft_err(FT_E_INVALID, SPEC_WHERE ".%s = %lld is no token of the vocabulary (%lld "
+                  "tokens in " SPEC_WHERE ".tokens, ids 0..%lld)", key, (long long)id,
+                  (long long)n_tokens, (long long)(n_tokens - 1));
+}
+
 static int build(ft_tokenizer *t, const ft_tok_spec *s)
 {
     if (!s->model) return ft_err(FT_E_INVALID, SPEC_WHERE ".model: missing");
@@ -128,6 +145,9 @@ static int build(ft_tokenizer *t, const ft_tok_spec *s)
         return ft_err(FT_E_UNSUPPORTED, SPEC_WHERE ".model: tokenizer model '%s' is not supported (gpt2 or llama)", s->model);
     if (s->n_tokens <= 0 || s->n_tokens > TK_MAX_ID || !s->tokens)
         return ft_err(FT_E_INVALID, SPEC_WHERE ".tokens: %lld tokens (expected 1..%d)", (long long)s->n_tokens, TK_MAX_ID);
+    FT_TRY(check_special(s->bos_id, s->n_tokens, "bos_token_id"));
+    FT_TRY(check_special(s->eos_id, s->n_tokens, "eos_token_id"));
+    FT_TRY(check_special(s->unk_id, s->n_tokens, "unknown_token_id"));
     FT_TRY(tk_vocab_init(t, s->n_tokens));
     for (int64_t i = 0; i < s->n_tokens; i++) {
         if (!s->tokens[i]) return ft_err(FT_E_INVALID, SPEC_WHERE ".tokens[%lld]: NULL", (long long)i);

@@ -38,8 +38,10 @@ typedef struct ft_tok_spec {
     const char *chat_template;  /* tokenizer.chat_template or NULL */
 } ft_tok_spec;
 
-/* Builds a tokenizer from a spec. Returns 0, -ENOMEM, FT_E_INVALID, FT_E_UNSUPPORTED
- * (unknown model/pre type, named in the message). */
+/* Builds a tokenizer from a spec. Returns 0, -ENOMEM, FT_E_INVALID (also a bos_id, eos_id
+ * or unk_id other than -1 that is no id of the n_tokens: "tokenizer.ggml.bos_token_id = N
+ * is no token of the vocabulary ..."), FT_E_UNSUPPORTED (unknown model/pre type, named in
+ * the message). */
 int ft_tok_from_spec(ft_tokenizer **out, const ft_tok_spec *spec);
 
 void ft_tok_free(ft_tokenizer *t); /* NULL-safe */

@@ -20,6 +20,7 @@
 #include "src/train/schedule.h"
 #include "src/train/summary.h"
 #include "src/train/train_run.h"
+#include "src/train/validate.h"
 
 _Static_assert(FT_TRAIN_QUANT_AUTO == FT_SESSION_QUANT_AUTO, "one 'auto' for --quant");
 
@@ -52,40 +53,6 @@ void ft_train_defaults(ft_train_cfg *c)
     c->dpo.loss_type = FT_DPO_SIGMOID;
     c->dpo.simpo_gamma = 0.5; /* LLaMA-Factory's simpo_gamma */
     c->test.inf_embedding = -1;
-}
-
-static int check_finite_cfg(const ft_train_cfg *c)
-{
-    if (c->batch_size < 1) return ft_err(FT_E_INVALID, "--batch-size must be >= 1");
-    if (c->grad_accum < 0) return ft_err(FT_E_INVALID, "--grad-accum must be >= 1 (or auto)");
-    if (!(c->lr > 0) || !isfinite(c->lr)) return ft_err(FT_E_INVALID, "--lr must be > 0");
-    if (!(c->loraplus_lr_ratio >= 0) || !isfinite(c->loraplus_lr_ratio))
-        return ft_err(FT_E_INVALID, "--loraplus-lr-ratio must be > 0 (or left out: off)");
-    if (!(c->neftune_noise_alpha >= 0) || !isfinite(c->neftune_noise_alpha))
-        return ft_err(FT_E_INVALID, "--neftune-noise-alpha must be >= 0 and finite (0 or left out: off)");
-    if (c->method != FT_METHOD_SFT && c->method != FT_METHOD_DPO)
-        return ft_err(FT_E_INVALID, "unknown training method %d", c->method);
-    if (c->method == FT_METHOD_DPO) {
-        FT_TRY(ft_dpo_cfg_check(&c->dpo));
-        if (c->data_cfg.train_on_prompt)
-            return ft_err(FT_E_INVALID, "--train-on-prompt does not apply to DPO: the pair's log-probabilities are those of its completions");
-    }
-    if (c->max_steps < 0) return ft_err(FT_E_INVALID, "--max-steps must be >= 0");
-    if (c->max_steps == 0 && !(c->epochs > 0)) return ft_err(FT_E_INVALID, "--epochs must be > 0");
-    if (c->seq_len < 0 || c->seq_len == 1) return ft_err(FT_E_INVALID, "--seq-len must be >= 2");
-    if (c->save_every < 0) return ft_err(FT_E_INVALID, "--save-every must be >= 0");
-    if (c->keep < 0) return ft_err(FT_E_INVALID, "--keep must be >= 0");
-    if (c->max_bad_steps < 1) return ft_err(FT_E_INVALID, "--max-bad-steps must be >= 1");
-    if (c->early_stopping_patience < 0)
-        return ft_err(FT_E_INVALID, "--early-stopping-patience must be >= 0 (0: off)");
-    if (!(c->early_stopping_threshold >= 0) || !isfinite(c->early_stopping_threshold))
-        return ft_err(FT_E_INVALID, "--early-stopping-threshold must be a number >= 0");
-    /* both judge the mid-run evals: without them the only candidate is the final adapter */
-    if (c->early_stopping_patience > 0 && c->eval_every < 1)
-        return ft_err(FT_E_INVALID, "--early-stopping-patience needs --eval-every N: it counts the evaluations made every N steps");
-    if (c->save_best && c->eval_every < 1)
-        return ft_err(FT_E_INVALID, "--save-best needs --eval-every N: it keeps the adapter of the best evaluation made every N steps (without them the only candidate is the final adapter, written to --out anyway)");
-    return 0;
 }
 
 /* A fresh run's --quant-correction of an NF4 base with --init-adapter: refused (before any
@@ -253,7 +220,7 @@ static int setup(ft_train_job *r)
 {
     ft_train_cfg *c = &r->cfg;
     const ft_train_sink *k = &r->sink;
-    FT_TRY(check_finite_cfg(c));
+    FT_TRY(ft_train_cfg_validate(c));
     if (!c->model) return ft_err(FT_E_INVALID, "missing --model");
     /* the base's Hugging Face id when known, so PEFT and vLLM find it (adapters/peft.h) */
     const char *base_src;

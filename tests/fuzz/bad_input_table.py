@@ -681,7 +681,7 @@ def _(d):
     return train(TINY, ALPACA, "--learning-rate", "1e-4")
 
 
-@case("options", "`--lora-r 0`", "lora.c")
+@case("options", "`--lora-r 0`", "cli/args.c g_domains (lora.c in the library)")
 def _(d):
     return train(TINY, ALPACA, "--lora-r", "0")
 
@@ -691,7 +691,7 @@ def _(d):
     return train(TINY, ALPACA, "--lora-target", "qkv")
 
 
-@case("options", "`--eval-fraction 0.9`", "dataset.c")
+@case("options", "`--eval-fraction 0.9`", "cli/args.c g_domains (dataset.c in the library)")
 def _(d):
     return train(TINY, ALPACA, "--eval-fraction", "0.9")
 
@@ -806,9 +806,166 @@ def _(d):
     return ["generate", "--model", TINY, "--chat", "--prompt", "hi"]
 
 
-@case("generate", "`--presence-penalty 3`", "cli/cmd_generate.c")
+@case("generate", "`--presence-penalty 3`", "cli/args.c g_domains (and cli/cmd_generate.c)")
 def _(d):
     return ["generate", "--model", TINY, "--prompt", "hi", "--presence-penalty", "3"]
+
+
+# ---- issue 31: silent wrong results, outputs over inputs -------------------------------------
+
+NUL_REC = '{"instruction": "alpha\\u0000 beta gamma", "input": "", "output": "5"}\n'
+
+
+@case("data", "a string holding U+0000 as the escape `\\u0000` (was cut there, trained as "
+      "`alpha</s>`, exit 0)", "test_reliability_inputs.py; src/data/records.c")
+def _(d):
+    data(d, NUL_REC)
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "a raw NUL byte inside a string (line 2)", "test_reliability_inputs.py; src/core/json.c")
+def _(d):
+    data(d, (GOOD + '{"instruction": "a\x00b", "input": "", "output": "5"}\n').encode())
+    return train(TINY, "data.jsonl")
+
+
+@case("data", "JSON array: record 2's output holds `\\u0000`", "test_reliability_inputs.py")
+def _(d):
+    data(d, '[%s,\n {"instruction": "x", "input": "", "output": "y\\u0000z"}]' % GOOD.strip(),
+         "arr.json")
+    return train(TINY, "arr.json")
+
+
+@case("data", "`\\u0000` in a record, with --skip-bad-records (trains; counts it)",
+      "test_reliability_inputs.py")
+def _(d):
+    data(d, GOOD * 3 + NUL_REC)
+    return train(TINY, "data.jsonl", "--skip-bad-records")
+
+
+def gguf_id(d, key, value):
+    """The fuzz corpus's tiny GGUF (262 tokens) with the uint32 metadata value of key set."""
+    b = bytearray(GGUF_TOK.read_bytes())
+    i = b.find(key.encode()) + len(key) + 4
+    b[i:i + 4] = struct.pack("<I", value)
+    (d / "t.gguf").write_bytes(bytes(b))
+    return train("t.gguf", ALPACA)
+
+
+@case("GGUF", "`tokenizer.ggml.bos_token_id` 99999, past the 262 tokens (BOS had vanished from "
+      "every example, exit 0)", "test_reliability_inputs.py; src/tokenizer/tok_spec.c")
+def _(d):
+    return gguf_id(d, "tokenizer.ggml.bos_token_id", 99999)
+
+
+@case("GGUF", "`tokenizer.ggml.eos_token_id` 262, just past the vocabulary (EOS had vanished)",
+      "test_reliability_inputs.py; src/tokenizer/tok_spec.c")
+def _(d):
+    return gguf_id(d, "tokenizer.ggml.eos_token_id", 262)
+
+
+@case("tokenizer.json", "an added token with id 32005, past the model's vocab_size 32000 (was "
+      "found inside the embedding kernel, naming no file)", "test_reliability_inputs.py; "
+      "src/model/loader.c ft_model_tokenizer")
+def _(d):
+    m = model(d)
+    t = json.loads((m / "tokenizer.json").read_text())
+    t["added_tokens"].append({"id": 32005, "content": "<extra>", "single_word": False,
+                              "lstrip": False, "rstrip": False, "normalized": False,
+                              "special": True})
+    (m / "tokenizer.json").write_text(json.dumps(t))
+    return train("model", ALPACA)
+
+
+def _opt_case(flag, value, was):
+    @case("options", f"`{flag} {value}` ({was})", "test_reliability_inputs.py; cli/args.c g_domains")
+    def _(d):
+        return train(TINY, ALPACA, flag, value)
+
+
+_opt_case("--adam-eps", "0", "trained to an adapter of NaN, exit 0")
+_opt_case("--lora-alpha", "nan", 'wrote "lora_alpha": null, exit 0')
+_opt_case("--seq-len", "0", "silently the default")
+_opt_case("--weight-decay", "-1", "accepted; torch's AdamW refuses it")
+_opt_case("--max-steps", "0", "silently a whole epoch")
+
+
+@case("options", "`--config` holding `\"lora_r\": 8.5` (was rounded to 9)", "cli/args.c")
+def _(d):
+    (d / "opts.json").write_text('{"lora_r": 8.5}')
+    return ["train", "--config", "opts.json", "--model", TINY, "--data", ALPACA]
+
+
+def _adapter_type_case(key, value, was):
+    @case("adapter", f"adapter_config.json with `\"{key}\": {json.dumps(value)}` ({was})",
+          "test_reliability_inputs.py; adapters/peft.c (PEFT's LoraConfig types)")
+    def _(d):
+        a = adapter(d)
+        c = json.loads((a / "adapter_config.json").read_text())
+        c[key] = value
+        (a / "adapter_config.json").write_text(json.dumps(c, indent=1))
+        return ["merge", "--model", TINY, "--adapter", "good", "--out", "merged"]
+
+
+_adapter_type_case("lora_alpha", "32", "merged with alpha 8, exit 0")
+_adapter_type_case("use_rslora", "true", "read as false")
+_adapter_type_case("use_dora", 1, "merged as plain LoRA")
+
+
+def damage_adapter(a, value):
+    """value written into element 2 of the first tensor (by name) of a's weights."""
+    p = a / "adapter_model.safetensors"
+    b, n, h = st_read(p)
+    k = sorted(x for x in h if x != "__metadata__")[0]
+    off = 8 + n + h[k]["data_offsets"][0] + 8
+    b = bytearray(b)
+    b[off:off + 4] = struct.pack("<f", value)
+    p.write_bytes(bytes(b))
+
+
+@case("adapter", "`export` of an adapter holding +inf (wrote a non-finite GGUF, exit 0)",
+      "test_reliability_inputs.py; adapters/peft.c ft_peft_open")
+def _(d):
+    damage_adapter(adapter(d), float("inf"))
+    return ["export", "--adapter", "good", "--out", "a.gguf", "--model", TINY]
+
+
+@case("adapter", "`merge` of an adapter holding NaN (wrote a non-finite model, exit 0)",
+      "test_reliability_inputs.py; adapters/peft.c ft_peft_open")
+def _(d):
+    damage_adapter(adapter(d), float("nan"))
+    return ["merge", "--model", TINY, "--adapter", "good", "--out", "merged"]
+
+
+@case("outputs", "`export --out` the adapter's own weights file (replaced them with the GGUF)",
+      "test_reliability_inputs.py; src/core/paths.c")
+def _(d):
+    adapter(d)
+    return ["export", "--adapter", "good", "--out", "good/adapter_model.safetensors"]
+
+
+@case("outputs", "`merge --out` the `--model` folder (replaced the base's weights)",
+      "test_reliability_inputs.py; src/core/paths.c")
+def _(d):
+    adapter(d)
+    model(d)
+    return ["merge", "--model", "model", "--adapter", "good", "--out", "model"]
+
+
+@case("outputs", "`merge --out` a symlink into the `--model` folder", "test_reliability_inputs.py")
+def _(d):
+    adapter(d)
+    model(d)
+    (d / "link").symlink_to("model")
+    return ["merge", "--model", "model", "--adapter", "good", "--out", "link/merged"]
+
+
+@case("outputs", "`train --out` the `--init-adapter` folder (the final adapter would replace it)",
+      "test_reliability_inputs.py")
+def _(d):
+    adapter(d)
+    return ["train", "--model", TINY, "--data", ALPACA, "--out", "good", *TRAIN, "--init-adapter",
+            "good"]
 
 
 # ---- pack-only model folders --------------------------------------------------------------
