@@ -1,4 +1,4 @@
-# ftune - one build. `make` (CPU; CUDA when nvcc is found, by a later issue), `make demo`,
+# ftune - one build. `make` (CPU, and the CUDA backend when nvcc is found), `make demo`,
 # `make test`, `make clean`. Every probe prints what it found and can be overridden.
 
 CC      ?= cc

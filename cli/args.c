@@ -411,3 +411,15 @@ int ft_opt_bytes(const char *v, void *dst, char *err, size_t n)
     snprintf(err, n, "bad size '%s' (e.g. 24G, 512M, 24GB)", v);
     return -1;
 }
+
+int ft_args_cmd(const ft_opt *opts, int argc, char **argv, const char *cmd)
+{
+    char err[1024];
+    int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
+    if (rc == 1) return 0;
+    if (rc < 0) {
+        fprintf(stderr, "ftune: %s%s%s\n", cmd ? cmd : "", cmd ? ": " : "", err);
+        return 2;
+    }
+    return -1;
+}

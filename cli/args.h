@@ -35,6 +35,11 @@ typedef struct ft_opt {
  * (usage printed to stdout), 0 otherwise. */
 int ft_args_parse(const ft_opt *opts, int argc, char **argv, char *err, size_t err_n);
 
+/* ft_args_parse for a command's main: prints a parse error as "ftune: [cmd: ]MESSAGE" on
+ * stderr. Returns -1 when the command goes on, else the exit status to return at once: 0
+ * after --help (usage printed), 2 after a usage error. cmd may be NULL (no prefix). */
+int ft_args_cmd(const ft_opt *opts, int argc, char **argv, const char *cmd);
+
 /* FT_OPT_FN parser for memory sizes into an int64_t of bytes: "24G", "24GiB", "512M",
  * "1.5T" (K/M/G/T and KiB..TiB are binary, as nvidia-smi and the --gpu-mem of other tools),
  * "24GB" (decimal), or plain bytes. */

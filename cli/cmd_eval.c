@@ -195,10 +195,8 @@ int ft_cmd_eval(int argc, char **argv)
         {"device", FT_OPT_STR, &device, FT_DEVICE_HELP, 0, "DEV"},
         {NULL},
     };
-    char err[1024];
-    int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
-    if (rc == 1) { ft_str_list_free(&data); return 0; }
-    if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); ft_str_list_free(&data); return 2; }
+    int st = ft_args_cmd(opts, argc, argv, NULL);
+    if (st >= 0) { ft_str_list_free(&data); return st; }
     if (!model || !data.n) {
         fprintf(stderr, "ftune: eval needs --model and --data\n");
         ft_str_list_free(&data);

@@ -89,14 +89,9 @@ int ft_cmd_init_model(int argc, char **argv)
             free(av);
             return 0;
         }
-    char err[1024];
-    int rc = ft_args_parse(opts, ac, av, err, sizeof err);
+    int st = ft_args_cmd(opts, ac, av, NULL);
     free(av);
-    if (rc == 1) return 0;
-    if (rc < 0) {
-        fprintf(stderr, "ftune: %s\n", err);
-        return 2;
-    }
+    if (st >= 0) return st;
     if (!config || !out) {
         fprintf(stderr, "ftune: init-model needs --config FILE and --out DIR (see ftune init-model --help)\n");
         return 2;

@@ -63,10 +63,8 @@ int ft_cmd_logits(int argc, char **argv)
         {"cache-dir", FT_OPT_STR, &cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
         {NULL},
     };
-    char err[1024];
-    int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
-    if (rc == 1) return 0;
-    if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
+    int st = ft_args_cmd(opts, argc, argv, NULL);
+    if (st >= 0) return st;
     if (ft_session_bad_quant(quant)) return 2;
     int32_t *ids;
     int64_t T;

@@ -39,13 +39,8 @@ int ft_cmd_pack(int argc, char **argv)
         {"quiet", FT_OPT_FLAG, &quiet, "print only the JSON line"},
         {NULL},
     };
-    char err[1024];
-    int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
-    if (rc == 1) return 0;
-    if (rc < 0) {
-        fprintf(stderr, "ftune: %s\n", err);
-        return 2;
-    }
+    int st = ft_args_cmd(opts, argc, argv, NULL);
+    if (st >= 0) return st;
     if (!model) {
         fprintf(stderr, "ftune: pack needs --model (see ftune pack --help)\n");
         return 2;

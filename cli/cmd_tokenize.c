@@ -27,6 +27,7 @@
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "src/core/err.h"
+#include "src/core/utf8.h"
 #include "src/core/fsutil.h"
 #include "src/core/paths.h"
 #include "src/data/dataset.h"
@@ -91,20 +92,6 @@ static int hex4(const char *s, unsigned *v)
     return 1;
 }
 
-static size_t put_utf8(char *o, unsigned cp)
-{
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* Decodes the JSON string literal s[0..n) (surrounding blanks allowed) into out (capacity
  * >= n), keeping embedded NULs. Returns the length, or -1 if s is not one JSON string. */
 static int64_t json_unquote(const char *s, size_t n, char *out)
@@ -138,7 +125,7 @@ static int64_t json_unquote(const char *s, size_t n, char *out)
             } else if (cp >= 0xD800 && cp <= 0xDFFF) {
                 cp = 0xFFFD; /* lone surrogate */
             }
-            o += put_utf8(out + o, cp); /* an escape is >= 6 bytes, the UTF-8 <= 4 */
+            o += (size_t)ft_utf8_encode(cp, out + o); /* an escape is >= 6 bytes, the UTF-8 <= 4 */
             break;
         }
         default: return -1;

@@ -5,11 +5,9 @@
  * rounds, "3 msec" by its own estimate of 100000 rounds per ms (libgomp env.c,
  * initialize_env); only when a team has more threads than the CPUs it may use does it spin
  * less (gomp_throttled_spin_count_var, 100 rounds), and it cannot know of other processes.
- * Measured on the project's 2-core VM (bench/omp_policy.sh, bench/results/cpu-omp-2026-11-28.md):
- * two trainings side by side, as a hyperparameter sweep runs them, got 42 tok/s each with the
- * default spin (a spinning thread takes the slice of the thread it waits for) and 81-85 with
- * 1000 rounds (86-89 passive); alone on the machine 141 tok/s with 1000 rounds and 145 with
- * the default (run to run: 137-160), 128 passive (its wake-up after every sleep).
+ * A spinning thread takes the time slice of the thread it waits for when two ftune processes
+ * share the cores, as a hyperparameter sweep run one process per trial does; so ftune spins
+ * 1000 rounds (bench/omp_policy.sh, bench/results/cpu-omp-2026-11-28.md).
  *
  * libgomp reads the variable once, when it loads, before main: a setenv in main comes too
  * late, and so does one in the program's .preinit_array (it runs first, but libc's own

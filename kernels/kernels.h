@@ -1,7 +1,7 @@
 /* kernels.h - the op table: every numeric operation of a Llama block, forward and backward.
  *
  * One table, two backends (STYLE C7): kernels/cpu is the fp32 reference (OpenBLAS GEMMs),
- * kernels/cuda (a later issue) implements the same entries. Code in src/ and offload/ calls
+ * kernels/cuda implements the same entries. Code in src/ and offload/ calls
  * numeric work only through be->ops, so where a buffer lives never leaks into the math.
  *
  * Conventions for every op:

@@ -18,92 +18,6 @@
 #include "offload/uring.h"
 #include "src/numeric/quant.h"
 
-/* ---- XXH64 (xxHash spec, "XXH64 algorithm description") ------------------------------ */
-
-#define P1 0x9E3779B185EBCA87ull
-#define P2 0xC2B2AE3D27D4EB4Full
-#define P3 0x165667B19E3779F9ull
-#define P4 0x85EBCA77C2B2AE63ull
-#define P5 0x27D4EB2F165667C5ull
-
-static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static inline uint64_t xround(uint64_t acc, uint64_t in) { return rotl64(acc + in * P2, 31) * P1; }
-static inline uint64_t xmerge(uint64_t h, uint64_t v) { return (h ^ xround(0, v)) * P1 + P4; }
-
-void ft_xxh64_init(ft_xxh64 *h, uint64_t seed)
-{
-    memset(h, 0, sizeof *h);
-    h->seed = seed;
-    h->v[0] = seed + P1 + P2;
-    h->v[1] = seed + P2;
-    h->v[2] = seed;
-    h->v[3] = seed - P1;
-}
-
-static void stripe(uint64_t *v, const uint8_t *p)
-{
-    v[0] = xround(v[0], rd64(p));
-    v[1] = xround(v[1], rd64(p + 8));
-    v[2] = xround(v[2], rd64(p + 16));
-    v[3] = xround(v[3], rd64(p + 24));
-}
-
-void ft_xxh64_update(ft_xxh64 *h, const void *data, size_t len)
-{
-    const uint8_t *p = data;
-    h->total += len;
-    if (h->buf_n) {
-        size_t k = 32 - h->buf_n < len ? 32 - h->buf_n : len;
-        memcpy(h->buf + h->buf_n, p, k);
-        h->buf_n += (uint32_t)k;
-        p += k;
-        len -= k;
-        if (h->buf_n < 32) return;
-        stripe(h->v, h->buf);
-        h->buf_n = 0;
-    }
-    for (; len >= 32; p += 32, len -= 32) stripe(h->v, p);
-    memcpy(h->buf, p, len);
-    h->buf_n = (uint32_t)len;
-}
-
-uint64_t ft_xxh64_digest(const ft_xxh64 *h)
-{
-    uint64_t r;
-    if (h->total >= 32) {
-        r = rotl64(h->v[0], 1) + rotl64(h->v[1], 7) + rotl64(h->v[2], 12) + rotl64(h->v[3], 18);
-        for (int i = 0; i < 4; i++) r = xmerge(r, h->v[i]);
-    } else {
-        r = h->seed + P5;
-    }
-    r += h->total;
-    const uint8_t *p = h->buf;
-    size_t n = h->buf_n;
-    for (; n >= 8; p += 8, n -= 8) r = rotl64(r ^ xround(0, rd64(p)), 27) * P1 + P4;
-    if (n >= 4) {
-        r = rotl64(r ^ (uint64_t)rd32(p) * P1, 23) * P2 + P3;
-        p += 4;
-        n -= 4;
-    }
-    for (; n; p++, n--) r = rotl64(r ^ (uint64_t)*p * P5, 11) * P1;
-    r ^= r >> 33;
-    r *= P2;
-    r ^= r >> 29;
-    r *= P3;
-    r ^= r >> 32;
-    return r;
-}
-
-uint64_t ft_pack_xxh64(const void *data, size_t len, uint64_t seed)
-{
-    ft_xxh64 h;
-    ft_xxh64_init(&h, seed);
-    ft_xxh64_update(&h, data, len);
-    return ft_xxh64_digest(&h);
-}
-
 /* ---- settings ---------------------------------------------------------------------------- */
 
 void ft_pack_settings_default(ft_pack_settings *s, int quant)
@@ -142,8 +56,8 @@ uint64_t ft_pack_settings_hash(const ft_pack_settings *s)
     int k = snprintf(buf, sizeof buf, "ftune-pack v%u quant=%s bs=%lld nbs=%lld map=%016llx",
                      FT_PACK_VERSION, ft_pack_quant_name(s->quant), (long long)s->blocksize,
                      (long long)s->nested_blocksize,
-                     (unsigned long long)ft_pack_xxh64(map, sizeof map, 0));
-    return ft_pack_xxh64(buf, (size_t)k, 0);
+                     (unsigned long long)ft_xxh64(map, sizeof map, 0));
+    return ft_xxh64(buf, (size_t)k, 0);
 }
 
 
@@ -320,7 +234,7 @@ static int check_header(ft_pack_file *p, const uint8_t *raw, int64_t size, int p
     if (!tmp) return ft_err(-ENOMEM, "%s: out of memory", path);
     memcpy(tmp, raw, h->header_bytes);
     memcpy(tmp, &z, sizeof z);
-    uint32_t sum = (uint32_t)ft_pack_xxh64(tmp, h->header_bytes, 0);
+    uint32_t sum = (uint32_t)ft_xxh64(tmp, h->header_bytes, 0);
     free(tmp);
     if (sum != h->header_sum)
         return ft_err(FT_E_CORRUPT, "%s: offset 0: header checksum %08x, expected %08x (corrupt "
@@ -520,7 +434,7 @@ int ft_pack_read_block(ft_pack_file *p, int64_t l, void *buf, size_t buf_bytes, 
                       (long long)l, (unsigned long long)b->bytes, buf_bytes);
     FT_TRY(ft_reader_read(p->rd, buf, (size_t)b->bytes, b->offset));
     if (verify) {
-        uint64_t h = ft_pack_xxh64(buf, (size_t)b->bytes, 0);
+        uint64_t h = ft_xxh64(buf, (size_t)b->bytes, 0);
         if (h != b->checksum)
             return ft_err(FT_E_CORRUPT, "%s: block of layer %lld (offset %llu, %llu bytes): checksum "
                           "%016llx, expected %016llx (corrupt pack)", p->path, (long long)l,
@@ -538,7 +452,7 @@ int ft_pack_verify(ft_pack_file *p)
     int rc = 0;
     for (uint32_t i = 0; i < p->hdr.n_blocks && !rc; i++) {
         const ft_pack_block *b = &p->blocks[i];
-        ft_xxh64 h;
+        ft_xxh64_state h;
         ft_xxh64_init(&h, 0);
         for (uint64_t o = 0; o < b->bytes && !rc; o += chunk) {
             size_t k = b->bytes - o < chunk ? (size_t)(b->bytes - o) : chunk;

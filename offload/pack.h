@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/core/hash.h"
 #include "src/formats/config.h"
 #include "src/model/model.h"
 #include "src/numeric/nf4.h"
@@ -100,22 +101,6 @@ typedef struct ft_pack_tensor {
     uint32_t pad;
 } ft_pack_tensor;
 _Static_assert(sizeof(ft_pack_tensor) == 88, "ft_pack_tensor must have no padding");
-
-/* ---- hashing ------------------------------------------------------------------------ */
-
-/* XXH64 (Yann Collet's xxHash, 64-bit variant), one shot. */
-uint64_t ft_pack_xxh64(const void *data, size_t len, uint64_t seed);
-
-/* Streaming XXH64: init, update any number of times, digest. */
-typedef struct ft_xxh64 {
-    uint64_t v[4], total;
-    uint8_t buf[32];
-    uint32_t buf_n;
-    uint64_t seed;
-} ft_xxh64;
-void ft_xxh64_init(ft_xxh64 *h, uint64_t seed);
-void ft_xxh64_update(ft_xxh64 *h, const void *data, size_t len);
-uint64_t ft_xxh64_digest(const ft_xxh64 *h);
 
 /* ---- settings ------------------------------------------------------------------------ */
 

@@ -53,7 +53,7 @@ typedef struct writer {
     int fd;
     int fd_direct;             /* the same file opened with O_DIRECT, or -1 */
     const char *path;
-    ft_xxh64 stream;           /* running hash of the global block */
+    ft_xxh64_state stream;     /* running hash of the global block */
     int rc;
     char msg[600];
     double busy_s;             /* seconds spent hashing and writing */
@@ -97,7 +97,7 @@ static void *writer_main(void *arg)
         int rc = 0;
         if (!failed) {
             double t0 = now_s();
-            if (j.digest) *j.digest = ft_pack_xxh64(j.buf, j.len, 0);
+            if (j.digest) *j.digest = ft_xxh64(j.buf, j.len, 0);
             else ft_xxh64_update(&w->stream, j.buf, j.len);
             /* with direct_io, aligned jobs (all but a tiny pack's) go straight to the device:
              * no copy into the page cache, no pile of dirty pages for the final fsync */
@@ -790,7 +790,7 @@ int ft_pack_build_ex(const char *path, const ft_model_config *cfg, const char *c
         memcpy(hdr, &h, sizeof h);
         memcpy(hdr + h.config_off, config_json, config_len);
         memcpy(hdr + h.block_table_off, tab, (size_t)n_blk * sizeof *tab);
-        h.header_sum = (uint32_t)ft_pack_xxh64(hdr, (size_t)hb, 0);
+        h.header_sum = (uint32_t)ft_xxh64(hdr, (size_t)hb, 0);
         memcpy(hdr, &h, sizeof h);
         rc = pwrite_all(b.fd, hdr, (size_t)hb, 0, tmp);
         if (!rc && fsync(b.fd) < 0) rc = ft_err(-errno, "%s: fsync: %s", tmp, strerror(errno));

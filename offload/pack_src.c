@@ -288,7 +288,7 @@ static char *config_json_of(const ft_model_config *c)
 /* ---- identity ---------------------------------------------------------------------------- */
 
 /* Hashes a file's name, size and first `n` bytes (n < 0: the safetensors header). */
-static int hash_file_head(ft_xxh64 *h, const char *dir, const char *name, int64_t n)
+static int hash_file_head(ft_xxh64_state *h, const char *dir, const char *name, int64_t n)
 {
     char p[4200];
     FT_TRY(ft_path_join(p, sizeof p, dir, name));
@@ -360,7 +360,7 @@ static int st_files(const char *dir, char ***out, int *n)
 
 int ft_pack_model_identity(const char *model, uint64_t *identity)
 {
-    ft_xxh64 h;
+    ft_xxh64_state h;
     ft_xxh64_init(&h, 0);
     static const char tag[] = "ftune-model-identity v1";
     ft_xxh64_update(&h, tag, sizeof tag);

@@ -91,9 +91,8 @@ int ft_pinned_alloc(ft_backend *be, size_t bytes, int node, void **out)
                       strerror(errno));
     char *mem = (char *)(((uintptr_t)base + PIN_PAGE + PIN_HUGE - 1) & ~(uintptr_t)(PIN_HUGE - 1));
     /* Huge pages where the kernel gives them (THP "madvise" or "always"): an O_DIRECT read into
-     * physically scattered 4 KiB pages is split into many more device requests (on the CPU
-     * VM's virtio disk, 254 segments per request, staging of 4 KiB pages read 25-40% slower:
-     * ftune bench io --stream, 2026-11-23); fewer pages to pin and translate for the GPU too. */
+     * physically scattered 4 KiB pages is split into many more device requests
+     * (bench/results/code-measurements.md); fewer pages to pin and translate for the GPU too. */
     (void)madvise(mem, n, MADV_HUGEPAGE);
     pin_hdr *h = (pin_hdr *)(mem - PIN_PAGE);
     memset(h, 0, sizeof *h);

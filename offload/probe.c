@@ -111,9 +111,8 @@ static int probe_range(const char *path, uint64_t base, uint64_t end, uint64_t m
                       (unsigned long long)buf_n);
     }
     /* huge pages where the kernel gives them (THP "madvise"): a buffer of 4 KiB pages faulted
-     * in by memset is physically scattered, so each 4 MiB read becomes many segments; on the
-     * CPU VM's virtio disk that cost 25-40% of the rate (ftune bench io --stream measurements,
-     * 2026-11-23), which would make the raw rate too low a reference */
+     * in by memset is physically scattered, so each large read becomes many segments, which
+     * would make the raw rate too low a reference (bench/results/code-measurements.md) */
     (void)madvise(buf, (size_t)buf_n, MADV_HUGEPAGE);
     memset(buf, 0, (size_t)buf_n); /* fault the pages in before any timing */
 
@@ -148,12 +147,11 @@ static int probe_range(const char *path, uint64_t base, uint64_t end, uint64_t m
                 if (p->bytes_per_s > best) best = p->bytes_per_s;
                 cursor += slice;
             }
-        /* Each grid point is one read of 64-256 MiB, and a virtual disk's rate varies by
-         * +-15% between such reads (H100 and H200 machines, 2026-11-23/28), so the fastest
-         * sample is partly luck: of the settings within PROBE_BAND of it, take the one that
-         * moves the most bytes per request round (qd x chunk; then the larger chunk), which
-         * costs the fewest submissions. On the H200 the maximum picked 256 KiB chunks (2.00
-         * GB/s) where 1 MiB read 2.22 GB/s in `bench io` the same minute. */
+        /* Each grid point is one read of 64-256 MiB, and a virtual disk's rate varies between
+         * such reads (bench/results/code-measurements.md), so the fastest sample is partly
+         * luck: of the settings within PROBE_BAND of it, take the one that moves the most
+         * bytes per request round (qd x chunk; then the larger chunk), which costs the fewest
+         * submissions. */
         double best_q = 0;
         for (int i = 0; i < r->n_grid; i++) {
             const ft_probe_disk_point *p = &r->grid[i];

@@ -65,8 +65,10 @@ if [ "${FTUNE_TEST_PYTEST:-1}" != 0 ] && command -v python3 >/dev/null && [ -d t
     # timeouts); FTUNE_PYTEST_TIMEOUT overrides it; the 15 slowest tests are listed, to keep
     # the suite within CI's time
     PYTEST_TIMEOUT=${FTUNE_PYTEST_TIMEOUT:-1800}
-    out=$(timeout "$PYTEST_TIMEOUT" python3 -m pytest -q -rs --durations=15 tests/ref 2>&1); rc=$?
+    out=$(timeout "$PYTEST_TIMEOUT" python3 -m pytest -q -rfEs --durations=15 tests/ref 2>&1); rc=$?
     echo "$out" | tail -40
+    # a failure's own report (the traceback and the captured output), which the tail leaves out
+    echo "$out" | sed -n '/^=* FAILURES =*$/,/^=* short test summary/p' | head -200
     [ "$rc" -eq 124 ] && echo "pytest tests/ref: stopped after ${PYTEST_TIMEOUT} s (FTUNE_PYTEST_TIMEOUT)"
     summary=$(echo "$out" | tail -1)
     p=$(echo "$summary" | grep -o '[0-9]* passed' | grep -o '[0-9]*'); p=${p:-0}

@@ -14,13 +14,8 @@
  * rows computed with it; the two paths round differently. Only x86-64 builds have the AVX2
  * path (elsewhere _AVX2 is refused and _AUTO takes the portable one).
  *
- * Measured (2-core VM, AVX2, one thread, 2026-11-27; the AVX2 path against ft_nf4_dequant of
- * the whole weight followed by OpenBLAS sgemv / sgemm, double-quantized, blocksize 64):
- *   4096 x 4096:  T = 1: 3.04 vs 19.4 ms (6.4x; 5.5 G weights/s)   T = 4: 6.7 vs 36.3 ms
- *                 T = 8: 13.5 vs 40.0 ms (3.0x); with one FMA chain per row in groups of
- *                 four (before the rows were made independent) T = 4 took 10.4, T = 8 16.7
- *   1536 x 576 (the example model's gate/up):  T = 1: 0.197 vs 0.886 ms   T = 8: 0.72 vs 1.10 ms
- * so offload/exec.c reads NF4 in place for generation visits of up to 8 tokens. */
+ * offload/exec.c reads NF4 in place for generation visits of up to 8 tokens, where this
+ * kernel beats dequantize + sgemm (bench/results/code-measurements.md). */
 #include "kernels/cpu/nf4_gemv.h"
 
 #include <string.h>
@@ -136,8 +131,7 @@ row_avx2_t(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe, const
 
 /* The rows of x two at a time: one decode of the weights for both, four FMA chains. With four
  * rows (eight chains, the absmax-scaled sums and the LUT registers) the loop spills, and two
- * passes of two were faster on the 2-core VM (4096 x 4096, one thread, 2026-11-27: T = 4
- * 6.6-7.2 vs 7.9-8.7 ms, T = 8 13.0-15.1 vs 15.4-15.5 ms). */
+ * passes of two were faster (bench/results/code-measurements.md). */
 static FT_AVX2 void row_avx2(const ft_nf4_tensor *t, int64_t o, int64_t in, const float *xe,
                              const float *xo, int64_t T, float *res)
 {

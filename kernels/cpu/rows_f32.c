@@ -8,14 +8,7 @@
  * where it is loaded (exact: the bf16 bits are the upper half of the fp32 ones), so its
  * results are the fp32 kernel's on the widened W, bit for bit, at half the weight bytes.
  *
- * Measured (2-core VM, AVX2, 2026-11-27; the example model's LM head, V = 49152, C = 576,
- * against OpenBLAS cblas_sgemm NoTrans/Trans on the same operands, best of 5):
- *   one thread:  T = 1: 14.5 vs 35.3 ms   T = 4: 14.0 vs 32.6 ms   T = 8: 23.3 vs 42.4 ms
- *                T = 16: 39.6 vs 46.8 ms
- *   two threads: T = 1: 9.1 vs 18.4 ms    T = 8: 11.6 vs 35.5 ms   T = 16: 21.8 vs 31.1 ms
- * In `generate --prompts` of the example GGUF (12 prompts, 32 new tokens, 2 threads, same-hour
- * A/B against the previous binary, two runs) the whole run gained 4-8% at --batch 8 and
- * nothing measurable at --batch 1, with the same replies. */
+ * Its speed against OpenBLAS sgemm on the LM head: bench/results/code-measurements.md. */
 #include "kernels/cpu/rows_f32.h"
 
 #include <string.h>

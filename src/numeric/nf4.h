@@ -28,16 +28,8 @@
  *     (cpu_ops.cpp, 2026) rounds through a 65536-bin lookup table.
  * Everything downstream of a given offset is bit-exact, and dequantization of a bnb file
  * is bit-exact (it uses the file's own maps and offset).
- * Measured against bitsandbytes 0.50.2's CUDA kernels (quantize_4bit, compress_statistics,
- * blocksize 64; torch 2.11 + CUDA 13.0, H100, 2026-11-23), same fp32 inputs: on 126 linear
- * weights of the example model (SmolLM2-135M layers 0-17, 63.7M values) the 4-bit codes and
- * the fp32 absmax are identical, the dynamic map is identical, the nested codes and nested
- * absmax are identical given bnb's offset, and our dequantization of bnb's bytes equals its
- * dequantize_4bit bit for bit (126/126); the offset (torch's fp32 CUDA mean) equals ours in
- * 86/126 tensors, so 86 are byte-identical end to end. On 36M synthetic values (normal,
- * bf16-rounded, Student-t, uniform, an odd length, zero blocks, 1e-30 and 1e30 scales) one
- * code differs: x * (1/absmax) is -0.045525014 with IEEE division, just above the threshold
- * -0.045525018 between codes 6 and 7 (ours: 7); bnb's approximate reciprocal gave code 6.
+ * The comparison with bitsandbytes' CUDA kernels (codes, absmax, maps, dequantization) is in
+ * bench/results/code-measurements.md (H100, 2026-11-23).
  */
 #ifndef FT_NF4_H
 #define FT_NF4_H

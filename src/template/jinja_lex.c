@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "src/core/err.h"
+#include "src/core/utf8.h"
 
 typedef struct lexer {
     jarena *a;
@@ -140,19 +141,6 @@ static void emit_text(lexer *L, size_t from, size_t to, char sign, int lstrip)
     }
 }
 
-static void put_utf8(char *o, size_t *on, uint32_t cp)
-{
-    if (cp < 0x80) o[(*on)++] = (char)cp;
-    else if (cp < 0x800) { o[(*on)++] = (char)(0xC0 | (cp >> 6)); o[(*on)++] = (char)(0x80 | (cp & 0x3F)); }
-    else if (cp < 0x10000) {
-        o[(*on)++] = (char)(0xE0 | (cp >> 12)); o[(*on)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[(*on)++] = (char)(0x80 | (cp & 0x3F));
-    } else {
-        o[(*on)++] = (char)(0xF0 | (cp >> 18)); o[(*on)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        o[(*on)++] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[(*on)++] = (char)(0x80 | (cp & 0x3F));
-    }
-}
-
 static int hexval(char ch)
 {
     if (ch >= '0' && ch <= '9') return ch - '0';
@@ -198,7 +186,7 @@ static void lex_string(lexer *L, size_t start, size_t end, jtok *t)
                 lfail(L, start + i - 1, "illegal Unicode character in string literal");
             i += (size_t)want;
             /* 6 >= 4 output bytes for a >= 4 byte escape; \xhh (4 bytes) -> <= 2 bytes */
-            put_utf8(o, &on, cp);
+            on += (size_t)ft_utf8_encode(cp, o + on);
             break;
         }
         default:
@@ -206,7 +194,7 @@ static void lex_string(lexer *L, size_t start, size_t end, jtok *t)
                 uint32_t cp = (uint32_t)(e - '0');
                 for (int k = 0; k < 2 && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '7'; k++)
                     cp = cp * 8 + (uint32_t)(s[++i] - '0');
-                put_utf8(o, &on, cp);   /* <= 0777: 2 bytes for >= 2 source bytes */
+                on += (size_t)ft_utf8_encode(cp, o + on);   /* <= 0777: 2 bytes for >= 2 source bytes */
             } else {
                 o[on++] = '\\';     /* unknown escape: kept (Python's DeprecationWarning) */
                 o[on++] = e;

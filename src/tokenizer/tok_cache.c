@@ -34,12 +34,7 @@ struct ft_tok_cache {
     uint64_t hits, misses, resets;
 };
 
-static uint64_t fnv1a(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
-}
+static uint64_t fnv1a(const char *s, size_t n) { return ft_fnv1a64(FT_FNV64_OFFSET, s, n); }
 
 ft_tok_cache *ft_tok_cache_new(int64_t max_words)
 {

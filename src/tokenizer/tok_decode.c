@@ -197,7 +197,7 @@ static int dec_step(const tk_dec *d, tk_walk *w, const tk_toks *in, tk_toks *out
             FT_TRY(toks_extend(out, s + k, n - k));
         } else if (d->type == TK_DEC_STRIP) {
             char u[4];
-            size_t cl = (size_t)tk_u8enc((uint32_t)d->ch, u), a = 0, b = n;
+            size_t cl = (size_t)ft_utf8_encode((uint32_t)d->ch, u), a = 0, b = n;
             int keep = w->one_token && w->fused; /* after Fuse it strips the whole text's ends */
             int start = keep ? 0 : d->start, stop = keep ? 0 : d->stop;
             for (int k = 0; k < start && a + cl <= b && !memcmp(s + a, u, cl); k++) a += cl;
@@ -206,7 +206,7 @@ static int dec_step(const tk_dec *d, tk_walk *w, const tk_toks *in, tk_toks *out
         } else { /* TK_DEC_METASPACE: the replacement character is a space, except in a text's
                   * first token when the pre-tokenizer prepends one */
             char u[4];
-            size_t cl = (size_t)tk_u8enc((uint32_t)d->ch, u);
+            size_t cl = (size_t)ft_utf8_encode((uint32_t)d->ch, u);
             int first = !w->one_token && i == 0 && d->prepend_scheme != TK_PREPEND_NEVER;
             for (size_t k = 0; k < n;) {
                 if (k + cl <= n && !memcmp(s + k, u, cl)) {

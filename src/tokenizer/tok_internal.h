@@ -15,6 +15,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "src/core/hash.h"
+#include "src/core/utf8.h"
 #include "src/tokenizer/tokenizer.h"
 
 #define TK_MAX_ID (1 << 26)      /* sanity cap on token ids (allocation guard) */
@@ -55,7 +57,6 @@ void tk_pairmap_free(tk_pairmap *m);
 int tk_u8len(const unsigned char *s, size_t n);
 /* Decodes one character; *cp = -1 when invalid (length 1). */
 int tk_u8dec(const unsigned char *s, size_t n, int32_t *cp);
-int tk_u8enc(uint32_t cp, char out[4]);
 int tk_is_space(int32_t cp);  /* Unicode White_Space */
 
 /* GPT-2 bytes_to_unicode: byte -> code point (U+0021.. / U+0100..U+0143), and inverse. */

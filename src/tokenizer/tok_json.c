@@ -288,7 +288,7 @@ static int load_pre(ft_tokenizer *t, const cJSON *o, const char *where)
         int32_t cp;
         FT_TRY(one_char(jstr(o, "replacement"), &cp, where, "replacement"));
         z->type = TK_PRE_METASPACE;
-        z->repl_n = tk_u8enc((uint32_t)cp, z->repl);
+        z->repl_n = ft_utf8_encode((uint32_t)cp, z->repl);
         z->split = jbool(o, "split", 1);
         FT_TRY(prepend_scheme_of(o, &z->prepend_scheme, where));
     } else if (!strcmp(type, "Digits")) {

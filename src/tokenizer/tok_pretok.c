@@ -196,7 +196,7 @@ static int apply_norm(const ft_tokenizer *t, const tk_norm *z, tk_ctx *c, const 
                 FT_TRY(tk_buf_put(out, in->p + i, (size_t)L));
             } else {
                 char u[4];
-                FT_TRY(tk_buf_put(out, u, (size_t)tk_u8enc((uint32_t)lc, u)));
+                FT_TRY(tk_buf_put(out, u, (size_t)ft_utf8_encode((uint32_t)lc, u)));
             }
             i += (size_t)L;
         }
@@ -358,7 +358,7 @@ static int byte_level(const tk_pre *z, tk_ctx *c, tk_piece p)
         size_t off = c->w.n;
         for (size_t k = 0; k < q->n; k++) {
             char u[4];
-            int L = tk_u8enc(tk_byte_to_cp((uint8_t)c->w.p[q->off + k]), u);
+            int L = ft_utf8_encode(tk_byte_to_cp((uint8_t)c->w.p[q->off + k]), u);
             memcpy(c->w.p + c->w.n, u, (size_t)L);
             c->w.n += (size_t)L;
         }

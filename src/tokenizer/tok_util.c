@@ -86,8 +86,7 @@ void tk_arena_free(tk_arena *a)
 
 static uint64_t tk_hash(const char *s, size_t n)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    uint64_t h = ft_fnv1a64(FT_FNV64_OFFSET, s, n);
     return h ^ (h >> 29);
 }
 
@@ -256,27 +255,6 @@ int tk_u8len(const unsigned char *s, size_t n)
     if (s[0] < 0x80) return 1;
     int32_t cp;
     return tk_u8dec(s, n, &cp);
-}
-
-int tk_u8enc(uint32_t cp, char out[4])
-{
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 int tk_is_space(int32_t cp)

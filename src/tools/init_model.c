@@ -22,7 +22,7 @@
 
 uint64_t ft_init_tensor_id(const char *name)
 {
-    return ft_pack_xxh64(name, strlen(name), 0x66747565ull);
+    return ft_xxh64(name, strlen(name), 0x66747565ull);
 }
 
 /* ---- the generator -------------------------------------------------------------------------
@@ -530,7 +530,7 @@ int ft_init_model(const ft_init_cfg *c, ft_init_result *res)
         if (c->write_safetensors) {
             rc = ft_pack_model_identity(c->out_dir, &id);
         } else {
-            ft_xxh64 h;
+            ft_xxh64_state h;
             ft_xxh64_init(&h, 0);
             static const char tag[] = "ftune init-model v2"; /* v2: the SIMD generator */
             ft_xxh64_update(&h, tag, sizeof tag);

@@ -28,16 +28,7 @@ enum { N_FILES = 3 };
 
 uint64_t ft_ckpt_hash(uint64_t h, const void *data, size_t n)
 {
-    const uint64_t prime = 0x100000001b3ull;
-    const unsigned char *p = data;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w = 0;
-        for (int b = 0; b < 8; b++) w |= (uint64_t)p[i + b] << (8 * b);
-        h = (h ^ w) * prime;
-    }
-    for (; i < n; i++) h = (h ^ p[i]) * prime;
-    return h;
+    return ft_fnv1a64_words(h, data, n);
 }
 
 /* Size and hash of a whole file, read in 1 MiB pieces (an 8-byte-aligned chunk size, so

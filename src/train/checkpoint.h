@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/core/hash.h"
 #include "src/model/lora.h"
 #include "src/model/model.h"
 
@@ -150,7 +151,7 @@ char *ft_ckpt_json_print(struct cJSON *o, int formatted);
 /* 64-bit FNV-1a over 8-byte little-endian words (and the tail bytes one at a time),
  * continuing from h (start with FT_CKPT_HASH_INIT). Used for file integrity and the data
  * fingerprint; not cryptographic. */
-#define FT_CKPT_HASH_INIT 0xcbf29ce484222325ull
+#define FT_CKPT_HASH_INIT FT_FNV64_OFFSET
 uint64_t ft_ckpt_hash(uint64_t h, const void *data, size_t n);
 
 /* Test hook (fault injection, STYLE C12): after `bytes` more bytes written by the

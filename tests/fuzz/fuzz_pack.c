@@ -41,7 +41,7 @@ static void fix_checksums(uint8_t *d, size_t size)
             uint8_t *e = d + h.block_table_off + (size_t)i * sizeof b;
             memcpy(&b, e, sizeof b);
             if (b.offset > size || b.bytes > size - b.offset) continue;
-            b.checksum = ft_pack_xxh64(d + b.offset, (size_t)b.bytes, 0);
+            b.checksum = ft_xxh64(d + b.offset, (size_t)b.bytes, 0);
             memcpy(e, &b, sizeof b);
         }
     }
@@ -49,7 +49,7 @@ static void fix_checksums(uint8_t *d, size_t size)
     h.complete = 0;
     h.header_sum = 0;
     memcpy(d, &h, sizeof h);
-    h.header_sum = (uint32_t)ft_pack_xxh64(d, h.header_bytes, 0);
+    h.header_sum = (uint32_t)ft_xxh64(d, h.header_bytes, 0);
     h.complete = complete;
     memcpy(d, &h, sizeof h);
 }

@@ -66,14 +66,14 @@ static void test_xxh64(void **state)
         {"Nobody inspects the spammish repetition", 0xfbcea83c8a378bf1ull},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        assert_true(ft_pack_xxh64(v[i].s, strlen(v[i].s), 0) == v[i].h);
+        assert_true(ft_xxh64(v[i].s, strlen(v[i].s), 0) == v[i].h);
     uint8_t buf[1000];
     ft_rng r;
     ft_rng_seed(&r, 1);
     for (int i = 0; i < 1000; i++) buf[i] = (uint8_t)ft_rng_next(&r);
-    uint64_t one = ft_pack_xxh64(buf, sizeof buf, 7);
+    uint64_t one = ft_xxh64(buf, sizeof buf, 7);
     for (int t = 0; t < 50; t++) {
-        ft_xxh64 h;
+        ft_xxh64_state h;
         ft_xxh64_init(&h, 7);
         size_t pos = 0;
         while (pos < sizeof buf) {
