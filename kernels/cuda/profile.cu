@@ -17,13 +17,17 @@
 enum {
     P_GEMM, P_GEMM_LORA, P_LINEAR_FWD, P_LINEAR_BWD, P_AXPY, P_SCALE, P_SUMSQ, P_BIAS, P_EMBED,
     P_RMS_FWD, P_RMS_BWD, P_ROPE_FWD, P_ROPE_BWD, P_ATT_FWD, P_ATT_BWD, P_SWIGLU_FWD,
-    P_SWIGLU_BWD, P_DROPOUT, P_NOISE, P_CE, P_LOGITS, P_ADAMW, P_ATT_KV, P_ZERO, P_N
+    P_SWIGLU_BWD, P_DROPOUT, P_NOISE, P_CE, P_LOGITS, P_ADAMW, P_ATT_KV, P_ZERO,
+    P_ADAMW_MULTI, P_ADD_RMS_FWD, P_ADD_RMS_BWD, P_ROPE_QK, P_SWIGLU16_FWD, P_SWIGLU16_BWD, P_N
 };
 static const char *const prof_name[P_N] = {
     "gemm (large)", "gemm (LoRA, a dim <= 64)", "linear_fwd (frozen W)", "linear_bwd_x (frozen W)",
     "axpy", "scale", "sumsq", "bias_add", "embedding_fwd", "rmsnorm_fwd", "rmsnorm_bwd",
     "rope_fwd", "rope_bwd", "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd",
-    "dropout", "noise_uniform_add", "lm_head_ce", "lm_head_logits", "adamw", "attention_kv_fwd", "zero"};
+    "dropout", "noise_uniform_add", "lm_head_ce", "lm_head_logits", "adamw", "attention_kv_fwd", "zero",
+    "adamw_multi", "add_rmsnorm_bf16_fwd", "add_rmsnorm_bf16_bwd", "rope_qk_bf16", "swiglu_bf16_fwd",
+    "swiglu_bf16_bwd"};
+static_assert(sizeof prof_name / sizeof prof_name[0] == P_N, "a profiled op without a name");
 
 #define RING 16384
 
@@ -145,6 +149,12 @@ extern "C" int ft_backend_cuda_profile(ft_backend *be, int on)
         t->lm_head_logits = WRAP(lm_head_logits, P_LOGITS);
         t->adamw = WRAP(adamw, P_ADAMW);
         t->attention_kv_fwd = WRAP(attention_kv_fwd, P_ATT_KV);
+        t->adamw_multi = WRAP(adamw_multi, P_ADAMW_MULTI);
+        t->add_rmsnorm_bf16_fwd = WRAP(add_rmsnorm_bf16_fwd, P_ADD_RMS_FWD);
+        t->add_rmsnorm_bf16_bwd = WRAP(add_rmsnorm_bf16_bwd, P_ADD_RMS_BWD);
+        t->rope_qk_bf16 = WRAP(rope_qk_bf16, P_ROPE_QK);
+        t->swiglu_bf16_fwd = WRAP(swiglu_bf16_fwd, P_SWIGLU16_FWD);
+        t->swiglu_bf16_bwd = WRAP(swiglu_bf16_bwd, P_SWIGLU16_BWD);
         cx->prof = ps;
     }
     be->ops = &ps->table;
