@@ -318,13 +318,14 @@ typedef struct ft_backend_ops {
     /* RoPE (rope_fwd's rotate-half formula, cos/sin of pos * inv_freq in double) on q (T, H, D)
      * and k (T, Hkv, D) in place in one pass; inverse = 1 rotates by -angle (the backward on
      * dq, dk). Each output is bf16 of an fp32 expression of bf16 inputs: equal on both up to
-     * the device's double sin/cos (1 bf16 ulp, tests/gpu/test_cuda_fused.c). */
+     * the device's double sin/cos (one bf16 rounding, plus cancellation near zero:
+     * tests/gpu/test_cuda_fused.c TOL_*). */
     int (*rope_qk_bf16)(ft_backend *be, uint16_t *q, uint16_t *k, const int32_t *pos,
                         const float *inv_freq, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                         int inverse);
     /* SwiGLU (swiglu_fwd's formula) on bf16: h = bf16(silu(g) u), silu(g) = g / (1 + exp(-g));
      * backward dgate = bf16(dh u s (1 + g (1 - s))), dup = bf16(dh g s), s = 1 / (1 + exp(-g)).
-     * Equal on both up to the device's expf (1 bf16 ulp). Outputs may equal inputs. */
+     * Equal on both up to the device's expf (as rope_qk_bf16). Outputs may equal inputs. */
     int (*swiglu_bf16_fwd)(ft_backend *be, uint16_t *h, const uint16_t *gate, const uint16_t *up,
                            int64_t n);
     int (*swiglu_bf16_bwd)(ft_backend *be, uint16_t *dgate, uint16_t *dup, const uint16_t *dh,

@@ -6,8 +6,9 @@
  *     1e-6 relative of the CPU (TOL_ADAMW_LOOP: its kernel contracts into FMA);
  *   - add_rmsnorm_bf16_fwd/bwd (kernels/cuda/bf16_ops.cu): bit for bit (the fixed-order row
  *     sums), T 1, 5, 2048 x C 64, 576, 4096, with and without the residual;
- *   - rope_qk_bf16 forward/inverse and swiglu_bf16_fwd/bwd: within 1 bf16 ulp of the twin per
- *     element (the device's double sin/cos and expf need not round as glibc's).
+ *   - rope_qk_bf16 forward/inverse and swiglu_bf16_fwd/bwd: within 2^-8 relative of the twin per
+ *     element plus 1e-5 (RoPE) / 1e-4 (SwiGLU) absolute (the device's double sin/cos and expf
+ *     need not round as glibc's; TOL_* below).
  * Skipped without a GPU. Run by `make test-gpu`. */
 #include "tests/unit/harness.h"
 #include "tests/gpu/gpu_fixture.h"
@@ -17,7 +18,13 @@
 #include "src/numeric/quant.h"
 
 #define TOL_ADAMW_LOOP 1e-6 /* the CUDA adamw (FMA-contracted) against the CPU's */
-#define TOL_ULP 1           /* RoPE, SwiGLU: bf16 ulps from the twin */
+/* RoPE, SwiGLU against the twin: one bf16 rounding apart (relative 2^-8) where the device's sin,
+ * cos or expf differ from glibc's by an fp32 ulp or two, plus an absolute part for results near
+ * zero by cancellation (x0 cos - x1 sin; 1 + g (1 - s)): inputs up to 3 (RoPE) and |dh u| <= 8
+ * with |g| <= 30 (SwiGLU) move such a result by at most ~4e-7 and ~3e-5 before rounding. */
+#define TOL_REL 0x1p-8
+#define TOL_ABS_ROPE 1e-5
+#define TOL_ABS_SWIGLU 1e-4
 
 static int setup(void **state) { return gpu_fixture_setup(state, 34, 1); }
 static int teardown(void **state) { return gpu_fixture_teardown(state); }
@@ -43,10 +50,11 @@ static uint16_t *brand(fix *f, int64_t n, float lo, float hi)
     return v;
 }
 
-static long ulps(uint16_t a, uint16_t b)
+/* |a - b| in units of the tolerance (rel * max(|a|, |b|) + abs); > 1 fails. */
+static double off_by(uint16_t a, uint16_t b, double abs_tol)
 {
-    const long ia = a & 0x8000 ? -(long)(a & 0x7fff) : (long)a, ib = b & 0x8000 ? -(long)(b & 0x7fff) : (long)b;
-    return labs(ia - ib);
+    const double x = ft_quant_bf16_to_f32(a), y = ft_quant_bf16_to_f32(b);
+    return fabs(x - y) / (TOL_REL * fmax(fabs(x), fabs(y)) + abs_tol);
 }
 
 static void adamw_case(fix *f, int n_seg, int max_n, int64_t step, int fused)
@@ -150,7 +158,7 @@ static void test_rope_swiglu(void **state)
     float inv[64];
     for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(t * 13 % 4096);
     for (int64_t i = 0; i < D / 2; i++) inv[i] = (float)pow(500000.0, -2.0 * i / D);
-    long worst = 0;
+    double worst = 0;
     for (int inverse = 0; inverse <= 1; inverse++) {
         uint16_t *q = brand(f, nq, -3, 3), *k = brand(f, nk, -3, 3), *qg = malloc(nq * 2), *kg = malloc(nk * 2);
         uint16_t *dq = dev_up(f, q, nq * 2), *dk = dev_up(f, k, nk * 2);
@@ -160,14 +168,14 @@ static void test_rope_swiglu(void **state)
         assert_int_equal(c->ops->rope_qk_bf16(c, q, k, pos, inv, T, H, Hkv, D, inverse), 0);
         dev_down(f, qg, dq, nq * 2);
         dev_down(f, kg, dk, nk * 2);
-        for (int64_t i = 0; i < nq; i++) worst = labs(ulps(qg[i], q[i])) > worst ? ulps(qg[i], q[i]) : worst;
-        for (int64_t i = 0; i < nk; i++) worst = ulps(kg[i], k[i]) > worst ? ulps(kg[i], k[i]) : worst;
+        for (int64_t i = 0; i < nq; i++) worst = fmax(worst, off_by(qg[i], q[i], TOL_ABS_ROPE));
+        for (int64_t i = 0; i < nk; i++) worst = fmax(worst, off_by(kg[i], k[i], TOL_ABS_ROPE));
         void *bufs[] = {dq, dk, dpos, dinv};
         for (int i = 0; i < 4; i++) g->ops->free(g, bufs[i]);
         free(q), free(k), free(qg), free(kg);
     }
-    printf("rope_qk_bf16: worst %ld bf16 ulp from the twin\n", worst);
-    assert_true(worst <= TOL_ULP);
+    printf("rope_qk_bf16: worst %.3g of the tolerance from the twin\n", worst);
+    assert_true(worst <= 1);
     const int64_t n = 1 << 20;
     uint16_t *ga = brand(f, n, -30, 30), *u = brand(f, n, -4, 4), *dh = brand(f, n, -2, 2);
     uint16_t *hc = malloc(n * 2), *dgc = malloc(n * 2), *duc = malloc(n * 2), *out = malloc(n * 2);
@@ -177,14 +185,14 @@ static void test_rope_swiglu(void **state)
     uint16_t *dhh = dev_up(f, NULL, n * 2), *ddg = dev_up(f, NULL, n * 2), *ddu = dev_up(f, NULL, n * 2);
     assert_int_equal(g->ops->swiglu_bf16_fwd(g, dhh, dga, du, n), 0);
     assert_int_equal(g->ops->swiglu_bf16_bwd(g, ddg, ddu, ddh, dga, du, n), 0);
-    long w2 = 0;
+    double w2 = 0;
     uint16_t *ref[] = {hc, dgc, duc}, *dv[] = {dhh, ddg, ddu};
     for (int o = 0; o < 3; o++) {
         dev_down(f, out, dv[o], n * 2);
-        for (int64_t i = 0; i < n; i++) w2 = ulps(out[i], ref[o][i]) > w2 ? ulps(out[i], ref[o][i]) : w2;
+        for (int64_t i = 0; i < n; i++) w2 = fmax(w2, off_by(out[i], ref[o][i], TOL_ABS_SWIGLU));
     }
-    printf("swiglu_bf16 fwd/bwd: worst %ld bf16 ulp from the twin\n", w2);
-    assert_true(w2 <= TOL_ULP);
+    printf("swiglu_bf16 fwd/bwd: worst %.3g of the tolerance from the twin\n", w2);
+    assert_true(w2 <= 1);
     void *bufs[] = {dga, du, ddh, dhh, ddg, ddu};
     for (int i = 0; i < 6; i++) g->ops->free(g, bufs[i]);
     free(ga), free(u), free(dh), free(hc), free(dgc), free(duc), free(out);
