@@ -41,7 +41,8 @@
 #          model: the per-op table of the steps after the first
 #   host70 the Llama-3-70B shape, random NF4 pack: --gpu-mem 24G --host-mem 48G, then all
 #          resident at the same schedule when the time is left
-#   extra34  what is left: --cuda-fused adamw, QLoRA (nf4) and seq 4096 (NeMo's setting) on 8B
+#   extra34  what is left, on 8B: LoRA+ with the adamw loop and with --cuda-fused adamw (both with
+#          --profile), QLoRA (nf4), and seq 4096 (NeMo's setting: SEQ doubled)
 # Usage there: [ORDER="8b 70b"] [DEADLINE=560] [STEPS8=4] bash bench/gpu_session.sh
 # Dry run here, on the CPU (bench/offload/dryrun.md): DRY=1|bundle OUT=/tmp/dryout bash bench/gpu_session.sh
 DEFAULT_TESTS="test_cuda_attn test_cuda_nf4_gemm test_cuda_ops test_cuda_nf4 test_cuda_stream test_cuda_fused"
@@ -231,7 +232,10 @@ sec_extra34() {
   M=${FTUNE_BENCH_MODEL:-/tmp/ftune-bench/llama-3-8b}
   [ -n "$DRY" ] && M=$TMPW/m8b
   [ -f $M/config.json ] || { echo "extra34: no model at $M"; return; }
-  run lora_fused_adamw 60 --quant bf16 --max-steps 4 --cuda-fused adamw
+  # LoRA+ steps the 448 A/B tensors of the 8B adapter as separate segments: adamw_multi's row of
+  # the per-op table, the loop over adamw (448 launches) against the fused kernel (one)
+  run loraplus_loop 60 --quant bf16 --max-steps 4 --loraplus-lr-ratio 16 --profile
+  run loraplus_fused 60 --quant bf16 --max-steps 4 --loraplus-lr-ratio 16 --profile --cuda-fused adamw
   run qlora 80 --quant nf4 --max-steps 4
   SEQ=$(( SEQ * 2 )) run lora_s2x 80 --quant bf16 --max-steps 4
 }
