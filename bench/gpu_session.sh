@@ -30,11 +30,26 @@
 #   devtests  tests/ref/test_cpu_device.py with --device cuda: a bf16 base streamed within
 #          --gpu-mem vs resident (adapters), NF4 eval/generate streamed vs resident, QLoRA of
 #          the tied model with eval --quant nf4 and generate vs logits
+#   ORDER=issue34 (the GPU speed issue's one call; sections "tests speed host70 extra34"):
+#   tests  test_cuda_fused (the fused kernels vs their CPU twins), test_cuda_ops, test_cuda_attn
+#          (TEST_CAP 60 s each)
+#   speed  bench/run in full mode, budgeted: ftune batch 1/2/4 and transformers + PEFT
+#          (bench/peer_hf.py, the best of checkpointing off/on x batch 1/2/4) on the Llama-3-8B
+#          shape at seq 2048 in this call (its table: tok/s, MFU by bench/flops.py, peak memory,
+#          the ratio); results in $OUT/bench-<gpu>-<date>/ (copy into bench/results/), within
+#          what is left less RESERVE70 (200 s) for host70; then one --profile run on the same
+#          model: the per-op table of the steps after the first
+#   host70 the Llama-3-70B shape, random NF4 pack: --gpu-mem 24G --host-mem 48G, then all
+#          resident at the same schedule when the time is left
+#   extra34  what is left, on 8B: LoRA+ with the adamw loop and with --cuda-fused adamw (both with
+#          --profile), QLoRA (nf4), and seq 4096 (NeMo's setting: SEQ doubled)
 # Usage there: [ORDER="8b 70b"] [DEADLINE=560] [STEPS8=4] bash bench/gpu_session.sh
 # Dry run here, on the CPU (bench/offload/dryrun.md): DRY=1|bundle OUT=/tmp/dryout bash bench/gpu_session.sh
-DEFAULT_TESTS="test_cuda_attn test_cuda_nf4_gemm test_cuda_ops test_cuda_nf4 test_cuda_stream"
+DEFAULT_TESTS="test_cuda_attn test_cuda_nf4_gemm test_cuda_ops test_cuda_nf4 test_cuda_stream test_cuda_fused"
 LOG_LINES=10
 ORDER=${ORDER:-tests smoke 8b 70b bench unit devtests}
+[ "$ORDER" = issue34 ] && ORDER="tests speed host70 extra34" && TEST_CAP=${TEST_CAP:-60} &&
+  DEFAULT_TESTS="test_cuda_fused test_cuda_ops test_cuda_attn"
 case " $ORDER " in *" tests "*) ;; *) TESTS=none;; esac
 . "$(dirname "$0")/offload/common.sh"
 grep -hE "self-check|mma max err|max err|FAILED|Failure" $OUT/test_cuda_attn.log $OUT/test_cuda_nf4_gemm.log 2>/dev/null | tail -12
@@ -180,6 +195,51 @@ sec_unit() {
   stamp unit
 }
 
+# Issue 34: bench/run (ftune and the peer in this call), the per-op profile of the 8B step.
+# bench/run keeps its model at /tmp/ftune-bench/<config> (DRY: its own --cpu-check model).
+sec_speed() {
+  [ "$(left)" -lt 200 ] && { echo "speed: skipped ($(left) s left)"; return; }
+  local mode=full reserve=$(( ${RESERVE70:-200} * TSCALE ))
+  [ -n "$DRY" ] && mode=cpu-check reserve=0
+  FTUNE_BIN=$F FTUNE_BENCH_DEADLINE=$(( $(left) - reserve - 60 )) FTUNE_BENCH_SKIP_GEMM=1 \
+    FTUNE_BENCH_STEPS=${STEPS34:-6} FTUNE_BENCH_PEER_STEPS=${PSTEPS34:-3} OUT=$OUT \
+    timeout $(cap 480) bench/run --$mode > $OUT/speed.txt 2>&1; echo "bench/run --$mode rc=$?"
+  tail -16 $OUT/speed.txt
+  stamp speed-bench-run
+  M=${FTUNE_BENCH_MODEL:-/tmp/ftune-bench/llama-3-8b}
+  if [ -n "$DRY" ]; then  # bench/run --cpu-check deleted its model: the small 8B-shaped one
+    M=$TMPW/m8b
+    timeout $(cap 150) $F init-model --config $CFG8 --out $M --tokenizer tests/fixtures/tokenizers/llama3 2>&1 | tail -1
+  fi
+  [ -f $M/config.json ] || { echo "speed: no model at $M: profile skipped"; return; }
+  run lora_profile 90 --quant bf16 --max-steps 3 --profile
+}
+
+sec_host70() {
+  M=$TMPW/m70
+  [ "$(left)" -lt 150 ] && { echo "host70: skipped ($(left) s left)"; return; }
+  timeout $(cap 120) $F init-model --config $CFG70 --out $M --pack \
+    --tokenizer tests/fixtures/tokenizers/llama3 2>&1 | tail -2
+  stamp init-model-70b
+  run host 110 --gpu-mem $GPU24 --host-mem $HOST48 --grad-accum auto --max-steps 3
+  # all resident at the host run's schedule (its grad-accum: the planner's choice above)
+  local ga=$(grep -oE 'grad-accum [0-9]+' $TMPW/full_host.log 2>/dev/null | head -1 | grep -oE '[0-9]+')
+  [ "$(left)" -gt $(( 110 * TSCALE )) ] && run resident 100 ${RES_MEM:+--gpu-mem $RES_MEM} --grad-accum ${ga:-auto} --max-steps 3
+  rm -rf $M $TMPW/o_*
+}
+
+sec_extra34() {
+  M=${FTUNE_BENCH_MODEL:-/tmp/ftune-bench/llama-3-8b}
+  [ -n "$DRY" ] && M=$TMPW/m8b
+  [ -f $M/config.json ] || { echo "extra34: no model at $M"; return; }
+  # LoRA+ steps the 448 A/B tensors of the 8B adapter as separate segments: adamw_multi's row of
+  # the per-op table, the loop over adamw (448 launches) against the fused kernel (one)
+  run loraplus_loop 60 --quant bf16 --max-steps 4 --loraplus-lr-ratio 16 --profile
+  run loraplus_fused 60 --quant bf16 --max-steps 4 --loraplus-lr-ratio 16 --profile --cuda-fused adamw
+  run qlora 80 --quant nf4 --max-steps 4
+  SEQ=$(( SEQ * 2 )) run lora_s2x 80 --quant bf16 --max-steps 4
+}
+
 for s in $ORDER; do
   case $s in
     tests) ;;
@@ -190,6 +250,9 @@ for s in $ORDER; do
     unit) sec_unit ;;
     devtests) sec_devtests ;;
     peer) sec_peer ;;
+    speed) sec_speed ;;
+    host70) sec_host70 ;;
+    extra34) sec_extra34 ;;
     *) echo "unknown section $s" ;;
   esac
 done

@@ -240,8 +240,8 @@ static int bench_io(int argc, char **argv)
         {"compute-ms", FT_OPT_DBL, &compute_ms, "with --stream: modelled compute per layer pass (each forward and backward), ms (default 0)", 0, "X"},
         {NULL},
     };
-    int st = ft_args_cmd(opts, argc, argv, "bench io");
-    if (st >= 0) return st;
+    int rc = ft_args_cmd(opts, argc, argv, "bench io");
+    if (rc >= 0) return rc;
     if (!path) {
         fprintf(stderr, "ftune: bench io needs --path FILE (see ftune bench io --help)\n");
         return 2;

@@ -195,8 +195,8 @@ int ft_cmd_eval(int argc, char **argv)
         {"device", FT_OPT_STR, &device, FT_DEVICE_HELP, 0, "DEV"},
         {NULL},
     };
-    int st = ft_args_cmd(opts, argc, argv, NULL);
-    if (st >= 0) { ft_str_list_free(&data); return st; }
+    int rc = ft_args_cmd(opts, argc, argv, NULL);
+    if (rc >= 0) { ft_str_list_free(&data); return rc; }
     if (!model || !data.n) {
         fprintf(stderr, "ftune: eval needs --model and --data\n");
         ft_str_list_free(&data);

@@ -25,8 +25,8 @@ int ft_cmd_export(int argc, char **argv)
         {"quiet", FT_OPT_FLAG, &quiet, "print nothing on success"},
         {NULL},
     };
-    int st = ft_args_cmd(opts, argc, argv, NULL);
-    if (st >= 0) return st;
+    int rc = ft_args_cmd(opts, argc, argv, NULL);
+    if (rc >= 0) return rc;
     if (!adapter || !out) {
         fprintf(stderr, "ftune: export needs --adapter DIR and --out FILE\n");
         return 2;

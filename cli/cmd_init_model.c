@@ -89,9 +89,9 @@ int ft_cmd_init_model(int argc, char **argv)
             free(av);
             return 0;
         }
-    int st = ft_args_cmd(opts, ac, av, NULL);
+    int rc = ft_args_cmd(opts, ac, av, NULL);
     free(av);
-    if (st >= 0) return st;
+    if (rc >= 0) return rc;
     if (!config || !out) {
         fprintf(stderr, "ftune: init-model needs --config FILE and --out DIR (see ftune init-model --help)\n");
         return 2;

@@ -63,8 +63,8 @@ int ft_cmd_logits(int argc, char **argv)
         {"cache-dir", FT_OPT_STR, &cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
         {NULL},
     };
-    int st = ft_args_cmd(opts, argc, argv, NULL);
-    if (st >= 0) return st;
+    int rc = ft_args_cmd(opts, argc, argv, NULL);
+    if (rc >= 0) return rc;
     if (ft_session_bad_quant(quant)) return 2;
     int32_t *ids;
     int64_t T;

@@ -75,8 +75,8 @@ int ft_cmd_merge(int argc, char **argv)
         {"quiet", FT_OPT_FLAG, &quiet, "print nothing on success"},
         {NULL},
     };
-    int st = ft_args_cmd(opts, argc, argv, NULL);
-    if (st >= 0) return st;
+    int rc = ft_args_cmd(opts, argc, argv, NULL);
+    if (rc >= 0) return rc;
     if (!model || !adapter || !out) {
         fprintf(stderr, "ftune: merge needs --model, --adapter and --out\n");
         return 2;

@@ -39,8 +39,8 @@ int ft_cmd_pack(int argc, char **argv)
         {"quiet", FT_OPT_FLAG, &quiet, "print only the JSON line"},
         {NULL},
     };
-    int st = ft_args_cmd(opts, argc, argv, NULL);
-    if (st >= 0) return st;
+    int rc = ft_args_cmd(opts, argc, argv, NULL);
+    if (rc >= 0) return rc;
     if (!model) {
         fprintf(stderr, "ftune: pack needs --model (see ftune pack --help)\n");
         return 2;

@@ -219,6 +219,28 @@ static int test_hooks(ft_train_test_hooks *t)
     return 0;
 }
 
+/* --cuda-fused LIST: the FT_CUDA_FUSED_* bits of a comma list of adamw, all, none (kernels.h
+ * ft_backend_cuda_set_fused). Returns 0, or -1 after printing the error. */
+static int fused_mask(const char *list, unsigned *mask)
+{
+    static const struct { const char *name; unsigned bits; } names[] = {
+        {"adamw", FT_CUDA_FUSED_ADAMW}, {"all", FT_CUDA_FUSED_ALL}, {"none", 0}};
+    *mask = 0;
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        size_t k = 0;
+        while (k < sizeof names / sizeof names[0] && (strlen(names[k].name) != n || strncmp(p, names[k].name, n))) k++;
+        if (k == sizeof names / sizeof names[0]) {
+            fprintf(stderr, "ftune: --cuda-fused %s: unknown kernel '%.*s' (expected a comma list of adamw, all, none)\n",
+                    list, (int)n, p);
+            return -1;
+        }
+        *mask |= names[k].bits;
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
 int ft_cmd_plan(int argc, char **argv)
 {
     return ft_cmd_train_ex(argc, argv, 1);
@@ -236,6 +258,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     const char *device = NULL;
     const char *resume = NULL;
     const char *tensorboard = NULL;
+    const char *cuda_fused = NULL;
     ft_str_list data = {0};
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &c.model, "model folder (config.json + safetensors) or .gguf file", 0, "PATH"},
@@ -297,6 +320,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"tensorboard", FT_OPT_STR, &tensorboard, "also write the metrics as TensorBoard event files into DIR (default OUT/tb), flushed at every log line: tensorboard --logdir DIR", 0, "[DIR]"},
         {"timeline", FT_OPT_STR, &c.timeline, "draw the second step's timeline (compute, H2D copies, disk reads per layer) into this SVG file", 0, "FILE"},
         {"profile", FT_OPT_FLAG, &c.profile, "time every GPU op after the first step and print the per-op table at the end"},
+        {"cuda-fused", FT_OPT_STR, &cuda_fused, "CUDA: use these fused kernels, a comma list of adamw (the multi-tensor AdamW, one launch), all, none (default none: they are verified on the CPU emulation, not yet measured on a GPU; docs/gpu.md)", 0, "LIST"},
         {"log-every", FT_OPT_INT, &log_every, "plain-output log line every N steps"},
         {"quiet", FT_OPT_FLAG, &quiet, "print only errors"},
         {NULL},
@@ -413,6 +437,10 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     /* test hook (fault injection): checkpoint writes fail with ENOSPC after N bytes */
     const char *fail = getenv("FTUNE_FAIL_WRITE_AFTER");
     if (fail && *fail) ft_ckpt_fail_writes_after(strtoll(fail, NULL, 10));
+    if (cuda_fused && fused_mask(cuda_fused, &c.cuda_fused) < 0) {
+        ft_str_list_free(&data);
+        return 2;
+    }
     if (test_hooks(&c.test) < 0) {
         ft_str_list_free(&data);
         return 2;

@@ -22,6 +22,13 @@ int ft_backend_cuda_set_precise(ft_backend *be, int precise)
     (void)precise;
     return ft_err(FT_E_UNSUPPORTED, "cuda: built without the CUDA backend");
 }
+
+int ft_backend_cuda_set_fused(ft_backend *be, unsigned mask)
+{
+    (void)be;
+    (void)mask;
+    return ft_err(FT_E_UNSUPPORTED, "cuda: built without the CUDA backend");
+}
 #else
 int ft_backend_cuda_sync(ft_backend *be); /* kernels/cuda/backend.cu */
 int ft_backend_cuda_mem(ft_backend *be, size_t *free_bytes, size_t *total_bytes);

@@ -82,6 +82,16 @@ static inline int ft_nf4_fusable(int64_t out, int64_t in, int64_t blocksize, int
     return !nested_blocksize || (n / blocksize) % 4 == 0;
 }
 
+/* One tensor of a multi-tensor AdamW step (adamw_multi): params p, gradients g, first and second
+ * moments m, v (n fp32 each, backend memory) updated at learning rate lr. */
+typedef struct ft_adamw_seg {
+    float *p;
+    const float *g;
+    float *m, *v;
+    int64_t n;
+    float lr;
+} ft_adamw_seg;
+
 /* Lanes of work (CUDA streams): compute, host->device copies, device->host copies. */
 enum ft_lane { FT_LANE_COMPUTE = 0, FT_LANE_H2D = 1, FT_LANE_D2H = 2, FT_N_LANES = 3 };
 #define FT_MAX_EVENTS 1024
@@ -275,7 +285,55 @@ typedef struct ft_backend_ops {
      * into buf (n >= 16), for its NUMA node. Returns 0, or FT_E_UNSUPPORTED where there is no
      * device (a host-memory backend) or -EIO. */
     int (*device_pci_id)(ft_backend *be, char *buf, size_t n);
+
+    /* ---- fused ops (issue 34; docs/gpu.md "Fused kernels") ----------------------------- */
+    /* AdamW (the adamw entry's formula, step and betas shared) over n_seg tensors seg[0..n_seg),
+     * each at its own lr. The CPU: adamw on each segment in turn. CUDA without
+     * FT_CUDA_FUSED_ADAMW (the default): the same loop over its adamw; with it, one launch per
+     * FT_ADAMW_MULTI_LAUNCH segments (kernels/cuda/adamw_multi.cu), bit-identical to the CPU's
+     * adamw (no FMA contraction; the CUDA adamw's own kernel may differ in the last bit). seg
+     * is host memory, its pointers backend memory; segments must not overlap. n_seg < 0, a segment with n < 0, or a NULL pointer with n > 0 ->
+     * FT_E_INVALID. NULL on backends without it (callers loop over adamw). */
+    int (*adamw_multi)(ft_backend *be, const ft_adamw_seg *seg, int64_t n_seg, float beta1,
+                       float beta2, float eps, float weight_decay, int64_t step);
+    /* The bf16 activation ops below take and give bf16 (uint16_t, FT_W_BF16's rounding) with
+     * fp32 arithmetic; C % 8 == 0 (and 16-byte aligned rows on CUDA) for the row ops, else
+     * FT_E_INVALID. CPU: kernels/cpu/bf16_ops.c (the twins); CUDA: kernels/cuda/bf16_ops.cu.
+     * No caller yet (the bf16 executor is issue 34 item 1); NULL where absent.
+     *
+     * Residual add + RMSNorm, forward: h = bf16(x + res) (res NULL: h = x), stored in h_out
+     * (the new residual stream, may equal res or x); rstd (T) = 1 / sqrt(mean(h^2) + eps) over
+     * the bf16 h, fp32; y = bf16(h * rstd * w) with w (C) fp32. The row sum of squares is a
+     * fixed order (32 partial sums, lane l taking 8-element groups l, l + 32, ..., then a
+     * butterfly), the same on the CPU twin and CUDA: bit-identical results. */
+    int (*add_rmsnorm_bf16_fwd)(ft_backend *be, uint16_t *h_out, uint16_t *y, float *rstd,
+                                const uint16_t *x, const uint16_t *res, const float *w,
+                                int64_t T, int64_t C, float eps);
+    /* Backward of add_rmsnorm_bf16_fwd: dres_out = bf16(dres + rstd w dy - h rstd^3 mean(dy w h))
+     * (the gradient of both x and res; dres NULL: no residual gradient from above); may equal
+     * dres. h is the forward's h_out. Same fixed-order row sums: bit-identical on both. */
+    int (*add_rmsnorm_bf16_bwd)(ft_backend *be, uint16_t *dres_out, const uint16_t *dy,
+                                const uint16_t *dres, const uint16_t *h, const float *w,
+                                const float *rstd, int64_t T, int64_t C);
+    /* RoPE (rope_fwd's rotate-half formula, cos/sin of pos * inv_freq in double) on q (T, H, D)
+     * and k (T, Hkv, D) in place in one pass; inverse = 1 rotates by -angle (the backward on
+     * dq, dk). Each output is bf16 of an fp32 expression of bf16 inputs: equal on both up to
+     * the device's double sin/cos (one bf16 rounding, plus cancellation near zero:
+     * tests/gpu/test_cuda_fused.c TOL_*). */
+    int (*rope_qk_bf16)(ft_backend *be, uint16_t *q, uint16_t *k, const int32_t *pos,
+                        const float *inv_freq, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                        int inverse);
+    /* SwiGLU (swiglu_fwd's formula) on bf16: h = bf16(silu(g) u), silu(g) = g / (1 + exp(-g));
+     * backward dgate = bf16(dh u s (1 + g (1 - s))), dup = bf16(dh g s), s = 1 / (1 + exp(-g)).
+     * Equal on both up to the device's expf (as rope_qk_bf16). Outputs may equal inputs. */
+    int (*swiglu_bf16_fwd)(ft_backend *be, uint16_t *h, const uint16_t *gate, const uint16_t *up,
+                           int64_t n);
+    int (*swiglu_bf16_bwd)(ft_backend *be, uint16_t *dgate, uint16_t *dup, const uint16_t *dh,
+                           const uint16_t *gate, const uint16_t *up, int64_t n);
 } ft_backend_ops;
+
+/* Segments adamw_multi's CUDA kernel takes in one launch (its table is a kernel parameter). */
+#define FT_ADAMW_MULTI_LAUNCH 512
 
 struct ft_backend {
     const ft_backend_ops *ops;
@@ -314,6 +372,13 @@ int ft_backend_cpu_device_set_lag(ft_backend *be, long lag_us);
 int ft_backend_cuda_init(ft_backend **out, int device);
 /* precise = 1: fp32 GEMMs in full fp32 (CUBLAS_COMPUTE_32F) instead of bf16 tensor cores. */
 int ft_backend_cuda_set_precise(ft_backend *be, int precise);
+/* The fused kernels the CUDA backend uses where an op has both (off by default: they are
+ * verified on the CPU emulation, not yet measured on a GPU; docs/gpu.md). mask: FT_CUDA_FUSED_*
+ * bits. Returns 0, FT_E_INVALID (not a CUDA backend, unknown bit), FT_E_UNSUPPORTED (built
+ * without CUDA). */
+#define FT_CUDA_FUSED_ADAMW 1u /* adamw_multi: one launch (else the loop over adamw) */
+#define FT_CUDA_FUSED_ALL FT_CUDA_FUSED_ADAMW
+int ft_backend_cuda_set_fused(ft_backend *be, unsigned mask);
 /* Bytes of backend memory free now (CUDA: cudaMemGetInfo; CPU: available physical memory
  * from sysconf). Returns 0 or -EIO. */
 int ft_backend_mem_free(ft_backend *be, size_t *free_bytes, size_t *total_bytes);

@@ -161,6 +161,13 @@ int ft_session_open_backend(ft_session *s)
 {
     const ft_session_cfg *c = &s->cfg;
     FT_TRY(ft_backend_init(&s->be, c->device, c->threads));
+    if (c->cuda_fused) {
+        if (strcmp(s->be->ops->name, "cuda"))
+            return ft_err(FT_E_INVALID, "--cuda-fused: the fused kernels are the CUDA backend's (device %s)",
+                          s->be->ops->name);
+        FT_TRY(ft_backend_cuda_set_fused(s->be, c->cuda_fused));
+        note(s, FT_SESSION_INFO, "CUDA fused kernels: mask 0x%x (docs/gpu.md)", c->cuda_fused);
+    }
     if (c->train) return 0; /* the training adapter and the base: ft_session_place */
     FT_TRY(open_forward_base(s));
     if (c->adapter) {

@@ -70,6 +70,9 @@ typedef struct ft_session_cfg {
     int tokenizer;              /* 1: open the model's tokenizer too (s->tok) */
     ft_session_note_fn note;    /* may be NULL */
     void *note_user;
+    unsigned cuda_fused;        /* FT_CUDA_FUSED_* bits set on a CUDA backend at open (kernels.h
+                                 * ft_backend_cuda_set_fused); non-zero on another backend ->
+                                 * FT_E_INVALID. 0: none */
 } ft_session_cfg;
 
 /* ft_session_place_cfg.hook stages: the quantization is chosen (s->quant; nothing read yet);

@@ -74,7 +74,7 @@ for t in ${TESTS:-$DEFAULT_TESTS}; do
   [ -x $G/bin/$t ] || { echo "$t: not in the bundle"; continue; }
   [ -n "$DRY" ] && { echo "$t: in the bundle, skipped (DRY: needs a GPU)"; continue; }
   [ "$(left)" -lt 60 ] && { echo "$t: skipped (deadline)"; continue; }
-  CMOCKA_MESSAGE_OUTPUT=stdout timeout $(cap 120) $G/bin/$t > $OUT/$t.log 2>&1; echo "$t rc=$?"
+  CMOCKA_MESSAGE_OUTPUT=stdout timeout $(cap ${TEST_CAP:-120}) $G/bin/$t > $OUT/$t.log 2>&1; echo "$t rc=$?"
   grep -E "loss gpu|GB/s|PASSED|FAILED|ERROR|Failure|error" $OUT/$t.log | head -8
 done
 stamp tests

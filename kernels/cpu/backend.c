@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/cpu/bf16_ops.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_f32.h"
 #include "kernels/cpu/decode.h"
@@ -301,6 +302,52 @@ static int cpu_adamw(ft_backend *be, float *p, const float *g, float *m, float *
     return ft_cpu_adamw_f32(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 
+/* The fused ops: the twins of the CUDA kernels (kernels/cpu/bf16_ops.c). */
+static int cpu_adamw_multi(ft_backend *be, const ft_adamw_seg *seg, int64_t n_seg, float beta1,
+                           float beta2, float eps, float weight_decay, int64_t step)
+{
+    (void)be;
+    return ft_cpu_adamw_multi(seg, n_seg, beta1, beta2, eps, weight_decay, step);
+}
+
+static int cpu_add_rmsnorm_bf16_fwd(ft_backend *be, uint16_t *h_out, uint16_t *y, float *rstd,
+                                    const uint16_t *x, const uint16_t *res, const float *w,
+                                    int64_t T, int64_t C, float eps)
+{
+    (void)be;
+    return ft_cpu_add_rmsnorm_bf16_fwd(h_out, y, rstd, x, res, w, T, C, eps);
+}
+
+static int cpu_add_rmsnorm_bf16_bwd(ft_backend *be, uint16_t *dres_out, const uint16_t *dy,
+                                    const uint16_t *dres, const uint16_t *h, const float *w,
+                                    const float *rstd, int64_t T, int64_t C)
+{
+    (void)be;
+    return ft_cpu_add_rmsnorm_bf16_bwd(dres_out, dy, dres, h, w, rstd, T, C);
+}
+
+static int cpu_rope_qk_bf16(ft_backend *be, uint16_t *q, uint16_t *k, const int32_t *pos,
+                            const float *inv_freq, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                            int inverse)
+{
+    (void)be;
+    return ft_cpu_rope_qk_bf16(q, k, pos, inv_freq, T, H, Hkv, D, inverse);
+}
+
+static int cpu_swiglu_bf16_fwd(ft_backend *be, uint16_t *h, const uint16_t *gate,
+                               const uint16_t *up, int64_t n)
+{
+    (void)be;
+    return ft_cpu_swiglu_bf16_fwd(h, gate, up, n);
+}
+
+static int cpu_swiglu_bf16_bwd(ft_backend *be, uint16_t *dgate, uint16_t *dup, const uint16_t *dh,
+                               const uint16_t *gate, const uint16_t *up, int64_t n)
+{
+    (void)be;
+    return ft_cpu_swiglu_bf16_bwd(dgate, dup, dh, gate, up, n);
+}
+
 static int cpu_attention_kv_fwd(ft_backend *be, float *out, const float *q, const float *k,
                                 const float *v, int64_t p, int64_t n_q, int64_t H, int64_t Hkv,
                                 int64_t D, float scale)
@@ -419,6 +466,12 @@ static const ft_backend_ops cpu_ops = {
     .host_register = cpu_host_register,
     .host_unregister = cpu_host_unregister,
     .device_pci_id = cpu_device_pci_id,
+    .adamw_multi = cpu_adamw_multi,
+    .add_rmsnorm_bf16_fwd = cpu_add_rmsnorm_bf16_fwd,
+    .add_rmsnorm_bf16_bwd = cpu_add_rmsnorm_bf16_bwd,
+    .rope_qk_bf16 = cpu_rope_qk_bf16,
+    .swiglu_bf16_fwd = cpu_swiglu_bf16_fwd,
+    .swiglu_bf16_bwd = cpu_swiglu_bf16_bwd,
 };
 
 /* ---- device mode (ft_backend_cpu_device_init) ------------------------------------------ *

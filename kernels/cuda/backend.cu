@@ -787,6 +787,12 @@ static const ft_backend_ops cuda_ops = {
     .host_register = cu_host_register,
     .host_unregister = cu_host_unregister,
     .device_pci_id = cu_device_pci_id,
+    .adamw_multi = ft_cuda_adamw_multi,
+    .add_rmsnorm_bf16_fwd = ft_cuda_add_rmsnorm_bf16_fwd,
+    .add_rmsnorm_bf16_bwd = ft_cuda_add_rmsnorm_bf16_bwd,
+    .rope_qk_bf16 = ft_cuda_rope_qk_bf16,
+    .swiglu_bf16_fwd = ft_cuda_swiglu_bf16_fwd,
+    .swiglu_bf16_bwd = ft_cuda_swiglu_bf16_bwd,
 };
 
 static int cuda_setup(ft_cuda_ctx *cx, int device)
@@ -849,6 +855,16 @@ extern "C" int ft_backend_cuda_set_precise(ft_backend *be, int precise)
     if (!be || strcmp(be->ops->name, "cuda"))
         return ft_err(FT_E_INVALID, "ft_backend_cuda_set_precise: not a CUDA backend");
     FT_CUDA_CTX(be)->gemm_bf16 = !precise;
+    return 0;
+}
+
+extern "C" int ft_backend_cuda_set_fused(ft_backend *be, unsigned mask)
+{
+    if (!be || strcmp(be->ops->name, "cuda"))
+        return ft_err(FT_E_INVALID, "ft_backend_cuda_set_fused: not a CUDA backend");
+    if (mask & ~FT_CUDA_FUSED_ALL)
+        return ft_err(FT_E_INVALID, "ft_backend_cuda_set_fused: unknown bits 0x%x", mask & ~FT_CUDA_FUSED_ALL);
+    FT_CUDA_CTX(be)->fused = mask;
     return 0;
 }
 

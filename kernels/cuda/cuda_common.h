@@ -63,6 +63,7 @@ typedef struct ft_cuda_ctx {
      * record (timing enabled: event_elapsed). */
     cudaStream_t lane[FT_N_LANES];
     cudaEvent_t ev[FT_MAX_EVENTS];
+    unsigned fused;         /* FT_CUDA_FUSED_* bits (ft_backend_cuda_set_fused): 0 by default */
 } ft_cuda_ctx;
 
 #define FT_CUDA_CTX(be) ((ft_cuda_ctx *)(be)->ctx)
@@ -87,6 +88,22 @@ int ft_cuda_attention_bwd(ft_backend *be, float *dq, float *dk, float *dv, const
                           const float *q, const float *k, const float *v, const float *out,
                           const float *lse, const int32_t *seq_start, int64_t T, int64_t H,
                           int64_t Hkv, int64_t D, float scale);
+/* The fused ops (kernels.h, same contracts): adamw_multi.cu, bf16_ops.cu. */
+int ft_cuda_adamw_multi(ft_backend *be, const ft_adamw_seg *seg, int64_t n_seg, float beta1,
+                        float beta2, float eps, float weight_decay, int64_t step);
+int ft_cuda_add_rmsnorm_bf16_fwd(ft_backend *be, uint16_t *h_out, uint16_t *y, float *rstd,
+                                 const uint16_t *x, const uint16_t *res, const float *w, int64_t T,
+                                 int64_t C, float eps);
+int ft_cuda_add_rmsnorm_bf16_bwd(ft_backend *be, uint16_t *dres_out, const uint16_t *dy,
+                                 const uint16_t *dres, const uint16_t *h, const float *w,
+                                 const float *rstd, int64_t T, int64_t C);
+int ft_cuda_rope_qk_bf16(ft_backend *be, uint16_t *q, uint16_t *k, const int32_t *pos,
+                         const float *inv_freq, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                         int inverse);
+int ft_cuda_swiglu_bf16_fwd(ft_backend *be, uint16_t *h, const uint16_t *gate, const uint16_t *up,
+                            int64_t n);
+int ft_cuda_swiglu_bf16_bwd(ft_backend *be, uint16_t *dgate, uint16_t *dup, const uint16_t *dh,
+                            const uint16_t *gate, const uint16_t *up, int64_t n);
 #ifdef __cplusplus
 }
 #endif

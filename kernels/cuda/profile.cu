@@ -5,7 +5,10 @@
  * such as the GEMMs of lm_head_ce, count toward the outer op). Events are resolved in batches
  * when the ring fills and at report time, so profiling adds no synchronization per op. Time
  * is summed per op name; GEMMs are split into the large ones (every dimension > 64) and the
- * skinny ones of the LoRA path (a dimension <= 64, the rank).
+ * skinny ones of the LoRA path (a dimension <= 64, the rank). Beside the GPU time, the host
+ * time inside each top-level call (argument checks, launches, cuBLAS's host work; CLOCK_MONOTONIC)
+ * is summed too: the host-side cost per op, which the GPU waits on when it exceeds the op's GPU
+ * time (launch-bound small ops).
  */
 #include "kernels/cuda/cuda_common.h"
 
@@ -13,17 +16,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum {
     P_GEMM, P_GEMM_LORA, P_LINEAR_FWD, P_LINEAR_BWD, P_AXPY, P_SCALE, P_SUMSQ, P_BIAS, P_EMBED,
     P_RMS_FWD, P_RMS_BWD, P_ROPE_FWD, P_ROPE_BWD, P_ATT_FWD, P_ATT_BWD, P_SWIGLU_FWD,
-    P_SWIGLU_BWD, P_DROPOUT, P_NOISE, P_CE, P_LOGITS, P_ADAMW, P_ATT_KV, P_ZERO, P_N
+    P_SWIGLU_BWD, P_DROPOUT, P_NOISE, P_CE, P_LOGITS, P_ADAMW, P_ATT_KV, P_ZERO,
+    P_ADAMW_MULTI, P_ADD_RMS_FWD, P_ADD_RMS_BWD, P_ROPE_QK, P_SWIGLU16_FWD, P_SWIGLU16_BWD, P_N
 };
 static const char *const prof_name[P_N] = {
     "gemm (large)", "gemm (LoRA, a dim <= 64)", "linear_fwd (frozen W)", "linear_bwd_x (frozen W)",
     "axpy", "scale", "sumsq", "bias_add", "embedding_fwd", "rmsnorm_fwd", "rmsnorm_bwd",
     "rope_fwd", "rope_bwd", "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd",
-    "dropout", "noise_uniform_add", "lm_head_ce", "lm_head_logits", "adamw", "attention_kv_fwd", "zero"};
+    "dropout", "noise_uniform_add", "lm_head_ce", "lm_head_logits", "adamw", "attention_kv_fwd", "zero",
+    "adamw_multi", "add_rmsnorm_bf16_fwd", "add_rmsnorm_bf16_bwd", "rope_qk_bf16", "swiglu_bf16_fwd",
+    "swiglu_bf16_bwd"};
+static_assert(sizeof prof_name / sizeof prof_name[0] == P_N, "a profiled op without a name");
 
 #define RING 16384
 
@@ -34,8 +42,17 @@ typedef struct prof_state {
     int id[RING];
     int n, depth;
     double ms[P_N];
+    double host_ms[P_N];    /* host time inside the top-level calls */
+    double h0;              /* host time at the current top-level call's begin (ms) */
     int64_t calls[P_N];
 } prof_state;
+
+static double host_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
 
 static prof_state *ps_of(ft_backend *be) { return (prof_state *)FT_CUDA_CTX(be)->prof; }
 
@@ -59,6 +76,7 @@ static int begin(ft_backend *be, prof_state *ps, int id)
     if (ps->depth++) return 0;
     if (ps->n == RING) FT_TRY(flush(be, ps));
     ps->id[ps->n] = id;
+    ps->h0 = host_now_ms();
     FT_CUDA_TRY(cudaEventRecord(ps->ev[2 * ps->n], FT_CUDA_CTX(be)->stream));
     return 0;
 }
@@ -67,6 +85,7 @@ static int end(ft_backend *be, prof_state *ps, int rc)
 {
     if (--ps->depth) return rc;
     cudaError_t st = cudaEventRecord(ps->ev[2 * ps->n + 1], FT_CUDA_CTX(be)->stream);
+    ps->host_ms[ps->id[ps->n]] += host_now_ms() - ps->h0;
     ps->n++;
     if (st != cudaSuccess && !rc) return ft_cuda_status(st, "cudaEventRecord", __FILE__, __LINE__);
     return rc;
@@ -145,6 +164,12 @@ extern "C" int ft_backend_cuda_profile(ft_backend *be, int on)
         t->lm_head_logits = WRAP(lm_head_logits, P_LOGITS);
         t->adamw = WRAP(adamw, P_ADAMW);
         t->attention_kv_fwd = WRAP(attention_kv_fwd, P_ATT_KV);
+        t->adamw_multi = WRAP(adamw_multi, P_ADAMW_MULTI);
+        t->add_rmsnorm_bf16_fwd = WRAP(add_rmsnorm_bf16_fwd, P_ADD_RMS_FWD);
+        t->add_rmsnorm_bf16_bwd = WRAP(add_rmsnorm_bf16_bwd, P_ADD_RMS_BWD);
+        t->rope_qk_bf16 = WRAP(rope_qk_bf16, P_ROPE_QK);
+        t->swiglu_bf16_fwd = WRAP(swiglu_bf16_fwd, P_SWIGLU16_FWD);
+        t->swiglu_bf16_bwd = WRAP(swiglu_bf16_bwd, P_SWIGLU16_BWD);
         cx->prof = ps;
     }
     be->ops = &ps->table;
@@ -156,10 +181,11 @@ extern "C" int ft_backend_cuda_profile_report(ft_backend *be, char *buf, size_t 
     prof_state *ps = (prof_state *)FT_CUDA_CTX(be)->prof;
     if (!ps) return ft_err(FT_E_INVALID, "cuda profile: profiling was never enabled");
     FT_TRY(flush(be, ps));
-    double tot = 0;
+    double tot = 0, host = 0;
     int order[P_N];
     for (int i = 0; i < P_N; i++) {
         tot += ps->ms[i];
+        host += ps->host_ms[i];
         order[i] = i;
     }
     for (int i = 1; i < P_N; i++) /* by time, descending */
@@ -168,15 +194,16 @@ extern "C" int ft_backend_cuda_profile_report(ft_backend *be, char *buf, size_t 
             order[j] = order[j - 1];
             order[j - 1] = t;
         }
-    size_t o = (size_t)snprintf(buf, n, "%-26s %10s %6s %8s\n", "op", "GPU ms", "share", "calls");
+    size_t o = (size_t)snprintf(buf, n, "%-26s %10s %6s %8s %9s\n", "op", "GPU ms", "share", "calls", "host ms");
     for (int k = 0; k < P_N && o < n; k++) {
         int i = order[k];
         if (!ps->calls[i]) continue;
-        o += (size_t)snprintf(buf + o, n - o, "%-26s %10.1f %5.1f%% %8lld\n", prof_name[i], ps->ms[i],
-                              tot > 0 ? 100 * ps->ms[i] / tot : 0, (long long)ps->calls[i]);
+        o += (size_t)snprintf(buf + o, n - o, "%-26s %10.1f %5.1f%% %8lld %9.1f\n", prof_name[i], ps->ms[i],
+                              tot > 0 ? 100 * ps->ms[i] / tot : 0, (long long)ps->calls[i], ps->host_ms[i]);
     }
-    if (o < n) snprintf(buf + o, n - o, "%-26s %10.1f\n", "total (ops)", tot);
+    if (o < n) snprintf(buf + o, n - o, "%-26s %10.1f %6s %8s %9.1f\n", "total (ops)", tot, "", "", host);
     if (reset) {
+        memset(ps->host_ms, 0, sizeof ps->host_ms);
         memset(ps->ms, 0, sizeof ps->ms);
         memset(ps->calls, 0, sizeof ps->calls);
     }

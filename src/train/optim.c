@@ -18,6 +18,11 @@ int ft_optim_init(ft_optim *o, const ft_optim_cfg *c, ft_lora *l)
     o->slices = malloc((size_t)(n > 0 ? n : 1) * sizeof *o->slices);
     if (!o->slices) return ft_err(-ENOMEM, "out of memory for the LoRA+ parameter groups");
     o->n_slices = ft_lora_slices(l, o->slices, n);
+    o->segs = malloc((size_t)(o->n_slices > 0 ? o->n_slices : 1) * sizeof *o->segs);
+    if (!o->segs) {
+        ft_optim_free(o);
+        return ft_err(-ENOMEM, "out of memory for the LoRA+ parameter groups");
+    }
     int64_t covered = 0;
     for (int64_t k = 0; k < o->n_slices; k++) covered += o->slices[k].n;
     if (covered != l->n_params) {
@@ -32,6 +37,7 @@ void ft_optim_free(ft_optim *o)
 {
     if (!o) return;
     free(o->slices);
+    free(o->segs);
     memset(o, 0, sizeof *o);
 }
 
@@ -72,10 +78,23 @@ int ft_optim_step(ft_optim *o, double lr, int64_t adam_step)
     const ft_optim_cfg *c = &o->cfg;
     const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
     const float wd = (float)c->weight_decay;
-    if (!o->slices)
+    if (!o->slices) {
+        if (be->ops->adamw_multi) {
+            const ft_adamw_seg all = {l->params, l->grads, l->m, l->v, l->n_params, (float)lr};
+            return be->ops->adamw_multi(be, &all, 1, b1, b2, eps, wd, adam_step);
+        }
         return be->ops->adamw(be, l->params, l->grads, l->m, l->v, l->n_params, (float)lr, b1, b2,
                               eps, wd, adam_step);
+    }
     const float lrs[2] = {(float)lr, (float)(lr * c->loraplus_lr_ratio)}; /* by ft_lora_group */
+    if (be->ops->adamw_multi) {
+        for (int64_t k = 0; k < o->n_slices; k++) {
+            const ft_lora_slice *s = &o->slices[k];
+            o->segs[k] = (ft_adamw_seg){l->params + s->off, l->grads + s->off, l->m + s->off,
+                                        l->v + s->off, s->n, lrs[s->group]};
+        }
+        return be->ops->adamw_multi(be, o->segs, o->n_slices, b1, b2, eps, wd, adam_step);
+    }
     for (int64_t k = 0; k < o->n_slices; k++) {
         const ft_lora_slice *s = &o->slices[k];
         FT_TRY(be->ops->adamw(be, l->params + s->off, l->grads + s->off, l->m + s->off,

@@ -37,6 +37,7 @@ typedef struct ft_optim {
     ft_lora_slice *slices;      /* LoRA+: the adapter's A and B tensors (ft_lora_slices), else
                                  * NULL */
     int64_t n_slices;
+    ft_adamw_seg *segs;         /* LoRA+: the slices as adamw_multi's table (n_slices), else NULL */
 } ft_optim;
 
 /* The optimizer of adapter l with settings c. With LoRA+ the adapter's slices are read once
@@ -63,8 +64,10 @@ int ft_optim_grad_norm(ft_optim *o, double *norm);
 int ft_optim_clip(ft_optim *o, double norm);
 
 /* One AdamW update of the whole adapter at learning rate lr (ft_optim_lr), bias correction of
- * adam step `adam_step` (>= 1). Without LoRA+: one backend adamw call over the flat arrays.
- * With it: one call per slice, A slices at lr and B slices at lr * ratio (decoupled decay on
+ * adam step `adam_step` (>= 1), through the backend's adamw_multi where it has one (one segment
+ * without LoRA+, one per slice with it; the loop over adamw otherwise, the same bits on the CPU and
+ * on CUDA without FT_CUDA_FUSED_ADAMW). Without LoRA+: the flat arrays at lr.
+ * With it: A slices at lr and B slices at lr * ratio (decoupled decay on
  * B is then lr * ratio * weight_decay, as torch.optim.AdamW applies a group's lr); adamw is
  * elementwise, so ratio 1 gives the bits of the single call. Returns 0 or the backend's
  * error. */

@@ -123,6 +123,8 @@ typedef struct ft_train_cfg {
     int plan_only;              /* 1: load, measure and print the plan, then return (ftune plan) */
     int profile;                /* time every op on the GPU after the first step; the table is
                                  * reported (FT_EV_INFO) at the end */
+    unsigned cuda_fused;        /* FT_CUDA_FUSED_* bits (--cuda-fused): the CUDA backend's fused
+                                 * kernels to use (kernels.h ft_backend_cuda_set_fused); 0: none */
     int quant;                  /* the frozen base's linear weights: FT_TRAIN_QUANT_AUTO, or
                                  * enum ft_pack_quant (offload/pack.h): FT_PACK_QUANT_NF4 = QLoRA,
                                  * bitsandbytes NF4 with double quantization, read per layer

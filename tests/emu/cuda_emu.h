@@ -7,7 +7,7 @@
  * switch; elsewhere ucontext), scheduled round robin; a fiber runs until it waits at a barrier.
  * Blocks run one after another. One translation unit per program may include this. Provided:
  *   threadIdx, blockIdx, blockDim, gridDim, __syncthreads, __shfl_xor_sync (float), min,
- *   __fmul_rn, __fadd_rn, __fmaf_rn, __uint_as_float;
+ *   __fmul_rn, __fadd_rn, __fmaf_rn, __fdiv_rn, __fsqrt_rn, __uint_as_float;
  *   emu_ldsm      ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16
  *   emu_mma16816  mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
  *   emu_cp_async / emu_cp_commit / emu_cp_wait  cp.async (16 or 4 bytes, zero fill),
@@ -152,6 +152,8 @@ static inline int min(int a, int b) { return a < b ? a : b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 static inline float __uint_as_float(unsigned u)
 {
     float f;
