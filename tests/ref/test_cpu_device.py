@@ -186,9 +186,9 @@ def greedy_matches_logits(model, adapter, extra):
     assert new
     ids = prompt + new
     r = run_ftune(["logits", "--model", model, "--adapter", adapter, "--ids",
-                   ",".join(map(str, ids)), "--out", adapter / "logits.bin", *extra, *DEV])
+                   ",".join(map(str, ids)), "--out", adapter.parent / "logits.bin", *extra, *DEV])
     assert r.returncode == 0, r.stderr
-    z = np.fromfile(adapter / "logits.bin", np.float32).reshape(len(ids), -1)
+    z = np.fromfile(adapter.parent / "logits.bin", np.float32).reshape(len(ids), -1)
     rows = z[len(prompt) - 1:len(ids) - 1]
     for t, row in enumerate(rows):
         top = float(row.max())
