@@ -1,5 +1,5 @@
 """`ftune generate --prompts` prefills the prompts that start together in one forward
-(src/infer/generate.h ft_gen_prefill; cli/gen_batch.c slots_prefill): the first --batch
+(src/infer/generate.h ft_gen_prefill; src/infer/gen_batch.c seqs_prefill): the first --batch
 records, then those taking the slots of records that finished in the same step, as far as the
 chunk holds them (a prompt longer than the chunk alone, in chunks).
 
