@@ -24,9 +24,9 @@
  * --prompts FILE answers many prompts in one process: the model, adapter and KV cache are
  * loaded once (the cache sized for the longest prompt), every record of FILE (JSONL or a JSON
  * array; ft_gen_req_parse in src/infer/generate.h lists the schemas) is read and encoded
- * before anything is generated, so that a bad record stops the run with its line; up to
- * --batch records are decoded together (run_batch), each in its own cache slot, reset when a
- * record takes it. One JSON line per record goes to stdout, in input order:
+ * before anything is generated, so that a bad record stops the run with its line (gen_prompts.c);
+ * up to --batch records are decoded together (src/infer/gen_env.h ft_gen_batch), each in its own
+ * KV cache row (a sequence), reset when a record takes it. One JSON line per record goes to stdout, in input order:
  *   {"index", "prompt", "reply", "reference"?, "prompt_tokens", "new_tokens",
  *    "stop" ("stop_token" | "stop_string" | "length", as --json), "stop_reason"? (the --stop
  *    string, with "stop_string"; the token id, with "stop_token" when the token is one of the
@@ -43,8 +43,8 @@
  * vLLM's LLM.generate takes one SamplingParams per prompt: each
  * replaces the flag for that record only, so its line is that of --prompt with the flags so
  * changed ("seed": its own when it sets one; "seed" is written when the record samples). Each
- * KV cache holds the largest prompt + new tokens of any record; each slot samples with its
- * record's settings and draws (one ft_sampler, its cfg and PRNG swapped per slot), and keeps
+ * KV cache holds the largest prompt + new tokens of any record; each sequence samples with its
+ * record's settings and draws (one ft_sampler, its cfg and PRNG swapped per sequence), and keeps
  * the ids it holds when any record has a repetition penalty.
  *
  * --chat holds a conversation (gen_chat.c): each line of standard input is a user turn (a

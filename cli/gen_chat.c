@@ -6,7 +6,7 @@
  * Each turn renders the whole conversation (the --system message, the user and assistant
  * turns so far, the new user turn) exactly as a --prompts record {"messages": [...]} is
  * rendered (ft_gen_req_parse + ft_gen_req_ids: the same template path, so the ids are that
- * record's), then prefills only the tokens after the longest common prefix with what slot 0's
+ * record's), then prefills only the tokens after the longest common prefix with what sequence 0's
  * cache holds (the cache cut back to it, ft_gen_truncate_seq; llama.cpp's server and
  * llama-cli reuse a prompt's cached prefix the same way). A template that rewrites earlier
  * turns (qwen3 drops earlier <think> blocks; a reply retokenized differently from the tokens
@@ -93,7 +93,7 @@ static void hist_free(chat_hist *h)
 
 /* The ids of the conversation h->turn[from..n) (from even; ending with a user turn) with the
  * generation prompt: the --prompts record {"messages": [{"role", "content"}...]} read and
- * rendered as gen_batch.c reads and renders it (--system for its system message). *ids
+ * rendered as gen_prompts.c reads and renders it (--system for its system message). *ids
  * malloc'ed. */
 static int hist_ids(const ft_gen_env *e, const gen_opts *o, const chat_hist *h, int64_t from,
                     int32_t **ids, int64_t *n)
@@ -181,7 +181,7 @@ static void chat_help(void)
 
 /* ---- one turn ---------------------------------------------------------------------------- */
 
-/* What slot 0's cache holds: the ids, and the RoPE table length they were rotated with. */
+/* What sequence 0's cache holds: the ids, and the RoPE table length they were rotated with. */
 typedef struct chat_cache {
     int32_t *ids;               /* (ctx) host */
     int64_t n;

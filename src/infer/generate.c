@@ -35,8 +35,8 @@ static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int6
     L.gate = L.up = L.act = chunk * c->intermediate_size;
     L.u = chunk * (lora ? lora->cfg.r : 1);
     L.logits = rows * c->vocab_size;
-    L.inv = seqs * ft_pad16(c->head_dim / 2 + 1); /* one RoPE table per seq */
-    L.ints = 3 * chunk; /* ids, pos, seq_start: int32 in float-sized seqs */
+    L.inv = seqs * ft_pad16(c->head_dim / 2 + 1); /* one RoPE table per sequence */
+    L.ints = 3 * chunk; /* ids, pos, seq_start: int32 in float-sized sequences */
     int64_t wide = C > HD ? C : HD;
     if (c->intermediate_size > wide) wide = c->intermediate_size;
     L.xd = with_xd ? chunk * wide : 0;
@@ -307,10 +307,10 @@ static int lin(ft_gen *g, const ft_layer_weights *lw, int64_t layer, int pj, con
     return 0;
 }
 
-/* The rows of one forward: a chunk of n tokens of one sequence (seqs NULL: seq `seq`,
- * positions past[seq] + i); one token of each of n sequences (lens NULL: row i is seq
- * seqs[i] at position past[seqs[i]]); or the prompts of n_seq empty seqs one after another
- * (ft_gen_prefill: lens[i] rows of seq seqs[i], positions 0..lens[i]-1). */
+/* The rows of one forward: a chunk of n tokens of one sequence (sequences NULL: sequence `seq`,
+ * positions past[sequence] + i); one token of each of n sequences (lens NULL: row i is sequence
+ * seqs[i] at position past[seqs[i]]); or the prompts of n_seq empty sequences one after another
+ * (ft_gen_prefill: lens[i] rows of sequence seqs[i], positions 0..lens[i]-1). */
 typedef struct gen_rows {
     int64_t seq;
     const int64_t *seqs;
@@ -318,7 +318,7 @@ typedef struct gen_rows {
     int64_t n_seq;
 } gen_rows;
 
-/* Layer l's K and V cache of seq s: (ctx_max, Hkv, D) each. */
+/* Layer l's K and V cache of sequence s: (ctx_max, Hkv, D) each. */
 static float *kv_of(const ft_gen *g, float *base, int64_t s, int64_t l)
 {
     const ft_model_config *c = &g->m->cfg;
@@ -331,7 +331,7 @@ static int rope_rows(ft_gen *g, const gen_rows *rw, float *x, int64_t n, int64_t
     const ft_model_config *c = &g->m->cfg;
     const ft_backend_ops *o = g->be->ops;
     if (!rw->seqs) return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->seq), n, heads, c->head_dim);
-    if (c->rope_type != FT_ROPE_DYNAMIC) /* every seq's table is the same */
+    if (c->rope_type != FT_ROPE_DYNAMIC) /* every sequence's table is the same */
         return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->seqs[0]), n, heads, c->head_dim);
     if (rw->lens) { /* dynamic NTK, a prefill: each prompt's rows with its own table */
         for (int64_t i = 0, r = 0; i < rw->n_seq; r += rw->lens[i++])
@@ -489,7 +489,7 @@ static int forward_rows(ft_gen *g, const gen_rows *rw, const int32_t *ids, int64
     return o->copy(be, logits, g->logits, (size_t)(rows * V) * sizeof(float));
 }
 
-/* FT_E_RANGE unless seqs[i] is a seq of g, FT_E_INVALID when seqs[0..i) holds it already
+/* FT_E_RANGE unless seqs[i] is a sequence of g, FT_E_INVALID when seqs[0..i) holds it already
  * (`what`: "prefill" or "decode step", for the message). */
 static int seq_ok(const ft_gen *g, const int64_t *seqs, int64_t i, const char *what)
 {
