@@ -13,6 +13,7 @@
 #include "src/core/fsutil.h"
 #include "src/core/json.h"
 #include "src/infer/generate.h"
+#include "src/infer/gen_prompt.h"
 
 /* ---- the domain of every numeric option ------------------------------------------------- */
 

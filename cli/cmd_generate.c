@@ -23,7 +23,7 @@
  *
  * --prompts FILE answers many prompts in one process: the model, adapter and KV cache are
  * loaded once (the cache sized for the longest prompt), every record of FILE (JSONL or a JSON
- * array; ft_gen_req_parse in src/infer/generate.h lists the schemas) is read and encoded
+ * array; ft_gen_req_parse in src/infer/gen_prompt.h lists the schemas) is read and encoded
  * before anything is generated, so that a bad record stops the run with its line (gen_prompts.c);
  * up to --batch records are decoded together (src/infer/gen_env.h ft_gen_batch), each in its own
  * KV cache row (a sequence), reset when a record takes it. One JSON line per record goes to stdout, in input order:

@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "src/infer/gen_env.h"
+#include "src/infer/gen_prompt.h"
 
 /* --stop-token-ids ID,ID,...: the token ids (each below the model's vocabulary size, checked
  * once it is loaded). */

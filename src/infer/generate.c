@@ -1,5 +1,5 @@
-/* generate.c - KV-cache inference (generate.h: ft_gen_*; the prompt side, prompts-file
- * records and streaming detokenization are in gen_prompt.c). */
+/* generate.c - KV-cache inference (generate.h: ft_gen_*; the prompt side is gen_prompt.c, the
+ * streamed text and its detokenizer stop_text.c). */
 #include "src/infer/generate.h"
 
 #include <math.h>

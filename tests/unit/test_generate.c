@@ -16,6 +16,8 @@
 #include "src/template/chat.h"
 #include "src/data/dataset.h"
 #include "src/infer/generate.h"
+#include "src/infer/gen_prompt.h"
+#include "src/infer/stop_text.h"
 #include "src/tools/init_model.h"
 #include "src/model/model.h"
 #include "src/infer/sample.h"
