@@ -225,6 +225,63 @@ static int removed_flag(int argc, char **argv)
     return 0;
 }
 
+/* The value and combination checks of generate's options: 0, or 2 after one usage line. */
+static int check_values(gen_opts *o)
+{
+    if (o->prompts && o->json) {
+        fprintf(stderr, "ftune: generate: --json is for --prompt; --prompts always writes JSON lines\n");
+        return 2;
+    }
+    if (o->no_think && o->raw) {
+        fprintf(stderr, "ftune: generate: --no-think changes the chat template's prompt; --raw has none\n");
+        return 2;
+    }
+    if (o->out && !o->prompts) {
+        fprintf(stderr, "ftune: generate: --out goes with --prompts\n");
+        return 2;
+    }
+    if (o->batch && !o->prompts) {
+        fprintf(stderr, "ftune: generate: --batch goes with --prompts\n");
+        return 2;
+    }
+    if (o->batch < 0 || o->batch > FT_GEN_MAX_SEQS) {
+        fprintf(stderr, "ftune: generate: --batch %lld: expected 1..%d\n", (long long)o->batch,
+                FT_GEN_MAX_SEQS);
+        return 2;
+    }
+    o->batch_set = o->batch > 0;
+    if (!o->batch) o->batch = FT_GEN_BATCH_DEFAULT;
+    if (o->max_new < 1 || o->max_new > FT_GEN_MAX_NEW_TOKENS || o->top_k < 0 ||
+        !(o->temperature >= 0) || !isfinite(o->temperature) || !(o->top_p > 0 && o->top_p <= 1)) {
+        fprintf(stderr, "ftune: generate: --max-new-tokens must be 1..1000000, --top-k >= 0, "
+                "--temperature finite and >= 0, 0 < --top-p <= 1\n");
+        return 2;
+    }
+    if (!(o->rep_penalty > 0) || !isfinite(o->rep_penalty)) {
+        fprintf(stderr, "ftune: generate: --repetition-penalty %g: expected a finite value > 0 (1: off)\n",
+                (double)o->rep_penalty);
+        return 2;
+    }
+    if (!(o->min_p >= 0 && o->min_p <= 1)) {
+        fprintf(stderr, "ftune: generate: --min-p %g: expected 0 <= --min-p <= 1 (0: off)\n", (double)o->min_p);
+        return 2;
+    }
+    if (o->stop.n > FT_GEN_MAX_STOP_STR) {
+        fprintf(stderr, "ftune: generate: %lld --stop strings: at most %d\n", (long long)o->stop.n,
+                FT_GEN_MAX_STOP_STR);
+        return 2;
+    }
+    for (int64_t i = 0; i < o->stop.n; i++)
+        if (!o->stop.v[i][0]) { /* args.c refuses them already; an empty one would match at once */
+            fprintf(stderr, "ftune: generate: --stop: expected a non-empty string\n");
+            return 2;
+        }
+    if (!o->prompts && o->temperature == 0 && (o->top_k > 0 || o->top_p < 1 || o->min_p > 0))
+        fprintf(stderr, "ftune: warning: --top-k, --top-p and --min-p apply only when sampling "
+                "(--temperature > 0); this run is greedy\n");
+    return 0;
+}
+
 /* `ftune generate` with the options in *o (zeroed; its --stop list is the caller's to free). */
 static int generate_cmd(gen_opts *o, int argc, char **argv)
 {
@@ -339,57 +396,7 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         }
         if (bad) return 1;
     }
-    if (o->prompts && o->json) {
-        fprintf(stderr, "ftune: generate: --json is for --prompt; --prompts always writes JSON lines\n");
-        return 2;
-    }
-    if (o->no_think && o->raw) {
-        fprintf(stderr, "ftune: generate: --no-think changes the chat template's prompt; --raw has none\n");
-        return 2;
-    }
-    if (o->out && !o->prompts) {
-        fprintf(stderr, "ftune: generate: --out goes with --prompts\n");
-        return 2;
-    }
-    if (o->batch && !o->prompts) {
-        fprintf(stderr, "ftune: generate: --batch goes with --prompts\n");
-        return 2;
-    }
-    if (o->batch < 0 || o->batch > FT_GEN_MAX_SEQS) {
-        fprintf(stderr, "ftune: generate: --batch %lld: expected 1..%d\n", (long long)o->batch,
-                FT_GEN_MAX_SEQS);
-        return 2;
-    }
-    o->batch_set = o->batch > 0;
-    if (!o->batch) o->batch = FT_GEN_BATCH_DEFAULT;
-    if (o->max_new < 1 || o->max_new > FT_GEN_MAX_NEW_TOKENS || o->top_k < 0 ||
-        !(o->temperature >= 0) || !isfinite(o->temperature) || !(o->top_p > 0 && o->top_p <= 1)) {
-        fprintf(stderr, "ftune: generate: --max-new-tokens must be 1..1000000, --top-k >= 0, "
-                "--temperature finite and >= 0, 0 < --top-p <= 1\n");
-        return 2;
-    }
-    if (!(o->rep_penalty > 0) || !isfinite(o->rep_penalty)) {
-        fprintf(stderr, "ftune: generate: --repetition-penalty %g: expected a finite value > 0 (1: off)\n",
-                (double)o->rep_penalty);
-        return 2;
-    }
-    if (!(o->min_p >= 0 && o->min_p <= 1)) {
-        fprintf(stderr, "ftune: generate: --min-p %g: expected 0 <= --min-p <= 1 (0: off)\n", (double)o->min_p);
-        return 2;
-    }
-    if (o->stop.n > FT_GEN_MAX_STOP_STR) {
-        fprintf(stderr, "ftune: generate: %lld --stop strings: at most %d\n", (long long)o->stop.n,
-                FT_GEN_MAX_STOP_STR);
-        return 2;
-    }
-    for (int64_t i = 0; i < o->stop.n; i++)
-        if (!o->stop.v[i][0]) { /* args.c refuses them already; an empty one would match at once */
-            fprintf(stderr, "ftune: generate: --stop: expected a non-empty string\n");
-            return 2;
-        }
-    if (!o->prompts && o->temperature == 0 && (o->top_k > 0 || o->top_p < 1 || o->min_p > 0))
-        fprintf(stderr, "ftune: warning: --top-k, --top-p and --min-p apply only when sampling "
-                "(--temperature > 0); this run is greedy\n");
+    if ((rc = check_values(o))) return rc;
     if (o->seed < 0) /* 53 bits: exact in the JSON number */
         o->seed = (int64_t)((((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid()) & ((1ull << 53) - 1));
 
