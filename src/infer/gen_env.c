@@ -41,7 +41,7 @@ int ft_gen_env_load(ft_gen_env *e)
 
 /* The forward sizes: chunk (a prompt's prefill) and wide (the prompts that start together),
  * and on a device with fit the sequences and wide lowered until the arena takes at most a
- * quarter of the budget (the slots first: every decode step gains from them, a prefill once
+ * quarter of the budget (the sequences first: every decode step gains from them, a prefill once
  * per prompt). */
 static void fit_sizes(ft_gen_env *e, const ft_gen_need *nd, int64_t gpu_mem, int fit,
                       int64_t *n_seqs, int64_t *chunk, int64_t *wide)

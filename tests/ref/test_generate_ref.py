@@ -350,9 +350,9 @@ def test_tiny_prompts_file_greedy(tmp_path):
 
 
 def test_tiny_prompts_file_one_new_token(tmp_path):
-    """--max-new-tokens 1: every record finishes at the token its prefill samples, so its slot
+    """--max-new-tokens 1: every record finishes at the token its prefill samples, so its sequence
     takes the next record at once and the finished lines wait to be written in order; each
-    keeps its own token (they shared the slot's token buffer: every line had the last
+    keeps its own token (they shared the sequence's token buffer: every line had the last
     record's token, at any --batch)."""
     path = write_jsonl(tmp_path / "p.jsonl", [r for r, _, _ in THREE])
     extra = ["--max-new-tokens", 1, "--temperature", 1.0, "--seed", 7]
