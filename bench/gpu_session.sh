@@ -78,37 +78,6 @@ sec_smoke() {
   done
   python3 -c "import json,sys; r=[[{k: v for k, v in json.loads(l).items() if k != 'seconds'} for l in open(f)] for f in sys.argv[1:]]; print('generate --batch 3 vs 1:', 'same replies' if r[0] == r[1] else 'DIFFER')" \
     $TMPW/gb1.jsonl $TMPW/gb3.jsonl >> $OUT/smoke.log 2>&1
-  # log-probabilities on the device (computed on the host from the logits the tokens are drawn
-  # from): --batch 3 gives --batch 1's tokens, and its values within 1e-3 (bf16 activations, and
-  # cuBLAS picks its kernel by row count: 1.12e-4 on the H200, 2026-11-28)
-  for bt in 1 3; do
-    timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --raw --prompts $TMPW/p3.jsonl \
-      --max-new-tokens 8 --device $DEV --quant nf4 --cache-dir $TMPW/smokecache --batch $bt --logprobs 3 \
-      --out $TMPW/lp$bt.jsonl 2>&1 | tail -1 >> $OUT/smoke.log; echo "generate --logprobs 3 --batch $bt rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
-  done
-  python3 -c "import json,sys; a,b=[[json.loads(l)['logprobs'] for l in open(f)] for f in sys.argv[1:]]; same=[[t['id'] for t in r] for r in a]==[[t['id'] for t in r] for r in b]; d=max([abs(x['logprob']-y['logprob']) for r,q in zip(a,b) for x,y in zip(r,q)] or [0]); print('generate --logprobs --batch 3 vs 1:', 'same tokens' if same else 'DIFFERENT TOKENS', 'max |dlogprob| %.2e' % d, 'ok' if same and d <= 1e-3 else 'OVER 1e-3')" \
-    $TMPW/lp1.jsonl $TMPW/lp3.jsonl >> $OUT/smoke.log 2>&1
-  # "n": 3 choices on the device: one prefill, its K/V rows copied to the two other slots
-  # (ft_gen_copy_slot, D2D copies); greedy, so the three replies equal the one-choice reply
-  printf '{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8, "n": 3}}\n' > $TMPW/n3.jsonl
-  printf '{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8}}\n' > $TMPW/n1.jsonl
-  for k in 1 3; do
-    timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --prompts $TMPW/n$k.jsonl --device $DEV \
-      --quant nf4 --cache-dir $TMPW/smokecache --batch 3 --out $TMPW/gn$k.jsonl 2>&1 | tail -1 >> $OUT/smoke.log
-    echo "generate n=$k rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
-  done
-  python3 -c "import json,sys; t=[[c['text'] for c in json.loads(open(f).readline())['response']['body']['choices']] for f in sys.argv[1:]]; print('generate n=3 (shared prefill) vs n=1:', 'same replies' if t[1] == t[0] * 3 else 'DIFFER %r' % t)" \
-    $TMPW/gn1.jsonl $TMPW/gn3.jsonl >> $OUT/smoke.log 2>&1
-  # prompt log-probabilities on the device (ft_gen_prompt_logprobs: forwards returning every
-  # row's logits) against the CPU's: echo + logprobs + max_tokens 0, as lm-eval scores
-  printf '{"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time there was a small dog who liked to run", "max_tokens": 0, "echo": true, "logprobs": 2}}\n' > $TMPW/echo.jsonl
-  for d in $DEV cpu; do
-    timeout $(cap 30) $F generate --model $TL --adapter $TMPW/o_smoke --prompts $TMPW/echo.jsonl --device $d \
-      --quant nf4 --cache-dir $TMPW/smokecache --out $TMPW/echo_$d.jsonl 2>&1 | tail -1 >> $OUT/smoke.log
-    echo "generate echo prompt logprobs --device $d rc=${PIPESTATUS[0]}" >> $OUT/smoke.log
-  done
-  python3 -c "import json,sys; a,b=[json.loads(open(f).readline())['response']['body']['choices'][0]['logprobs']['token_logprobs'][1:] for f in sys.argv[1:]]; print('prompt logprobs device vs cpu: %d tokens, max |diff| %.3g' % (len(a), max(abs(x-y) for x,y in zip(a,b))))" \
-    $TMPW/echo_$DEV.jsonl $TMPW/echo_cpu.jsonl >> $OUT/smoke.log 2>&1
   # per-example eval losses on the device (ft_exec_eval_spans) against the CPU's
   for d in $DEV cpu; do
     timeout $(cap 60) $F eval --model $TL --adapter $TMPW/o_smoke --data $D --quant nf4 --device $d --seq-len 128 \

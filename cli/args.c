@@ -13,6 +13,7 @@
 #include "src/core/fsutil.h"
 #include "src/core/json.h"
 #include "src/infer/generate.h"
+#include "src/infer/gen_prompt.h"
 
 /* ---- the domain of every numeric option ------------------------------------------------- */
 
@@ -76,12 +77,8 @@ static const struct opt_domain {
     {"top-p", 0, 1, D_LO_OPEN, "a number 0 < X <= 1 (1: off)"},
     {"min-p", 0, 1, 0, "a number 0..1 (0: off)"},
     {"repetition-penalty", 0, INFINITY, D_LO_OPEN | D_HI_OPEN, "a finite number > 0 (1: off)"},
-    {"presence-penalty", -2, 2, 0, "a number -2..2 (0: off)"},
-    {"frequency-penalty", -2, 2, 0, "a number -2..2 (0: off)"},
-    {"batch", 1, FT_GEN_MAX_SLOTS, 0, "an integer 1..256 (leave it out for the default)"},
+    {"batch", 1, FT_GEN_MAX_SEQS, 0, "an integer 1..256 (leave it out for the default)"},
     {"seed", 0, D_BIG, 0, "an integer 0..9007199254740991 (2^53 - 1: exact in the JSON output)"},
-    {"logprobs", 0, FT_GEN_MAX_LOGPROBS, 0, "0..20 (the alternatives listed per token)"},
-    {"prompt-logprobs", 0, FT_GEN_MAX_LOGPROBS, 0, "0..20 (the alternatives listed per prompt token)"},
     /* init-model (--shard-size in MB; merge's is a size, parsed by its own function) */
     {"shard-size", 1, 1e12, 0, "an integer >= 1 (MB)"},
     /* bench io --stream */

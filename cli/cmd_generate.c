@@ -8,10 +8,7 @@
  * each runs one forward against the KV cache, until an EOS or end-of-turn token, a --stop
  * string or --max-new-tokens. Text is printed as whole UTF-8 characters become available;
  * speeds go to stderr. --json prints one JSON object instead (prompt and generated ids, text,
- * stop reason, timings) for scripts and tests; with --logprobs N it also holds "logprobs": each
- * reply token's log-probability and its N most likely alternatives, from the logits the token
- * was chosen from (raw: before penalties and sampling filters; sample.h ft_sample_logprobs;
- * gen_env.h gen_logprobs_json for the shapes).
+ * stop reason, timings) for scripts and tests.
  *
  * --stop STR (repeatable, up to FT_GEN_MAX_STOP_STR; in --config a string or a list) as vLLM's
  * SamplingParams.stop: the reply ends as soon as its decoded text (special tokens skipped,
@@ -26,32 +23,28 @@
  *
  * --prompts FILE answers many prompts in one process: the model, adapter and KV cache are
  * loaded once (the cache sized for the longest prompt), every record of FILE (JSONL or a JSON
- * array; ft_gen_req_parse in src/infer/generate.h lists the schemas) is read and encoded
- * before anything is generated, so that a bad record stops the run with its line; up to
- * --batch records are decoded together (run_batch), each in its own cache slot, reset when a
- * record takes it. One JSON line per record goes to stdout, in input order:
+ * array; ft_gen_req_parse in src/infer/gen_prompt.h lists the schemas) is read and encoded
+ * before anything is generated, so that a bad record stops the run with its line (gen_prompts.c);
+ * up to --batch records are decoded together (src/infer/gen_env.h ft_gen_batch), each in its own
+ * KV cache row (a sequence), reset when a record takes it. One JSON line per record goes to stdout, in input order:
  *   {"index", "prompt", "reply", "reference"?, "prompt_tokens", "new_tokens",
  *    "stop" ("stop_token" | "stop_string" | "length", as --json), "stop_reason"? (the --stop
  *    string, with "stop_string"; the token id, with "stop_token" when the token is one of the
  *    record's "stop_token_ids" or --stop-token-ids, not the EOS), "seconds", "seed"? (when
- *    sampling), "logprobs"? (with --logprobs or the record's "logprobs": k),
- *    "prompt_logprobs"? (with --prompt-logprobs or the record's "prompt_logprobs": k: vLLM's
- *    list, null for the first prompt token, then {"<id>": {"logprob", "rank", "decoded_token"}}
- *    for the token itself and its k most likely alternatives; cli/gen_prompt_lp.h)}
+ *    sampling)}
  * ("seconds": from the start of the record's prefill to its last token, the records decoded
  * alongside it included)
  * or to --out FILE, written as FILE.tmp.PID and renamed at the end (an interrupted run leaves
  * no partial FILE). Record i samples with ft_gen_record_seed(seed, i) (record 0 with the
  * seed itself), so its reply is that of --prompt with that --seed.
  * A record (an object) may set its own "max_new_tokens" (or "max_tokens"), "temperature",
- * "top_p", "top_k", "min_p", "repetition_penalty", "stop" (a string or a list), "seed",
- * "stop_token_ids" (a list of ids: --stop-token-ids), "min_tokens", "prompt_logprobs",
- * "logit_bias" and "ignore_eos" (ft_gen_req_parse), as
+ * "top_p", "top_k", "min_p", "repetition_penalty", "stop" (a string or a list), "seed" and
+ * "stop_token_ids" (a list of ids: --stop-token-ids) (ft_gen_req_parse), as
  * vLLM's LLM.generate takes one SamplingParams per prompt: each
  * replaces the flag for that record only, so its line is that of --prompt with the flags so
  * changed ("seed": its own when it sets one; "seed" is written when the record samples). Each
- * KV cache holds the largest prompt + new tokens of any record; each slot samples with its
- * record's settings and draws (one ft_sampler, its cfg and PRNG swapped per slot), and keeps
+ * KV cache holds the largest prompt + new tokens of any record; each sequence samples with its
+ * record's settings and draws (one ft_sampler, its cfg and PRNG swapped per sequence), and keeps
  * the ids it holds when any record has a repetition penalty.
  *
  * --chat holds a conversation (gen_chat.c): each line of standard input is a user turn (a
@@ -64,7 +57,7 @@
  * them, another /word is refused with a message, and "//text" sends "/text". Each turn renders
  * the whole conversation as a --prompts record {"messages": [...]} with the same turns (so
  * its ids, and its greedy reply, are that record's), then prefills only the tokens after the
- * longest common prefix with what the KV cache holds (ft_gen_truncate_slot), as llama.cpp's
+ * longest common prefix with what the KV cache holds (ft_gen_truncate_seq), as llama.cpp's
  * conversation mode does. The cache is sized once for --ctx-size tokens (default the model's
  * max_position_embeddings, at most 4096); when a turn's prompt + --max-new-tokens would not
  * fit, the oldest user/assistant exchanges are dropped (said on stderr; the system message
@@ -114,117 +107,25 @@
 #include "src/infer/generate.h"
 #include "src/infer/sample.h"
 #include "src/infer/stop_text.h"
-#include "cli/gen_env.h"
+#include "cli/gen_cli.h"
 
-/* gen_env.h: the reply to ids[0..n), the cache already holding ids[0..keep). */
-int gen_reply(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, int64_t keep, int stream,
-              const volatile sig_atomic_t *stop, gen_result *r)
+static int print_json(const ft_gen_env *e, const gen_opts *o, int tmpl, const ft_gen_result *r)
 {
-    memset(r, 0, sizeof *r);
-    r->prompt_ids = ids;
-    r->n_prompt = n;
-    r->n_cached = keep;
-    r->out_ids = e->out_ids;
-    if (keep < 0 || keep >= n)
-        return ft_err(FT_E_INVALID, "generate: %lld cached tokens of a %lld-token prompt", (long long)keep,
-                      (long long)n);
-    ft_sample_seen *seen = e->seen; /* slot 0's; NULL without --repetition-penalty */
-    if (seen) {
-        ft_sample_seen_clear(seen);
-        ft_sample_seen_add(seen, ids, n); /* the prompt's ids are penalised too */
-    }
-    ft_sample_counts *cnt = e->cnt.count ? &e->cnt : NULL; /* the reply's ids only */
-    if (cnt) ft_sample_counts_clear(cnt);
-    gen_lp_attach(e, 0, o->logprobs, r); /* --logprobs: from the logits each token is drawn from */
-    ft_stop_text st; /* streamed text and --stop */
-    ft_stop_text_init(&st, e->tok);
-    const int use_st = stream || o->stop.n > 0;
-    /* RoPE as a cache sized for this prompt alone would have it (dynamic NTK scaling) */
-    int rc = ft_gen_truncate_slot(&e->g, 0, keep);
-    if (!rc) rc = ft_gen_set_rope_len(&e->g, n + o->max_new);
-    const int64_t chunk = e->g.chunk_max;
-
-    /* prefill of what the cache lacks, in chunks of at most `chunk` tokens */
-    double t0 = gen_now_s();
-    for (int64_t i = keep; !rc && i < n && !(stop && *stop); i += chunk) {
-        int64_t k = n - i < chunk ? n - i : chunk;
-        rc = ft_gen_forward(&e->g, ids + i, k, e->logits, 1);
-    }
-    r->prefill_s = gen_now_s() - t0;
-    if (!rc && stop && *stop) r->interrupted = 1;
-
-    /* decode */
-    int last_nl = 1;
-    t0 = gen_now_s();
-    while (!rc && !r->interrupted && r->n_out < o->max_new) {
-        int32_t t;
-        rc = ft_sample_next_pen(&e->smp, e->logits, seen, cnt, &t);
-        if (rc) break;
-        if (gen_is_stop(e, t) || gen_id_listed(o->stop_ids.v, o->stop_ids.n, t)) {
-            r->stop = GEN_STOP_TOKEN; /* its text is not part of the reply (as vLLM's) */
-            r->stop_tok = t;
-            break;
-        }
-        if ((rc = gen_lp_note(e, r, e->logits, t))) break; /* the sampler leaves the logits */
-        e->out_ids[r->n_out++] = t;
-        if (seen) ft_sample_seen_add(seen, &t, 1);
-        if (cnt) ft_sample_counts_add(cnt, &t, 1);
-        if (use_st) rc = ft_stop_text_push(&st, o->stop.v, o->stop.n, t);
-        if (!rc && stream) gen_show_text(&st, &o->stop, 0, &last_nl);
-        if (!rc && st.hit >= 0) break;
-        if (!rc && stop && *stop) r->interrupted = 1;
-        else if (!rc && r->n_out < o->max_new) {
-            rc = ft_gen_forward(&e->g, &t, 1, e->logits, 1);
-            r->n_decode++;
-        }
-    }
-    r->decode_s = gen_now_s() - t0;
-    if (!rc && use_st) rc = ft_stop_text_flush(&st, o->stop.v, o->stop.n);
-    if (!rc && st.hit >= 0) {
-        r->stop = GEN_STOP_STRING;
-        r->stop_str = st.hit;
-    }
-    if (!rc && stream) {
-        gen_show_text(&st, &o->stop, 1, &last_nl);
-        if (!last_nl) putchar('\n');
-        fflush(stdout);
-    }
-    /* with --stop the text cut before the stop string; else the ids decoded */
-    if (!rc) rc = o->stop.n ? ft_stop_text_take(&st, &r->text) : ft_tok_decode(e->tok, e->out_ids, r->n_out, 1, &r->text);
-    ft_stop_text_free(&st);
-    if (rc) ft_gen_reset_slot(&e->g, 0); /* a failed forward empties it; so does any error */
-    return rc;
-}
-
-/* The reply to prompt ids[0..n) from an empty cache, sampling with `seed`; streamed to stdout
- * when stream = 1. */
-static int gen_one(gen_env *e, const gen_opts *o, const int32_t *ids, int64_t n, uint64_t seed,
-                   int stream, gen_result *r)
-{
-    ft_sampler_reseed(&e->smp, seed);
-    return gen_reply(e, o, ids, n, 0, stream, NULL, r);
-}
-
-static int print_json(const gen_env *e, const gen_opts *o, int tmpl, const gen_result *r)
-{
-    cJSON *lp = NULL;
-    if (r->lp) FT_TRY(gen_logprobs_json(e->tok, r, FT_GEN_API_NONE, &lp));
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "template", o->raw ? "raw" : ft_chat_template_name(tmpl));
     cJSON_AddItemToObject(j, "prompt_ids", gen_ids_json(r->prompt_ids, r->n_prompt));
     cJSON_AddItemToObject(j, "ids", gen_ids_json(r->out_ids, r->n_out));
     cJSON_AddStringToObject(j, "text", r->text ? r->text : "");
     cJSON_AddStringToObject(j, "stop", gen_stop_name(r));
-    if (r->stop == GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", o->stop.v[r->stop_str]);
+    if (r->stop == FT_GEN_STOP_STRING) cJSON_AddStringToObject(j, "stop_reason", o->stop.v[r->stop_str]);
     /* a --stop-token-ids token: its id, as the --prompts lines (not for the EOS) */
-    if (r->stop == GEN_STOP_TOKEN && r->stop_tok != ft_tok_eos(e->tok) &&
-        gen_id_listed(o->stop_ids.v, o->stop_ids.n, r->stop_tok))
+    if (r->stop == FT_GEN_STOP_TOKEN && r->stop_tok != ft_tok_eos(e->tok) &&
+        ft_gen_id_listed(o->stop_ids.v, o->stop_ids.n, r->stop_tok))
         cJSON_AddNumberToObject(j, "stop_reason", r->stop_tok);
     gen_add_seed(j, (uint64_t)o->seed);
     cJSON_AddNumberToObject(j, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(j, "decode_s", r->decode_s);
     cJSON_AddNumberToObject(j, "decode_forwards", (double)r->n_decode);
-    if (lp) cJSON_AddItemToObject(j, "logprobs", lp);
     char *s = cJSON_PrintUnformatted(j);
     if (s) printf("%s\n", s);
     free(s);
@@ -235,21 +136,25 @@ static int print_json(const gen_env *e, const gen_opts *o, int tmpl, const gen_r
 /* One prompt (--prompt): streamed, or one JSON object with --json. */
 static int run_one(const gen_opts *o)
 {
-    gen_env e;
-    gen_result r;
+    ft_gen_env e;
+    ft_gen_result r;
     int32_t *ids = NULL;
     int64_t n = 0;
-    int tmpl = 0;
+    int tmpl = 0, last_nl = 1;
     memset(&r, 0, sizeof r);
-    int rc = gen_env_open(&e, o);
+    int rc = gen_open(&e, o);
     if (!rc) rc = ft_gen_prompt_ids(e.tok, o->tmpl, o->system, o->prompt, gen_flags(o), &ids, &n, &tmpl);
     if (!rc) gen_warn_no_think(o, e.tok, tmpl);
     if (!rc && n == 0) rc = ft_err(FT_E_INVALID, "the prompt encodes to no tokens");
     if (!rc) gen_warn_context(&e, n, o->max_new, "");
-    const gen_need nd = {n, n + o->max_new, o->max_new, o->rep_penalty != 1,
-                         o->logprobs >= 0 ? 1 + o->logprobs : 0};
-    if (!rc) rc = gen_env_plan(&e, o, &nd, tmpl, 1);
-    if (!rc) rc = gen_one(&e, o, ids, n, (uint64_t)o->seed, !o->json, &r);
+    const ft_gen_need nd = {n, n + o->max_new, o->max_new, o->rep_penalty != 1};
+    const ft_gen_reply_cfg c = gen_reply_cfg(o);
+    if (!rc) rc = gen_plan(&e, o, &nd, tmpl, 1);
+    if (!rc) rc = ft_gen_reply(&e, &c, ids, n, 0, o->json ? NULL : gen_put_text, &last_nl, NULL, &r);
+    if (!rc && !o->json) {
+        if (!last_nl) putchar('\n');
+        fflush(stdout);
+    }
     if (!rc && o->json) rc = print_json(&e, o, tmpl, &r);
     if (!rc) {
         fprintf(stderr, "ftune: prefill %lld tokens in %.3f s (%.1f tok/s); decode %lld tokens in "
@@ -262,7 +167,7 @@ static int run_one(const gen_opts *o)
     }
     free(r.text);
     free(ids);
-    gen_env_close(&e);
+    ft_gen_env_close(&e);
     return rc;
 }
 
@@ -296,6 +201,87 @@ static int opt_stop_ids(const char *v, void *dst, char *err, size_t n)
     return 0;
 }
 
+/* Flags of the OpenAI Batch-API emulation that generate no longer has. */
+static const char *const REMOVED_FLAGS[] = {"presence-penalty", "frequency-penalty", "logprobs",
+                                            "prompt-logprobs", "logit-bias", "n", "best-of", NULL};
+
+/* 1 (after one usage line on stderr) when argv holds a removed flag (--NAME or --NAME=V). */
+static int removed_flag(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strncmp(argv[i], "--", 2)) continue;
+        if (!strcmp(argv[i], "--")) break;
+        const char *f = argv[i] + 2;
+        const size_t n = strcspn(f, "=");
+        for (int k = 0; REMOVED_FLAGS[k]; k++)
+            if (strlen(REMOVED_FLAGS[k]) == n && !strncmp(f, REMOVED_FLAGS[k], n)) {
+                fprintf(stderr, "ftune: generate: --%s was removed (generate keeps what evaluating "
+                        "an adapter needs; for an OpenAI-style serving API load the exported adapter "
+                        "or the merged model into vLLM or llama.cpp: docs/generate.md)\n",
+                        REMOVED_FLAGS[k]);
+                return 1;
+            }
+    }
+    return 0;
+}
+
+/* The value and combination checks of generate's options: 0, or 2 after one usage line. */
+static int check_values(gen_opts *o)
+{
+    if (o->prompts && o->json) {
+        fprintf(stderr, "ftune: generate: --json is for --prompt; --prompts always writes JSON lines\n");
+        return 2;
+    }
+    if (o->no_think && o->raw) {
+        fprintf(stderr, "ftune: generate: --no-think changes the chat template's prompt; --raw has none\n");
+        return 2;
+    }
+    if (o->out && !o->prompts) {
+        fprintf(stderr, "ftune: generate: --out goes with --prompts\n");
+        return 2;
+    }
+    if (o->batch && !o->prompts) {
+        fprintf(stderr, "ftune: generate: --batch goes with --prompts\n");
+        return 2;
+    }
+    if (o->batch < 0 || o->batch > FT_GEN_MAX_SEQS) {
+        fprintf(stderr, "ftune: generate: --batch %lld: expected 1..%d\n", (long long)o->batch,
+                FT_GEN_MAX_SEQS);
+        return 2;
+    }
+    o->batch_set = o->batch > 0;
+    if (!o->batch) o->batch = FT_GEN_BATCH_DEFAULT;
+    if (o->max_new < 1 || o->max_new > FT_GEN_MAX_NEW_TOKENS || o->top_k < 0 ||
+        !(o->temperature >= 0) || !isfinite(o->temperature) || !(o->top_p > 0 && o->top_p <= 1)) {
+        fprintf(stderr, "ftune: generate: --max-new-tokens must be 1..1000000, --top-k >= 0, "
+                "--temperature finite and >= 0, 0 < --top-p <= 1\n");
+        return 2;
+    }
+    if (!(o->rep_penalty > 0) || !isfinite(o->rep_penalty)) {
+        fprintf(stderr, "ftune: generate: --repetition-penalty %g: expected a finite value > 0 (1: off)\n",
+                (double)o->rep_penalty);
+        return 2;
+    }
+    if (!(o->min_p >= 0 && o->min_p <= 1)) {
+        fprintf(stderr, "ftune: generate: --min-p %g: expected 0 <= --min-p <= 1 (0: off)\n", (double)o->min_p);
+        return 2;
+    }
+    if (o->stop.n > FT_GEN_MAX_STOP_STR) {
+        fprintf(stderr, "ftune: generate: %lld --stop strings: at most %d\n", (long long)o->stop.n,
+                FT_GEN_MAX_STOP_STR);
+        return 2;
+    }
+    for (int64_t i = 0; i < o->stop.n; i++)
+        if (!o->stop.v[i][0]) { /* args.c refuses them already; an empty one would match at once */
+            fprintf(stderr, "ftune: generate: --stop: expected a non-empty string\n");
+            return 2;
+        }
+    if (!o->prompts && o->temperature == 0 && (o->top_k > 0 || o->top_p < 1 || o->min_p > 0))
+        fprintf(stderr, "ftune: warning: --top-k, --top-p and --min-p apply only when sampling "
+                "(--temperature > 0); this run is greedy\n");
+    return 0;
+}
+
 /* `ftune generate` with the options in *o (zeroed; its --stop list is the caller's to free). */
 static int generate_cmd(gen_opts *o, int argc, char **argv)
 {
@@ -304,8 +290,6 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
     o->seed = -1;
     o->top_p = 1.0f;
     o->rep_penalty = 1.0f;
-    o->logprobs = INT64_MIN; /* not given (then -1: none) */
-    o->prompt_logprobs = INT64_MIN;
     const ft_opt opts[] = {
         {"model", FT_OPT_STR, &o->model, "model folder or .gguf", 0, "PATH"},
         {"adapter", FT_OPT_STR, &o->adapter, "PEFT adapter folder to apply", 0, "DIR"},
@@ -314,14 +298,9 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
          "{prompt, system?}, or any conversational record --data reads (messages, sharegpt, alpaca, "
          "prompt/completion lists; a final assistant turn or \"output\": the \"reference\"); an object record "
          "may set its own max_new_tokens (or max_tokens), temperature, top_p, top_k, min_p, "
-         "repetition_penalty, presence_penalty, frequency_penalty, stop (a string or a list), seed, "
-         "logprobs (k or false), prompt_logprobs (k or false), stop_token_ids (a list), min_tokens, "
-         "logit_bias ({\"<id>\": -100..100}) and ignore_eos, each replacing the flag for that record (other keys are named in a warning, then ignored); "
-         "one JSON line each: {index, prompt, reply, reference?, prompt_tokens, new_tokens, stop, "
-         "stop_reason?, seconds, seed?, logprobs?, prompt_logprobs?}. A file of OpenAI batch requests ({custom_id, method, url: "
-         "/v1/chat/completions or /v1/completions, body}, as OpenAI's Batch API and vLLM's run_batch "
-         "read them) gets the Batch API's output lines instead, \"n\" choices each (1..16); settings a "
-         "request leaves out take the flags (greedy by default, not OpenAI's temperature 1)", 0, "FILE"},
+         "repetition_penalty, stop (a string or a list), seed and stop_token_ids (a list), each "
+         "replacing the flag for that record; one JSON line each: {index, prompt, reply, reference?, "
+         "prompt_tokens, new_tokens, stop, stop_reason?, seconds, seed?}", 0, "FILE"},
         {"chat", FT_OPT_FLAG, &o->chat, "instead of --prompt: a conversation: each line of standard input "
          "is a user turn (a line ending in '\\' goes on with the next), each reply streamed to stdout, "
          "the KV cache kept across turns (only what follows the part of the conversation it already "
@@ -348,11 +327,6 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {"repetition-penalty", FT_OPT_FLOAT, &o->rep_penalty, "divide the logit of every token already in the "
          "prompt or the reply by X (a negative logit: multiply), before sampling or the greedy choice "
          "(transformers' repetition_penalty, CTRL; 1: off, the default; > 1 discourages repeats)", 0, "X"},
-        {"presence-penalty", FT_OPT_FLOAT, &o->presence_penalty, "subtract X from the logit of every token "
-         "already in the reply (OpenAI's presence_penalty, applied as vLLM does: after --repetition-penalty, "
-         "over the generated tokens only; -2..2, 0: off, the default)", 0, "X"},
-        {"frequency-penalty", FT_OPT_FLOAT, &o->frequency_penalty, "subtract X times its count in the reply so "
-         "far from each token's logit (OpenAI's frequency_penalty, as vLLM; -2..2, 0: off, the default)", 0, "X"},
         {"stop", FT_OPT_LIST, &o->stop, "end the reply where its text contains STR, the text cut before it "
          "(\"stop\": \"stop_string\", \"stop_reason\": STR); repeat it for up to 16; in --config a string "
          "or a list", 0, "STR"},
@@ -370,17 +344,6 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {"seed", FT_OPT_INT, &o->seed, "sampling seed (default: from the clock, printed); --prompts record i "
          "uses seed XOR (splitmix64 output i mod 2^53), record 0 the seed itself"},
         {"json", FT_OPT_FLAG, &o->json, "print one JSON object (ids, text, timings), no streaming"},
-        {"logprobs", FT_OPT_INT, &o->logprobs, "with --json or --prompts: the log-probability of each reply "
-         "token and of the N most likely tokens at its place (0..20), those of the model's raw "
-         "distribution (before penalties, temperature, top-k/p; vLLM's raw_logprobs): \"logprobs\": "
-         "[{id, token, logprob, top: [[id, logprob], ...]}]; the default for --prompts records that do "
-         "not set \"logprobs\" (an OpenAI batch request's logprobs / top_logprobs: OpenAI's shapes)", 0, "N"},
-        {"prompt-logprobs", FT_OPT_INT, &o->prompt_logprobs, "with --prompts: the log-probability of each "
-         "prompt token (the prompt as ftune feeds it: chat template applied, BOS included) given the "
-         "tokens before it, and the K most likely tokens at its place (0..20; raw, as --logprobs), "
-         "as vLLM's prompt_logprobs: \"prompt_logprobs\": [null, {\"<id>\": {logprob, rank, "
-         "decoded_token}, ...}, ...] (in each completions choice; once in a chat body); the default "
-         "for records and requests that do not set \"prompt_logprobs\"", 0, "K"},
         {"threads", FT_OPT_INT, &o->threads, "CPU threads"},
         {"device", FT_OPT_STR, &o->device, FT_DEVICE_HELP, 0, "DEV"},
         {"quant", FT_OPT_STR, &o->quant, "base linear weights: bf16 (default: the model's weights unquantized; on a GPU streamed from its bf16 pack, as in training, when its layers do not all fit --gpu-mem) | nf4 (the base a QLoRA adapter was trained on, as `ftune train --quant nf4`: the NF4 pack, built or reused under --cache-dir, with the run's --quant-correction; no fp32 copy of the model in memory; on a GPU placed within --gpu-mem as training places it)", 0, "TYPE"},
@@ -390,17 +353,15 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {NULL},
     };
     char err[1024];
+    if (removed_flag(argc, argv)) return 2;
     int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
     if (ft_session_bad_quant(o->quant)) return 2;
-    const int plp_given = o->prompt_logprobs != INT64_MIN;
-    if (o->chat && (o->prompt || o->prompts || o->raw || o->json || o->out || o->batch ||
-                    o->logprobs >= 0 || plp_given)) {
+    if (o->chat && (o->prompt || o->prompts || o->raw || o->json || o->out || o->batch)) {
         fprintf(stderr, "ftune: generate: --chat reads the conversation from standard input; it does "
                 "not go with %s\n", o->prompt ? "--prompt" : o->prompts ? "--prompts" : o->raw ? "--raw"
-                : o->json ? "--json" : o->out ? "--out" : o->batch ? "--batch"
-                : o->logprobs >= 0 ? "--logprobs" : "--prompt-logprobs");
+                : o->json ? "--json" : o->out ? "--out" : "--batch");
         return 2;
     }
     if (!o->model || (!o->chat && !o->prompt == !o->prompts)) {
@@ -435,89 +396,11 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         }
         if (bad) return 1;
     }
-    if (o->prompts && o->json) {
-        fprintf(stderr, "ftune: generate: --json is for --prompt; --prompts always writes JSON lines\n");
-        return 2;
-    }
-    if (o->no_think && o->raw) {
-        fprintf(stderr, "ftune: generate: --no-think changes the chat template's prompt; --raw has none\n");
-        return 2;
-    }
-    if (o->out && !o->prompts) {
-        fprintf(stderr, "ftune: generate: --out goes with --prompts\n");
-        return 2;
-    }
-    if (o->batch && !o->prompts) {
-        fprintf(stderr, "ftune: generate: --batch goes with --prompts\n");
-        return 2;
-    }
-    if (o->logprobs != INT64_MIN && (o->logprobs < 0 || o->logprobs > FT_GEN_MAX_LOGPROBS)) {
-        fprintf(stderr, "ftune: generate: --logprobs %lld: expected 0..%d (the alternatives listed "
-                "per token)\n", (long long)o->logprobs, FT_GEN_MAX_LOGPROBS);
-        return 2;
-    }
-    if (o->logprobs == INT64_MIN) o->logprobs = -1;
-    if (plp_given && (o->prompt_logprobs < 0 || o->prompt_logprobs > FT_GEN_MAX_LOGPROBS)) {
-        fprintf(stderr, "ftune: generate: --prompt-logprobs %lld: expected 0..%d (the alternatives "
-                "listed per prompt token)\n", (long long)o->prompt_logprobs, FT_GEN_MAX_LOGPROBS);
-        return 2;
-    }
-    if (plp_given && !o->prompts) {
-        fprintf(stderr, "ftune: generate: --prompt-logprobs goes with --prompts (its JSON lines hold "
-                "them)\n");
-        return 2;
-    }
-    if (!plp_given) o->prompt_logprobs = -1;
-    if (o->logprobs >= 0 && !o->prompts && !o->json) {
-        fprintf(stderr, "ftune: generate: --logprobs goes with --json (or --prompts): the streamed "
-                "text has no place for them\n");
-        return 2;
-    }
-    if (o->batch < 0 || o->batch > FT_GEN_MAX_SLOTS) {
-        fprintf(stderr, "ftune: generate: --batch %lld: expected 1..%d\n", (long long)o->batch,
-                FT_GEN_MAX_SLOTS);
-        return 2;
-    }
-    o->batch_set = o->batch > 0;
-    if (!o->batch) o->batch = GEN_BATCH_DEFAULT;
-    if (o->max_new < 1 || o->max_new > FT_GEN_MAX_NEW_TOKENS || o->top_k < 0 ||
-        !(o->temperature >= 0) || !isfinite(o->temperature) || !(o->top_p > 0 && o->top_p <= 1)) {
-        fprintf(stderr, "ftune: generate: --max-new-tokens must be 1..1000000, --top-k >= 0, "
-                "--temperature finite and >= 0, 0 < --top-p <= 1\n");
-        return 2;
-    }
-    if (!(o->rep_penalty > 0) || !isfinite(o->rep_penalty)) {
-        fprintf(stderr, "ftune: generate: --repetition-penalty %g: expected a finite value > 0 (1: off)\n",
-                (double)o->rep_penalty);
-        return 2;
-    }
-    if (!(o->presence_penalty >= -2 && o->presence_penalty <= 2) ||
-        !(o->frequency_penalty >= -2 && o->frequency_penalty <= 2)) {
-        fprintf(stderr, "ftune: generate: --presence-penalty %g, --frequency-penalty %g: each expected "
-                "-2..2 (0: off)\n", (double)o->presence_penalty, (double)o->frequency_penalty);
-        return 2;
-    }
-    if (!(o->min_p >= 0 && o->min_p <= 1)) {
-        fprintf(stderr, "ftune: generate: --min-p %g: expected 0 <= --min-p <= 1 (0: off)\n", (double)o->min_p);
-        return 2;
-    }
-    if (o->stop.n > FT_GEN_MAX_STOP_STR) {
-        fprintf(stderr, "ftune: generate: %lld --stop strings: at most %d\n", (long long)o->stop.n,
-                FT_GEN_MAX_STOP_STR);
-        return 2;
-    }
-    for (int64_t i = 0; i < o->stop.n; i++)
-        if (!o->stop.v[i][0]) { /* args.c refuses them already; an empty one would match at once */
-            fprintf(stderr, "ftune: generate: --stop: expected a non-empty string\n");
-            return 2;
-        }
-    if (!o->prompts && o->temperature == 0 && (o->top_k > 0 || o->top_p < 1 || o->min_p > 0))
-        fprintf(stderr, "ftune: warning: --top-k, --top-p and --min-p apply only when sampling "
-                "(--temperature > 0); this run is greedy\n");
+    if ((rc = check_values(o))) return rc;
     if (o->seed < 0) /* 53 bits: exact in the JSON number */
         o->seed = (int64_t)((((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid()) & ((1ull << 53) - 1));
 
-    rc = o->chat ? gen_run_chat(o) : o->prompts ? gen_run_batch(o) : run_one(o);
+    rc = o->chat ? gen_run_chat(o) : o->prompts ? gen_run_prompts(o) : run_one(o);
     if (rc) fprintf(stderr, "ftune: %s\n", ft_errmsg());
     return rc ? 1 : 0;
 }

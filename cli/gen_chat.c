@@ -6,8 +6,8 @@
  * Each turn renders the whole conversation (the --system message, the user and assistant
  * turns so far, the new user turn) exactly as a --prompts record {"messages": [...]} is
  * rendered (ft_gen_req_parse + ft_gen_req_ids: the same template path, so the ids are that
- * record's), then prefills only the tokens after the longest common prefix with what slot 0's
- * cache holds (the cache cut back to it, ft_gen_truncate_slot; llama.cpp's server and
+ * record's), then prefills only the tokens after the longest common prefix with what sequence 0's
+ * cache holds (the cache cut back to it, ft_gen_truncate_seq; llama.cpp's server and
  * llama-cli reuse a prompt's cached prefix the same way). A template that rewrites earlier
  * turns (qwen3 drops earlier <think> blocks; a reply retokenized differently from the tokens
  * generated) only shortens that prefix. The assistant turn kept in the history is the reply's
@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli/gen_env.h"
+#include "cli/gen_cli.h"
 #include "src/core/err.h"
 #include "src/template/chat.h"
 #include "src/data/dataset.h"
@@ -93,9 +93,9 @@ static void hist_free(chat_hist *h)
 
 /* The ids of the conversation h->turn[from..n) (from even; ending with a user turn) with the
  * generation prompt: the --prompts record {"messages": [{"role", "content"}...]} read and
- * rendered as gen_batch.c reads and renders it (--system for its system message). *ids
+ * rendered as gen_prompts.c reads and renders it (--system for its system message). *ids
  * malloc'ed. */
-static int hist_ids(const gen_env *e, const gen_opts *o, const chat_hist *h, int64_t from,
+static int hist_ids(const ft_gen_env *e, const gen_opts *o, const chat_hist *h, int64_t from,
                     int32_t **ids, int64_t *n)
 {
     *ids = NULL;
@@ -181,7 +181,7 @@ static void chat_help(void)
 
 /* ---- one turn ---------------------------------------------------------------------------- */
 
-/* What slot 0's cache holds: the ids, and the RoPE table length they were rotated with. */
+/* What sequence 0's cache holds: the ids, and the RoPE table length they were rotated with. */
 typedef struct chat_cache {
     int32_t *ids;               /* (ctx) host */
     int64_t n;
@@ -191,7 +191,7 @@ typedef struct chat_cache {
 /* Tokens of ids[0..n) the cache can keep: the longest common prefix, less one when it is all
  * of ids (the last prompt token is run again for its logits); 0 when the RoPE table for
  * rope_len differs from the cached rows' (a dynamic NTK model past its original length). */
-static int64_t cache_keep(const gen_env *e, const chat_cache *c, const int32_t *ids, int64_t n,
+static int64_t cache_keep(const ft_gen_env *e, const chat_cache *c, const int32_t *ids, int64_t n,
                           int64_t rope_len)
 {
     int64_t k = 0;
@@ -210,7 +210,7 @@ static int64_t cache_keep(const gen_env *e, const chat_cache *c, const int32_t *
 
 /* Records what the cache holds after a reply r to ids[0..n): ids, then the reply's tokens,
  * e->g.past[0] of them. */
-static void cache_note(const gen_env *e, chat_cache *c, const gen_result *r, int64_t rope_len)
+static void cache_note(const ft_gen_env *e, chat_cache *c, const ft_gen_result *r, int64_t rope_len)
 {
     const int64_t past = e->g.past[0];
     const int64_t from_prompt = past < r->n_prompt ? past : r->n_prompt;
@@ -224,12 +224,12 @@ static void cache_note(const gen_env *e, chat_cache *c, const gen_result *r, int
 
 int gen_run_chat(const gen_opts *o)
 {
-    gen_env e;
+    ft_gen_env e;
     chat_hist h = {0};
     chat_cache cache = {0};
     char *line = NULL;
     size_t len = 0;
-    int rc = gen_env_open(&e, o);
+    int rc = gen_open(&e, o);
     const int64_t maxpos = e.m ? e.m->cfg.max_position_embeddings : 0;
     int64_t ctx = o->ctx_size;
     if (!ctx) ctx = maxpos > 0 && maxpos < CHAT_CTX_DEFAULT ? maxpos : CHAT_CTX_DEFAULT;
@@ -242,8 +242,8 @@ int gen_run_chat(const gen_opts *o)
     const int tmpl = o->tmpl == FT_CHAT_AUTO && e.tok ? ft_chat_template_detect(e.tok) : o->tmpl;
     if (!rc) gen_warn_no_think(o, e.tok, tmpl);
     /* one cache of ctx tokens: prompts of up to ctx - max_new tokens and their replies */
-    const gen_need nd = {ctx - o->max_new, ctx, o->max_new, o->rep_penalty != 1};
-    if (!rc) rc = gen_env_plan(&e, o, &nd, tmpl, 1);
+    const ft_gen_need nd = {ctx - o->max_new, ctx, o->max_new, o->rep_penalty != 1};
+    if (!rc) rc = gen_plan(&e, o, &nd, tmpl, 1);
     if (!rc && !(cache.ids = malloc((size_t)ctx * sizeof *cache.ids))) rc = ft_err(-ENOMEM, "out of memory");
     const int tty = isatty(0);
     /* ^C from here on: a reply stops, the prompt quits */
@@ -320,7 +320,7 @@ int gen_run_chat(const gen_opts *o)
             fprintf(stderr, "ftune: context: dropped the oldest %lld exchange%s (user turn and reply) "
                     "to fit --ctx-size %lld\n", (long long)dropped, dropped > 1 ? "s" : "", (long long)ctx);
         }
-        gen_result r;
+        ft_gen_result r;
         memset(&r, 0, sizeof r);
         turn++;
         if (!rc) {
@@ -328,7 +328,10 @@ int gen_run_chat(const gen_opts *o)
             const int64_t keep = cache_keep(&e, &cache, ids, n, rope_len);
             g_stop = 0;
             g_replying = 1;
-            rc = gen_reply(&e, o, ids, n, keep, 1, &g_stop, &r);
+            int last_nl = 1;
+            const ft_gen_reply_cfg c = gen_reply_cfg(o);
+            rc = ft_gen_reply(&e, &c, ids, n, keep, gen_put_text, &last_nl, &g_stop, &r);
+            if (!rc && !last_nl) putchar('\n');
             g_replying = 0;
             if (!rc) cache_note(&e, &cache, &r, rope_len);
             else cache.n = 0;
@@ -358,6 +361,6 @@ int gen_run_chat(const gen_opts *o)
     free(line);
     free(cache.ids);
     hist_free(&h);
-    gen_env_close(&e);
+    ft_gen_env_close(&e);
     return rc;
 }

@@ -22,7 +22,7 @@
 #include "kernels/kernels.h"
 #include "offload/pack.h"
 #include "src/data/dataset.h"
-#include "src/infer/generate.h"
+#include "offload/weight_source.h"
 #include "src/model/llama.h"
 #include "src/model/model.h"
 
@@ -432,8 +432,8 @@ int ft_exec_eval_spans(ft_exec *e, const ft_batch *mb, const int64_t *spans, int
 /* Forward only: logits (T, V) of one micro-batch into host memory `logits`. */
 int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
 
-/* The weights of an executor, as generation reads them (src/infer/generate.h
- * ft_gen_init_source): each layer fetched per visit as a training forward fetches it (placed
+/* The weights of an executor, as generation reads them (offload/weight_source.h; src/infer/
+ * generate.h ft_gen_init_source): each layer fetched per visit as a training forward fetches it (placed
  * weights: the model's on the host, bf16 copies on a device; over a pack (ft_exec_use_pack,
  * _ex, _tiers): the block dequantized to fp32 on the host, on a device bound in its tier with
  * NF4 dequantized to bf16 or fused), the globals the executor placed. On the host, a visit of

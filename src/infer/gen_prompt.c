@@ -1,8 +1,7 @@
-/* gen_prompt.c - the prompt side of generation (generate.h): a prompt's chat-template ids,
+/* gen_prompt.c - the prompt side of generation (gen_prompt.h): a prompt's chat-template ids,
  * prompts-file records with their own generation settings (ftune generate --prompts), record
- * seeds, and streaming detokenization. OpenAI batch request lines and the unknown-key check
- * of records are in gen_batch_req.c; the KV-cache forward is in generate.c. */
-#include "src/infer/generate.h"
+ * seeds. */
+#include "src/infer/gen_prompt.h"
 
 #include <float.h>
 #include <math.h>
@@ -14,8 +13,6 @@
 #include "src/core/rng.h"
 #include "src/template/chat.h"
 #include "src/data/dataset.h"
-#include "src/infer/gen_prompt_internal.h"
-#include "src/infer/sample.h"
 
 /* ---- prompt ------------------------------------------------------------------------------ */
 
@@ -55,91 +52,9 @@ int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, con
     return msgs_ids(tok, tmpl, m, k, NULL, flags, ids, n, NULL);
 }
 
-/* ---- prompt log-probabilities ------------------------------------------------------------- */
-
-void ft_gen_plp_free(ft_gen_plp *p)
-{
-    if (!p) return;
-    free(p->lp);
-    free(p->ids);
-    free(p->rank);
-    memset(p, 0, sizeof *p);
-}
-
-/* vLLM's rank of token t in row z (V logits): how many logits are >= z[t], t included. */
-static int64_t logit_rank(const float *z, int64_t V, int32_t t)
-{
-    int64_t r = 0;
-    for (int64_t j = 0; j < V; j++) r += z[j] >= z[t];
-    return r;
-}
-
-/* Position p of *out from the row of logits z that predicts ids[p]. */
-static int plp_row(ft_gen_plp *out, const float *z, int64_t V, int32_t tok, int64_t p)
-{
-    const int64_t at = p * (1 + out->k);
-    out->ids[at] = tok;
-    out->rank[p] = logit_rank(z, V, tok);
-    int64_t nt = 0;
-    FT_TRY(ft_sample_logprobs(z, V, tok, out->k, &out->lp[at], &out->ids[at + 1], &out->lp[at + 1],
-                              &nt));
-    for (int64_t j = nt; j < out->k; j++) out->ids[at + 1 + j] = -1; /* a vocabulary below k */
-    return 0;
-}
-
-int ft_gen_prompt_logprobs(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, int64_t k,
-                           int64_t rows, float *logits, ft_gen_plp *out)
-{
-    if (!out) return ft_err(FT_E_INVALID, "generate: NULL prompt log-probabilities");
-    memset(out, 0, sizeof *out);
-    if (!g || !g->arena || !ids || !logits) return ft_err(FT_E_INVALID, "generate: not initialised");
-    if (k < 0 || k > FT_GEN_MAX_LOGPROBS)
-        return ft_err(FT_E_INVALID, "generate: %lld prompt log-probability alternatives, expected "
-                      "0..%d", (long long)k, FT_GEN_MAX_LOGPROBS);
-    const int64_t rmax = g->chunk_max < g->logit_rows_max ? g->chunk_max : g->logit_rows_max;
-    if (rows < 1 || rows > rmax || n < 1 || n > g->ctx_max)
-        return ft_err(FT_E_RANGE, "generate: prompt log-probabilities of %lld tokens in forwards of "
-                      "%lld rows, expected 1..%lld tokens and 1..%lld rows", (long long)n,
-                      (long long)rows, (long long)g->ctx_max, (long long)rmax);
-    if (slot >= 0 && slot < g->n_slots && g->past[slot] != 0)
-        return ft_err(FT_E_INVALID, "generate: sequence slot %lld holds %lld tokens (prompt "
-                      "log-probabilities start an empty cache)", (long long)slot,
-                      (long long)g->past[slot]);
-    const int64_t V = g->m->cfg.vocab_size, w = 1 + k;
-    out->n = n;
-    out->k = k;
-    out->lp = malloc((size_t)(n * w) * sizeof *out->lp);
-    out->ids = malloc((size_t)(n * w) * sizeof *out->ids);
-    out->rank = calloc((size_t)n, sizeof *out->rank);
-    if (!out->lp || !out->ids || !out->rank) {
-        ft_gen_plp_free(out);
-        return ft_err(-ENOMEM, "out of memory for the log-probabilities of %lld prompt tokens",
-                      (long long)n);
-    }
-    for (int64_t j = 0; j < w; j++) { /* the first token: nothing predicts it */
-        out->lp[j] = NAN;
-        out->ids[j] = j ? -1 : ids[0];
-    }
-    int rc = 0;
-    int64_t c = 0;
-    for (int64_t i = 0; !rc && i < n; i += c) {
-        c = n - i < rows ? n - i : rows;
-        rc = ft_gen_forward_slot(g, slot, ids + i, c, logits, c);
-        /* row t predicts the token after position i + t (the last row: the reply's first) */
-        for (int64_t t = 0; !rc && t < c && i + t + 1 < n; t++)
-            rc = plp_row(out, logits + t * V, V, ids[i + t + 1], i + t + 1);
-    }
-    if (!rc && c > 1) memmove(logits, logits + (c - 1) * V, (size_t)V * sizeof *logits);
-    if (rc) {
-        ft_gen_plp_free(out);
-        ft_gen_reset_slot(g, slot);
-    }
-    return rc;
-}
-
 /* ---- prompts files ----------------------------------------------------------------------- */
 
-char *gp_dup_str(const char *s, size_t n)
+static char *dup_str(const char *s, size_t n)
 {
     char *d = malloc(n + 1);
     if (d) {
@@ -165,22 +80,16 @@ void ft_gen_req_free(ft_gen_req *q)
     for (int64_t i = 0; i < q->params.n_stop; i++) free(q->params.stop[i]);
     free(q->params.stop);
     free(q->params.stop_ids);
-    free(q->params.bias_ids);
-    free(q->params.bias);
-    free(q->custom_id);
-    for (int64_t i = 0; i < q->n_unknown; i++) free(q->unknown[i]);
-    free(q->unknown);
-    free(q->unknown_hint);
     memset(q, 0, sizeof *q);
 }
 
 /* Appends a message with copies of s[0..n) and in[0..in_n) (in may be NULL). */
-int gp_req_add(ft_gen_req *q, int role, const char *s, size_t n, const char *in, size_t in_n)
+static int req_add(ft_gen_req *q, int role, const char *s, size_t n, const char *in, size_t in_n)
 {
     ft_chat_msg *p = realloc(q->msgs, (size_t)(q->n_msgs + 1) * sizeof *p);
     if (!p) return ft_err(-ENOMEM, "out of memory");
     q->msgs = p;
-    char *c = gp_dup_str(s, n), *d = in ? gp_dup_str(in, in_n) : NULL;
+    char *c = dup_str(s, n), *d = in ? dup_str(in, in_n) : NULL;
     if (!c || (in && !d)) {
         free(c);
         free(d);
@@ -205,7 +114,7 @@ static int req_opt_str(const cJSON *j, const char *key, const char **s)
  * converted as training converts it (ft_data_record_messages): a final assistant turn is the
  * reference; what is left must end with a user or tool turn; the default system message goes
  * first when the record has none. */
-int gp_req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
+static int req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
 {
     ft_data_msgs dm;
     int rc = ft_data_record_messages(rec, FT_DATA_AUTO, 1, &dm);
@@ -217,7 +126,7 @@ int gp_req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
         if (a->content_n == 0 && calls && !cJSON_IsNull(calls))
             q->reference = cJSON_PrintUnformatted(calls);
         else
-            q->reference = gp_dup_str(a->content, a->content_n);
+            q->reference = dup_str(a->content, a->content_n);
         if (!q->reference) rc = ft_err(-ENOMEM, "out of memory");
         n--;
     }
@@ -225,16 +134,16 @@ int gp_req_conversation(ft_gen_req *q, const cJSON *rec, const char *system)
         rc = ft_err(FT_E_INVALID, "the conversation must end with a user turn (or with an "
                     "assistant turn after one, taken as the reference reply)");
     for (int64_t i = 0; !rc && i < n; i++) has_system |= dm.m[i].role == FT_ROLE_SYSTEM;
-    if (!rc && system && !has_system) rc = gp_req_add(q, FT_ROLE_SYSTEM, system, strlen(system), NULL, 0);
+    if (!rc && system && !has_system) rc = req_add(q, FT_ROLE_SYSTEM, system, strlen(system), NULL, 0);
     for (int64_t i = 0; !rc && i < n; i++) {
-        rc = gp_req_add(q, dm.m[i].role, dm.m[i].content, dm.m[i].content_n, dm.m[i].input,
+        rc = req_add(q, dm.m[i].role, dm.m[i].content, dm.m[i].content_n, dm.m[i].input,
                      dm.m[i].input_n);
         /* the message object as the template sees it (tool_calls, name, tool_call_id...) */
         if (!rc && dm.m[i].json &&
             !(q->msgs[q->n_msgs - 1].json = cJSON_Duplicate(dm.m[i].json, 1)))
             rc = ft_err(-ENOMEM, "out of memory");
         if (!rc && dm.m[i].reasoning) { /* "reasoning_content" (the qwen3 template writes it) */
-            char *r = gp_dup_str(dm.m[i].reasoning, dm.m[i].reasoning_n);
+            char *r = dup_str(dm.m[i].reasoning, dm.m[i].reasoning_n);
             if (!r) rc = ft_err(-ENOMEM, "out of memory");
             q->msgs[q->n_msgs - 1].reasoning = r;
             q->msgs[q->n_msgs - 1].reasoning_n = dm.m[i].reasoning_n;
@@ -275,10 +184,10 @@ static int req_prompt(ft_gen_req *q, const char *p, const cJSON *j, const char *
         return ft_err(FT_E_INVALID, "with --raw a record has no 'tools' (the prompt is encoded as "
                       "is; without --raw the model's template writes them)");
     if (!sys) sys = system; /* as --system: present even when "" */
-    if (!raw && sys) FT_TRY(gp_req_add(q, FT_ROLE_SYSTEM, sys, strlen(sys), NULL, 0));
-    FT_TRY(gp_req_add(q, FT_ROLE_USER, p, strlen(p), NULL, 0));
-    if (!(q->user = gp_dup_str(p, strlen(p)))) return ft_err(-ENOMEM, "out of memory");
-    if (ref && !(q->reference = gp_dup_str(ref, strlen(ref)))) return ft_err(-ENOMEM, "out of memory");
+    if (!raw && sys) FT_TRY(req_add(q, FT_ROLE_SYSTEM, sys, strlen(sys), NULL, 0));
+    FT_TRY(req_add(q, FT_ROLE_USER, p, strlen(p), NULL, 0));
+    if (!(q->user = dup_str(p, strlen(p)))) return ft_err(-ENOMEM, "out of memory");
+    if (ref && !(q->reference = dup_str(ref, strlen(ref)))) return ft_err(-ENOMEM, "out of memory");
     return 0;
 }
 
@@ -341,7 +250,7 @@ static int param_stop(const cJSON *v, ft_gen_params *p)
             return ft_err(FT_E_INVALID, "'stop' item %lld: expected a non-empty string", (long long)i + 1);
         if (!e->valuestring[0])
             return ft_err(FT_E_INVALID, "'stop': expected a non-empty string");
-        if (!(p->stop[i] = gp_dup_str(e->valuestring, strlen(e->valuestring))))
+        if (!(p->stop[i] = dup_str(e->valuestring, strlen(e->valuestring))))
             return ft_err(-ENOMEM, "out of memory");
         p->n_stop = i + 1;
     }
@@ -377,70 +286,29 @@ static int param_stop_ids(const cJSON *v, ft_gen_params *p)
     return 0;
 }
 
-/* "logit_bias": {"<token id>": bias, ...}, up to FT_GEN_MAX_LOGIT_BIAS distinct ids 0..2^31 - 1
- * written as decimal integers, biases in [-100, 100] (OpenAI's logit_bias; vLLM's
- * SamplingParams.logit_bias adds them to the logits the same way). */
-static int param_logit_bias(const cJSON *v, ft_gen_params *p)
-{
-    if (!cJSON_IsObject(v))
-        return ft_err(FT_E_INVALID, "'logit_bias' must be an object of \"<token id>\": bias, found %s",
-                      ft_json_type(v));
-    const int64_t n = cJSON_GetArraySize(v);
-    if (n > FT_GEN_MAX_LOGIT_BIAS)
-        return ft_err(FT_E_INVALID, "'logit_bias': %lld token ids, at most %d", (long long)n,
-                      FT_GEN_MAX_LOGIT_BIAS);
-    p->bias_ids = calloc((size_t)(n ? n : 1), sizeof *p->bias_ids);
-    p->bias = calloc((size_t)(n ? n : 1), sizeof *p->bias);
-    if (!p->bias_ids || !p->bias) return ft_err(-ENOMEM, "out of memory");
-    int64_t i = 0;
-    for (const cJSON *e = v->child; e; e = e->next, i++) {
-        const char *k = e->string ? e->string : "";
-        char *end = NULL;
-        long long id = -1;
-        if (*k >= '0' && *k <= '9') id = strtoll(k, &end, 10);
-        if (id < 0 || id > INT32_MAX || !end || *end)
-            return ft_err(FT_E_INVALID, "'logit_bias' key \"%.40s\" is no token id (expected an integer "
-                          "0..%d, as a string)", k, INT32_MAX);
-        for (int64_t j = 0; j < i; j++)
-            if (p->bias_ids[j] == (int32_t)id)
-                return ft_err(FT_E_INVALID, "'logit_bias' names token %lld twice", id);
-        const double d = cJSON_IsNumber(e) ? e->valuedouble : NAN;
-        if (!(d >= -100 && d <= 100))
-            return ft_err(FT_E_INVALID, "'logit_bias' \"%s\": expected a number -100..100%s%s", k,
-                          cJSON_IsNumber(e) ? "" : ", found ", cJSON_IsNumber(e) ? "" : ft_json_type(e));
-        p->bias_ids[i] = (int32_t)id;
-        p->bias[i] = (float)d;
-        p->n_bias = i + 1;
-    }
-    return 0;
-}
+/* Keys of the OpenAI Batch-API emulation that `ftune generate` no longer reads: a record
+ * that sets one is refused, naming it, rather than answered without it. */
+static const char *const REMOVED_KEYS[] = {"presence_penalty", "frequency_penalty", "logit_bias",
+    "logprobs", "top_logprobs", "prompt_logprobs", "n", "best_of", "echo", "min_tokens",
+    "ignore_eos", "body", NULL};
 
-/* The generation settings of object record rec into *p (see ft_gen_req_parse); body =
- * FT_GEN_API_CHAT or FT_GEN_API_COMPLETIONS: rec is a batch request's body for that endpoint
- * (OpenAI's names only: no "max_new_tokens"; vLLM's -1 for top_k "off" and for seed "none"
- * as its SamplingParams takes them; "logprobs" as the endpoint has it), 0: a plain record. On
- * error *p may hold a partial stop list (ft_gen_req_free frees it). */
-int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
+/* The generation settings of object record rec into *p (see ft_gen_req_parse). On error *p
+ * may hold a partial stop list (ft_gen_req_free frees it). */
+static int req_params(ft_gen_params *p, const cJSON *rec)
 {
     static const char *const max_keys[] = {"max_new_tokens", "max_tokens", "max_completion_tokens"};
     const char *max_key = NULL;
     const cJSON *v;
-    /* a batch request's "echo" (vLLM's CompletionRequest.echo, ChatCompletionRequest.echo);
-     * with it a completions request may ask for no new token (OpenAI's legacy completions:
-     * the prompt and its log-probabilities only) */
-    if (body && (v = param_item(rec, "echo"))) {
-        if (!cJSON_IsBool(v))
-            return ft_err(FT_E_INVALID, "'echo' must be true or false, found %s", ft_json_type(v));
-        p->echo = cJSON_IsTrue(v);
-        p->set |= FT_GEN_SET_ECHO;
-    }
-    const int none_ok = body == FT_GEN_API_COMPLETIONS && p->echo;
-    for (int i = body ? 1 : 0; i < 3; i++) { /* a body has no "max_new_tokens" */
+    for (int i = 0; REMOVED_KEYS[i]; i++)
+        if (param_item(rec, REMOVED_KEYS[i]))
+            return ft_err(FT_E_INVALID, "'%s' was removed from ftune generate (it keeps what "
+                          "evaluating an adapter needs); to serve the exported adapter or the merged "
+                          "model with an OpenAI-style API, load it into vLLM or llama.cpp",
+                          REMOVED_KEYS[i]);
+    for (int i = 0; i < 3; i++) {
         int64_t m;
         if (!(v = param_item(rec, max_keys[i]))) continue;
-        FT_TRY(param_int(v, max_keys[i], none_ok ? 0 : 1, FT_GEN_MAX_NEW_TOKENS,
-                         none_ok ? "0..1000000 (0 with echo: the prompt alone)" :
-                         body ? "1..1000000 (0 only with echo on /v1/completions)" : "1..1000000", &m));
+        FT_TRY(param_int(v, max_keys[i], 1, FT_GEN_MAX_NEW_TOKENS, "1..1000000", &m));
         if (max_key && m != p->max_new_tokens)
             return ft_err(FT_E_INVALID, "'%s' %lld and '%s' %lld: give one of them",
                           max_key, (long long)p->max_new_tokens, max_keys[i], (long long)m);
@@ -458,11 +326,7 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
         p->set |= FT_GEN_SET_TOP_P;
     }
     if ((v = param_item(rec, "top_k"))) {
-        if (body && cJSON_IsNumber(v) && v->valuedouble == -1) /* vLLM: -1 is off */
-            p->top_k = 0;
-        else
-            FT_TRY(param_int(v, "top_k", 0, (INT64_C(1) << 53) - 1, "an integer >= 0 (0: off)",
-                             &p->top_k));
+        FT_TRY(param_int(v, "top_k", 0, (INT64_C(1) << 53) - 1, "an integer >= 0 (0: off)", &p->top_k));
         p->set |= FT_GEN_SET_TOP_K;
     }
     if ((v = param_item(rec, "min_p"))) {
@@ -475,98 +339,16 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
         p->set |= FT_GEN_SET_REP_PENALTY;
     }
     /* a line that `ftune generate --prompts` wrote ("reply" is no input key) fed back as a
-     * prompts file: its "stop" is why that reply ended ("length", ...), not a stop string (a
-     * batch request's body is no such line: its "reply" is an unknown key) */
-    if ((v = param_item(rec, "stop")) && (body || !cJSON_GetObjectItemCaseSensitive(rec, "reply"))) {
+     * prompts file: its "stop" is why that reply ended ("length", ...), not a stop string */
+    if ((v = param_item(rec, "stop")) && !cJSON_GetObjectItemCaseSensitive(rec, "reply")) {
         FT_TRY(param_stop(v, p));
         p->set |= FT_GEN_SET_STOP;
-    }
-    if ((v = param_item(rec, "presence_penalty"))) {
-        FT_TRY(param_float(v, "presence_penalty", -2, 0, 2, "-2..2 (0: off)", &p->presence_penalty));
-        p->set |= FT_GEN_SET_PRESENCE;
-    }
-    if ((v = param_item(rec, "frequency_penalty"))) {
-        FT_TRY(param_float(v, "frequency_penalty", -2, 0, 2, "-2..2 (0: off)", &p->frequency_penalty));
-        p->set |= FT_GEN_SET_FREQUENCY;
-    }
-    /* log-probabilities: a chat body's "logprobs" true/false + "top_logprobs" k, a completions
-     * body's "logprobs" k, a plain record's "logprobs" k or false (a line generate wrote,
-     * fed back, holds its reply's log-probabilities under that key: not a setting) */
-    if (body == FT_GEN_API_CHAT) {
-        const cJSON *lp = param_item(rec, "logprobs"), *top = param_item(rec, "top_logprobs");
-        if (lp && !cJSON_IsBool(lp))
-            return ft_err(FT_E_INVALID, "'logprobs' must be true or false for /v1/chat/completions "
-                          "(the alternatives' count is 'top_logprobs'), found %s", ft_json_type(lp));
-        if (top && !cJSON_IsTrue(lp))
-            return ft_err(FT_E_INVALID, "'top_logprobs' needs 'logprobs': true (as OpenAI's and "
-                          "vLLM's chat completions require)");
-        if (top) FT_TRY(param_int(top, "top_logprobs", 0, FT_GEN_MAX_LOGPROBS, "an integer 0..20",
-                                  &p->top_logprobs));
-        if (lp) {
-            p->logprobs = cJSON_IsTrue(lp);
-            p->set |= FT_GEN_SET_LOGPROBS;
-        }
-    } else if (body == FT_GEN_API_COMPLETIONS && (v = param_item(rec, "logprobs"))) {
-        FT_TRY(param_int(v, "logprobs", 0, FT_GEN_MAX_LOGPROBS, "an integer 0..20 for "
-                         "/v1/completions (the alternatives listed per token; vLLM's limit)",
-                         &p->top_logprobs));
-        p->logprobs = 1;
-        p->set |= FT_GEN_SET_LOGPROBS;
-    }
-    if (!body && (v = param_item(rec, "logprobs")) && !cJSON_GetObjectItemCaseSensitive(rec, "reply")) {
-        if (cJSON_IsFalse(v)) {
-            p->logprobs = 0;
-            p->top_logprobs = 0;
-        } else {
-            FT_TRY(param_int(v, "logprobs", 0, FT_GEN_MAX_LOGPROBS, "an integer 0..20 (the "
-                             "alternatives listed per token) or false", &p->top_logprobs));
-            p->logprobs = 1;
-        }
-        p->set |= FT_GEN_SET_LOGPROBS;
-    }
-    /* vLLM's prompt_logprobs (a line generate wrote, fed back, holds the values under it) */
-    if ((v = param_item(rec, "prompt_logprobs")) && (body || !cJSON_GetObjectItemCaseSensitive(rec, "reply"))) {
-        if (!body && cJSON_IsFalse(v))
-            p->prompt_logprobs = -1;
-        else
-            FT_TRY(param_int(v, "prompt_logprobs", 0, FT_GEN_MAX_LOGPROBS, body ? "an integer 0..20 "
-                             "(the alternatives listed per prompt token; vLLM's limit)" : "an integer "
-                             "0..20 (the alternatives listed per prompt token) or false",
-                             &p->prompt_logprobs));
-        p->set |= FT_GEN_SET_PROMPT_LOGPROBS;
     }
     if ((v = param_item(rec, "stop_token_ids"))) {
         FT_TRY(param_stop_ids(v, p));
         p->set |= FT_GEN_SET_STOP_IDS;
     }
-    if ((v = param_item(rec, "logit_bias"))) {
-        FT_TRY(param_logit_bias(v, p));
-        p->set |= FT_GEN_SET_LOGIT_BIAS;
-    }
-    if ((v = param_item(rec, "ignore_eos"))) {
-        if (!cJSON_IsBool(v))
-            return ft_err(FT_E_INVALID, "'ignore_eos' must be true or false, found %s", ft_json_type(v));
-        p->ignore_eos = cJSON_IsTrue(v);
-        p->set |= FT_GEN_SET_IGNORE_EOS;
-    }
-    if ((v = param_item(rec, "min_tokens"))) {
-        FT_TRY(param_int(v, "min_tokens", 0, FT_GEN_MAX_NEW_TOKENS, "an integer 0..1000000",
-                         &p->min_tokens));
-        p->set |= FT_GEN_SET_MIN_TOKENS;
-    }
-    /* choices: OpenAI's and vLLM's "n", a batch request's only (a plain record answers once) */
-    if (body && (v = param_item(rec, "n"))) {
-        FT_TRY(param_int(v, "n", 1, FT_GEN_MAX_CHOICES, "an integer 1..16 (the choices of the "
-                         "reply)", &p->n));
-        p->set |= FT_GEN_SET_N;
-        /* "best_of" is 1 or null (gen_batch_req.c); vLLM's SamplingParams refuses best_of < n */
-        const cJSON *bo = param_item(rec, "best_of");
-        if (p->n > 1 && bo && cJSON_IsNumber(bo))
-            return ft_err(FT_E_INVALID, "'best_of' %g is below 'n' %lld (best_of must be at least n, "
-                          "as vLLM requires; ftune draws n choices, leave best_of out)",
-                          bo->valuedouble, (long long)p->n);
-    }
-    if ((v = param_item(rec, "seed")) && !(body && cJSON_IsNumber(v) && v->valuedouble == -1)) {
+    if ((v = param_item(rec, "seed"))) {
         int64_t sd;
         FT_TRY(param_int(v, "seed", 0, (INT64_C(1) << 53) - 1, "an integer 0..2^53 - 1", &sd));
         p->seed = (uint64_t)sd;
@@ -583,15 +365,15 @@ int gp_req_params(ft_gen_params *p, const cJSON *rec, int body)
  * which OpenAI's and vLLM's servers parse with, the last), so that a record that repeats one
  * would not be read as they read it. The record's and body's own keys are checked first, so
  * that their messages keep the "body." prefix; the same rule as the training data reader. */
-int gp_dup_keys(const cJSON *o, const char *prefix, int nested)
+static int dup_keys(const cJSON *o, int nested)
 {
     int oom = 0;
     const char *d = ft_json_dup_key(o, nested, &oom);
     if (oom) return ft_err(-ENOMEM, "out of memory");
     if (d)
-        return ft_err(FT_E_INVALID, "key '%s%s' appears twice%s: JSON readers differ on which one "
-                      "counts (Python's json, as OpenAI's and vLLM's servers, takes the last); "
-                      "give it once", prefix, d, nested ? " in one object" : "");
+        return ft_err(FT_E_INVALID, "key '%s' appears twice%s: JSON readers differ on which one "
+                      "counts (Python's json takes the last); give it once", d,
+                      nested ? " in one object" : "");
     return 0;
 }
 
@@ -600,14 +382,11 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
     memset(q, 0, sizeof *q);
     int rc;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(rec, "prompt");
-    if (cJSON_IsObject(rec) && (rc = gp_dup_keys(rec, "", 0))) return rc;
-    if (cJSON_IsObject(rec) && cJSON_GetObjectItemCaseSensitive(rec, "body")) {
-        rc = gp_req_batch(q, rec, system, raw);
-        if (!rc) rc = gp_dup_keys(rec, "", 1);
-        if (rc) ft_gen_req_free(q);
+    if (cJSON_IsObject(rec) && (rc = dup_keys(rec, 0))) return rc;
+    if (cJSON_IsObject(rec) && (rc = req_params(&q->params, rec))) {
+        ft_gen_req_free(q);
         return rc;
     }
-    q->raw = !!raw;
     if (cJSON_IsString(rec)) {
         rc = req_prompt(q, rec->valuestring, NULL, system, raw);
     } else if (cJSON_IsObject(rec) && cJSON_IsString(p)) {
@@ -619,15 +398,13 @@ int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int ra
         rc = ft_err(FT_E_INVALID, "with --raw a record is a string or {\"prompt\": S}, found %s",
                     ft_json_type(rec));
     } else if (cJSON_IsObject(rec)) {
-        rc = gp_req_conversation(q, rec, system);
+        rc = req_conversation(q, rec, system);
     } else {
         rc = ft_err(FT_E_INVALID, "expected a string or an object; found %s", ft_json_type(rec));
     }
     /* function schemas, as training reads them (the model's template writes them) */
     if (!rc && !raw && cJSON_IsObject(rec)) rc = ft_data_record_tools(rec, &q->tools);
-    if (!rc && cJSON_IsObject(rec)) rc = gp_req_params(&q->params, rec, 0);
-    if (!rc && cJSON_IsObject(rec)) rc = gp_plain_unknown(q, rec);
-    if (!rc && cJSON_IsObject(rec)) rc = gp_dup_keys(rec, "", 1);
+    if (!rc && cJSON_IsObject(rec)) rc = dup_keys(rec, 1);
     if (rc) ft_gen_req_free(q);
     return rc;
 }
@@ -641,7 +418,7 @@ int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int f
         return ft_err(FT_E_INVALID, "generate: no tokenizer or prompt");
     if (tmpl == FT_CHAT_AUTO) tmpl = ft_chat_template_detect(tok);
     if (tmpl_out) *tmpl_out = tmpl;
-    if ((flags & FT_GEN_RAW) || q->raw) return ft_tok_encode(tok, q->user, strlen(q->user), 1, ids, n);
+    if (flags & FT_GEN_RAW) return ft_tok_encode(tok, q->user, strlen(q->user), 1, ids, n);
     return msgs_ids(tok, tmpl, q->msgs, q->n_msgs, q->tools, flags, ids, n, tmpl_out);
 }
 
@@ -649,84 +426,4 @@ uint64_t ft_gen_record_seed(uint64_t seed, int64_t i)
 {
     /* splitmix64's output after i steps from state 0 */
     return seed ^ (ft_mix64((uint64_t)i * 0x9e3779b97f4a7c15ull) & ((1ull << 53) - 1));
-}
-
-/* ---- streaming detokenization ------------------------------------------------------------ */
-
-void ft_detok_init(ft_detok *d, const ft_tokenizer *tok)
-{
-    memset(d, 0, sizeof *d);
-    d->tok = tok;
-}
-
-void ft_detok_free(ft_detok *d)
-{
-    if (!d) return;
-    free(d->ids);
-    free(d->piece);
-    memset(d, 0, sizeof *d);
-}
-
-/* Decodes ids[a..b) (skip_special) into a malloc'ed string; *len its length. */
-static int decode_range(const ft_detok *d, int64_t a, int64_t b, char **s, size_t *len)
-{
-    FT_TRY(ft_tok_decode(d->tok, d->ids + a, b - a, 1, s));
-    if (!*s && !(*s = calloc(1, 1))) return ft_err(-ENOMEM, "detokenizer: out of memory");
-    *len = strlen(*s);
-    return 0;
-}
-
-static int ends_replacement(const char *s, size_t n)
-{
-    return n >= 3 && (unsigned char)s[n - 3] == 0xEF && (unsigned char)s[n - 2] == 0xBF &&
-           (unsigned char)s[n - 1] == 0xBD;
-}
-
-/* Emits the text of ids[prefix_off..n) beyond that of ids[prefix_off..read_off); with
- * final = 0 only when it is longer and does not end in U+FFFD. */
-static int detok_step(ft_detok *d, int final, const char **piece, size_t *n)
-{
-    *piece = "";
-    *n = 0;
-    char *pre = NULL, *all = NULL;
-    size_t pn = 0, an = 0;
-    int rc = decode_range(d, d->prefix_off, d->read_off, &pre, &pn);
-    if (!rc) rc = decode_range(d, d->prefix_off, d->n, &all, &an);
-    if (!rc && an > pn && (final || !ends_replacement(all, an))) {
-        free(d->piece);
-        d->piece = malloc(an - pn + 1);
-        if (!d->piece) {
-            rc = ft_err(-ENOMEM, "detokenizer: out of memory");
-        } else {
-            memcpy(d->piece, all + pn, an - pn);
-            d->piece[an - pn] = 0;
-            *piece = d->piece;
-            *n = an - pn;
-            d->prefix_off = d->read_off;
-            d->read_off = d->n;
-        }
-    }
-    free(pre);
-    free(all);
-    return rc;
-}
-
-int ft_detok_push(ft_detok *d, int32_t id, const char **piece, size_t *n)
-{
-    *piece = "";
-    *n = 0;
-    if (d->n == d->cap) {
-        int64_t cap = d->cap ? 2 * d->cap : 64;
-        int32_t *p = realloc(d->ids, (size_t)cap * sizeof *p);
-        if (!p) return ft_err(-ENOMEM, "detokenizer: out of memory");
-        d->ids = p;
-        d->cap = cap;
-    }
-    d->ids[d->n++] = id;
-    return detok_step(d, 0, piece, n);
-}
-
-int ft_detok_flush(ft_detok *d, const char **piece, size_t *n)
-{
-    return detok_step(d, 1, piece, n);
 }

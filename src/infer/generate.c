@@ -1,5 +1,5 @@
-/* generate.c - KV-cache inference (generate.h: ft_gen_*; the prompt side, prompts-file
- * records and streaming detokenization are in gen_prompt.c). */
+/* generate.c - KV-cache inference (generate.h: ft_gen_*; the prompt side is gen_prompt.c, the
+ * streamed text and its detokenizer stop_text.c). */
 #include "src/infer/generate.h"
 
 #include <math.h>
@@ -21,13 +21,13 @@ typedef struct gen_layout {
 
 /* xd (linear_fwd's scratch) only with a source: the model's own weights are fp32 */
 static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int64_t chunk,
-                       int64_t rows, int64_t slots, int with_xd)
+                       int64_t rows, int64_t seqs, int with_xd)
 {
     const ft_model_config *c = &m->cfg;
     const int64_t C = c->hidden_size, HD = c->num_attention_heads * c->head_dim;
     const int64_t KD = c->num_key_value_heads * c->head_dim;
     gen_layout L;
-    L.kv = slots * c->num_hidden_layers * ctx * KD;
+    L.kv = seqs * c->num_hidden_layers * ctx * KD;
     L.x = L.y = L.xn = L.h = chunk * C;
     L.rstd = chunk;
     L.q = L.att = chunk * HD;
@@ -35,12 +35,12 @@ static gen_layout plan(const ft_model *m, const ft_lora *lora, int64_t ctx, int6
     L.gate = L.up = L.act = chunk * c->intermediate_size;
     L.u = chunk * (lora ? lora->cfg.r : 1);
     L.logits = rows * c->vocab_size;
-    L.inv = slots * ft_pad16(c->head_dim / 2 + 1); /* one RoPE table per slot */
-    L.ints = 3 * chunk; /* ids, pos, seq_start: int32 in float-sized slots */
+    L.inv = seqs * ft_pad16(c->head_dim / 2 + 1); /* one RoPE table per sequence */
+    L.ints = 3 * chunk; /* ids, pos, seq_start: int32 in float-sized sequences */
     int64_t wide = C > HD ? C : HD;
     if (c->intermediate_size > wide) wide = c->intermediate_size;
     L.xd = with_xd ? chunk * wide : 0;
-    L.kt = slots > 1 ? 2 * chunk * KD : 0; /* a batched decode's or prefill's new k and v rows */
+    L.kt = seqs > 1 ? 2 * chunk * KD : 0; /* a batched decode's or prefill's new k and v rows */
     return L;
 }
 
@@ -54,35 +54,35 @@ static int64_t plan_floats(const gen_layout *L)
 }
 
 /* 1 when a chunk exceeds what the caches can take in one forward: ctx_max tokens of one
- * sequence, or n_slots sequences of up to ctx_max each (ft_gen_prefill). */
-static int chunk_over(int64_t ctx_max, int64_t chunk_max, int64_t n_slots)
+ * sequence, or n_seqs sequences of up to ctx_max each (ft_gen_prefill). */
+static int chunk_over(int64_t ctx_max, int64_t chunk_max, int64_t n_seqs)
 {
-    return (double)chunk_max > (double)ctx_max * (double)(n_slots > 1 ? n_slots : 1);
+    return (double)chunk_max > (double)ctx_max * (double)(n_seqs > 1 ? n_seqs : 1);
 }
 
 /* 1 when the sizes are out of range (gen_init's checks, without messages). */
 static int bad_sizes(const ft_model_config *c, int64_t ctx_max, int64_t chunk_max,
-                     int64_t logit_rows_max, int64_t n_slots)
+                     int64_t logit_rows_max, int64_t n_seqs)
 {
     return ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 ||
-           chunk_over(ctx_max, chunk_max, n_slots) ||
-           logit_rows_max > chunk_max || n_slots < 1 || n_slots > FT_GEN_MAX_SLOTS ||
-           (double)n_slots * (double)ctx_max * (double)c->num_hidden_layers *
+           chunk_over(ctx_max, chunk_max, n_seqs) ||
+           logit_rows_max > chunk_max || n_seqs < 1 || n_seqs > FT_GEN_MAX_SEQS ||
+           (double)n_seqs * (double)ctx_max * (double)c->num_hidden_layers *
                    (double)c->num_key_value_heads * (double)c->head_dim > 1e15 ||
            (double)logit_rows_max * (double)c->vocab_size > 1e15;
 }
 
 size_t ft_gen_source_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max,
-                           int64_t chunk_max, int64_t logit_rows_max, int64_t n_slots)
+                           int64_t chunk_max, int64_t logit_rows_max, int64_t n_seqs)
 {
-    if (bad_sizes(&m->cfg, ctx_max, chunk_max, logit_rows_max, n_slots)) return 0;
-    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, n_slots, 1);
+    if (bad_sizes(&m->cfg, ctx_max, chunk_max, logit_rows_max, n_seqs)) return 0;
+    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, n_seqs, 1);
     return (size_t)plan_floats(&L) * sizeof(float);
 }
 
 static int place_weights(ft_gen *g);
 
-/* Slot s's RoPE table (head_dim / 2 floats, backend memory). */
+/* Sequence s's RoPE table (head_dim / 2 floats, backend memory). */
 static float *inv_of(const ft_gen *g, int64_t s)
 {
     return g->inv_freq + s * ft_pad16(g->m->cfg.head_dim / 2 + 1);
@@ -90,7 +90,7 @@ static float *inv_of(const ft_gen *g, int64_t s)
 
 static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
                     const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
-                    int64_t logit_rows_max, int64_t n_slots)
+                    int64_t logit_rows_max, int64_t n_seqs)
 {
     memset(g, 0, sizeof *g);
     if (!be || !m) return ft_err(FT_E_INVALID, "generate: no backend or model");
@@ -99,15 +99,15 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
         return ft_err(FT_E_INVALID, "generate: the weight source lacks its layers, final norm, "
                       "LM head or embeddings");
     if (ctx_max < 1 || chunk_max < 1 || logit_rows_max < 1 ||
-        chunk_over(ctx_max, chunk_max, n_slots) || logit_rows_max > chunk_max)
+        chunk_over(ctx_max, chunk_max, n_seqs) || logit_rows_max > chunk_max)
         return ft_err(FT_E_INVALID,
                       "generate: sizes context %lld, chunk %lld, logit rows %lld, %lld sequences; "
                       "expected 1 <= logit rows <= chunk <= context x sequences",
                       (long long)ctx_max, (long long)chunk_max, (long long)logit_rows_max,
-                      (long long)n_slots);
-    if (n_slots < 1 || n_slots > FT_GEN_MAX_SLOTS)
+                      (long long)n_seqs);
+    if (n_seqs < 1 || n_seqs > FT_GEN_MAX_SEQS)
         return ft_err(FT_E_INVALID, "generate: %lld sequences at once, expected 1..%d",
-                      (long long)n_slots, FT_GEN_MAX_SLOTS);
+                      (long long)n_seqs, FT_GEN_MAX_SEQS);
     const ft_model_config *c = &m->cfg;
     if (c->head_dim / 2 > GEN_MAX_HALF_D)
         return ft_err(FT_E_UNSUPPORTED, "generate: head_dim %lld, at most %d supported",
@@ -116,11 +116,11 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
         return ft_err(FT_E_INVALID, "generate: the adapter has %lld layers, the model %lld",
                       (long long)lora->n_layers, (long long)c->num_hidden_layers);
     /* the largest region must fit int64 floats with room for the sum */
-    if (bad_sizes(c, ctx_max, chunk_max, logit_rows_max, n_slots))
+    if (bad_sizes(c, ctx_max, chunk_max, logit_rows_max, n_seqs))
         return ft_err(FT_E_RANGE, "generate: a context of %lld tokens x %lld sequences is too large",
-                      (long long)ctx_max, (long long)n_slots);
-    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, n_slots, src != NULL);
-    g->past = calloc((size_t)n_slots, sizeof *g->past);
+                      (long long)ctx_max, (long long)n_seqs);
+    gen_layout L = plan(m, lora, ctx_max, chunk_max, logit_rows_max, n_seqs, src != NULL);
+    g->past = calloc((size_t)n_seqs, sizeof *g->past);
     if (!g->past) return ft_err(-ENOMEM, "out of memory");
     g->arena_bytes = (size_t)plan_floats(&L) * sizeof(float);
     g->arena = be->ops->alloc(be, g->arena_bytes);
@@ -130,7 +130,7 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
         return ft_err(-ENOMEM, "out of memory: generation needs %.1f MiB (KV cache of %lld "
                       "tokens x %lld sequences: %.1f MiB; try fewer --max-new-tokens, a shorter "
                       "prompt or a smaller --batch)",
-                      g->arena_bytes / 1048576.0, (long long)ctx_max, (long long)n_slots,
+                      g->arena_bytes / 1048576.0, (long long)ctx_max, (long long)n_seqs,
                       2.0 * (double)L.kv * sizeof(float) / 1048576.0);
     }
     g->be = be;
@@ -140,7 +140,7 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
     g->ctx_max = ctx_max;
     g->chunk_max = chunk_max;
     g->logit_rows_max = logit_rows_max;
-    g->n_slots = n_slots;
+    g->n_seqs = n_seqs;
     float *p = g->arena;
     g->kc = ft_carve16(&p, L.kv);
     g->vc = ft_carve16(&p, L.kv);
@@ -163,13 +163,13 @@ static int gen_init(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora 
     g->pos = ip + chunk_max;
     g->seq_start = ip + 2 * chunk_max;
     g->xd = src ? ft_carve16(&p, L.xd) : NULL;
-    g->kt = n_slots > 1 ? ft_carve16(&p, L.kt) : NULL;
+    g->kt = n_seqs > 1 ? ft_carve16(&p, L.kt) : NULL;
 
     int rc = place_weights(g);
     if (!rc) rc = be->ops->zero(be, g->seq_start, (size_t)chunk_max * sizeof(int32_t));
     float inv[GEN_MAX_HALF_D];
     ft_rope_inv_freq(c, ctx_max, inv);
-    for (int64_t s = 0; !rc && s < n_slots; s++)
+    for (int64_t s = 0; !rc && s < n_seqs; s++)
         rc = be->ops->copy(be, inv_of(g, s), inv, (size_t)(c->head_dim / 2) * sizeof(float));
     if (rc) ft_gen_free(g);
     return rc;
@@ -189,11 +189,11 @@ int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lo
     return gen_init(g, be, m, lora, src, ctx_max, chunk_max, logit_rows_max, 1);
 }
 
-int ft_gen_init_slots(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+int ft_gen_init_seqs(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
                       const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
-                      int64_t logit_rows_max, int64_t n_slots)
+                      int64_t logit_rows_max, int64_t n_seqs)
 {
-    return gen_init(g, be, m, lora, src, ctx_max, chunk_max, logit_rows_max, n_slots);
+    return gen_init(g, be, m, lora, src, ctx_max, chunk_max, logit_rows_max, n_seqs);
 }
 
 /* The weights where the backend reads them (see ft_gen): the source's, or the model's host
@@ -229,62 +229,39 @@ void ft_gen_free(ft_gen *g)
     memset(g, 0, sizeof *g);
 }
 
-void ft_gen_reset(ft_gen *g) { ft_gen_reset_slot(g, 0); }
+void ft_gen_reset(ft_gen *g) { ft_gen_reset_seq(g, 0); }
 
-void ft_gen_reset_slot(ft_gen *g, int64_t slot)
+void ft_gen_reset_seq(ft_gen *g, int64_t seq)
 {
-    if (!g || !g->past || slot < 0 || slot >= g->n_slots) return;
-    g->past[slot] = 0;
-    if (slot == 0) g->n_past = 0;
+    if (!g || !g->past || seq < 0 || seq >= g->n_seqs) return;
+    g->past[seq] = 0;
+    if (seq == 0) g->n_past = 0;
 }
 
-int ft_gen_truncate_slot(ft_gen *g, int64_t slot, int64_t n_keep)
+int ft_gen_truncate_seq(ft_gen *g, int64_t seq, int64_t n_keep)
 {
     if (!g || !g->past) return ft_err(FT_E_INVALID, "generate: not initialised");
-    if (slot < 0 || slot >= g->n_slots)
-        return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)slot,
-                      (long long)g->n_slots - 1);
-    if (n_keep < 0 || n_keep > g->past[slot])
-        return ft_err(FT_E_RANGE, "generate: keep %lld cached tokens of slot %lld, expected 0..%lld",
-                      (long long)n_keep, (long long)slot, (long long)g->past[slot]);
-    g->past[slot] = n_keep; /* attention reads rows [0, past + n) only: the rest is dead */
-    if (slot == 0) g->n_past = n_keep;
+    if (seq < 0 || seq >= g->n_seqs)
+        return ft_err(FT_E_RANGE, "generate: sequence %lld, expected 0..%lld", (long long)seq,
+                      (long long)g->n_seqs - 1);
+    if (n_keep < 0 || n_keep > g->past[seq])
+        return ft_err(FT_E_RANGE, "generate: keep %lld cached tokens of sequence %lld, expected 0..%lld",
+                      (long long)n_keep, (long long)seq, (long long)g->past[seq]);
+    g->past[seq] = n_keep; /* attention reads rows [0, past + n) only: the rest is dead */
+    if (seq == 0) g->n_past = n_keep;
     return 0;
 }
 
-static float *kv_of(const ft_gen *g, float *base, int64_t s, int64_t l);
+int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len) { return ft_gen_set_rope_len_seq(g, 0, seq_len); }
 
-int ft_gen_copy_slot(ft_gen *g, int64_t dst, int64_t src, int64_t n)
+int ft_gen_set_rope_len_seq(ft_gen *g, int64_t seq, int64_t seq_len)
 {
-    if (!g || !g->past) return ft_err(FT_E_INVALID, "generate: not initialised");
-    if (dst < 0 || dst >= g->n_slots || src < 0 || src >= g->n_slots || dst == src)
-        return ft_err(FT_E_RANGE, "generate: copy of slot %lld into slot %lld, expected two slots "
-                      "of 0..%lld", (long long)src, (long long)dst, (long long)g->n_slots - 1);
-    if (n < 0 || n > g->past[src])
-        return ft_err(FT_E_RANGE, "generate: copy of %lld tokens of slot %lld, which holds %lld",
-                      (long long)n, (long long)src, (long long)g->past[src]);
-    const ft_model_config *c = &g->m->cfg;
-    const size_t bytes = (size_t)(n * c->num_key_value_heads * c->head_dim) * sizeof(float);
-    int rc = 0;
-    for (int64_t l = 0; l < c->num_hidden_layers && !rc && bytes; l++) {
-        rc = g->be->ops->copy(g->be, kv_of(g, g->kc, dst, l), kv_of(g, g->kc, src, l), bytes);
-        if (!rc) rc = g->be->ops->copy(g->be, kv_of(g, g->vc, dst, l), kv_of(g, g->vc, src, l), bytes);
-    }
-    g->past[dst] = rc ? 0 : n;
-    if (dst == 0) g->n_past = g->past[0];
-    return rc;
-}
-
-int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len) { return ft_gen_set_rope_len_slot(g, 0, seq_len); }
-
-int ft_gen_set_rope_len_slot(ft_gen *g, int64_t slot, int64_t seq_len)
-{
-    if (!g || !g->arena || slot < 0 || slot >= g->n_slots)
-        return ft_err(FT_E_INVALID, "generate: no sequence slot %lld", (long long)slot);
+    if (!g || !g->arena || seq < 0 || seq >= g->n_seqs)
+        return ft_err(FT_E_INVALID, "generate: no sequence %lld", (long long)seq);
     const ft_model_config *c = &g->m->cfg;
     float inv[GEN_MAX_HALF_D];
     ft_rope_inv_freq(c, seq_len, inv);
-    return g->be->ops->copy(g->be, inv_of(g, slot), inv, (size_t)(c->head_dim / 2) * sizeof(float));
+    return g->be->ops->copy(g->be, inv_of(g, seq), inv, (size_t)(c->head_dim / 2) * sizeof(float));
 }
 
 /* ---- forward ---------------------------------------------------------------------------- */
@@ -330,18 +307,18 @@ static int lin(ft_gen *g, const ft_layer_weights *lw, int64_t layer, int pj, con
     return 0;
 }
 
-/* The rows of one forward: a chunk of n tokens of one sequence (slots NULL: slot `slot`,
- * positions past[slot] + i); one token of each of n sequences (lens NULL: row i is slot
- * slots[i] at position past[slots[i]]); or the prompts of n_seq empty slots one after another
- * (ft_gen_prefill: lens[i] rows of slot slots[i], positions 0..lens[i]-1). */
+/* The rows of one forward: a chunk of n tokens of one sequence (sequences NULL: sequence `seq`,
+ * positions past[sequence] + i); one token of each of n sequences (lens NULL: row i is sequence
+ * seqs[i] at position past[seqs[i]]); or the prompts of n_seq empty sequences one after another
+ * (ft_gen_prefill: lens[i] rows of sequence seqs[i], positions 0..lens[i]-1). */
 typedef struct gen_rows {
-    int64_t slot;
-    const int64_t *slots;
+    int64_t seq;
+    const int64_t *seqs;
     const int64_t *lens;
     int64_t n_seq;
 } gen_rows;
 
-/* Layer l's K and V cache of slot s: (ctx_max, Hkv, D) each. */
+/* Layer l's K and V cache of sequence s: (ctx_max, Hkv, D) each. */
 static float *kv_of(const ft_gen *g, float *base, int64_t s, int64_t l)
 {
     const ft_model_config *c = &g->m->cfg;
@@ -353,17 +330,17 @@ static int rope_rows(ft_gen *g, const gen_rows *rw, float *x, int64_t n, int64_t
 {
     const ft_model_config *c = &g->m->cfg;
     const ft_backend_ops *o = g->be->ops;
-    if (!rw->slots) return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->slot), n, heads, c->head_dim);
-    if (c->rope_type != FT_ROPE_DYNAMIC) /* every slot's table is the same */
-        return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->slots[0]), n, heads, c->head_dim);
+    if (!rw->seqs) return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->seq), n, heads, c->head_dim);
+    if (c->rope_type != FT_ROPE_DYNAMIC) /* every sequence's table is the same */
+        return o->rope_fwd(g->be, x, g->pos, inv_of(g, rw->seqs[0]), n, heads, c->head_dim);
     if (rw->lens) { /* dynamic NTK, a prefill: each prompt's rows with its own table */
         for (int64_t i = 0, r = 0; i < rw->n_seq; r += rw->lens[i++])
             FT_TRY(o->rope_fwd(g->be, x + r * heads * c->head_dim, g->pos + r,
-                               inv_of(g, rw->slots[i]), rw->lens[i], heads, c->head_dim));
+                               inv_of(g, rw->seqs[i]), rw->lens[i], heads, c->head_dim));
         return 0;
     }
     for (int64_t i = 0; i < n; i++) /* dynamic NTK: each sequence's own table */
-        FT_TRY(o->rope_fwd(g->be, x + i * heads * c->head_dim, g->pos + i, inv_of(g, rw->slots[i]),
+        FT_TRY(o->rope_fwd(g->be, x + i * heads * c->head_dim, g->pos + i, inv_of(g, rw->seqs[i]),
                            1, heads, c->head_dim));
     return 0;
 }
@@ -380,16 +357,16 @@ static int block(ft_gen *g, int64_t l, const gen_rows *rw, int64_t n, const floa
     const ft_model_config *c = &g->m->cfg;
     const int64_t C = c->hidden_size, H = c->num_attention_heads, Hkv = c->num_key_value_heads,
                   D = c->head_dim, F = c->intermediate_size, KD = Hkv * D;
-    const int64_t p = rw->slots ? 0 : g->past[rw->slot];
+    const int64_t p = rw->seqs ? 0 : g->past[rw->seq];
     /* the new tokens' k and v: straight into the cache rows of a one-sequence chunk, or
      * staged (kt) and copied into each sequence's cache */
     float *kn, *vn;
-    if (rw->slots) {
+    if (rw->seqs) {
         kn = g->kt;
         vn = g->kt + n * KD;
     } else {
-        kn = kv_of(g, g->kc, rw->slot, l) + p * KD;
-        vn = kv_of(g, g->vc, rw->slot, l) + p * KD;
+        kn = kv_of(g, g->kc, rw->seq, l) + p * KD;
+        vn = kv_of(g, g->vc, rw->seq, l) + p * KD;
     }
 
     FT_TRY(o->rmsnorm_fwd(be, g->xn, g->rstd, x, w->attn_norm, n, C, c->rms_norm_eps));
@@ -420,16 +397,16 @@ static int block(ft_gen *g, int64_t l, const gen_rows *rw, int64_t n, const floa
          * would sum its softmax in another order, and its replies could differ from --batch 1
          * in the last bits) */
         for (int64_t i = 0, r = 0; i < rw->n_seq; r += rw->lens[i++]) {
-            const int64_t s = rw->slots[i], len = rw->lens[i];
+            const int64_t s = rw->seqs[i], len = rw->lens[i];
             FT_TRY(o->copy(be, kv_of(g, g->kc, s, l), kn + r * KD, (size_t)(len * KD) * sizeof(float)));
             FT_TRY(o->copy(be, kv_of(g, g->vc, s, l), vn + r * KD, (size_t)(len * KD) * sizeof(float)));
             FT_TRY(o->attention_fwd(be, g->att + r * H * D, g->lse + r * H, g->q + r * H * D,
                                     kn + r * KD, vn + r * KD, g->seq_start, len, H, Hkv, D, sc));
         }
-    } else if (rw->slots) {
+    } else if (rw->seqs) {
         /* each row: its k/v appended to its sequence's cache, then attention over it */
         for (int64_t i = 0; i < n; i++) {
-            const int64_t s = rw->slots[i], ps = g->past[s];
+            const int64_t s = rw->seqs[i], ps = g->past[s];
             float *kl = kv_of(g, g->kc, s, l), *vl = kv_of(g, g->vc, s, l);
             FT_TRY(o->copy(be, kl + ps * KD, kn + i * KD, (size_t)KD * sizeof(float)));
             FT_TRY(o->copy(be, vl + ps * KD, vn + i * KD, (size_t)KD * sizeof(float)));
@@ -439,8 +416,8 @@ static int block(ft_gen *g, int64_t l, const gen_rows *rw, int64_t n, const floa
     } else if (p == 0) { /* an empty cache: the training kernel on one sequence */
         FT_TRY(o->attention_fwd(be, g->att, g->lse, g->q, kn, vn, g->seq_start, n, H, Hkv, D, sc));
     } else {
-        FT_TRY(o->attention_kv_fwd(be, g->att, g->q, kv_of(g, g->kc, rw->slot, l),
-                                   kv_of(g, g->vc, rw->slot, l), p, n, H, Hkv, D, sc));
+        FT_TRY(o->attention_kv_fwd(be, g->att, g->q, kv_of(g, g->kc, rw->seq, l),
+                                   kv_of(g, g->vc, rw->seq, l), p, n, H, Hkv, D, sc));
     }
     FT_TRY(lin(g, w, l, FT_O, g->att, g->h, n));
     FT_TRY(o->axpy(be, 1.0f, x, g->h, n * C));
@@ -471,7 +448,7 @@ static int forward_rows(ft_gen *g, const gen_rows *rw, const int32_t *ids, int64
                 while (in_seq == rw->lens[seq]) seq++, in_seq = 0;
                 pos[i] = (int32_t)in_seq++;
             } else {
-                pos[i] = (int32_t)(rw->slots ? g->past[rw->slots[i0 + i]] : g->past[rw->slot] + i0 + i);
+                pos[i] = (int32_t)(rw->seqs ? g->past[rw->seqs[i0 + i]] : g->past[rw->seq] + i0 + i);
             }
         }
         FT_TRY(o->copy(be, g->pos + i0, pos, (size_t)k * sizeof(int32_t)));
@@ -512,17 +489,17 @@ static int forward_rows(ft_gen *g, const gen_rows *rw, const int32_t *ids, int64
     return o->copy(be, logits, g->logits, (size_t)(rows * V) * sizeof(float));
 }
 
-/* FT_E_RANGE unless slots[i] is a slot of g, FT_E_INVALID when slots[0..i) holds it already
+/* FT_E_RANGE unless seqs[i] is a sequence of g, FT_E_INVALID when seqs[0..i) holds it already
  * (`what`: "prefill" or "decode step", for the message). */
-static int slot_ok(const ft_gen *g, const int64_t *slots, int64_t i, const char *what)
+static int seq_ok(const ft_gen *g, const int64_t *seqs, int64_t i, const char *what)
 {
-    const int64_t s = slots[i];
-    if (s < 0 || s >= g->n_slots)
-        return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)s,
-                      (long long)g->n_slots - 1);
+    const int64_t s = seqs[i];
+    if (s < 0 || s >= g->n_seqs)
+        return ft_err(FT_E_RANGE, "generate: sequence %lld, expected 0..%lld", (long long)s,
+                      (long long)g->n_seqs - 1);
     for (int64_t j = 0; j < i; j++)
-        if (slots[j] == s)
-            return ft_err(FT_E_INVALID, "generate: sequence slot %lld twice in one %s", (long long)s,
+        if (seqs[j] == s)
+            return ft_err(FT_E_INVALID, "generate: sequence %lld twice in one %s", (long long)s,
                           what);
     return 0;
 }
@@ -538,23 +515,23 @@ static int check_ids(const ft_gen *g, const int32_t *ids, int64_t n)
     return 0;
 }
 
-int ft_gen_prefill(ft_gen *g, int64_t n_seq, const int64_t *slots, const int32_t *ids,
+int ft_gen_prefill(ft_gen *g, int64_t n_seq, const int64_t *seqs, const int32_t *ids,
                    const int64_t *lens, float *logits)
 {
     if (!g || !g->arena) return ft_err(FT_E_INVALID, "generate: not initialised");
-    if (!slots || !ids || !lens || !logits)
-        return ft_err(FT_E_INVALID, "generate: NULL slots, ids, lengths or logits");
-    const int64_t nmax = g->n_slots < g->logit_rows_max ? g->n_slots : g->logit_rows_max;
+    if (!seqs || !ids || !lens || !logits)
+        return ft_err(FT_E_INVALID, "generate: NULL seqs, ids, lengths or logits");
+    const int64_t nmax = g->n_seqs < g->logit_rows_max ? g->n_seqs : g->logit_rows_max;
     if (n_seq < 1 || n_seq > nmax)
         return ft_err(FT_E_RANGE, "generate: %lld prompts in one prefill, expected 1..%lld",
                       (long long)n_seq, (long long)nmax);
     int64_t total = 0;
     for (int64_t i = 0; i < n_seq; i++) {
-        const int64_t s = slots[i];
-        FT_TRY(slot_ok(g, slots, i, "prefill"));
+        const int64_t s = seqs[i];
+        FT_TRY(seq_ok(g, seqs, i, "prefill"));
         if (g->past[s] != 0)
-            return ft_err(FT_E_INVALID, "generate: sequence slot %lld holds %lld tokens (a prefill "
-                          "starts an empty cache: ft_gen_reset_slot, or ft_gen_forward_slot to "
+            return ft_err(FT_E_INVALID, "generate: sequence %lld holds %lld tokens (a prefill "
+                          "starts an empty cache: ft_gen_reset_seq, or ft_gen_forward_seq to "
                           "extend it)", (long long)s, (long long)g->past[s]);
         if (lens[i] < 1 || lens[i] > g->ctx_max)
             return ft_err(FT_E_RANGE, "generate: prompt %lld of the prefill has %lld tokens, "
@@ -570,30 +547,30 @@ int ft_gen_prefill(ft_gen *g, int64_t n_seq, const int64_t *slots, const int32_t
     for (int64_t i = 0, r = 0; i < n_seq; r += lens[i++])
         for (int64_t t = 0; t < lens[i]; t++)
             if (ids[r + t] < 0 || ids[r + t] >= V)
-                return ft_err(FT_E_INVALID, "generate: prompt %lld of the prefill (slot %lld): "
+                return ft_err(FT_E_INVALID, "generate: prompt %lld of the prefill (sequence %lld): "
                               "token %lld has id %d, expected 0..%lld", (long long)i,
-                              (long long)slots[i], (long long)t, ids[r + t], (long long)V - 1);
-    if (n_seq == 1) return ft_gen_forward_slot(g, slots[0], ids, lens[0], logits, 1);
-    gen_rows rw = {0, slots, lens, n_seq};
+                              (long long)seqs[i], (long long)t, ids[r + t], (long long)V - 1);
+    if (n_seq == 1) return ft_gen_forward_seq(g, seqs[0], ids, lens[0], logits, 1);
+    gen_rows rw = {0, seqs, lens, n_seq};
     int rc = forward_rows(g, &rw, ids, total, logits, n_seq);
     for (int64_t i = 0; i < n_seq; i++) /* on a failure each prompt's rows are partly written */
-        g->past[slots[i]] = rc ? 0 : lens[i];
+        g->past[seqs[i]] = rc ? 0 : lens[i];
     g->n_past = g->past[0];
     return rc;
 }
 
 int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows)
 {
-    return ft_gen_forward_slot(g, 0, ids, n, logits, rows);
+    return ft_gen_forward_seq(g, 0, ids, n, logits, rows);
 }
 
-int ft_gen_forward_slot(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, float *logits,
+int ft_gen_forward_seq(ft_gen *g, int64_t seq, const int32_t *ids, int64_t n, float *logits,
                         int64_t rows)
 {
     if (!g || !g->arena) return ft_err(FT_E_INVALID, "generate: not initialised");
-    if (slot < 0 || slot >= g->n_slots)
-        return ft_err(FT_E_RANGE, "generate: sequence slot %lld, expected 0..%lld", (long long)slot,
-                      (long long)g->n_slots - 1);
+    if (seq < 0 || seq >= g->n_seqs)
+        return ft_err(FT_E_RANGE, "generate: sequence %lld, expected 0..%lld", (long long)seq,
+                      (long long)g->n_seqs - 1);
     if (n < 1 || n > g->chunk_max)
         return ft_err(FT_E_RANGE, "generate: %lld tokens in one forward, expected 1..%lld",
                       (long long)n, (long long)g->chunk_max);
@@ -601,44 +578,44 @@ int ft_gen_forward_slot(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, 
     if (rows < 1 || rows > rmax)
         return ft_err(FT_E_RANGE, "generate: %lld logits rows, expected 1..%lld", (long long)rows,
                       (long long)rmax);
-    if (g->past[slot] + n > g->ctx_max)
+    if (g->past[seq] + n > g->ctx_max)
         return ft_err(FT_E_RANGE, "generate: context full: %lld cached + %lld new tokens exceed "
-                      "the %lld planned", (long long)g->past[slot], (long long)n,
+                      "the %lld planned", (long long)g->past[seq], (long long)n,
                       (long long)g->ctx_max);
     if (!ids || !logits) return ft_err(FT_E_INVALID, "generate: NULL ids or logits");
     FT_TRY(check_ids(g, ids, n));
-    gen_rows rw = {slot, NULL, NULL, 0};
+    gen_rows rw = {seq, NULL, NULL, 0};
     int rc = forward_rows(g, &rw, ids, n, logits, rows);
-    g->past[slot] = rc ? 0 : g->past[slot] + n; /* on a failure the rows are partly written */
-    if (slot == 0) g->n_past = g->past[0];
+    g->past[seq] = rc ? 0 : g->past[seq] + n; /* on a failure the rows are partly written */
+    if (seq == 0) g->n_past = g->past[0];
     return rc;
 }
 
-int ft_gen_decode(ft_gen *g, const int64_t *slots, const int32_t *ids, int64_t n, float *logits)
+int ft_gen_decode(ft_gen *g, const int64_t *seqs, const int32_t *ids, int64_t n, float *logits)
 {
     if (!g || !g->arena) return ft_err(FT_E_INVALID, "generate: not initialised");
-    if (!slots || !ids || !logits) return ft_err(FT_E_INVALID, "generate: NULL slots, ids or logits");
-    if (n < 1 || n > g->n_slots || n > g->chunk_max || n > g->logit_rows_max)
+    if (!seqs || !ids || !logits) return ft_err(FT_E_INVALID, "generate: NULL seqs, ids or logits");
+    if (n < 1 || n > g->n_seqs || n > g->chunk_max || n > g->logit_rows_max)
         return ft_err(FT_E_RANGE, "generate: %lld sequences in one decode step, expected 1..%lld",
-                      (long long)n, (long long)(g->n_slots < g->logit_rows_max ? g->n_slots
+                      (long long)n, (long long)(g->n_seqs < g->logit_rows_max ? g->n_seqs
                                                                                 : g->logit_rows_max));
-    if (n > 1 && !g->kt) return ft_err(FT_E_INVALID, "generate: one sequence slot only");
+    if (n > 1 && !g->kt) return ft_err(FT_E_INVALID, "generate: one sequence only");
     for (int64_t i = 0; i < n; i++) {
-        const int64_t s = slots[i];
-        FT_TRY(slot_ok(g, slots, i, "decode step"));
+        const int64_t s = seqs[i];
+        FT_TRY(seq_ok(g, seqs, i, "decode step"));
         if (g->past[s] < 1)
-            return ft_err(FT_E_INVALID, "generate: sequence slot %lld is empty (a decode step "
+            return ft_err(FT_E_INVALID, "generate: sequence %lld is empty (a decode step "
                           "follows its prompt)", (long long)s);
         if (g->past[s] + 1 > g->ctx_max)
-            return ft_err(FT_E_RANGE, "generate: context full: slot %lld holds %lld tokens of the "
+            return ft_err(FT_E_RANGE, "generate: context full: sequence %lld holds %lld tokens of the "
                           "%lld planned", (long long)s, (long long)g->past[s], (long long)g->ctx_max);
     }
     FT_TRY(check_ids(g, ids, n));
-    if (n == 1) return ft_gen_forward_slot(g, slots[0], ids, 1, logits, 1);
-    gen_rows rw = {0, slots, NULL, 0};
+    if (n == 1) return ft_gen_forward_seq(g, seqs[0], ids, 1, logits, 1);
+    gen_rows rw = {0, seqs, NULL, 0};
     int rc = forward_rows(g, &rw, ids, n, logits, n);
     for (int64_t i = 0; i < n; i++) /* on a failure each sequence's rows are partly written */
-        g->past[slots[i]] = rc ? 0 : g->past[slots[i]] + 1;
+        g->past[seqs[i]] = rc ? 0 : g->past[seqs[i]] + 1;
     g->n_past = g->past[0];
     return rc;
 }

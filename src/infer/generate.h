@@ -1,6 +1,6 @@
 /* generate.h - inference with a KV cache: batched prefill of a prompt, then one token per
- * forward, through the op table (backend-neutral); plus the chat prompt of a generation
- * and an incremental detokenizer for streaming.
+ * forward, through the op table (backend-neutral). The prompts (chat template, prompts-file
+ * records) are gen_prompt.h's; the streamed text stop_text.h's.
  *
  * The forward of each block is the op sequence of ft_block_fwd (src/model/llama.c) with
  * train = 0: RMSNorm, q/k/v projections (+ bias, + LoRA as x A^T B^T * scale, unmerged, + the
@@ -19,18 +19,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <cjson/cJSON.h>
 
 #include "src/model/lora.h"
 #include "kernels/kernels.h"
-#include "src/template/chat.h"
-#include "src/tokenizer/tokenizer.h"
 #include "src/model/model.h"
+#include "offload/weight_source.h"
 
 /* Tokens per forward when a prompt is longer than this (prefill in chunks). */
 #define FT_GEN_CHUNK_DEFAULT 1024
-/* Most sequences one ft_gen decodes together (ft_gen_init_slots). */
-#define FT_GEN_MAX_SLOTS 256
+/* Most sequences one ft_gen decodes together (ft_gen_init_seqs). */
+#define FT_GEN_MAX_SEQS 256
 
 typedef struct ft_gen {
     ft_backend *be;
@@ -39,18 +37,18 @@ typedef struct ft_gen {
     int64_t ctx_max;            /* KV cache capacity in tokens */
     int64_t chunk_max;          /* most tokens per ft_gen_forward */
     int64_t logit_rows_max;     /* most logits rows per ft_gen_forward */
-    int64_t n_slots;            /* sequences with a cache each (ft_gen_init_slots; else 1) */
-    int64_t *past;              /* (n_slots) host: tokens in each sequence's cache */
-    int64_t n_past;             /* past[0]: tokens in slot 0's cache (the next position) */
+    int64_t n_seqs;            /* sequences with a cache each (ft_gen_init_seqs; else 1) */
+    int64_t *past;              /* (n_seqs) host: tokens in each sequence's cache */
+    int64_t n_past;             /* past[0]: tokens in sequence 0's cache (the next position) */
     void *arena;                /* the one backend allocation */
     size_t arena_bytes;
-    float *kc, *vc;             /* (n_slots, L, ctx_max, Hkv, D) each */
+    float *kc, *vc;             /* (n_seqs, L, ctx_max, Hkv, D) each */
     float *kt;                  /* a batched decode's or prefill's new k, v rows
-                                 * (2, chunk_max, Hkv, D); NULL with one slot */
+                                 * (2, chunk_max, Hkv, D); NULL with one sequence */
     float *x, *y, *xn, *rstd, *q, *att, *lse, *h, *gate, *up, *act, *u;
                                 /* chunk_max * {C, C, C, 1, H*D, H*D, H, C, F, F, F, r} */
     float *logits;              /* (logit_rows_max, V) */
-    float *inv_freq;            /* (n_slots, D/2 + 1 rounded up to 16) floats: each slot's
+    float *inv_freq;            /* (n_seqs, D/2 + 1 rounded up to 16) floats: each sequence's
                                  * RoPE inverse frequencies (D/2 of them) */
     int32_t *ids, *pos, *seq_start; /* (chunk_max) each */
     /* The weights as the backend reads them: the model's host arrays on a host-memory backend
@@ -64,27 +62,6 @@ typedef struct ft_gen {
     float *xd;
 } ft_gen;
 
-/* Where generation reads the weights of a model that has none in memory (a QLoRA base
- * served from its NF4 pack, a pack-only folder): offload/exec.h ft_exec_gen_source gives
- * one over an executor on the pack. All pointers are in the backend's memory.
- *   begin(ctx) / end(ctx): around each forward's layer visits 0..L-1 (may be NULL);
- *   layer(ctx, l, n, &w): layer l's weights for a forward of n tokens (projections of any
- *     wtype the backend's linear_fwd takes: fp32, bf16, NF4; a source may choose by n), valid
- *     until the next call;
- *   embed: the (V, C) table, or NULL: embed_rows(ctx, ids (host), n, out (n, C)) gathers;
- *   final_norm (C), lm_head (V, C) fp32 for lm_head_logits, or NULL when head is set:
- *   head(ctx, logits (rows, V), x (rows, C), rows): the LM head computed by the source (may be
- *     NULL; when set, every forward's logits come from it), e.g. over a bf16 table
- *     (lm_head_logits_bf16: an executor on a pack on the CPU). */
-typedef struct ft_gen_source {
-    void *ctx;
-    int (*begin)(void *ctx);
-    int (*layer)(void *ctx, int64_t l, int64_t n, const ft_layer_weights **w);
-    int (*end)(void *ctx);
-    int (*embed_rows)(void *ctx, const int32_t *ids, int64_t n, float *out);
-    const float *embed, *final_norm, *lm_head;
-    int (*head)(void *ctx, float *logits, const float *x, int64_t rows);
-} ft_gen_source;
 
 /* Plans and allocates (one backend allocation) a cache of ctx_max tokens and buffers for
  * forwards of up to chunk_max tokens returning up to logit_rows_max rows of logits, the
@@ -103,54 +80,46 @@ int ft_gen_init_source(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lo
                        int64_t logit_rows_max);
 void ft_gen_free(ft_gen *g); /* NULL-safe; leaves g zeroed */
 
-/* ft_gen_init_source for n_slots sequences decoded together (src NULL: ft_gen_init's
- * in-place host weights): each slot has its own KV cache of ctx_max tokens and RoPE table;
- * ft_gen_forward_slot prefills one, ft_gen_prefill several in one forward, ft_gen_decode
+/* ft_gen_init_source for n_seqs sequences decoded together (src NULL: ft_gen_init's
+ * in-place host weights): each sequence has its own KV cache of ctx_max tokens and RoPE table;
+ * ft_gen_forward_seq prefills one, ft_gen_prefill several in one forward, ft_gen_decode
  * advances several by one token in one forward, so each layer's weights are read (or
  * streamed) once for all of them. Same sizes and errors as ft_gen_init_source, except that
- * chunk_max may reach n_slots * ctx_max (the prompts of several slots in one forward), plus
- * FT_E_INVALID unless 1 <= n_slots <= FT_GEN_MAX_SLOTS; a decode or a prefill of n sequences
+ * chunk_max may reach n_seqs * ctx_max (the prompts of several sequences in one forward), plus
+ * FT_E_INVALID unless 1 <= n_seqs <= FT_GEN_MAX_SEQS; a decode or a prefill of n sequences
  * needs n <= logit_rows_max <= chunk_max. */
-int ft_gen_init_slots(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
+int ft_gen_init_seqs(ft_gen *g, ft_backend *be, const ft_model *m, const ft_lora *lora,
                       const ft_gen_source *src, int64_t ctx_max, int64_t chunk_max,
-                      int64_t logit_rows_max, int64_t n_slots);
+                      int64_t logit_rows_max, int64_t n_seqs);
 
-/* The backend bytes ft_gen_init_slots allocates for these sizes with a source (one arena:
- * the fp32 KV caches of n_slots x ctx_max tokens and the buffers of chunk_max-token
+/* The backend bytes ft_gen_init_seqs allocates for these sizes with a source (one arena:
+ * the fp32 KV caches of n_seqs x ctx_max tokens and the buffers of chunk_max-token
  * forwards), so that a caller placing the weights on a device first can leave room for it;
  * 0 for sizes it would refuse. */
 size_t ft_gen_source_bytes(const ft_model *m, const ft_lora *lora, int64_t ctx_max,
-                           int64_t chunk_max, int64_t logit_rows_max, int64_t n_slots);
+                           int64_t chunk_max, int64_t logit_rows_max, int64_t n_seqs);
 
-/* Empties slot 0's cache (the next forward starts at position 0); ft_gen_reset_slot any
- * slot's (out-of-range slots are ignored). */
+/* Empties sequence 0's cache (the next forward starts at position 0); ft_gen_reset_seq any
+ * sequence's (out-of-range sequences are ignored). */
 void ft_gen_reset(ft_gen *g);
-void ft_gen_reset_slot(ft_gen *g, int64_t slot);
+void ft_gen_reset_seq(ft_gen *g, int64_t seq);
 
-/* Cuts slot `slot`'s cache back to its first n_keep tokens (positions 0..n_keep-1 kept; the
+/* Cuts sequence `seq`'s cache back to its first n_keep tokens (positions 0..n_keep-1 kept; the
  * next forward starts at position n_keep, and the rows beyond are overwritten by it): a
  * conversation whose next prompt shares those tokens with what the cache holds prefills only
  * the rest (llama.cpp's common-prefix reuse, llama_memory_seq_rm from n_keep on). n_keep = 0
- * is ft_gen_reset_slot. The cached k rows carry the RoPE table they were computed with: the
- * caller keeps it (ft_gen_set_rope_len_slot) or cuts to 0. Returns 0, FT_E_RANGE (a slot
- * outside 0..n_slots-1, or n_keep outside 0..the tokens it holds; nothing changes),
+ * is ft_gen_reset_seq. The cached k rows carry the RoPE table they were computed with: the
+ * caller keeps it (ft_gen_set_rope_len_seq) or cuts to 0. Returns 0, FT_E_RANGE (a sequence
+ * outside 0..n_seqs-1, or n_keep outside 0..the tokens it holds; nothing changes),
  * FT_E_INVALID (g not initialised). */
-int ft_gen_truncate_slot(ft_gen *g, int64_t slot, int64_t n_keep);
+int ft_gen_truncate_seq(ft_gen *g, int64_t seq, int64_t n_keep);
 
-/* Makes slot dst hold the first n tokens slot src holds (every layer's K and V rows, copied on
- * the backend), as if they had been prefilled into dst: the choices of one prompt (`generate
- * --prompts`, a batch request's "n") share one prefill. The rows carry src's RoPE table: the
- * caller gives dst the same (ft_gen_set_rope_len_slot with the same length). Returns 0,
- * FT_E_RANGE (a slot outside 0..n_slots-1, dst == src, n outside 0..src's tokens; nothing
- * changes), FT_E_INVALID (g not initialised), or the backend's copy error (dst emptied). */
-int ft_gen_copy_slot(ft_gen *g, int64_t dst, int64_t src, int64_t n);
-
-/* Recomputes slot 0's (ft_gen_set_rope_len_slot: any slot's) RoPE inverse frequencies for a
+/* Recomputes sequence 0's (ft_gen_set_rope_len_seq: any sequence's) RoPE inverse frequencies for a
  * sequence of seq_len tokens (ft_gen_init uses ctx_max). Only FT_ROPE_DYNAMIC depends on
  * it: a cache sized for several prompts then rotates each one as a cache sized for that
- * prompt alone would. Returns 0, FT_E_INVALID (no such slot) or a backend copy error. */
+ * prompt alone would. Returns 0, FT_E_INVALID (no such sequence) or a backend copy error. */
 int ft_gen_set_rope_len(ft_gen *g, int64_t seq_len);
-int ft_gen_set_rope_len_slot(ft_gen *g, int64_t slot, int64_t seq_len);
+int ft_gen_set_rope_len_seq(ft_gen *g, int64_t seq, int64_t seq_len);
 
 /* Runs the n tokens ids (host memory) at positions [n_past, n_past + n), appends their
  * k/v to the cache and advances n_past. logits (host memory) receives the logits of the
@@ -159,328 +128,40 @@ int ft_gen_set_rope_len_slot(ft_gen *g, int64_t slot, int64_t seq_len);
  * cache would exceed ctx_max; nothing changes), FT_E_INVALID (an id outside the
  * vocabulary), or a kernel error (the cache is then reset). */
 int ft_gen_forward(ft_gen *g, const int32_t *ids, int64_t n, float *logits, int64_t rows);
-/* ft_gen_forward on slot `slot`'s cache (its own positions and RoPE table); FT_E_RANGE for
- * a slot outside 0..n_slots-1. */
-int ft_gen_forward_slot(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, float *logits,
+/* ft_gen_forward on sequence `seq`'s cache (its own positions and RoPE table); FT_E_RANGE for
+ * a sequence outside 0..n_seqs-1. */
+int ft_gen_forward_seq(ft_gen *g, int64_t seq, const int32_t *ids, int64_t n, float *logits,
                         int64_t rows);
 
-/* One decode step of n sequences in one forward: token ids[i] (host) is appended to slot
- * slots[i] (distinct, each holding at least its prompt) at its next position; logits (host)
- * receives (n, V) fp32, row i for slots[i]. Each row's attention is the one-sequence decode's
+/* One decode step of n sequences in one forward: token ids[i] (host) is appended to sequence
+ * seqs[i] (distinct, each holding at least its prompt) at its next position; logits (host)
+ * receives (n, V) fp32, row i for seqs[i]. Each row's attention is the one-sequence decode's
  * (attention_kv_fwd over its own cache); the projections run on n rows at once, so a row's
  * values may differ from a one-sequence decode in the last bits (the GEMM's summation
- * order). Returns 0, FT_E_RANGE (n outside 1..min(n_slots, logit_rows_max), a slot out of
- * range or with a full cache), FT_E_INVALID (a repeated or empty slot, an id outside the
- * vocabulary; nothing changes) or a kernel error (the n slots are then reset). */
-int ft_gen_decode(ft_gen *g, const int64_t *slots, const int32_t *ids, int64_t n, float *logits);
+ * order). Returns 0, FT_E_RANGE (n outside 1..min(n_seqs, logit_rows_max), a sequence out of
+ * range or with a full cache), FT_E_INVALID (a repeated or empty sequence, an id outside the
+ * vocabulary; nothing changes) or a kernel error (the n sequences are then reset). */
+int ft_gen_decode(ft_gen *g, const int64_t *seqs, const int32_t *ids, int64_t n, float *logits);
 
 /* The prompts of n_seq sequences prefilled in one forward, so that each layer's weights are
  * read (or streamed) once for all of them (vLLM and llama.cpp batch the prompts of the
  * requests that start together the same way): prompt i, lens[i] >= 1 tokens, is
- * ids[sum(lens[0..i)) ..] (host, concatenated) and goes into the empty cache of slot slots[i]
- * (distinct) at positions 0..lens[i]-1, rotated with that slot's RoPE table (dynamic NTK:
- * ft_gen_set_rope_len_slot first). logits (host) receives (n_seq, V) fp32: row i the logits
- * of prompt i's last token. Each prompt's rows are those of ft_gen_forward_slot(slots[i],
- * its ids, lens[i], ., 1) on that empty slot: the same attention call on its own rows (causal,
+ * ids[sum(lens[0..i)) ..] (host, concatenated) and goes into the empty cache of sequence seqs[i]
+ * (distinct) at positions 0..lens[i]-1, rotated with that sequence's RoPE table (dynamic NTK:
+ * ft_gen_set_rope_len_seq first). logits (host) receives (n_seq, V) fp32: row i the logits
+ * of prompt i's last token. Each prompt's rows are those of ft_gen_forward_seq(seqs[i],
+ * its ids, lens[i], ., 1) on that empty sequence: the same attention call on its own rows (causal,
  * attention_fwd), the projections over all the rows at once (as ft_gen_decode, a GEMM over
  * more rows may round differently in the last bits: bit for bit on the tiny test model
  * (tested), while OpenBLAS blocks the example model's GEMMs otherwise for other row counts,
  * <= 8.8e-7 of the largest logit measured), the LM head over the n_seq last rows.
  * The caller splits prompts whose total exceeds chunk_max (a longer prompt alone:
- * ft_gen_forward_slot in chunks). Returns 0, FT_E_RANGE (n_seq outside 1..min(n_slots,
- * logit_rows_max), a slot out of range, a length outside 1..ctx_max, more than chunk_max
- * tokens in all; nothing changes), FT_E_INVALID (NULL pointers, a repeated slot, a slot whose
- * cache is not empty, an id outside the vocabulary, named with its prompt and slot; nothing
+ * ft_gen_forward_seq in chunks). Returns 0, FT_E_RANGE (n_seq outside 1..min(n_seqs,
+ * logit_rows_max), a sequence out of range, a length outside 1..ctx_max, more than chunk_max
+ * tokens in all; nothing changes), FT_E_INVALID (NULL pointers, a repeated sequence, a sequence whose
+ * cache is not empty, an id outside the vocabulary, named with its prompt and sequence; nothing
  * changes) or a kernel error (the n_seq caches are then left empty). */
-int ft_gen_prefill(ft_gen *g, int64_t n_seq, const int64_t *slots, const int32_t *ids,
+int ft_gen_prefill(ft_gen *g, int64_t n_seq, const int64_t *seqs, const int32_t *ids,
                    const int64_t *lens, float *logits);
-
-/* Flags of ft_gen_prompt_ids / ft_gen_req_ids. */
-enum {
-    FT_GEN_RAW = 1,      /* no chat template: the prompt text is encoded as is (with BOS) */
-    FT_GEN_NO_THINK = 2, /* the generation prompt of enable_thinking=False (ft_chat_ctx.no_think:
-                          * qwen3's empty <think></think>; the Jinja engine passes
-                          * enable_thinking=false to the model's template; the other built-in
-                          * templates have no such switch) */
-};
-
-/* Token ids of a generation prompt: without FT_GEN_RAW in flags the messages [system,] user
- * are rendered with chat template tmpl (enum ft_chat_template; FT_CHAT_AUTO detects it from
- * the tokenizer's chat_template) followed by its generation prompt (ft_chat_render_prompt,
- * FT_GEN_NO_THINK as ft_chat_ctx.no_think), and encoded as training does (BOS only through
- * the template, except for alpaca); with FT_GEN_RAW, `prompt` is encoded as is with the
- * tokenizer's special tokens (BOS). system may be NULL. *ids is malloc'ed (caller frees).
- * *tmpl_out (may be NULL) receives the resolved template. Returns 0, -ENOMEM, FT_E_INVALID
- * (template or tokenizer error). */
-int ft_gen_prompt_ids(const ft_tokenizer *tok, int tmpl, const char *system, const char *prompt,
-                      int flags, int32_t **ids, int64_t *n, int *tmpl_out);
-
-/* ---- prompts files (ftune generate --prompts) ----------------------------------------------- */
-
-/* Largest --max-new-tokens (and a record's "max_new_tokens"). */
-#define FT_GEN_MAX_NEW_TOKENS 1000000
-/* Most stop strings of a reply (--stop flags, a record's "stop" list). */
-#define FT_GEN_MAX_STOP_STR 16
-/* Most stop token ids of a reply (--stop-token-ids, a record's "stop_token_ids" list). */
-#define FT_GEN_MAX_STOP_IDS 64
-/* Most choices a batch request may ask for ("n"). */
-#define FT_GEN_MAX_CHOICES 16
-/* Most token ids a record's "logit_bias" may name. */
-#define FT_GEN_MAX_LOGIT_BIAS 1024
-
-/* Bits of ft_gen_params.set: the fields a record gives. */
-enum {
-    FT_GEN_SET_MAX_NEW = 1 << 0,
-    FT_GEN_SET_TEMPERATURE = 1 << 1,
-    FT_GEN_SET_TOP_P = 1 << 2,
-    FT_GEN_SET_TOP_K = 1 << 3,
-    FT_GEN_SET_MIN_P = 1 << 4,
-    FT_GEN_SET_REP_PENALTY = 1 << 5,
-    FT_GEN_SET_STOP = 1 << 6,
-    FT_GEN_SET_SEED = 1 << 7,
-    FT_GEN_SET_PRESENCE = 1 << 8,
-    FT_GEN_SET_FREQUENCY = 1 << 9,
-    FT_GEN_SET_LOGPROBS = 1 << 10,
-    FT_GEN_SET_STOP_IDS = 1 << 11,
-    FT_GEN_SET_MIN_TOKENS = 1 << 12,
-    FT_GEN_SET_N = 1 << 13,
-    FT_GEN_SET_PROMPT_LOGPROBS = 1 << 14,
-    FT_GEN_SET_ECHO = 1 << 15,
-    FT_GEN_SET_LOGIT_BIAS = 1 << 16,
-    FT_GEN_SET_IGNORE_EOS = 1 << 17,
-};
-
-/* Most alternatives per token a record may ask for ("top_logprobs" / "logprobs": k, and
- * --logprobs): vLLM's default max_logprobs, OpenAI's chat limit (its completions allow 5). */
-#define FT_GEN_MAX_LOGPROBS 20
-
-/* Generation settings of one prompts-file record, each replacing the command line's for that
- * record only (vLLM's LLM.generate with one SamplingParams per prompt; the body of an OpenAI
- * batch request). A field counts only when its FT_GEN_SET_* bit is in `set`; the ranges are
- * those of the flags (sample.h ft_sample_cfg). */
-typedef struct ft_gen_params {
-    unsigned set;               /* FT_GEN_SET_* */
-    int64_t max_new_tokens;     /* 1..FT_GEN_MAX_NEW_TOKENS */
-    float temperature;          /* finite, >= 0; 0: greedy */
-    float top_p;                /* (0, 1] */
-    int64_t top_k;              /* >= 0; 0: off */
-    float min_p;                /* [0, 1] */
-    float repetition_penalty;   /* finite, > 0; 1: off */
-    char **stop;                /* n_stop non-empty strings, malloc'ed (an empty list: none) */
-    int64_t n_stop;             /* 0..FT_GEN_MAX_STOP_STR */
-    uint64_t seed;              /* 0..2^53 - 1: replaces ft_gen_record_seed's */
-    float presence_penalty;     /* [-2, 2]; 0: off (OpenAI's; sample.h) */
-    float frequency_penalty;    /* [-2, 2]; 0: off */
-    int logprobs;               /* 1: the reply's tokens come with their log-probabilities */
-    int64_t top_logprobs;       /* 0..FT_GEN_MAX_LOGPROBS: the most likely alternatives listed
-                                 * per token (with logprobs = 1) */
-    int32_t *stop_ids;          /* n_stop_ids token ids 0..INT32_MAX (the vocabulary bound is
-                                 * checked once the model is loaded), malloc'ed; [] : none */
-    int64_t n_stop_ids;         /* 0..FT_GEN_MAX_STOP_IDS */
-    int64_t min_tokens;         /* 0..FT_GEN_MAX_NEW_TOKENS: no stop token or stop string ends
-                                 * the reply before this many tokens (vLLM's min_tokens) */
-    int64_t n;                  /* 1..FT_GEN_MAX_CHOICES: choices of a batch request ("n") */
-    int64_t prompt_logprobs;    /* 0..FT_GEN_MAX_LOGPROBS: the prompt tokens' log-probabilities
-                                 * with this many alternatives each (vLLM's prompt_logprobs);
-                                 * -1: none (a plain record's false) */
-    int echo;                   /* 1: a batch request's "echo": true (completions: the prompt
-                                 * repeated before the reply; ft_gen_req_parse) */
-    int32_t *bias_ids;          /* n_bias token ids 0..INT32_MAX, distinct (the vocabulary bound
-                                 * is checked once the model is loaded), malloc'ed */
-    float *bias;                /* n_bias values in [-100, 100], added to those ids' logits
-                                 * before sampling (OpenAI's and vLLM's logit_bias) */
-    int64_t n_bias;             /* 0..FT_GEN_MAX_LOGIT_BIAS */
-    int ignore_eos;             /* 1: the EOS and the other stop tokens of the model and template
-                                 * do not end the reply; stop_token_ids still do (vLLM's
-                                 * ignore_eos) */
-} ft_gen_params;
-
-/* What a record is: a plain prompt, or an OpenAI batch request (formats: OpenAI's Batch API
- * input line, openapi.yaml BatchRequestInput; vLLM's run_batch.py) for one of two endpoints. */
-enum {
-    FT_GEN_API_NONE = 0,        /* a plain record */
-    FT_GEN_API_CHAT,            /* "url": "/v1/chat/completions" */
-    FT_GEN_API_COMPLETIONS,     /* "url": "/v1/completions" */
-};
-
-/* One prompt read from a record of a prompts file; it owns its strings and JSON (the record
- * may be freed). msgs[0..n_msgs) is the conversation to render, ending with a user (or tool)
- * turn; user is the text reported as the prompt: the last user turn (an alpaca record's
- * instruction + "\n\n" + input when there is an input), or with raw = 1 the whole text.
- * Function calling: tools and each message's json are what the model's template gets, as
- * in training (ft_chat_msg.json, ft_chat_ctx.tools). */
-typedef struct ft_gen_req {
-    ft_chat_msg *msgs;       /* n_msgs; content, input, reasoning malloc'ed; json a
-                              * cJSON_Duplicate of the record's message (or of the OpenAI-form
-                              * message a LLaMA-Factory function_call turn becomes), NULL for
-                              * messages ftune makes up */
-    int64_t n_msgs;
-    cJSON *tools;            /* the record's "tools" (ft_data_record_tools: a copy, or
-                              * LLaMA-Factory's JSON text parsed), NULL if none */
-    char *user;
-    char *reference;         /* the expected reply, NULL if none: a final assistant turn
-                              * (dropped from the prompt; its tool_calls as compact JSON when
-                              * it has calls and no content), alpaca "output", "completion" */
-    ft_gen_params params;    /* the record's own generation settings (none: set = 0) */
-    int raw;                 /* 1: user is encoded as is, no template (a /v1/completions
-                              * request; also every record under --raw, which the flags say) */
-    int api;                 /* FT_GEN_API_*: a plain record or a batch request's endpoint */
-    char *custom_id;         /* a batch request's "custom_id" (malloc'ed), else NULL */
-    char **unknown;          /* n_unknown keys of the record that ft_gen_req_parse neither reads
-                              * nor writes back ("body.KEY" in a batch request's body), in
-                              * record order, malloc'ed */
-    const char **unknown_hint; /* for each, the key ftune reads that it is within edit distance
-                              * 2 of (a static string), or NULL */
-    int64_t n_unknown;
-} ft_gen_req;
-
-/* Reads one record (formats.md 8.1 schemas, as a prompt):
- *   "S"                                      the user message S;
- *   {"prompt": S, "system"?: S2, "completion"?: R, "tools"?: T}
- *                                            S after system message S2 (even ""), as
- *                                            --prompt S --system S2; R is the reference;
- *   any conversational record training reads (messages, sharegpt, alpaca with "output"
- *   optional, conversational prompt/completion), converted as training converts it
- *   (ft_data_record_messages: tool_calls, LLaMA-Factory's function_call and observation
- *   turns): a final assistant turn (alpaca "output") is the reference, what is left must end
- *   with a user or tool turn.
- * A record's "tools" (T) are read as training reads them (ft_data_record_tools).
- * system (may be NULL) is the default system message (--system) for a record without one.
- * With raw = 1 only "S" and {"prompt": S[, "completion": R]} are accepted (S encoded as is;
- * "tools" refused).
- * An object record of any of these forms may also set its own generation settings, into
- * q->params (null is the same as absent):
- *   "max_new_tokens" | "max_tokens" (OpenAI's and vLLM's name) | "max_completion_tokens"
- *       (OpenAI's newer one): an integer 1..FT_GEN_MAX_NEW_TOKENS (two of them: refused
- *       unless equal);
- *   "temperature" (finite, >= 0), "top_p" (0 < x <= 1), "top_k" (an integer >= 0),
- *   "min_p" (0..1), "repetition_penalty" (finite, > 0): numbers, as the flags;
- *   "stop": a non-empty string or a list of up to FT_GEN_MAX_STOP_STR of them ([]: none), as
- *       OpenAI's API and vLLM's SamplingParams.stop;
- *   "seed": an integer 0..2^53 - 1, the record's sampling seed;
- *   "presence_penalty", "frequency_penalty": numbers in [-2, 2] (OpenAI's range), sample.h;
- *   "logprobs": an integer k in 0..FT_GEN_MAX_LOGPROBS (the reply's log-probabilities with the
- *       k most likely alternatives per token; FT_GEN_SET_LOGPROBS, logprobs = 1,
- *       top_logprobs = k), or false (none);
- *   "stop_token_ids": a list of up to FT_GEN_MAX_STOP_IDS token ids, integers 0..2^31 - 1 ([]:
- *       none), as vLLM's SamplingParams.stop_token_ids (the caller checks each against the
- *       model's vocabulary once it is loaded);
- *   "min_tokens": an integer 0..FT_GEN_MAX_NEW_TOKENS, as vLLM's SamplingParams.min_tokens (the
- *       caller checks that it does not exceed the reply's max new tokens);
- *   "prompt_logprobs": an integer k in 0..FT_GEN_MAX_LOGPROBS (vLLM's SamplingParams.
- *       prompt_logprobs: each prompt token's log-probability with the k most likely
- *       alternatives; FT_GEN_SET_PROMPT_LOGPROBS) or, in a plain record, false (none: -1);
- *   "logit_bias": an object of up to FT_GEN_MAX_LOGIT_BIAS entries "<token id>": bias, the ids
- *       decimal integers 0..2^31 - 1 (each once), the biases numbers in [-100, 100] (OpenAI's
- *       range), added to those logits before the penalties and sampling ({} : none);
- *   "ignore_eos": true or false (vLLM's SamplingParams.ignore_eos).
- * A record with a "reply" key (a line `ftune generate --prompts` wrote, fed back) keeps its
- * "stop", the reason that reply ended, its "logprobs" and its "prompt_logprobs" out of its
- * settings.
- * Other keys are ignored, and listed in q->unknown (q->unknown_hint: the schema key or
- * setting within edit distance 2, e.g. "top_k" for "top_kk"), except those of the lines
- * generate writes (index, reply, reference, prompt_tokens, new_tokens, stop_reason, seconds).
- * An object with a "body" is an OpenAI batch request (the Batch API's input line,
- * openapi.yaml BatchRequestInput; vLLM's run_batch.py), q->api its endpoint:
- *   {"custom_id": S (a string, into q->custom_id), "method": "POST",
- *    "url": "/v1/chat/completions" | "/v1/completions", "body": B}
- *   chat: B.messages is the conversation (as a "messages" record: the default system message
- *   when it has none, B.tools as "tools"; a final assistant message is refused, the API
- *   would answer after it); refused with raw = 1;
- *   completions: B.prompt, a string, encoded as is (q->raw = 1, as --raw).
- *   B's settings are the ones above by OpenAI's names (not "max_new_tokens"; vLLM's top_k -1
- *   is off, seed -1 none), and the log-probabilities as each endpoint asks for them: chat
- *   "logprobs" true or false with "top_logprobs" 0..20 (only with "logprobs": true, as OpenAI
- *   and vLLM refuse it otherwise), completions "logprobs" an integer 0..20 (vLLM's limit;
- *   OpenAI's is 5); "n", an integer 1..FT_GEN_MAX_CHOICES, the choices of the reply (a plain
- *   record has no "n": there it is an unknown key); "prompt_logprobs" an integer 0..20 or null
- *   (not false); "echo" true or false (FT_GEN_SET_ECHO; completions: the prompt text before the
- *   reply, and then "max_tokens" (or "max_completion_tokens") may be 0, as OpenAI's legacy
- *   completions allow; chat: vLLM's echo repeats a final message of the reply's role, which
- *   ftune refuses, so the text is unchanged). B's fields that ftune does not implement
- *   are refused, naming the field, unless their value changes nothing (stream false,
- *   response_format {"type": "text"}, tool_choice "auto", best_of 1, ...: the list is
- *   gen_batch_req.c BODY_FIELDS, from OpenAI's and vLLM's request schemas); model, user,
- *   metadata, store, service_tier and other bookkeeping are accepted and ignored. Other keys
- *   of the line or of B are unknown keys ("body.KEY").
- * A bad value is FT_E_INVALID with a message naming the key; so is a key that an object
- * record (or a batch request's body) holds twice, which JSON readers resolve differently.
- * Returns 0, -ENOMEM, FT_E_INVALID (the message says what is wrong, without a location:
- * callers prefix it with ft_err_prefix). On error *q is left empty. Free with
- * ft_gen_req_free. */
-int ft_gen_req_parse(ft_gen_req *q, const cJSON *rec, const char *system, int raw);
-void ft_gen_req_free(ft_gen_req *q); /* NULL-safe; leaves q zeroed */
-
-/* Token ids of q's prompt, as ft_gen_prompt_ids renders them (the same template path and
- * flags, so a record {"prompt": S, "system": S2} gives the ids of --prompt S --system S2),
- * with q's tools and message objects, and the template chosen as training chooses it
- * (ft_chat_template_for: the model's own for tools, tool calls, and tool results under
- * ChatML), so the ids are those of the record's conversation rendered by the engine with
- * the generation prompt. *tmpl_out (may be NULL) receives the template used. Returns as
- * ft_gen_prompt_ids, and ft_chat_template_for's FT_E_INVALID. */
-int ft_gen_req_ids(const ft_tokenizer *tok, int tmpl, const ft_gen_req *q, int flags,
-                   int32_t **ids, int64_t *n, int *tmpl_out);
-
-/* The prompt log-probabilities of one prompt (ft_gen_prompt_logprobs), host memory, malloc'ed:
- * for each position p in 1..n-1, at row p (stride 1 + k): ids[p * (1 + k)] is the prompt
- * token and lp[p * (1 + k)] its log-probability given the tokens before it, then the k most
- * likely tokens at that place and theirs (descending, ties to the lower id); rank[p] is the
- * token's rank as vLLM counts it (vllm/v1/sample/ops/logprobs.py batched_count_greater_than:
- * the number of tokens whose logit is >= its own, itself included, so 1 for the most likely
- * token without a tie). Row 0 (the first token: nothing before it) holds the first token, lp
- * NaN, alternatives -1 (ids) and NaN, rank 0. */
-typedef struct ft_gen_plp {
-    int64_t n, k;
-    float *lp;                  /* (n, 1 + k) */
-    int32_t *ids;               /* (n, 1 + k) */
-    int64_t *rank;              /* (n) */
-} ft_gen_plp;
-
-/* vLLM's prompt_logprobs (and OpenAI's legacy completions echo with logprobs): the empty slot
- * `slot` prefilled with prompt ids[0..n) (host) in forwards of at most `rows` tokens
- * (ft_gen_forward_slot), each returning the logits of all its rows, so that memory holds
- * (rows, V) logits at a time, never (n, V); row t of the forward at position i gives the
- * distribution of ids[i + t + 1] (ft_sample_logprobs: the raw log-softmax, its log-sum-exp in
- * double; the k alternatives as the reply's log-probabilities list them), into *out (see
- * ft_gen_plp; allocated here, freed with ft_gen_plp_free). Afterwards the slot holds the
- * prompt, as a prefill leaves it, and logits[0..V) the distribution of the first reply token
- * (the last prompt row). logits: (rows, V) host scratch. The same forwards on every backend
- * (the op table), the logits copied to the host as the reply's are. Returns 0, -ENOMEM,
- * FT_E_INVALID (a slot that is not empty, k outside 0..FT_GEN_MAX_LOGPROBS, NULL pointers),
- * FT_E_RANGE (rows outside 1..min(chunk_max, logit_rows_max), n outside 1..ctx_max) or the
- * forward's and ft_sample_logprobs' errors (*out then empty, the slot reset). */
-int ft_gen_prompt_logprobs(ft_gen *g, int64_t slot, const int32_t *ids, int64_t n, int64_t k,
-                           int64_t rows, float *logits, ft_gen_plp *out);
-void ft_gen_plp_free(ft_gen_plp *p); /* NULL-safe; leaves *p zeroed */
-
-/* The sampling seed of record i of a prompts file run with seed `seed`:
- *   seed XOR (z_i mod 2^53), z_0 = 0, z_i = the i-th output of splitmix64 started at 0
- * (Steele et al. 2014, src/core/rng.h), i.e. its finalizer applied to i * 0x9e3779b97f4a7c15.
- * Record 0 uses the seed itself (a one-record file samples as --prompt does); a record's
- * draws depend only on (seed, i), not on the records around it; a seed below 2^53 gives
- * seeds below 2^53 (exact as JSON numbers, reusable as --seed). */
-uint64_t ft_gen_record_seed(uint64_t seed, int64_t i);
-
-/* Incremental detokenization for streaming (the prefix/read offsets of text-generation-
- * inference and vLLM's detokenize_incrementally): after each token, the text of the
- * window ids[prefix_off..] is decoded and what extends the text of ids[prefix_off..
- * read_off) is emitted, unless it ends in U+FFFD (a character whose bytes are split
- * across tokens, still incomplete). So only whole UTF-8 characters are printed, and the
- * pieces concatenate to ft_tok_decode(all ids, skip_special = 1). */
-typedef struct ft_detok {
-    const ft_tokenizer *tok;
-    int32_t *ids;
-    int64_t n, cap;
-    int64_t prefix_off, read_off;
-    char *piece;                /* the last emitted piece (malloc'ed, NUL-terminated) */
-} ft_detok;
-
-void ft_detok_init(ft_detok *d, const ft_tokenizer *tok);
-/* Appends token id. *piece (valid until the next call) receives the newly completed
- * text, *n its length in bytes (0: nothing complete yet). Returns 0, -ENOMEM. */
-int ft_detok_push(ft_detok *d, int32_t id, const char **piece, size_t *n);
-/* The text still held back at the end (an incomplete character decodes as U+FFFD). */
-int ft_detok_flush(ft_detok *d, const char **piece, size_t *n);
-void ft_detok_free(ft_detok *d); /* NULL-safe */
 
 #endif

@@ -36,12 +36,6 @@ int ft_sample_cfg_check(const ft_sample_cfg *cfg)
     if (!(cfg->min_p >= 0 && cfg->min_p <= 1))
         return ft_err(FT_E_INVALID, "sampler: min-p %g, expected 0 <= min-p <= 1 (0: off)",
                       (double)cfg->min_p);
-    if (!(cfg->presence_penalty >= -2 && cfg->presence_penalty <= 2))
-        return ft_err(FT_E_INVALID, "sampler: presence penalty %g, expected -2..2 (0: off)",
-                      (double)cfg->presence_penalty);
-    if (!(cfg->frequency_penalty >= -2 && cfg->frequency_penalty <= 2))
-        return ft_err(FT_E_INVALID, "sampler: frequency penalty %g, expected -2..2 (0: off)",
-                      (double)cfg->frequency_penalty);
     return 0;
 }
 
@@ -58,8 +52,7 @@ int ft_sampler_init(ft_sampler *s, const ft_sample_cfg *cfg, int64_t V)
     s->cand_id = malloc((size_t)V * sizeof *s->cand_id);
     s->cand_p = malloc((size_t)V * sizeof *s->cand_p);
     s->pairs = malloc((size_t)V * sizeof(zpair));
-    s->pen = malloc((size_t)V * sizeof *s->pen);
-    if (!s->cand_id || !s->cand_p || !s->pairs || !s->pen) {
+    if (!s->cand_id || !s->cand_p || !s->pairs) {
         ft_sampler_free(s);
         return ft_err(-ENOMEM, "sampler: out of memory for %lld logits", (long long)V);
     }
@@ -78,7 +71,6 @@ void ft_sampler_free(ft_sampler *s)
     free(s->cand_id);
     free(s->cand_p);
     free(s->pairs);
-    free(s->pen);
     memset(s, 0, sizeof *s);
 }
 
@@ -117,48 +109,6 @@ void ft_sample_seen_add(ft_sample_seen *h, const int32_t *ids, int64_t n)
 int ft_sample_seen_has(const ft_sample_seen *h, int64_t id)
 {
     return id >= 0 && id < h->V && (h->bits[id >> 6] >> (id & 63) & 1);
-}
-
-/* ---- the ids a reply holds, counted (presence and frequency penalties) -------------------- */
-
-int ft_sample_counts_init(ft_sample_counts *c, int64_t V)
-{
-    memset(c, 0, sizeof *c);
-    if (V < 1 || V > INT32_MAX)
-        return ft_err(FT_E_INVALID, "sampler: vocabulary of %lld ids, expected 1..%d",
-                      (long long)V, INT32_MAX);
-    c->count = calloc((size_t)V, sizeof *c->count);
-    c->ids = malloc((size_t)V * sizeof *c->ids);
-    if (!c->count || !c->ids) {
-        ft_sample_counts_free(c);
-        return ft_err(-ENOMEM, "sampler: out of memory for %lld ids", (long long)V);
-    }
-    c->V = V;
-    return 0;
-}
-
-void ft_sample_counts_free(ft_sample_counts *c)
-{
-    if (!c) return;
-    free(c->count);
-    free(c->ids);
-    memset(c, 0, sizeof *c);
-}
-
-void ft_sample_counts_clear(ft_sample_counts *c)
-{
-    for (int64_t i = 0; i < c->n; i++) c->count[c->ids[i]] = 0;
-    c->n = 0;
-}
-
-void ft_sample_counts_add(ft_sample_counts *c, const int32_t *ids, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) {
-        const int32_t t = ids[i];
-        if (t < 0 || t >= c->V) continue;
-        if (c->count[t] == 0) c->ids[c->n++] = t;
-        if (c->count[t] < INT32_MAX) c->count[t]++; /* saturates */
-    }
 }
 
 /* The penalty factor to apply to the ids of seen: 0 when there is none (no set, or a
@@ -343,35 +293,6 @@ int ft_sample_dist_seen(ft_sampler *s, const float *logits, const ft_sample_seen
     return 0;
 }
 
-int ft_sample_dist_pen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
-                       const ft_sample_counts *counts)
-{
-    const float fp = s->cfg.frequency_penalty, pp = s->cfg.presence_penalty;
-    if (!counts || !counts->n || (fp == 0 && pp == 0)) return ft_sample_dist_seen(s, logits, seen);
-    const int64_t V = s->V;
-    if (counts->V != V)
-        return ft_err(FT_E_INVALID, "sampler: counts of %lld ids for %lld logits",
-                      (long long)counts->V, (long long)V);
-    if (seen && seen->bits && seen->V != V)
-        return ft_err(FT_E_INVALID, "sampler: a set of %lld ids for %lld logits",
-                      (long long)seen->V, (long long)V);
-    if (!s->pen && !(s->pen = malloc((size_t)V * sizeof *s->pen)))
-        return ft_err(-ENOMEM, "sampler: out of memory for %lld logits", (long long)V);
-    /* the repetition penalty first, then OpenAI's two, as vLLM's apply_penalties: float
-     * products and differences, as its float32 tensors compute them */
-    const float rp = penalty_of(s, seen);
-    for (int64_t i = 0; i < V; i++) s->pen[i] = penalised(logits, i, seen, rp);
-    for (int64_t k = 0; k < counts->n; k++) {
-        const int32_t t = counts->ids[k];
-        const float c = (float)counts->count[t];
-        float x = s->pen[t];
-        x = x - fp * c;
-        x = x - pp;          /* c > 0 for every id listed */
-        s->pen[t] = x;
-    }
-    return ft_sample_dist_seen(s, s->pen, NULL);
-}
-
 int ft_sample_next(ft_sampler *s, const float *logits, int32_t *token)
 {
     return ft_sample_next_seen(s, logits, NULL, token);
@@ -380,13 +301,7 @@ int ft_sample_next(ft_sampler *s, const float *logits, int32_t *token)
 int ft_sample_next_seen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
                         int32_t *token)
 {
-    return ft_sample_next_pen(s, logits, seen, NULL, token);
-}
-
-int ft_sample_next_pen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
-                       const ft_sample_counts *counts, int32_t *token)
-{
-    FT_TRY(ft_sample_dist_pen(s, logits, seen, counts));
+    FT_TRY(ft_sample_dist_seen(s, logits, seen));
     if (s->n_cand == 1) {
         *token = s->cand_id[0];
         return 0;
@@ -403,52 +318,6 @@ int ft_sample_next_pen(ft_sampler *s, const float *logits, const ft_sample_seen 
         }
     }
     *token = s->cand_id[s->n_cand - 1];
-    return 0;
-}
-
-/* ---- log-probabilities of the raw logits ---------------------------------------------------- */
-
-int ft_sample_logprobs(const float *logits, int64_t V, int32_t token, int64_t k, float *token_lp,
-                       int32_t *top_id, float *top_lp, int64_t *n_top)
-{
-    if (n_top) *n_top = 0;
-    if (!logits || V < 1 || V > INT32_MAX)
-        return ft_err(FT_E_INVALID, "logprobs: %lld logits, expected 1..%d", (long long)V, INT32_MAX);
-    if (token < -1 || token >= V)
-        return ft_err(FT_E_INVALID, "logprobs: token %d outside the vocabulary of %lld", (int)token,
-                      (long long)V);
-    if (k < 0 || k > FT_SAMPLE_MAX_LOGPROBS || (k > 0 && (!top_id || !top_lp)))
-        return ft_err(FT_E_INVALID, "logprobs: %lld alternatives, expected 0..%d", (long long)k,
-                      FT_SAMPLE_MAX_LOGPROBS);
-    const int64_t kk = k < V ? k : V;
-    /* the largest logit, the numeric checks of ft_sample_dist, and the kk best (a list kept
-     * sorted by insertion: a logit enters only when it beats the worst kept one, and equal
-     * logits keep the lower id first as ids arrive in order) */
-    float mx = -INFINITY;
-    int64_t n = 0;
-    for (int64_t i = 0; i < V; i++) {
-        const float x = logits[i];
-        if (x != x || x == INFINITY)
-            return ft_err(FT_E_NUMERIC, "logprobs: logit %lld is %g: no distribution", (long long)i,
-                          (double)x);
-        mx = x > mx ? x : mx;
-        if (!kk || (n == kk && !(x > top_lp[kk - 1]))) continue;
-        int64_t j = n < kk ? n++ : kk - 1; /* the slot freed at the end */
-        while (j > 0 && x > top_lp[j - 1]) {
-            top_lp[j] = top_lp[j - 1];
-            top_id[j] = top_id[j - 1];
-            j--;
-        }
-        top_lp[j] = x;
-        top_id[j] = (int32_t)i;
-    }
-    if (!(mx > -INFINITY)) return ft_err(FT_E_NUMERIC, "logprobs: every logit is -inf");
-    double sum = 0; /* >= 1: the largest term is exp(0) */
-    for (int64_t i = 0; i < V; i++) sum += exp((double)logits[i] - (double)mx);
-    const double lse = (double)mx + log(sum);
-    for (int64_t j = 0; j < kk; j++) top_lp[j] = (float)((double)top_lp[j] - lse);
-    if (token >= 0 && token_lp) *token_lp = (float)((double)logits[token] - lse);
-    if (n_top) *n_top = kk;
     return 0;
 }
 

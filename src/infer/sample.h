@@ -20,10 +20,6 @@
  *      exp(z - max z) >= min_p in double, where transformers compares float32 softmax
  *      values, so a token within rounding of the cut may go either way;
  *   5. draw from softmax(z) renormalised over what is left.
- *   0b. presence and frequency penalties (OpenAI's definition, as vLLM applies them after the
- *      repetition penalty, vllm/model_executor/layers/utils.py apply_penalties): over the
- *      tokens generated so far only (not the prompt), with c = the count of id in them,
- *      x -= frequency_penalty * c, then x -= presence_penalty * (c > 0), each in float;
  * temperature == 0 means greedy: the argmax of the (penalised) logits (lowest id on ties),
  * no draw; top-k, top-p and min-p have no effect then, as transformers ignores its warpers
  * without do_sample.
@@ -32,8 +28,6 @@
  * only; its CLI samples at temperature 0.8 by default. ftune generate defaults to greedy.)
  * The draws are reproducible: the same seed, logits and settings give the same tokens on
  * every machine (xoshiro256**, src/core/rng.h; probabilities in double).
- * ft_sample_logprobs gives the log-probabilities that `ftune generate --logprobs` reports:
- * those of the raw logits, before any of the steps above.
  */
 #ifndef FT_SAMPLE_H
 #define FT_SAMPLE_H
@@ -51,18 +45,7 @@ typedef struct ft_sample_cfg {
     uint64_t seed;       /* PRNG seed of the draws */
     float repetition_penalty; /* > 0, finite; 1: off (0, a zeroed field: off as well) */
     float min_p;         /* [0, 1]; 0: no min-p */
-    float presence_penalty;  /* [-2, 2]; 0: off (needs an ft_sample_counts) */
-    float frequency_penalty; /* [-2, 2]; 0: off (needs an ft_sample_counts) */
 } ft_sample_cfg;
-
-/* How often each id occurs in a sequence's reply so far (the generated tokens, not the
- * prompt), for the presence and frequency penalties. Owned by the caller (one per sequence
- * decoded), cleared per prompt; clearing and applying cost O(distinct ids counted). */
-typedef struct ft_sample_counts {
-    int32_t *count;      /* (V) host: occurrences of each id */
-    int32_t *ids;        /* (V) host: the distinct ids counted, n of them, in first-seen order */
-    int64_t n, V;
-} ft_sample_counts;
 
 /* The token ids a sequence holds so far (prompt and reply), for the repetition penalty: one
  * bit per vocabulary id, so each id counts once however often it occurs. Owned by the caller
@@ -88,7 +71,6 @@ typedef struct ft_sampler {
     int32_t *cand_id;
     double *cand_p;
     void *pairs;         /* V (scaled logit, id) pairs: scratch */
-    float *pen;          /* V penalised logits: scratch of the presence / frequency penalties */
 } ft_sampler;
 
 /* 0 when cfg is within the ranges below (ft_sampler_init's checks); else FT_E_INVALID, the
@@ -97,8 +79,7 @@ int ft_sample_cfg_check(const ft_sample_cfg *cfg);
 
 /* Checks cfg and allocates the scratch for V logits. Returns 0, -ENOMEM, FT_E_INVALID
  * (temperature < 0 or not finite, top_k < 0, top_p outside (0, 1], repetition_penalty < 0
- * or not finite, min_p outside [0, 1], a presence or frequency penalty outside [-2, 2],
- * V < 1). */
+ * or not finite, min_p outside [0, 1], V < 1). */
 int ft_sampler_init(ft_sampler *s, const ft_sample_cfg *cfg, int64_t V);
 void ft_sampler_free(ft_sampler *s); /* NULL-safe; leaves s zeroed */
 
@@ -129,24 +110,6 @@ int ft_sample_next(ft_sampler *s, const float *logits, int32_t *token);
 int ft_sample_next_seen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
                         int32_t *token);
 
-/* As ft_sample_dist_seen / ft_sample_next_seen, with the presence and frequency penalties
- * of s->cfg applied to the ids counted in counts (NULL or empty: none) after the repetition
- * penalty (sample.h's step 0b); logits are not modified. FT_E_INVALID for counts of another
- * vocabulary size than s->V. The caller adds the chosen token to counts
- * (ft_sample_counts_add) when the sequence goes on. */
-int ft_sample_dist_pen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
-                       const ft_sample_counts *counts);
-int ft_sample_next_pen(ft_sampler *s, const float *logits, const ft_sample_seen *seen,
-                       const ft_sample_counts *counts, int32_t *token);
-
-/* Empty counts for a vocabulary of V ids. Returns 0, -ENOMEM, FT_E_INVALID (V < 1). */
-int ft_sample_counts_init(ft_sample_counts *c, int64_t V);
-void ft_sample_counts_free(ft_sample_counts *c); /* NULL-safe; leaves c zeroed */
-/* Empties the counts (for the next prompt). */
-void ft_sample_counts_clear(ft_sample_counts *c);
-/* Counts ids[0..n); ids outside [0, V) are ignored. */
-void ft_sample_counts_add(ft_sample_counts *c, const int32_t *ids, int64_t n);
-
 /* An empty set for a vocabulary of V ids. Returns 0, -ENOMEM, FT_E_INVALID (V < 1). */
 int ft_sample_seen_init(ft_sample_seen *h, int64_t V);
 void ft_sample_seen_free(ft_sample_seen *h); /* NULL-safe; leaves h zeroed */
@@ -156,30 +119,6 @@ void ft_sample_seen_clear(ft_sample_seen *h);
 void ft_sample_seen_add(ft_sample_seen *h, const int32_t *ids, int64_t n);
 /* 1 when id is in the set. */
 int ft_sample_seen_has(const ft_sample_seen *h, int64_t id);
-
-/* Most alternatives ft_sample_logprobs lists per token (vLLM's default max_logprobs; OpenAI's
- * chat API allows 20 top_logprobs). */
-#define FT_SAMPLE_MAX_LOGPROBS 20
-
-/* Log-probabilities of the raw distribution of one row of logits (V floats, host): the
- * log-softmax log p(i) = x_i - log(sum_j exp(x_j)), the log-sum-exp taken in double around
- * the largest logit. These are the model's own probabilities, before the repetition,
- * presence and frequency penalties, the temperature and the top-k / top-p / min-p filters
- * (vLLM's default logprobs_mode "raw_logprobs"; OpenAI's API returns the same kind of value),
- * so a greedy and a sampled run report the same numbers for the same prefix.
- *   token: an id in [0, V) whose log-probability goes to *token_lp (may be NULL), or -1 for
- *     none;
- *   k: 0..FT_SAMPLE_MAX_LOGPROBS alternatives: the min(k, V) ids of the largest logits, in
- *     descending order, ties to the lower id, into top_id / top_lp (min(k, V) entries each;
- *     NULL when k = 0); *n_top (may be NULL) receives min(k, V).
- * A -inf logit is a token of probability 0: its log-probability is -inf (it is listed among
- * the top ones only when fewer than k tokens have a finite logit). A NaN or +inf logit, or
- * every logit -inf, is FT_E_NUMERIC, as the sampler refuses them (ft_sample_dist). Returns
- * 0, FT_E_NUMERIC, FT_E_INVALID (V < 1, token outside [-1, V), k outside 0..20, NULL
- * arrays). Allocates nothing: O(V) plus O(V k) in the worst case (rising logits), O(V)
- * usually. */
-int ft_sample_logprobs(const float *logits, int64_t V, int32_t token, int64_t k, float *token_lp,
-                       int32_t *top_id, float *top_lp, int64_t *n_top);
 
 /* The argmax of x (n), the lowest index on ties; -1 if n < 1 or every value is NaN. */
 int32_t ft_sample_argmax(const float *x, int64_t n);

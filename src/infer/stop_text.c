@@ -100,3 +100,83 @@ int ft_stop_text_take(const ft_stop_text *x, char **out)
     (*out)[x->len] = 0;
     return 0;
 }
+
+/* ---- streaming detokenization ------------------------------------------------------------ */
+
+void ft_detok_init(ft_detok *d, const ft_tokenizer *tok)
+{
+    memset(d, 0, sizeof *d);
+    d->tok = tok;
+}
+
+void ft_detok_free(ft_detok *d)
+{
+    if (!d) return;
+    free(d->ids);
+    free(d->piece);
+    memset(d, 0, sizeof *d);
+}
+
+/* Decodes ids[a..b) (skip_special) into a malloc'ed string; *len its length. */
+static int decode_range(const ft_detok *d, int64_t a, int64_t b, char **s, size_t *len)
+{
+    FT_TRY(ft_tok_decode(d->tok, d->ids + a, b - a, 1, s));
+    if (!*s && !(*s = calloc(1, 1))) return ft_err(-ENOMEM, "detokenizer: out of memory");
+    *len = strlen(*s);
+    return 0;
+}
+
+static int ends_replacement(const char *s, size_t n)
+{
+    return n >= 3 && (unsigned char)s[n - 3] == 0xEF && (unsigned char)s[n - 2] == 0xBF &&
+           (unsigned char)s[n - 1] == 0xBD;
+}
+
+/* Emits the text of ids[prefix_off..n) beyond that of ids[prefix_off..read_off); with
+ * final = 0 only when it is longer and does not end in U+FFFD. */
+static int detok_step(ft_detok *d, int final, const char **piece, size_t *n)
+{
+    *piece = "";
+    *n = 0;
+    char *pre = NULL, *all = NULL;
+    size_t pn = 0, an = 0;
+    int rc = decode_range(d, d->prefix_off, d->read_off, &pre, &pn);
+    if (!rc) rc = decode_range(d, d->prefix_off, d->n, &all, &an);
+    if (!rc && an > pn && (final || !ends_replacement(all, an))) {
+        free(d->piece);
+        d->piece = malloc(an - pn + 1);
+        if (!d->piece) {
+            rc = ft_err(-ENOMEM, "detokenizer: out of memory");
+        } else {
+            memcpy(d->piece, all + pn, an - pn);
+            d->piece[an - pn] = 0;
+            *piece = d->piece;
+            *n = an - pn;
+            d->prefix_off = d->read_off;
+            d->read_off = d->n;
+        }
+    }
+    free(pre);
+    free(all);
+    return rc;
+}
+
+int ft_detok_push(ft_detok *d, int32_t id, const char **piece, size_t *n)
+{
+    *piece = "";
+    *n = 0;
+    if (d->n == d->cap) {
+        int64_t cap = d->cap ? 2 * d->cap : 64;
+        int32_t *p = realloc(d->ids, (size_t)cap * sizeof *p);
+        if (!p) return ft_err(-ENOMEM, "detokenizer: out of memory");
+        d->ids = p;
+        d->cap = cap;
+    }
+    d->ids[d->n++] = id;
+    return detok_step(d, 0, piece, n);
+}
+
+int ft_detok_flush(ft_detok *d, const char **piece, size_t *n)
+{
+    return detok_step(d, 1, piece, n);
+}

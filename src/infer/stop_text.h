@@ -1,8 +1,8 @@
 /* stop_text.h - a reply's text as it is generated, searched for stop strings, as vLLM's
  * SamplingParams.stop (vllm/v1/engine/detokenizer.py check_stop_strings): the reply ends as
  * soon as its decoded text contains one of them, and its text stops before that string (the
- * string itself is not kept). The text is what the streaming detokenizer (generate.h
- * ft_detok) completes: whole UTF-8 characters, special tokens skipped. When one piece
+ * string itself is not kept). The text is what the streaming detokenizer (ft_detok below)
+ * completes: whole UTF-8 characters, special tokens skipped. When one piece
  * completes two stop strings, the one that ends first wins, then the one listed first
  * (vLLM takes the first listed that the new text completes; the two agree unless one token
  * completes both). For streaming, ft_stop_text_safe says how much can be shown: all but the
@@ -16,7 +16,28 @@
 #include <stdint.h>
 
 #include "src/tokenizer/tokenizer.h"
-#include "src/infer/generate.h"
+
+/* Incremental detokenization for streaming (the prefix/read offsets of text-generation-
+ * inference and vLLM's detokenize_incrementally): after each token, the text of the
+ * window ids[prefix_off..] is decoded and what extends the text of ids[prefix_off..
+ * read_off) is emitted, unless it ends in U+FFFD (a character whose bytes are split
+ * across tokens, still incomplete). So only whole UTF-8 characters are printed, and the
+ * pieces concatenate to ft_tok_decode(all ids, skip_special = 1). */
+typedef struct ft_detok {
+    const ft_tokenizer *tok;
+    int32_t *ids;
+    int64_t n, cap;
+    int64_t prefix_off, read_off;
+    char *piece;                /* the last emitted piece (malloc'ed, NUL-terminated) */
+} ft_detok;
+
+void ft_detok_init(ft_detok *d, const ft_tokenizer *tok);
+/* Appends token id. *piece (valid until the next call) receives the newly completed
+ * text, *n its length in bytes (0: nothing complete yet). Returns 0, -ENOMEM. */
+int ft_detok_push(ft_detok *d, int32_t id, const char **piece, size_t *n);
+/* The text still held back at the end (an incomplete character decodes as U+FFFD). */
+int ft_detok_flush(ft_detok *d, const char **piece, size_t *n);
+void ft_detok_free(ft_detok *d); /* NULL-safe */
 
 typedef struct ft_stop_text {
     ft_detok dt;

@@ -733,59 +733,27 @@ def _(d):
     return prompts_file(d, '"hi"', '42')
 
 
-@case("generate", "`--prompts` record with `\"temperature\": -1`", "src/infer/gen_prompt.c gp_req_params")
+@case("generate", "`--prompts` record with `\"temperature\": -1`", "src/infer/gen_prompt.c req_params")
 def _(d):
     return prompts_file(d, '{"prompt": "hi", "temperature": -1}')
 
 
-@case("generate", "OpenAI batch request with `\"n\": 17`", "src/infer/gen_prompt.c gp_req_params")
+@case("generate", "`--prompts` OpenAI batch request (the removed Batch-API emulation)",
+      "src/infer/gen_prompt.c req_params")
 def _(d):
     return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
-                           '"body": {"messages": [{"role": "user", "content": "hi"}], "n": 17}}')
+                           '"body": {"messages": [{"role": "user", "content": "hi"}]}}')
 
 
-@case("generate", "OpenAI batch file with a duplicate `custom_id`", "cli/gen_batch.c")
+@case("generate", "`--prompts` record with `\"logit_bias\"` (removed)", "src/infer/gen_prompt.c req_params")
 def _(d):
-    req = ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
-           '"body": {"prompt": "hi"}}')
-    return prompts_file(d, req, req)
+    return prompts_file(d, '{"prompt": "hi", "logit_bias": {"1": 5}}')
 
 
-@case("generate", "OpenAI batch requests mixed with plain records", "cli/gen_batch.c")
+@case("generate", "`--prompts` record with `\"stop_token_ids\": [999999]` (id past the vocabulary)",
+      "cli/gen_prompts.c")
 def _(d):
-    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
-                           '"body": {"prompt": "hi"}}', '"plain"')
-
-
-@case("generate", "OpenAI batch request to `/v1/embeddings`", "src/infer/gen_batch_req.c gp_req_batch")
-def _(d):
-    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", '
-                           '"body": {"input": "hi"}}')
-
-
-@case("generate", "OpenAI batch request with `\"prompt_logprobs\": 21`", "src/infer/gen_prompt.c gp_req_params")
-def _(d):
-    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
-                           '"body": {"prompt": "hi", "prompt_logprobs": 21}}')
-
-
-@case("generate", "OpenAI chat request with `\"max_tokens\": 0` (allowed only with completions echo)",
-      "src/infer/gen_prompt.c gp_req_params")
-def _(d):
-    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
-                           '"body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}}')
-
-
-@case("generate", "`--prompts` record with `\"logit_bias\": {\"999999\": 5}` (id past the vocabulary)",
-      "cli/gen_batch.c")
-def _(d):
-    return prompts_file(d, '{"prompt": "hi", "logit_bias": {"999999": 5}}')
-
-
-@case("generate", "OpenAI batch request with `\"best_of\": 1, \"n\": 2`", "src/infer/gen_prompt.c gp_req_params")
-def _(d):
-    return prompts_file(d, '{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
-                           '"body": {"prompt": "hi", "best_of": 1, "n": 2}}')
+    return prompts_file(d, '{"prompt": "hi", "stop_token_ids": [999999]}')
 
 
 @case("options", "`eval --per-example` into a folder that does not exist", "cli/cmd_eval.c")
@@ -806,9 +774,9 @@ def _(d):
     return ["generate", "--model", TINY, "--chat", "--prompt", "hi"]
 
 
-@case("generate", "`--presence-penalty 3`", "cli/args.c g_domains (and cli/cmd_generate.c)")
+@case("generate", "`--presence-penalty 0.5` (removed)", "cli/cmd_generate.c removed_flag")
 def _(d):
-    return ["generate", "--model", TINY, "--prompt", "hi", "--presence-penalty", "3"]
+    return ["generate", "--model", TINY, "--prompt", "hi", "--presence-penalty", "0.5"]
 
 
 # ---- issue 31: silent wrong results, outputs over inputs -------------------------------------

@@ -46,13 +46,11 @@ def last_logits(tmp_path, model, ids):
     return np.fromfile(out, dtype="<f4").reshape(j["n_tokens"], j["vocab"])[-1]
 
 
-def reference_greedy(tmp_path, model, prompt_ids, n_new, stop_ids, presence=0.0, frequency=0.0,
-                     repetition=1.0):
-    """Greedy decoding, one `ftune logits` call per step over the whole prefix, float32
-    penalties as vLLM's apply_penalties (transformers' RepetitionPenaltyLogitsProcessor for the
-    repetition one): x < 0 ? x * p : x / p on the ids of prompt and reply (each once), then
-    logits -= frequency * count and -= presence over the reply's ids; the argmax. Returns
-    (ids, stopped on a stop id, smallest top-2 margin)."""
+def reference_greedy(tmp_path, model, prompt_ids, n_new, stop_ids, repetition=1.0):
+    """Greedy decoding, one `ftune logits` call per step over the whole prefix, the float32
+    repetition penalty of transformers' RepetitionPenaltyLogitsProcessor: x < 0 ? x * p : x / p
+    on the ids of prompt and reply (each once); the argmax. Returns (ids, stopped on a stop id,
+    smallest top-2 margin)."""
     seq, out, margin = list(prompt_ids), [], np.inf
     for _ in range(n_new):
         z = last_logits(tmp_path, model, seq).astype(np.float32).copy()
@@ -60,10 +58,6 @@ def reference_greedy(tmp_path, model, prompt_ids, n_new, stop_ids, presence=0.0,
             idx = np.array(sorted(set(seq)), dtype=np.int64)
             s, p = z[idx], np.float32(repetition)
             z[idx] = np.where(s < 0, s * p, s / p)
-        if out and (frequency or presence):
-            ids, cnt = np.unique(np.array(out), return_counts=True)
-            z[ids] = z[ids] - np.float32(frequency) * cnt.astype(np.float32)
-            z[ids] = z[ids] - np.float32(presence)
         top2 = np.sort(np.partition(z, -2)[-2:])
         margin = min(margin, float(top2[1] - top2[0]))
         t = int(np.argmax(z))

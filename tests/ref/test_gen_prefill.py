@@ -1,7 +1,7 @@
 """`ftune generate --prompts` prefills the prompts that start together in one forward
-(src/infer/generate.h ft_gen_prefill; cli/gen_batch.c slots_prefill): the first --batch
-records, then those taking the slots of records that finished in the same step, as far as the
-chunk holds them (a prompt longer than the chunk alone, in chunks).
+(src/infer/generate.h ft_gen_prefill; src/infer/gen_batch.c seqs_prefill): the first --batch
+records, then those taking the KV cache rows (sequences) of records that finished in the same
+step, as far as the chunk holds them (a prompt longer than the chunk alone, in chunks).
 
   - the lines are those of --batch 1 and of FTUNE_GEN_PREFILL=each (one prompt per forward,
     as before), greedy and sampled, on the tiny fixture (a prompt longer than the 1024-token

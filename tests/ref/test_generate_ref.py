@@ -180,6 +180,25 @@ def test_sampling_seeded_and_bad_flags(tiny):
     assert rc == 1 and "/nonexistent/adapter" in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("flag", ["--presence-penalty=0.5", "--frequency-penalty", "--logprobs",
+                                  "--prompt-logprobs", "--logit-bias", "--n", "--best-of"])
+def test_removed_flags(tiny, flag, tmp_path):
+    """The flags of the removed OpenAI Batch-API emulation: one usage line naming the flag and
+    where a serving API lives (exit 2), before any model is read; a prompts record with one of
+    its keys (or a batch request's "body") stops the run naming file, line and key."""
+    rc, out, err = ftune_generate(TINY, "--prompt", "x", flag, "1", json_out=False, check=False)
+    name = flag.split("=")[0]
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"ftune: generate: {name} was removed") and "vLLM or llama.cpp" in err, err
+    p = tmp_path / "p.jsonl"
+    for key, rec in (("n", {"prompt": "x", "n": 2}), ("logprobs", {"prompt": "x", "logprobs": 1}),
+                     ("body", {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                               "body": {"prompt": "x"}})):
+        p.write_text(json.dumps("ok") + "\n" + json.dumps(rec) + "\n")
+        rc, out, err = ftune_generate(TINY, "--prompts", p, json_out=False, check=False)
+        assert rc == 1 and out == "" and f"{p}: line 2: '{key}' was removed" in err, err
+
+
 def test_no_think_prompt(tiny):
     """--no-think is qwen3's enable_thinking=False: the prompt gains the template's empty
     thinking block after the assistant header (tokenized here as the same text encoded by the
@@ -331,9 +350,9 @@ def test_tiny_prompts_file_greedy(tmp_path):
 
 
 def test_tiny_prompts_file_one_new_token(tmp_path):
-    """--max-new-tokens 1: every record finishes at the token its prefill samples, so its slot
+    """--max-new-tokens 1: every record finishes at the token its prefill samples, so its sequence
     takes the next record at once and the finished lines wait to be written in order; each
-    keeps its own token (they shared the slot's token buffer: every line had the last
+    keeps its own token (they shared the sequence's token buffer: every line had the last
     record's token, at any --batch)."""
     path = write_jsonl(tmp_path / "p.jsonl", [r for r, _, _ in THREE])
     extra = ["--max-new-tokens", 1, "--temperature", 1.0, "--seed", 7]

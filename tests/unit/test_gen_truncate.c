@@ -1,7 +1,7 @@
-/* test_gen_truncate.c - ft_gen_truncate_slot (src/infer/generate.h), the prefix reuse of
+/* test_gen_truncate.c - ft_gen_truncate_seq (src/infer/generate.h), the prefix reuse of
  * `ftune generate --chat`: a cache that held a prompt A + B and its decode, cut back to A and
  * continued with C, gives the logits of a cache that only ever saw A + C (and of A + C
- * recomputed from scratch); bad cuts are refused and change nothing; a cut of one slot leaves
+ * recomputed from scratch); bad cuts are refused and change nothing; a cut of one seq leaves
  * the others alone. Model: tests/fixtures/tiny-llama (2 layers, GQA 4/2 heads), with a random
  * LoRA so that the adapter path is covered too. */
 #include "tests/unit/harness.h"
@@ -39,24 +39,24 @@ static const int32_t A[NA] = {1, 415, 2936, 9060, 285, 1142, 461};
 static const int32_t B[NB] = {10575, 754, 272, 17898, 3914, 3065};
 static const int32_t C[NC] = {272, 7782, 28723, 13, 1014};
 
-/* Slot `slot` of g: A + B prefilled, 4 greedy tokens decoded, cut back to A, C prefilled;
+/* Sequence `seq` of g: A + B prefilled, 4 greedy tokens decoded, cut back to A, C prefilled;
  * lg (V) receives C's last logits. */
-static void branch_and_cut(ft_gen *g, int64_t slot, const fix *f, float *lg)
+static void branch_and_cut(ft_gen *g, int64_t seq, const fix *f, float *lg)
 {
     const int64_t V = f->m->cfg.vocab_size;
     int32_t ab[NA + NB];
     memcpy(ab, A, sizeof A);
     memcpy(ab + NA, B, sizeof B);
-    assert_int_equal(ft_gen_forward_slot(g, slot, ab, NA + NB, lg, 1), 0);
+    assert_int_equal(ft_gen_forward_seq(g, seq, ab, NA + NB, lg, 1), 0);
     for (int t = 0; t < 4; t++) {
         int32_t id = ft_sample_argmax(lg, V);
-        assert_int_equal(ft_gen_forward_slot(g, slot, &id, 1, lg, 1), 0);
+        assert_int_equal(ft_gen_forward_seq(g, seq, &id, 1, lg, 1), 0);
     }
-    assert_int_equal(g->past[slot], NA + NB + 4);
-    assert_int_equal(ft_gen_truncate_slot(g, slot, NA), 0);
-    assert_int_equal(g->past[slot], NA);
-    assert_int_equal(ft_gen_forward_slot(g, slot, C, NC, lg, 1), 0);
-    assert_int_equal(g->past[slot], NA + NC);
+    assert_int_equal(g->past[seq], NA + NB + 4);
+    assert_int_equal(ft_gen_truncate_seq(g, seq, NA), 0);
+    assert_int_equal(g->past[seq], NA);
+    assert_int_equal(ft_gen_forward_seq(g, seq, C, NC, lg, 1), 0);
+    assert_int_equal(g->past[seq], NA + NC);
 }
 
 static void cut_case(fix *f, const ft_lora *lora, const char *label)
@@ -68,7 +68,7 @@ static void cut_case(fix *f, const ft_lora *lora, const char *label)
     assert_int_equal(ft_gen_init(&fresh, f->be, f->m, lora, ctx, 16, 1), 0);
     assert_int_equal(ft_gen_init(&full, f->be, f->m, lora, ctx, 16, 1), 0);
     branch_and_cut(&cut, 0, f, lt);
-    assert_int_equal(cut.n_past, NA + NC); /* slot 0 mirrors past[0] */
+    assert_int_equal(cut.n_past, NA + NC); /* seq 0 mirrors past[0] */
     /* the same op sequence in a cache that never held B: A, then C against the cache */
     assert_int_equal(ft_gen_forward(&fresh, A, NA, lf, 1), 0);
     assert_int_equal(ft_gen_forward(&fresh, C, NC, lf, 1), 0);
@@ -115,37 +115,37 @@ static void test_bad_cuts(void **state)
     ft_gen g;
     assert_int_equal(ft_gen_init(&g, f->be, f->m, NULL, 16, 8, 1), 0);
     assert_int_equal(ft_gen_forward(&g, A, NA, lg, 1), 0);
-    assert_int_equal(ft_gen_truncate_slot(&g, 0, NA + 1), FT_E_RANGE); /* more than it holds */
-    assert_int_equal(ft_gen_truncate_slot(&g, 0, -1), FT_E_RANGE);
-    assert_int_equal(ft_gen_truncate_slot(&g, 1, 0), FT_E_RANGE); /* one slot only */
-    assert_int_equal(ft_gen_truncate_slot(&g, -1, 0), FT_E_RANGE);
+    assert_int_equal(ft_gen_truncate_seq(&g, 0, NA + 1), FT_E_RANGE); /* more than it holds */
+    assert_int_equal(ft_gen_truncate_seq(&g, 0, -1), FT_E_RANGE);
+    assert_int_equal(ft_gen_truncate_seq(&g, 1, 0), FT_E_RANGE); /* one seq only */
+    assert_int_equal(ft_gen_truncate_seq(&g, -1, 0), FT_E_RANGE);
     assert_int_equal(g.past[0], NA);
     assert_int_equal(g.n_past, NA);
-    assert_int_equal(ft_gen_truncate_slot(&g, 0, NA), 0); /* keeping everything: a no-op */
+    assert_int_equal(ft_gen_truncate_seq(&g, 0, NA), 0); /* keeping everything: a no-op */
     assert_int_equal(g.n_past, NA);
-    assert_int_equal(ft_gen_truncate_slot(&g, 0, 0), 0); /* to 0: ft_gen_reset */
+    assert_int_equal(ft_gen_truncate_seq(&g, 0, 0), 0); /* to 0: ft_gen_reset */
     assert_int_equal(g.n_past, 0);
-    assert_int_equal(ft_gen_truncate_slot(NULL, 0, 0), FT_E_INVALID);
+    assert_int_equal(ft_gen_truncate_seq(NULL, 0, 0), FT_E_INVALID);
     ft_gen_free(&g);
-    assert_int_equal(ft_gen_truncate_slot(&g, 0, 0), FT_E_INVALID); /* freed: zeroed */
+    assert_int_equal(ft_gen_truncate_seq(&g, 0, 0), FT_E_INVALID); /* freed: zeroed */
     free(lg);
 }
 
-/* A cut of slot 1 changes neither slot 0's count nor its logits. */
-static void test_cut_one_slot(void **state)
+/* A cut of seq 1 changes neither seq 0's count nor its logits. */
+static void test_cut_one_seq(void **state)
 {
     fix *f = *state;
     const int64_t V = f->m->cfg.vocab_size;
     float *l0 = malloc((size_t)V * 4), *l1 = malloc((size_t)V * 4), *lr = malloc((size_t)V * 4);
     ft_gen g, one;
-    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, NULL, 32, 16, 2, 2), 0);
+    assert_int_equal(ft_gen_init_seqs(&g, f->be, f->m, NULL, NULL, 32, 16, 2, 2), 0);
     assert_int_equal(ft_gen_init(&one, f->be, f->m, NULL, 32, 16, 1), 0);
-    assert_int_equal(ft_gen_forward_slot(&g, 0, A, NA, l0, 1), 0);
+    assert_int_equal(ft_gen_forward_seq(&g, 0, A, NA, l0, 1), 0);
     branch_and_cut(&g, 1, f, l1);
     assert_int_equal(g.past[0], NA);
     assert_int_equal(g.n_past, NA);
-    /* slot 0 goes on with B as a cache of its own would */
-    assert_int_equal(ft_gen_forward_slot(&g, 0, B, NB, l0, 1), 0);
+    /* seq 0 goes on with B as a cache of its own would */
+    assert_int_equal(ft_gen_forward_seq(&g, 0, B, NB, l0, 1), 0);
     assert_int_equal(ft_gen_forward(&one, A, NA, lr, 1), 0);
     assert_int_equal(ft_gen_forward(&one, B, NB, lr, 1), 0);
     assert_memory_equal(l0, lr, (size_t)V * sizeof(float));
@@ -161,7 +161,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_cut_then_continue, setup, model_fix_teardown),
         cmocka_unit_test_setup_teardown(test_bad_cuts, setup, model_fix_teardown),
-        cmocka_unit_test_setup_teardown(test_cut_one_slot, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_cut_one_seq, setup, model_fix_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

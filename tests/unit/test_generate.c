@@ -16,6 +16,8 @@
 #include "src/template/chat.h"
 #include "src/data/dataset.h"
 #include "src/infer/generate.h"
+#include "src/infer/gen_prompt.h"
+#include "src/infer/stop_text.h"
 #include "src/tools/init_model.h"
 #include "src/model/model.h"
 #include "src/infer/sample.h"
@@ -310,76 +312,8 @@ static void test_gen_bad_input(void **state)
  * cache) gives each token's log-probability and alternatives within FT_TOL_PLP (the chunked
  * logits are those of cached decoding, FT_TOL_KV_DECODE_REL of max |logit|; a log-softmax moves
  * by at most twice that), vLLM's ranks (ties within the tolerance aside), the first token's row
- * empty; the slot then holds the prompt and logits[0] the last row. Refusals change nothing. */
+ * empty; the seq then holds the prompt and logits[0] the last row. Refusals change nothing. */
 #define FT_TOL_PLP_REL (2 * FT_TOL_KV_DECODE_REL)
-
-static void check_plp_row(const ft_gen_plp *p, int64_t q, const float *z, int64_t V, double tol)
-{
-    const int64_t w = 1 + p->k;
-    float want = 0, top_lp[FT_GEN_MAX_LOGPROBS];
-    int32_t top_id[FT_GEN_MAX_LOGPROBS];
-    assert_int_equal(ft_sample_logprobs(z, V, SEQ[q], p->k, &want, top_id, top_lp, NULL), 0);
-    assert_int_equal(p->ids[q * w], SEQ[q]);
-    assert_true(fabs(p->lp[q * w] - want) <= tol);
-    for (int64_t j = 0; j < p->k; j++) {
-        assert_int_equal(p->ids[q * w + 1 + j], top_id[j]);
-        assert_true(fabs(p->lp[q * w + 1 + j] - top_lp[j]) <= tol);
-    }
-    int64_t above = 0, at_least = 0; /* vLLM's count of logits >= the token's, with tol */
-    for (int64_t v = 0; v < V; v++) {
-        above += z[v] > z[SEQ[q]] + tol;
-        at_least += z[v] >= z[SEQ[q]] - tol;
-    }
-    assert_true(p->rank[q] >= above && p->rank[q] <= at_least && p->rank[q] >= 1);
-}
-
-static void test_gen_prompt_logprobs(void **state)
-{
-    fix *f = *state;
-    enum { N = 10, K = 4, ROWS = 3 };
-    const int64_t V = f->m->cfg.vocab_size;
-    ft_gen g, one;
-    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, &f->lora, NULL, 16, 8, ROWS, 2), 0);
-    assert_int_equal(ft_gen_init(&one, f->be, f->m, &f->lora, 16, N, N), 0);
-    float *all = malloc((size_t)(N * V) * 4), *lg = malloc((size_t)(ROWS * V) * 4);
-    assert_int_equal(ft_gen_forward(&one, SEQ, N, all, N), 0);
-    ft_gen_plp p;
-    assert_int_equal(ft_gen_prompt_logprobs(&g, 1, SEQ, N, K, ROWS, lg, &p), 0);
-    assert_int_equal(p.n, N);
-    assert_int_equal(p.k, K);
-    assert_int_equal(g.past[1], N);
-    assert_int_equal(p.ids[0], SEQ[0]); /* nothing predicts the first token */
-    assert_true(isnan(p.lp[0]) && p.rank[0] == 0 && p.ids[1] == -1);
-    const double tol = FT_TOL_PLP_REL * max_abs(all, N * V);
-    for (int64_t q = 1; q < N; q++) check_plp_row(&p, q, all + (q - 1) * V, V, tol);
-    double d = max_diff(lg, all + (N - 1) * V, V);
-    printf("prompt log-probabilities in forwards of %d rows vs one forward: last row max abs "
-           "diff %.3e (tolerance %.3e)\n", ROWS, d, tol);
-    assert_true(d <= FT_TOL_KV_DECODE_REL * max_abs(all, N * V));
-    ft_gen_plp_free(&p);
-    ft_gen_plp_free(&p); /* zeroed: harmless */
-    /* refusals: a slot holding tokens, rows beyond the logits planned, k > 20, n beyond ctx */
-    assert_int_equal(ft_gen_prompt_logprobs(&g, 1, SEQ, N, K, ROWS, lg, &p), FT_E_INVALID);
-    assert_int_equal(g.past[1], N);
-    assert_int_equal(ft_gen_prompt_logprobs(&g, 0, SEQ, N, K, ROWS + 1, lg, &p), FT_E_RANGE);
-    assert_int_equal(ft_gen_prompt_logprobs(&g, 0, SEQ, N, FT_GEN_MAX_LOGPROBS + 1, ROWS, lg, &p),
-                     FT_E_INVALID);
-    assert_int_equal(ft_gen_prompt_logprobs(&g, 0, SEQ, 17, K, ROWS, lg, &p), FT_E_RANGE);
-    assert_int_equal(ft_gen_prompt_logprobs(&g, 2, SEQ, N, K, ROWS, lg, &p), FT_E_RANGE);
-    assert_int_equal(g.past[0], 0);
-    assert_null(p.lp);
-    /* a one-token prompt: its row only, logits[0] its distribution */
-    assert_int_equal(ft_gen_prompt_logprobs(&g, 0, SEQ, 1, 0, ROWS, lg, &p), 0);
-    assert_int_equal(p.n, 1);
-    assert_true(max_diff(lg, all, V) <= FT_TOL_KV_DECODE_REL * max_abs(all, N * V));
-    ft_gen_plp_free(&p);
-    free(all);
-    free(lg);
-    ft_gen_free(&g);
-    ft_gen_free(&one);
-}
-
-/* ---- sampling ------------------------------------------------------------------------------ */
 
 static void test_sample_greedy(void **state)
 {
@@ -989,7 +923,7 @@ static void test_gen_req_params(void **state)
     assert_int_equal(parse_req(&q, "\"Hi\"", NULL, 0), 0);
     assert_int_equal(q.params.set, 0);
     ft_gen_req_free(&q);
-    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"id\": 3, \"n\": 2, \"temperature\": null}", NULL, 0), 0);
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"id\": 3, \"temperature\": null}", NULL, 0), 0);
     assert_int_equal(q.params.set, 0);
     ft_gen_req_free(&q);
     /* all of them */
@@ -1040,25 +974,19 @@ static void test_gen_req_params(void **state)
     assert_int_equal(parse_req(&q, "{\"prompt\": \"<s>x\", \"seed\": 0, \"top_k\": 0}", NULL, 1), 0);
     assert_int_equal(q.params.set, FT_GEN_SET_SEED | FT_GEN_SET_TOP_K);
     ft_gen_req_free(&q);
-    /* vLLM's stop_token_ids and min_tokens ([]: no stop id, set: it replaces
-     * --stop-token-ids); a plain record has no "n" (one reply per record: an unknown key) */
-    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"stop_token_ids\": [7, 0, 2147483647], "
-                                   "\"min_tokens\": 3, \"n\": 2}", NULL, 0), 0);
-    assert_int_equal(q.params.set, FT_GEN_SET_STOP_IDS | FT_GEN_SET_MIN_TOKENS);
+    /* vLLM's stop_token_ids ([]: no stop id, set: it replaces --stop-token-ids) */
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"stop_token_ids\": [7, 0, 2147483647]}",
+                               NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_STOP_IDS);
     assert_int_equal(q.params.n_stop_ids, 3);
     assert_int_equal(q.params.stop_ids[0], 7);
     assert_int_equal(q.params.stop_ids[1], 0);
     assert_int_equal(q.params.stop_ids[2], INT32_MAX);
-    assert_int_equal(q.params.min_tokens, 3);
-    assert_int_equal(q.n_unknown, 1);
-    assert_string_equal(q.unknown[0], "n");
     ft_gen_req_free(&q);
     assert_null(q.params.stop_ids);
-    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"stop_token_ids\": [], \"min_tokens\": 0}",
-                               NULL, 0), 0);
-    assert_int_equal(q.params.set, FT_GEN_SET_STOP_IDS | FT_GEN_SET_MIN_TOKENS);
+    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"stop_token_ids\": []}", NULL, 0), 0);
+    assert_int_equal(q.params.set, FT_GEN_SET_STOP_IDS);
     assert_int_equal(q.params.n_stop_ids, 0);
-    assert_int_equal(q.n_unknown, 0);
     ft_gen_req_free(&q);
 
     static const bad_req bad[] = {
@@ -1097,403 +1025,16 @@ static void test_gen_req_params(void **state)
         {"{\"prompt\": \"a\", \"stop_token_ids\": [2.5]}", 0, "'stop_token_ids' item 1: 2.5 is no token id"},
         {"{\"prompt\": \"a\", \"stop_token_ids\": [\"3\"]}", 0,
          "'stop_token_ids' item 1 must be a token id (an integer), found a string"},
-        {"{\"prompt\": \"a\", \"min_tokens\": -1}", 0, "'min_tokens' -1: expected an integer 0..1000000"},
-        {"{\"prompt\": \"a\", \"min_tokens\": 1.5}", 0, "'min_tokens' 1.5"},
+        /* the keys of the removed OpenAI Batch-API emulation: refused, naming the key */
+        {"{\"prompt\": \"a\", \"min_tokens\": 1}", 0, "'min_tokens' was removed"},
+        {"{\"prompt\": \"a\", \"n\": 2}", 0, "'n' was removed"},
+        {"{\"prompt\": \"a\", \"logit_bias\": {}}", 0, "'logit_bias' was removed"},
+        {"{\"prompt\": \"a\", \"presence_penalty\": 0.5}", 0, "'presence_penalty' was removed"},
+        {"{\"prompt\": \"a\", \"prompt_logprobs\": 1}", 0, "vLLM or llama.cpp"},
+        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", "
+         "\"body\": {\"prompt\": \"x\"}}", 0, "'body' was removed"},
     };
     expect_refused(bad, sizeof bad / sizeof *bad);
-}
-
-/* Record keys ft_gen_req_parse ignores: listed in q.unknown in record order, with the
- * setting or schema key a misspelling is within edit distance 2 of; the keys of schemas,
- * settings and the lines generate writes are not listed. */
-static void test_gen_req_unknown_keys(void **state)
-{
-    ft_gen_req q;
-    assert_int_equal(parse_req(&q, "{\"prompt\": \"P\", \"id\": 3, \"top_kk\": 2, \"tempreature\": 1, "
-                                   "\"mesages\": [], \"Seed\": 1, \"max_tokenz\": 3, \"topic\": \"x\", "
-                                   "\"metadata\": {}, \"reply\": \"r\", \"index\": 0, \"seconds\": 1, "
-                                   "\"system\": \"s\", \"presence_penalty\": 0.5}", NULL, 0), 0);
-    static const char *const want[][2] = {{"id", NULL}, {"top_kk", "top_k"},
-                                          {"tempreature", "temperature"}, {"mesages", "messages"},
-                                          {"Seed", "seed"}, {"max_tokenz", "max_tokens"},
-                                          {"topic", "top_p"}, {"metadata", NULL}};
-    assert_int_equal(q.n_unknown, 8);
-    for (int i = 0; i < 8; i++) {
-        assert_string_equal(q.unknown[i], want[i][0]);
-        if (want[i][1]) assert_string_equal(q.unknown_hint[i], want[i][1]);
-        else assert_null(q.unknown_hint[i]);
-    }
-    assert_true(q.params.set & FT_GEN_SET_PRESENCE);
-    assert_true(q.params.presence_penalty == 0.5f);
-    ft_gen_req_free(&q);
-    assert_null(q.unknown);
-    /* every schema's keys are known */
-    assert_int_equal(parse_req(&q, "{\"instruction\": \"i\", \"input\": \"x\", \"output\": \"o\", "
-                                   "\"history\": [], \"system\": \"s\"}", NULL, 0), 0);
-    assert_int_equal(q.n_unknown, 0);
-    ft_gen_req_free(&q);
-    assert_int_equal(parse_req(&q, "\"S\"", NULL, 0), 0);
-    assert_int_equal(q.n_unknown, 0);
-    ft_gen_req_free(&q);
-}
-
-/* OpenAI batch requests (the Batch API's input line): chat requests as messages records,
- * completions as raw text; the body's settings; fields that would change the response refused,
- * harmless ones accepted; unknown keys of the line and of the body. */
-static void test_gen_req_batch(void **state)
-{
-    ft_gen_req q;
-    assert_int_equal(parse_req(&q, "{\"custom_id\": \"r1\", \"method\": \"POST\", \"url\": "
-                                   "\"/v1/chat/completions\", \"body\": {\"model\": \"gpt-4o\", "
-                                   "\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, "
-                                   "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"U\"}]}], "
-                                   "\"max_completion_tokens\": 9, \"temperature\": 0.5, \"top_k\": -1, "
-                                   "\"seed\": -1, \"stop\": \"X\", \"n\": 1, \"logprobs\": false, "
-                                   "\"stream\": false, \"user\": \"u\", \"metadata\": {\"a\": 1}, "
-                                   "\"response_format\": {\"type\": \"text\"}, \"tool_choice\": \"auto\", "
-                                   "\"logit_bias\": {}, \"frequency_penalty\": 0.25, "
-                                   "\"add_special_tokens\": false, \"top_kk\": 1}, \"extra\": 2}",
-                           "D", 0), 0);
-    assert_int_equal(q.api, FT_GEN_API_CHAT);
-    assert_string_equal(q.custom_id, "r1");
-    assert_int_equal(q.raw, 0);
-    assert_int_equal(q.n_msgs, 2);
-    expect_msg(&q, 0, FT_ROLE_SYSTEM, "S");
-    expect_msg(&q, 1, FT_ROLE_USER, "U");
-    assert_string_equal(q.user, "U");
-    assert_null(q.reference);
-    /* top_k -1 is vLLM's off, seed -1 its none; logprobs false: none, said; logit_bias {}: none */
-    assert_int_equal(q.params.set, FT_GEN_SET_MAX_NEW | FT_GEN_SET_TEMPERATURE | FT_GEN_SET_TOP_K |
-                                       FT_GEN_SET_STOP | FT_GEN_SET_FREQUENCY | FT_GEN_SET_LOGPROBS |
-                                       FT_GEN_SET_N | FT_GEN_SET_LOGIT_BIAS);
-    assert_int_equal(q.params.n_bias, 0);
-    assert_int_equal(q.params.n, 1);
-    assert_int_equal(q.params.logprobs, 0);
-    assert_int_equal(q.params.max_new_tokens, 9);
-    assert_int_equal(q.params.top_k, 0);
-    assert_true(q.params.frequency_penalty == 0.25f);
-    assert_int_equal(q.params.n_stop, 1);
-    assert_int_equal(q.n_unknown, 2);
-    assert_string_equal(q.unknown[0], "extra");
-    assert_null(q.unknown_hint[0]);
-    assert_string_equal(q.unknown[1], "body.top_kk");
-    assert_string_equal(q.unknown_hint[1], "top_k");
-    ft_gen_req_free(&q);
-    assert_null(q.custom_id);
-    /* the default system message for a conversation without one; tools read */
-    assert_int_equal(parse_req(&q, "{\"custom_id\": \"\", \"method\": \"POST\", \"url\": "
-                                   "\"/v1/chat/completions\", \"body\": {\"messages\": [{\"role\": "
-                                   "\"user\", \"content\": \"U\"}], \"tools\": [{\"type\": \"function\", "
-                                   "\"function\": {\"name\": \"f\"}}], \"max_new_tokens\": 3}}", "D", 0), 0);
-    assert_int_equal(q.n_msgs, 2);
-    expect_msg(&q, 0, FT_ROLE_SYSTEM, "D");
-    assert_non_null(q.tools);
-    assert_int_equal(cJSON_GetArraySize(q.tools), 1);
-    /* ftune's own name is no body field */
-    assert_int_equal(q.params.set, 0);
-    assert_int_equal(q.n_unknown, 1);
-    assert_string_equal(q.unknown[0], "body.max_new_tokens");
-    ft_gen_req_free(&q);
-    /* completions: raw text (no system message, even with a default one), under --raw too */
-    for (int raw = 0; raw < 2; raw++) {
-        assert_int_equal(parse_req(&q, "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": "
-                                       "\"/v1/completions\", \"body\": {\"prompt\": \"<s>T\", "
-                                       "\"max_tokens\": 4, \"echo\": false, \"best_of\": 1, "
-                                       "\"suffix\": null, \"add_special_tokens\": true, "
-                                       "\"messages\": []}}", "D", raw), 0);
-        assert_int_equal(q.api, FT_GEN_API_COMPLETIONS);
-        assert_int_equal(q.raw, 1);
-        assert_int_equal(q.n_msgs, 1);
-        expect_msg(&q, 0, FT_ROLE_USER, "<s>T");
-        assert_string_equal(q.user, "<s>T");
-        assert_int_equal(q.params.max_new_tokens, 4);
-        assert_int_equal(q.n_unknown, 1); /* messages: no completions field, no hint */
-        assert_string_equal(q.unknown[0], "body.messages");
-        assert_null(q.unknown_hint[0]);
-        ft_gen_req_free(&q);
-    }
-    /* a body's "reply" is an unknown key, not the mark of a line generate wrote: its stop
-     * strings still apply */
-    assert_int_equal(parse_req(&q, "{\"custom_id\": \"r\", \"method\": \"POST\", \"url\": "
-                                   "\"/v1/completions\", \"body\": {\"prompt\": \"p\", \"stop\": "
-                                   "[\"X\", \"Y\"], \"reply\": \"r\"}}", NULL, 0), 0);
-    assert_true(q.params.set & FT_GEN_SET_STOP);
-    assert_int_equal(q.params.n_stop, 2);
-    assert_string_equal(q.params.stop[1], "Y");
-    assert_int_equal(q.n_unknown, 1);
-    assert_string_equal(q.unknown[0], "body.reply");
-    ft_gen_req_free(&q);
-    /* log-probabilities as each endpoint asks for them: chat logprobs true (+ top_logprobs, 0
-     * without it), completions logprobs k, a plain record's logprobs k; a line generate wrote
-     * ("reply") keeps its "logprobs" (the reply's values) out of its settings */
-    static const struct { const char *json; int lp; int64_t top; } lps[] = {
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
-         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"logprobs\": true, "
-         "\"top_logprobs\": 20}}", 1, 20},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
-         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"logprobs\": true}}", 1, 0},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"p\", \"logprobs\": 3}}", 1, 3},
-        {"{\"prompt\": \"p\", \"logprobs\": 0}", 1, 0},
-        {"{\"prompt\": \"p\", \"logprobs\": false}", 0, 0},
-    };
-    for (size_t i = 0; i < sizeof lps / sizeof *lps; i++) {
-        assert_int_equal(parse_req(&q, lps[i].json, NULL, 0), 0);
-        assert_int_equal(q.params.set, FT_GEN_SET_LOGPROBS);
-        assert_int_equal(q.params.logprobs, lps[i].lp);
-        assert_int_equal(q.params.top_logprobs, lps[i].top);
-        assert_int_equal(q.n_unknown, 0);
-        ft_gen_req_free(&q);
-    }
-    assert_int_equal(parse_req(&q, "{\"prompt\": \"p\", \"reply\": \"r\", \"logprobs\": [{\"id\": 1}]}",
-                               NULL, 0), 0);
-    assert_int_equal(q.params.set, 0);
-    assert_int_equal(q.n_unknown, 0);
-    ft_gen_req_free(&q);
-    /* n choices (OpenAI's and vLLM's "n", 1..16), vLLM's stop_token_ids and min_tokens, by
-     * both endpoints */
-    assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
-                                   "\"/v1/chat/completions\", \"body\": {\"messages\": [{\"role\": "
-                                   "\"user\", \"content\": \"u\"}], \"n\": 16, \"stop_token_ids\": [5, 9], "
-                                   "\"min_tokens\": 2}}", NULL, 0), 0);
-    assert_int_equal(q.params.set, FT_GEN_SET_N | FT_GEN_SET_STOP_IDS | FT_GEN_SET_MIN_TOKENS);
-    assert_int_equal(q.params.n, 16);
-    assert_int_equal(q.params.n_stop_ids, 2);
-    assert_int_equal(q.params.stop_ids[1], 9);
-    assert_int_equal(q.params.min_tokens, 2);
-    assert_int_equal(q.n_unknown, 0);
-    ft_gen_req_free(&q);
-    assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
-                                   "\"/v1/completions\", \"body\": {\"prompt\": \"p\", \"n\": 2, "
-                                   "\"stop_token_ids\": null, \"min_tokens\": null}}", NULL, 0), 0);
-    assert_int_equal(q.params.set, FT_GEN_SET_N);
-    assert_int_equal(q.params.n, 2);
-    assert_int_equal(q.n_unknown, 0);
-    ft_gen_req_free(&q);
-    /* vLLM's prompt_logprobs (0..20, null absent) and echo: a completions request with echo may
-     * ask for no new token; chat's echo is read too (it changes no text: the last message is
-     * never the reply's role); a plain record's prompt_logprobs k or false, and a line generate
-     * wrote ("reply") keeps its values out of its settings */
-    static const struct { const char *json; unsigned set; int64_t plp, max_new; int echo; } pl[] = {
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"p\", \"echo\": true, \"max_tokens\": 0, \"logprobs\": 3, \"prompt_logprobs\": 20}}",
-         FT_GEN_SET_ECHO | FT_GEN_SET_MAX_NEW | FT_GEN_SET_LOGPROBS | FT_GEN_SET_PROMPT_LOGPROBS, 20, 0, 1},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"p\", \"max_completion_tokens\": 0, \"echo\": true, \"prompt_logprobs\": null}}",
-         FT_GEN_SET_ECHO | FT_GEN_SET_MAX_NEW, 0, 0, 1},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"p\", \"echo\": false, \"prompt_logprobs\": 0}}",
-         FT_GEN_SET_ECHO | FT_GEN_SET_PROMPT_LOGPROBS, 0, 0, 0},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
-         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"echo\": true, \"prompt_logprobs\": 5}}",
-         FT_GEN_SET_ECHO | FT_GEN_SET_PROMPT_LOGPROBS, 5, 0, 1},
-        {"{\"prompt\": \"p\", \"prompt_logprobs\": 7}", FT_GEN_SET_PROMPT_LOGPROBS, 7, 0, 0},
-        {"{\"prompt\": \"p\", \"prompt_logprobs\": false}", FT_GEN_SET_PROMPT_LOGPROBS, -1, 0, 0},
-        {"{\"prompt\": \"p\", \"prompt_logprobs\": null}", 0, 0, 0, 0},
-        {"{\"prompt\": \"p\", \"reply\": \"r\", \"prompt_logprobs\": [null, {\"5\": {}}]}", 0, 0, 0, 0},
-    };
-    for (size_t i = 0; i < sizeof pl / sizeof *pl; i++) {
-        assert_int_equal(parse_req(&q, pl[i].json, NULL, 0), 0);
-        assert_int_equal(q.params.set, pl[i].set);
-        assert_int_equal(q.params.prompt_logprobs, pl[i].plp);
-        assert_int_equal(q.params.max_new_tokens, pl[i].max_new);
-        assert_int_equal(q.params.echo, pl[i].echo);
-        assert_int_equal(q.n_unknown, 0);
-        ft_gen_req_free(&q);
-    }
-    /* OpenAI's and vLLM's logit_bias ({"<id>": bias}, -100..100, {}: none) and vLLM's
-     * ignore_eos, in bodies and plain records */
-    assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
-                                   "\"/v1/chat/completions\", \"body\": {\"messages\": [{\"role\": "
-                                   "\"user\", \"content\": \"u\"}], \"logit_bias\": {\"5\": -100, "
-                                   "\"0\": 2.5, \"2147483647\": 100}, \"ignore_eos\": true}}", NULL, 0), 0);
-    assert_int_equal(q.params.set, FT_GEN_SET_LOGIT_BIAS | FT_GEN_SET_IGNORE_EOS);
-    assert_int_equal(q.params.n_bias, 3);
-    assert_int_equal(q.params.bias_ids[0], 5);
-    assert_int_equal(q.params.bias_ids[2], INT32_MAX);
-    assert_true(q.params.bias[0] == -100.0f && q.params.bias[1] == 2.5f && q.params.bias[2] == 100.0f);
-    assert_int_equal(q.params.ignore_eos, 1);
-    assert_int_equal(q.n_unknown, 0);
-    ft_gen_req_free(&q);
-    assert_null(q.params.bias);
-    assert_int_equal(parse_req(&q, "{\"prompt\": \"p\", \"logit_bias\": {}, \"ignore_eos\": false}",
-                               NULL, 0), 0);
-    assert_int_equal(q.params.set, FT_GEN_SET_LOGIT_BIAS | FT_GEN_SET_IGNORE_EOS);
-    assert_int_equal(q.params.n_bias, 0);
-    assert_int_equal(q.params.ignore_eos, 0);
-    assert_int_equal(q.n_unknown, 0);
-    ft_gen_req_free(&q);
-    /* echo is a body field: in a plain record an unknown key */
-    assert_int_equal(parse_req(&q, "{\"prompt\": \"p\", \"echo\": true}", NULL, 0), 0);
-    assert_int_equal(q.params.set, 0);
-    assert_int_equal(q.n_unknown, 1);
-    assert_string_equal(q.unknown[0], "echo");
-    ft_gen_req_free(&q);
-    /* top_logprobs is no completions field: an unknown key there */
-    assert_int_equal(parse_req(&q, "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": "
-                                   "\"/v1/completions\", \"body\": {\"prompt\": \"p\", \"top_logprobs\": 2}}",
-                               NULL, 0), 0);
-    assert_int_equal(q.n_unknown, 1);
-    assert_string_equal(q.unknown[0], "body.top_logprobs");
-    ft_gen_req_free(&q);
-    /* plain records under --raw are raw; without it not */
-    assert_int_equal(parse_req(&q, "\"x\"", NULL, 1), 0);
-    assert_int_equal(q.raw, 1);
-    assert_int_equal(q.api, FT_GEN_API_NONE);
-    assert_null(q.custom_id);
-    ft_gen_req_free(&q);
-
-#define CHAT_REQ(body) "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", " \
-                       "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], " body "}}"
-    static const bad_req bad[] = {
-        {CHAT_REQ("\"n\": 0"), 0, "body: 'n' 0: expected an integer 1..16 (the choices of the reply)"},
-        {CHAT_REQ("\"n\": 17"), 0, "body: 'n' 17: expected an integer 1..16"},
-        {CHAT_REQ("\"n\": -2"), 0, "body: 'n' -2"},
-        {CHAT_REQ("\"n\": 1.5"), 0, "body: 'n' 1.5"},
-        {CHAT_REQ("\"n\": \"2\""), 0, "body: 'n' must be an integer, found a string"},
-        {CHAT_REQ("\"stop_token_ids\": \"x\""), 0, "body: 'stop_token_ids' must be a list of token ids, "
-         "found a string"},
-        {CHAT_REQ("\"stop_token_ids\": [-1]"), 0, "body: 'stop_token_ids' item 1: -1 is no token id"},
-        {CHAT_REQ("\"stop_token_ids\": [1e12]"), 0, "body: 'stop_token_ids' item 1: 1000000000000 is no "
-         "token id"},
-        {CHAT_REQ("\"min_tokens\": -1"), 0, "body: 'min_tokens' -1"},
-        {CHAT_REQ("\"logprobs\": 1"), 0, "body: 'logprobs' must be true or false for /v1/chat/completions"},
-        {CHAT_REQ("\"top_logprobs\": 3"), 0, "body: 'top_logprobs' needs 'logprobs': true"},
-        {CHAT_REQ("\"logprobs\": false, \"top_logprobs\": 0"), 0, "'top_logprobs' needs 'logprobs': true"},
-        {CHAT_REQ("\"logprobs\": true, \"top_logprobs\": 21"), 0, "body: 'top_logprobs' 21: expected an "
-         "integer 0..20"},
-        {CHAT_REQ("\"prompt_logprobs\": 21"), 0, "body: 'prompt_logprobs' 21: expected an integer "
-         "0..20 (the alternatives listed per prompt token; vLLM's limit)"},
-        {CHAT_REQ("\"prompt_logprobs\": -1"), 0, "body: 'prompt_logprobs' -1: expected an integer 0..20"},
-        {CHAT_REQ("\"prompt_logprobs\": \"x\""), 0, "body: 'prompt_logprobs' must be an integer, found a "
-         "string"},
-        {CHAT_REQ("\"prompt_logprobs\": false"), 0, "body: 'prompt_logprobs' must be an integer, found a "
-         "boolean"},
-        {CHAT_REQ("\"echo\": 1"), 0, "body: 'echo' must be true or false, found a number"},
-        /* max_tokens 0: only a completions request with echo (the prompt alone) */
-        {CHAT_REQ("\"echo\": true, \"max_tokens\": 0"), 0, "body: 'max_tokens' 0: expected 1..1000000"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"max_tokens\": 0}}", 0, "body: 'max_tokens' 0: expected 1..1000000"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"echo\": false, \"max_tokens\": 0}}", 0, "body: 'max_tokens' 0"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"echo\": true, \"max_tokens\": -1}}", 0, "body: 'max_tokens' -1: expected "
-         "0..1000000 (0 with echo: the prompt alone)"},
-        {"{\"prompt\": \"p\", \"prompt_logprobs\": 21}", 0, "'prompt_logprobs' 21: expected an integer "
-         "0..20 (the alternatives listed per prompt token) or false"},
-        {"{\"prompt\": \"p\", \"prompt_logprobs\": -1}", 0, "'prompt_logprobs' -1"},
-        {"{\"prompt\": \"p\", \"prompt_logprobs\": \"x\"}", 0, "'prompt_logprobs' must be an integer, "
-         "found a string"},
-        {"{\"prompt\": \"p\", \"prompt_logprobs\": true}", 0, "'prompt_logprobs' must be an integer, "
-         "found a boolean"},
-        {"{\"prompt\": \"p\", \"max_tokens\": 0, \"echo\": true}", 0, "'max_tokens' 0: expected 1..1000000"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"logprobs\": true}}", 0, "body: 'logprobs' must be an integer, found a boolean"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"logprobs\": 21}}", 0, "body: 'logprobs' 21: expected an integer 0..20 for "
-         "/v1/completions"},
-        {"{\"prompt\": \"p\", \"logprobs\": -1}", 0, "'logprobs' -1: expected an integer 0..20"},
-        {"{\"prompt\": \"p\", \"logprobs\": true}", 0, "'logprobs' must be an integer, found a boolean"},
-        {CHAT_REQ("\"stream\": true"), 0, "'body.stream' true"},
-        {CHAT_REQ("\"response_format\": {\"type\": \"json_object\"}"), 0, "'body.response_format'"},
-        {CHAT_REQ("\"logit_bias\": {\"5\": 101}"), 0, "body: 'logit_bias' \"5\": expected a number -100..100"},
-        {CHAT_REQ("\"logit_bias\": {\"5\": \"1\"}"), 0, "body: 'logit_bias' \"5\": expected a number "
-         "-100..100, found a string"},
-        {CHAT_REQ("\"logit_bias\": {\"x\": 1}"), 0, "body: 'logit_bias' key \"x\" is no token id"},
-        {CHAT_REQ("\"logit_bias\": {\"-1\": 1}"), 0, "'logit_bias' key \"-1\" is no token id"},
-        {CHAT_REQ("\"logit_bias\": {\"2147483648\": 1}"), 0, "'logit_bias' key \"2147483648\""},
-        {CHAT_REQ("\"logit_bias\": {\"5\": 1, \"05\": 2}"), 0, "'logit_bias' names token 5 twice"},
-        {CHAT_REQ("\"logit_bias\": [5]"), 0, "'logit_bias' must be an object of \"<token id>\": bias, found a list"},
-        {CHAT_REQ("\"ignore_eos\": 1"), 0, "body: 'ignore_eos' must be true or false, found a number"},
-        {"{\"prompt\": \"p\", \"ignore_eos\": \"yes\"}", 0, "'ignore_eos' must be true or false"},
-        {"{\"prompt\": \"p\", \"logit_bias\": {\"1\": -101}}", 0, "'logit_bias' \"1\": expected a number"},
-        {CHAT_REQ("\"tool_choice\": \"required\""), 0, "'body.tool_choice' \"required\""},
-        {CHAT_REQ("\"best_of\": 2"), 0, "'body.best_of' 2"},
-        {CHAT_REQ("\"best_of\": 1, \"n\": 2"), 0, "'best_of' 1 is below 'n' 2"},
-        {CHAT_REQ("\"chat_template_kwargs\": {\"enable_thinking\": false}"), 0, "--no-think"},
-        {CHAT_REQ("\"skip_special_tokens\": false"), 0, "'body.skip_special_tokens' false"},
-        {CHAT_REQ("\"add_special_tokens\": true"), 0, "'body.add_special_tokens' must be false"},
-        {CHAT_REQ("\"modalities\": [\"text\", \"audio\"]"), 0, "'body.modalities'"},
-        {CHAT_REQ("\"presence_penalty\": 2.5"), 0, "body: 'presence_penalty' 2.5: expected -2..2"},
-        {CHAT_REQ("\"temperature\": -1"), 0, "body: 'temperature' -1"},
-        {CHAT_REQ("\"seed\": -2"), 0, "body: 'seed' -2"},
-        {CHAT_REQ("\"top_k\": -2"), 0, "body: 'top_k' -2"},
-        {CHAT_REQ("\"n\": 1"), 1, "--raw has none"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
-         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", "
-         "\"content\": \"r\"}]}}", 0, "'body.messages' ends with an assistant message"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
-         "{\"messages\": \"hi\"}}", 0, "'body.messages' must be a list of messages, found a string"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
-         "{\"messages\": [{\"role\": \"robot\", \"content\": \"u\"}]}}", 0, "body: message 0: unknown role"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": {}}",
-         0, "'body.messages' must be a list of messages, found none"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": [\"a\", \"b\"]}}", 0, "'body.prompt' must be a string"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"echo\": \"yes\"}}", 0, "body: 'echo' must be true or false, found a string"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"suffix\": \"z\"}}", 0, "'body.suffix' \"z\""},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"add_special_tokens\": false}}", 0, "must be true for /v1/completions"},
-        {"{\"custom_id\": 7, \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {}}", 0,
-         "needs a string 'custom_id', found a number"},
-        {"{\"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {}}", 0, "needs a string 'custom_id'"},
-        {"{\"custom_id\": \"a\", \"method\": \"GET\", \"url\": \"/v1/completions\", \"body\": {}}", 0,
-         "'method' \"GET\": a batch request's method is \"POST\""},
-        {"{\"custom_id\": \"a\", \"url\": \"/v1/completions\", \"body\": {}}", 0, "'method' missing"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/embeddings\", \"body\": {}}", 0,
-         "'url' \"/v1/embeddings\": ftune generate answers"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"body\": {}}", 0, "needs a string 'url'"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": [1]}", 0,
-         "'body' must be an object"},
-        /* a repeated key: Python's json (OpenAI, vLLM) takes the last, cJSON the first */
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\", \"max_tokens\": 2, \"max_tokens\": 5}}", 0,
-         "key 'body.max_tokens' appears twice"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": "
-         "{\"prompt\": \"a\"}, \"body\": {\"prompt\": \"b\"}}", 0, "key 'body' appears twice"},
-        {"{\"custom_id\": \"a\", \"custom_id\": \"b\", \"method\": \"POST\", \"url\": "
-         "\"/v1/completions\", \"body\": {\"prompt\": \"a\"}}", 0, "key 'custom_id' appears twice"},
-        {"{\"prompt\": \"p\", \"temperature\": 0, \"temperature\": 1}", 0,
-         "key 'temperature' appears twice"},
-        /* ... at any depth: a message of a record or of a body */
-        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\", \"content\": \"b\"}]}", 0,
-         "key 'content' appears twice in one object"},
-        {"{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
-         "{\"messages\": [{\"role\": \"user\", \"role\": \"user\", \"content\": \"hi\"}]}}", 0,
-         "key 'role' appears twice in one object"},
-    };
-#undef CHAT_REQ
-    expect_refused(bad, sizeof bad / sizeof *bad);
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) { /* nothing left behind */
-        ft_gen_req r;
-        parse_req(&r, bad[i].json, NULL, bad[i].raw);
-        assert_null(r.custom_id);
-        assert_null(r.unknown);
-        assert_int_equal(r.n_unknown, 0);
-    }
-}
-
-/* A completions request encodes as --raw (BOS, no template), whatever the flags. */
-static void test_gen_req_batch_ids(void **state)
-{
-    ft_tokenizer *t;
-    assert_int_equal(ft_tok_load_dir(&t, TOK_LLAMA3), 0);
-    ft_gen_req q;
-    int32_t *a = NULL, *b = NULL;
-    int64_t na = 0, nb = 0;
-    int ta = 0;
-    assert_int_equal(parse_req(&q, "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": "
-                                   "\"/v1/completions\", \"body\": {\"prompt\": \"Hello there\"}}", "D", 0), 0);
-    assert_int_equal(ft_gen_req_ids(t, FT_CHAT_AUTO, &q, 0, &a, &na, &ta), 0);
-    assert_int_equal(ft_gen_prompt_ids(t, FT_CHAT_AUTO, NULL, "Hello there", FT_GEN_RAW, &b, &nb, NULL), 0);
-    assert_int_equal(na, nb);
-    assert_memory_equal(a, b, (size_t)na * sizeof *a);
-    free(a);
-    free(b);
-    ft_gen_req_free(&q);
-    ft_tok_free(t);
 }
 
 /* A record renders as --prompt does, and a conversation through the template. */
@@ -1882,7 +1423,7 @@ static void test_gen_through_exec(void **state)
     t_rmtree(dir);
 }
 
-/* A generation source over an executor of 8 tokens, for test_gen_slots and test_gen_prefill:
+/* A generation source over an executor of 8 tokens, for test_gen_seqs and test_gen_prefill:
  * exec_src_device: on a new cpu-device backend (2 threads, bf16 products), the model m's own
  * weights; exec_src_pack: on be, a pack-only tiny-llama (tied, in a temp folder) whose NF4
  * pack the executor holds in memory. exec_src_close frees either. */
@@ -1923,28 +1464,28 @@ static void exec_src_close(exec_src *s)
     if (s->dir) t_rmtree(s->dir);
 }
 
-/* Batched decoding (ft_gen_init_slots / ft_gen_decode): three sequences with prompts of 3, 7
- * and 5 tokens in their own slots, advanced together (all three, then two, then one), give
+/* Batched decoding (ft_gen_init_seqs / ft_gen_decode): three sequences with prompts of 3, 7
+ * and 5 tokens in their own seqs, advanced together (all three, then two, then one), give
  * each sequence's logits of a one-sequence ft_gen within the KV-decode tolerance; a finished
- * slot is reset and reused. The refusals leave every slot as it was. */
-static void slots_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
+ * seq is reset and reused. The refusals leave every seq as it was. */
+static void seqs_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
                        const ft_gen_source *src, const char *label)
 {
     const int64_t V = m->cfg.vocab_size, S = 3, CTX = 16;
     ft_gen g, one;
-    assert_int_equal(ft_gen_init_slots(&g, be, m, lora, src, CTX, 8, S, S), 0);
+    assert_int_equal(ft_gen_init_seqs(&g, be, m, lora, src, CTX, 8, S, S), 0);
     if (src) assert_int_equal(ft_gen_init_source(&one, be, m, lora, src, CTX, 8, 1), 0);
     else assert_int_equal(ft_gen_init(&one, be, m, lora, CTX, 8, 1), 0);
     const int64_t plen[3] = {3, 7, 5}, off[3] = {0, 3, 10};
     float *lb = malloc((size_t)(S * V) * 4), *lr = malloc((size_t)V * 4), *tmp = malloc((size_t)V * 4);
     /* prompts: SEQ[off[s] .. off[s] + plen[s]) */
     for (int64_t s = 0; s < S; s++) {
-        assert_int_equal(ft_gen_forward_slot(&g, s, SEQ + off[s], plen[s], lb + s * V, 1), 0);
+        assert_int_equal(ft_gen_forward_seq(&g, s, SEQ + off[s], plen[s], lb + s * V, 1), 0);
         assert_int_equal(g.past[s], plen[s]);
     }
     double worst = 0;
     int64_t n_checked = 0;
-    /* steps: all three (x2), slots 2 and 0 (x2), slot 1 alone */
+    /* steps: all three (x2), seqs 2 and 0 (x2), seq 1 alone */
     const int64_t plan[5][3] = {{0, 1, 2}, {2, 1, 0}, {2, 0, -1}, {0, 2, -1}, {1, -1, -1}};
     int64_t fed[3] = {0, 0, 0};
     for (int st = 0; st < 5; st++) {
@@ -1974,7 +1515,7 @@ static void slots_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
             n_checked++;
         }
     }
-    /* the check can fail: slot 1's last logits (lb row 0) against slot 0's sequence */
+    /* the check can fail: seq 1's last logits (lb row 0) against seq 0's sequence */
     {
         int32_t ids[16];
         for (int64_t j = 0; j < plen[0]; j++) ids[j] = SEQ[off[0] + j];
@@ -1993,24 +1534,24 @@ static void slots_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
     assert_int_equal(ft_gen_decode(&g, bad, t2, 1, lb), FT_E_RANGE);
     assert_int_equal(ft_gen_decode(&g, all4, t2, 4, lb), FT_E_RANGE);
     assert_int_equal(ft_gen_decode(&g, rep, badid, 1, lb), FT_E_INVALID);
-    assert_int_equal(ft_gen_forward_slot(&g, 3, SEQ, 1, lb, 1), FT_E_RANGE);
-    ft_gen_reset_slot(&g, 2);
+    assert_int_equal(ft_gen_forward_seq(&g, 3, SEQ, 1, lb, 1), FT_E_RANGE);
+    ft_gen_reset_seq(&g, 2);
     int64_t s2[1] = {2};
     assert_int_equal(ft_gen_decode(&g, s2, t2, 1, lb), FT_E_INVALID); /* empty: no prompt yet */
     assert_non_null(strstr(ft_errmsg(), "empty"));
     assert_int_equal(g.past[0], before[0]);
     assert_int_equal(g.past[1], before[1]);
     assert_int_equal(g.past[2], 0);
-    /* a reused slot starts afresh: its prompt's logits are the one-sequence ones */
-    assert_int_equal(ft_gen_forward_slot(&g, 2, SEQ + 1, 4, lb, 1), 0);
+    /* a reused seq starts afresh: its prompt's logits are the one-sequence ones */
+    assert_int_equal(ft_gen_forward_seq(&g, 2, SEQ + 1, 4, lb, 1), 0);
     ft_gen_reset(&one);
     assert_int_equal(ft_gen_forward(&one, SEQ + 1, 4, lr, 1), 0);
     assert_true(max_diff(lb, lr, V) <= FT_TOL_KV_DECODE_REL * max_abs(lr, V));
-    /* a prompt longer than the chunk (8 + 4 tokens) prefilled into slot 2 while slot 0 is
+    /* a prompt longer than the chunk (8 + 4 tokens) prefilled into seq 2 while seq 0 is
      * mid-decode, then the two decoded together: each row as its one-sequence decode */
-    ft_gen_reset_slot(&g, 2);
-    assert_int_equal(ft_gen_forward_slot(&g, 2, SEQ + 6, 8, lb, 1), 0);
-    assert_int_equal(ft_gen_forward_slot(&g, 2, SEQ + 14, 4, lb, 1), 0);
+    ft_gen_reset_seq(&g, 2);
+    assert_int_equal(ft_gen_forward_seq(&g, 2, SEQ + 6, 8, lb, 1), 0);
+    assert_int_equal(ft_gen_forward_seq(&g, 2, SEQ + 14, 4, lb, 1), 0);
     {
         const int64_t s20[2] = {2, 0};
         int32_t ids[16], t20[2] = {SEQ[18], SEQ[(off[0] + plen[0] + fed[0]) % N_SEQ]};
@@ -2030,14 +1571,14 @@ static void slots_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
         assert_int_equal(g.past[2], 13);
         assert_int_equal(g.past[0], plen[0] + fed[0] + 1);
     }
-    /* a full slot refuses the step */
+    /* a full seq refuses the step */
     int64_t s1[1] = {1};
     while (g.past[1] < CTX) assert_int_equal(ft_gen_decode(&g, s1, t2, 1, lb), 0);
     assert_int_equal(ft_gen_decode(&g, s1, t2, 1, lb), FT_E_RANGE);
     /* sizes */
     ft_gen h;
-    assert_int_equal(ft_gen_init_slots(&h, be, m, lora, src, CTX, 8, 1, 0), FT_E_INVALID);
-    assert_int_equal(ft_gen_init_slots(&h, be, m, lora, src, CTX, 8, 1, FT_GEN_MAX_SLOTS + 1), FT_E_INVALID);
+    assert_int_equal(ft_gen_init_seqs(&h, be, m, lora, src, CTX, 8, 1, 0), FT_E_INVALID);
+    assert_int_equal(ft_gen_init_seqs(&h, be, m, lora, src, CTX, 8, 1, FT_GEN_MAX_SEQS + 1), FT_E_INVALID);
     assert_true(ft_gen_source_bytes(m, lora, CTX, 8, 3, 3) > ft_gen_source_bytes(m, lora, CTX, 8, 3, 1));
     assert_int_equal(ft_gen_source_bytes(m, lora, CTX, 8, 3, 0), 0);
     free(lb);
@@ -2048,12 +1589,12 @@ static void slots_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
 }
 
 /* Dynamic NTK RoPE in batched decoding: the inverse frequencies depend on each sequence's
- * length (ft_gen_set_rope_len_slot), so a decode step rotates each row with its own slot's
- * table. Two slots with prompts of 3 and 9 tokens, decoded together (slot 1 first in the
+ * length (ft_gen_set_rope_len_seq), so a decode step rotates each row with its own seq's
+ * table. Two seqs with prompts of 3 and 9 tokens, decoded together (seq 1 first in the
  * step), each within the KV-decode tolerance of a one-sequence ft_gen with that table, and
- * far from one with the other slot's table (what using the step's first slot's table for
+ * far from one with the other seq's table (what using the step's first seq's table for
  * every row would give). */
-static void test_gen_slots_dynamic_rope(void **state)
+static void test_gen_seqs_dynamic_rope(void **state)
 {
     fix *f = *state;
     const ft_model_config saved = f->m->cfg;
@@ -2062,15 +1603,15 @@ static void test_gen_slots_dynamic_rope(void **state)
     f->m->cfg.rope_original_max_position_embeddings = 4; /* every length here scales the base */
     const int64_t V = f->m->cfg.vocab_size, CTX = 32, NEW = 4, plen[2] = {3, 9}, off[2] = {0, 5};
     ft_gen g, one;
-    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, &f->lora, NULL, CTX, 16, 2, 2), 0);
+    assert_int_equal(ft_gen_init_seqs(&g, f->be, f->m, &f->lora, NULL, CTX, 16, 2, 2), 0);
     assert_int_equal(ft_gen_init(&one, f->be, f->m, &f->lora, CTX, 16, 1), 0);
     float *lb = malloc((size_t)(2 * V) * 4), *lr = malloc((size_t)V * 4), *lo = malloc((size_t)V * 4);
     assert_non_null(lb);
     assert_non_null(lr);
     assert_non_null(lo);
     for (int64_t s = 0; s < 2; s++) {
-        assert_int_equal(ft_gen_set_rope_len_slot(&g, s, plen[s] + NEW), 0);
-        assert_int_equal(ft_gen_forward_slot(&g, s, SEQ + off[s], plen[s], lb + s * V, 1), 0);
+        assert_int_equal(ft_gen_set_rope_len_seq(&g, s, plen[s] + NEW), 0);
+        assert_int_equal(ft_gen_forward_seq(&g, s, SEQ + off[s], plen[s], lb + s * V, 1), 0);
     }
     const int64_t order[2] = {1, 0};
     for (int64_t t = 0; t < NEW - 1; t++) {
@@ -2081,7 +1622,7 @@ static void test_gen_slots_dynamic_rope(void **state)
     double worst = 0, nearest_other = INFINITY;
     for (int i = 0; i < 2; i++) {
         const int64_t s = order[i], n = plen[s] + NEW - 1;
-        for (int k = 0; k < 2; k++) { /* k = 0: slot s's own length; 1: the other slot's */
+        for (int k = 0; k < 2; k++) { /* k = 0: seq s's own length; 1: the other seq's */
             const int64_t len = plen[k ? 1 - s : s] + NEW;
             float *out = k ? lo : lr;
             ft_gen_reset(&one);
@@ -2095,8 +1636,8 @@ static void test_gen_slots_dynamic_rope(void **state)
         nearest_other = fmin(nearest_other, max_diff(lb + i * V, lo, V) / sc);
         assert_true(d <= FT_TOL_KV_DECODE_REL * sc);
     }
-    printf("dynamic RoPE, 2 slots decoded together: max diff %.3e of max |logit| vs each one's "
-           "own table (bound %.0e), %.3e vs the other slot's\n", worst, FT_TOL_KV_DECODE_REL,
+    printf("dynamic RoPE, 2 seqs decoded together: max diff %.3e of max |logit| vs each one's "
+           "own table (bound %.0e), %.3e vs the other seq's\n", worst, FT_TOL_KV_DECODE_REL,
            nearest_other);
     assert_true(nearest_other > 100 * FT_TOL_KV_DECODE_REL);
     f->m->cfg = saved;
@@ -2107,20 +1648,20 @@ static void test_gen_slots_dynamic_rope(void **state)
     ft_gen_free(&one);
 }
 
-static void test_gen_slots(void **state)
+static void test_gen_seqs(void **state)
 {
     fix *f = *state;
-    slots_case(f->be, f->m, &f->lora, NULL, "cpu, host weights, LoRA");
-    slots_case(f->be, f->m, NULL, NULL, "cpu, host weights, no adapter");
+    seqs_case(f->be, f->m, &f->lora, NULL, "cpu, host weights, LoRA");
+    seqs_case(f->be, f->m, NULL, NULL, "cpu, host weights, no adapter");
     /* through an executor on cpu-device (bf16 products) */
     exec_src s;
     exec_src_device(&s, f->m);
-    slots_case(s.be, f->m, NULL, &s.src, "cpu-device, the executor's weights");
+    seqs_case(s.be, f->m, NULL, &s.src, "cpu-device, the executor's weights");
     exec_src_close(&s);
     /* an NF4 pack on the CPU: visits of up to 8 rows read the NF4 codes in place */
     exec_src_pack(&s, f->be);
     int64_t before = s.ex.gen_nf4_fetches;
-    slots_case(f->be, s.m, NULL, &s.src, "cpu, NF4 pack in memory, codes read in place");
+    seqs_case(f->be, s.m, NULL, &s.src, "cpu, NF4 pack in memory, codes read in place");
     assert_true(s.ex.gen_nf4_fetches > before);
     exec_src_close(&s);
 }
@@ -2150,8 +1691,8 @@ static void pf_ids(int32_t *ids, int64_t n, int64_t V, uint64_t seed)
     for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(ft_rng_next(&r) % (uint64_t)V);
 }
 
-/* ft_gen_prefill of the three prompts into slots 2, 0, 3 of a 4-slot ft_gen against each
- * prompt prefilled alone (ft_gen_forward_slot) into the same slot of another one, then three
+/* ft_gen_prefill of the three prompts into seqs 2, 0, 3 of a 4-seq ft_gen against each
+ * prompt prefilled alone (ft_gen_forward_seq) into the same seq of another one, then three
  * decode steps of the three in both: the same logits within FT_TOL_PREFILL_REL (each
  * prompt's attention is the one-sequence call on its own rows; the projections' GEMMs run
  * over all 96 rows, and OpenBLAS's sgemm rounds a row differently with the rows around it). */
@@ -2159,21 +1700,21 @@ static void prefill_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
                          const ft_gen_source *src, const char *label)
 {
     const int64_t V = m->cfg.vocab_size, S = 4;
-    const int64_t slots[PF_N] = {2, 0, 3};
+    const int64_t seqs[PF_N] = {2, 0, 3};
     ft_gen g, one;
-    assert_int_equal(ft_gen_init_slots(&g, be, m, lora, src, PF_CTX, PF_CHUNK, S, S), 0);
-    assert_int_equal(ft_gen_init_slots(&one, be, m, lora, src, PF_CTX, PF_CHUNK, S, S), 0);
+    assert_int_equal(ft_gen_init_seqs(&g, be, m, lora, src, PF_CTX, PF_CHUNK, S, S), 0);
+    assert_int_equal(ft_gen_init_seqs(&one, be, m, lora, src, PF_CTX, PF_CHUNK, S, S), 0);
     int32_t ids[37 + 9 + 50];
     pf_ids(ids, 96, V, 5);
     float *lb = malloc((size_t)(S * V) * 4), *lr = malloc((size_t)(S * V) * 4);
     assert_non_null(lb);
     assert_non_null(lr);
-    assert_int_equal(ft_gen_prefill(&g, PF_N, slots, ids, PF_LEN, lb), 0);
+    assert_int_equal(ft_gen_prefill(&g, PF_N, seqs, ids, PF_LEN, lb), 0);
     int64_t bad_rows = 0;
     double worst = 0;
     for (int64_t i = 0, r = 0; i < PF_N; r += PF_LEN[i++]) {
-        assert_int_equal(g.past[slots[i]], PF_LEN[i]);
-        assert_int_equal(ft_gen_forward_slot(&one, slots[i], ids + r, PF_LEN[i], lr + i * V, 1), 0);
+        assert_int_equal(g.past[seqs[i]], PF_LEN[i]);
+        assert_int_equal(ft_gen_forward_seq(&one, seqs[i], ids + r, PF_LEN[i], lr + i * V, 1), 0);
         bad_rows += memcmp(lb + i * V, lr + i * V, (size_t)V * 4) != 0;
         worst = fmax(worst, max_diff(lb + i * V, lr + i * V, V) / max_abs(lr + i * V, V));
     }
@@ -2185,8 +1726,8 @@ static void prefill_case(ft_backend *be, const ft_model *m, const ft_lora *lora,
     for (int st = 0; st < 3; st++) {
         int32_t tk[PF_N];
         for (int i = 0; i < PF_N; i++) tk[i] = (int32_t)((7 + 31 * st + 1000 * i) % V);
-        assert_int_equal(ft_gen_decode(&g, slots, tk, PF_N, lb), 0);
-        assert_int_equal(ft_gen_decode(&one, slots, tk, PF_N, lr), 0);
+        assert_int_equal(ft_gen_decode(&g, seqs, tk, PF_N, lb), 0);
+        assert_int_equal(ft_gen_decode(&one, seqs, tk, PF_N, lr), 0);
         for (int i = 0; i < PF_N; i++) {
             bad_rows += memcmp(lb + i * V, lr + i * V, (size_t)V * 4) != 0;
             worst = fmax(worst, max_diff(lb + i * V, lr + i * V, V) / max_abs(lr + i * V, V));
@@ -2233,8 +1774,8 @@ static void test_gen_prefill(void **state)
     exec_src_close(&s);
 }
 
-/* Dynamic NTK RoPE: each prompt of a batched prefill is rotated with its own slot's table, as
- * when prefilled alone (within FT_TOL_PREFILL_REL), and not with another slot's (what one
+/* Dynamic NTK RoPE: each prompt of a batched prefill is rotated with its own seq's table, as
+ * when prefilled alone (within FT_TOL_PREFILL_REL), and not with another seq's (what one
  * table for every row would give). */
 static void test_gen_prefill_dynamic_rope(void **state)
 {
@@ -2243,34 +1784,34 @@ static void test_gen_prefill_dynamic_rope(void **state)
     f->m->cfg.rope_type = FT_ROPE_DYNAMIC;
     f->m->cfg.rope_factor = 4.0;
     f->m->cfg.rope_original_max_position_embeddings = 4;
-    const int64_t V = f->m->cfg.vocab_size, slots[PF_N] = {1, 2, 0};
+    const int64_t V = f->m->cfg.vocab_size, seqs[PF_N] = {1, 2, 0};
     ft_gen g, one;
-    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, &f->lora, NULL, PF_CTX, PF_CHUNK, 3, 3), 0);
-    assert_int_equal(ft_gen_init_slots(&one, f->be, f->m, &f->lora, NULL, PF_CTX, PF_CHUNK, 3, 3), 0);
+    assert_int_equal(ft_gen_init_seqs(&g, f->be, f->m, &f->lora, NULL, PF_CTX, PF_CHUNK, 3, 3), 0);
+    assert_int_equal(ft_gen_init_seqs(&one, f->be, f->m, &f->lora, NULL, PF_CTX, PF_CHUNK, 3, 3), 0);
     int32_t ids[96];
     pf_ids(ids, 96, V, 11);
     float *lb = malloc((size_t)(3 * V) * 4), *lr = malloc((size_t)V * 4), *lo = malloc((size_t)V * 4);
     assert_non_null(lb);
     assert_non_null(lr);
     assert_non_null(lo);
-    for (int i = 0; i < PF_N; i++) { /* each slot's table for its prompt + 4 new tokens */
-        assert_int_equal(ft_gen_set_rope_len_slot(&g, slots[i], PF_LEN[i] + 4), 0);
-        assert_int_equal(ft_gen_set_rope_len_slot(&one, slots[i], PF_LEN[i] + 4), 0);
+    for (int i = 0; i < PF_N; i++) { /* each seq's table for its prompt + 4 new tokens */
+        assert_int_equal(ft_gen_set_rope_len_seq(&g, seqs[i], PF_LEN[i] + 4), 0);
+        assert_int_equal(ft_gen_set_rope_len_seq(&one, seqs[i], PF_LEN[i] + 4), 0);
     }
-    assert_int_equal(ft_gen_prefill(&g, PF_N, slots, ids, PF_LEN, lb), 0);
+    assert_int_equal(ft_gen_prefill(&g, PF_N, seqs, ids, PF_LEN, lb), 0);
     double nearest_other = INFINITY, worst = 0;
     for (int64_t i = 0, r = 0; i < PF_N; r += PF_LEN[i++]) {
-        assert_int_equal(ft_gen_forward_slot(&one, slots[i], ids + r, PF_LEN[i], lr, 1), 0);
+        assert_int_equal(ft_gen_forward_seq(&one, seqs[i], ids + r, PF_LEN[i], lr, 1), 0);
         worst = fmax(worst, max_diff(lb + i * V, lr, V) / max_abs(lr, V));
-        /* the next slot's table (another length) */
-        const int64_t o = slots[(i + 1) % PF_N];
-        ft_gen_reset_slot(&one, o);
-        assert_int_equal(ft_gen_forward_slot(&one, o, ids + r, PF_LEN[i], lo, 1), 0);
-        ft_gen_reset_slot(&one, o);
+        /* the next seq's table (another length) */
+        const int64_t o = seqs[(i + 1) % PF_N];
+        ft_gen_reset_seq(&one, o);
+        assert_int_equal(ft_gen_forward_seq(&one, o, ids + r, PF_LEN[i], lo, 1), 0);
+        ft_gen_reset_seq(&one, o);
         nearest_other = fmin(nearest_other, max_diff(lb + i * V, lo, V) / max_abs(lr, V));
     }
     printf("dynamic RoPE, batched prefill of 3 prompts: %.3e of max |logit| from each one's own "
-           "table (bound %.0e), %.3e from the other slots' tables\n", worst, FT_TOL_PREFILL_REL,
+           "table (bound %.0e), %.3e from the other seqs' tables\n", worst, FT_TOL_PREFILL_REL,
            nearest_other);
     assert_true(worst <= FT_TOL_PREFILL_REL);
     assert_true(nearest_other > 100 * FT_TOL_PREFILL_REL);
@@ -2283,18 +1824,18 @@ static void test_gen_prefill_dynamic_rope(void **state)
 }
 
 /* Refusals (nothing changes: the caches keep what they hold), sizes, and a failed forward
- * (the slots' caches left empty, the source's message kept). */
+ * (the seqs' caches left empty, the source's message kept). */
 static void test_gen_prefill_refusals(void **state)
 {
     fix *f = *state;
     const int64_t V = f->m->cfg.vocab_size, CTX = 16, CHUNK = 20;
     ft_gen g;
-    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, NULL, CTX, CHUNK, 2, 3), 0);
+    assert_int_equal(ft_gen_init_seqs(&g, f->be, f->m, NULL, NULL, CTX, CHUNK, 2, 3), 0);
     float *lg = malloc((size_t)(3 * V) * 4);
     assert_non_null(lg);
     int32_t ids[40];
     pf_ids(ids, 40, V, 3);
-    assert_int_equal(ft_gen_forward_slot(&g, 1, ids, 4, lg, 1), 0); /* slot 1 holds 4 tokens */
+    assert_int_equal(ft_gen_forward_seq(&g, 1, ids, 4, lg, 1), 0); /* seq 1 holds 4 tokens */
     const int64_t s02[2] = {0, 2}, s01[2] = {0, 1}, s00[2] = {0, 0}, s03[2] = {0, 3},
                   s012[3] = {0, 1, 2}, sm1[1] = {-1};
     const int64_t l55[2] = {5, 5}, l05[2] = {0, 5}, l17[2] = {17, 1}, l1010[2] = {10, 11},
@@ -2305,7 +1846,7 @@ static void test_gen_prefill_refusals(void **state)
     assert_int_equal(ft_gen_prefill(&g, 2, s03, ids, l55, lg), FT_E_RANGE);
     assert_int_equal(ft_gen_prefill(&g, 2, s00, ids, l55, lg), FT_E_INVALID);
     assert_non_null(strstr(ft_errmsg(), "twice"));
-    assert_int_equal(ft_gen_prefill(&g, 2, s01, ids, l55, lg), FT_E_INVALID); /* slot 1 holds 4 */
+    assert_int_equal(ft_gen_prefill(&g, 2, s01, ids, l55, lg), FT_E_INVALID); /* seq 1 holds 4 */
     assert_non_null(strstr(ft_errmsg(), "holds 4 tokens"));
     assert_int_equal(ft_gen_prefill(&g, 2, s02, ids, l05, lg), FT_E_RANGE);
     assert_int_equal(ft_gen_prefill(&g, 2, s02, ids, l17, lg), FT_E_RANGE);  /* > context */
@@ -2317,32 +1858,32 @@ static void test_gen_prefill_refusals(void **state)
     memcpy(badid, ids, sizeof badid);
     badid[7] = (int32_t)V; /* prompt 1's token 2 */
     assert_int_equal(ft_gen_prefill(&g, 2, s02, badid, l55, lg), FT_E_INVALID);
-    assert_non_null(strstr(ft_errmsg(), "prompt 1 of the prefill (slot 2): token 2 has id"));
+    assert_non_null(strstr(ft_errmsg(), "prompt 1 of the prefill (sequence 2): token 2 has id"));
     assert_int_equal(g.past[0], 0);
     assert_int_equal(g.past[1], 4);
     assert_int_equal(g.past[2], 0);
-    /* one prompt: ft_gen_forward_slot's logits */
+    /* one prompt: ft_gen_forward_seq's logits */
     const int64_t s2[1] = {2}, l9[1] = {9};
     assert_int_equal(ft_gen_prefill(&g, 1, s2, ids, l9, lg), 0);
     assert_int_equal(g.past[2], 9);
-    ft_gen_reset_slot(&g, 2);
-    assert_int_equal(ft_gen_forward_slot(&g, 2, ids, 9, lg + V, 1), 0);
+    ft_gen_reset_seq(&g, 2);
+    assert_int_equal(ft_gen_forward_seq(&g, 2, ids, 9, lg + V, 1), 0);
     assert_memory_equal(lg, lg + V, (size_t)V * 4);
     ft_gen_free(&g);
-    /* sizes: a chunk beyond one context only with several slots */
-    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, NULL, CTX, 2 * CTX, 2, 2), 0);
+    /* sizes: a chunk beyond one context only with several seqs */
+    assert_int_equal(ft_gen_init_seqs(&g, f->be, f->m, NULL, NULL, CTX, 2 * CTX, 2, 2), 0);
     ft_gen_free(&g);
-    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, NULL, CTX, 2 * CTX + 1, 2, 2),
+    assert_int_equal(ft_gen_init_seqs(&g, f->be, f->m, NULL, NULL, CTX, 2 * CTX + 1, 2, 2),
                      FT_E_INVALID);
-    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, NULL, CTX, CTX + 1, 1, 1), FT_E_INVALID);
+    assert_int_equal(ft_gen_init_seqs(&g, f->be, f->m, NULL, NULL, CTX, CTX + 1, 1, 1), FT_E_INVALID);
     assert_int_equal(ft_gen_source_bytes(f->m, NULL, CTX, 2 * CTX + 1, 2, 2), 0);
     assert_true(ft_gen_source_bytes(f->m, NULL, CTX, 2 * CTX, 2, 2) >
                 ft_gen_source_bytes(f->m, NULL, CTX, CTX, 2, 2));
-    /* a layer that fails mid-forward: the slots' caches left empty, the message kept */
+    /* a layer that fails mid-forward: the seqs' caches left empty, the message kept */
     fail_src fs = {f->m, 0, 2};
     ft_gen_source src = {&fs, NULL, fail_layer, NULL, NULL, f->m->embed, f->m->final_norm,
                          f->m->lm_head, NULL};
-    assert_int_equal(ft_gen_init_slots(&g, f->be, f->m, NULL, &src, CTX, CHUNK, 2, 3), 0);
+    assert_int_equal(ft_gen_init_seqs(&g, f->be, f->m, NULL, &src, CTX, CHUNK, 2, 3), 0);
     assert_int_equal(ft_gen_prefill(&g, 2, s02, ids, l55, lg), -EIO);
     assert_non_null(strstr(ft_errmsg(), "layer 1 unreadable"));
     assert_int_equal(g.past[0], 0);
@@ -2363,7 +1904,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kv_decode_matches_recompute, setup, model_fix_teardown),
         cmocka_unit_test_setup_teardown(test_prefill_equals_exec_logits, setup, model_fix_teardown),
         cmocka_unit_test_setup_teardown(test_gen_bad_input, setup, model_fix_teardown),
-        cmocka_unit_test_setup_teardown(test_gen_prompt_logprobs, setup, model_fix_teardown),
         cmocka_unit_test(test_sample_greedy),
         cmocka_unit_test(test_sample_temperature),
         cmocka_unit_test(test_sample_top_k_top_p),
@@ -2374,15 +1914,12 @@ int main(void)
         cmocka_unit_test(test_gen_req_parse),
         cmocka_unit_test(test_gen_req_params),
         cmocka_unit_test(test_gen_req_ids),
-        cmocka_unit_test(test_gen_req_unknown_keys),
-        cmocka_unit_test(test_gen_req_batch),
-        cmocka_unit_test(test_gen_req_batch_ids),
         cmocka_unit_test(test_gen_req_tools),
         cmocka_unit_test(test_gen_record_seed),
         cmocka_unit_test_setup_teardown(test_gen_cache_reuse, setup, model_fix_teardown),
         cmocka_unit_test(test_gen_through_exec),
-        cmocka_unit_test_setup_teardown(test_gen_slots, setup, model_fix_teardown),
-        cmocka_unit_test_setup_teardown(test_gen_slots_dynamic_rope, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_gen_seqs, setup, model_fix_teardown),
+        cmocka_unit_test_setup_teardown(test_gen_seqs_dynamic_rope, setup, model_fix_teardown),
         cmocka_unit_test_setup_teardown(test_gen_prefill, setup, model_fix_teardown),
         cmocka_unit_test_setup_teardown(test_gen_prefill_dynamic_rope, setup, model_fix_teardown),
         cmocka_unit_test_setup_teardown(test_gen_prefill_refusals, setup, model_fix_teardown),

@@ -241,18 +241,18 @@ static void pack_case(ft_backend *be, const char *dir, const char *label)
     /* a batched decode of 3 sequences (ft_gen_decode: one head of 3 rows) */
     {
         ft_gen g3, h3;
-        assert_int_equal(ft_gen_init_slots(&g3, be, m, NULL, &sa, N_TOK, 8, 3, 3), 0);
-        assert_int_equal(ft_gen_init_slots(&h3, be, m, NULL, &sb, N_TOK, 8, 3, 3), 0);
+        assert_int_equal(ft_gen_init_seqs(&g3, be, m, NULL, &sa, N_TOK, 8, 3, 3), 0);
+        assert_int_equal(ft_gen_init_seqs(&h3, be, m, NULL, &sb, N_TOK, 8, 3, 3), 0);
         float *la = malloc((size_t)(3 * V) * 4), *lb = malloc((size_t)(3 * V) * 4);
-        const int64_t slots[3] = {2, 0, 1};
+        const int64_t seqs[3] = {2, 0, 1};
         for (int64_t s = 0; s < 3; s++) {
-            assert_int_equal(ft_gen_forward_slot(&g3, s, ids + 5 * s, 3 + s, la, 1), 0);
-            assert_int_equal(ft_gen_forward_slot(&h3, s, ids + 5 * s, 3 + s, lb, 1), 0);
+            assert_int_equal(ft_gen_forward_seq(&g3, s, ids + 5 * s, 3 + s, la, 1), 0);
+            assert_int_equal(ft_gen_forward_seq(&h3, s, ids + 5 * s, 3 + s, lb, 1), 0);
             assert_memory_equal(la, lb, (size_t)V * 4);
         }
         for (int step = 0; step < 3; step++) {
-            assert_int_equal(ft_gen_decode(&g3, slots, ids + 16 + step, 3, la), 0);
-            assert_int_equal(ft_gen_decode(&h3, slots, ids + 16 + step, 3, lb), 0);
+            assert_int_equal(ft_gen_decode(&g3, seqs, ids + 16 + step, 3, la), 0);
+            assert_int_equal(ft_gen_decode(&h3, seqs, ids + 16 + step, 3, lb), 0);
             assert_memory_equal(la, lb, (size_t)(3 * V) * 4);
         }
         free(la);
