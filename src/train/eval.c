@@ -53,6 +53,7 @@ int ft_train_eval_log(ft_train_adapter *a, ft_session *s, const ft_train_data *d
     ft_session_swap_adapter(s, was);
     FT_TRY(rc);
     FT_TRY(ft_metrics_eval(&a->met, step, *loss, *tokens, elapsed_s, dpo ? &ps : NULL));
+    FT_TRY(ft_eval_samples_run(&a->samples, s, &a->lora, step, a->met.tb));
     ft_train_event ev = {.kind = FT_EV_EVAL, .step = step, .total_steps = a->st.total_steps,
                          .eval_loss = *loss};
     if (dpo && ps.pairs) {
