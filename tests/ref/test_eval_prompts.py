@@ -74,6 +74,30 @@ def check_layout(rows, steps, texts):
     assert [r["prompt"] for r in rows] == texts * len(steps)
 
 
+def text_tab_check(tb_dir, rows):
+    """What TensorBoard's Text tab serves for tag "samples" (its TextPlugin over the event
+    multiplexer, as `tensorboard --logdir` runs it): per step an HTML table, a row per prompt."""
+    pem = pytest.importorskip("tensorboard.backend.event_processing.plugin_event_multiplexer")
+    dp = pytest.importorskip("tensorboard.backend.event_processing.data_provider")
+    base_plugin = pytest.importorskip("tensorboard.plugins.base_plugin")
+    text_plugin = pytest.importorskip("tensorboard.plugins.text.text_plugin")
+    context = pytest.importorskip("tensorboard.context")
+    mux = pem.EventMultiplexer({"run": str(tb_dir)})
+    mux.Reload()
+    ctx = base_plugin.TBContext(data_provider=dp.MultiplexerDataProvider(mux, str(tb_dir)),
+                                logdir=str(tb_dir), multiplexer=mux)
+    plugin = text_plugin.TextPlugin(ctx)
+    assert plugin.index_impl(context.RequestContext(), experiment="") == {"run": ["samples"]}
+    got = plugin.text_impl(context.RequestContext(), "run", "samples", experiment="",
+                           enable_markdown=True)
+    steps = sorted({r["step"] for r in rows})
+    assert [g["step"] for g in got] == steps
+    for g in got:
+        mine = [r for r in rows if r["step"] == g["step"]]
+        assert g["text"].count("<tr>") == len(mine)
+        assert all(r["prompt"].split("\n")[0] in g["text"] for r in mine)
+
+
 def test_tiny_identical_counts_tensorboard_report(tmp_path):
     ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     tensor_util = pytest.importorskip("tensorboard.util.tensor_util")
@@ -103,6 +127,7 @@ def test_tiny_identical_counts_tensorboard_report(tmp_path):
         assert arr.shape == (len(PROMPTS), 2)
         got = [[c.decode() for c in row] for row in arr]
         assert got == [[r["prompt"], r["reply"]] for r in rows if r["step"] == e.step]
+    text_tab_check(with_s / "tb", rows)
     html = (with_s / "report.html").read_text()
     assert "<h2>Samples</h2>" in html and html.count("<summary>step ") == 4
     assert "Translate to French" in html
@@ -121,6 +146,37 @@ def test_resume_keeps_samples(tmp_path):
     train(TINY, res, *common, "--resume", res / "checkpoint-4")
     assert samples(res) == samples(full)
     check_layout(samples(res), [0, 2, 4, 6, 8], PROMPT_TEXT[:2])
+
+
+@pytest.mark.parametrize("placement", [[], ["--quant", "nf4"], ["--device", "cpu-device"],
+                                       ["--device", "cpu-device", "--quant", "nf4"]],
+                         ids=["cpu", "cpu-nf4", "cpu-device", "cpu-device-nf4"])
+def test_placements_identical_and_generate(tmp_path, placement):
+    """The base in the host's memory (read in place), an NF4 pack on the host, a device
+    backend (the executor's weights: ft_exec_gen_source, the KV cache reserved before the
+    placement): the same adapters, and each reply is `ftune generate`'s on that placement with
+    the adapter of that step (a learning rate high enough that the tiny model's replies
+    change)."""
+    place = placement + ["--cache-dir", tmp_path / "packs"]
+    p = prompts_file(tmp_path, PROMPTS[:2])
+    common = ["--max-steps", "8", "--eval-every", "4", "--save-every", "4", "--keep", "0",
+              "--lr", "3e-2"] + place
+    plain, out = tmp_path / "plain", tmp_path / "samples"
+    train(TINY, plain, *common)
+    train(TINY, out, *common, "--eval-prompts", p, "--eval-max-new-tokens", "6")
+    assert adapters(plain) == adapters(out)
+    rows = samples(out)
+    check_layout(rows, [0, 4, 8], PROMPT_TEXT[:2])
+    assert len({r["reply"] for r in rows}) > 1
+    for r in rows:
+        adapter = ["--adapter", out / f"checkpoint-{r['step']}"] if r["step"] else []
+        g = subprocess.run([ftune_bin(), "generate", "--model", str(TINY), "--prompt",
+                            r["prompt"], "--max-new-tokens", "6", "--threads", "2", "--json"]
+                           + [str(a) for a in adapter + place]
+                           + (["--system", "Answer briefly."] if r["prompt"] == "What is 2+2?" else []),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert g.returncode == 0, g.stderr
+        assert json.loads(g.stdout)["text"] == r["reply"], r
 
 
 @pytest.fixture(scope="module")
