@@ -37,10 +37,10 @@ int ft_train_adapter_init(ft_train_adapter *a, const ft_train_cfg *c, ft_session
         lc.targets = from.targets;
     }
     a->lc = lc;
-    FT_TRY(ft_eval_samples_load(&a->samples, c->eval_prompts, s, c->data_cfg.chat_template,
-                                c->eval_max_new_tokens));
     FT_TRY(ft_lora_init(&a->lora, s->model, &lc, s->be));
     a->lora_ok = 1;
+    FT_TRY(ft_eval_samples_load(&a->samples, c->eval_prompts, s, &a->lora,
+                                c->data_cfg.chat_template, c->eval_max_new_tokens));
     /* DPO on resume: the reference pass reads the starting adapter before the checkpoint's */
     if (c->init_adapter && (!c->resume || c->method == FT_METHOD_DPO))
         FT_TRY(ft_peft_load_weights(c->init_adapter, &a->lora));

@@ -85,8 +85,8 @@ static int read_prompts(ft_eval_samples *es, int tmpl, const ft_session *s)
     return rc;
 }
 
-int ft_eval_samples_load(ft_eval_samples *es, const char *file, ft_session *s, int tmpl,
-                         int64_t max_new)
+int ft_eval_samples_load(ft_eval_samples *es, const char *file, ft_session *s,
+                         const ft_lora *lora, int tmpl, int64_t max_new)
 {
     memset(es, 0, sizeof *es);
     es->fd = -1;
@@ -104,7 +104,7 @@ int ft_eval_samples_load(ft_eval_samples *es, const char *file, ft_session *s, i
     if (!es->path || !es->prompt || !es->ids || !es->n_ids) return ft_err(-ENOMEM, "out of memory");
     FT_TRY(read_prompts(es, tmpl, s));
     if (s->be && !s->be->ops->host_memory) /* the KV cache and buffers, allocated after placing */
-        s->gpu_reserve += (int64_t)ft_gen_source_bytes(s->model, NULL, es->max_prompt + max_new,
+        s->gpu_reserve += (int64_t)ft_gen_source_bytes(s->model, lora, es->max_prompt + max_new,
                                                        es->max_prompt < FT_GEN_CHUNK_DEFAULT ? es->max_prompt : FT_GEN_CHUNK_DEFAULT,
                                                        1, 1);
     return 0;

@@ -69,13 +69,14 @@ typedef struct ft_eval_samples {
 } ft_eval_samples;
 
 /* Reads and encodes the prompts of file (NULL: es stays off, 0 returned) with s's tokenizer and
- * chat template tmpl (enum ft_chat_template), for replies of up to max_new tokens, and adds
- * the generation's device bytes to s->gpu_reserve (call before ft_session_place). Returns 0,
+ * chat template tmpl (enum ft_chat_template), for replies of up to max_new tokens of adapter
+ * lora (its shapes: the weights may come later), and adds the generation's device bytes to
+ * s->gpu_reserve (call before ft_session_place). Returns 0,
  * -ENOMEM, -errno or FT_E_INVALID naming the file (and the line or record): missing or
  * unreadable, no records, more than FT_EVAL_SAMPLES_MAX, a malformed line, a record that is
  * no prompt, a prompt that encodes to no tokens; max_new outside 1..FT_GEN_MAX_NEW_TOKENS. */
-int ft_eval_samples_load(ft_eval_samples *es, const char *file, ft_session *s, int tmpl,
-                         int64_t max_new);
+int ft_eval_samples_load(ft_eval_samples *es, const char *file, ft_session *s,
+                         const ft_lora *lora, int tmpl, int64_t max_new);
 
 /* Opens out_dir/samples.jsonl for the run: created empty on a fresh start; on a resume from
  * step `step`, the lines of earlier steps kept (and those of `step` itself with
