@@ -3,11 +3,13 @@ every evaluation, on the training session's base, into OUT/samples.jsonl, Tensor
 plugin and the report.
 
 - the adapter (final and checkpoints) is byte-identical with and without --eval-prompts
-  (CPU; the example model, and the tiny one with --lora-dropout and NEFTune on);
+  (CPU; the example model, and the tiny one with --lora-dropout and NEFTune on), on every
+  placement of the base: in host memory, an NF4 pack, a device backend (cpu-device) resident
+  and streamed beyond --gpu-mem, where generation reads the training executor's weights;
 - samples.jsonl holds one {"step", "prompt", "reply"} line per prompt per evaluation (the
   step-0 one, each --eval-every, the final one), in file order;
 - each reply equals `ftune generate --json` (greedy) with the adapter saved at that step
-  (a checkpoint, or the final adapter), on the example model;
+  (a checkpoint, or the final adapter) on the same placement;
 - the event file holds one text-plugin table (prompt, reply) per evaluation step, read back
   with TensorBoard's EventAccumulator, equal to samples.jsonl;
 - report.html shows the samples;
@@ -16,6 +18,7 @@ plugin and the report.
   and a run without evaluations are refused with one line naming the file (and the line).
 """
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -177,6 +180,35 @@ def test_placements_identical_and_generate(tmp_path, placement):
                            capture_output=True, text=True, timeout=TIMEOUT)
         assert g.returncode == 0, g.stderr
         assert json.loads(g.stdout)["text"] == r["reply"], r
+
+
+def test_streamed_base_identical_and_generate(tmp_path):
+    """A base streamed on a device (cpu-device, NF4 layers beyond --gpu-mem in pinned host
+    memory): generation reads the layers through the training executor's tiers; the adapter is
+    the one of the run without --eval-prompts, the final reply `ftune generate`'s on the same
+    budget."""
+    from gen_helpers import streamed_budget, streamed_nf4_model
+    model = streamed_nf4_model(tmp_path)
+    p = prompts_file(tmp_path, PROMPTS[:2])
+    common = ["--max-steps", "2", "--eval-every", "2", "--save-every", "0", "--lora-r", "2",
+              "--eval-max", "2", "--lr", "3e-2", "--device", "cpu-device"]
+    samp = ["--eval-prompts", p, "--eval-max-new-tokens", "3"]
+    r = train(model, tmp_path / "refused", *common, *samp, "--gpu-mem", "1M", ok=False)
+    budget = ["--gpu-mem", streamed_budget(r, 0.04)]
+    plain, out = tmp_path / "plain", tmp_path / "samples"
+    train(model, plain, *common, *budget)
+    r = train(model, out, *common, *samp, *budget)
+    assert re.search(r"plan: 16 layers: .* [1-9][0-9]* in pinned host memory", r.stderr), r.stderr
+    assert adapters(plain) == adapters(out)
+    rows = samples(out)
+    check_layout(rows, [0, 2], PROMPT_TEXT[:2])
+    last = rows[-1]
+    g = subprocess.run([ftune_bin(), "generate", "--model", str(model), "--adapter", str(out),
+                        "--prompt", last["prompt"], "--system", "Answer briefly.",
+                        "--max-new-tokens", "3", "--threads", "2", "--json", "--device",
+                        "cpu-device"] + budget, capture_output=True, text=True, timeout=TIMEOUT)
+    assert g.returncode == 0, g.stderr
+    assert json.loads(g.stdout)["text"] == last["reply"]
 
 
 @pytest.fixture(scope="module")
