@@ -262,15 +262,25 @@ static int tb_replay(ft_tfevents *tb, cJSON *const *lines, int64_t n)
     return rc;
 }
 
-int ft_eval_samples_run(ft_eval_samples *es, ft_session *s, const ft_lora *lora, int64_t step,
-                        ft_tfevents *tb)
+static double mono_now(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int ft_eval_samples_run(ft_eval_samples *es, ft_session *s, const ft_lora *lora, int64_t step,
+                        ft_tfevents *tb, double *seconds)
+{
+    if (seconds) *seconds = 0;
     if (!es->on) return 0;
+    const double t0 = mono_now();
     if (!es->g_ok) FT_TRY(make_gen(es, s, lora));
     char **replies = calloc((size_t)es->n, sizeof *replies);
     if (!replies) return ft_err(-ENOMEM, "out of memory");
     int rc = 0;
     for (int64_t i = 0; !rc && i < es->n; i++) rc = reply(es, i, &replies[i]);
+    if (seconds) *seconds = mono_now() - t0;
     char *buf = NULL;
     size_t len = 0;
     FILE *mf = rc ? NULL : open_memstream(&buf, &len);

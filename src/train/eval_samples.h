@@ -89,10 +89,11 @@ int ft_eval_samples_open(ft_eval_samples *es, const char *out_dir, int resume, i
 
 /* The replies of lora (the adapter being trained) on session s's placed base to every prompt
  * after optimizer step `step`: appended to samples.jsonl (one write, flushed) and, when tb is
- * non-NULL, written as one text event at `step`. Nothing to do when es is off. Returns 0 or
- * an error (generation's, the file's). */
+ * non-NULL, written as one text event at `step`; *seconds (may be NULL) the wall time of the
+ * generation (monotonic clock). Nothing to do when es is off (*seconds 0). Returns 0 or an
+ * error (generation's, the file's). */
 int ft_eval_samples_run(ft_eval_samples *es, ft_session *s, const ft_lora *lora, int64_t step,
-                        ft_tfevents *tb);
+                        ft_tfevents *tb, double *seconds);
 
 void ft_eval_samples_free(ft_eval_samples *es); /* NULL-safe; zeroes *es (fd -1 closed) */
 
