@@ -61,6 +61,7 @@ static const struct opt_domain {
     {"eval-fraction", 0, 0.5, 0, "a number 0..0.5"},
     {"eval-max", 0, D_BIG, 0, "an integer >= 0 (0: no cap)"},
     {"eval-every", 0, D_BIG, 0, "an integer >= 0 (0: at the start and the end only)"},
+    {"eval-max-new-tokens", 1, FT_GEN_MAX_NEW_TOKENS, 0, "an integer 1..1000000"},
     {"early-stopping-patience", 0, D_BIG, D_LIB, "an integer >= 0 (0: off)"},
     {"early-stopping-threshold", 0, INFINITY, D_HI_OPEN | D_LIB, "a finite number >= 0"},
     {"save-every", 0, D_BIG, 0, "an integer >= 0 (0: only at the end)"},

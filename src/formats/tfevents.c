@@ -100,6 +100,12 @@ int ft_tfevents_scalars(ft_tfevents *w, int64_t step, double wall_time, const ch
     return ft_err(FT_E_UNSUPPORTED, "TensorBoard event files: built without protobuf-c");
 }
 
+int ft_tfevents_text(ft_tfevents *w, int64_t step, double wall_time, const char *tag,
+                     const char *const *cells, int64_t rows, int64_t cols)
+{
+    return ft_err(FT_E_UNSUPPORTED, "TensorBoard event files: built without protobuf-c");
+}
+
 #else
 
 int ft_tfevents_available(void)
@@ -213,6 +219,57 @@ int ft_tfevents_scalars(ft_tfevents *w, int64_t step, double wall_time, const ch
     int rc = write_event(w, &ev);
     free(vals);
     free(ptrs);
+    return rc;
+}
+
+/* tensorflow/core/framework/types.proto DT_STRING; summary.proto DATA_CLASS_TENSOR */
+#define TB_DT_STRING 7
+#define TB_DATA_CLASS_TENSOR 2
+
+int ft_tfevents_text(ft_tfevents *w, int64_t step, double wall_time, const char *tag,
+                     const char *const *cells, int64_t rows, int64_t cols)
+{
+    if (rows < 1 || cols < 1)
+        return ft_err(FT_E_INVALID, "%s: a text summary of %lld x %lld cells", w->path,
+                      (long long)rows, (long long)cols);
+    const size_t n = (size_t)(rows * cols);
+    ProtobufCBinaryData *sv = calloc(n, sizeof *sv);
+    if (!sv) return ft_err(-ENOMEM, "%s: out of memory", w->path);
+    for (size_t i = 0; i < n; i++) sv[i] = (ProtobufCBinaryData){strlen(cells[i]), (uint8_t *)cells[i]};
+    Tensorboard__TensorShapeProto__Dim dims[2] = {TENSORBOARD__TENSOR_SHAPE_PROTO__DIM__INIT,
+                                                  TENSORBOARD__TENSOR_SHAPE_PROTO__DIM__INIT};
+    Tensorboard__TensorShapeProto__Dim *dp[2] = {&dims[0], &dims[1]};
+    dims[0].size = rows;
+    dims[1].size = cols;
+    Tensorboard__TensorShapeProto shape = TENSORBOARD__TENSOR_SHAPE_PROTO__INIT;
+    shape.n_dim = 2;
+    shape.dim = dp;
+    Tensorboard__TensorProto t = TENSORBOARD__TENSOR_PROTO__INIT;
+    t.dtype = TB_DT_STRING;
+    t.tensor_shape = &shape;
+    t.n_string_val = n;
+    t.string_val = sv;
+    Tensorboard__SummaryMetadata__PluginData pd = TENSORBOARD__SUMMARY_METADATA__PLUGIN_DATA__INIT;
+    pd.plugin_name = "text";
+    Tensorboard__SummaryMetadata md = TENSORBOARD__SUMMARY_METADATA__INIT;
+    md.plugin_data = &pd;
+    md.data_class = TB_DATA_CLASS_TENSOR;
+    Tensorboard__Summary__Value v = TENSORBOARD__SUMMARY__VALUE__INIT;
+    Tensorboard__Summary__Value *vp = &v;
+    v.tag = (char *)tag;
+    v.metadata = &md;
+    v.value_case = TENSORBOARD__SUMMARY__VALUE__VALUE_TENSOR;
+    v.tensor = &t;
+    Tensorboard__Summary sum = TENSORBOARD__SUMMARY__INIT;
+    sum.n_value = 1;
+    sum.value = &vp;
+    Tensorboard__Event ev = TENSORBOARD__EVENT__INIT;
+    ev.wall_time = wall_time;
+    ev.step = step;
+    ev.what_case = TENSORBOARD__EVENT__WHAT_SUMMARY;
+    ev.summary = &sum;
+    int rc = write_event(w, &ev);
+    free(sv);
     return rc;
 }
 

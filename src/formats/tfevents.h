@@ -43,6 +43,15 @@ int ft_tfevents_open(ft_tfevents **out, const char *dir, double wall_time);
 int ft_tfevents_scalars(ft_tfevents *w, int64_t step, double wall_time, const char *const *tags,
                         const float *values, int n);
 
+/* Appends one Event at `step` holding one text Summary value under tag, as TensorBoard's text
+ * plugin reads it (tensorboard/plugins/text/summary_v2.py): metadata plugin_name "text"
+ * (content: an empty TextPluginData, version 0), data_class DATA_CLASS_TENSOR, and a DT_STRING
+ * tensor of shape (rows, cols) holding cells[0 .. rows * cols) row by row, each a UTF-8
+ * string (the plugin renders each cell as Markdown; a rank-2 tensor as a table). rows, cols
+ * >= 1. Returns 0, FT_E_INVALID (rows or cols < 1), or -errno naming the file. */
+int ft_tfevents_text(ft_tfevents *w, int64_t step, double wall_time, const char *tag,
+                     const char *const *cells, int64_t rows, int64_t cols);
+
 /* The file's path ("" for NULL). */
 const char *ft_tfevents_path(const ft_tfevents *w);
 

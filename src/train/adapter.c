@@ -39,6 +39,8 @@ int ft_train_adapter_init(ft_train_adapter *a, const ft_train_cfg *c, ft_session
     a->lc = lc;
     FT_TRY(ft_lora_init(&a->lora, s->model, &lc, s->be));
     a->lora_ok = 1;
+    FT_TRY(ft_eval_samples_load(&a->samples, c->eval_prompts, s, &a->lora,
+                                c->data_cfg.chat_template, c->eval_max_new_tokens));
     /* DPO on resume: the reference pass reads the starting adapter before the checkpoint's */
     if (c->init_adapter && (!c->resume || c->method == FT_METHOD_DPO))
         FT_TRY(ft_peft_load_weights(c->init_adapter, &a->lora));
@@ -225,6 +227,8 @@ int ft_train_adapter_open(ft_train_adapter *a, ft_session *s, ft_train_data *d,
         FT_TRY(ft_metrics_open(&a->met, path));
     }
     FT_TRY(ft_metrics_tensorboard(&a->met, c->tensorboard));
+    FT_TRY(ft_eval_samples_open(&a->samples, c->out, c->resume != NULL, st->step,
+                                st->step < st->total_steps, d->n_eval_b > 0, a->met.tb));
     return 0;
 }
 
@@ -358,6 +362,7 @@ int ft_train_adapter_save(ft_train_adapter *a, const ft_model *m, double run_t0,
 void ft_train_adapter_free(ft_train_adapter *a)
 {
     ft_metrics_close(&a->met);
+    ft_eval_samples_free(&a->samples);
     ft_optim_free(&a->opt);
     if (a->lora_ok) ft_lora_free(&a->lora);
     free(a->cfg_json);

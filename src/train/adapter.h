@@ -19,6 +19,7 @@
 #include "src/model/lora.h"
 #include "src/train/checkpoint.h"
 #include "src/train/dpo_run.h"
+#include "src/train/eval_samples.h"
 #include "src/train/events.h"
 #include "src/train/metrics.h"
 #include "src/train/optim.h"
@@ -35,6 +36,7 @@ typedef struct ft_train_adapter {
     ft_optim opt;
     ft_ckpt_state st;           /* what its checkpoints keep */
     ft_metrics met;             /* OUT/metrics.jsonl */
+    ft_eval_samples samples;    /* --eval-prompts: OUT/samples.jsonl (eval_samples.h) */
     char *cfg_json;             /* the run config (run_config.h) stored in its checkpoints */
     const char *base_name;      /* adapter_config.json's base_model_name_or_path (the run's) */
     double *ref_train, *ref_eval; /* DPO: reference nlls by pair (dpo_run.h), 2 per pair */

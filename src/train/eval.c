@@ -62,6 +62,11 @@ int ft_train_eval_log(ft_train_adapter *a, ft_session *s, const ft_train_data *d
         a->eval_reward_accuracy = ev.reward_accuracy;
     }
     ft_train_emit(k, &ev);
+    double gen_s; /* --eval-prompts: the adapter's replies at this evaluation */
+    FT_TRY(ft_eval_samples_run(&a->samples, s, &a->lora, step, a->met.tb, &gen_s));
+    if (a->samples.on)
+        ft_train_info(k, FT_EV_INFO, "samples at step %lld: %lld greedy replies in %.1f s, in %s",
+                      (long long)step, (long long)a->samples.n, gen_s, a->samples.out_path);
     return 0;
 }
 

@@ -24,7 +24,8 @@ int ft_train_evaluate(ft_exec *ex, const ft_batch *b, int64_t n, int64_t cap, do
 /* One evaluation of adapter a on d's held-out batches after step `step`, written to its
  * metrics.jsonl (elapsed_s: the run's time) and reported (FT_EV_EVAL): *loss is the mean
  * token loss, or with DPO the mean pair loss (and the reward metrics); *tokens the target
- * tokens read. The session's executor runs a's adapter for it. Returns 0 or an error. */
+ * tokens read. The session's executor runs a's adapter for it. With --eval-prompts, then the
+ * adapter's sample replies (eval_samples.h) and their FT_EV_INFO line. Returns 0 or an error. */
 int ft_train_eval_log(ft_train_adapter *a, ft_session *s, const ft_train_data *d, int64_t step,
                       double elapsed_s, const ft_train_sink *k, double *loss, int64_t *tokens);
 

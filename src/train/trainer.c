@@ -46,6 +46,7 @@ void ft_train_defaults(ft_train_cfg *c)
     c->quant_correction_tokens = 4096;
     c->data_cfg.eval_fraction = 0.05;
     c->data_cfg.eval_max = 200;
+    c->eval_max_new_tokens = 128;
     c->save_every = 200;
     c->keep = 2;
     c->max_bad_steps = 5;

@@ -110,6 +110,11 @@ typedef struct ft_train_cfg {
     ft_data_cfg data_cfg;       /* format, template, masks, eval split, seed (seq_len filled) */
     int64_t eval_every;         /* steps; 0: only at start and end */
     int64_t eval_max_batches;   /* cap per evaluation (0: all) */
+    const char *eval_prompts;   /* JSONL/JSON prompts file (the prompt schemas of `ftune
+                                 * generate --prompts`, at most FT_EVAL_SAMPLES_MAX records):
+                                 * greedy replies at every evaluation into OUT/samples.jsonl
+                                 * (eval_samples.h), or NULL: none */
+    int64_t eval_max_new_tokens; /* new tokens per sample reply (default 128) */
     int threads;
     const char *device;         /* "cpu", "cuda", "cuda:N", "auto" or NULL (= auto) */
     int64_t gpu_mem;            /* bytes of GPU memory the run may use (0: what is free) */

@@ -1106,6 +1106,47 @@ def _(d):
     return argv + ["--resume", "out/checkpoint-1"], "DPO reference"
 
 
+# ---- --eval-prompts (src/train/eval_samples.c) ---------------------------------------------
+
+EVAL = ["--eval-fraction", "0.2", "--eval-prompts", "prompts.jsonl"]
+
+
+@case("eval prompts", "`--eval-prompts` file missing", "test_eval_prompts.py")
+def _(d):
+    return train(TINY, ALPACA, *EVAL)
+
+
+@case("eval prompts", "`--eval-prompts` file empty", "test_eval_prompts.py")
+def _(d):
+    data(d, "", "prompts.jsonl")
+    return train(TINY, ALPACA, *EVAL)
+
+
+@case("eval prompts", "`--eval-prompts` line 2 malformed JSON", "test_eval_prompts.py")
+def _(d):
+    data(d, '"Hi."\n{"prompt": \n', "prompts.jsonl")
+    return train(TINY, ALPACA, *EVAL)
+
+
+@case("eval prompts", "`--eval-prompts` line 2 no prompt (`{\"foo\": 1}`)", "test_eval_prompts.py")
+def _(d):
+    data(d, '"Hi."\n{"foo": 1}\n', "prompts.jsonl")
+    return train(TINY, ALPACA, *EVAL)
+
+
+@case("eval prompts", "`--eval-prompts` of 65 prompts (at most 64)", "test_eval_prompts.py")
+def _(d):
+    data(d, '"Hi."\n' * 65, "prompts.jsonl")
+    return train(TINY, ALPACA, *EVAL)
+
+
+@case("eval prompts", "`--eval-prompts` in a run without evaluation (`--eval-fraction 0`)",
+      "test_eval_prompts.py")
+def _(d):
+    data(d, '"Hi."\n', "prompts.jsonl")
+    return train(TINY, ALPACA, "--eval-prompts", "prompts.jsonl")
+
+
 def md(s):
     return s.strip().replace("|", "\\|").replace("\n", "<br>") or "(nothing)"
 

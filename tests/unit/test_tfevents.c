@@ -5,7 +5,8 @@
  * kept), a second file in the same second not overwriting the first, and an uncreatable
  * folder as an error naming it; the metrics module's lines (src/train/metrics.h) as written
  * to metrics.jsonl and as events (tags, NaN for null, an eval loss whose perplexity is beyond
- * float32 as +Inf). Without protobuf-c in the build: the error naming the packages. */
+ * float32 as +Inf); a text-plugin table (ft_tfevents_text) decoded back. Without protobuf-c in
+ * the build: the error naming the packages. */
 #include "tests/unit/harness.h"
 
 #include <errno.h>
@@ -202,6 +203,43 @@ static void test_metrics_events(void **state)
     t_rmtree(dir);
 }
 
+/* A text summary (ft_tfevents_text): the text plugin's metadata and a (rows, cols) DT_STRING
+ * tensor, cells row by row, bytes as given (UTF-8, a newline); an empty table refused. */
+static void test_text(void **state)
+{
+    (void)state;
+    char *dir = t_tmpdir();
+    ft_tfevents *w;
+    assert_int_equal(ft_tfevents_open(&w, dir, 1700000000.0), 0);
+    const char *cells[4] = {"What is 2+2?", "4", "Name a color.", "Bleu\n\xc3\xa9t\xc3\xa9"};
+    assert_int_equal(ft_tfevents_text(w, 7, 1700000001.0, "samples", cells, 2, 2), 0);
+    assert_int_equal(ft_tfevents_text(w, 8, 1700000002.0, "samples", cells, 0, 2), FT_E_INVALID);
+    Tensorboard__Event *ev[4];
+    int n = read_events(ft_tfevents_path(w), ev, 4);
+    assert_int_equal(n, 3);
+    assert_int_equal(ev[2]->step, 7);
+    assert_int_equal(ev[2]->summary->n_value, 1);
+    const Tensorboard__Summary__Value *v = ev[2]->summary->value[0];
+    assert_string_equal(v->tag, "samples");
+    assert_non_null(v->metadata);
+    assert_string_equal(v->metadata->plugin_data->plugin_name, "text");
+    assert_int_equal(v->metadata->plugin_data->content.len, 0);
+    assert_int_equal(v->metadata->data_class, 2);
+    assert_int_equal(v->value_case, TENSORBOARD__SUMMARY__VALUE__VALUE_TENSOR);
+    assert_int_equal(v->tensor->dtype, 7);
+    assert_int_equal(v->tensor->tensor_shape->n_dim, 2);
+    assert_int_equal(v->tensor->tensor_shape->dim[0]->size, 2);
+    assert_int_equal(v->tensor->tensor_shape->dim[1]->size, 2);
+    assert_int_equal(v->tensor->n_string_val, 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(v->tensor->string_val[i].len, strlen(cells[i]));
+        assert_memory_equal(v->tensor->string_val[i].data, cells[i], strlen(cells[i]));
+    }
+    for (int i = 0; i < n; i++) tensorboard__event__free_unpacked(ev[i], NULL);
+    ft_tfevents_close(w);
+    free(dir);
+}
+
 static void test_bad_dir(void **state)
 {
     (void)state;
@@ -234,6 +272,7 @@ int main(void)
 #ifdef FT_HAVE_TFEVENTS
         cmocka_unit_test(test_file),
         cmocka_unit_test(test_metrics_events),
+        cmocka_unit_test(test_text),
         cmocka_unit_test(test_bad_dir),
 #else
         cmocka_unit_test(test_unavailable),
