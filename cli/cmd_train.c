@@ -226,6 +226,11 @@ int ft_cmd_plan(int argc, char **argv)
 
 int ft_cmd_train_ex(int argc, char **argv, int plan_only)
 {
+    return ft_cmd_train_with(argc, argv, plan_only, NULL);
+}
+
+int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runner *run)
+{
     ft_train_cfg c;
     ft_train_defaults(&c);
     c.plan_only = plan_only;
@@ -345,8 +350,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     c.n_data = data.n;
     if (!c.model || !c.n_data) {
         ft_str_list_free(&data);
-        fprintf(stderr, "ftune: %s needs --model and --data (see ftune %s --help)\n",
-                plan_only ? "plan" : "train", plan_only ? "plan" : "train");
+        const char *cmd = run ? run->cmd : plan_only ? "plan" : "train";
+        fprintf(stderr, "ftune: %s needs --model and --data (see ftune %s --help)\n", cmd, cmd);
         return 2;
     }
     { /* standard input can be read once: at most one input may be "-" */
@@ -420,6 +425,12 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     ft_progress prog;
     ft_progress_init(&prog, quiet);
     prog.log_every = log_every;
+    if (run) { /* another command over the same training options (ftune sweep) */
+        rc = run->fn(&c, &prog, run->user);
+        ft_str_list_free(&data);
+        ft_progress_flush(&prog);
+        return rc;
+    }
     ft_train_result res;
     c.stop = ft_session_signals_install();
     rc = ft_train_run(&c, ft_progress_cb, &prog, &res);
