@@ -51,6 +51,7 @@ struct sweep {
     char json[SW_PATH];
     int64_t positions;          /* token positions of the trials ended this session */
     int dirty;                  /* the state changed since the last sync */
+    int64_t passes;             /* passes over the base this session */
 };
 
 /* A trial's events: its lines to the caller prefixed with its name; steps, evals and
@@ -500,12 +501,16 @@ static int run(sweep *sw, ft_sweep_outcome *out)
         for (int i = 0; i < r->n_ad; i++) any |= sw->slot_trial[i] >= 0;
         if (!any) break;
         FT_TRY(ft_train_loop(r));
+        sw->passes += r->n_pass;
         if (r->stopped) {
             FT_TRY(sync_state(sw));
             out->stopped = 1;
             return 0;
         }
     }
+    ft_train_info(&r->sink, FT_EV_INFO, "sweep: %lld passes over the base: %lld layer fetches, %lld pack reads (the executor's counters, each shared by the trials of its pass)",
+                  (long long)sw->passes, (long long)r->s.ex.layer_fetches,
+                  (long long)r->s.ex.pack_reads);
     out->best = ft_sweep_best(&sw->sched, sw->res);
     FT_TRY(write_outputs(sw, out->best));
     return 0;
