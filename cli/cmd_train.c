@@ -219,8 +219,24 @@ static int test_hooks(ft_train_test_hooks *t)
     return 0;
 }
 
+/* `ftune plan` with a sweep's flags (--grid, --adapters-per-pass): the sweep's plan, with the
+ * adapters per pass (ftune sweep --plan). */
 int ft_cmd_plan(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--grid", 6) || !strncmp(argv[i], "--adapters-per-pass", 19)) {
+            char **av = malloc((size_t)(argc + 2) * sizeof *av);
+            if (!av) {
+                fprintf(stderr, "ftune: out of memory\n");
+                return 1;
+            }
+            memcpy(av, argv, (size_t)argc * sizeof *av);
+            av[argc] = "--plan";
+            av[argc + 1] = NULL;
+            int rc = ft_cmd_sweep(argc + 1, av);
+            free(av);
+            return rc;
+        }
     return ft_cmd_train_ex(argc, argv, 1);
 }
 

@@ -52,6 +52,7 @@ struct sweep {
     int64_t positions;          /* token positions of the trials ended this session */
     int dirty;                  /* the state changed since the last sync */
     int64_t passes;             /* passes over the base this session */
+    double t_loop;              /* the first pass's start (0 before) */
 };
 
 /* A trial's events: its lines to the caller prefixed with its name; steps, evals and
@@ -322,7 +323,7 @@ static void progress(sweep *sw)
     int64_t pos = sw->positions;
     for (int i = 0; i < r->n_ad; i++)
         if (sw->slot_trial[i] >= 0) pos += r->ad[i].st.positions - r->ad[i].positions0;
-    double el = ft_train_now_s() - r->t0;
+    double el = sw->t_loop > 0 ? ft_train_now_s() - sw->t_loop : 0;
     const ft_sweep_sched *s = &sw->sched;
     ft_train_info(&r->sink, FT_EV_INFO, "sweep: %lld running, %lld pruned, %lld completed, %lld failed, %lld pending; %.0f tok/s",
                   (long long)ft_sweep_sched_count(s, FT_TRIAL_RUNNING),
@@ -500,6 +501,7 @@ static int run(sweep *sw, ft_sweep_outcome *out)
         int any = 0;
         for (int i = 0; i < r->n_ad; i++) any |= sw->slot_trial[i] >= 0;
         if (!any) break;
+        if (sw->t_loop == 0) sw->t_loop = ft_train_now_s();
         FT_TRY(ft_train_loop(r));
         sw->passes += r->n_pass;
         if (r->stopped) {
@@ -549,7 +551,8 @@ int ft_sweep_run(const ft_sweep_cfg *c, ft_train_cb cb, void *user, ft_sweep_out
         int64_t pos = sw->positions;
         for (int i = 0; i < r->n_ad; i++)
             if (sw->slot_trial[i] >= 0) pos += r->ad[i].st.positions - r->ad[i].positions0;
-        out->tokens_per_s = out->time_s > 0 ? pos / out->time_s : 0;
+        double el = sw->t_loop > 0 ? ft_train_now_s() - sw->t_loop : 0;
+        out->tokens_per_s = el > 0 ? pos / el : 0;
         if (sw->sched.status) {
             out->n_completed = ft_sweep_sched_count(&sw->sched, FT_TRIAL_COMPLETED);
             out->n_pruned = ft_sweep_sched_count(&sw->sched, FT_TRIAL_PRUNED);

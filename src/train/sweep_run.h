@@ -44,7 +44,9 @@ typedef struct ft_sweep_outcome {
     int64_t n_completed, n_pruned, n_failed;
     int64_t best;               /* the best trial (sweep_state.h ft_sweep_best), or -1 */
     int stopped;                /* 1: stopped through base.stop; --resume continues */
-    double time_s, tokens_per_s;/* this session's wall time and aggregate token positions/s */
+    double time_s;              /* this session's wall time */
+    double tokens_per_s;        /* aggregate token positions trained per second from the first
+                                 * pass on (as a run's: the set-up not counted) */
 } ft_sweep_outcome;
 
 /* Runs the sweep: events go to cb (the sweep's lines, and each trial's info, warning and done

@@ -96,7 +96,7 @@ def test_equivalence_cpu(tmp_path):
 
 def test_equivalence_cpu_device_streamed(tmp_path):
     model = streamed_nf4_model(tmp_path)
-    dev = ["--device", "cpu-device", "--quant", "nf4", "--host-mem", "100M",
+    dev = ["--device", "cpu-device", "--quant", "nf4", "--host-mem", "12M",
            "--max-steps", "2", "--eval-max", "1"]
     # the smallest budget of the 4-adapter pass, from its refusal of 1 MiB
     r = sweep(tmp_path / "floor", *GRID, *dev, "--gpu-mem", "1M", "--adapters-per-pass", "4",
