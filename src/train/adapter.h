@@ -6,9 +6,9 @@
  *
  * A run holds its adapters side by side over one session and one data set (trainer.c, loop.c):
  * each step is one pass of the base over the step's micro-batches, then each adapter's
- * operations (ft_train_adapter_update, ft_train_adapter_after_step). Today a run trains one
- * adapter; several adapters in one pass over the base (issue 32) are several of these, each
- * with its own cfg, sharing the session, the data and the step's micro-batches.
+ * operations (ft_train_adapter_update, ft_train_adapter_after_step). ft_train_run trains one
+ * adapter; a sweep (sweep_run.h) trains several in one pass over the base, each with its own
+ * cfg, step, data position and packing (own_b), sharing the session and the examples.
  */
 #ifndef FT_TRAIN_ADAPTER_H
 #define FT_TRAIN_ADAPTER_H

@@ -48,7 +48,7 @@ struct sweep {
     int64_t rung[SW_MAX_RUNGS], n_rungs;
     int64_t r_max;
     int64_t k;                  /* adapters per pass asked for (0: the planner's) */
-    char json[SW_PATH];
+    char json[SW_PATH], resume_json[SW_PATH];
     int64_t positions;          /* token positions of the trials ended this session */
     int dirty;                  /* the state changed since the last sync */
     int64_t passes;             /* passes over the base this session */
@@ -84,6 +84,9 @@ static int check_cfg(const ft_sweep_cfg *c)
                       "per run; train with it alone (ftune train), or sweep without it");
     if (b->resume)
         return ft_err(FT_E_INVALID, "ftune sweep: --resume takes no folder (the sweep's is --out)");
+    if (b->tensorboard)
+        return ft_err(FT_E_INVALID, "ftune sweep: --tensorboard is not taken (each trial's "
+                      "metrics.jsonl and DIR/report.html hold the curves)");
     for (int k = 0; k < c->trials->n_keys; k++)
         if (c->trials->keys[k]->off == offsetof(ft_train_cfg, seed))
             return ft_err(FT_E_INVALID, "ftune sweep: seed cannot be a sweep key: it also splits and "
@@ -105,6 +108,12 @@ static int make_trials(sweep *sw)
 {
     const ft_train_cfg *b = &sw->c->base;
     sw->r_max = 1;
+    int64_t init_r = 0; /* --init-adapter: its rank is every trial's */
+    if (b->init_adapter) {
+        ft_lora_cfg from;
+        FT_TRY(ft_peft_read_config(b->init_adapter, &from));
+        init_r = from.r;
+    }
     for (int64_t i = 0; i < sw->n; i++) {
         ft_train_cfg *tc = &sw->tc[i];
         *tc = *b;
@@ -121,8 +130,8 @@ static int make_trials(sweep *sw)
         if (ft_train_cfg_validate(tc) < 0) {
             snprintf(sw->bad[i], sizeof sw->bad[i], "%s", ft_errmsg());
             ft_err_clear();
-        } else if (tc->lora.r > sw->r_max) {
-            sw->r_max = tc->lora.r;
+        } else if ((init_r ? init_r : tc->lora.r) > sw->r_max) {
+            sw->r_max = init_r ? init_r : tc->lora.r;
         }
     }
     return 0;
@@ -333,21 +342,24 @@ static void progress(sweep *sw)
                   (long long)ft_sweep_sched_count(s, FT_TRIAL_PENDING), el > 0 ? pos / el : 0.0);
 }
 
-/* A sync point: every running trial checkpointed at its current step (none at step 0: it
- * starts afresh), then sweep.json. */
-static int sync_state(sweep *sw)
+/* DIR/sweep.json: the state as it is now (the running trials' steps so far). With `point`, a
+ * resume point first: every running trial checkpointed at its current step (none at step 0:
+ * it starts afresh), then the same state also into DIR/sweep.resume.json, which --resume
+ * reads. */
+static int sync_state(sweep *sw, int point)
 {
     ft_train_job *r = sw->r;
     for (int i = 0; i < r->n_ad; i++) {
         int64_t t = sw->slot_trial[i];
         if (t < 0) continue;
         ft_train_adapter *a = &r->ad[i];
-        if (a->st.step > 0 && a->saved_step != a->st.step) {
+        if (point && a->st.step > 0 && a->saved_step != a->st.step) {
             FT_TRY(ft_train_adapter_save(a, r->s.model, r->t0, &a->sink));
             a->saved_step = a->st.step;
         }
         note_result(sw, t, a);
     }
+    if (point) FT_TRY(ft_sweep_json_write(sw->resume_json, sw->t, &sw->sched, sw->res));
     FT_TRY(ft_sweep_json_write(sw->json, sw->t, &sw->sched, sw->res));
     sw->dirty = 0;
     progress(sw);
@@ -369,7 +381,8 @@ static int settle(sweep *sw)
         }
     }
     const int64_t every = sw->c->base.save_every;
-    if (sw->dirty || (every > 0 && r->n_pass > 0 && r->n_pass % every == 0)) FT_TRY(sync_state(sw));
+    const int point = every > 0 && r->n_pass > 0 && r->n_pass % every == 0;
+    if (sw->dirty || point) FT_TRY(sync_state(sw, point));
     return 0;
 }
 
@@ -469,7 +482,7 @@ static int run(sweep *sw, ft_sweep_outcome *out)
                              &(const char *){NULL}));
     if (c->resume && !c->adapters_per_pass) {
         char path[SW_PATH];
-        FT_TRY(ft_path_join(path, sizeof path, c->base.out, "sweep.json"));
+        FT_TRY(ft_path_join(path, sizeof path, c->base.out, FT_SWEEP_RESUME_FILE));
         sw->k = resume_k(path);
     }
     FT_TRY(open_base(sw));
@@ -487,7 +500,12 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     ft_sweep_results_init(sw->res, sw->n);
     FT_TRY(ft_mkdir_p(c->base.out));
     FT_TRY(ft_path_join(sw->json, sizeof sw->json, c->base.out, "sweep.json"));
-    if (c->resume) FT_TRY(ft_sweep_json_read(sw->json, sw->t, &sw->sched, sw->res));
+    FT_TRY(ft_path_join(sw->resume_json, sizeof sw->resume_json, c->base.out, FT_SWEEP_RESUME_FILE));
+    if (c->resume && !ft_path_exists(sw->resume_json))
+        ft_train_info(&r->sink, FT_EV_WARN, "--resume: %s has no resume point yet (the first comes after --save-every %lld passes): the sweep starts over",
+                      sw->resume_json, (long long)c->base.save_every);
+    else if (c->resume)
+        FT_TRY(ft_sweep_json_read(sw->resume_json, sw->t, &sw->sched, sw->res));
     for (int i = 0; i < FT_TRAIN_MAX_ADAPTERS; i++) sw->slot_trial[i] = -1;
     r->multi = 1;
     r->after_pass = after_pass;
@@ -505,7 +523,7 @@ static int run(sweep *sw, ft_sweep_outcome *out)
         FT_TRY(ft_train_loop(r));
         sw->passes += r->n_pass;
         if (r->stopped) {
-            FT_TRY(sync_state(sw));
+            FT_TRY(sync_state(sw, 1));
             out->stopped = 1;
             return 0;
         }
@@ -513,6 +531,7 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     ft_train_info(&r->sink, FT_EV_INFO, "sweep: %lld passes over the base: %lld layer fetches, %lld pack reads (the executor's counters, each shared by the trials of its pass)",
                   (long long)sw->passes, (long long)r->s.ex.layer_fetches,
                   (long long)r->s.ex.pack_reads);
+    FT_TRY(sync_state(sw, 1));
     out->best = ft_sweep_best(&sw->sched, sw->res);
     FT_TRY(write_outputs(sw, out->best));
     return 0;

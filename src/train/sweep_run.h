@@ -14,13 +14,15 @@
  * is refused as a key too, since it also splits the data into train and eval examples, which
  * the trials share.
  *
- * Consistency for --resume: the sweep's state is written at sync points (a rung, a trial's end,
- * a refill, every save_every passes, a stop): each running trial checkpointed at its current
- * step, then sweep.json (atomically). A killed sweep resumed from that state (each running
- * trial from its checkpoint at its "steps", a trial at step 0 started afresh) continues as the
- * uninterrupted one did, so every trial ends with the same bits (trainer.h's resume rule).
- * Trials keep at least 2 checkpoints (--keep 1 is raised to 2) so that the one sweep.json
- * names survives the next sync's save.
+ * DIR/sweep.json is rewritten (atomically) whenever the state changes: a rung, a trial's end, a
+ * refill. Resume points come every base.save_every passes, at a stop and at the end: each
+ * running trial checkpointed at its current step, then the state also into
+ * DIR/sweep.resume.json (FT_SWEEP_RESUME_FILE, the same schema). A killed sweep resumed from
+ * it (each running trial from its checkpoint at its "steps", a trial at step 0 started
+ * afresh, the trials ended or started since then run again) continues as the uninterrupted
+ * one did, so every trial ends with the same bits (trainer.h's resume rule). Trials keep at
+ * least 2 checkpoints (--keep 1 is raised to 2) so that the resume point's survives the
+ * trial's final one.
  */
 #ifndef FT_SWEEP_RUN_H
 #define FT_SWEEP_RUN_H
@@ -29,6 +31,8 @@
 
 #include "src/train/sweep_space.h"
 #include "src/train/trainer.h"
+
+#define FT_SWEEP_RESUME_FILE "sweep.resume.json"
 
 typedef struct ft_sweep_cfg {
     ft_train_cfg base;          /* the fixed part; base.out is the sweep's DIR */

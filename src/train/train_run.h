@@ -1,7 +1,7 @@
 /* train_run.h - the state of one training run, shared by its set-up and end (trainer.c) and its
  * step loop (loop.c): the shared part (the runtime session: model, backend, placement and
  * executor; the data; the pass position over it; the timeline and the profile) and the
- * adapters trained over it (adapter.h), today one. */
+ * adapters trained over it (adapter.h): one for ft_train_run, several for a sweep (multi). */
 #ifndef FT_TRAIN_RUN_H
 #define FT_TRAIN_RUN_H
 

@@ -9,8 +9,9 @@
   with 1 (the executor's pack_reads, printed at the end);
 - pruning (--prune halving) is deterministic: two runs give the same sweep.json and adapters,
   pruned trials keep their adapter and metrics, freed slots are refilled;
-- a sweep killed with SIGKILL and continued with --resume ends with every trial's adapter and
-  sweep.json as the uninterrupted sweep; a different --adapters-per-pass is refused;
+- a sweep killed with SIGKILL (after a resume point, --save-every 2) and continued with
+  --resume ends with every trial's adapter, metrics and sweep.json as the uninterrupted sweep;
+  a different --adapters-per-pass is refused;
 - sweep.json validates against tests/ref/sweep_schema.json; report.html opens in headless
   Chromium with one eval-loss curve per trial (a screenshot is taken);
 - errors: an unknown key, a value of the wrong type, no grid, more trials than --max-trials,
@@ -138,7 +139,7 @@ def test_weight_traffic(tmp_path):
 
 
 PRUNE = [*GRID, "--grid", "lora_alpha=16,32", "--max-steps", "8", "--eval-every", "2",
-         "--prune", "halving", "--adapters-per-pass", "3"]
+         "--prune", "halving", "--save-every", "2", "--adapters-per-pass", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +177,8 @@ def test_resume_after_sigkill(pruned, tmp_path):
     deadline = time.time() + TIMEOUT
     try:
         while time.time() < deadline and p.poll() is None:
-            try:
-                j = json.loads((out / "sweep.json").read_text())
+            try:  # a resume point with some progress
+                j = json.loads((out / "sweep.resume.json").read_text())
                 if sum(t["steps"] for t in j["trials"]) >= 10:
                     break
             except (FileNotFoundError, json.JSONDecodeError):
@@ -193,7 +194,7 @@ def test_resume_after_sigkill(pruned, tmp_path):
     if not killed:
         pytest.skip("the sweep ended before it could be killed (machine too fast)")
     bad = sweep(out, *PRUNE[:-1], "2", "--resume", ok=False)  # --adapters-per-pass 2
-    assert bad.returncode == 1 and "sweep.json" in bad.stderr.strip().splitlines()[-1], bad.stderr
+    assert bad.returncode == 1 and "adapters_per_pass: 3 in the file" in bad.stderr.strip().splitlines()[-1], bad.stderr
     sweep(out, *PRUNE, "--resume")
     assert state(out) == state(ref)
     for t in state(ref)["trials"]:
