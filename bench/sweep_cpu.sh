@@ -7,7 +7,7 @@
 #  2. on cpu-device with the NF4 base streamed from its pack file (a 16-layer widened model,
 #     --host-mem below its size, small --seq-len): one 4-adapter pass against one adapter,
 #     aggregate tok/s and the disk time per step from the timeline.
-# Usage: [FTUNE=build-cpu/ftune] [THREADS=2] bash bench/sweep_cpu.sh
+# Usage: [FTUNE=build-cpu/ftune] [THREADS=2] [MACHINE=cpu] bash bench/sweep_cpu.sh
 set -eu
 cd "$(dirname "$0")/.."
 F=${FTUNE:-build-cpu/ftune}
@@ -15,16 +15,16 @@ TH=${THREADS:-2}
 M=tests/fixtures/tiny-llama
 D=examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl
 W=$(mktemp -d /tmp/sweepbench.XXXXXX)
-RES=bench/results/$(hostname -s)-$(date -u +%F)
+RES=bench/results/${MACHINE:-cpu}-$(date -u +%F)
 mkdir -p "$RES"
 OUT=$RES/sweep.md
 now() { date +%s.%N; }
-COMMON="--data $D --seq-len 64 --threads $TH --seed 5 --eval-fraction 0.2 --eval-max 8 --max-steps 16 --eval-every 4"
+COMMON="--data $D --seq-len 128 --batch-size 2 --threads $TH --seed 5 --eval-fraction 0.2 --eval-max 4 --max-steps 48 --eval-every 4"
 LRS="1e-3 2e-3" RS="8 16" ALPHAS="16 32"
 
 t0=$(now)
 $F sweep --model $M --out $W/sweep $COMMON --grid lr=1e-3,2e-3 --grid lora_r=8,16 --grid lora_alpha=16,32 \
-  --prune halving > $W/sweep.log 2>&1
+  --prune halving --prune-eta 3 > $W/sweep.log 2>&1
 t1=$(now)
 for lr in $LRS; do for r in $RS; do for a in $ALPHAS; do
   $F train --model $M --out $W/seq/lr${lr}_r${r}_alpha${a} $COMMON --lr $lr --lora-r $r --lora-alpha $a \
@@ -59,10 +59,11 @@ print(f"# ftune sweep on the CPU ({datetime.date.today()}, {platform.node()})\n"
 print(f"Machine: {cpu}, {os.cpu_count()} cores, shared with other jobs while it ran (the ratios are "
       "what counts). Command: `bash bench/sweep_cpu.sh` (THREADS=2).\n")
 print("## 8-trial grid: `ftune sweep --prune halving` vs 8 `ftune train` runs\n")
-print("tests/fixtures/tiny-llama, alpaca_seed_175, --seq-len 64 --max-steps 16 --eval-every 4, grid "
-      "lr 1e-3,2e-3 x lora_r 8,16 x lora_alpha 16,32.\n")
+print("tests/fixtures/tiny-llama, alpaca_seed_175, --seq-len 128 --batch-size 2 --max-steps 48 "
+      "--eval-every 4 --eval-max 4, grid lr 1e-3,2e-3 x lora_r 8,16 x lora_alpha 16,32; the sweep with "
+      "--prune halving --prune-eta 3 (rungs at steps 4, 12, 36) and the planner's adapters per pass.\n")
 print("| | wall s |\n|---|---|")
-print(f"| sweep (halving, planner's adapters per pass) | {t1 - t0:.2f} |")
+print(f"| ftune sweep --prune halving --prune-eta 3 | {t1 - t0:.2f} |")
 print(f"| 8 x ftune train, one after another | {t2 - t1:.2f} |")
 print(f"\nRatio: **{(t2 - t1) / (t1 - t0):.2f}x**. Sweep statuses: " +
       ", ".join(f"{t['name']} {t['status']} ({t['steps']} steps)" for t in sw["trials"]) + ".\n")
