@@ -158,7 +158,7 @@ sweep_run() {
   timeout $lim $F sweep --model $M --data $TMPW/d.jsonl --data-format text --device $DEV \
      --lora-dropout 0 --save-every 0 --out $TMPW/o_$name --eval-fraction 0 "$@" > $TMPW/full_$name.log 2>&1
   rc=$?
-  grep -E "plan:|sweep: [0-9]+ trials|passes over|sweep done" $TMPW/full_$name.log | head -12 > $OUT/$name.log
+  grep -E "plan:|sweep: [0-9]+ trials|passes over|timeline:|sweep done" $TMPW/full_$name.log | head -12 > $OUT/$name.log
   echo "$name: ftune sweep rc=$rc" | tee -a $OUT/$name.log; tail -2 $OUT/$name.log
   stamp $name
 }
@@ -166,14 +166,18 @@ sweep_run() {
 sec_sweep() {  # issue 32: K adapters per pass vs one adapter
   [ "$(left)" -lt 240 ] && { echo "sweep: skipped ($(left) s left)"; return; }
   local SS=${SWEEP_SEQ:-$([ -n "$DRY" ] && echo 64 || echo 512)}
-  local G8="--grid lr=1e-4,2e-4,3e-4,5e-4 --grid lora_r=8,16"
+  # rank 8 for all: a 70B adapter's LoRA state (parameters, gradients, AdamW moments in fp32) is
+  # 1.65 GB at r 8 and 3.3 GB at r 16, eight of them beside the resident layers in 24 GB
+  local G8="--grid lr=1e-4,2e-4,3e-4,5e-4 --grid lora_alpha=16,32 --lora-r 8"
+  local SG=${SWEEP_GPU:-$([ -n "$DRY" ] && echo 2600M || echo $GPU24)}  # DRY: 8 adapters' state
   M=$TMPW/m70
   timeout $(cap 120) $F init-model --config $CFG70 --out $M --pack \
     --tokenizer tests/fixtures/tokenizers/llama3 2>&1 | tail -1
   stamp init-model-70b
-  sweep_run sweep70_k8 200 $G8 --adapters-per-pass 8 --quant nf4 --gpu-mem $GPU24 --host-mem $HOST8 \
-    --seq-len $SS --max-steps 2 --grad-accum 1
-  SEQ=$SS run sweep70_one 120 --quant nf4 --gpu-mem $GPU24 --host-mem $HOST8 --max-steps 2 --grad-accum 1
+  sweep_run sweep70_k8 200 $G8 --adapters-per-pass 8 --quant nf4 --gpu-mem $SG --host-mem $HOST8 \
+    --seq-len $SS --max-steps 2 --grad-accum 1 --timeline $OUT/sweep70_k8.svg
+  SEQ=$SS run sweep70_one 120 --quant nf4 --gpu-mem $SG --host-mem $HOST8 --max-steps 2 --grad-accum 1 \
+    --lora-r 8 --timeline $OUT/sweep70_one.svg
   rm -rf $M $TMPW/o_*
   M=$TMPW/m8b
   timeout $(cap 150) $F init-model --config $CFG8 --out $M --pack --safetensors \

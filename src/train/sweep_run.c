@@ -408,7 +408,7 @@ static int copy_file(const char *from, const char *to, const char *name)
     return rc < 0 ? ft_err(rc, "cannot write %s", dst) : 0;
 }
 
-/* DIR/best/: the best trial's adapter (its PEFT files and README.md), and DIR/report.html. */
+/* DIR/best/: the best trial's adapter (its two PEFT files), and DIR/report.html. */
 static int write_outputs(sweep *sw, int64_t best)
 {
     const char *dir = sw->c->base.out;
