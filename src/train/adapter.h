@@ -55,6 +55,11 @@ typedef struct ft_train_adapter {
     ft_batch *own_b;
     int64_t n_own_b, own_epoch;
     ft_train_sink sink;
+    /* a multi-adapter job's evaluation done in a pass shared with other adapters (loop.c):
+     * pre_eval 1 while pre_loss / pre_tokens wait for ft_train_eval_log to log them */
+    int pre_eval;
+    double pre_loss;
+    int64_t pre_tokens;
 } ft_train_adapter;
 
 /* The adapter of cfg c on session s (backend open): its LoRA from c->lora (rank, alpha,

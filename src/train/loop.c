@@ -14,6 +14,7 @@
  * the same ones and needs no RNG state. */
 #include "src/train/train_run.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -218,6 +219,54 @@ static void own_error(ft_train_adapter *a, int rc)
     ft_err_clear();
 }
 
+/* A multi-adapter job's scheduled mid-run evaluations after this pass (on[i] and due as
+ * ft_train_adapter_after_step's rule: an eval set, eval_every, a step before the end), done
+ * together: each eval micro-batch in one forward pass for all of them (ft_exec_eval_multi:
+ * the base fetched once per batch whatever their number), the sums in ft_train_evaluate's
+ * order, so each adapter gets the loss of its eval alone; ft_train_eval_log logs them. */
+static int shared_evals(ft_train_job *r, const int *on)
+{
+    const ft_train_data *d = &r->d;
+    ft_exec_adapter_step st[FT_TRAIN_MAX_ADAPTERS];
+    double ls[FT_TRAIN_MAX_ADAPTERS], sum[FT_TRAIN_MAX_ADAPTERS];
+    int64_t nv[FT_TRAIN_MAX_ADAPTERS], cnt[FT_TRAIN_MAX_ADAPTERS];
+    int idx[FT_TRAIN_MAX_ADAPTERS];
+    int64_t K = 0, nb = d->n_eval_b;
+    for (int i = 0; i < r->n_ad; i++) {
+        const ft_train_adapter *a = &r->ad[i];
+        const ft_train_cfg *c = a->cfg;
+        if (!on[i] || a->failed || !d->n_eval_b || c->eval_every <= 0 || c->method == FT_METHOD_DPO ||
+            a->st.step >= a->st.total_steps || a->st.step % c->eval_every)
+            continue;
+        if (K && c->eval_max_batches != r->ad[idx[0]].cfg->eval_max_batches) continue;
+        idx[K++] = i;
+    }
+    if (K < 2) return 0; /* one alone: its own eval as ft_train_run's */
+    const int64_t cap = r->ad[idx[0]].cfg->eval_max_batches;
+    if (cap > 0 && nb > cap) nb = cap;
+    for (int64_t k = 0; k < K; k++) {
+        sum[k] = 0;
+        cnt[k] = 0;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        for (int64_t k = 0; k < K; k++)
+            st[k] = (ft_exec_adapter_step){&r->ad[idx[k]].lora, &d->eval_b[b], 1, 0, 0, 0, 0,
+                                           &ls[k], &nv[k]};
+        FT_TRY(ft_exec_eval_multi(&r->s.ex, st, K));
+        for (int64_t k = 0; k < K; k++) {
+            sum[k] += ls[k];
+            cnt[k] += nv[k];
+        }
+    }
+    for (int64_t k = 0; k < K; k++) {
+        ft_train_adapter *a = &r->ad[idx[k]];
+        a->pre_eval = 1;
+        a->pre_loss = cnt[k] ? sum[k] / (double)cnt[k] : NAN;
+        a->pre_tokens = cnt[k];
+    }
+    return 0;
+}
+
 /* One pass of a multi-adapter job: each active adapter's step (its own step count), then its
  * update and its scheduled eval and checkpoint; then the job's after_pass. */
 static int one_pass(ft_train_job *r)
@@ -238,6 +287,7 @@ static int one_pass(ft_train_job *r)
             own_error(&r->ad[i], ft_train_adapter_update(&r->ad[i], r->ad[i].st.step, &out[i],
                                                          positions[i], &tm, sink_of(r, &r->ad[i])));
     if (c->profile && r->n_pass == 0) profile_start(r, 1);
+    FT_TRY(shared_evals(r, on));
     for (int i = 0; i < r->n_ad; i++)
         if (on[i] && !r->ad[i].failed)
             own_error(&r->ad[i], ft_train_adapter_after_step(&r->ad[i], &r->s, &r->d, r->t0,
