@@ -43,6 +43,13 @@
 #          resident at the same schedule when the time is left
 #   extra34  what is left, on 8B: LoRA+ with the adamw loop and with --cuda-fused adamw (both with
 #          --profile), QLoRA (nf4), and seq 4096 (NeMo's setting: SEQ doubled)
+#   sweep  (not in the default ORDER: ORDER=sweep, issue 32) `ftune sweep` against one adapter:
+#          the Llama-3-70B shape QLoRA at --gpu-mem 24G --host-mem 8G (NVMe tier), 8 adapters
+#          per pass (an 8-trial grid lr x lora_r, --adapters-per-pass 8) vs `ftune train` of one,
+#          at SWEEP_SEQ tokens (default 512: 8 layer-input checkpoints of 2048 tokens per layer
+#          do not fit 24 GB beside the resident layers; the plan lines say what the planner took);
+#          the Llama-3-8B shape resident: 4 adapters at batch 1 vs one at batch 4. The aggregate
+#          tok/s of the sweep's done line against train's done line
 # Usage there: [ORDER="8b 70b"] [DEADLINE=560] [STEPS8=4] bash bench/gpu_session.sh
 # Dry run here, on the CPU (bench/offload/dryrun.md): DRY=1|bundle OUT=/tmp/dryout bash bench/gpu_session.sh
 DEFAULT_TESTS="test_cuda_attn test_cuda_nf4_gemm test_cuda_ops test_cuda_nf4 test_cuda_stream test_cuda_fused"
@@ -125,6 +132,45 @@ sec_70b() {
   run resident 100 ${RES_MEM:+--gpu-mem $RES_MEM} --grad-accum auto --max-steps 3
   run disk 150 --gpu-mem $GPU24 --host-mem $HOST8 --grad-accum auto --max-steps 2 --timeline $OUT/disk.svg
   rm -rf $M $TMPW/o_*  # the 40 GB pack: the 8B files after it would not fit a 64 GB disk beside it
+}
+
+# One `ftune sweep` (name, seconds, args...) on $M like run's trains: its plan lines and done
+# line (trials, adapters per pass, aggregate tok/s) into $OUT/NAME.log
+sweep_run() {
+  local name=$1 lim rc; lim=$(cap $2); shift 2
+  [ "$lim" -lt 25 ] && { echo "$name: skipped ($(left) s left before the deadline)"; return 0; }
+  timeout $lim $F sweep --model $M --data $TMPW/d.jsonl --data-format text --device $DEV \
+     --lora-dropout 0 --save-every 0 --out $TMPW/o_$name --eval-fraction 0 "$@" > $TMPW/full_$name.log 2>&1
+  rc=$?
+  grep -E "plan:|sweep: [0-9]+ trials|passes over|timeline:|sweep done" $TMPW/full_$name.log | head -12 > $OUT/$name.log
+  echo "$name: ftune sweep rc=$rc" | tee -a $OUT/$name.log; tail -2 $OUT/$name.log
+  stamp $name
+}
+
+sec_sweep() {  # issue 32: K adapters per pass vs one adapter
+  [ "$(left)" -lt 240 ] && { echo "sweep: skipped ($(left) s left)"; return; }
+  local SS=${SWEEP_SEQ:-$([ -n "$DRY" ] && echo 64 || echo 512)}
+  # rank 8 for all: a 70B adapter's LoRA state (parameters, gradients, AdamW moments in fp32) is
+  # 1.65 GB at r 8 and 3.3 GB at r 16, eight of them beside the resident layers in 24 GB
+  local G8="--grid lr=1e-4,2e-4,3e-4,5e-4 --grid lora_alpha=16,32 --lora-r 8"
+  local SG=${SWEEP_GPU:-$([ -n "$DRY" ] && echo 2600M || echo $GPU24)}  # DRY: 8 adapters' state
+  M=$TMPW/m70
+  timeout $(cap 120) $F init-model --config $CFG70 --out $M --pack \
+    --tokenizer tests/fixtures/tokenizers/llama3 2>&1 | tail -1
+  stamp init-model-70b
+  sweep_run sweep70_k8 200 $G8 --adapters-per-pass 8 --quant nf4 --gpu-mem $SG --host-mem $HOST8 \
+    --seq-len $SS --max-steps 2 --grad-accum 1 --timeline $OUT/sweep70_k8.svg
+  SEQ=$SS run sweep70_one 120 --quant nf4 --gpu-mem $SG --host-mem $HOST8 --max-steps 2 --grad-accum 1 \
+    --lora-r 8 --timeline $OUT/sweep70_one.svg
+  rm -rf $M $TMPW/o_*
+  M=$TMPW/m8b
+  timeout $(cap 150) $F init-model --config $CFG8 --out $M --pack --safetensors \
+    --tokenizer tests/fixtures/tokenizers/llama3 2>&1 | tail -1
+  stamp init-model-8b
+  sweep_run sweep8_k4_b1 120 --grid lr=1e-4,2e-4,3e-4,5e-4 --adapters-per-pass 4 --quant bf16 \
+    --seq-len $SEQ --batch-size 1 --max-steps 3
+  run sweep8_one_b4 120 --quant bf16 --batch-size 4 --max-steps 3
+  rm -rf $M $TMPW/o_*
 }
 
 sec_bench() {
@@ -222,6 +268,7 @@ for s in $ORDER; do
     speed) sec_speed ;;
     host70) sec_host70 ;;
     extra34) sec_extra34 ;;
+    sweep) sec_sweep ;;
     *) echo "unknown section $s" ;;
   esac
 done

@@ -241,12 +241,33 @@ static int fused_mask(const char *list, unsigned *mask)
     return 0;
 }
 
+/* `ftune plan` with a sweep's flags (--grid, --adapters-per-pass): the sweep's plan, with the
+ * adapters per pass (ftune sweep --plan). */
 int ft_cmd_plan(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--grid", 6) || !strncmp(argv[i], "--adapters-per-pass", 19)) {
+            char **av = malloc((size_t)(argc + 2) * sizeof *av);
+            if (!av) {
+                fprintf(stderr, "ftune: out of memory\n");
+                return 1;
+            }
+            memcpy(av, argv, (size_t)argc * sizeof *av);
+            av[argc] = "--plan";
+            av[argc + 1] = NULL;
+            int rc = ft_cmd_sweep(argc + 1, av);
+            free(av);
+            return rc;
+        }
     return ft_cmd_train_ex(argc, argv, 1);
 }
 
 int ft_cmd_train_ex(int argc, char **argv, int plan_only)
+{
+    return ft_cmd_train_with(argc, argv, plan_only, NULL);
+}
+
+int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runner *run)
 {
     ft_train_cfg c;
     ft_train_defaults(&c);
@@ -371,8 +392,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     c.n_data = data.n;
     if (!c.model || !c.n_data) {
         ft_str_list_free(&data);
-        fprintf(stderr, "ftune: %s needs --model and --data (see ftune %s --help)\n",
-                plan_only ? "plan" : "train", plan_only ? "plan" : "train");
+        const char *cmd = run ? run->cmd : plan_only ? "plan" : "train";
+        fprintf(stderr, "ftune: %s needs --model and --data (see ftune %s --help)\n", cmd, cmd);
         return 2;
     }
     { /* standard input can be read once: at most one input may be "-" */
@@ -450,6 +471,12 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     ft_progress prog;
     ft_progress_init(&prog, quiet);
     prog.log_every = log_every;
+    if (run) { /* another command over the same training options (ftune sweep) */
+        rc = run->fn(&c, &prog, run->user);
+        ft_str_list_free(&data);
+        ft_progress_flush(&prog);
+        return rc;
+    }
     ft_train_result res;
     c.stop = ft_session_signals_install();
     rc = ft_train_run(&c, ft_progress_cb, &prog, &res);

@@ -14,6 +14,20 @@ int ft_cmd_pack(int argc, char **argv);     /* ftune pack --model M [--quant nf4
 int ft_cmd_init_model(int argc, char **argv); /* ftune init-model --config FILE --out DIR [--pack] */
 int ft_cmd_plan(int argc, char **argv);     /* ftune plan --model M [train options]: the offload plan */
 int ft_cmd_train_ex(int argc, char **argv, int plan_only); /* train, or with plan_only = 1 plan */
+int ft_cmd_sweep(int argc, char **argv);    /* ftune sweep --model M --data D --out DIR --grid k=v,... */
+
+struct ft_train_cfg;
+struct ft_progress;
+/* A command that takes `ftune train`'s options (parsed, checked and completed as train does:
+ * model path, devices, test hooks) and runs something else with them: fn gets the settings
+ * and the progress display and returns the exit code. cmd names the command in messages. */
+typedef struct ft_train_runner {
+    const char *cmd;
+    int (*fn)(struct ft_train_cfg *c, struct ft_progress *prog, void *user);
+    void *user;
+} ft_train_runner;
+/* ft_cmd_train_ex, handing the parsed settings to run (NULL: train) */
+int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runner *run);
 int ft_cmd_bench(int argc, char **argv);    /* ftune bench io|step ...: I/O rates, one-step timeline */
 int ft_cmd_report(int argc, char **argv);   /* ftune report DIR [DIR ...] [--out FILE]: HTML report */
 

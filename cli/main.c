@@ -24,6 +24,7 @@ static void usage(FILE *f)
         "       ftune pack --model DIR [--quant nf4|bf16]                  build the layer pack (QLoRA base)\n"
         "       ftune init-model --config config.json --out DIR [--pack]   random weights (benchmarks)\n"
         "       ftune plan --model M --data FILE [train options]           where weights and checkpoints go\n"
+        "       ftune sweep --model M --data FILE --out DIR --grid K=V1,V2  many adapters per pass, pruned\n"
         "       ftune bench io --path FILE | bench step --model M ...     disk/PCIe rates, step timeline\n"
         "       ftune report DIR [DIR ...] [--out FILE]                    HTML report of runs (charts)\n"
         "       ftune --version | --help\n\n"
@@ -56,6 +57,7 @@ int main(int argc, char **argv)
     if (!strcmp(c, "pack")) return ft_cmd_pack(argc - 1, argv + 1);
     if (!strcmp(c, "init-model")) return ft_cmd_init_model(argc - 1, argv + 1);
     if (!strcmp(c, "plan")) return ft_cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(c, "sweep")) return ft_cmd_sweep(argc - 1, argv + 1);
     if (!strcmp(c, "bench")) return ft_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(c, "report")) return ft_cmd_report(argc - 1, argv + 1);
     if (c[0] == '-') return ft_cmd_train(argc, argv); /* flags only: train */

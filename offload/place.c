@@ -22,7 +22,7 @@ uint64_t ft_place_rss(void)
 }
 
 /* MemAvailable of /proc/meminfo in bytes, 0 if unknown. */
-static uint64_t mem_available(void)
+uint64_t ft_place_mem_available(void)
 {
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -116,6 +116,24 @@ static int preview_disk(const ft_place_nopack *np, ft_place_result *res)
     return 0;
 }
 
+/* The plan of res->in for the adapters per pass o asks for: n_adapters, or the most up to
+ * k_max (ft_plan_max_adapters); res->in becomes the inputs of that many. */
+static int plan_adapters(const ft_place_opts *o, ft_place_result *res)
+{
+    res->n_adapters = 1;
+    if (o->n_adapters <= 1 && o->k_max <= 1) return ft_plan_make(&res->in, &res->plan);
+    int64_t K = o->n_adapters > 1 ? o->n_adapters : 0;
+    if (!K) {
+        int64_t got = ft_plan_max_adapters(&res->in, o->adapter_bytes, o->k_max, &res->plan);
+        if (got < 0) return (int)got;
+        K = got;
+    }
+    ft_plan_in one = res->in;
+    ft_plan_in_adapters(&one, K, o->adapter_bytes, &res->in);
+    res->n_adapters = K;
+    return ft_plan_make(&res->in, &res->plan);
+}
+
 /* ft_place_packed (np NULL) and ft_place_preview (np: pack is np->probe, the sizes and the
  * disk from np, apply 0). */
 static int place(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file *pack,
@@ -199,7 +217,7 @@ static int place(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file 
     in->micro_batches = o->grad_accum;
     in->max_micro_batches = 16;
     in->gpu_budget = o->gpu_budget ? o->gpu_budget : total_b;
-    uint64_t avail = mem_available();
+    uint64_t avail = ft_place_mem_available();
     in->host_budget = o->host_budget ? o->host_budget
                                      : avail > ((uint64_t)4 << 30) ? avail - ((uint64_t)4 << 30) : 0;
     in->rates.flops = rate;
@@ -233,15 +251,20 @@ static int place(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file 
         if (rc) return rc;
     }
 
-    /* 5. the plan */
-    FT_TRY(ft_plan_make(in, &res->plan));
+    /* 5. the plan (several adapters per pass: the inputs of K, ft_plan_in_adapters) */
+    FT_TRY(plan_adapters(o, res));
     ft_plan_format(in, &res->plan, res->text, sizeof res->text);
     if (!apply) return 0;
 
     /* 6. the executor as planned: with host checkpoints, its arena has only the device sets
      * and the last layers' checkpoints from the start */
     const ft_plan *pl = &res->plan;
-    if (pl->ckpt_tier == FT_TIER_HOST)
+    const int64_t K = res->n_adapters;
+    if (o->n_adapters > 0 || o->k_max > 0) /* the adapters come with each step */
+        rc = ft_exec_init_multi(ex, be, m, K, o->r_max, T, pl->micro_batches, o->rope_seq_len, 0,
+                                pl->ckpt_tier == FT_TIER_HOST ? pl->ckpt_dev_layers : 0,
+                                pl->ckpt_tier == FT_TIER_HOST ? pl->ckpt_sets : 0);
+    else if (pl->ckpt_tier == FT_TIER_HOST)
         rc = ft_exec_init_ckpt_host(ex, be, m, lora, T, pl->micro_batches, o->rope_seq_len, 0,
                                     pl->ckpt_dev_layers, pl->ckpt_sets);
     else

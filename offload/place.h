@@ -24,7 +24,18 @@ typedef struct ft_place_opts {
     const int32_t *pos, *seq_start; /* a real micro-batch's layout (T each) for the probe, or NULL */
     int forward_only;           /* 1: eval, logits, generation (ft_plan_in.forward_only): the
                                  * plan predicts a forward pass of T tokens, no backward */
+    /* Several adapters per pass (exec.h ft_exec_init_multi; T is then one adapter's
+     * micro-batch): n_adapters >= 2 plans for that many (ft_plan_in_adapters); k_max >= 1 with
+     * n_adapters 0 picks the most that fit, up to k_max (ft_plan_max_adapters); both 0: one
+     * adapter, the executor made for lora. r_max: the largest rank of the pass's adapters;
+     * adapter_bytes: what each further adapter adds (LoRA state, ft_lora_bytes, plus its
+     * working set, ft_exec_adapter_sizes.work). */
+    int64_t n_adapters, k_max, r_max;
+    uint64_t adapter_bytes;
 } ft_place_opts;
+
+/* MemAvailable of /proc/meminfo in bytes (0 if unreadable). */
+uint64_t ft_place_mem_available(void);
 
 #define FT_PLACE_NF4_MAX_ERR 1e-2 /* the same bf16 operands; only the fp32 summation order differs */
 
@@ -46,6 +57,8 @@ typedef struct ft_place_result {
     char disk_source[768];
     uint64_t pack_bytes;        /* all layer blocks */
     char text[2048];            /* ft_plan_format's lines */
+    int64_t n_adapters;         /* adapters per pass planned (1 without ft_place_opts'
+                                 * n_adapters / k_max) */
 } ft_place_result;
 
 /* Measures (with FTUNE_NF4_GEMM=auto, also the fused NF4 GEMM against dequantization),

@@ -339,7 +339,8 @@ static int place_packed(ft_session *s, const ft_session_place_cfg *pc, ft_lora *
     if (s->gpu_reserve > 0) /* nothing left: a budget that refuses, naming what it needs */
         gpu_budget = nd->mb.budget ? nd->mb.budget : 1;
     ft_place_opts po = {pc->T, pc->rope_seq_len > 0 ? pc->rope_seq_len : pc->T, pc->n_micro,
-                        gpu_budget, (uint64_t)s->host_mem, NULL, NULL, !s->cfg.train};
+                        gpu_budget, (uint64_t)s->host_mem, NULL, NULL, !s->cfg.train,
+                        pc->n_adapters, pc->k_max, pc->r_max, pc->adapter_bytes};
     if (pc->probe && pc->probe->T == pc->T) { /* the probe sees the data's sequence lengths */
         po.pos = pc->probe->pos;
         po.seq_start = pc->probe->seq_start;
@@ -365,10 +366,54 @@ static int place_packed(ft_session *s, const ft_session_place_cfg *pc, ft_lora *
         }
     }
     s->n_micro = pr->plan.micro_batches;
+    s->n_adapters = pr->n_adapters;
     if (!rc)
         for (int t = 0; t < 3; t++) s->base_layers[t] = pr->plan.n_tier[t];
     free(pr);
     return rc;
+}
+
+/* 1 if the place cfg asks for an executor of several adapters per pass. */
+static int multi(const ft_session_place_cfg *pc)
+{
+    return pc->n_adapters > 0 || pc->k_max > 0;
+}
+
+/* Bytes of the executor of K adapters (every layer resident), or of lora's (one adapter). */
+static size_t exec_bytes(const ft_session *s, const ft_session_place_cfg *pc, const ft_lora *lora,
+                         int64_t K)
+{
+    const int64_t nm = pc->n_micro > 0 ? pc->n_micro : 1;
+    if (!multi(pc)) return ft_exec_bytes(s->be, s->model, lora, pc->T, nm);
+    return ft_exec_bytes_multi(s->be, s->model, K, pc->r_max, pc->T, nm) +
+           (size_t)(K - 1) * pc->adapter_bytes;
+}
+
+/* Adapters per pass without a planner (the host, a resident base on a device): pc->n_adapters,
+ * or the most up to k_max whose executor (exec_bytes) fits `budget` bytes (at least 1). */
+static int64_t fit_adapters(const ft_session *s, const ft_session_place_cfg *pc,
+                            const ft_lora *lora, uint64_t budget)
+{
+    if (pc->n_adapters > 0) return pc->n_adapters;
+    int64_t K = 1;
+    while (K < pc->k_max && exec_bytes(s, pc, lora, K + 1) <= budget) K++;
+    return K;
+}
+
+/* The executor over every layer: of lora, or (multi) of s->n_adapters adapters per pass;
+ * place: the base's weights placed on the backend (none from a pack). */
+static int init_exec(ft_session *s, const ft_session_place_cfg *pc, ft_lora *lora, int64_t rope,
+                     int place)
+{
+    if (multi(pc))
+        FT_TRY(ft_exec_init_multi(&s->ex, s->be, s->model, s->n_adapters, pc->r_max, pc->T,
+                                  s->n_micro, rope, place, 0, 0));
+    else if (place)
+        FT_TRY(ft_exec_init(&s->ex, s->be, s->model, lora, pc->T, s->n_micro, rope));
+    else
+        FT_TRY(ft_exec_init_ex(&s->ex, s->be, s->model, lora, pc->T, s->n_micro, rope, 0));
+    s->has_ex = 1;
+    return 0;
 }
 
 /* A resident base on a device for training: refused up front, naming the smallest budget
@@ -392,8 +437,7 @@ static int place_resident_train(ft_session *s, const ft_session_place_cfg *pc, f
                       gib((double)(s->gpu_mem > 0 ? mb->budget : mb->total)),
                       ceil(gib((double)(mb->used + nd->need))));
     }
-    FT_TRY(ft_exec_init(&s->ex, s->be, s->model, lora, pc->T, s->n_micro, rope));
-    s->has_ex = 1;
+    FT_TRY(init_exec(s, pc, lora, rope, 1));
     int rc = ft_exec_keep_activations(&s->ex, mb->avail - nd->need);
     return rc < 0 ? rc : 0;
 }
@@ -408,6 +452,21 @@ static int make_exec(ft_session *s, const ft_session_place_cfg *pc, ft_lora *lor
     const int64_t rope = pc->rope_seq_len > 0 ? pc->rope_seq_len : pc->T;
     if ((s->pack || s->preview) && !host) return place_packed(s, pc, lora, nd);
     s->n_micro = pc->n_micro > 0 ? pc->n_micro : 1;
+    s->n_adapters = 1;
+    if (multi(pc)) {
+        uint64_t avail = ft_place_mem_available(), four = (uint64_t)4 << 30;
+        uint64_t budget = host ? (s->host_mem > 0 ? (uint64_t)s->host_mem
+                                                  : avail > four ? avail - four : 0)
+                               : nd->mb.avail > FT_EXEC_SPARE_BYTES ? nd->mb.avail - FT_EXEC_SPARE_BYTES
+                                                                    : 0;
+        s->n_adapters = fit_adapters(s, pc, lora, budget);
+        if (pc->plan_only || pc->k_max > 0)
+            note(s, FT_SESSION_PLAN, "plan: %lld adapter%s per pass (%.1f MiB of executor and LoRA state each, within %.1f GiB%s)",
+                 (long long)s->n_adapters, s->n_adapters == 1 ? "" : "s",
+                 (exec_bytes(s, pc, lora, 2) - exec_bytes(s, pc, lora, 1)) / 1048576.0,
+                 budget / 1073741824.0,
+                 pc->n_adapters > 0 ? ", as asked" : host ? " of host memory" : " of device memory");
+    }
     if (pc->plan_only) {
         note(s, FT_SESSION_PLAN, "plan: backend %s, base %s: every layer %s; %lld micro-batch%s of %lld tokens per step",
              s->be->ops->name, s->quant == FT_PACK_QUANT_NF4 ? "nf4" : "bf16",
@@ -417,20 +476,18 @@ static int make_exec(ft_session *s, const ft_session_place_cfg *pc, ft_lora *lor
         return 0;
     }
     if (s->pack) { /* the host: every weight read from the pack (layers per visit, globals once) */
-        FT_TRY(ft_exec_init_ex(&s->ex, s->be, s->model, lora, pc->T, s->n_micro, rope, 0));
-        s->has_ex = 1;
+        FT_TRY(init_exec(s, pc, lora, rope, 0));
         return ft_exec_use_pack_ex(&s->ex, s->pack, s->pack_in_memory);
     }
     if (!host && s->cfg.train) return place_resident_train(s, pc, lora, nd, rope);
-    FT_TRY(ft_exec_init(&s->ex, s->be, s->model, lora, pc->T, s->n_micro, rope));
-    s->has_ex = 1;
-    return 0;
+    return init_exec(s, pc, lora, rope, 1);
 }
 
 int ft_session_place(ft_session *s, const ft_session_place_cfg *pc)
 {
     if (s->has_ex) ft_exec_free(&s->ex);
     s->has_ex = 0;
+    s->n_adapters = 1;
     ft_lora *lora = pc->lora ? pc->lora : s->has_lora ? &s->lora : NULL;
     const int host = s->be->ops->host_memory;
     /* the rule: with every layer resident a run needs the executor (and on a device the
@@ -440,7 +497,7 @@ int ft_session_place(ft_session *s, const ft_session_place_cfg *pc)
     if (!host)
         FT_TRY(ft_backend_mem_budget(s->be, s->gpu_mem,
                                      s->gpu_reserve > 0 ? (size_t)s->gpu_reserve : 0, &nd.mb));
-    nd.exec = ft_exec_bytes(s->be, s->model, lora, pc->T, pc->n_micro > 0 ? pc->n_micro : 1);
+    nd.exec = exec_bytes(s, pc, lora, pc->n_adapters > 0 ? pc->n_adapters : 1);
     nd.need = nd.exec + FT_EXEC_SPARE_BYTES;
     FT_TRY(choose_quant(s, &nd));
     if (pc->hook) FT_TRY(pc->hook(pc->hook_user, s, FT_SESSION_QUANT_CHOSEN));

@@ -101,6 +101,17 @@ typedef struct ft_session_place_cfg {
                                  * fresh --quant-correction computes from them) */
     ft_session_hook_fn hook;    /* may be NULL */
     void *hook_user;
+    /* Several adapters per pass (offload/exec.h ft_exec_init_multi, a sweep): n_adapters >= 1
+     * makes an executor for that many, each step naming its adapters (T is one adapter's
+     * micro-batch, lora the one the probe runs); k_max >= 1 with n_adapters 0 takes the most
+     * that fit, up to k_max: a packed base on a device by the offload planner
+     * (ft_plan_max_adapters), else the executor of K adapters (ft_exec_bytes_multi) plus
+     * adapter_bytes per adapter within the budget (on the host: --host-mem, else available
+     * memory less 4 GiB; on a device the resident rule's). r_max: the largest rank among them;
+     * adapter_bytes: each adapter's LoRA state (src/model/lora.h ft_lora_bytes) and share of
+     * the working set (ft_exec_adapter_sizes.work). All 0: one adapter (lora). */
+    int64_t n_adapters, k_max, r_max;
+    uint64_t adapter_bytes;
 } ft_session_place_cfg;
 
 typedef struct ft_session {
@@ -129,6 +140,8 @@ typedef struct ft_session {
     int quant;                  /* enum ft_pack_quant of the base (0 before the placement) */
     char quant_why[256];        /* training: why that quantization ("auto: ...", or "") */
     int64_t n_micro;            /* micro-batches per step the executor was made for */
+    int64_t n_adapters;         /* adapters per pass it was made for (1 without the place
+                                 * cfg's n_adapters / k_max) */
     int64_t base_layers[3];     /* a packed base on a device: layers on the GPU, in pinned host
                                  * memory, read from the pack file (enum ft_tier); -1 otherwise */
 } ft_session;

@@ -359,8 +359,18 @@ int ft_train_adapter_save(ft_train_adapter *a, const ft_model *m, double run_t0,
     return 0;
 }
 
+int ft_train_adapter_pack(ft_train_adapter *a, const ft_train_data *d)
+{
+    ft_batches_free(a->own_b, a->n_own_b);
+    a->own_b = NULL;
+    a->n_own_b = 0;
+    a->own_epoch = a->st.epoch;
+    return ft_train_data_pack(d, a->cfg, a->st.epoch, &a->own_b, &a->n_own_b);
+}
+
 void ft_train_adapter_free(ft_train_adapter *a)
 {
+    ft_batches_free(a->own_b, a->n_own_b);
     ft_metrics_close(&a->met);
     ft_eval_samples_free(&a->samples);
     ft_optim_free(&a->opt);

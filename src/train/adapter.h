@@ -6,9 +6,9 @@
  *
  * A run holds its adapters side by side over one session and one data set (trainer.c, loop.c):
  * each step is one pass of the base over the step's micro-batches, then each adapter's
- * operations (ft_train_adapter_update, ft_train_adapter_after_step). Today a run trains one
- * adapter; several adapters in one pass over the base (issue 32) are several of these, each
- * with its own cfg, sharing the session, the data and the step's micro-batches.
+ * operations (ft_train_adapter_update, ft_train_adapter_after_step). ft_train_run trains one
+ * adapter; a sweep (sweep_run.h) trains several in one pass over the base, each with its own
+ * cfg, step, data position and packing (own_b), sharing the session and the examples.
  */
 #ifndef FT_TRAIN_ADAPTER_H
 #define FT_TRAIN_ADAPTER_H
@@ -48,6 +48,20 @@ typedef struct ft_train_adapter {
     int64_t positions0;         /* st.positions at the start */
     double base_s;              /* run time of earlier sessions (st.elapsed_s at the start) */
     int early;                  /* 1: early stopping ended it */
+    int pruned;                 /* 1: a sweep's pruning ended it after its last eval */
+    int failed;                 /* a multi-adapter job: its own step failed with this error
+                                 * (error: the message); it takes no more steps */
+    char error[512];
+    /* a multi-adapter job (train_run.h): its own training micro-batches of epoch own_epoch
+     * (ft_train_data_pack with its cfg) and where its events go (sink.cb NULL: the job's) */
+    ft_batch *own_b;
+    int64_t n_own_b, own_epoch;
+    ft_train_sink sink;
+    /* a multi-adapter job's evaluation done in a pass shared with other adapters (loop.c):
+     * pre_eval 1 while pre_loss / pre_tokens wait for ft_train_eval_log to log them */
+    int pre_eval;
+    double pre_loss;
+    int64_t pre_tokens;
 } ft_train_adapter;
 
 /* The adapter of cfg c on session s (backend open): its LoRA from c->lora (rank, alpha,
@@ -116,6 +130,10 @@ int ft_train_adapter_after_step(ft_train_adapter *a, ft_session *s, const ft_tra
  * the run is intact. */
 int ft_train_adapter_save(ft_train_adapter *a, const ft_model *m, double run_t0,
                           const ft_train_sink *k);
+
+/* Packs a's own training micro-batches of st.epoch from d's examples (a multi-adapter job).
+ * Returns 0 or -ENOMEM. */
+int ft_train_adapter_pack(ft_train_adapter *a, const ft_train_data *d);
 
 void ft_train_adapter_free(ft_train_adapter *a); /* zeroes *a */
 

@@ -48,10 +48,16 @@ int ft_train_eval_log(ft_train_adapter *a, ft_session *s, const ft_train_data *d
 {
     ft_dpo_stats ps;
     const int dpo = a->cfg->method == FT_METHOD_DPO;
-    ft_lora *was = ft_session_swap_adapter(s, &a->lora);
-    int rc = eval_adapter(a, &s->ex, d, &ps, loss, tokens);
-    ft_session_swap_adapter(s, was);
-    FT_TRY(rc);
+    if (a->pre_eval && !dpo) { /* evaluated already, in a pass shared with other adapters */
+        *loss = a->pre_loss;
+        *tokens = a->pre_tokens;
+        a->pre_eval = 0;
+    } else {
+        ft_lora *was = ft_session_swap_adapter(s, &a->lora);
+        int rc = eval_adapter(a, &s->ex, d, &ps, loss, tokens);
+        ft_session_swap_adapter(s, was);
+        FT_TRY(rc);
+    }
     FT_TRY(ft_metrics_eval(&a->met, step, *loss, *tokens, elapsed_s, dpo ? &ps : NULL));
     ft_train_event ev = {.kind = FT_EV_EVAL, .step = step, .total_steps = a->st.total_steps,
                          .eval_loss = *loss};

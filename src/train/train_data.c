@@ -9,17 +9,25 @@
 #include "src/core/err.h"
 #include "src/template/chat.h"
 
+int ft_train_data_pack(const ft_train_data *d, const ft_train_cfg *c, int64_t epoch, ft_batch **b,
+                       int64_t *n)
+{
+    *b = NULL;
+    *n = 0;
+    if (c->method == FT_METHOD_DPO)
+        return ft_pack_pairs(b, n, d->ds.train, d->ds.n_train / 2, d->seq_len, c->batch_size,
+                             c->seed + (uint64_t)epoch);
+    return ft_pack(b, n, d->ds.train, d->ds.n_train, d->seq_len, c->batch_size,
+                   c->seed + (uint64_t)epoch);
+}
+
 int ft_train_data_pack_epoch(ft_train_data *d, const ft_train_cfg *c, int64_t epoch)
 {
     ft_batches_free(d->train_b, d->n_train_b);
     d->train_b = NULL;
     d->n_train_b = 0;
     d->epoch = epoch;
-    if (c->method == FT_METHOD_DPO)
-        return ft_pack_pairs(&d->train_b, &d->n_train_b, d->ds.train, d->ds.n_train / 2, d->seq_len,
-                             c->batch_size, c->seed + (uint64_t)epoch);
-    return ft_pack(&d->train_b, &d->n_train_b, d->ds.train, d->ds.n_train, d->seq_len,
-                   c->batch_size, c->seed + (uint64_t)epoch);
+    return ft_train_data_pack(d, c, epoch, &d->train_b, &d->n_train_b);
 }
 
 /* "FILE" or "N files (FILE: R records, schema[, S skipped]; ...)" for the data line. */

@@ -33,6 +33,12 @@ int ft_train_data_load(ft_train_data *d, const ft_train_cfg *c, ft_tokenizer *to
  * -ENOMEM. */
 int ft_train_data_pack_epoch(ft_train_data *d, const ft_train_cfg *c, int64_t epoch);
 
+/* The training micro-batches of `epoch` packed from d's examples with c's batch size, seed and
+ * method into *b (*n of them; the caller frees them, ft_batches_free), as
+ * ft_train_data_pack_epoch packs d's. Returns 0 or -ENOMEM. */
+int ft_train_data_pack(const ft_train_data *d, const ft_train_cfg *c, int64_t epoch, ft_batch **b,
+                       int64_t *n);
+
 void ft_train_data_free(ft_train_data *d); /* zeroes *d */
 
 #endif

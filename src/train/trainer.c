@@ -264,15 +264,10 @@ static int setup(ft_train_job *r)
     return 0;
 }
 
-/* The end of adapter a's run after the loop: its result, the last checkpoint (unless this
- * step was saved), and unless stopped the final evaluation (after that checkpoint: a resume
- * from it redoes it; an early stop has just evaluated this adapter, as transformers stops
- * right after that evaluation, so its loss is the final one), the adapter in OUT, its
- * summary.json. */
-static int finish(ft_train_job *r, ft_train_adapter *a)
+int ft_train_finish(ft_train_job *r, ft_train_adapter *a)
 {
     const ft_train_cfg *c = a->cfg;
-    const ft_train_sink *k = &r->sink;
+    const ft_train_sink *k = a->sink.cb ? &a->sink : &r->sink;
     const ft_dataset *ds = &r->d.ds;
     ft_ckpt_state *st = &a->st;
     ft_train_result *res = a->res;
@@ -298,7 +293,7 @@ static int finish(ft_train_job *r, ft_train_adapter *a)
         res->time_s = a->base_s + ft_train_now_s() - r->t0;
         return 0;
     }
-    if (r->d.n_eval_b && !a->early) {
+    if (r->d.n_eval_b && !a->early && !a->pruned) {
         double loss;
         int64_t tok;
         FT_TRY(ft_train_eval_log(a, &r->s, &r->d, st->step, a->base_s + ft_train_now_s() - r->t0, k,
@@ -328,7 +323,8 @@ static int finish(ft_train_job *r, ft_train_adapter *a)
     if (ft_report_write(c->out, rpath, sizeof rpath) < 0 || ft_report_model_card(c->out) < 0)
         ft_train_info(k, FT_EV_WARN, "report: %s", ft_errmsg());
     ft_train_info(k, FT_EV_DONE, "adapter written to %s%s", c->out,
-                  a->early ? " (the last step's; early stopped)" : "");
+                  a->early ? " (the last step's; early stopped)"
+                  : a->pruned ? " (the last step's; pruned)" : "");
     return 0;
 }
 
@@ -338,7 +334,7 @@ static int train(ft_train_job *r)
     if (r->cfg.plan_only) return 0;
     FT_TRY(ft_train_loop(r));
     if (r->stopped) test_stop_hold(r->cfg.test.stop_hold_ms);
-    for (int i = 0; i < r->n_ad; i++) FT_TRY(finish(r, &r->ad[i]));
+    for (int i = 0; i < r->n_ad; i++) FT_TRY(ft_train_finish(r, &r->ad[i]));
     return 0;
 }
 
