@@ -15,6 +15,7 @@
 #include "cli/opt_parse.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/dist_env.h"
 #include "cli/session.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
@@ -219,6 +220,15 @@ static int test_hooks(ft_train_test_hooks *t)
     return 0;
 }
 
+/* FTUNE_TEST_KILL_AT_STEP=S and FTUNE_TEST_KILL_RANK=R: rank R sends itself SIGKILL as step S
+ * begins (a rank that dies, tests/ref/test_distributed.py). */
+static void test_kill_hook(ft_train_test_hooks *t)
+{
+    const char *s = getenv("FTUNE_TEST_KILL_AT_STEP"), *r = getenv("FTUNE_TEST_KILL_RANK");
+    t->kill_at_step = s && *s ? strtoll(s, NULL, 10) : 0;
+    t->kill_rank = r && *r ? atoi(r) : 0;
+}
+
 int ft_cmd_plan(int argc, char **argv)
 {
     return ft_cmd_train_ex(argc, argv, 1);
@@ -417,8 +427,16 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         ft_str_list_free(&data);
         return 2;
     }
+    test_kill_hook(&c.test);
+    /* data-parallel: the ranks of mpirun / srun (dist_env.h); rank 0 alone prints progress */
+    ft_comm *comm;
+    if (ft_cli_comm_open(&comm)) {
+        ft_str_list_free(&data);
+        return 1;
+    }
+    c.comm = comm;
     ft_progress prog;
-    ft_progress_init(&prog, quiet);
+    ft_progress_init(&prog, quiet || ft_comm_rank(comm) > 0);
     prog.log_every = log_every;
     ft_train_result res;
     c.stop = ft_session_signals_install();
@@ -428,11 +446,16 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     ft_session_signals_restore();
     ft_progress_flush(&prog);
     if (rc < 0) {
-        fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        ft_cli_comm_fail(comm, ft_errmsg()); /* several ranks: all of them end here */
         if (res.checkpoint[0] && rc != FT_E_NUMERIC)
             print_resume_hint("ftune: to continue from the last checkpoint: ", argc, argv, res.checkpoint);
+        ft_comm_free(comm);
         return 1;
     }
+    const int rank = ft_comm_rank(comm);
+    ft_comm_free(comm);
+    if (rank > 0) /* the stop and done lines are rank 0's */
+        return res.stopped ? 128 + (sig ? sig : SIGINT) : 0;
     if (res.stopped) {
         const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
         if (res.checkpoint[0]) {

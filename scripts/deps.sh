@@ -3,7 +3,7 @@
 # (apt-get) and Python test packages (pip). Idempotent; prints one line per install.
 set -euo pipefail
 need_deb=()
-for p in libopenblas-dev libpcre2-dev libutf8proc-dev libcjson-dev libcmocka-dev liburing-dev libnuma-dev zlib1g-dev libprotobuf-c-dev protobuf-c-compiler pkg-config unzip; do
+for p in libopenblas-dev libpcre2-dev libutf8proc-dev libcjson-dev libcmocka-dev liburing-dev libnuma-dev zlib1g-dev libprotobuf-c-dev protobuf-c-compiler pkg-config unzip libopenmpi-dev openmpi-bin; do
     dpkg -s "$p" >/dev/null 2>&1 || need_deb+=("$p")
 done
 if [ ${#need_deb[@]} -gt 0 ]; then

@@ -1,0 +1,30 @@
+/* comm_internal.h - what comm.c and its NCCL part (comm_nccl.c) share: the communicator's
+ * state. Not for other folders: they use comm.h. */
+#ifndef FT_COMM_INTERNAL_H
+#define FT_COMM_INTERNAL_H
+
+#include <stddef.h>
+
+#include "src/comm/comm.h"
+
+typedef struct ft_comm_nccl ft_comm_nccl; /* comm_nccl.c */
+
+struct ft_comm {
+    int kind;                   /* enum ft_comm_kind */
+    int rank, size, local_rank;
+    int mpi;                    /* 1: MPI_COMM_WORLD is ours (this build has MPI, initialized) */
+    void *scratch;              /* the all-reduce's receive segments, grown once to the largest */
+    size_t scratch_bytes;
+    ft_comm_nccl *nccl;         /* FT_COMM_NCCL */
+};
+
+/* NCCL (comm_nccl.c): opens libnccl, shares the unique id (over MPI when c->mpi, else through
+ * cfg->nccl_id_file) and makes the NCCL communicator of c->rank, c->size. */
+int ft_comm_nccl_open(ft_comm *c, const ft_comm_cfg *cfg);
+int ft_comm_nccl_allreduce(ft_comm *c, float *buf, int64_t n);
+void ft_comm_nccl_close(ft_comm *c);
+
+/* comm.c's MPI broadcast for comm_nccl.c (the unique id); 0 on a build without MPI. */
+int ft_comm_mpi_bcast(const ft_comm *c, void *buf, size_t bytes, int root);
+
+#endif
