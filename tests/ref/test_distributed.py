@@ -221,5 +221,6 @@ def test_slurm_srun_two_ranks(tmp_path):
             pytest.skip("srun --mpi=pmix is not available with this Slurm: " + r.stderr.strip()[-300:])
         assert r.returncode == 0, r.stdout + r.stderr
         assert adapter(one) == adapter(two)
+        assert r.stderr.count("ftune: plan: ") == 1, r.stderr  # two ranks of one job, not two jobs
     finally:
         _stop(procs, d)
