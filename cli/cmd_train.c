@@ -308,6 +308,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         {"timeline", FT_OPT_STR, &c.timeline, "draw the second step's timeline (compute, H2D copies, disk reads per layer) into this SVG file", 0, "FILE"},
         {"profile", FT_OPT_FLAG, &c.profile, "time every GPU op after the first step and print the per-op table at the end"},
         {"log-every", FT_OPT_INT, &log_every, "plain-output log line every N steps"},
+        {"bus-gbps", FT_OPT_DBL, &c.bus_gbps, "ftune plan under mpirun/srun: the all-reduce's bus bandwidth in GB/s (nccl-tests' busbw) to predict its time per step (docs/distributed.md)"},
         {"quiet", FT_OPT_FLAG, &quiet, "print only errors"},
         {NULL},
     };

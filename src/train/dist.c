@@ -2,6 +2,7 @@
 #include "src/train/dist.h"
 
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,5 +85,61 @@ int ft_train_dist_reduce(const ft_train_cfg *c, ft_lora *l, double *loss_sum, in
     *loss_sum = counts[0];
     *n_tokens = (int64_t)counts[1];
     if (c->stop && !*c->stop && counts[2] > 0) *c->stop = SIGTERM;
+    return 0;
+}
+
+/* One rank's placement, for ftune plan. */
+typedef struct plan_rec {
+    char backend[16];
+    int32_t rank, local_rank;
+    int64_t layers[3], n_micro;
+    double step_s;
+} plan_rec;
+
+int ft_train_dist_plan(const ft_train_cfg *c, const ft_session *s, const ft_lora *l,
+                       const ft_train_sink *k)
+{
+    const int P = ft_comm_size(c->comm);
+    if (P == 1) return 0;
+    plan_rec me;
+    memset(&me, 0, sizeof me);
+    snprintf(me.backend, sizeof me.backend, "%s", s->be ? s->be->ops->name : "?");
+    me.rank = ft_comm_rank(c->comm);
+    me.local_rank = ft_comm_local_rank(c->comm);
+    for (int t = 0; t < 3; t++) me.layers[t] = s->base_layers[t];
+    me.n_micro = s->n_micro;
+    me.step_s = s->plan_step_s;
+    plan_rec *all = calloc((size_t)P, sizeof *all);
+    if (!all) return ft_err(-ENOMEM, "out of memory");
+    int rc = ft_comm_gather(c->comm, &me, sizeof me, all, 0);
+    if (rc || me.rank != 0) {
+        free(all);
+        return rc;
+    }
+    double slowest = 0;
+    for (int r = 0; r < P; r++) {
+        const plan_rec *p = &all[r];
+        char where[128] = "every layer in host memory";
+        if (p->layers[0] >= 0)
+            snprintf(where, sizeof where, "base layers %lld on the GPU, %lld in pinned host memory, %lld read from the pack",
+                     (long long)p->layers[0], (long long)p->layers[1], (long long)p->layers[2]);
+        char step[96] = "no predicted step time (the planner predicts one for a packed base on a device)";
+        if (p->step_s > 0) snprintf(step, sizeof step, "predicted step %.3f s", p->step_s);
+        ft_train_info(k, FT_EV_PLAN, "plan: rank %d (node rank %d): backend %s, %s, %lld micro-batch(es) per step, %s",
+                      (int)p->rank, (int)p->local_rank, p->backend, where, (long long)p->n_micro, step);
+        if (p->step_s > slowest) slowest = p->step_s;
+    }
+    free(all);
+    const double bytes = (double)l->n_params * sizeof(float), ring = 2.0 * (P - 1) / P * bytes;
+    if (c->bus_gbps > 0) {
+        const double t = ring / (c->bus_gbps * 1e9);
+        char total[96] = "";
+        if (slowest > 0) snprintf(total, sizeof total, "; predicted step %.3f s (slowest rank + all-reduce)", slowest + t);
+        ft_train_info(k, FT_EV_PLAN, "plan: all-reduce of the LoRA gradients over %d ranks: %.1f MB per step (%lld fp32), %.1f MB on the wire per rank (ring, 2(N-1)/N), %.4f s at the stated bus bandwidth %.1f GB/s%s",
+                      P, bytes / 1e6, (long long)l->n_params, ring / 1e6, t, c->bus_gbps, total);
+    } else {
+        ft_train_info(k, FT_EV_PLAN, "plan: all-reduce of the LoRA gradients over %d ranks: %.1f MB per step (%lld fp32), %.1f MB on the wire per rank (ring, 2(N-1)/N); give --bus-gbps G (nccl-tests' busbw) to predict its time",
+                      P, bytes / 1e6, (long long)l->n_params, ring / 1e6);
+    }
     return 0;
 }

@@ -15,9 +15,11 @@
 
 #include <stdint.h>
 
+#include "offload/session.h"
 #include "src/comm/comm.h"
 #include "src/data/dataset.h"
 #include "src/model/lora.h"
+#include "src/train/events.h"
 #include "src/train/trainer.h"
 
 /* 1 when this process writes the run's outputs (metrics, checkpoints, the adapter, the
@@ -47,5 +49,15 @@ void ft_train_dist_share(const ft_train_cfg *c, const ft_batch *mbs, int64_t n,
  * rank's is set (SIGTERM where it had none), so all ranks stop after the same step. Returns 0
  * or the communicator's / backend's error. */
 int ft_train_dist_reduce(const ft_train_cfg *c, ft_lora *l, double *loss_sum, int64_t *n_tokens);
+
+/* `ftune plan` over several ranks (a no-op in one process): rank 0 gathers each rank's
+ * placement (backend, base layers on the GPU / pinned host / pack file, micro-batches, the
+ * planner's predicted step time) and reports one line per rank, then the all-reduce: the LoRA
+ * gradients' bytes (fp32, l->n_params x 4), its time on a ring at c->bus_gbps
+ * (2 (size - 1) / size x bytes / busbw, nccl-tests' bus-bandwidth convention) and the
+ * predicted step (the slowest rank's step plus the all-reduce, which follows the backward,
+ * not overlapped). Returns 0 or the communicator's error. */
+int ft_train_dist_plan(const ft_train_cfg *c, const ft_session *s, const ft_lora *l,
+                       const ft_train_sink *k);
 
 #endif

@@ -232,7 +232,7 @@ static int setup(ft_train_job *r)
                       r->base_name, base_src);
     if (!c->data || c->n_data < 1) return ft_err(FT_E_INVALID, "missing --data");
     FT_TRY(setup_base(r));
-    if (c->plan_only) return 0;
+    if (c->plan_only) return ft_train_dist_plan(c, &r->s, &r->ad[0].lora, k); /* ranks' lines */
     FT_TRY(ft_train_dist_check(c, r->d.n_train_b, ft_train_data_fingerprint(&r->d.ds, !c->eval_data)));
     const int64_t ga = ft_train_dist_global_accum(c); /* micro-batches per step, all ranks */
     int64_t steps_per_epoch = (r->d.n_train_b + ga - 1) / ga;

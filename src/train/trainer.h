@@ -164,6 +164,9 @@ typedef struct ft_train_cfg {
     /* Data-parallel training (src/train/dist.h): the ranks this run is one of (NULL: a single
      * process). grad_accum is then per rank: a step takes size x grad_accum micro-batches. */
     const ft_comm *comm;
+    double bus_gbps;            /* ftune plan over several ranks: the all-reduce's bus bandwidth
+                                 * in GB/s as nccl-tests reports it (busbw), stated by the user;
+                                 * 0: the all-reduce's bytes only */
 } ft_train_cfg;
 
 /* Fills the defaults a user expects (r 16, alpha 32, all linear targets, lr 2e-4, one epoch,

@@ -224,3 +224,16 @@ def test_slurm_srun_two_ranks(tmp_path):
         assert r.stderr.count("ftune: plan: ") == 1, r.stderr  # two ranks of one job, not two jobs
     finally:
         _stop(procs, d)
+
+
+def test_plan_two_ranks(tmp_path):
+    """ftune plan under mpirun: one placement line per rank, then the all-reduce's bytes (the
+    adapter's parameters in fp32) and its time at the stated --bus-gbps."""
+    argv = mpirun(2) + [FTUNE, "plan"] + BASE + ["--bus-gbps", "10"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert "plan: rank 0 (node rank 0): backend cpu" in r.stderr, r.stderr
+    assert "plan: rank 1 (node rank 1): backend cpu" in r.stderr, r.stderr
+    # tiny-llama, r 16 on 7 modules: 32768 LoRA parameters -> 131072 bytes; ring: 2 (N-1)/N = 1
+    assert "over 2 ranks: 0.1 MB per step (32768 fp32)" in r.stderr, r.stderr
+    assert "0.0000 s at the stated bus bandwidth 10.0 GB/s" in r.stderr, r.stderr
