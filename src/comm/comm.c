@@ -196,6 +196,7 @@ int ft_comm_allreduce_f32(const ft_comm *c, float *buf, int64_t n)
 #ifdef FT_HAVE_MPI
     if (c->mpi) return mpi_allreduce(c, buf, n, sizeof(float), MPI_FLOAT);
 #endif
+    if (c->nccl) return ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_SUM_F32, buf, (size_t)n * sizeof *buf, n, NULL, 0);
     return ft_err(FT_E_UNSUPPORTED, "%s: a host all-reduce needs MPI (install libopenmpi-dev)", ft_comm_name(c));
 }
 
@@ -205,6 +206,7 @@ int ft_comm_allreduce_f64(const ft_comm *c, double *buf, int64_t n)
 #ifdef FT_HAVE_MPI
     if (c->mpi) return mpi_allreduce(c, buf, n, sizeof(double), MPI_DOUBLE);
 #endif
+    if (c->nccl) return ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_SUM_F64, buf, (size_t)n * sizeof *buf, n, NULL, 0);
     return ft_err(FT_E_UNSUPPORTED, "%s: a host all-reduce needs MPI (install libopenmpi-dev)", ft_comm_name(c));
 }
 
@@ -220,8 +222,9 @@ int ft_comm_allreduce_f32_device(const ft_comm *c, float *buf, int64_t n)
 int ft_comm_bcast(const ft_comm *c, void *buf, size_t bytes, int root)
 {
     if (!c || c->size == 1) return 0;
-    if (!c->mpi) return ft_err(FT_E_UNSUPPORTED, "%s: broadcast needs MPI (install libopenmpi-dev)", ft_comm_name(c));
-    return ft_comm_mpi_bcast(c, buf, bytes, root);
+    if (c->mpi) return ft_comm_mpi_bcast(c, buf, bytes, root);
+    if (c->nccl) return ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_BCAST, buf, bytes, 0, NULL, root);
+    return ft_err(FT_E_UNSUPPORTED, "%s: broadcast needs MPI (install libopenmpi-dev)", ft_comm_name(c));
 }
 
 int ft_comm_barrier(const ft_comm *c)
@@ -233,6 +236,10 @@ int ft_comm_barrier(const ft_comm *c)
         return 0;
     }
 #endif
+    if (c->nccl) {
+        float one = 1;
+        return ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_SUM_F32, &one, sizeof one, 1, NULL, 0);
+    }
     return ft_err(FT_E_UNSUPPORTED, "%s: barrier needs MPI (install libopenmpi-dev)", ft_comm_name(c));
 }
 
@@ -249,6 +256,9 @@ int ft_comm_gather(const ft_comm *c, const void *rec, size_t bytes, void *all, i
         return 0;
     }
 #endif
+    if (c->nccl) /* an all-gather: every rank gets the records, root keeps them */
+        return ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_ALLGATHER, (void *)rec, bytes, 0,
+                                 c->rank == root ? all : NULL, root);
     return ft_err(FT_E_UNSUPPORTED, "%s: gather needs MPI (install libopenmpi-dev)", ft_comm_name(c));
 }
 
@@ -265,6 +275,7 @@ int ft_comm_allgather(const ft_comm *c, const void *rec, size_t bytes, void *all
         return 0;
     }
 #endif
+    if (c->nccl) return ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_ALLGATHER, (void *)rec, bytes, 0, all, 0);
     return ft_err(FT_E_UNSUPPORTED, "%s: all-gather needs MPI (install libopenmpi-dev)", ft_comm_name(c));
 }
 

@@ -12,7 +12,8 @@
  *                   opened with dlopen when the communicator is made, as the CUDA backend
  *                   opens cuBLAS), MPI for everything else and for broadcasting NCCL's unique
  *                   id; without MPI (Slurm without PMIx) the id is written by rank 0 to
- *                   ft_comm_cfg.nccl_id_file on shared storage and read there by the others.
+ *                   ft_comm_cfg.nccl_id_file on shared storage and read there by the others,
+ *                   and the host collectives go through NCCL too (a small device buffer).
  *
  * Determinism: ft_comm_allreduce_f32/_f64 add the ranks' buffers in rank order,
  * ((b0 + b1) + b2) + ..., on every rank, so every rank gets the same bits and the sum is the

@@ -24,6 +24,13 @@ int ft_comm_nccl_open(ft_comm *c, const ft_comm_cfg *cfg);
 int ft_comm_nccl_allreduce(ft_comm *c, float *buf, int64_t n);
 void ft_comm_nccl_close(ft_comm *c);
 
+/* The host collectives over NCCL when there is no MPI (the unique id through a file): buf
+ * copied to a device scratch buffer, the NCCL collective, the result copied back. SUM_F32 /
+ * SUM_F64: buf[0..n_elem) summed in place (NCCL's order); BCAST: bytes of root's buf;
+ * ALLGATHER: each rank's bytes of buf into all[rank * bytes] (all may be NULL). */
+enum { FT_NCCL_HOST_SUM_F32, FT_NCCL_HOST_SUM_F64, FT_NCCL_HOST_BCAST, FT_NCCL_HOST_ALLGATHER };
+int ft_comm_nccl_host(ft_comm *c, int op, void *buf, size_t bytes, int64_t n_elem, void *all, int root);
+
 /* comm.c's MPI broadcast for comm_nccl.c (the unique id); 0 on a build without MPI. */
 int ft_comm_mpi_bcast(const ft_comm *c, void *buf, size_t bytes, int root);
 

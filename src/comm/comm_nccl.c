@@ -19,6 +19,9 @@
 #ifdef FT_HAVE_CUDA
 /* cudart (linked statically in a CUDA build): the default stream's end */
 extern int cudaStreamSynchronize(void *stream);
+extern int cudaMalloc(void **p, size_t bytes);
+extern int cudaFree(void *p);
+extern int cudaMemcpy(void *dst, const void *src, size_t bytes, int kind); /* 4: cudaMemcpyDefault */
 #endif
 
 #ifdef FT_HAVE_CUDA
@@ -31,6 +34,10 @@ struct ft_comm_nccl {
     int (*GetUniqueId)(nccl_id *);
     int (*CommInitRank)(nccl_comm_t *, int, nccl_id, int);
     int (*AllReduce)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
+    int (*AllGather)(const void *, void *, size_t, int, nccl_comm_t, void *);
+    int (*Broadcast)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
+    void *dev;                  /* device scratch of the host collectives without MPI */
+    size_t dev_bytes;
     int (*CommDestroy)(nccl_comm_t);
     const char *(*GetErrorString)(int);
 };
@@ -53,6 +60,8 @@ static int nccl_dl(ft_comm_nccl *n)
     SYM(GetUniqueId, "ncclGetUniqueId");
     SYM(CommInitRank, "ncclCommInitRank");
     SYM(AllReduce, "ncclAllReduce");
+    SYM(AllGather, "ncclAllGather");
+    SYM(Broadcast, "ncclBroadcast");
     SYM(CommDestroy, "ncclCommDestroy");
     SYM(GetErrorString, "ncclGetErrorString");
 #undef SYM
@@ -133,10 +142,69 @@ int ft_comm_nccl_allreduce(ft_comm *c, float *buf, int64_t count)
 #endif
 }
 
+#ifdef FT_HAVE_CUDA
+/* The device scratch holds at least bytes (grown here: the first call of each size allocates). */
+static int dev_scratch(ft_comm_nccl *n, size_t bytes)
+{
+    if (n->dev_bytes >= bytes) return 0;
+    if (n->dev) cudaFree(n->dev);
+    n->dev = NULL;
+    n->dev_bytes = 0;
+    if (cudaMalloc(&n->dev, bytes) != 0) return ft_err(-ENOMEM, "nccl: device scratch of %zu bytes", bytes);
+    n->dev_bytes = bytes;
+    return 0;
+}
+
+static int copy(void *dst, const void *src, size_t bytes)
+{
+    return cudaMemcpy(dst, src, bytes, 4) ? ft_err(-EIO, "nccl: cudaMemcpy of %zu bytes", bytes) : 0;
+}
+
+static int done(ft_comm_nccl *n, const char *what, int rc)
+{
+    if (rc) return nccl_fail(n, what, rc);
+    if ((rc = cudaStreamSynchronize(NULL)) != 0) return ft_err(-EIO, "nccl: %s: cudaStreamSynchronize: error %d", what, rc);
+    return 0;
+}
+#endif
+
+int ft_comm_nccl_host(ft_comm *c, int op, void *buf, size_t bytes, int64_t n_elem, void *all, int root)
+{
+#ifndef FT_HAVE_CUDA
+    return ft_err(FT_E_UNSUPPORTED, "nccl: this build has no CUDA backend");
+#else
+    ft_comm_nccl *n = c->nccl;
+    const size_t P = (size_t)c->size;
+    switch (op) {
+    case FT_NCCL_HOST_SUM_F32:
+    case FT_NCCL_HOST_SUM_F64:
+        FT_TRY(dev_scratch(n, bytes));
+        FT_TRY(copy(n->dev, buf, bytes));
+        FT_TRY(done(n, "ncclAllReduce", n->AllReduce(n->dev, n->dev, (size_t)n_elem,
+                                                   op == FT_NCCL_HOST_SUM_F32 ? 7 : 8, 0, n->comm, NULL)));
+        return copy(buf, n->dev, bytes);
+    case FT_NCCL_HOST_BCAST:
+        FT_TRY(dev_scratch(n, bytes ? bytes : 1));
+        if (c->rank == root) FT_TRY(copy(n->dev, buf, bytes));
+        FT_TRY(done(n, "ncclBroadcast", n->Broadcast(n->dev, n->dev, bytes, 1 /* ncclUint8 */, root, n->comm, NULL)));
+        return copy(buf, n->dev, bytes);
+    case FT_NCCL_HOST_ALLGATHER: {
+        FT_TRY(dev_scratch(n, P * bytes > 0 ? P * bytes : 1));
+        char *mine = (char *)n->dev + (size_t)c->rank * bytes;
+        FT_TRY(copy(mine, buf, bytes));
+        FT_TRY(done(n, "ncclAllGather", n->AllGather(mine, n->dev, bytes, 1, n->comm, NULL)));
+        return all ? copy(all, n->dev, P * bytes) : 0;
+    }
+    }
+    return ft_err(FT_E_INVALID, "nccl: host collective %d", op);
+#endif
+}
+
 void ft_comm_nccl_close(ft_comm *c)
 {
     ft_comm_nccl *n = c->nccl;
 #ifdef FT_HAVE_CUDA
+    if (n->dev) cudaFree(n->dev);
     if (n->comm && n->CommDestroy) n->CommDestroy(n->comm);
 #endif
     if (n->lib) dlclose(n->lib);
