@@ -220,13 +220,16 @@ static int test_hooks(ft_train_test_hooks *t)
     return 0;
 }
 
-/* FTUNE_TEST_KILL_AT_STEP=S and FTUNE_TEST_KILL_RANK=R: rank R sends itself SIGKILL as step S
- * begins (a rank that dies, tests/ref/test_distributed.py). */
+/* FTUNE_TEST_KILL_AT_STEP=S, FTUNE_TEST_KILL_RANK=R and FTUNE_TEST_KILL_SIGNAL=N (default 9,
+ * SIGKILL; 19, SIGSTOP: a rank that hangs): rank R sends itself signal N as step S begins
+ * (tests/ref/test_distributed.py). */
 static void test_kill_hook(ft_train_test_hooks *t)
 {
     const char *s = getenv("FTUNE_TEST_KILL_AT_STEP"), *r = getenv("FTUNE_TEST_KILL_RANK");
+    const char *g = getenv("FTUNE_TEST_KILL_SIGNAL");
     t->kill_at_step = s && *s ? strtoll(s, NULL, 10) : 0;
     t->kill_rank = r && *r ? atoi(r) : 0;
+    t->kill_signal = g && *g ? atoi(g) : 0;
 }
 
 int ft_cmd_plan(int argc, char **argv)

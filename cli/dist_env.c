@@ -17,6 +17,13 @@ static int env_int(const char *const *names, int n)
     return -1;
 }
 
+/* The watchdog's line (src/comm/comm.h ft_comm_cfg.on_timeout). */
+static void on_timeout(void *user, const char *line)
+{
+    fprintf(stderr, "ftune: %s\n", line);
+    fflush(stderr);
+}
+
 int ft_cli_comm_open(ft_comm **out)
 {
     *out = NULL;
@@ -36,6 +43,10 @@ int ft_cli_comm_open(ft_comm **out)
     }
     const char *idf = getenv("FTUNE_NCCL_ID_FILE");
     if (cfg.kind == FT_COMM_NCCL && idf && *idf) cfg.nccl_id_file = idf;
+    /* the all-reduce watchdog: FTUNE_COMM_TIMEOUT seconds (default 600; 0: off) */
+    const char *to = getenv("FTUNE_COMM_TIMEOUT");
+    cfg.timeout_s = to && *to ? atof(to) : 600;
+    cfg.on_timeout = on_timeout;
     int lsize = env_int(lsize_v, 3);
     if (lsize > 1 && cfg.local_rank >= 0 && !getenv("CUDA_VISIBLE_DEVICES")) {
         char dev[16];

@@ -9,7 +9,8 @@
  * single process: nothing changes). Ranks from OMPI_COMM_WORLD_SIZE/_RANK/_LOCAL_RANK (Open
  * MPI's mpirun), PMI_SIZE/PMI_RANK (MPICH's and Slurm's PMI) or SLURM_NTASKS/SLURM_PROCID/
  * SLURM_LOCALID (srun); the backend from FTUNE_COMM ("mpi", the default, or "nccl"), with
- * FTUNE_NCCL_ID_FILE for NCCL without MPI (the unique id through a file on shared storage).
+ * FTUNE_NCCL_ID_FILE for NCCL without MPI (the unique id through a file on shared storage),
+ * FTUNE_COMM_TIMEOUT for the all-reduce watchdog (seconds, default 600, 0 off: comm.h).
  * Several ranks on one node with CUDA_VISIBLE_DEVICES unset: it is set to the local rank, so
  * that each rank's CUDA backend sees its own GPU. Returns 0, or 1 after printing one line
  * ("ftune: rank R of N: ...") when the communicator cannot be made. */

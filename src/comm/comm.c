@@ -3,8 +3,11 @@
 #include "src/comm/comm.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "src/comm/comm_internal.h"
 #include "src/core/err.h"
@@ -29,6 +32,37 @@ const char *ft_comm_name(const ft_comm *c)
 {
     static const char *names[] = {"single", "mpi", "nccl"};
     return c && c->kind >= 0 && c->kind <= 2 ? names[c->kind] : "single";
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void ft_comm_busy(ft_comm *c, int on)
+{
+    if (c->wd_on) atomic_store(&c->busy_ns, on ? now_ns() : 0);
+}
+
+/* The watchdog thread: every 100 ms, whether the watched collective has waited too long. */
+static void *watchdog(void *arg)
+{
+    ft_comm *c = arg;
+    const struct timespec tick = {0, 100 * 1000 * 1000};
+    while (!atomic_load(&c->wd_stop)) {
+        nanosleep(&tick, NULL);
+        int64_t t0 = atomic_load(&c->busy_ns);
+        if (!t0 || (double)(now_ns() - t0) < c->timeout_s * 1e9) continue;
+        char line[256];
+        snprintf(line, sizeof line, "rank %d of %d: an all-reduce has waited %.0f s for the other ranks "
+                 "(a rank died or hangs): ending the job", c->rank, c->size, c->timeout_s);
+        if (c->on_timeout) c->on_timeout(c->user, line);
+        ft_comm_abort(c, 1);
+        _exit(1);
+    }
+    return NULL;
 }
 
 #ifdef FT_HAVE_MPI
@@ -124,12 +158,15 @@ static int mpi_allreduce_chunk(ft_comm *c, void *buf, int64_t m, size_t esize, M
 
 static int mpi_allreduce(const ft_comm *cc, void *buf, int64_t n, size_t esize, MPI_Datatype t)
 {
-    ft_comm *c = (ft_comm *)cc; /* the scratch buffer only */
-    for (int64_t at = 0; at < n; at += FT_COMM_CHUNK) {
+    ft_comm *c = (ft_comm *)cc; /* the scratch buffer and the watchdog's mark only */
+    int rc = 0;
+    ft_comm_busy(c, 1);
+    for (int64_t at = 0; !rc && at < n; at += FT_COMM_CHUNK) {
         int64_t m = n - at < FT_COMM_CHUNK ? n - at : FT_COMM_CHUNK;
-        FT_TRY(mpi_allreduce_chunk(c, (char *)buf + (size_t)at * esize, m, esize, t));
+        rc = mpi_allreduce_chunk(c, (char *)buf + (size_t)at * esize, m, esize, t);
     }
-    return 0;
+    ft_comm_busy(c, 0);
+    return rc;
 }
 
 int ft_comm_mpi_bcast(const ft_comm *c, void *buf, size_t bytes, int root)
@@ -170,6 +207,13 @@ int ft_comm_init(ft_comm **out, const ft_comm_cfg *cfg)
             rc = ft_err(FT_E_INVALID, "nccl: rank %d of %d from the launcher's environment", c->rank, c->size);
     }
     if (!rc && cfg->kind == FT_COMM_NCCL) rc = ft_comm_nccl_open(c, cfg);
+    if (!rc && cfg->timeout_s > 0 && c->size > 1) {
+        c->timeout_s = cfg->timeout_s;
+        c->on_timeout = cfg->on_timeout;
+        c->user = cfg->user;
+        if (pthread_create(&c->wd, NULL, watchdog, c) == 0) c->wd_on = 1;
+        else rc = ft_err(-EAGAIN, "comm: cannot start the all-reduce watchdog thread");
+    }
     if (rc) {
         ft_comm_free(c);
         return rc;
@@ -181,6 +225,10 @@ int ft_comm_init(ft_comm **out, const ft_comm_cfg *cfg)
 void ft_comm_free(ft_comm *c)
 {
     if (!c) return;
+    if (c->wd_on) {
+        atomic_store(&c->wd_stop, 1);
+        pthread_join(c->wd, NULL);
+    }
     if (c->nccl) ft_comm_nccl_close(c);
 #ifdef FT_HAVE_MPI
     int fin = 0;
@@ -196,7 +244,12 @@ int ft_comm_allreduce_f32(const ft_comm *c, float *buf, int64_t n)
 #ifdef FT_HAVE_MPI
     if (c->mpi) return mpi_allreduce(c, buf, n, sizeof(float), MPI_FLOAT);
 #endif
-    if (c->nccl) return ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_SUM_F32, buf, (size_t)n * sizeof *buf, n, NULL, 0);
+    if (c->nccl) {
+        ft_comm_busy((ft_comm *)c, 1);
+        int rc = ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_SUM_F32, buf, (size_t)n * sizeof *buf, n, NULL, 0);
+        ft_comm_busy((ft_comm *)c, 0);
+        return rc;
+    }
     return ft_err(FT_E_UNSUPPORTED, "%s: a host all-reduce needs MPI (install libopenmpi-dev)", ft_comm_name(c));
 }
 
@@ -206,7 +259,12 @@ int ft_comm_allreduce_f64(const ft_comm *c, double *buf, int64_t n)
 #ifdef FT_HAVE_MPI
     if (c->mpi) return mpi_allreduce(c, buf, n, sizeof(double), MPI_DOUBLE);
 #endif
-    if (c->nccl) return ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_SUM_F64, buf, (size_t)n * sizeof *buf, n, NULL, 0);
+    if (c->nccl) {
+        ft_comm_busy((ft_comm *)c, 1);
+        int rc = ft_comm_nccl_host((ft_comm *)c, FT_NCCL_HOST_SUM_F64, buf, (size_t)n * sizeof *buf, n, NULL, 0);
+        ft_comm_busy((ft_comm *)c, 0);
+        return rc;
+    }
     return ft_err(FT_E_UNSUPPORTED, "%s: a host all-reduce needs MPI (install libopenmpi-dev)", ft_comm_name(c));
 }
 
@@ -216,7 +274,10 @@ int ft_comm_allreduce_f32_device(const ft_comm *c, float *buf, int64_t n)
 {
     if (!c || !c->nccl)
         return ft_err(FT_E_UNSUPPORTED, "%s: no device all-reduce (the NCCL backend has it)", ft_comm_name(c));
-    return ft_comm_nccl_allreduce((ft_comm *)c, buf, n);
+    ft_comm_busy((ft_comm *)c, 1);
+    int rc = ft_comm_nccl_allreduce((ft_comm *)c, buf, n);
+    ft_comm_busy((ft_comm *)c, 0);
+    return rc;
 }
 
 int ft_comm_bcast(const ft_comm *c, void *buf, size_t bytes, int root)

@@ -42,6 +42,15 @@ typedef struct ft_comm_cfg {
     int rank, size, local_rank;
     const char *nccl_id_file;   /* NCCL without MPI: the unique id's file on shared storage */
     double nccl_id_timeout_s;   /* how long ranks > 0 wait for that file (0: 300 s) */
+    /* The watchdog of the all-reduces (ft_comm_allreduce_f32/_f64, the step loop's): one that
+     * has waited timeout_s for the other ranks (a rank that hangs, or died where the launcher
+     * does not end the job) calls on_timeout with one line, then ends every rank
+     * (ft_comm_abort; _exit(1) without MPI). The set-up collectives (gather, all-gather,
+     * broadcast, barrier) are not watched: a rank may wait there while another tokenizes or
+     * builds its node's pack. 0: no watchdog. */
+    double timeout_s;
+    void (*on_timeout)(void *user, const char *line);
+    void *user;
 } ft_comm_cfg;
 
 typedef struct ft_comm ft_comm;

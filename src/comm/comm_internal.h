@@ -3,6 +3,8 @@
 #ifndef FT_COMM_INTERNAL_H
 #define FT_COMM_INTERNAL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include "src/comm/comm.h"
@@ -16,7 +18,18 @@ struct ft_comm {
     void *scratch;              /* the all-reduce's receive segments, grown once to the largest */
     size_t scratch_bytes;
     ft_comm_nccl *nccl;         /* FT_COMM_NCCL */
+    /* the watchdog (comm.h ft_comm_cfg.timeout_s) */
+    double timeout_s;
+    void (*on_timeout)(void *user, const char *line);
+    void *user;
+    pthread_t wd;
+    int wd_on;
+    atomic_int wd_stop;
+    _Atomic int64_t busy_ns;    /* CLOCK_MONOTONIC start of the watched collective; 0: none */
 };
+
+/* Marks the start / end of a watched collective. */
+void ft_comm_busy(ft_comm *c, int on);
 
 /* NCCL (comm_nccl.c): opens libnccl, shares the unique id (over MPI when c->mpi, else through
  * cfg->nccl_id_file) and makes the NCCL communicator of c->rank, c->size. */

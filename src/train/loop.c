@@ -129,7 +129,7 @@ static int one_step(ft_train_job *r, int64_t step)
     FT_TRY(next_micro_batches(r, &mbs, &n_mb));
     if (c->test.kill_at_step > 0 && step + 1 == c->test.kill_at_step &&
         ft_comm_rank(c->comm) == c->test.kill_rank)
-        raise(SIGKILL);
+        raise(c->test.kill_signal ? c->test.kill_signal : SIGKILL);
     int64_t positions = 0;
     for (int64_t i = 0; i < n_mb; i++) positions += mbs[i].T;
     ft_train_step_time tm = {r->t0, r->loop_t0, ft_train_now_s()};

@@ -59,10 +59,10 @@ typedef struct ft_train_test_hooks {
                                  * path) while the others train; a model file cannot carry such
                                  * a row (the loaders refuse non-finite weights). Only an untied
                                  * model read into memory (FT_E_INVALID otherwise). -1: off */
-    int64_t kill_at_step;       /* > 0: the process of rank kill_rank sends itself SIGKILL as
-                                 * optimizer step kill_at_step begins (a rank that dies, for the
-                                 * data-parallel tests); 0: off */
-    int kill_rank;
+    int64_t kill_at_step;       /* > 0: the process of rank kill_rank sends itself kill_signal
+                                 * (0: SIGKILL; SIGSTOP: a rank that hangs) as optimizer step
+                                 * kill_at_step begins, for the data-parallel tests; 0: off */
+    int kill_rank, kill_signal;
 } ft_train_test_hooks;
 
 /* What the adapter is trained on: the token loss of instruction data (supervised fine-tuning),

@@ -6,7 +6,8 @@ tests/fixtures/tiny-llama, CPU backend, one thread per rank, Open MPI's mpirun -
   and NEFTune noise on: their masks follow the micro-batch's index in the step, not the rank;
   across an epoch's short last step, where one rank has no micro-batch);
 - SIGKILL of one rank (the FTUNE_TEST_KILL_AT_STEP hook) ends the job on every rank within 60 s
-  with a line naming the dead rank; --resume with 2 ranks then ends with the bytes of the
+  with a line naming the dead rank, and a rank that hangs (SIGSTOP) is ended by the other's
+  all-reduce watchdog (FTUNE_COMM_TIMEOUT); --resume with 2 ranks then ends with the bytes of the
   uninterrupted run; a resume with 4 ranks (another global batch) is refused naming the ranks,
   and one process of grad-accum 2 (the same global batch) resumes it bit for bit;
 - the 2-rank equivalence through srun on a single-node Slurm started by the test (slurmctld,
@@ -122,6 +123,23 @@ def test_rank_killed_ends_job_then_resume(tmp_path):
     assert adapter(out) == adapter(ref)
     assert adapter(single) == adapter(ref)
     assert losses(out) == losses(ref)
+
+
+def test_rank_hangs_watchdog_ends_job(tmp_path):
+    """A rank that stops (SIGSTOP) without dying: the launcher sees nothing, the other rank's
+    all-reduce watchdog (FTUNE_COMM_TIMEOUT) ends the job with one line naming the wait."""
+    out = tmp_path / "out"
+    env = dict(ENV, FTUNE_TEST_KILL_AT_STEP="3", FTUNE_TEST_KILL_RANK="1", FTUNE_TEST_KILL_SIGNAL="19",
+               FTUNE_COMM_TIMEOUT="5")
+    t0 = time.monotonic()
+    r = train(out, "--max-steps", 6, "--grad-accum", 1, env=env, ok=False,
+              launcher=mpirun(2, "FTUNE_TEST_KILL_AT_STEP", "FTUNE_TEST_KILL_RANK", "FTUNE_TEST_KILL_SIGNAL",
+                              "FTUNE_COMM_TIMEOUT"))
+    took = time.monotonic() - t0
+    assert r.returncode != 0
+    assert took < 60, f"the job took {took:.1f} s to end after a rank hung"
+    assert "ftune: rank 0 of 2: an all-reduce has waited 5 s for the other ranks (a rank died or hangs): ending the job" \
+        in r.stderr, r.stderr
 
 
 # ---- Slurm: a single-node cluster on localhost -------------------------------------------------
