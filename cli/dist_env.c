@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/core/err.h"
 
@@ -63,6 +64,9 @@ int ft_cli_comm_open(ft_comm **out)
 void ft_cli_comm_fail(ft_comm *c, const char *msg)
 {
     if (ft_comm_size(c) > 1) {
+        /* an error every rank meets (a refused resume) is printed once: rank 0's abort ends
+         * the others while they wait; an error of one rank > 0 is printed after the wait */
+        if (ft_comm_rank(c) > 0) sleep(2);
         fprintf(stderr, "ftune: rank %d of %d: %s\n", ft_comm_rank(c), ft_comm_size(c), msg);
         fflush(stderr);
         ft_comm_abort(c, 1);

@@ -16,9 +16,10 @@
  * ("ftune: rank R of N: ...") when the communicator cannot be made. */
 int ft_cli_comm_open(ft_comm **out);
 
-/* The error line of a failed command on rank r of a job of several ranks, then every rank
- * ended (MPI_Abort, status 1), so that no rank waits for a dead one; a single process just
- * prints "ftune: MSG". */
+/* The error line of a failed command on rank r of a job of several ranks ("ftune: rank R of
+ * N: MSG"), then every rank ended (MPI_Abort, status 1), so that no rank waits for a dead
+ * one. Ranks > 0 wait 2 s first, so that an error all ranks meet is printed once (rank 0's
+ * abort ends them). A single process just prints "ftune: MSG". */
 void ft_cli_comm_fail(ft_comm *c, const char *msg);
 
 #endif
