@@ -11,10 +11,9 @@
  * the same ones and needs no RNG state. */
 #include "src/train/train_run.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
-
-#include <signal.h>
 
 #include "src/core/err.h"
 #include "src/train/dist.h"
