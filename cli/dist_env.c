@@ -33,10 +33,13 @@ int ft_cli_comm_open(ft_comm **out)
     static const char *const local_v[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
     static const char *const lsize_v[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
     int size = env_int(size_v, 3);
-    if (size <= 1) return 0;
-    ft_comm_cfg cfg = {.kind = FT_COMM_MPI, .rank = env_int(rank_v, 3), .size = size,
-                       .local_rank = env_int(local_v, 3)};
     const char *kind = getenv("FTUNE_COMM");
+    /* one process: no communicator, unless FTUNE_COMM asks for one (a 1-rank NCCL check) */
+    if (size <= 1 && !(kind && *kind)) return 0;
+    if (size < 1) size = 1;
+    int rank = env_int(rank_v, 3);
+    ft_comm_cfg cfg = {.kind = FT_COMM_MPI, .rank = rank < 0 && size == 1 ? 0 : rank, .size = size,
+                       .local_rank = env_int(local_v, 3)};
     if (kind && !strcmp(kind, "nccl")) cfg.kind = FT_COMM_NCCL;
     else if (kind && *kind && strcmp(kind, "mpi")) {
         fprintf(stderr, "ftune: FTUNE_COMM=%s: expected mpi or nccl\n", kind);

@@ -64,7 +64,7 @@ void ft_train_dist_share(const ft_train_cfg *c, const ft_batch *mbs, int64_t n,
 int ft_train_dist_reduce(const ft_train_cfg *c, ft_lora *l, double *loss_sum, int64_t *n_tokens)
 {
     const ft_comm *cm = c->comm;
-    if (ft_comm_size(cm) == 1) return 0;
+    if (!cm || (ft_comm_size(cm) == 1 && !ft_comm_has_device_allreduce(cm))) return 0;
     ft_backend *be = l->be;
     if (be->ops->host_memory) {
         FT_TRY(ft_comm_allreduce_f32(cm, l->grads, l->n_params));

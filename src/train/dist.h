@@ -44,8 +44,8 @@ void ft_train_dist_share(const ft_train_cfg *c, const ft_batch *mbs, int64_t n,
 
 /* Sums l's gradients (backend memory, l->n_params fp32) over the ranks in rank order, and
  * *loss_sum / *n_tokens with them: in place on a host-memory backend, through l->host on a
- * device (or NCCL's device all-reduce when the communicator has it). A no-op in a single
- * process. The stop request (c->stop) is summed with them: when any rank has one, every
+ * device (or NCCL's device all-reduce when the communicator has it, even with one rank). A
+ * no-op in a single process. The stop request (c->stop) is summed with them: when any rank has one, every
  * rank's is set (SIGTERM where it had none), so all ranks stop after the same step. Returns 0
  * or the communicator's / backend's error. */
 int ft_train_dist_reduce(const ft_train_cfg *c, ft_lora *l, double *loss_sum, int64_t *n_tokens);
