@@ -5,6 +5,8 @@ tests/fixtures/tiny-llama, CPU backend, one thread per rank, Open MPI's mpirun -
   same per-step losses), and 4 ranks of grad-accum 1 that of grad-accum 4 (with LoRA dropout
   and NEFTune noise on: their masks follow the micro-batch's index in the step, not the rank;
   across an epoch's short last step, where one rank has no micro-batch);
+- QLoRA with 2 ranks sharing a pack cache builds one pack (the other rank waits on its lock)
+  and gives the adapter of one process;
 - SIGKILL of one rank (the FTUNE_TEST_KILL_AT_STEP hook) ends the job on every rank within 60 s
   with a line naming the dead rank, and a rank that hangs (SIGSTOP) is ended by the other's
   all-reduce watchdog (FTUNE_COMM_TIMEOUT); --resume with 2 ranks then ends with the bytes of the
@@ -94,6 +96,19 @@ def test_four_ranks_equal_grad_accum_four(tmp_path):
     train(four, *extra, "--grad-accum", 1, launcher=mpirun(4))
     assert adapter(one) == adapter(four)
     assert losses(one) == losses(four)
+
+
+def test_qlora_two_ranks_one_pack_build(tmp_path):
+    """QLoRA (an NF4 pack built from the model) with 2 ranks sharing one cache folder: one
+    rank builds the pack, the other waits on its lock and reuses it; the adapter is that of one
+    process of grad-accum 2."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    extra = ["--max-steps", 3, "--quant", "nf4"]
+    train(one, *extra, "--grad-accum", 2, "--cache-dir", tmp_path / "c1")
+    r = train(two, *extra, "--grad-accum", 1, "--cache-dir", tmp_path / "c2", launcher=mpirun(2))
+    assert len(list((tmp_path / "c2").glob("*.ftpack"))) == 1
+    assert "another run built it" in r.stderr or "reusing" in r.stderr, r.stderr
+    assert adapter(one) == adapter(two)
 
 
 def test_rank_killed_ends_job_then_resume(tmp_path):
