@@ -16,6 +16,15 @@ SEQ=${SEQ:-256}
 WORK=${WORK:-/tmp/ftune-dist-bench}
 DATA=${DATA:-examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl}
 ROOT_FLAG=; [ "$(id -u)" -eq 0 ] && ROOT_FLAG=--allow-run-as-root
+# --bind-to core: one rank per core; mpi_yield_when_idle: a rank waiting in the all-reduce
+# yields its core (Open MPI polls by default), which matters where other work shares the cores
+MPI_OPTS=${MPI_OPTS:---bind-to core --mca mpi_yield_when_idle 1}
+# RANK_WRAP="setsid -w": each process (the single one too) in a session of its own. With the
+# kernel's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled = 1) CPU time is shared
+# per session, so on a machine that other work shares, the 2 ranks of one mpirun session get
+# together what the single process gets alone; in their own sessions each gets a process's share
+# (on an idle machine it makes no difference)
+RANK_WRAP=${RANK_WRAP:-}
 mkdir -p "$WORK"
 if [ ! -f "$WORK/model/config.json" ]; then
     cat > "$WORK/config.json" <<'JSON'
@@ -35,11 +44,13 @@ echo "| repeat | 1 rank x 1 thread, grad-accum 2 (tok/s) | 2 ranks x 1 thread, g
 echo "|---|---|---|---|---|"
 for i in $(seq 1 "$REPEAT"); do
     rm -rf "$WORK/one" "$WORK/two"
-    OMP_NUM_THREADS=1 "$FTUNE" "${ARGS[@]}" --grad-accum 2 --out "$WORK/one" 2> "$WORK/one.log"
-    OMP_NUM_THREADS=1 mpirun $ROOT_FLAG -np 2 --bind-to core -x OMP_NUM_THREADS \
-        "$FTUNE" "${ARGS[@]}" --grad-accum 1 --out "$WORK/two" 2> "$WORK/two.log"
+    OMP_NUM_THREADS=1 $RANK_WRAP "$FTUNE" "${ARGS[@]}" --grad-accum 2 --out "$WORK/one" 2> "$WORK/one.log"
+    OMP_NUM_THREADS=1 mpirun $ROOT_FLAG -np 2 $MPI_OPTS -x OMP_NUM_THREADS \
+        $RANK_WRAP "$FTUNE" "${ARGS[@]}" --grad-accum 1 --out "$WORK/two" 2> "$WORK/two.log"
     a=$(toks "$WORK/one.log"); b=$(toks "$WORK/two.log")
     same=no; cmp -s "$WORK/one/adapter_model.safetensors" "$WORK/two/adapter_model.safetensors" && same=yes
     echo "| $i | $a | $b | $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", b / a }') | $same |"
 done
+echo
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg); MPI_OPTS=$MPI_OPTS; RANK_WRAP=${RANK_WRAP:-none}"
 grep -h "ftune: plan: backend" "$WORK/one.log" | head -1 | sed 's/^/one rank: /'
