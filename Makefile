@@ -62,6 +62,16 @@ CFLAGS  += -DFT_HAVE_TFEVENTS -I$(BUILD)/gen
 endif
 
 have = $(if $(1),yes,NO)
+# Open MPI (src/comm/comm.c: `mpirun -np N ftune train`, data-parallel over ranks): linked
+# when pkg-config finds ompi-c (Debian: libopenmpi-dev, openmpi-bin); without it (or MPI=0) a
+# run under mpirun is an error naming the package and the MPI tests skip. MPI_LIBS can name another.
+MPI          ?= $(shell $(PKG) --exists ompi-c 2>/dev/null && echo 1 || echo 0)
+ifeq ($(MPI),1)
+MPI_CFLAGS   ?= $(shell $(PKG) --cflags ompi-c 2>/dev/null)
+MPI_LIBS     ?= $(shell $(PKG) --libs ompi-c 2>/dev/null)
+CFLAGS       += -DFT_HAVE_MPI $(MPI_CFLAGS)
+endif
+
 # CUDA backend (kernels/cuda/*.cu): built whenever nvcc is found, unless CUDA=0. The
 # sanitizer build leaves it out (ASan's shadow memory and the CUDA driver do not mix).
 ifeq ($(SANITIZE),1)
@@ -78,7 +88,7 @@ CUDA_LIBS  := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart_static -ldl -l
 CFLAGS     += -DFT_HAVE_CUDA
 endif
 
-$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) utf8proc=$(call have,$(UTF8PROC_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) libnuma=$(NUMA) zlib=$(if $(ZLIB_A),static,-lz) protobuf-c=$(if $(filter 1,$(TFEVENTS)),static,NO) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no))
+$(info [ftune] openblas=$(call have,$(BLAS_LIBS)) pcre2=$(call have,$(PCRE2_LIBS)) utf8proc=$(call have,$(UTF8PROC_LIBS)) cjson=$(call have,$(CJSON_LIBS)) cmocka=$(call have,$(CMOCKA_LIBS)) liburing=$(URING) libnuma=$(NUMA) zlib=$(if $(ZLIB_A),static,-lz) protobuf-c=$(if $(filter 1,$(TFEVENTS)),static,NO) nvcc=$(or $(NVCC),none) cuda-backend=$(if $(filter 1,$(CUDA)),yes (sm_90),no) mpi=$(if $(filter 1,$(MPI)),yes,NO))
 
 # liburing (offload/uring.c, the NVMe reader): used when found; without it the reader falls
 # back to pread and says so. URING_LIBS can name the static archive for the GPU bundle.
@@ -93,7 +103,7 @@ NUMA_LIBS  ?= $(NUMA_A)
 endif
 
 CFLAGS += $(BLAS_CFLAGS) $(CJSON_CFLAGS)
-LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(UTF8PROC_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(ZLIB_LIBS) $(TB_LIBS) $(CUDA_LIBS) -lm -lpthread
+LIBS   := $(BLAS_LIBS) $(PCRE2_LIBS) $(UTF8PROC_LIBS) $(CJSON_LIBS) $(URING_LIBS) $(NUMA_LIBS) $(ZLIB_LIBS) $(TB_LIBS) $(MPI_LIBS) $(CUDA_LIBS) -ldl -lm -lpthread
 
 LIB_SRC := $(wildcard src/*/*.c kernels/*.c kernels/cpu/*.c offload/*.c adapters/*.c adapters/*/*.c)
 CU_SRC  := $(if $(filter 1,$(CUDA)),$(wildcard kernels/cuda/*.cu) $(CU_EXTRA))

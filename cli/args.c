@@ -45,6 +45,7 @@ static const struct opt_domain {
     {"max-steps", 1, D_BIG, 0, "an integer >= 1 (leave it out to train --epochs)"},
     {"epochs", 0, 1e6, D_LO_OPEN, "a number > 0 and <= 1e6"},
     {"lr", 0, INFINITY, D_LO_OPEN | D_HI_OPEN, "a finite number > 0"},
+    {"bus-gbps", 0, INFINITY, D_LO_OPEN | D_HI_OPEN, "a finite number > 0 (GB/s)"},
     {"warmup-steps", 0, D_BIG, 0, "an integer >= 0"},
     {"warmup-ratio", 0, 1, 0, "a number 0..1 (a fraction of the steps)"},
     {"min-lr-ratio", 0, 1, 0, "a number 0..1 (a fraction of --lr)"},

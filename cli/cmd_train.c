@@ -15,6 +15,7 @@
 #include "cli/opt_parse.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/dist_env.h"
 #include "cli/session.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
@@ -241,6 +242,18 @@ static int fused_mask(const char *list, unsigned *mask)
     return 0;
 }
 
+/* FTUNE_TEST_KILL_AT_STEP=S, FTUNE_TEST_KILL_RANK=R and FTUNE_TEST_KILL_SIGNAL=N (default 9,
+ * SIGKILL; 19, SIGSTOP: a rank that hangs): rank R sends itself signal N as step S begins
+ * (tests/ref/test_distributed.py). */
+static void test_kill_hook(ft_train_test_hooks *t)
+{
+    const char *s = getenv("FTUNE_TEST_KILL_AT_STEP"), *r = getenv("FTUNE_TEST_KILL_RANK");
+    const char *g = getenv("FTUNE_TEST_KILL_SIGNAL");
+    t->kill_at_step = s && *s ? strtoll(s, NULL, 10) : 0;
+    t->kill_rank = r && *r ? atoi(r) : 0;
+    t->kill_signal = g && *g ? atoi(g) : 0;
+}
+
 /* `ftune plan` with a sweep's flags (--grid, --adapters-per-pass): the sweep's plan, with the
  * adapters per pass (ftune sweep --plan). */
 int ft_cmd_plan(int argc, char **argv)
@@ -345,6 +358,7 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         {"profile", FT_OPT_FLAG, &c.profile, "time every GPU op after the first step and print the per-op table at the end"},
         {"cuda-fused", FT_OPT_STR, &cuda_fused, "CUDA: use these fused kernels, a comma list of adamw (the multi-tensor AdamW, one launch), all, none (default none: they are verified on the CPU emulation, not yet measured on a GPU; docs/gpu.md)", 0, "LIST"},
         {"log-every", FT_OPT_INT, &log_every, "plain-output log line every N steps"},
+        {"bus-gbps", FT_OPT_DBL, &c.bus_gbps, "ftune plan under mpirun/srun: the all-reduce's bus bandwidth in GB/s (nccl-tests' busbw) to predict its time per step (docs/distributed.md)"},
         {"quiet", FT_OPT_FLAG, &quiet, "print only errors"},
         {NULL},
     };
@@ -468,8 +482,16 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         ft_str_list_free(&data);
         return 2;
     }
+    test_kill_hook(&c.test);
+    /* data-parallel: the ranks of mpirun / srun (dist_env.h); rank 0 alone prints progress */
+    ft_comm *comm;
+    if (ft_cli_comm_open(&comm)) {
+        ft_str_list_free(&data);
+        return 1;
+    }
+    c.comm = comm;
     ft_progress prog;
-    ft_progress_init(&prog, quiet);
+    ft_progress_init(&prog, quiet || ft_comm_rank(comm) > 0);
     prog.log_every = log_every;
     if (run) { /* another command over the same training options (ftune sweep) */
         rc = run->fn(&c, &prog, run->user);
@@ -485,11 +507,16 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
     ft_session_signals_restore();
     ft_progress_flush(&prog);
     if (rc < 0) {
-        fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        ft_cli_comm_fail(comm, ft_errmsg()); /* several ranks: all of them end here */
         if (res.checkpoint[0] && rc != FT_E_NUMERIC)
             print_resume_hint("ftune: to continue from the last checkpoint: ", argc, argv, res.checkpoint);
+        ft_comm_free(comm);
         return 1;
     }
+    const int rank = ft_comm_rank(comm);
+    ft_comm_free(comm);
+    if (rank > 0) /* the stop and done lines are rank 0's */
+        return res.stopped ? 128 + (sig ? sig : SIGINT) : 0;
     if (res.stopped) {
         const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
         if (res.checkpoint[0]) {

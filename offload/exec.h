@@ -57,6 +57,11 @@ typedef struct ft_exec {
      * resumed run draws the same noise. */
     double neftune_alpha;
     uint64_t neftune_seed;
+    /* Data-parallel training (src/train/dist.h): the index in the optimizer step of this
+     * process's first micro-batch, added to the micro-batch index from which the dropout masks
+     * and the NEFTune noise are drawn, so that rank r's micro-batch i gets the masks of the
+     * step's micro-batch mb_base + i in a single process. 0 in a single process. */
+    int64_t mb_base;
     double *seq_buf;            /* host scratch of the sequence objectives (ft_exec_train_step_seq):
                                  * nll, scale and counts of one micro-batch; sized for T_max
                                  * sequences at the first such step */

@@ -106,7 +106,7 @@ static int plan_passes(ft_exec *e, const ft_exec_adapter_step *st, int64_t K, in
         for (int64_t k = 0; k < K; k++) {
             if (mb >= st[k].n_mb) continue;
             int64_t i = mb * e->n_adapters + ns++;
-            uint64_t seed = train ? mb_seed(st[k].dropout_seed, mb) : 0;
+            uint64_t seed = train ? mb_seed(st[k].dropout_seed, e->mb_base + mb) : 0;
             e->op_segs[i] = (ft_block_seg){st[k].lora, rows, st[k].mbs[mb].T, seed};
             e->op_seg_step[i] = k;
             rows += st[k].mbs[mb].T;
@@ -167,7 +167,7 @@ static int neftune(ft_exec *e, const ft_batch *b, int64_t mb, float *x, double a
     const float mag = (float)(alpha / sqrt((double)L * (double)C));
     /* another odd constant than mb_seed's: the noise of micro-batch mb is unrelated to the
      * dropout masks even when the two seeds coincide */
-    const uint64_t seed = nseed ^ ((uint64_t)(mb + 1) * 0x9e6c63d0676a9a99ull);
+    const uint64_t seed = nseed ^ ((uint64_t)(e->mb_base + mb + 1) * 0x9e6c63d0676a9a99ull);
     return e->be->ops->noise_uniform_add(e->be, x, b->T * C, mag, seed);
 }
 

@@ -369,6 +369,7 @@ static int place_packed(ft_session *s, const ft_session_place_cfg *pc, ft_lora *
     s->n_adapters = pr->n_adapters;
     if (!rc)
         for (int t = 0; t < 3; t++) s->base_layers[t] = pr->plan.n_tier[t];
+    s->plan_step_s = rc ? 0 : pr->plan.t_step;
     free(pr);
     return rc;
 }

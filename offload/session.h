@@ -144,6 +144,8 @@ typedef struct ft_session {
                                  * cfg's n_adapters / k_max) */
     int64_t base_layers[3];     /* a packed base on a device: layers on the GPU, in pinned host
                                  * memory, read from the pack file (enum ft_tier); -1 otherwise */
+    double plan_step_s;         /* a packed base on a device: the planner's predicted seconds per
+                                 * optimizer step (offload/plan.h t_step); 0 otherwise */
 } ft_session;
 
 /* The model of c->model, deferred (shapes, no weights: ft_pack_model_load_deferred, so a

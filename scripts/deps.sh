@@ -3,7 +3,7 @@
 # (apt-get) and Python test packages (pip). Idempotent; prints one line per install.
 set -euo pipefail
 need_deb=()
-for p in libopenblas-dev libxxhash-dev libpcre2-dev libutf8proc-dev libcjson-dev libcmocka-dev liburing-dev libnuma-dev zlib1g-dev libprotobuf-c-dev protobuf-c-compiler pkg-config unzip; do
+for p in libopenblas-dev libxxhash-dev libpcre2-dev libutf8proc-dev libcjson-dev libcmocka-dev liburing-dev libnuma-dev zlib1g-dev libprotobuf-c-dev protobuf-c-compiler pkg-config unzip libopenmpi-dev openmpi-bin; do
     dpkg -s "$p" >/dev/null 2>&1 || need_deb+=("$p")
 done
 if [ ${#need_deb[@]} -gt 0 ]; then
@@ -19,6 +19,14 @@ if ! command -v chromium >/dev/null 2>&1 && ! dpkg -s chromium >/dev/null 2>&1; 
     SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
     { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium; } >/dev/null 2>&1 ||
         echo "[deps] chromium could not be installed; the report screenshot test will skip"
+fi
+# A single-node Slurm for the srun test (tests/ref/test_distributed.py starts munged, slurmctld
+# and slurmd on localhost); optional: the test skips, saying why, where they are missing.
+if ! dpkg -s slurm-wlm >/dev/null 2>&1 || ! dpkg -s munge >/dev/null 2>&1; then
+    echo "[deps] apt-get install slurm-wlm munge (optional: the srun test)"
+    SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq slurm-wlm munge; } >/dev/null 2>&1 ||
+        echo "[deps] slurm-wlm could not be installed; the srun test will skip"
 fi
 need_py=()
 for m in numpy:numpy safetensors:safetensors gguf:gguf tokenizers:tokenizers transformers:transformers pytest:pytest tensorboard:tensorboard PIL:pillow jsonschema:jsonschema; do

@@ -10,7 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build-gpu}
 A=/usr/lib/x86_64-linux-gnu
-make -j2 --no-print-directory BUILD="$B" CUDA=1 ${CU_EXTRA:+CU_EXTRA=$CU_EXTRA} \
+# MPI=0: Debian ships Open MPI as shared libraries only and the lent machine has none; the
+# bundle's NCCL backend then shares its id through a file (FTUNE_NCCL_ID_FILE, docs/distributed.md)
+make -j2 --no-print-directory BUILD="$B" CUDA=1 MPI=0 ${CU_EXTRA:+CU_EXTRA=$CU_EXTRA} \
     BLAS_LIBS="$A/openblas-pthread/libopenblas.a -lgfortran" PCRE2_LIBS="$A/libpcre2-8.a" UTF8PROC_LIBS="$A/libutf8proc.a" URING_LIBS="$A/liburing.a" \
     "$B/ftune" $(ls tests/gpu/test_*.c | sed "s|tests/gpu/\(.*\)\.c|$B/tests/gpu/\1|") \
     $(for t in ${UNIT:-}; do echo "$B/tests/$t"; done) >/dev/null

@@ -13,6 +13,7 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/rng.h"
+#include "src/train/dist.h"
 #include "src/train/dpo_refcache.h"
 #include "src/train/eval.h"
 #include "src/train/run_config.h"
@@ -197,7 +198,8 @@ int ft_train_adapter_open(ft_train_adapter *a, ft_session *s, ft_train_data *d,
     const ft_train_cfg *c = a->cfg;
     ft_ckpt_state *st = &a->st;
     char path[4200];
-    FT_TRY(ft_mkdir_p(c->out));
+    const int w = ft_train_dist_writer(c); /* data-parallel: only rank 0 writes (dist.h) */
+    if (w) FT_TRY(ft_mkdir_p(c->out));
     FT_TRY(ft_path_join(path, sizeof path, c->out, "metrics.jsonl"));
     int64_t latest = -1;
     int n_old = ft_ckpt_count(c->out, &latest);
@@ -211,24 +213,27 @@ int ft_train_adapter_open(ft_train_adapter *a, ft_session *s, ft_train_data *d,
         if (latest > st->step)
             ft_train_info(k, FT_EV_INFO, "note: %s holds checkpoints after step %lld (up to %s%lld); they are removed at this run's next checkpoint",
                           c->out, (long long)st->step, FT_CKPT_PREFIX, (long long)latest);
-        FT_TRY(ft_metrics_open_resume(&a->met, path, st->step, st->step < st->total_steps));
+        if (w) FT_TRY(ft_metrics_open_resume(&a->met, path, st->step, st->step < st->total_steps));
         ft_train_resume_eval_set(a, d, k);
-        if (c->save_best) FT_TRY(ft_train_resume_best(a, k));
+        if (c->save_best && w) FT_TRY(ft_train_resume_best(a, k));
         a->saved_step = st->step;
     } else {
         new_run_id(st->run_id, sizeof st->run_id);
         if (c->method == FT_METHOD_DPO) FT_TRY(dpo_reference(a, s, d, k));
-        if (c->save_best) /* an earlier run's */
+        if (c->save_best && w) /* an earlier run's */
             ft_ckpt_adapter_cleanup(c->out, FT_CKPT_BEST_DIR, 1);
         ft_train_eval_set_id(d, c->eval_max_batches, st->eval_set, sizeof st->eval_set);
         if (n_old > 0)
             ft_train_info(k, FT_EV_INFO, "note: %s holds %d checkpoint(s) of an earlier run (latest %s%lld); this run starts over and removes them at its first checkpoint (stop now and add --resume to continue that run instead)",
                           c->out, n_old, FT_CKPT_PREFIX, (long long)latest);
-        FT_TRY(ft_metrics_open(&a->met, path));
+        if (w) FT_TRY(ft_metrics_open(&a->met, path));
     }
-    FT_TRY(ft_metrics_tensorboard(&a->met, c->tensorboard));
-    FT_TRY(ft_eval_samples_open(&a->samples, c->out, c->resume != NULL, st->step,
-                                st->step < st->total_steps, d->n_eval_b > 0, a->met.tb));
+    if (w) FT_TRY(ft_metrics_tensorboard(&a->met, c->tensorboard));
+    if (w)
+        FT_TRY(ft_eval_samples_open(&a->samples, c->out, c->resume != NULL, st->step,
+                                    st->step < st->total_steps, d->n_eval_b > 0, a->met.tb));
+    else
+        a->samples.on = 0; /* data-parallel: rank 0 alone writes the sample replies */
     return 0;
 }
 
@@ -343,6 +348,10 @@ int ft_train_adapter_save(ft_train_adapter *a, const ft_model *m, double run_t0,
     ft_train_result *res = a->res;
     char path[4200];
     st->elapsed_s = a->base_s + ft_train_now_s() - run_t0;
+    if (!ft_train_dist_writer(c)) { /* data-parallel: rank 0 writes (dist.h) */
+        a->saved_step = st->step;
+        return 0;
+    }
     int rc = ft_ckpt_save(c->out, st, a->cfg_json, &a->lora, m, a->base_name, path, sizeof path);
     if (rc < 0) {
         char msg[2048];

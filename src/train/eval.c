@@ -9,6 +9,7 @@
 #include "adapters/peft.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
+#include "src/train/dist.h"
 
 int ft_train_evaluate(ft_exec *ex, const ft_batch *b, int64_t n, int64_t cap, double *loss,
                       int64_t *tokens)
@@ -89,7 +90,7 @@ int ft_train_track_eval(ft_train_adapter *a, double loss, int64_t step)
     if (!(loss < best)) return 0;
     st->best_eval_loss = loss;
     st->best_eval_step = step;
-    if (!c->save_best) return 0;
+    if (!c->save_best || !ft_train_dist_writer(c)) return 0; /* rank 0 writes (dist.h) */
     FT_TRY(ft_ckpt_save_adapter(c->out, FT_CKPT_BEST_DIR, &a->lora, NULL, a->base_name, step, loss));
     st->best_saved_step = step;
     return 0;

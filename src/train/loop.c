@@ -15,10 +15,12 @@
 #include "src/train/train_run.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "src/core/err.h"
+#include "src/train/dist.h"
 #include "src/train/eval.h"
 
 int ft_train_adapter_active(const ft_train_adapter *a)
@@ -47,7 +49,7 @@ static int next_micro_batches(ft_train_job *r, const ft_batch **mbs, int64_t *n_
         pos->cursor = 0;
         FT_TRY(ft_train_data_pack_epoch(&r->d, &r->cfg, pos->epoch));
     }
-    const int64_t left = r->d.n_train_b - pos->cursor, ga = r->cfg.grad_accum;
+    const int64_t left = r->d.n_train_b - pos->cursor, ga = ft_train_dist_global_accum(&r->cfg);
     *n_mb = left < ga ? left : ga;
     *mbs = &r->d.train_b[pos->cursor];
     pos->cursor += *n_mb;
@@ -98,6 +100,8 @@ static int pass(ft_train_job *r, int64_t step, const ft_batch *mbs, int64_t n_mb
     int64_t n_targets, step_pairs, positions;
     count(mbs, n_mb, &n_targets, &step_pairs, &positions);
     FT_TRY(ft_optim_zero_grad(&a->opt));
+    int64_t n_all = n_mb; /* data-parallel: this rank's share of the step (dist.h) */
+    ft_train_dist_share(&r->cfg, mbs, n_all, &mbs, &n_mb, &ex->mb_base);
     uint64_t dseed = ft_train_adapter_dropout_seed(a, step);
     ex->neftune_seed = ft_train_adapter_neftune_seed(a, step);
     memset(out, 0, sizeof *out);
@@ -108,6 +112,7 @@ static int pass(ft_train_job *r, int64_t step, const ft_batch *mbs, int64_t n_mb
         out->n_tokens = out->dpo.st.tokens;
         return 0;
     }
+    if (n_mb == 0) return 0; /* the step's last micro-batches did not reach this rank */
     return ft_exec_train_step(ex, mbs, n_mb, n_targets, dseed, &out->loss_sum, &out->n_tokens);
 }
 
@@ -195,6 +200,9 @@ static int one_step(ft_train_job *r, int64_t step)
     const ft_batch *mbs;
     int64_t n_mb;
     FT_TRY(next_micro_batches(r, &mbs, &n_mb));
+    if (c->test.kill_at_step > 0 && step + 1 == c->test.kill_at_step &&
+        ft_comm_rank(c->comm) == c->test.kill_rank)
+        raise(c->test.kill_signal ? c->test.kill_signal : SIGKILL);
     int64_t positions = 0;
     for (int64_t i = 0; i < n_mb; i++) positions += mbs[i].T;
     ft_train_step_time tm = {r->t0, r->loop_t0, ft_train_now_s()};
@@ -202,6 +210,7 @@ static int one_step(ft_train_job *r, int64_t step)
     if (tl_on) ft_exec_set_timeline(&r->s.ex, &r->tl);
     ft_train_step_out out[1];
     FT_TRY(pass(r, step, mbs, n_mb, out));
+    FT_TRY(ft_train_dist_reduce(c, &r->ad[0].lora, &out[0].loss_sum, &out[0].n_tokens));
     if (tl_on) FT_TRY(timeline_end(r, step, mbs, n_mb));
     ft_train_adapter *a = &r->ad[0];
     FT_TRY(ft_train_adapter_update(a, step, &out[0], positions, &tm, &r->sink));

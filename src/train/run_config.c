@@ -10,6 +10,7 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/train/checkpoint.h"
+#include "src/train/dist.h"
 #include "src/train/schedule.h"
 
 /* Fingerprint of the tokenized data as training sees it: order, lengths, ids and labels
@@ -113,7 +114,9 @@ char *ft_train_run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft
     cJSON_AddNumberToObject(o, "n_eval", split ? (double)ds->n_eval : 0.0);
     cJSON_AddNumberToObject(o, "seq_len", (double)seq_len);
     cJSON_AddNumberToObject(o, "batch_size", (double)c->batch_size);
-    cJSON_AddNumberToObject(o, "grad_accum", (double)c->grad_accum);
+    /* the micro-batches of one optimizer step over all ranks (dist.h): N ranks of grad-accum
+     * g train as one process of grad-accum N x g, and may resume as one */
+    cJSON_AddNumberToObject(o, "grad_accum", (double)ft_train_dist_global_accum(c));
     cJSON_AddNumberToObject(o, "total_steps", (double)total);
     cJSON_AddNumberToObject(o, "warmup_steps", (double)warmup);
     cJSON_AddStringToObject(o, "schedule", ft_schedule_name(c->schedule));
@@ -173,6 +176,7 @@ char *ft_train_run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft
     cJSON_AddNumberToObject(info, "max_steps", (double)c->max_steps);
     cJSON_AddNumberToObject(info, "epochs", c->epochs);
     cJSON_AddNumberToObject(info, "threads", c->threads);
+    cJSON_AddNumberToObject(info, "ranks", ft_comm_size(c->comm));
     cJSON_AddNumberToObject(info, "eval_every", (double)c->eval_every);
     /* they end the run earlier or keep a copy of an adapter; the steps taken are the same */
     cJSON_AddBoolToObject(info, "save_best", c->save_best);
@@ -201,6 +205,18 @@ int ft_train_config_check(const char *saved, const char *cur, const char *resume
         cJSON_Delete(b);
         return ft_err(rc, "--resume %s: --data differs from the checkpoint's (it trained on %s; this run reads %s): the training files, their contents and their order must not change on resume (to train on other data, start a new run with --init-adapter %s); %s",
                       resume, was, now, resume, msg);
+    }
+    /* another number of ranks that changes the global batch: say so in those terms */
+    const cJSON *ia = cJSON_GetObjectItemCaseSensitive(a, "info"), *ib = cJSON_GetObjectItemCaseSensitive(b, "info");
+    const cJSON *na = cJSON_GetObjectItemCaseSensitive(ia, "ranks"), *nb = cJSON_GetObjectItemCaseSensitive(ib, "ranks");
+    const cJSON *ga = cJSON_GetObjectItemCaseSensitive(a, "grad_accum"), *gb = cJSON_GetObjectItemCaseSensitive(b, "grad_accum");
+    int ra = cJSON_IsNumber(na) ? na->valueint : 1, rb = cJSON_IsNumber(nb) ? nb->valueint : 1;
+    if (ra != rb && cJSON_IsNumber(ga) && cJSON_IsNumber(gb) && ga->valuedouble != gb->valuedouble) {
+        int rc2 = ft_err(rc, "--resume %s: the checkpoint was trained by %d rank(s) with %g micro-batches per optimizer step; this run has %d rank(s), %g micro-batches per step: resume with %d ranks, or give --grad-accum so that ranks x grad-accum stays %g",
+                         resume, ra, ga->valuedouble, rb, gb->valuedouble, ra, ga->valuedouble);
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        return rc2;
     }
     cJSON_Delete(a);
     cJSON_Delete(b);

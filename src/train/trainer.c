@@ -15,8 +15,10 @@
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/train/correction.h"
+#include "src/train/dist.h"
 #include "src/train/eval.h"
 #include "src/train/report.h"
+#include "src/train/run_config.h"
 #include "src/train/schedule.h"
 #include "src/train/summary.h"
 #include "src/train/train_run.h"
@@ -232,8 +234,10 @@ static int setup(ft_train_job *r)
                       r->base_name, base_src);
     if (!c->data || c->n_data < 1) return ft_err(FT_E_INVALID, "missing --data");
     FT_TRY(setup_base(r));
-    if (c->plan_only) return 0;
-    int64_t steps_per_epoch = (r->d.n_train_b + c->grad_accum - 1) / c->grad_accum;
+    if (c->plan_only) return ft_train_dist_plan(c, &r->s, &r->ad[0].lora, k); /* ranks' lines */
+    FT_TRY(ft_train_dist_check(c, r->d.n_train_b, ft_train_data_fingerprint(&r->d.ds, !c->eval_data)));
+    const int64_t ga = ft_train_dist_global_accum(c); /* micro-batches per step, all ranks */
+    int64_t steps_per_epoch = (r->d.n_train_b + ga - 1) / ga;
     r->total = c->max_steps > 0 ? c->max_steps : (int64_t)ceil(c->epochs * steps_per_epoch);
     if (r->total < 1) r->total = 1;
     int64_t warmup = c->warmup_steps > 0 ? c->warmup_steps
@@ -307,6 +311,7 @@ int ft_train_finish(ft_train_job *r, ft_train_adapter *a)
     res->final_eval_loss = st->last_eval_loss;
     res->final_eval_reward_accuracy = a->eval_reward_accuracy;
     res->time_s = a->base_s + ft_train_now_s() - r->t0;
+    if (!ft_train_dist_writer(c)) return 0; /* data-parallel: rank 0 writes */
     FT_TRY(ft_peft_save(c->out, &a->lora, r->s.model, r->base_name));
     char hint[512];
     if (ft_peft_serving_hints(&a->lora.cfg, hint, sizeof hint) > 0)

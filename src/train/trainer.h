@@ -39,6 +39,7 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "src/comm/comm.h"
 #include "src/model/lora.h"
 #include "src/data/dataset.h"
 #include "src/train/dpo.h"
@@ -58,6 +59,10 @@ typedef struct ft_train_test_hooks {
                                  * path) while the others train; a model file cannot carry such
                                  * a row (the loaders refuse non-finite weights). Only an untied
                                  * model read into memory (FT_E_INVALID otherwise). -1: off */
+    int64_t kill_at_step;       /* > 0: the process of rank kill_rank sends itself kill_signal
+                                 * (0: SIGKILL; SIGSTOP: a rank that hangs) as optimizer step
+                                 * kill_at_step begins, for the data-parallel tests; 0: off */
+    int kill_rank, kill_signal;
 } ft_train_test_hooks;
 
 /* What the adapter is trained on: the token loss of instruction data (supervised fine-tuning),
@@ -163,6 +168,12 @@ typedef struct ft_train_cfg {
     double early_stopping_threshold; /* >= 0, in eval-loss units (nats per token) */
     volatile sig_atomic_t *stop;/* if non-NULL and non-zero: stop after the current step */
     ft_train_test_hooks test;   /* off in ft_train_defaults */
+    /* Data-parallel training (src/train/dist.h): the ranks this run is one of (NULL: a single
+     * process). grad_accum is then per rank: a step takes size x grad_accum micro-batches. */
+    const ft_comm *comm;
+    double bus_gbps;            /* ftune plan over several ranks: the all-reduce's bus bandwidth
+                                 * in GB/s as nccl-tests reports it (busbw), stated by the user;
+                                 * 0: the all-reduce's bytes only */
 } ft_train_cfg;
 
 /* Fills the defaults a user expects (r 16, alpha 32, all linear targets, lr 2e-4, one epoch,

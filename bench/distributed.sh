@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# bench/distributed.sh - tokens/s of data-parallel training on the CPU backend: one process of
+# one thread with --grad-accum 2 against 2 MPI ranks of one thread each with --grad-accum 1
+# (the same global batch, the same steps, the same adapter), REPEAT times each, alternating.
+# The figure is ftune's own "done" line: the tokens of the steps over the step loop's wall
+# time (rank 0's; set-up and the final eval are outside it). The model is a random-weight
+# Llama of a small real-ish shape (ftune init-model), large enough that a step's compute
+# dominates the all-reduce of its LoRA gradients.
+#
+#   FTUNE=build/ftune REPEAT=3 STEPS=16 bash bench/distributed.sh > result.md
+set -euo pipefail
+FTUNE=${FTUNE:-build/ftune}
+REPEAT=${REPEAT:-3}
+STEPS=${STEPS:-16}
+SEQ=${SEQ:-256}
+WORK=${WORK:-/tmp/ftune-dist-bench}
+DATA=${DATA:-examples/data/alpaca-seed-tasks/alpaca_seed_175.jsonl}
+ROOT_FLAG=; [ "$(id -u)" -eq 0 ] && ROOT_FLAG=--allow-run-as-root
+# --bind-to core: one rank per core; mpi_yield_when_idle: a rank waiting in the all-reduce
+# yields its core (Open MPI polls by default), which matters where other work shares the cores
+MPI_OPTS=${MPI_OPTS:---bind-to core --mca mpi_yield_when_idle 1}
+# RANK_WRAP="setsid -w": each process (the single one too) in a session of its own. With the
+# kernel's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled = 1) CPU time is shared
+# per session, so on a machine that other work shares, the 2 ranks of one mpirun session get
+# together what the single process gets alone; in their own sessions each gets a process's share
+# (on an idle machine it makes no difference)
+RANK_WRAP=${RANK_WRAP:-}
+mkdir -p "$WORK"
+if [ ! -f "$WORK/model/config.json" ]; then
+    cat > "$WORK/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+ "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
+ "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32000, "max_position_embeddings": 2048,
+ "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu",
+ "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}
+JSON
+    OMP_NUM_THREADS=1 "$FTUNE" init-model --config "$WORK/config.json" --out "$WORK/model" \
+        --tokenizer tests/fixtures/tiny-llama --threads 1 >/dev/null
+fi
+ARGS=(train --model "$WORK/model" --data "$DATA" --seq-len "$SEQ" --max-steps "$STEPS" --threads 1
+      --seed 7 --eval-fraction 0 --save-every 0 --lr 1e-4)
+toks() { sed -n 's/.*(\([0-9]*\) tok\/s).*/\1/p' "$1" | tail -1; }
+echo "| repeat | 1 rank x 1 thread, grad-accum 2 (tok/s) | 2 ranks x 1 thread, grad-accum 1 (tok/s) | ratio | adapters equal |"
+echo "|---|---|---|---|---|"
+for i in $(seq 1 "$REPEAT"); do
+    rm -rf "$WORK/one" "$WORK/two"
+    OMP_NUM_THREADS=1 $RANK_WRAP "$FTUNE" "${ARGS[@]}" --grad-accum 2 --out "$WORK/one" 2> "$WORK/one.log"
+    OMP_NUM_THREADS=1 mpirun $ROOT_FLAG -np 2 $MPI_OPTS -x OMP_NUM_THREADS \
+        $RANK_WRAP "$FTUNE" "${ARGS[@]}" --grad-accum 1 --out "$WORK/two" 2> "$WORK/two.log"
+    a=$(toks "$WORK/one.log"); b=$(toks "$WORK/two.log")
+    same=no; cmp -s "$WORK/one/adapter_model.safetensors" "$WORK/two/adapter_model.safetensors" && same=yes
+    echo "| $i | $a | $b | $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", b / a }') | $same |"
+done
+echo
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg); MPI_OPTS=$MPI_OPTS; RANK_WRAP=${RANK_WRAP:-none}"
+grep -h "ftune: plan: backend" "$WORK/one.log" | head -1 | sed 's/^/one rank: /'
