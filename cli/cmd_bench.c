@@ -27,6 +27,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/env.h"
 #include "cli/session.h"
 #include "kernels/kernels.h"
 #include "offload/pack.h"
@@ -286,6 +287,7 @@ static int bench_io(int argc, char **argv)
         fprintf(stderr, "ftune: --device %s: %s\n", dev, ft_errmsg());
         return 1;
     }
+    ft_env_tune(&be->tune);
     ft_probe_disk_result d;
     if (ft_probe_disk(path, (uint64_t)bytes, &d) < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());

@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/opt_parse.h"
 #include "cli/commands.h"
+#include "cli/env.h"
 #include "cli/progress.h"
 #include "cli/session.h"
 #include "offload/pack.h"
@@ -413,6 +414,9 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     /* test hook (fault injection): checkpoint writes fail with ENOSPC after N bytes */
     const char *fail = getenv("FTUNE_FAIL_WRITE_AFTER");
     if (fail && *fail) ft_ckpt_fail_writes_after(strtoll(fail, NULL, 10));
+    char cache_buf[4096];
+    c.cache_dir = ft_env_pack_cache_dir(c.cache_dir, cache_buf, sizeof cache_buf);
+    ft_env_tune(&c.tune);
     if (test_hooks(&c.test) < 0) {
         ft_str_list_free(&data);
         return 2;

@@ -88,7 +88,7 @@ typedef struct ft_exec {
     int64_t fetched_layer;      /* the layer layer_f32 holds, -1 if none */
     /* Device tiers: 1 when NF4 projections go to the backend's dequant-fused GEMM (FT_W_NF4)
      * as these descriptions of the fetched block, instead of a bf16 copy in layer_f32. Set at
-     * init from FTUNE_NF4_GEMM (ft_exec_nf4_gemm_mode: fused -> 1); the placer
+     * init from be->tune.nf4_gemm (ft_exec_nf4_gemm_mode: fused -> 1); the placer
      * (offload/place.h) sets it from its probe with auto. Read by ft_exec_use_pack_tiers and
      * the probe. */
     int nf4_fused;
@@ -126,7 +126,7 @@ typedef struct ft_exec {
     int32_t *ids_host;          /* pack-only models: token ids for the host embedding gather */
     float *embed_host;          /* pinned T_max * C floats */
     /* A pack-only model on a host-memory backend whose table has lm_head_logits_bf16
-     * (ft_exec_globals_from_pack; not with FTUNE_GEN_HEAD=f32): globals_lazy = 1, and the
+     * (ft_exec_globals_from_pack; not with be->tune.gen_head_f32): globals_lazy = 1, and the
      * embeddings and LM head are kept as the pack stores them, bf16 (V, C) each (one table
      * when tied) in globals_bf16, for generation (ft_exec_gen_source: the head through
      * lm_head_logits_bf16, the embedding rows widened). embed and lm_head stay NULL until the
@@ -285,13 +285,9 @@ static inline int ft_exec_untied(const ft_model *m)
  * nf4_fused, none for the projections the fused NF4 GEMM takes). */
 size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack,
                                    int nf4_fused);
-/* How a device backend's executor multiplies by NF4 projections: dequantized into a bf16
- * staging copy at each layer visit, then the bf16 GEMM; or the backend's dequant-fused GEMM
- * (kernels.h FT_W_NF4), no bf16 copy; or auto: the placer's probe times one layer both ways
- * and keeps the faster, when their outputs agree (offload/place.h). */
-enum ft_nf4_gemm { FT_NF4_GEMM_DEQUANT = 0, FT_NF4_GEMM_FUSED = 1, FT_NF4_GEMM_AUTO = 2 };
-/* The mode for backend be from FTUNE_NF4_GEMM (dequant | fused | auto; unset or another value:
- * dequant, the default until the fused kernel is measured on a GPU: bench/results/qlora.md);
+/* The NF4 GEMM mode (kernels.h enum ft_nf4_gemm) for backend be: be->tune.nf4_gemm (the
+ * program's FTUNE_NF4_GEMM: dequant | fused | auto; unset or another value: dequant, the
+ * default until the fused kernel is measured on a GPU: bench/results/qlora.md);
  * FT_NF4_GEMM_DEQUANT on a host-memory backend or one without FT_W_NF4. */
 int ft_exec_nf4_gemm_mode(const ft_backend *be);
 /* Bytes of the device copy of the base model's weights on backend be (embeddings counted

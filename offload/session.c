@@ -161,6 +161,7 @@ int ft_session_open_backend(ft_session *s)
 {
     const ft_session_cfg *c = &s->cfg;
     FT_TRY(ft_backend_init(&s->be, c->device, c->threads));
+    s->be->tune = c->tune;
     if (c->train) return 0; /* the training adapter and the base: ft_session_place */
     FT_TRY(open_forward_base(s));
     if (c->adapter) {

@@ -62,7 +62,9 @@ typedef struct ft_session_cfg {
                                  * bf16 base that does not fit is streamed from its bf16 pack;
                                  * BF16 refuses a folder holding only an NF4 pack), NF4 the NF4
                                  * pack at open (the base a QLoRA adapter was trained on) */
-    const char *cache_dir;      /* where packs are kept (NULL: ft_pack_default_cache_dir) */
+    const char *cache_dir;      /* where packs are kept (the program gives its default, cli/env.c
+                                 * ft_env_pack_cache_dir; NULL: none, an error when a pack is
+                                 * needed) */
     int64_t gpu_mem, host_mem;  /* device backends: the budgets in bytes (--gpu-mem, --host-mem;
                                  * 0: what is free / available memory less 4 GiB) */
     const char *adapter;        /* the forward commands' PEFT adapter folder, or NULL; with an
@@ -70,6 +72,7 @@ typedef struct ft_session_cfg {
     int tokenizer;              /* 1: open the model's tokenizer too (s->tok) */
     ft_session_note_fn note;    /* may be NULL */
     void *note_user;
+    ft_backend_tune tune;       /* copied into the backend at open (kernels.h; zero: defaults) */
 } ft_session_cfg;
 
 /* ft_session_place_cfg.hook stages: the quantization is chosen (s->quant; nothing read yet);

@@ -125,11 +125,10 @@ static int stage_wait(void *user, int h)
 
 int ft_exec_nf4_gemm_mode(const ft_backend *be)
 {
-    const char *v = getenv("FTUNE_NF4_GEMM");
-    if (!v || be->ops->host_memory || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4)))
+    if (be->ops->host_memory || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4)))
         return FT_NF4_GEMM_DEQUANT;
-    return !strcmp(v, "fused") ? FT_NF4_GEMM_FUSED : !strcmp(v, "auto") ? FT_NF4_GEMM_AUTO
-                                                                         : FT_NF4_GEMM_DEQUANT;
+    int v = be->tune.nf4_gemm;
+    return v == FT_NF4_GEMM_FUSED || v == FT_NF4_GEMM_AUTO ? v : FT_NF4_GEMM_DEQUANT;
 }
 
 /* 1 when projection k's NF4 weight goes to the fused GEMM (fused mode, and the kernels take
@@ -212,11 +211,11 @@ static int read_table_bf16(ft_exec *e, ft_pack_file *pack, int role, uint16_t *d
 }
 
 /* 1 when a pack-only model's embeddings and LM head stay in bf16 on backend be (exec.h
- * globals_lazy): a host-memory backend with lm_head_logits_bf16, unless FTUNE_GEN_HEAD=f32. */
+ * globals_lazy): a host-memory backend with lm_head_logits_bf16, unless be->tune.gen_head_f32
+ * (the program's FTUNE_GEN_HEAD=f32). */
 static int globals_in_bf16(const ft_backend *be)
 {
-    const char *v = getenv("FTUNE_GEN_HEAD");
-    return be->ops->host_memory && be->ops->lm_head_logits_bf16 && !(v && !strcmp(v, "f32"));
+    return be->ops->host_memory && be->ops->lm_head_logits_bf16 && !be->tune.gen_head_f32;
 }
 
 /* The global tensors of a pack-only model: final norm and LM head into device memory in row
@@ -224,7 +223,7 @@ static int globals_in_bf16(const ft_backend *be)
  * embeddings then read on the device too); an untied model's embeddings stay in the file
  * (gathered per token, ft_exec_embed_from_pack). On a host-memory backend everything goes
  * into host memory, embeddings included: in bf16 as the pack stores them (globals_lazy, with
- * lm_head_logits_bf16), or in fp32 (FTUNE_GEN_HEAD=f32, or a backend without it). */
+ * lm_head_logits_bf16), or in fp32 (be->tune.gen_head_f32, or a backend without it). */
 int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
 {
     ft_backend *be = e->be;

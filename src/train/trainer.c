@@ -164,6 +164,7 @@ static int setup_base(ft_train_job *r)
     const ft_train_sink *k = &r->sink;
     ft_session_cfg sc = {c->model, c->device, c->threads, 1, c->quant, c->cache_dir, c->gpu_mem,
                          c->host_mem, NULL, 1, session_note, r};
+    sc.tune = c->tune;
     FT_TRY(ft_session_open_model(&r->s, &sc));
     const ft_model_config *mc = &r->s.model->cfg;
     ft_train_info(k, FT_EV_INFO, "model %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %.1fM params (loaded in %.1f s)",
