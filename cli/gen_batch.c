@@ -784,12 +784,13 @@ int gen_run_batch(const gen_opts *o)
     if (!rc) {
         double t = gen_now_s() - t_all;
         char visits[96] = "";
-        if (e.src.layer) { /* the executor's counts (offload/exec.h layer_fetches, h2d_bytes) */
-            int w = snprintf(visits, sizeof visits, ", %lld layer visits",
-                             (long long)e.s.ex.layer_fetches);
-            if (e.s.ex.h2d_bytes)
+        if (e.src.layer) { /* the executor's counts (offload/exec.h ft_exec_info) */
+            ft_exec_info xi;
+            ft_exec_get_info(e.s.ex, &xi);
+            int w = snprintf(visits, sizeof visits, ", %lld layer visits", (long long)xi.layer_fetches);
+            if (xi.h2d_bytes)
                 snprintf(visits + w, sizeof visits - (size_t)w, " (%.1f MiB streamed)",
-                         (double)e.s.ex.h2d_bytes / 1048576.0);
+                         (double)xi.h2d_bytes / 1048576.0);
         }
         char shared[64] = "";
         if (pb.shared) snprintf(shared, sizeof shared, ", %lld choices' caches copied", (long long)pb.shared);

@@ -152,7 +152,7 @@ int gen_env_plan(gen_env *e, const gen_opts *o, const gen_need *nd, int tmpl, in
                                                             rows_of(slots, plp), slots);
         }
         FT_TRY(ft_session_plan(&e->s, chunk < GEN_EXEC_T ? chunk : GEN_EXEC_T));
-        FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
+        FT_TRY(ft_exec_gen_source(e->s.ex, &e->src));
         FT_TRY(ft_gen_init_slots(&e->g, e->s.be, e->m, lora, &e->src, ctx, wide,
                                  rows_of(slots, plp), slots));
     } else {

@@ -112,7 +112,7 @@ typedef struct ft_session {
                                  * ft_session_set_adapter) */
     int has_lora;
     int qcorr;                  /* 1: that adapter came with its run's quantization correction */
-    ft_exec ex;                 /* the executor, made by ft_session_place */
+    ft_exec *ex;                /* the executor, made by ft_session_place (valid when has_ex) */
     int has_ex;
     ft_pack_file *pack;         /* the base's pack (NF4, a streamed bf16 base, a pack-only
                                  * folder) */

@@ -49,7 +49,7 @@ int ft_train_eval_log(ft_train_adapter *a, ft_session *s, const ft_train_data *d
     ft_dpo_stats ps;
     const int dpo = a->cfg->method == FT_METHOD_DPO;
     ft_lora *was = ft_session_swap_adapter(s, &a->lora);
-    int rc = eval_adapter(a, &s->ex, d, &ps, loss, tokens);
+    int rc = eval_adapter(a, s->ex, d, &ps, loss, tokens);
     ft_session_swap_adapter(s, was);
     FT_TRY(rc);
     FT_TRY(ft_metrics_eval(&a->met, step, *loss, *tokens, elapsed_s, dpo ? &ps : NULL));

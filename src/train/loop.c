@@ -51,7 +51,7 @@ static int pass(ft_train_job *r, int64_t step, const ft_batch *mbs, int64_t n_mb
                 ft_train_step_out *out)
 {
     ft_train_adapter *a = &r->ad[0];
-    ft_exec *ex = &r->s.ex;
+    ft_exec *ex = r->s.ex;
     int64_t n_targets = 0, step_pairs = 0;
     for (int64_t i = 0; i < n_mb; i++) {
         n_targets += mbs[i].n_targets;
@@ -59,7 +59,7 @@ static int pass(ft_train_job *r, int64_t step, const ft_batch *mbs, int64_t n_mb
     }
     FT_TRY(ft_optim_zero_grad(&a->opt));
     uint64_t dseed = ft_train_adapter_dropout_seed(a, step);
-    ex->neftune_seed = ft_train_adapter_neftune_seed(a, step);
+    ft_exec_set_neftune(ex, r->cfg.neftune_noise_alpha, ft_train_adapter_neftune_seed(a, step));
     memset(out, 0, sizeof *out);
     out->dpo = (ft_dpo_step){.cfg = &a->cfg->dpo, .ref = a->ref_train, .step_pairs = step_pairs};
     if (a->cfg->method == FT_METHOD_DPO) {
@@ -76,7 +76,7 @@ static int pass(ft_train_job *r, int64_t step, const ft_batch *mbs, int64_t n_mb
 static int timeline_end(ft_train_job *r, int64_t step, const ft_batch *mbs, int64_t n_mb)
 {
     const ft_train_cfg *c = &r->cfg;
-    ft_exec_set_timeline(&r->s.ex, NULL);
+    ft_exec_set_timeline(r->s.ex, NULL);
     char title[512];
     snprintf(title, sizeof title, "ftune step %lld: %lld micro-batches of %lld tokens, %s",
              (long long)step + 1, (long long)n_mb, (long long)mbs[0].T, c->model);
@@ -125,7 +125,7 @@ static int one_step(ft_train_job *r, int64_t step)
     for (int64_t i = 0; i < n_mb; i++) positions += mbs[i].T;
     ft_train_step_time tm = {r->t0, r->loop_t0, ft_train_now_s()};
     int tl_on = c->timeline && (step == start + 1 || (r->total - start == 1));
-    if (tl_on) ft_exec_set_timeline(&r->s.ex, &r->tl);
+    if (tl_on) ft_exec_set_timeline(r->s.ex, &r->tl);
     ft_train_step_out out[FT_TRAIN_MAX_ADAPTERS];
     FT_TRY(pass(r, step, mbs, n_mb, out));
     if (tl_on) FT_TRY(timeline_end(r, step, mbs, n_mb));

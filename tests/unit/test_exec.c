@@ -6,7 +6,7 @@
 
 #include "src/model/lora.h"
 #include "adapters/peft.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"

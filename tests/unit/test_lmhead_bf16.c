@@ -25,7 +25,7 @@
 #include "kernels/cpu/rows_f32.h"
 #include "kernels/cpu/simd_x86.h"
 #include "kernels/kernels.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"

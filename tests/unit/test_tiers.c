@@ -17,7 +17,7 @@
 
 #include "src/model/lora.h"
 #include "offload/actckpt.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "offload/place.h"
 #include "offload/plan.h"
