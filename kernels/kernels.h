@@ -275,6 +275,16 @@ typedef struct ft_backend_ops {
      * into buf (n >= 16), for its NUMA node. Returns 0, or FT_E_UNSUPPORTED where there is no
      * device (a host-memory backend) or -EIO. */
     int (*device_pci_id)(ft_backend *be, char *buf, size_t n);
+    /* Device services behind the backend-neutral functions below (kernels/backend.c
+     * dispatches on these entries, never on the name); NULL: what a host-memory backend does.
+     * mem_info: the device memory free and total in bytes (ft_backend_mem_free; NULL: the
+     * machine's physical memory). sync: waits for all queued work (ft_backend_sync; NULL:
+     * nothing is queued). profile / profile_report: per-op timing (ft_backend_profile,
+     * ft_backend_profile_report; NULL: FT_E_UNSUPPORTED). */
+    int (*mem_info)(ft_backend *be, size_t *free_bytes, size_t *total_bytes);
+    int (*sync)(ft_backend *be);
+    int (*profile)(ft_backend *be, int on);
+    int (*profile_report)(ft_backend *be, char *buf, size_t n, int reset);
 } ft_backend_ops;
 
 /* ft_backend_tune.attn: the CUDA attention kernels (kernels/cuda/attn_gemm.cu attn_route):
@@ -313,7 +323,7 @@ struct ft_backend {
  * are bit-identical for any thread count).
  * Returns 0 or -ENOMEM. */
 int ft_backend_cpu_init(ft_backend **out, int n_threads);
-/* The CPU backend in device mode ("cpu-device", kernels/cpu/backend.c): host_memory = 0, so
+/* The CPU backend in device mode ("cpu-device", kernels/cpu/cpu_device.c): host_memory = 0, so
  * the offload executor runs its device path on it (base weights copied in, packed bases by
  * tier through slots and the disk read-ahead, host checkpoints over copy_async and events),
  * with bf16 weights in linear_fwd/linear_bwd_x (the activation rounded to bf16 as the CUDA

@@ -744,6 +744,12 @@ static void cu_destroy(ft_backend *be)
     be->ctx = NULL;
 }
 
+/* The device services of the table (kernels.h; sync and mem below, profile.cu) */
+extern "C" int ft_backend_cuda_sync(ft_backend *be);
+extern "C" int ft_backend_cuda_mem(ft_backend *be, size_t *free_bytes, size_t *total_bytes);
+extern "C" int ft_backend_cuda_profile(ft_backend *be, int on);
+extern "C" int ft_backend_cuda_profile_report(ft_backend *be, char *buf, size_t n, int reset);
+
 static const ft_backend_ops cuda_ops = {
     .name = "cuda",
     .host_memory = 0,
@@ -787,6 +793,10 @@ static const ft_backend_ops cuda_ops = {
     .host_register = cu_host_register,
     .host_unregister = cu_host_unregister,
     .device_pci_id = cu_device_pci_id,
+    .mem_info = ft_backend_cuda_mem,
+    .sync = ft_backend_cuda_sync,
+    .profile = ft_backend_cuda_profile,
+    .profile_report = ft_backend_cuda_profile_report,
 };
 
 static int cuda_setup(ft_cuda_ctx *cx, int device)
