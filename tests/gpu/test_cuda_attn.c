@@ -449,8 +449,8 @@ static void test_mma_sweep(void **state)
 #endif
 }
 
-/* With FTUNE_ATTN=mma (the default since 2026-11-28; set here when the environment does not
- * set it) the op table (context not precise) runs attn_mma.cu for D = 64
+/* With FTUNE_ATTN unset or mma (be->tune.attn FT_ATTN_AUTO, the default since 2026-11-28; the
+ * test gives the backend the variable's value) the op table (context not precise) runs attn_mma.cu for D = 64
  * and 128: the same bits as the direct call; D = 96 goes elsewhere (attn_mma.cu refuses it).
  * The routing is not asserted when FTUNE_ATTN is set to something else. Bad shapes for
  * attn_mma.cu: FT_E_INVALID. */
@@ -462,8 +462,9 @@ static void test_mma_op_table(void **state)
     /* the backend reads no environment: the test gives it FTUNE_ATTN as cli/env.c would */
     const char *env = getenv("FTUNE_ATTN");
     const ft_backend_tune tune0 = f->gpu->tune;
-    f->gpu->tune.attn = env && !strcmp(env, "gemm") ? FT_ATTN_GEMM : env && !strcmp(env, "flash") ? FT_ATTN_FLASH
-                                                                                                : FT_ATTN_AUTO;
+    f->gpu->tune.attn = env && !strcmp(env, "gemm")    ? FT_ATTN_GEMM
+                        : env && !strcmp(env, "flash") ? FT_ATTN_FLASH
+                                                       : FT_ATTN_AUTO;
     if (env && !strcmp(env, "mma")) env = NULL;
     const int64_t cases[][4] = {{300, 32, 8, 128}, {129, 9, 3, 64}, {200, 4, 2, 96}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
