@@ -100,7 +100,7 @@ void ft_exec_set_concat_gemms(ft_exec *e, int on);
  * (4-bit), the layers' copied weights are freed, and each layer visit dequantizes its NF4
  * projections to bf16 in one staging buffer (resident.c). Embeddings, final
  * norm and LM head still come from the model. The pack must describe the same architecture
- * as e->m (FT_E_INVALID otherwise); it stays owned by the caller and must outlive e.
+ * as e's model (FT_E_INVALID otherwise); it stays owned by the caller and must outlive e.
  * Allocates once (the largest block + one layer in fp32); returns 0, -ENOMEM, FT_E_INVALID. */
 int ft_exec_use_pack(ft_exec *e, ft_pack_file *pack);
 
@@ -164,7 +164,7 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
  * attention cost depends on the sequence lengths; NULL: sequences of 512), on this executor's
  * arena: the NF4 dequantization into bf16, the block's forward, and its backward (LoRA
  * gradients are zeroed afterwards). Seconds, best of two after a warm-up. NF4 projections as
- * e->nf4_fused says. out (may be NULL): 2 T C floats (host), the block's output of the last
+ * ft_exec_info.nf4_fused says. out (may be NULL): 2 T C floats (host), the block's output of the last
  * forward, then the input gradient of the last backward. Call before ft_exec_use_pack_tiers.
  * Returns 0, -ENOMEM, FT_E_INVALID, or a pack or kernel error. */
 int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t *pos,
@@ -201,7 +201,7 @@ size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m);
  * accumulate into lora->grads (the caller zeroes them per step); the loss is normalised
  * by grad_norm_tokens (the step's total count of targets) so gradients are those of the
  * mean token loss. *loss_sum receives the summed token loss, *n_tokens the target count.
- * dropout_seed != 0 enables LoRA dropout with masks derived from it; e->neftune_alpha > 0
+ * dropout_seed != 0 enables LoRA dropout with masks derived from it; NEFTune set (ft_exec_set_neftune, alpha > 0)
  * NEFTune noise on the embeddings (see the field). */
 int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
                        uint64_t dropout_seed, double *loss_sum, int64_t *n_tokens);
@@ -218,7 +218,7 @@ int ft_exec_eval(ft_exec *e, const ft_batch *mb, double *loss_sum, int64_t *n_to
  * path (rank, scale, dropout, targets, frozen correction) on its own rows only
  * (src/model/llama.h ft_block_seg); the LM head + cross-entropy runs per adapter's rows with
  * its own gradient normalization. The frozen projections run one GEMM per adapter's rows by
- * default (each adapter's bits), or one over all rows (ft_exec.concat_gemms). So weight
+ * default (each adapter's bits), or one over all rows (ft_exec_set_concat_gemms). So weight
  * traffic (layer_fetches, pack_reads) is that of one adapter whatever K, while activations
  * and checkpoints grow with K. */
 
@@ -233,7 +233,7 @@ typedef struct ft_exec_adapter_step {
     int64_t grad_norm_tokens;   /* its step's target count: its gradients are those of its mean
                                  * token loss (ft_exec_train_step's normalization) */
     uint64_t dropout_seed;      /* LoRA dropout masks (0: none), as ft_exec_train_step's */
-    double neftune_alpha;       /* NEFTune on its embeddings (0: off), as the ft_exec fields */
+    double neftune_alpha;       /* NEFTune on its embeddings (0: off), as ft_exec_set_neftune */
     uint64_t neftune_seed;
     double *loss_sum;           /* out (may be NULL): its summed token loss */
     int64_t *n_tokens;          /* out (may be NULL): its target count */
@@ -258,10 +258,10 @@ typedef struct ft_exec_adapter_sizes {
 void ft_exec_adapter_bytes(const ft_model *m, int64_t r_max, int64_t T_max, int64_t n_micro,
                            ft_exec_adapter_sizes *out);
 
-/* Forward + backward of one optimizer step of K adapters (1 <= K <= e->n_adapters, distinct
+/* Forward + backward of one optimizer step of K adapters (1 <= K <= its n_adapters (ft_exec_cfg), distinct
  * adapters) in one pass: for each adapter, the losses, target counts and LoRA gradients of
  * ft_exec_train_step on its own micro-batches, normalization, dropout seed and NEFTune: its
- * bits (tests/unit/test_exec_multi.c), or with e->concat_gemms = 1 those up to the rounding
+ * bits (tests/unit/test_exec_multi.c), or with ft_exec_set_concat_gemms(e, 1) those up to the rounding
  * of one frozen GEMM over the concatenated rows (see the field). Returns 0,
  * FT_E_RANGE (too many adapters or micro-batches, a micro-batch over adapter_T_max),
  * FT_E_INVALID (no adapter, an adapter in two steps, a rank above r_max), or what the ops
@@ -286,7 +286,7 @@ typedef int (*ft_exec_seq_grad_fn)(void *user, int64_t mb, const ft_batch *b, co
                                    const int64_t *n_tok, double *scale);
 
 /* Forward + backward of one optimizer step over n_mb preference micro-batches (n_pairs >= 1
- * each), one adapter (e->lora; FT_E_UNSUPPORTED on an executor of several adapters per pass,
+ * each), one adapter (ft_exec_adapter; FT_E_UNSUPPORTED on an executor of several adapters per pass,
  * ft_exec_init_multi: sequence objectives train one adapter at a time): after the forward,
  * the LM head gives each sequence's nll and the gradient of its token losses, fn turns the
  * nlls into per-sequence scales, and the backward runs with d(final hidden) = sum over
@@ -330,7 +330,7 @@ int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
  * instead of a dequantized fp32 copy written and read back), equal to the dequantized product
  * up to fp32 rounding; visits of more than 8 tokens (a prefill of a longer prompt) dequantize
  * as training does, so their logits are ft_exec_logits' bit for bit; an untied pack-only
- * model on a device gathers its embedding rows from the pack (e->T_max at a time). A
+ * model on a device gathers its embedding rows from the pack (T_max tokens at a time). A
  * pack-only model on the host (globals_lazy) is read in bf16 as the pack stores it: the
  * embedding rows widened (exact), and the LM head through the source's head(): for at most
  * FT_LM_HEAD_BF16_ROWS logit rows lm_head_logits_bf16, bit for bit lm_head_logits on the fp32
