@@ -201,8 +201,8 @@ size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m);
  * accumulate into lora->grads (the caller zeroes them per step); the loss is normalised
  * by grad_norm_tokens (the step's total count of targets) so gradients are those of the
  * mean token loss. *loss_sum receives the summed token loss, *n_tokens the target count.
- * dropout_seed != 0 enables LoRA dropout with masks derived from it; NEFTune set (ft_exec_set_neftune, alpha > 0)
- * NEFTune noise on the embeddings (see the field). */
+ * dropout_seed != 0 enables LoRA dropout with masks derived from it; a NEFTune alpha > 0
+ * (ft_exec_set_neftune) adds its noise to the embeddings. */
 int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
                        uint64_t dropout_seed, double *loss_sum, int64_t *n_tokens);
 
