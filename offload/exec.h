@@ -70,6 +70,8 @@ typedef struct ft_exec_info {
     size_t kept_bytes;              /* kept forward activations (ft_exec_keep_activations) */
     int kept;                       /* 1: the backward reuses kept activations (no recompute) */
     int nf4_fused;                  /* 1: NF4 projections go to the dequant-fused GEMM */
+    int on_device;                  /* 1: its base and buffers are in device memory; 0: host
+                                     * memory, the model's arrays used in place */
     int64_t layer_fetches;          /* base-weight fetches since it was made */
     int64_t pack_reads;             /* layer blocks read from the pack */
     uint64_t h2d_bytes, disk_bytes; /* streamed host-to-device and from disk since made */

@@ -9,6 +9,12 @@
 
 struct ft_exec {
     ft_backend *be;
+    /* The executor's one host-or-device decision, made at init (exec.c init_impl) from its
+     * backend, which the rest of the executor reads instead of asking the backend: 1 the base
+     * and the buffers live in device memory (weights copied in, packed blocks by tier, copies
+     * and events ordered on the lanes); 0 host memory, the model's and the pack's arrays used
+     * where they are and work timed as it runs. */
+    int on_device;
     const ft_model *m;
     ft_lora *lora;              /* may be NULL (eval/logits of the base model) */
     int64_t T_max;              /* tokens per micro-batch (rows * seq_len) */

@@ -49,6 +49,7 @@ void ft_exec_get_info(const ft_exec *e, ft_exec_info *o)
         .kept_bytes = e->kept_bytes,
         .kept = e->kept != NULL,
         .nf4_fused = e->nf4_fused,
+        .on_device = e->on_device,
         .layer_fetches = e->layer_fetches,
         .pack_reads = e->pack_reads,
         .h2d_bytes = e->h2d_bytes,

@@ -66,7 +66,7 @@ static int tl_mark(ft_exec *e, int lane, int kind, int64_t layer, int begin)
         k->lane = lane;
         k->kind = kind;
         k->layer = layer;
-        if (e->be->ops->host_memory) { /* work runs as it is queued: host times */
+        if (!e->on_device) { /* work runs as it is queued: host times */
             k->ev0 = k->ev1 = -1;
             k->h0 = k->h1 = now_s() - e->tl_host0;
             return (int)e->tl_n_marks++;
@@ -229,7 +229,7 @@ int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     int64_t C = c->hidden_size, V = c->vocab_size;
-    int host = be->ops->host_memory, untied = ft_exec_untied(e->m), lazy = globals_in_bf16(be);
+    int host = !e->on_device, untied = ft_exec_untied(e->m), lazy = globals_in_bf16(be);
     /* a table in the backend's memory per role read: the LM head (untied) and the embeddings
      * (host memory, or a tied model's on a device) */
     int has_head = untied, has_emb = host || !untied;
@@ -333,7 +333,7 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
     ft_backend *be = e->be;
     const ft_model_config *c = ft_pack_config(pack);
     int64_t L = c->num_hidden_layers;
-    if (be->ops->host_memory)
+    if (!e->on_device)
         return ft_err(FT_E_INVALID, "ft_exec_use_pack_tiers: %s is a host-memory backend (use "
                       "ft_exec_use_pack_ex)", be->ops->name);
     if (!be->ops->dequant_nf4 || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_BF16)) ||
@@ -459,7 +459,7 @@ void ft_exec_tiers_free(ft_exec *e)
     if (!be) return;
     ft_disk_prefetch_free(e->dpf); /* first: its reads land in stage_mem */
     e->dpf = NULL;
-    if (!be->ops->host_memory && (e->pack_pinned || e->stage_mem) && /* copies out of them done */
+    if (e->on_device && (e->pack_pinned || e->stage_mem) && /* copies out of them done */
         be->ops->event_record(be, EV_DRAIN, FT_LANE_H2D) == 0)
         (void)be->ops->event_sync(be, EV_DRAIN);
     ft_pinned_free(be, e->pack_pinned);
@@ -782,7 +782,7 @@ int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     *t_dequant = *t_fwd = *t_bwd = 0;
-    if (be->ops->host_memory || T > e->T_max || T < 1)
+    if (!e->on_device || T > e->T_max || T < 1)
         return ft_err(FT_E_INVALID, "probe: needs a device backend and T <= %lld", (long long)e->T_max);
     size_t nb = ft_pack_block_bytes(pack, 0);
     int64_t C = c->hidden_size, stage_floats = staging_floats(e->m, pack, e->nf4_fused);

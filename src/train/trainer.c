@@ -212,7 +212,7 @@ static void plan_line(const ft_train_job *r, int64_t warmup)
                   ft_schedule_name(c->schedule),
                   (ex.arena_bytes + ex.weights_bytes + ex.kept_bytes + pack_bytes) / 1048576.0,
                   ex.kept ? " (activations kept: no recompute)"
-                  : s->be->ops->host_memory ? "" : " (activations recomputed in the backward)");
+                  : !ex.on_device ? "" : " (activations recomputed in the backward)");
 }
 
 /* The run's set-up up to its first step: the base placed, the schedule, the plan, the adapter

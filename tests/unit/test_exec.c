@@ -425,7 +425,7 @@ static void test_open_and_accessors(void **state)
     assert_int_equal(in.T_max, S);
     assert_int_equal(in.n_micro_max, 2);
     assert_int_equal(in.layer_fetches, 2 * L);
-    assert_true(in.arena_bytes > 0 && !in.kept && !in.nf4_fused);
+    assert_true(in.arena_bytes > 0 && !in.kept && !in.nf4_fused && !in.on_device);
     assert_int_equal(in.weights_bytes, 0); /* the CPU reads the model's own arrays */
     /* NEFTune on: the step's loss moves (noise on the embeddings); off again: the same bits */
     ft_exec_set_neftune(e, 5.0, 1234);
@@ -444,6 +444,21 @@ static void test_open_and_accessors(void **state)
     assert_ptr_equal(ft_exec_set_adapter(e, &f->lora), NULL);
     ft_exec_close(e);
     ft_exec_close(NULL);
+
+    /* on a device (cpu-device): the base copied in, the executor placed on the device */
+    ft_backend *dev;
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
+    ft_lora_cfg lc0 = f->lora.cfg;
+    ft_lora dl;
+    assert_int_equal(ft_lora_init(&dl, f->m, &lc0, dev), 0);
+    c.lora = &dl;
+    assert_int_equal(ft_exec_open(&e, dev, f->m, &c), 0);
+    ft_exec_get_info(e, &in);
+    assert_true(in.on_device && in.weights_bytes > 0);
+    ft_exec_close(e);
+    ft_lora_free(&dl);
+    ft_backend_free(dev);
+    c.lora = &f->lora;
 
     c.T_max = 0;
     e = (ft_exec *)&c; /* not NULL before the call */
