@@ -59,7 +59,9 @@ int ft_session_open_quant(ft_session *s, const char *model, const char *adapter,
     c.threads = threads;
     c.quant = !quant ? FT_SESSION_QUANT_AUTO : !strcmp(quant, "nf4") ? FT_PACK_QUANT_NF4
                                                                      : FT_PACK_QUANT_BF16;
-    char cache_buf[4096];
+    /* the session keeps the path for later placements (ft_session_set_adapter): the default
+     * is kept for the process, as the program opens its sessions one after another */
+    static char cache_buf[4096];
     c.cache_dir = ft_env_pack_cache_dir(cache_dir, cache_buf, sizeof cache_buf);
     ft_env_tune(&c.tune);
     c.gpu_mem = gpu_mem;
