@@ -58,3 +58,35 @@ def test_default_cache_dir(tmp_path):
     p = plan(tmp_path, {"HOME": None}, cache=False)
     assert p.returncode == 1, p.stderr
     assert "neither XDG_CACHE_HOME nor HOME is set: pass --cache-dir" in p.stderr
+
+
+def test_default_cache_dir_kept_by_the_session(tmp_path):
+    """eval and generate without --cache-dir on cpu-device: every pack the session builds, also
+    at a later placement than the session's opening (generate places again for its prompt), is
+    under $XDG_CACHE_HOME/ftune/packs, and nothing is written in the working folder. (The
+    session keeps the default path for those placements: cli/session.c held it in a stack
+    buffer that was gone by then, which once sent a pack to ./d/; that read of dead memory is
+    not reproduced here at will, this checks where the packs land.)"""
+    from gen_helpers import streamed_budget, streamed_nf4_model
+    model = streamed_nf4_model(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    xdg = tmp_path / "xdg"
+    env = dict(os.environ, XDG_CACHE_HOME=str(xdg))
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"instruction": "Name a colour.", "output": "Blue."}\n')
+    ev = ["eval", "--model", model, "--data", one, "--seq-len", "128"]
+    gen = ["generate", "--model", model, "--raw", "--prompt", "Once upon a time", "--max-new-tokens", "2"]
+
+    def run(args, ok=True):
+        p = subprocess.run([ftune_bin()] + [str(a) for a in args] + DEV, cwd=work, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert (p.returncode == 0) == ok, p.stderr
+        return p
+    budget = streamed_budget(run(ev + ["--gpu-mem", "1M"], ok=False), 0.04)
+    for extra in ([], ["--gpu-mem", budget]):  # every layer resident, then some streamed
+        run(ev + extra)
+        run(gen + extra)
+    assert list(work.iterdir()) == []
+    packs = list(xdg.rglob("*.ftpack"))
+    assert all(p.parent == xdg / "ftune" / "packs" for p in packs), packs
