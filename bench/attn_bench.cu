@@ -64,12 +64,13 @@ static int run(ft_backend *be, int path, const bufs &b, int64_t T, int64_t H, in
         return bwd ? ft_cuda_flash_attention_bwd(be, b.dq, b.dk, b.dv, b.dout, b.q, b.k, b.v, b.o, b.lse,
                                                  b.ss, T, H, Hkv, D, sc)
                    : ft_cuda_flash_attention_fwd(be, b.o, b.lse, b.q, b.k, b.v, b.ss, T, H, Hkv, D, sc);
-    /* the op table with FTUNE_ATTN=gemm: attn_gemm.cu's bf16 batched GEMMs */
-    setenv("FTUNE_ATTN", "gemm", 1);
+    /* the op table with FTUNE_ATTN=gemm (be->tune.attn): attn_gemm.cu's bf16 batched GEMMs */
+    const int attn0 = be->tune.attn;
+    be->tune.attn = FT_ATTN_GEMM;
     int rc = bwd ? be->ops->attention_bwd(be, b.dq, b.dk, b.dv, b.dout, b.q, b.k, b.v, b.o, b.lse, b.ss, T,
                                           H, Hkv, D, sc)
                  : be->ops->attention_fwd(be, b.o, b.lse, b.q, b.k, b.v, b.ss, T, H, Hkv, D, sc);
-    unsetenv("FTUNE_ATTN");
+    be->tune.attn = attn0;
     return rc;
 }
 

@@ -27,6 +27,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/env.h"
 #include "cli/session.h"
 #include "kernels/kernels.h"
 #include "offload/pack.h"
@@ -108,13 +109,15 @@ static int bench_stream(const char *path, int64_t bytes, int64_t pcie_bytes, con
         return 1;
     }
     double h2d = 0, d2h = 0, load0[3] = {0}, load1[3] = {0};
-    int has_pcie = !be->ops->host_memory, rc = 1;
+    int has_pcie = 1, rc = 1;
     ft_stream_bench_result *r = calloc(1, sizeof *r);
     if (!r) {
         fprintf(stderr, "ftune: out of memory\n");
         goto out;
     }
-    if (has_pcie && ft_probe_pcie(be, (size_t)pcie_bytes, &h2d, &d2h) < 0) {
+    int prc = ft_probe_pcie(be, (size_t)pcie_bytes, &h2d, &d2h);
+    has_pcie = prc != FT_E_UNSUPPORTED; /* a host-memory backend has no bus (offload/probe.h) */
+    if (has_pcie && prc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         goto out;
     }
@@ -281,6 +284,7 @@ static int bench_io(int argc, char **argv)
         fprintf(stderr, "ftune: --device %s: %s\n", dev, ft_errmsg());
         return 1;
     }
+    ft_env_tune(&be->tune);
     ft_probe_disk_result d;
     if (ft_probe_disk(path, (uint64_t)bytes, &d) < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
@@ -288,8 +292,9 @@ static int bench_io(int argc, char **argv)
         return 1;
     }
     double h2d = 0, d2h = 0;
-    int has_pcie = !be->ops->host_memory;
-    if (has_pcie && ft_probe_pcie(be, (size_t)pcie_bytes, &h2d, &d2h) < 0) {
+    int prc = ft_probe_pcie(be, (size_t)pcie_bytes, &h2d, &d2h);
+    int has_pcie = prc != FT_E_UNSUPPORTED; /* a host-memory backend has no bus (offload/probe.h) */
+    if (has_pcie && prc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         ft_backend_free(be);
         return 1;

@@ -7,6 +7,7 @@
 #include "adapters/export/export_gguf.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/env.h"
 #include "cli/session.h"
 #include "src/core/err.h"
 #include "src/core/paths.h"
@@ -54,7 +55,9 @@ int ft_cmd_export(int argc, char **argv)
         return 1;
     }
     ft_export_info info;
-    rc = ft_export_gguf_lora(adapter, out, model, type, &info);
+    ft_hub_env hub;
+    ft_env_hub(&hub);
+    rc = ft_export_gguf_lora(adapter, out, model, type, &hub, &info);
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         return 1;

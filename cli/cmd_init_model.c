@@ -16,6 +16,7 @@
 #include "cli/args.h"
 #include "cli/opt_parse.h"
 #include "cli/commands.h"
+#include "cli/env.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -116,7 +117,8 @@ int ft_cmd_init_model(int argc, char **argv)
     char tbuf[4300];
     const char *tok_dir = tok;
     if (!tok_dir && cfg.vocab_size == 128256) tok_dir = find_llama3_tokenizer(tbuf, sizeof tbuf);
-    ft_init_cfg c = {config, out, seed, shard_mb * 1000000, !no_st, pack ? quant : 0, tok_dir};
+    ft_init_cfg c = {config, out, seed, shard_mb * 1000000, !no_st, pack ? quant : 0, tok_dir,
+                     ft_env_pack_direct()};
     ft_init_result res;
     rc = ft_init_model(&c, &res);
     if (rc < 0) {

@@ -107,9 +107,9 @@ int ft_cmd_logits(int argc, char **argv)
                         (long long)V, (long long)(V - 1));
     if (!rc) {
         logits = malloc((size_t)(T * V) * sizeof(float));
-        rc = logits ? ft_exec_logits(&s.ex, &b, logits) : ft_err(-ENOMEM, "out of memory");
+        rc = logits ? ft_exec_logits(s.ex, &b, logits) : ft_err(-ENOMEM, "out of memory");
     }
-    if (!rc) rc = ft_exec_eval(&s.ex, &b, &loss, &nv);
+    if (!rc) rc = ft_exec_eval(s.ex, &b, &loss, &nv);
     if (!rc && out) rc = ft_write_file_atomic(out, logits, (size_t)(T * V) * sizeof(float));
     if (!rc)
         printf("{\"loss\": %.9g, \"n_tokens\": %lld, \"vocab\": %lld}\n", nv ? loss / nv : NAN,

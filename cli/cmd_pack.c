@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/opt_parse.h"
 #include "cli/commands.h"
+#include "cli/env.h"
 #include "cli/session.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
@@ -52,6 +53,8 @@ int ft_cmd_pack(int argc, char **argv)
     ft_pack_settings_default(&s, quant);
     ft_pack_ensure_info info;
     double t0 = now_s();
+    char cache_buf[4096];
+    cache = ft_env_pack_cache_dir(cache, cache_buf, sizeof cache_buf);
     rc = ft_pack_ensure_loaded(model, NULL, cache, &s, force, &info, quiet ? NULL : ft_session_pack_wait_note, NULL);
     double dt = now_s() - t0;
     if (rc < 0) {

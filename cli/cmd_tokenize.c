@@ -370,6 +370,7 @@ int ft_cmd_tokenize(int argc, char **argv)
     }
     ft_tokenizer *tok = NULL;
     int rc = is_gguf(model) ? ft_gguf_load_tokenizer(model, &tok) : ft_tok_load_dir(&tok, model);
+    if (rc == 0) ft_tok_set_chat_kind(tok, ft_chat_template_resolve(tok));
     if (rc == 0) {
         if (text) rc = run_text(tok, text, !no_special, decode);
         else if (texts) rc = run_texts(tok, texts, !no_special, decode);

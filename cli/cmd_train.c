@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/opt_parse.h"
 #include "cli/commands.h"
+#include "cli/env.h"
 #include "cli/progress.h"
 #include "cli/dist_env.h"
 #include "cli/session.h"
@@ -478,6 +479,9 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         ft_str_list_free(&data);
         return 2;
     }
+    char cache_buf[4096];
+    c.cache_dir = ft_env_pack_cache_dir(c.cache_dir, cache_buf, sizeof cache_buf);
+    ft_env_tune(&c.tune);
     if (test_hooks(&c.test) < 0) {
         ft_str_list_free(&data);
         return 2;

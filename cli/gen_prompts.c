@@ -209,11 +209,13 @@ static int prompts_encode(prompts *b, const ft_gen_env *e, ft_gen_need *nd, int 
 static void prompts_said(const prompts *b, const ft_gen_env *e, const ft_gen_batch_stats *st, double t)
 {
     char visits[96] = "";
-    if (e->src.layer) { /* the executor's counts (offload/exec.h layer_fetches, h2d_bytes) */
-        int w = snprintf(visits, sizeof visits, ", %lld layer visits", (long long)e->s.ex.layer_fetches);
-        if (e->s.ex.h2d_bytes)
+    if (e->src.layer) { /* the executor's counts (offload/exec.h ft_exec_info) */
+        ft_exec_info xi;
+        ft_exec_get_info(e->s.ex, &xi);
+        int w = snprintf(visits, sizeof visits, ", %lld layer visits", (long long)xi.layer_fetches);
+        if (xi.h2d_bytes)
             snprintf(visits + w, sizeof visits - (size_t)w, " (%.1f MiB streamed)",
-                     (double)e->s.ex.h2d_bytes / 1048576.0);
+                     (double)xi.h2d_bytes / 1048576.0);
     }
     fprintf(stderr, "ftune: %lld prompts, %lld new tokens in %.3f s (%.2f tok/s; %lld decode "
             "steps); %lld prefill forwards (%lld prompts prefilled with others)%s%s%s\n",

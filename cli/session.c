@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/env.h"
 #include "src/core/err.h"
 #include "src/formats/hub_cache.h"
 #include "src/train/dpo.h"
@@ -14,7 +15,9 @@
 int ft_session_hub_path(const char **path, char *buf, size_t n, int quiet, const char *what)
 {
     if (!*path) return 0;
-    int rc = ft_hub_resolve(*path, buf, n);
+    ft_hub_env env;
+    ft_env_hub(&env);
+    int rc = ft_hub_resolve(*path, &env, buf, n);
     if (rc < 0) {
         ft_err_prefix(rc, "--%s", what);
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
@@ -56,7 +59,11 @@ int ft_session_open_quant(ft_session *s, const char *model, const char *adapter,
     c.threads = threads;
     c.quant = !quant ? FT_SESSION_QUANT_AUTO : !strcmp(quant, "nf4") ? FT_PACK_QUANT_NF4
                                                                      : FT_PACK_QUANT_BF16;
-    c.cache_dir = cache_dir;
+    /* the session keeps the path for later placements (ft_session_set_adapter): the default
+     * is kept for the process, as the program opens its sessions one after another */
+    static char cache_buf[4096];
+    c.cache_dir = ft_env_pack_cache_dir(cache_dir, cache_buf, sizeof cache_buf);
+    ft_env_tune(&c.tune);
     c.gpu_mem = gpu_mem;
     c.host_mem = host_mem;
     c.adapter = adapter;

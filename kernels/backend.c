@@ -29,40 +29,24 @@ int ft_backend_cuda_set_fused(ft_backend *be, unsigned mask)
     (void)mask;
     return ft_err(FT_E_UNSUPPORTED, "cuda: built without the CUDA backend");
 }
-#else
-int ft_backend_cuda_sync(ft_backend *be); /* kernels/cuda/backend.cu */
-int ft_backend_cuda_mem(ft_backend *be, size_t *free_bytes, size_t *total_bytes);
-int ft_backend_cuda_profile(ft_backend *be, int on);
-int ft_backend_cuda_profile_report(ft_backend *be, char *buf, size_t n, int reset);
 #endif
 
 int ft_backend_profile(ft_backend *be, int on)
 {
-#ifdef FT_HAVE_CUDA
-    if (be && !strcmp(be->ops->name, "cuda")) return ft_backend_cuda_profile(be, on);
-#endif
-    (void)on;
+    if (be && be->ops->profile) return be->ops->profile(be, on);
     return ft_err(FT_E_UNSUPPORTED, "per-op profiling needs the CUDA backend (device %s)",
                   be ? be->ops->name : "none");
 }
 
 int ft_backend_profile_report(ft_backend *be, char *buf, size_t n, int reset)
 {
-#ifdef FT_HAVE_CUDA
-    if (be && !strcmp(be->ops->name, "cuda")) return ft_backend_cuda_profile_report(be, buf, n, reset);
-#endif
-    (void)buf;
-    (void)n;
-    (void)reset;
+    if (be && be->ops->profile_report) return be->ops->profile_report(be, buf, n, reset);
     return ft_err(FT_E_UNSUPPORTED, "per-op profiling needs the CUDA backend");
 }
 
 int ft_backend_mem_free(ft_backend *be, size_t *free_bytes, size_t *total_bytes)
 {
-#ifdef FT_HAVE_CUDA
-    if (be && !strcmp(be->ops->name, "cuda")) return ft_backend_cuda_mem(be, free_bytes, total_bytes);
-#endif
-    if (be && !strcmp(be->ops->name, "cpu-device")) return ft_backend_cpu_device_mem(be, free_bytes, total_bytes);
+    if (be && be->ops->mem_info) return be->ops->mem_info(be, free_bytes, total_bytes);
     long pg = sysconf(_SC_PAGESIZE), av = sysconf(_SC_AVPHYS_PAGES), ph = sysconf(_SC_PHYS_PAGES);
     if (pg <= 0 || av < 0 || ph < 0) return ft_err(-EIO, "sysconf: cannot read the memory size");
     *free_bytes = (size_t)av * (size_t)pg;
@@ -86,11 +70,7 @@ int ft_backend_mem_budget(ft_backend *be, int64_t gpu_mem, size_t reserve, ft_me
 
 int ft_backend_sync(ft_backend *be)
 {
-#ifdef FT_HAVE_CUDA
-    if (be && !strcmp(be->ops->name, "cuda")) return ft_backend_cuda_sync(be);
-#endif
-    (void)be;
-    return 0;
+    return be && be->ops->sync ? be->ops->sync(be) : 0;
 }
 
 int ft_backend_init(ft_backend **out, const char *device, int n_threads)

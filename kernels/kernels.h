@@ -330,14 +330,50 @@ typedef struct ft_backend_ops {
                            int64_t n);
     int (*swiglu_bf16_bwd)(ft_backend *be, uint16_t *dgate, uint16_t *dup, const uint16_t *dh,
                            const uint16_t *gate, const uint16_t *up, int64_t n);
+    /* Device services behind the backend-neutral functions below (kernels/backend.c
+     * dispatches on these entries, never on the name); NULL: what a host-memory backend does.
+     * mem_info: the device memory free and total in bytes (ft_backend_mem_free; NULL: the
+     * machine's physical memory). sync: waits for all queued work (ft_backend_sync; NULL:
+     * nothing is queued). profile / profile_report: per-op timing (ft_backend_profile,
+     * ft_backend_profile_report; NULL: FT_E_UNSUPPORTED). */
+    int (*mem_info)(ft_backend *be, size_t *free_bytes, size_t *total_bytes);
+    int (*sync)(ft_backend *be);
+    int (*profile)(ft_backend *be, int on);
+    int (*profile_report)(ft_backend *be, char *buf, size_t n, int reset);
 } ft_backend_ops;
 
 /* Segments adamw_multi's CUDA kernel takes in one launch (its table is a kernel parameter). */
 #define FT_ADAMW_MULTI_LAUNCH 512
 
+/* ft_backend_tune.attn: the CUDA attention kernels (kernels/cuda/attn_gemm.cu attn_route):
+ * AUTO the tensor-core ones of attn_mma.cu where they take the shape, else attn_gemm.cu's;
+ * GEMM attn_gemm.cu's always; FLASH attn.cu's fp32 kernels (head dim <= 256). */
+enum ft_attn_kernels { FT_ATTN_AUTO = 0, FT_ATTN_GEMM = 1, FT_ATTN_FLASH = 2 };
+/* ft_backend_tune.nf4_gemm: how a device backend's executor multiplies by NF4 projections:
+ * dequantized into a bf16 staging copy at each layer visit, then the bf16 GEMM; or the
+ * backend's dequant-fused GEMM (FT_W_NF4), no bf16 copy; or auto: the placer's probe times
+ * one layer both ways and keeps the faster, when their outputs agree (offload/place.h). */
+enum ft_nf4_gemm { FT_NF4_GEMM_DEQUANT = 0, FT_NF4_GEMM_FUSED = 1, FT_NF4_GEMM_AUTO = 2 };
+/* ft_backend_tune.ckpt_host: where the offload placer (offload/place.c) puts layer-input
+ * checkpoints: LAST_RESORT in host memory only when the run does not fit otherwise; ALWAYS in
+ * host memory (tests); AUTO where the predicted step is faster. */
+enum ft_ckpt_host { FT_CKPT_HOST_LAST_RESORT = 0, FT_CKPT_HOST_ALWAYS = 1, FT_CKPT_HOST_AUTO = 2 };
+
+/* Choices of kernels and placement that the program may set for a backend (cli/env.c reads
+ * them from FTUNE_ATTN, FTUNE_NF4_GEMM, FTUNE_GEN_HEAD and FTUNE_CKPT_HOST; the library reads
+ * no environment). All zero (a new backend's): the defaults. */
+typedef struct ft_backend_tune {
+    int attn;         /* enum ft_attn_kernels */
+    int nf4_gemm;     /* enum ft_nf4_gemm, as asked (offload/exec.h ft_exec_nf4_gemm_mode) */
+    int gen_head_f32; /* 1: a pack-only model's embeddings and LM head in fp32 on a host-memory
+                       * backend, not in bf16 (offload/tiers.c ft_exec_globals_from_pack) */
+    int ckpt_host;    /* enum ft_ckpt_host */
+} ft_backend_tune;
+
 struct ft_backend {
     const ft_backend_ops *ops;
     void *ctx;     /* backend-private state (thread count, handles, streams) */
+    ft_backend_tune tune; /* zero at init; set by the session (offload/session.h) or the caller */
 };
 
 /* CPU backend: n_threads <= 0 means "all cores". n_threads sizes the OpenMP team;
@@ -345,7 +381,7 @@ struct ft_backend {
  * are bit-identical for any thread count).
  * Returns 0 or -ENOMEM. */
 int ft_backend_cpu_init(ft_backend **out, int n_threads);
-/* The CPU backend in device mode ("cpu-device", kernels/cpu/backend.c): host_memory = 0, so
+/* The CPU backend in device mode ("cpu-device", kernels/cpu/cpu_device.c): host_memory = 0, so
  * the offload executor runs its device path on it (base weights copied in, packed bases by
  * tier through slots and the disk read-ahead, host checkpoints over copy_async and events),
  * with bf16 weights in linear_fwd/linear_bwd_x (the activation rounded to bf16 as the CUDA

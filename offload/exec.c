@@ -224,6 +224,7 @@ static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lor
         return ft_err(FT_E_INVALID, "executor: bad sizes T=%lld micro-batches=%lld",
                       (long long)T_max, (long long)n_micro);
     e->be = be;
+    e->on_device = !be->ops->host_memory;
     e->nf4_fused = ft_exec_nf4_gemm_mode(be) == FT_NF4_GEMM_FUSED;
     e->m = m;
     e->lora = lora;
@@ -338,7 +339,7 @@ int ft_exec_use_pack_ex(ft_exec *e, ft_pack_file *pack, int resident)
                       ft_pack_path(pack), (long long)b->num_hidden_layers, (long long)b->hidden_size,
                       (long long)b->intermediate_size, (long long)a->num_hidden_layers,
                       (long long)a->hidden_size, (long long)a->intermediate_size);
-    if (!e->be->ops->host_memory) return ft_exec_pack_to_device(e, pack);
+    if (e->on_device) return ft_exec_pack_to_device(e, pack);
     size_t raw = ft_pack_max_layer_bytes(pack);
     size_t f32 = (size_t)ft_pack_layer_floats(b) * sizeof(float);
     void *r = NULL;
@@ -443,7 +444,7 @@ int ft_exec_fetch_layer(ft_exec *e, int64_t l, const ft_layer_weights **w)
 static int gen_layer(void *ctx, int64_t l, int64_t n, const ft_layer_weights **w)
 {
     ft_exec *e = ctx;
-    if (!e->pack || e->pack_dev || !e->be->ops->host_memory || n > GEN_NF4_ROWS ||
+    if (!e->pack || e->pack_dev || e->on_device || n > GEN_NF4_ROWS ||
         ft_pack_header(e->pack)->quant != FT_PACK_QUANT_NF4)
         return ft_exec_fetch_layer(e, l, w);
     e->layer_fetches++;

@@ -11,7 +11,7 @@
  * So base weights are fetched exactly twice per layer per optimizer step whatever the
  * gradient-accumulation count (counted in layer_fetches). Where weights and checkpoints
  * live is the executor's business alone; the math is in src/model/llama.c.
- * All memory is allocated in ft_exec_init (one backend allocation); steps allocate nothing.
+ * All memory is allocated in ft_exec_open (one backend allocation); steps allocate nothing.
  */
 #ifndef FT_EXEC_H
 #define FT_EXEC_H
@@ -31,165 +31,73 @@ struct ft_tl_mark;
 struct ft_disk_prefetch;
 struct ft_ckpt_tier;
 
-typedef struct ft_exec {
-    ft_backend *be;
-    const ft_model *m;
-    ft_lora *lora;              /* may be NULL (eval/logits of the base model) */
-    int64_t T_max;              /* tokens per micro-batch (rows * seq_len) */
-    int64_t n_micro_max;        /* micro-batches per optimizer step */
-    int64_t ce_chunk;           /* LM-head rows per chunk */
-    float *arena;               /* the one backend allocation */
-    size_t arena_bytes;
-    float *ckpt;                /* (L + 1) * n_micro * T * C: layer inputs, then the final output */
-    float *dx;                  /* n_micro * T * C */
-    ft_block_acts acts;         /* one layer, one micro-batch */
-    ft_block_scratch scr;
-    float *xf, *rstdf, *dxf;    /* final norm: T*C, T, T*C */
-    float *ce_scratch;          /* ce_chunk * V */
-    float *inv_freq;            /* D / 2 */
-    int32_t *ids, *targets, *pos, *seq_start; /* n_micro * T each */
-    int64_t layer_fetches;      /* base-weight fetches since init (test hook) */
-    /* NEFTune (Jain et al. 2023, arXiv 2310.05914): neftune_alpha > 0 adds uniform noise of
-     * magnitude alpha / sqrt(seq_len * hidden_size) to the embeddings of every micro-batch of
-     * ft_exec_train_step (never ft_exec_eval or ft_exec_logits), drawn from neftune_seed and
-     * the micro-batch index (exec_step.c neftune). Zero after init (off); the caller sets both
-     * before a step, the seed a pure function of its run seed and the step, so that a
-     * resumed run draws the same noise. */
-    double neftune_alpha;
-    uint64_t neftune_seed;
-    /* Data-parallel training (src/train/dist.h): the index in the optimizer step of this
-     * process's first micro-batch, added to the micro-batch index from which the dropout masks
-     * and the NEFTune noise are drawn, so that rank r's micro-batch i gets the masks of the
-     * step's micro-batch mb_base + i in a single process. 0 in a single process. */
-    int64_t mb_base;
-    double *seq_buf;            /* host scratch of the sequence objectives (ft_exec_train_step_seq):
-                                 * nll, scale and counts of one micro-batch; sized for T_max
-                                 * sequences at the first such step */
-    int64_t seq_cap;            /* sequences it holds */
-    /* The base weights as the backend reads them: the model's own host arrays on a host-memory
-     * backend (CPU); on a device backend (CUDA), copies in one device allocation made at init
-     * (every layer resident: the streaming tiers are the offload issue's), the projections in
- * bf16 when the backend takes bf16 weights (CUDA), everything else in fp32. */
-    ft_layer_weights *layers;   /* num_hidden_layers; == m->layers on the CPU */
-    const float *embed, *final_norm, *lm_head;
-    float *weights;             /* the device copy (NULL on the CPU) */
-    int weights_with_layers;    /* 1: weights holds the layers too, 0: the global tensors only */
-    size_t weights_bytes;
-    /* Activations kept from the forward for the backward, per layer and micro-batch
-     * ([l * n_micro_max + mb]), when memory allows (ft_exec_keep_activations): the backward
-     * then skips the recompute (one forward of the base less per step, a quarter to a third
-     * of the step's FLOPs). NULL: recompute from the layer-input checkpoints. */
-    ft_block_acts *kept;
-    float *kept_mem;
-    size_t kept_bytes;
-    /* Packed base (ft_exec_use_pack; QLoRA with NF4): each fetch reads the layer's block
-     * from the pack into pack_raw and dequantizes it into layer_f32; NULL: the model's
-     * resident fp32 weights are used. */
-    ft_pack_file *pack;
-    void *pack_raw;             /* host, 4096-aligned, the largest layer block */
-    size_t pack_raw_bytes;
-    float *layer_f32;           /* backend memory, ft_pack_layer_floats floats */
-    ft_layer_weights fetched;   /* points into layer_f32 (or the block, tiers.c) */
-    int64_t fetched_layer;      /* the layer layer_f32 holds, -1 if none */
-    /* Device tiers: 1 when NF4 projections go to the backend's dequant-fused GEMM (FT_W_NF4)
-     * as these descriptions of the fetched block, instead of a bf16 copy in layer_f32. Set at
-     * init from FTUNE_NF4_GEMM (ft_exec_nf4_gemm_mode: fused -> 1); the placer
-     * (offload/place.h) sets it from its probe with auto. Read by ft_exec_use_pack_tiers and
-     * the probe. */
-    int nf4_fused;
-    ft_nf4_tensor fetched_nf4[FT_N_PROJ];
-    int64_t pack_reads;         /* blocks read from the pack (test hook) */
-    int64_t gen_nf4_fetches;    /* generation visits served NF4 in place (test hook) */
-    uint8_t *pack_host;         /* host-resident blocks (ft_exec_use_pack_ex resident), or NULL */
-    /* Device backends (resident.c): every layer block of the pack in device memory. */
-    uint8_t *pack_dev;
-    size_t pack_dev_bytes;
-    int64_t *pack_dev_off;      /* per layer: offset of its block in pack_dev */
-    ft_pack_tensor **pack_dir;  /* per layer: a host copy of its tensor directory */
-    int64_t *pack_dir_n;
-    /* Device tiers (tiers.c; offload/plan.h enum ft_tier): a layer's block lives in device
-     * memory (pack_dev), in pinned host memory (pack_pinned) or only in the pack file; the
-     * last two reach the GPU through n_slots device slots, filled on the H2D lane ahead of
-     * compute (disk blocks first read into n_stage pinned staging buffers), in the order of
-     * the current operation's layer visits. */
-    uint8_t *tier;              /* per layer; NULL: every block in device memory */
-    uint8_t *pack_pinned;
-    size_t pack_pinned_bytes;
-    int64_t *pack_pin_off;      /* per layer: offset in pack_pinned, -1 if not there */
-    int n_slots, n_stage;
-    size_t slot_bytes;
-    uint8_t *slot_mem;          /* device, n_slots * slot_bytes */
-    uint8_t *stage_mem;         /* pinned host, n_stage * slot_bytes */
-    int64_t slot_layer[8];      /* layer issued into each slot, -1 */
-    int slot_busy[8];           /* 1 from issue until released after its layer's compute */
-    int64_t slot_ring, stage_ring;
-    int cur_slot;               /* slot of fetched_layer, -1 */
-    int64_t *visits;            /* the current operation's layer order (2 L entries max) */
-    int64_t n_visits, next_issue;
-    uint64_t h2d_bytes, disk_bytes; /* streamed since init */
-    double disk_seconds;        /* seconds the disk was busy reading streamed blocks (overlapping reads counted once) */
-    int32_t *ids_host;          /* pack-only models: token ids for the host embedding gather */
-    float *embed_host;          /* pinned T_max * C floats */
-    /* A pack-only model on a host-memory backend whose table has lm_head_logits_bf16
-     * (ft_exec_globals_from_pack; not with FTUNE_GEN_HEAD=f32): globals_lazy = 1, and the
-     * embeddings and LM head are kept as the pack stores them, bf16 (V, C) each (one table
-     * when tied) in globals_bf16, for generation (ft_exec_gen_source: the head through
-     * lm_head_logits_bf16, the embedding rows widened). embed and lm_head stay NULL until the
-     * first operation that reads them in fp32 (a training step, eval, logits, a generation
-     * head of more than FT_LM_HEAD_BF16_ROWS rows) calls ft_exec_globals_f32, which frees
-     * the bf16 copy and reads the fp32 tables from the pack into globals_f32, the values the
-     * executor held before (bf16 widened exactly). weights_bytes counts them in fp32. */
-    int globals_lazy;
-    uint16_t *globals_bf16;     /* backend (host) memory; embed_bf16, lm_head_bf16 point into it */
-    const uint16_t *embed_bf16, *lm_head_bf16;
-    float *globals_f32;         /* backend memory, the fp32 tables once read, or NULL */
-    struct ft_disk_prefetch *dpf; /* disk tier read-ahead (offload/prefetch.c), NULL if unused */
-    struct ft_ckpt_tier *ckt;   /* layer-input checkpoints in host memory (offload/actckpt.c), NULL: on the device */
-    struct ft_timeline *tl;     /* when set, spans of each operation are recorded (tiers.c) */
-    int tl_next_ev;             /* next free event id for the timeline */
-    double tl_host0;            /* host clock at the operation's origin event */
-    int64_t tl_n_marks;
-    struct ft_tl_mark *tl_marks;
-    /* Several adapters per pass (ft_exec_init_multi, ft_exec_train_step_multi): a pass
-     * micro-batch holds up to n_adapters adapters' micro-batches of up to adapter_T_max tokens
-     * each, one after another (T_max = n_adapters * adapter_T_max rows); activations are sized
-     * for LoRA ranks up to r_max. ft_exec_init(_ex) makes n_adapters = 1, adapter_T_max =
-     * T_max, r_max = its adapter's rank (1 without one). */
-    int64_t n_adapters;
-    int64_t adapter_T_max;
-    int64_t r_max;
-    int adapters_per_step;      /* 1: made by ft_exec_init_multi (lora NULL: each step names its
-                                 * adapters) */
-    /* 0 (default): the frozen projections of a pass micro-batch run as one GEMM per adapter's
-     * rows, so that each adapter gets the bits of its run alone, whatever shares its pass;
-     * 1: one GEMM over all its adapters' rows (ft_block_io.concat_gemms), which rounds a row
-     * otherwise wherever the backend's GEMM rounds a row by the row count and the tile it
-     * falls in (OpenBLAS; cuBLAS picks kernels by shape): on the tiny model up to 2e-6 of the
-     * largest gradient of a step in fp32 and 6e-4 with bf16 operands, and AdamW's first
-     * steps, near lr * sign(g) for each element, turn that into parameter differences up to
-     * 2 lr on the elements whose gradient is that small (tests/unit/test_exec_multi.c). Set
-     * before a step. */
-    int concat_gemms;
-    /* The current operation's passes (host, sized at init): pass micro-batch mb has
-     * op_nseg[mb] segments op_segs[mb * n_adapters + k] (of steps op_seg_step[...]) over
-     * op_rows[mb] rows; op_loss / op_ntok (n_adapters) sum each step's head. */
-    ft_block_seg *op_segs;
-    int64_t *op_seg_step, *op_rows, *op_nseg, *op_ntok;
-    double *op_loss;
-} ft_exec;
+/* The executor (its state: offload/exec_impl.h, private to offload/; tests may read it). Made
+ * by ft_exec_open, or by the runtime session (offload/session.h ft_session_place). */
+typedef struct ft_exec ft_exec;
 
-/* Plans and allocates everything for micro-batches of up to T_max tokens and up to
- * n_micro of them per step. rope_seq_len is passed to ft_rope_inv_freq (dynamic scaling).
- * Returns 0, -ENOMEM (message gives the bytes asked for), FT_E_INVALID; on an error nothing
- * is left allocated (e zeroed; ft_exec_free is harmless). */
-int ft_exec_init(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
-                 int64_t n_micro, int64_t rope_seq_len);
-/* As ft_exec_init; place_layers = 0 leaves the layers' weights out of a device backend's
- * copy (the caller follows with ft_exec_use_pack), so a packed base never has a full copy of
- * the layers in device memory, not even for a moment. */
-int ft_exec_init_ex(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora, int64_t T_max,
-                    int64_t n_micro, int64_t rope_seq_len, int place_layers);
-void ft_exec_free(ft_exec *e);
+/* What ft_exec_open plans for: zero fields take the defaults named. */
+typedef struct ft_exec_cfg {
+    ft_lora *lora;              /* the adapter of every step; NULL: the base alone (eval and
+                                 * logits of the base), or with n_adapters > 0 each step names
+                                 * its adapters (ft_exec_train_step_multi) */
+    int64_t T_max;              /* tokens per micro-batch (rows * seq_len), >= 1 */
+    int64_t n_micro;            /* micro-batches per optimizer step (0: 1) */
+    int64_t rope_seq_len;       /* for ft_rope_inv_freq (dynamic scaling); 0: T_max */
+    int defer_layers;           /* 1: the layers' weights are left out of a device backend's
+                                 * copy (the caller follows with ft_exec_use_pack*), so a packed
+                                 * base never has a full copy of the layers in device memory */
+    int ckpt_sets;              /* 0: layer-input checkpoints in the arena; 2..4: in pinned
+                                 * host memory through that many device sets (ft_exec_ckpt_to_host) */
+    int64_t ckpt_dev_layers;    /* with ckpt_sets: the last layers whose inputs stay on the device */
+    int64_t n_adapters;         /* > 0: passes of up to n_adapters adapters (lora NULL) */
+    int64_t r_max;              /* with n_adapters: the largest LoRA rank (1..4096) */
+} ft_exec_cfg;
+
+/* Plans and allocates an executor on backend be for model m (both must outlive it) into *out:
+ * the arena of every buffer a step uses (one backend allocation), and on a device backend the
+ * copy of the base weights (unless cfg->defer_layers). Returns 0, -ENOMEM (the message gives
+ * the bytes asked for), FT_E_INVALID (bad sizes or counts), FT_E_UNSUPPORTED (host checkpoints
+ * on a backend without pinned copies); on an error *out is NULL. */
+int ft_exec_open(ft_exec **out, ft_backend *be, const ft_model *m, const ft_exec_cfg *cfg);
+/* Frees everything e holds and e itself (NULL-safe). */
+void ft_exec_close(ft_exec *e);
+
+/* What an executor holds and has done (accessors for code outside offload/). */
+typedef struct ft_exec_info {
+    int64_t T_max, n_micro_max;     /* its sizes */
+    size_t arena_bytes;             /* the one backend allocation of its buffers */
+    size_t weights_bytes;           /* the device copy of the base (0: the model's own arrays) */
+    size_t kept_bytes;              /* kept forward activations (ft_exec_keep_activations) */
+    int kept;                       /* 1: the backward reuses kept activations (no recompute) */
+    int nf4_fused;                  /* 1: NF4 projections go to the dequant-fused GEMM */
+    int on_device;                  /* 1: its base and buffers are in device memory; 0: host
+                                     * memory, the model's arrays used in place */
+    int64_t layer_fetches;          /* base-weight fetches since it was made */
+    int64_t pack_reads;             /* layer blocks read from the pack */
+    uint64_t h2d_bytes, disk_bytes; /* streamed host-to-device and from disk since made */
+    double disk_seconds;            /* seconds the disk was busy with streamed blocks */
+} ft_exec_info;
+void ft_exec_get_info(const ft_exec *e, ft_exec_info *out);
+/* The adapter e runs (may be NULL), and a swap: points e at l (NULL: the base model alone)
+ * and returns the one it ran before. l must have e's adapter's shapes (a rank within the
+ * activations e was sized for). */
+ft_lora *ft_exec_adapter(const ft_exec *e);
+ft_lora *ft_exec_set_adapter(ft_exec *e, ft_lora *l);
+/* NEFTune (Jain et al. 2023, arXiv 2310.05914) of ft_exec_train_step: alpha > 0 adds uniform
+ * noise of magnitude alpha / sqrt(seq_len * hidden_size) to the embeddings of every
+ * micro-batch, drawn from seed and the micro-batch index; 0 (after open): off. Set before a
+ * step; the seed a pure function of the run seed and the step, so a resumed run draws the
+ * same noise. */
+void ft_exec_set_neftune(ft_exec *e, double alpha, uint64_t seed);
+/* Multi-adapter passes: 1 runs one frozen GEMM over all a pass's adapters' rows instead of
+ * one per adapter (offload/exec_impl.h concat_gemms says what that rounds otherwise). */
+void ft_exec_set_concat_gemms(ft_exec *e, int on);
+/* Data-parallel training (src/train/dist.h): mb_base is the index in the optimizer step of
+ * this process's first micro-batch, from which its micro-batches' dropout masks and NEFTune
+ * noise are drawn (so rank r's micro-batch i gets the masks of the step's micro-batch
+ * mb_base + i in one process). 0 after open. Set before a step. */
+void ft_exec_set_mb_base(ft_exec *e, int64_t mb_base);
+
 
 /* Makes the executor take the base model's layer weights (norms, projections, biases) from
  * a pack instead of the model's fp32 arrays. Host-memory backend (CPU): at every layer fetch
@@ -199,7 +107,7 @@ void ft_exec_free(ft_exec *e);
  * (4-bit), the layers' copied weights are freed, and each layer visit dequantizes its NF4
  * projections to bf16 in one staging buffer (resident.c). Embeddings, final
  * norm and LM head still come from the model. The pack must describe the same architecture
- * as e->m (FT_E_INVALID otherwise); it stays owned by the caller and must outlive e.
+ * as e's model (FT_E_INVALID otherwise); it stays owned by the caller and must outlive e.
  * Allocates once (the largest block + one layer in fp32); returns 0, -ENOMEM, FT_E_INVALID. */
 int ft_exec_use_pack(ft_exec *e, ft_pack_file *pack);
 
@@ -222,9 +130,6 @@ int ft_exec_keep_activations(ft_exec *e, size_t budget_bytes);
  * turns an executor made by ft_exec_init(_ex) into one (before its first operation: the
  * arena is freed and made again, smaller). Returns 0, -ENOMEM, FT_E_INVALID (bad counts, or
  * already in host memory), FT_E_UNSUPPORTED (a backend without pinned copies). */
-int ft_exec_init_ckpt_host(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora,
-                           int64_t T_max, int64_t n_micro, int64_t rope_seq_len, int place_layers,
-                           int64_t dev_layers, int n_sets);
 int ft_exec_ckpt_to_host(ft_exec *e, int64_t dev_layers, int n_sets);
 
 /* As ft_exec_use_pack; on a host-memory backend, resident = 1 reads every layer block once
@@ -266,7 +171,7 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
  * attention cost depends on the sequence lengths; NULL: sequences of 512), on this executor's
  * arena: the NF4 dequantization into bf16, the block's forward, and its backward (LoRA
  * gradients are zeroed afterwards). Seconds, best of two after a warm-up. NF4 projections as
- * e->nf4_fused says. out (may be NULL): 2 T C floats (host), the block's output of the last
+ * ft_exec_info.nf4_fused says. out (may be NULL): 2 T C floats (host), the block's output of the last
  * forward, then the input gradient of the last backward. Call before ft_exec_use_pack_tiers.
  * Returns 0, -ENOMEM, FT_E_INVALID, or a pack or kernel error. */
 int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t *pos,
@@ -290,13 +195,9 @@ static inline int ft_exec_untied(const ft_model *m)
  * nf4_fused, none for the projections the fused NF4 GEMM takes). */
 size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, const ft_pack_file *pack,
                                    int nf4_fused);
-/* How a device backend's executor multiplies by NF4 projections: dequantized into a bf16
- * staging copy at each layer visit, then the bf16 GEMM; or the backend's dequant-fused GEMM
- * (kernels.h FT_W_NF4), no bf16 copy; or auto: the placer's probe times one layer both ways
- * and keeps the faster, when their outputs agree (offload/place.h). */
-enum ft_nf4_gemm { FT_NF4_GEMM_DEQUANT = 0, FT_NF4_GEMM_FUSED = 1, FT_NF4_GEMM_AUTO = 2 };
-/* The mode for backend be from FTUNE_NF4_GEMM (dequant | fused | auto; unset or another value:
- * dequant, the default until the fused kernel is measured on a GPU: bench/results/qlora.md);
+/* The NF4 GEMM mode (kernels.h enum ft_nf4_gemm) for backend be: be->tune.nf4_gemm (the
+ * program's FTUNE_NF4_GEMM: dequant | fused | auto; unset or another value: dequant, the
+ * default until the fused kernel is measured on a GPU: bench/results/qlora.md);
  * FT_NF4_GEMM_DEQUANT on a host-memory backend or one without FT_W_NF4. */
 int ft_exec_nf4_gemm_mode(const ft_backend *be);
 /* Bytes of the device copy of the base model's weights on backend be (embeddings counted
@@ -307,8 +208,8 @@ size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m);
  * accumulate into lora->grads (the caller zeroes them per step); the loss is normalised
  * by grad_norm_tokens (the step's total count of targets) so gradients are those of the
  * mean token loss. *loss_sum receives the summed token loss, *n_tokens the target count.
- * dropout_seed != 0 enables LoRA dropout with masks derived from it; e->neftune_alpha > 0
- * NEFTune noise on the embeddings (see the field). */
+ * dropout_seed != 0 enables LoRA dropout with masks derived from it; a NEFTune alpha > 0
+ * (ft_exec_set_neftune) adds its noise to the embeddings. */
 int ft_exec_train_step(ft_exec *e, const ft_batch *mbs, int64_t n_mb, int64_t grad_norm_tokens,
                        uint64_t dropout_seed, double *loss_sum, int64_t *n_tokens);
 
@@ -324,7 +225,7 @@ int ft_exec_eval(ft_exec *e, const ft_batch *mb, double *loss_sum, int64_t *n_to
  * path (rank, scale, dropout, targets, frozen correction) on its own rows only
  * (src/model/llama.h ft_block_seg); the LM head + cross-entropy runs per adapter's rows with
  * its own gradient normalization. The frozen projections run one GEMM per adapter's rows by
- * default (each adapter's bits), or one over all rows (ft_exec.concat_gemms). So weight
+ * default (each adapter's bits), or one over all rows (ft_exec_set_concat_gemms). So weight
  * traffic (layer_fetches, pack_reads) is that of one adapter whatever K, while activations
  * and checkpoints grow with K. */
 
@@ -339,22 +240,11 @@ typedef struct ft_exec_adapter_step {
     int64_t grad_norm_tokens;   /* its step's target count: its gradients are those of its mean
                                  * token loss (ft_exec_train_step's normalization) */
     uint64_t dropout_seed;      /* LoRA dropout masks (0: none), as ft_exec_train_step's */
-    double neftune_alpha;       /* NEFTune on its embeddings (0: off), as the ft_exec fields */
+    double neftune_alpha;       /* NEFTune on its embeddings (0: off), as ft_exec_set_neftune */
     uint64_t neftune_seed;
     double *loss_sum;           /* out (may be NULL): its summed token loss */
     int64_t *n_tokens;          /* out (may be NULL): its target count */
 } ft_exec_adapter_step;
-
-/* Plans and allocates an executor for passes of up to n_adapters adapters, each with up to
- * n_micro micro-batches of up to T_max tokens per step and LoRA ranks up to r_max (1..4096).
- * n_sets = 0 keeps the layer-input checkpoints in the arena; 2..4 puts them in pinned host
- * memory with dev_layers layers kept on the device (ft_exec_init_ckpt_host). e->lora is NULL:
- * the adapters come with each step. ft_exec_use_pack(_ex, _tiers) and
- * ft_exec_keep_activations apply as to any executor (kept activations: for all adapters).
- * Returns as ft_exec_init_ckpt_host (FT_E_INVALID for bad counts). */
-int ft_exec_init_multi(ft_exec *e, ft_backend *be, const ft_model *m, int64_t n_adapters,
-                       int64_t r_max, int64_t T_max, int64_t n_micro, int64_t rope_seq_len,
-                       int place_layers, int64_t dev_layers, int n_sets);
 
 /* Bytes ft_exec_init_multi would allocate (its arena with every checkpoint in it, plus the
  * device copy of the base on a device backend without a pack: as ft_exec_bytes). For
@@ -375,10 +265,10 @@ typedef struct ft_exec_adapter_sizes {
 void ft_exec_adapter_bytes(const ft_model *m, int64_t r_max, int64_t T_max, int64_t n_micro,
                            ft_exec_adapter_sizes *out);
 
-/* Forward + backward of one optimizer step of K adapters (1 <= K <= e->n_adapters, distinct
+/* Forward + backward of one optimizer step of K adapters (1 <= K <= its n_adapters (ft_exec_cfg), distinct
  * adapters) in one pass: for each adapter, the losses, target counts and LoRA gradients of
  * ft_exec_train_step on its own micro-batches, normalization, dropout seed and NEFTune: its
- * bits (tests/unit/test_exec_multi.c), or with e->concat_gemms = 1 those up to the rounding
+ * bits (tests/unit/test_exec_multi.c), or with ft_exec_set_concat_gemms(e, 1) those up to the rounding
  * of one frozen GEMM over the concatenated rows (see the field). Returns 0,
  * FT_E_RANGE (too many adapters or micro-batches, a micro-batch over adapter_T_max),
  * FT_E_INVALID (no adapter, an adapter in two steps, a rank above r_max), or what the ops
@@ -403,7 +293,7 @@ typedef int (*ft_exec_seq_grad_fn)(void *user, int64_t mb, const ft_batch *b, co
                                    const int64_t *n_tok, double *scale);
 
 /* Forward + backward of one optimizer step over n_mb preference micro-batches (n_pairs >= 1
- * each), one adapter (e->lora; FT_E_UNSUPPORTED on an executor of several adapters per pass,
+ * each), one adapter (ft_exec_adapter; FT_E_UNSUPPORTED on an executor of several adapters per pass,
  * ft_exec_init_multi: sequence objectives train one adapter at a time): after the forward,
  * the LM head gives each sequence's nll and the gradient of its token losses, fn turns the
  * nlls into per-sequence scales, and the backward runs with d(final hidden) = sum over
@@ -447,7 +337,7 @@ int ft_exec_logits(ft_exec *e, const ft_batch *mb, float *logits);
  * instead of a dequantized fp32 copy written and read back), equal to the dequantized product
  * up to fp32 rounding; visits of more than 8 tokens (a prefill of a longer prompt) dequantize
  * as training does, so their logits are ft_exec_logits' bit for bit; an untied pack-only
- * model on a device gathers its embedding rows from the pack (e->T_max at a time). A
+ * model on a device gathers its embedding rows from the pack (T_max tokens at a time). A
  * pack-only model on the host (globals_lazy) is read in bf16 as the pack stores it: the
  * embedding rows widened (exact), and the LM head through the source's head(): for at most
  * FT_LM_HEAD_BF16_ROWS logit rows lm_head_logits_bf16, bit for bit lm_head_logits on the fp32

@@ -4,7 +4,7 @@
 #ifndef FT_EXEC_INTERNAL_H
 #define FT_EXEC_INTERNAL_H
 
-#include "offload/exec.h"
+#include "offload/exec_impl.h"
 #include "src/core/align.h"
 
 /* The block dims of a micro-batch of T rows of model m, activations sized for rank r. */

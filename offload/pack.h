@@ -323,8 +323,11 @@ int ft_pack_gather_global(ft_pack_file *p, int role, const int32_t *rows, int64_
  * sizes) or a GGUF file (its bytes before the tensor data, and its size). */
 int ft_pack_model_identity(const char *model, uint64_t *identity);
 
-/* Default cache directory: $XDG_CACHE_HOME/ftune/packs, else $HOME/.cache/ftune/packs. */
-int ft_pack_default_cache_dir(char *out, size_t n);
+/* The default cache directory into out (n bytes): XDG/ftune/packs, else HOME/.cache/ftune/packs,
+ * for the values of $XDG_CACHE_HOME and $HOME (NULL or "": unset; the program reads them,
+ * cli/env.c). Returns 0, FT_E_INVALID (neither set), FT_E_RANGE. The functions below that
+ * take a cache_dir refuse NULL with FT_E_INVALID when they need the folder. */
+int ft_pack_default_cache_dir(const char *xdg_cache_home, const char *home, char *out, size_t n);
 
 /* The cache file name for (identity, settings) under dir. */
 int ft_pack_cache_path(char *out, size_t n, const char *dir, uint64_t identity,

@@ -398,9 +398,15 @@ int ft_pack_model_identity(const char *model, uint64_t *identity)
 
 /* ---- cache -------------------------------------------------------------------------------- */
 
-int ft_pack_default_cache_dir(char *out, size_t n)
+/* A pack to find or build without a cache folder: the program found no default
+ * (ft_pack_default_cache_dir) and none was given. */
+static int no_cache_dir(void)
 {
-    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    return ft_err(FT_E_INVALID, "neither XDG_CACHE_HOME nor HOME is set: pass --cache-dir");
+}
+
+int ft_pack_default_cache_dir(const char *x, const char *home, char *out, size_t n)
+{
     int k;
     if (x && x[0]) k = snprintf(out, n, "%s/ftune/packs", x);
     else if (home && home[0]) k = snprintf(out, n, "%s/.cache/ftune/packs", home);
@@ -595,7 +601,7 @@ static int locate(const char *model, const char *cache_dir, const ft_pack_settin
     memset(info, 0, sizeof *info);
     char dir[4200];
     if (cache_dir) snprintf(dir, sizeof dir, "%s", cache_dir);
-    else FT_TRY(ft_pack_default_cache_dir(dir, sizeof dir));
+    else return no_cache_dir();
     int isdir = ft_is_dir(model);
     if (isdir < 0) return ft_err(isdir, "%s: cannot open model: %s", model, strerror(-isdir));
     if (isdir && !force) { /* a pack written into the folder by init-model --pack */
@@ -728,7 +734,7 @@ int ft_pack_ensure_loaded(const char *model, const ft_model *loaded, const char 
     if (found) return found < 0 ? found : 0;
     char dir[4200];
     if (cache_dir) snprintf(dir, sizeof dir, "%s", cache_dir);
-    else FT_TRY(ft_pack_default_cache_dir(dir, sizeof dir));
+    else return no_cache_dir();
     FT_TRY(ft_mkdir_p(dir));
     int lock;
     double waited;

@@ -227,12 +227,12 @@ static int place(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file 
     FT_TRY(ft_probe_pcie(be, 0, &h2d, &d2h));
     in->rates.h2d = h2d;
     in->rates.d2h = d2h; /* checkpoint stores (offload/actckpt.h) */
-    /* FTUNE_CKPT_HOST: 1 = checkpoints in host memory (tests), auto = where the predicted
-     * step is faster; unset = in host memory only when the run does not fit otherwise (the
-     * CUDA checkpoint offload is checked on the CPU twin but has not run on a GPU yet) */
-    const char *force = getenv("FTUNE_CKPT_HOST");
-    in->ckpt_host_only = force && atoi(force) > 0;
-    in->ckpt_host_last_resort = !(force && !strcmp(force, "auto"));
+    /* be->tune.ckpt_host (the program's FTUNE_CKPT_HOST): ALWAYS = checkpoints in host memory
+     * (tests), AUTO = where the predicted step is faster; LAST_RESORT (the default) = in host
+     * memory only when the run does not fit otherwise (the CUDA checkpoint offload is checked
+     * on the CPU twin but has not run on a GPU yet) */
+    in->ckpt_host_only = be->tune.ckpt_host == FT_CKPT_HOST_ALWAYS;
+    in->ckpt_host_last_resort = be->tune.ckpt_host != FT_CKPT_HOST_AUTO;
     if (blocks + 3 * biggest > in->host_budget && np) {
         FT_TRY(preview_disk(np, res));
         in->rates.disk = res->disk_rate;

@@ -56,7 +56,7 @@ int ft_exec_place_weights(ft_exec *e, int with_layers)
     ft_backend *be = e->be;
     const ft_model *m = e->m;
     const ft_model_config *c = &m->cfg;
-    if (be->ops->host_memory) {
+    if (!e->on_device) {
         e->layers = m->layers;
         e->embed = m->embed;
         e->final_norm = m->final_norm;

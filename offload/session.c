@@ -11,6 +11,7 @@
 
 #include "adapters/peft.h"
 #include "adapters/qcorr.h"
+#include "offload/exec_impl.h"
 #include "offload/pack_model.h"
 #include "offload/place.h"
 #include "offload/prefetch.h"
@@ -168,6 +169,7 @@ int ft_session_open_backend(ft_session *s)
         FT_TRY(ft_backend_cuda_set_fused(s->be, c->cuda_fused));
         note(s, FT_SESSION_INFO, "CUDA fused kernels: mask 0x%x (docs/gpu.md)", c->cuda_fused);
     }
+    s->be->tune = c->tune;
     if (c->train) return 0; /* the training adapter and the base: ft_session_place */
     FT_TRY(open_forward_base(s));
     if (c->adapter) {
@@ -324,7 +326,7 @@ static void note_planned(const ft_session *s, const ft_session_place_cfg *pc,
              gib((double)(tb - fb)), gib((double)tb), gib((double)pr->in.gpu_budget),
              gib((double)ft_place_rss()), gib((double)pr->in.host_budget));
     char io[1024];
-    ft_exec_io_describe(&s->ex, io, sizeof io);
+    ft_exec_io_describe(s->ex, io, sizeof io);
     if (io[0]) note(s, FT_SESSION_INFO, "%s", io);
 }
 
@@ -353,7 +355,7 @@ static int place_packed(ft_session *s, const ft_session_place_cfg *pc, ft_lora *
                               s->preview->disk_same_device};
         rc = ft_place_preview(s->be, s->model, lora, &np, &po, pr);
     } else {
-        rc = ft_place_packed(s->be, s->model, lora, s->pack, &po, !pc->plan_only, &s->ex, pr);
+        rc = ft_place_packed(s->be, s->model, lora, s->pack, &po, !pc->plan_only, s->ex, pr);
     }
     if (!rc && !pc->plan_only) s->has_ex = 1;
     if (s->cfg.train) {
@@ -407,12 +409,12 @@ static int init_exec(ft_session *s, const ft_session_place_cfg *pc, ft_lora *lor
                      int place)
 {
     if (multi(pc))
-        FT_TRY(ft_exec_init_multi(&s->ex, s->be, s->model, s->n_adapters, pc->r_max, pc->T,
+        FT_TRY(ft_exec_init_multi(s->ex, s->be, s->model, s->n_adapters, pc->r_max, pc->T,
                                   s->n_micro, rope, place, 0, 0));
     else if (place)
-        FT_TRY(ft_exec_init(&s->ex, s->be, s->model, lora, pc->T, s->n_micro, rope));
+        FT_TRY(ft_exec_init(s->ex, s->be, s->model, lora, pc->T, s->n_micro, rope));
     else
-        FT_TRY(ft_exec_init_ex(&s->ex, s->be, s->model, lora, pc->T, s->n_micro, rope, 0));
+        FT_TRY(ft_exec_init_ex(s->ex, s->be, s->model, lora, pc->T, s->n_micro, rope, 0));
     s->has_ex = 1;
     return 0;
 }
@@ -439,7 +441,7 @@ static int place_resident_train(ft_session *s, const ft_session_place_cfg *pc, f
                       ceil(gib((double)(mb->used + nd->need))));
     }
     FT_TRY(init_exec(s, pc, lora, rope, 1));
-    int rc = ft_exec_keep_activations(&s->ex, mb->avail - nd->need);
+    int rc = ft_exec_keep_activations(s->ex, mb->avail - nd->need);
     return rc < 0 ? rc : 0;
 }
 
@@ -478,7 +480,7 @@ static int make_exec(ft_session *s, const ft_session_place_cfg *pc, ft_lora *lor
     }
     if (s->pack) { /* the host: every weight read from the pack (layers per visit, globals once) */
         FT_TRY(init_exec(s, pc, lora, rope, 0));
-        return ft_exec_use_pack_ex(&s->ex, s->pack, s->pack_in_memory);
+        return ft_exec_use_pack_ex(s->ex, s->pack, s->pack_in_memory);
     }
     if (!host && s->cfg.train) return place_resident_train(s, pc, lora, nd, rope);
     return init_exec(s, pc, lora, rope, 1);
@@ -486,9 +488,11 @@ static int make_exec(ft_session *s, const ft_session_place_cfg *pc, ft_lora *lor
 
 int ft_session_place(ft_session *s, const ft_session_place_cfg *pc)
 {
-    if (s->has_ex) ft_exec_free(&s->ex);
+    if (s->has_ex) ft_exec_free(s->ex);
     s->has_ex = 0;
     s->n_adapters = 1;
+    /* the executor's storage, kept until ft_session_close (the constructors fill it) */
+    if (!s->ex && !(s->ex = calloc(1, sizeof *s->ex))) return ft_err(-ENOMEM, "out of memory");
     ft_lora *lora = pc->lora ? pc->lora : s->has_lora ? &s->lora : NULL;
     const int host = s->be->ops->host_memory;
     /* the rule: with every layer resident a run needs the executor (and on a device the
@@ -562,7 +566,7 @@ static int preview_pack(ft_session *s, const ft_pack_settings *ps, const ft_pack
 
 int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
 {
-    if (adapter_dir && s->has_lora && s->has_ex && s->ex.T_max >= T) {
+    if (adapter_dir && s->has_lora && s->has_ex && s->ex->T_max >= T) {
         /* an adapter of the same shape replaces the parameters in place: the executor (and
          * the base it placed, probed and uploaded) stays */
         ft_lora_cfg lc;
@@ -575,7 +579,7 @@ int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
             return 0;
         }
     }
-    if (s->has_ex) ft_exec_free(&s->ex); /* it holds the adapter */
+    if (s->has_ex) ft_exec_free(s->ex); /* it holds the adapter */
     s->has_ex = 0;
     if (s->has_lora) ft_lora_free(&s->lora);
     s->has_lora = 0;
@@ -585,14 +589,13 @@ int ft_session_set_adapter(ft_session *s, const char *adapter_dir, int64_t T)
 
 ft_lora *ft_session_swap_adapter(ft_session *s, ft_lora *l)
 {
-    ft_lora *was = s->ex.lora;
-    s->ex.lora = l;
-    return was;
+    return ft_exec_set_adapter(s->ex, l);
 }
 
 void ft_session_close(ft_session *s)
 {
-    if (s->has_ex) ft_exec_free(&s->ex);
+    if (s->has_ex) ft_exec_free(s->ex);
+    free(s->ex);
     if (s->has_lora) ft_lora_free(&s->lora);
     ft_pack_close(s->pack);
     ft_pack_preview_free(s->preview);

@@ -62,7 +62,9 @@ typedef struct ft_session_cfg {
                                  * bf16 base that does not fit is streamed from its bf16 pack;
                                  * BF16 refuses a folder holding only an NF4 pack), NF4 the NF4
                                  * pack at open (the base a QLoRA adapter was trained on) */
-    const char *cache_dir;      /* where packs are kept (NULL: ft_pack_default_cache_dir) */
+    const char *cache_dir;      /* where packs are kept (the program gives its default, cli/env.c
+                                 * ft_env_pack_cache_dir; NULL: none, an error when a pack is
+                                 * needed) */
     int64_t gpu_mem, host_mem;  /* device backends: the budgets in bytes (--gpu-mem, --host-mem;
                                  * 0: what is free / available memory less 4 GiB) */
     const char *adapter;        /* the forward commands' PEFT adapter folder, or NULL; with an
@@ -73,6 +75,7 @@ typedef struct ft_session_cfg {
     unsigned cuda_fused;        /* FT_CUDA_FUSED_* bits set on a CUDA backend at open (kernels.h
                                  * ft_backend_cuda_set_fused); non-zero on another backend ->
                                  * FT_E_INVALID. 0: none */
+    ft_backend_tune tune;       /* copied into the backend at open (kernels.h; zero: defaults) */
 } ft_session_cfg;
 
 /* ft_session_place_cfg.hook stages: the quantization is chosen (s->quant; nothing read yet);
@@ -123,7 +126,7 @@ typedef struct ft_session {
                                  * ft_session_set_adapter) */
     int has_lora;
     int qcorr;                  /* 1: that adapter came with its run's quantization correction */
-    ft_exec ex;                 /* the executor, made by ft_session_place */
+    ft_exec *ex;                /* the executor, made by ft_session_place (valid when has_ex) */
     int has_ex;
     ft_pack_file *pack;         /* the base's pack (NF4, a streamed bf16 base, a pack-only
                                  * folder) */

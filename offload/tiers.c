@@ -66,7 +66,7 @@ static int tl_mark(ft_exec *e, int lane, int kind, int64_t layer, int begin)
         k->lane = lane;
         k->kind = kind;
         k->layer = layer;
-        if (e->be->ops->host_memory) { /* work runs as it is queued: host times */
+        if (!e->on_device) { /* work runs as it is queued: host times */
             k->ev0 = k->ev1 = -1;
             k->h0 = k->h1 = now_s() - e->tl_host0;
             return (int)e->tl_n_marks++;
@@ -125,11 +125,10 @@ static int stage_wait(void *user, int h)
 
 int ft_exec_nf4_gemm_mode(const ft_backend *be)
 {
-    const char *v = getenv("FTUNE_NF4_GEMM");
-    if (!v || be->ops->host_memory || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4)))
+    if (be->ops->host_memory || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4)))
         return FT_NF4_GEMM_DEQUANT;
-    return !strcmp(v, "fused") ? FT_NF4_GEMM_FUSED : !strcmp(v, "auto") ? FT_NF4_GEMM_AUTO
-                                                                         : FT_NF4_GEMM_DEQUANT;
+    int v = be->tune.nf4_gemm;
+    return v == FT_NF4_GEMM_FUSED || v == FT_NF4_GEMM_AUTO ? v : FT_NF4_GEMM_DEQUANT;
 }
 
 /* 1 when projection k's NF4 weight goes to the fused GEMM (fused mode, and the kernels take
@@ -212,11 +211,11 @@ static int read_table_bf16(ft_exec *e, ft_pack_file *pack, int role, uint16_t *d
 }
 
 /* 1 when a pack-only model's embeddings and LM head stay in bf16 on backend be (exec.h
- * globals_lazy): a host-memory backend with lm_head_logits_bf16, unless FTUNE_GEN_HEAD=f32. */
+ * globals_lazy): a host-memory backend with lm_head_logits_bf16, unless be->tune.gen_head_f32
+ * (the program's FTUNE_GEN_HEAD=f32). */
 static int globals_in_bf16(const ft_backend *be)
 {
-    const char *v = getenv("FTUNE_GEN_HEAD");
-    return be->ops->host_memory && be->ops->lm_head_logits_bf16 && !(v && !strcmp(v, "f32"));
+    return be->ops->host_memory && be->ops->lm_head_logits_bf16 && !be->tune.gen_head_f32;
 }
 
 /* The global tensors of a pack-only model: final norm and LM head into device memory in row
@@ -224,13 +223,13 @@ static int globals_in_bf16(const ft_backend *be)
  * embeddings then read on the device too); an untied model's embeddings stay in the file
  * (gathered per token, ft_exec_embed_from_pack). On a host-memory backend everything goes
  * into host memory, embeddings included: in bf16 as the pack stores them (globals_lazy, with
- * lm_head_logits_bf16), or in fp32 (FTUNE_GEN_HEAD=f32, or a backend without it). */
+ * lm_head_logits_bf16), or in fp32 (be->tune.gen_head_f32, or a backend without it). */
 int ft_exec_globals_from_pack(ft_exec *e, ft_pack_file *pack)
 {
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     int64_t C = c->hidden_size, V = c->vocab_size;
-    int host = be->ops->host_memory, untied = ft_exec_untied(e->m), lazy = globals_in_bf16(be);
+    int host = !e->on_device, untied = ft_exec_untied(e->m), lazy = globals_in_bf16(be);
     /* a table in the backend's memory per role read: the LM head (untied) and the embeddings
      * (host memory, or a tied model's on a device) */
     int has_head = untied, has_emb = host || !untied;
@@ -334,7 +333,7 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
     ft_backend *be = e->be;
     const ft_model_config *c = ft_pack_config(pack);
     int64_t L = c->num_hidden_layers;
-    if (be->ops->host_memory)
+    if (!e->on_device)
         return ft_err(FT_E_INVALID, "ft_exec_use_pack_tiers: %s is a host-memory backend (use "
                       "ft_exec_use_pack_ex)", be->ops->name);
     if (!be->ops->dequant_nf4 || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_BF16)) ||
@@ -460,7 +459,7 @@ void ft_exec_tiers_free(ft_exec *e)
     if (!be) return;
     ft_disk_prefetch_free(e->dpf); /* first: its reads land in stage_mem */
     e->dpf = NULL;
-    if (!be->ops->host_memory && (e->pack_pinned || e->stage_mem) && /* copies out of them done */
+    if (e->on_device && (e->pack_pinned || e->stage_mem) && /* copies out of them done */
         be->ops->event_record(be, EV_DRAIN, FT_LANE_H2D) == 0)
         (void)be->ops->event_sync(be, EV_DRAIN);
     ft_pinned_free(be, e->pack_pinned);
@@ -783,7 +782,7 @@ int ft_exec_probe_layer(ft_exec *e, ft_pack_file *pack, int64_t T, const int32_t
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
     *t_dequant = *t_fwd = *t_bwd = 0;
-    if (be->ops->host_memory || T > e->T_max || T < 1)
+    if (!e->on_device || T > e->T_max || T < 1)
         return ft_err(FT_E_INVALID, "probe: needs a device backend and T <= %lld", (long long)e->T_max);
     size_t nb = ft_pack_block_bytes(pack, 0);
     int64_t C = c->hidden_size, stage_floats = staging_floats(e->m, pack, e->nf4_fused);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every C unit test binary (cmocka), the fuzz corpus replays, the CPU emulations of the
-# CUDA kernels (tests/emu) and the Python reference tests (pytest), then prints one closing
+# CUDA kernels (tests/emu), the layer check (tests/lint) and the Python reference tests
+# (pytest), then prints one closing
 # line: "N passed, N failed, N skipped". Exit 0 only if nothing failed.
 # Usage: tests/run_tests.sh [BUILD_DIR]
 set -u
@@ -59,6 +60,25 @@ for e in "$BUILD"/tests/emu_*; do
         echo "$name: FAILED (exit status $rc)"
     fi
 done
+# The layer rules of docs/architecture.md (tests/lint/check_layers.py: no include of a folder
+# of the same or a higher layer, no getenv outside cli/) and the checker's own test (planted
+# violations in a temp tree make it fail): one pass or fail each.
+if command -v python3 >/dev/null; then
+    for l in tests/lint/check_layers.py tests/lint/test_check_layers.py; do
+        name=$(basename "$l" .py)
+        out=$(timeout "$TIMEOUT" python3 "$l" 2>&1); rc=$?
+        if [ "$rc" -eq 0 ]; then
+            pass=$((pass + 1))
+            echo "lint $name: $(echo "$out" | tail -1)"
+        else
+            fail=$((fail + 1)); failed_list+=("lint_$name")
+            echo "$out" | tail -40 | sed "s|^|  lint_$name: |"
+            echo "lint $name: FAILED (exit status $rc)"
+        fi
+    done
+else
+    skip=$((skip + 2)); echo "lint: skipped (no python3)"
+fi
 # FTUNE_TEST_PYTEST=0: C tests and replays only (the sanitizer step of .ci/run).
 if [ "${FTUNE_TEST_PYTEST:-1}" != 0 ] && command -v python3 >/dev/null && [ -d tests/ref ]; then
     # the whole reference suite under one guard against a hang (each test has its own

@@ -146,7 +146,7 @@ static int write_pair(ft_gguf_w *w, const ft_peft_file *a, int64_t l, int p, int
 }
 
 int ft_export_gguf_lora(const char *adapter_dir, const char *out, const char *model, int type,
-                        ft_export_info *info)
+                        const ft_hub_env *hub_env, ft_export_info *info)
 {
     memset(info, 0, sizeof *info);
     if (type != FT_GGML_F32 && type != FT_GGML_F16)
@@ -159,7 +159,7 @@ int ft_export_gguf_lora(const char *adapter_dir, const char *out, const char *mo
     if (!model) {
         /* a local path, or an id in the Hugging Face cache (what training writes for a model
          * it found there) */
-        int h = ft_path_exists(a.base_name) ? 0 : ft_hub_resolve(a.base_name, hub, sizeof hub);
+        int h = ft_path_exists(a.base_name) ? 0 : ft_hub_resolve(a.base_name, hub_env, hub, sizeof hub);
         model = h == 1 ? hub : a.base_name;
         if (h < 0)
             rc = ft_err_prefix(h, "%s/adapter_config.json: base_model_name_or_path (or give the base "

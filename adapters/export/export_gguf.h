@@ -11,6 +11,7 @@
 
 #include "src/formats/config.h"
 #include "src/formats/gguf_write.h"
+#include "src/formats/hub_cache.h"
 
 /* The base model an adapter belongs to, read without its weights: config.json of a folder,
  * or the metadata of a .gguf file (general.architecture llama/qwen2, {arch}.* keys,
@@ -54,10 +55,11 @@ typedef struct ft_export_info {
  * (PEFT B (out, r)); for arch llama the rows of attn_q / attn_k lora_b are permuted as the
  * base weights (formats.md 2.4, with num_attention_heads / num_key_value_heads).
  * type: FT_GGML_F32 or FT_GGML_F16. model: the base model (folder or .gguf), or NULL to use
- * base_model_name_or_path when that is a local path. The adapter's layers and shapes are
+ * base_model_name_or_path when that is a local path or a Hugging Face id in the cache that
+ * hub names (src/formats/hub_cache.h; NULL: no cache). The adapter's layers and shapes are
  * checked against the base. Returns 0 or an error naming the file. */
 int ft_export_gguf_lora(const char *adapter_dir, const char *out, const char *model, int type,
-                        ft_export_info *info);
+                        const ft_hub_env *hub, ft_export_info *info);
 
 /* Writes the model metadata of a merged GGUF built from an HF folder: general.* (type
  * "model", name, file_type, quantization_version 2), {arch}.block_count, context_length,

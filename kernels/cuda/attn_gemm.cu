@@ -27,7 +27,7 @@
  * fp32 accumulators of T*H*D, two fp32 score tiles and two P/dS tiles, Delta (T*H);
  * seq_start is copied to the host once per call (T int32) to plan the tiles.
  *
- * Routing (attn_route): the environment variable FTUNE_ATTN picks the kernels: `mma` (the
+ * Routing (attn_route): be->tune.attn (kernels.h; the program's FTUNE_ATTN) picks the kernels: `mma` (the
  * default: the FlashAttention-2 tensor-core kernels of attn_mma.cu when the context is not
  * precise and D is 64 or 128, else this file), `gemm` (this file, with attn.cu for packed short
  * sequences), `flash` (attn.cu's fp32 kernels, D <= 256). attn_mma.cu became the default once
@@ -47,11 +47,10 @@
 enum { ROUTE_GEMM, ROUTE_FLASH, ROUTE_MMA };
 
 /* The kernels attention_fwd/bwd use for head dim D (see the file comment). */
-static int attn_route(const ft_cuda_ctx *cx, int64_t D)
+static int attn_route(const ft_backend *be, const ft_cuda_ctx *cx, int64_t D)
 {
-    const char *e = getenv("FTUNE_ATTN");
-    if (e && !strcmp(e, "gemm")) return ROUTE_GEMM;
-    if (e && !strcmp(e, "flash") && D <= 256) return ROUTE_FLASH;
+    if (be->tune.attn == FT_ATTN_GEMM) return ROUTE_GEMM;
+    if (be->tune.attn == FT_ATTN_FLASH && D <= 256) return ROUTE_FLASH;
     return cx->gemm_bf16 && (D == 64 || D == 128) ? ROUTE_MMA : ROUTE_GEMM; /* mma, unset, other */
 }
 
@@ -236,7 +235,7 @@ extern "C" int ft_cuda_attn_prepare(ft_backend *be, int64_t T, int64_t H, int64_
 {
     if (T < 1 || H < 1 || D < 1) return 0;
     ft_cuda_ctx *cx = FT_CUDA_CTX(be);
-    switch (attn_route(cx, D)) {
+    switch (attn_route(be, cx, D)) {
     case ROUTE_MMA: return ft_cuda_attn_prepare_bytes(cx, ft_cuda_mma_attn_ws_bytes(T, H, Hkv, D));
     case ROUTE_FLASH: return 0; /* Delta lives in cx->work */
     default: return ft_cuda_attn_prepare_bytes(cx, ws_bytes(T, H, D, pick_bq(T), sizeof(float)));
@@ -400,7 +399,7 @@ extern "C" int ft_cuda_attention_fwd(ft_backend *be, float *out, float *lse, con
     ft_cuda_ctx *cx = FT_CUDA_CTX(be);
     FT_TRY(check_shape("attention_fwd", T, H, Hkv, D));
     if (!T || !H) return 0;
-    const int route = attn_route(cx, D);
+    const int route = attn_route(be, cx, D);
     const void *const mp[] = {out, q, k, v};
     if (route == ROUTE_MMA && mma_fits(T, mp, 4))
         return ft_cuda_mma_attention_fwd(be, out, lse, q, k, v, seq_start, T, H, Hkv, D, scale);
@@ -423,7 +422,7 @@ extern "C" int ft_cuda_attention_bwd(ft_backend *be, float *dq, float *dk, float
     ft_cuda_ctx *cx = FT_CUDA_CTX(be);
     FT_TRY(check_shape("attention_bwd", T, H, Hkv, D));
     if (!T || !H) return 0;
-    const int route = attn_route(cx, D);
+    const int route = attn_route(be, cx, D);
     const void *const mp[] = {dq, dk, dv, dout, q, k, v, out};
     if (route == ROUTE_MMA && mma_fits(T, mp, 8))
         return ft_cuda_mma_attention_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, seq_start, T, H,

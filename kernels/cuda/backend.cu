@@ -744,6 +744,12 @@ static void cu_destroy(ft_backend *be)
     be->ctx = NULL;
 }
 
+/* The device services of the table (kernels.h; sync and mem below, profile.cu) */
+extern "C" int ft_backend_cuda_sync(ft_backend *be);
+extern "C" int ft_backend_cuda_mem(ft_backend *be, size_t *free_bytes, size_t *total_bytes);
+extern "C" int ft_backend_cuda_profile(ft_backend *be, int on);
+extern "C" int ft_backend_cuda_profile_report(ft_backend *be, char *buf, size_t n, int reset);
+
 static const ft_backend_ops cuda_ops = {
     .name = "cuda",
     .host_memory = 0,
@@ -793,6 +799,10 @@ static const ft_backend_ops cuda_ops = {
     .rope_qk_bf16 = ft_cuda_rope_qk_bf16,
     .swiglu_bf16_fwd = ft_cuda_swiglu_bf16_fwd,
     .swiglu_bf16_bwd = ft_cuda_swiglu_bf16_bwd,
+    .mem_info = ft_backend_cuda_mem,
+    .sync = ft_backend_cuda_sync,
+    .profile = ft_backend_cuda_profile,
+    .profile_report = ft_backend_cuda_profile_report,
 };
 
 static int cuda_setup(ft_cuda_ctx *cx, int device)

@@ -196,7 +196,8 @@ int ft_chat_template_for(const ft_tokenizer *tok, int tmpl, const struct ft_chat
 /* Resolves FT_CHAT_AUTO from the tokenizer's chat_template by substring (formats.md 7.2,
  * ft_chat_detect_str); a template detected as ChatML is checked by rendering a two-turn probe
  * with the built-in renderer and with the template itself (the Jinja engine): when they
- * differ, FT_CHAT_JINJA (the template itself). Worked out once, when the tokenizer is loaded;
+ * differ, FT_CHAT_JINJA (the template itself). Worked out once by the tokenizer's loader
+ * (chat.h ft_chat_template_resolve, ft_tok_set_chat_kind), else here;
  * this reads the result. */
 int ft_chat_template_detect(const ft_tokenizer *tok);
 /* Names: "llama3", "chatml", "llama2", "alpaca", "qwen3", "llama3.1", "zephyr" ("mistral" parses as llama2,

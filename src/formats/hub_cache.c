@@ -13,15 +13,18 @@
 
 #define ID_MAX 96 /* the hub's limit on an org or repository name */
 
-int ft_hub_cache_dir(char *out, size_t n)
+static int set(const char *v) { return v && *v; }
+
+int ft_hub_cache_dir(const ft_hub_env *env, char *out, size_t n)
 {
-    const char *v;
+    static const ft_hub_env none;
+    const ft_hub_env *e = env ? env : &none;
     int w;
-    if ((v = getenv("HF_HUB_CACHE")) && *v) w = snprintf(out, n, "%s", v);
-    else if ((v = getenv("HUGGINGFACE_HUB_CACHE")) && *v) w = snprintf(out, n, "%s", v);
-    else if ((v = getenv("HF_HOME")) && *v) w = snprintf(out, n, "%s/hub", v);
-    else if ((v = getenv("XDG_CACHE_HOME")) && *v) w = snprintf(out, n, "%s/huggingface/hub", v);
-    else if ((v = getenv("HOME")) && *v) w = snprintf(out, n, "%s/.cache/huggingface/hub", v);
+    if (set(e->hf_hub_cache)) w = snprintf(out, n, "%s", e->hf_hub_cache);
+    else if (set(e->huggingface_hub_cache)) w = snprintf(out, n, "%s", e->huggingface_hub_cache);
+    else if (set(e->hf_home)) w = snprintf(out, n, "%s/hub", e->hf_home);
+    else if (set(e->xdg_cache_home)) w = snprintf(out, n, "%s/huggingface/hub", e->xdg_cache_home);
+    else if (set(e->home)) w = snprintf(out, n, "%s/.cache/huggingface/hub", e->home);
     else return ft_err(FT_E_NOTFOUND, "the Hugging Face cache: none of HF_HUB_CACHE, HF_HOME, "
                        "XDG_CACHE_HOME or HOME is set");
     if (w < 0 || (size_t)w >= n) return ft_err(FT_E_RANGE, "the Hugging Face cache path is too long");
@@ -127,7 +130,7 @@ static void only_gguf(const char *dir, char *name, size_t n, int *count)
             return ft_err(FT_E_RANGE, "%s: the Hugging Face cache path is too long", arg);    \
     } while (0)
 
-int ft_hub_resolve(const char *arg, char *out, size_t n)
+int ft_hub_resolve(const char *arg, const ft_hub_env *env, char *out, size_t n)
 {
     hub_id id;
     if (!arg || ft_path_exists(arg) || !parse_id(arg, &id)) {
@@ -136,7 +139,7 @@ int ft_hub_resolve(const char *arg, char *out, size_t n)
         return 0;
     }
     char cache[4096], repo[4400], ref[4600], snap[4600], got[4800];
-    FT_TRY(ft_hub_cache_dir(cache, sizeof cache));
+    FT_TRY(ft_hub_cache_dir(env, cache, sizeof cache));
     PUT_PATH(repo, "%s/models--%s--%s", cache, id.org, id.name);
     if (ft_is_dir(repo) != 1)
         return ft_err(FT_E_NOTFOUND, "%s: no such file or folder, and %s/%s is not in the "

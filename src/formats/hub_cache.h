@@ -6,16 +6,27 @@
  * commit hash; <cache>/models--<org>--<name>/snapshots/<commit>/ holds the repository's files
  * (symbolic links into blobs/). The cache is $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE (the
  * older name), else $HF_HOME/hub, else ${XDG_CACHE_HOME:-~/.cache}/huggingface/hub, as
- * huggingface_hub's constants.py chooses it.
+ * huggingface_hub's constants.py chooses it. The library reads no environment: the program
+ * (cli/env.c ft_env_hub) gives those variables' values in an ft_hub_env.
  */
 #ifndef FT_HUB_CACHE_H
 #define FT_HUB_CACHE_H
 
 #include <stddef.h>
 
-/* The hub cache folder (see above) into out (n bytes). Returns 0, or FT_E_RANGE when it
- * does not fit, FT_E_NOTFOUND when neither an environment variable nor $HOME names it. */
-int ft_hub_cache_dir(char *out, size_t n);
+/* The values of the environment variables that name the cache (NULL or "": unset). */
+typedef struct ft_hub_env {
+    const char *hf_hub_cache;          /* $HF_HUB_CACHE */
+    const char *huggingface_hub_cache; /* $HUGGINGFACE_HUB_CACHE */
+    const char *hf_home;               /* $HF_HOME */
+    const char *xdg_cache_home;        /* $XDG_CACHE_HOME */
+    const char *home;                  /* $HOME */
+} ft_hub_env;
+
+/* The hub cache folder (see above) of env (NULL: all unset) into out (n bytes). Returns 0,
+ * or FT_E_RANGE when it does not fit, FT_E_NOTFOUND when neither a variable nor $HOME names
+ * it. */
+int ft_hub_cache_dir(const ft_hub_env *env, char *out, size_t n);
 
 /* Resolves a --model argument. An existing path is used as given (a local folder named like
  * an id wins, as in transformers). Otherwise an id "org/name", "org/name@REV" (a branch or
@@ -28,8 +39,9 @@ int ft_hub_cache_dir(char *out, size_t n);
  * looked in and how to download the model (not cached, an unknown revision, a snapshot
  * missing), FT_E_INVALID (a GGUF-only snapshot with several .gguf files: their names are
  * listed; a refs file that holds no snapshot folder name), -errno (a refs file there but
- * unreadable), FT_E_RANGE (a path longer than n). REV has no '/' (not "refs/pr/N"). */
-int ft_hub_resolve(const char *arg, char *out, size_t n);
+ * unreadable), FT_E_RANGE (a path longer than n). REV has no '/' (not "refs/pr/N"). The
+ * cache folder is ft_hub_cache_dir's of env (read only for an id). */
+int ft_hub_resolve(const char *arg, const ft_hub_env *env, char *out, size_t n);
 
 /* The id "org/name" of a path inside a cache snapshot (".../models--org--name/snapshots/
  * <commit>[/FILE]") into out: what adapter_config.json's base_model_name_or_path should say,

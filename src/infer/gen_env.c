@@ -84,7 +84,7 @@ int ft_gen_env_plan(ft_gen_env *e, const ft_gen_need *nd, const ft_sample_cfg *s
          * every token visits every layer. Its activation arena (sized by T) stays small. */
         e->s.pack_in_memory = 1;
         FT_TRY(ft_session_plan(&e->s, chunk < FT_GEN_EXEC_T ? chunk : FT_GEN_EXEC_T));
-        FT_TRY(ft_exec_gen_source(&e->s.ex, &e->src));
+        FT_TRY(ft_exec_gen_source(e->s.ex, &e->src));
         src = &e->src;
     }
     FT_TRY(ft_gen_init_seqs(&e->g, e->s.be, e->m, lora, src, ctx, wide, n_seqs, n_seqs));

@@ -21,6 +21,7 @@
 #include "src/formats/gguf.h"
 #include "src/numeric/quant.h"
 #include "src/formats/safetensors.h"
+#include "src/template/chat.h"
 
 /* GGUF base names by projection (gguf-py TENSOR_NAMES, formats.md 4.2). */
 static const char *const k_gguf_proj[FT_N_PROJ] = {"attn_q", "attn_k", "attn_v", "attn_output",
@@ -809,6 +810,7 @@ int ft_model_tokenizer(const ft_model *m, ft_tokenizer **out)
 {
     int rc = m->is_gguf ? ft_gguf_load_tokenizer(m->path, out) : ft_tok_load_dir(out, m->path);
     if (!rc) rc = check_tokenizer_fits(m, *out);
+    if (!rc) ft_tok_set_chat_kind(*out, ft_chat_template_resolve(*out)); /* once, for every render */
     if (rc < 0) {
         ft_tok_free(*out);
         *out = NULL;

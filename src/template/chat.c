@@ -772,6 +772,7 @@ int ft_chat_template_resolve(const ft_tokenizer *tok)
 
 int ft_chat_template_detect(const ft_tokenizer *tok)
 {
-    /* resolved once when the tokenizer was loaded (tk_finalize) */
-    return tok && tok->chat_detected != FT_CHAT_AUTO ? tok->chat_detected : ft_chat_template_resolve(tok);
+    /* resolved once by the tokenizer's loader (ft_tok_set_chat_kind), else here */
+    int k = ft_tok_chat_kind(tok);
+    return k != FT_CHAT_AUTO ? k : ft_chat_template_resolve(tok);
 }

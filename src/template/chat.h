@@ -22,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/tokenizer/tokenizer.h"
+
 /* The chat template a data set is rendered with (--chat-template; FT_CHAT_AUTO: chosen from
  * the tokenizer's chat_template). */
 enum ft_chat_template {
@@ -146,5 +148,12 @@ int ft_chat_jinja_end_of_turn(const ft_chat_ctx *ctx, char *buf, size_t n);
 /* Python str.strip() whitespace (str.isspace) on UTF-8: trims s[0..*n) in place by moving
  * *s and *n. Jinja's `trim` filter and `.strip()` use this set. */
 void ft_chat_strip(const char **s, size_t *n);
+
+/* The enum ft_chat_template FT_CHAT_AUTO resolves to for tok's chat_template: the substring
+ * rules of ft_chat_detect_str, and for ChatML the built-in-vs-engine probe, which renders. Its
+ * loader runs it once and stores the result in the tokenizer (ft_tok_set_chat_kind, as
+ * src/model/loader.c ft_model_tokenizer does); ft_chat_template_detect reads it. Needs tok's
+ * BOS/EOS strings. Never fails (a probe that cannot render keeps the built-in). */
+int ft_chat_template_resolve(const ft_tokenizer *tok);
 
 #endif

@@ -147,8 +147,8 @@ struct ft_tokenizer {
     const char *bos_str, *eos_str;   /* "" if none */
     const char *chat_template;       /* NULL if none */
     int chat_detected;               /* enum ft_chat_template that auto resolves to for
-                                      * chat_template: ft_chat_template_resolve, once, at the
-                                      * end of tk_finalize (0, FT_CHAT_AUTO, before) */
+                                      * chat_template (ft_tok_set_chat_kind: the loader's
+                                      * ft_chat_template_resolve, once); 0, FT_CHAT_AUTO, before */
 };
 
 /* Work state of one encode call (encode is reentrant: the tokenizer is read-only). */
@@ -194,11 +194,6 @@ int tk_added_add(ft_tokenizer *t, const char *content, size_t n, int64_t json_id
                  int lstrip, int rstrip, int normalized, int special, const char *where);
 int tk_finalize(ft_tokenizer *t, const char *where); /* matchers, normalized patterns, BOS/EOS,
                                                       * the chat template's kind */
-/* The enum ft_chat_template FT_CHAT_AUTO resolves to for t's chat_template (chat.c: the
- * substring rules of ft_chat_detect_str, and for ChatML the built-in-vs-engine probe, which
- * renders; so tk_finalize runs it once and ft_chat_template_detect reads the result). Needs
- * t's BOS/EOS strings. Never fails (a probe that cannot render keeps the built-in). */
-int ft_chat_template_resolve(const ft_tokenizer *t);
 ft_tokenizer *tk_new(void);
 const char *tk_id_text(const ft_tokenizer *t, int32_t id, size_t *n); /* added first, then vocab */
 int tk_set_str(ft_tokenizer *t, const char **dst, const char *s);

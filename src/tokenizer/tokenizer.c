@@ -189,7 +189,6 @@ int tk_finalize(ft_tokenizer *t, const char *where)
     if (t->eos < 0) t->eos_str = "";
     if (t->bos >= 0 && !t->bos_str[0]) FT_TRY(tk_set_str(t, &t->bos_str, ft_tok_str(t, t->bos)));
     if (t->eos >= 0 && !t->eos_str[0]) FT_TRY(tk_set_str(t, &t->eos_str, ft_tok_str(t, t->eos)));
-    t->chat_detected = ft_chat_template_resolve(t);
     return 0;
 }
 
@@ -411,3 +410,5 @@ int32_t ft_tok_eos(const ft_tokenizer *t) { return t ? t->eos : -1; }
 const char *ft_tok_bos_str(const ft_tokenizer *t) { return t ? t->bos_str : ""; }
 const char *ft_tok_eos_str(const ft_tokenizer *t) { return t ? t->eos_str : ""; }
 const char *ft_tok_chat_template(const ft_tokenizer *t) { return t ? t->chat_template : NULL; }
+void ft_tok_set_chat_kind(ft_tokenizer *t, int kind) { if (t) t->chat_detected = kind; }
+int ft_tok_chat_kind(const ft_tokenizer *t) { return t ? t->chat_detected : 0; }

@@ -125,5 +125,10 @@ int32_t ft_tok_eos(const ft_tokenizer *t);        /* -1 if none */
 const char *ft_tok_bos_str(const ft_tokenizer *t); /* "" if none */
 const char *ft_tok_eos_str(const ft_tokenizer *t); /* "" if none */
 const char *ft_tok_chat_template(const ft_tokenizer *t); /* NULL if none */
+/* The enum ft_chat_template (src/template/chat.h) that FT_CHAT_AUTO resolves to for t's
+ * chat_template, as its loader worked it out once (ft_chat_template_resolve, a higher layer:
+ * the tokenizer does not render templates); 0 (FT_CHAT_AUTO) until set: not resolved. */
+void ft_tok_set_chat_kind(ft_tokenizer *t, int kind);
+int ft_tok_chat_kind(const ft_tokenizer *t);
 
 #endif

@@ -550,9 +550,8 @@ int ft_init_model(const ft_init_cfg *c, ft_init_result *res)
         for (int64_t i = 0; !rc && i < n; i++)
             r.index[(ts[i].layer + 1) * ROLE_SLOTS + ts[i].role] = (int32_t)i;
         ft_pack_src src = {&r, rnd_read, NULL, NULL};
-        /* FTUNE_PACK_DIRECT=1: O_DIRECT writes (benchmarks of the disk path) */
-        const char *dio = getenv("FTUNE_PACK_DIRECT");
-        ft_pack_build_opts bo = {1, 0, 0, dio && dio[0] == '1'};
+        /* c->pack_direct: O_DIRECT writes (benchmarks of the disk path) */
+        ft_pack_build_opts bo = {1, 0, 0, c->pack_direct != 0};
         if (!rc) rc = ft_pack_build_ex(res->pack_path, &cfg, json, len, id, &s, &src, &bo, &res->pack);
         free(r.index);
     }

@@ -35,6 +35,8 @@ typedef struct ft_init_cfg {
     int write_safetensors;     /* 1: write the bf16 safetensors */
     int pack_quant;            /* 0: no pack; FT_PACK_QUANT_NF4 / _BF16: write OUT/model-<q>.ftpack */
     const char *tokenizer_dir; /* copy tokenizer.json (+ tokenizer_config.json) from here, or NULL */
+    int pack_direct;           /* 1: the pack written with O_DIRECT (benchmarks of the disk path;
+                                * the program's FTUNE_PACK_DIRECT=1) */
 } ft_init_cfg;
 
 typedef struct ft_init_result {

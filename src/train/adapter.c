@@ -106,9 +106,9 @@ static int dpo_ref_compute(ft_train_adapter *a, ft_session *s, const ft_train_da
     ft_lora *was = ft_session_swap_adapter(s, &a->lora);
     int rc = 0;
     if (!got_train)
-        rc = ft_dpo_reference(&s->ex, d->train_b, d->n_train_b, 0, a->ref_train, np_train);
+        rc = ft_dpo_reference(s->ex, d->train_b, d->n_train_b, 0, a->ref_train, np_train);
     if (!rc && d->n_eval_b && !got_eval)
-        rc = ft_dpo_reference(&s->ex, d->eval_b, d->n_eval_b, a->cfg->eval_max_batches, a->ref_eval,
+        rc = ft_dpo_reference(s->ex, d->eval_b, d->n_eval_b, a->cfg->eval_max_batches, a->ref_eval,
                               np_eval);
     ft_session_swap_adapter(s, was);
     return rc;

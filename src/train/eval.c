@@ -55,7 +55,7 @@ int ft_train_eval_log(ft_train_adapter *a, ft_session *s, const ft_train_data *d
         a->pre_eval = 0;
     } else {
         ft_lora *was = ft_session_swap_adapter(s, &a->lora);
-        int rc = eval_adapter(a, &s->ex, d, &ps, loss, tokens);
+        int rc = eval_adapter(a, s->ex, d, &ps, loss, tokens);
         ft_session_swap_adapter(s, was);
         FT_TRY(rc);
     }

@@ -41,13 +41,13 @@ static int eval_tokens(ft_session *s, const ft_dataset *ds, int64_t seq_len, int
                 spans[2 * k + 1] = ds->train[b[i].ex_index[k]].n;
                 t0 += spans[2 * k + 1];
             }
-            rc = ft_exec_eval_spans(&s->ex, &b[i], spans, b[i].n_ex, bnll, btok, &ls, &nv);
+            rc = ft_exec_eval_spans(s->ex, &b[i], spans, b[i].n_ex, bnll, btok, &ls, &nv);
             for (int64_t k = 0; !rc && k < b[i].n_ex; k++) {
                 ex_nll[b[i].ex_index[k]] = bnll[k];
                 ex_tok[b[i].ex_index[k]] = btok[k];
             }
         } else {
-            rc = ft_exec_eval(&s->ex, &b[i], &ls, &nv);
+            rc = ft_exec_eval(s->ex, &b[i], &ls, &nv);
         }
         sum += ls;
         cnt += nv;
@@ -82,17 +82,17 @@ static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapte
          * placement of the base, two when they differ (three if the policy came first) */
         rc = ft_session_set_adapter(s, ref_adapter, T);
         if (rc < 0) rc = ft_err_prefix(rc, "--ref-adapter");
-        if (!rc) rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
+        if (!rc) rc = ft_dpo_reference(s->ex, b, nb, 0, ref, n_pairs);
         if (!rc) rc = ft_session_set_adapter(s, adapter, T);
     } else {
         if (!rc) rc = ft_session_plan(s, T);
         if (!rc && !ft_dpo_reference_free(c->loss_type)) {
             ft_lora *policy = ft_session_swap_adapter(s, NULL); /* the base model */
-            rc = ft_dpo_reference(&s->ex, b, nb, 0, ref, n_pairs);
+            rc = ft_dpo_reference(s->ex, b, nb, 0, ref, n_pairs);
             ft_session_swap_adapter(s, policy);
         }
     }
-    if (!rc) rc = ft_dpo_evaluate(&s->ex, b, nb, 0, ref, c, st);
+    if (!rc) rc = ft_dpo_evaluate(s->ex, b, nb, 0, ref, c, st);
     *loss = !rc && st->pairs ? st->loss / (double)st->pairs : NAN;
     *tokens = rc ? 0 : st->tokens;
     free(ref);

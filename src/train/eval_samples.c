@@ -179,7 +179,7 @@ static int make_gen(ft_eval_samples *es, ft_session *s, const ft_lora *lora)
     if (!s->pack && s->be->ops->host_memory && m->embed && m->layers) {
         FT_TRY(ft_gen_init_seqs(&es->g, s->be, m, lora, NULL, ctx, chunk, 1, 1));
     } else {
-        FT_TRY(ft_exec_gen_source(&s->ex, &es->src));
+        FT_TRY(ft_exec_gen_source(s->ex, &es->src));
         FT_TRY(ft_gen_init_seqs(&es->g, s->be, m, lora, &es->src, ctx, chunk, 1, 1));
     }
     es->g_ok = 1;

@@ -96,14 +96,16 @@ static int pass(ft_train_job *r, int64_t step, const ft_batch *mbs, int64_t n_mb
                 ft_train_step_out *out)
 {
     ft_train_adapter *a = &r->ad[0];
-    ft_exec *ex = &r->s.ex;
+    ft_exec *ex = r->s.ex;
     int64_t n_targets, step_pairs, positions;
     count(mbs, n_mb, &n_targets, &step_pairs, &positions);
     FT_TRY(ft_optim_zero_grad(&a->opt));
     int64_t n_all = n_mb; /* data-parallel: this rank's share of the step (dist.h) */
-    ft_train_dist_share(&r->cfg, mbs, n_all, &mbs, &n_mb, &ex->mb_base);
+    int64_t mb_base = 0;
+    ft_train_dist_share(&r->cfg, mbs, n_all, &mbs, &n_mb, &mb_base);
+    ft_exec_set_mb_base(ex, mb_base);
     uint64_t dseed = ft_train_adapter_dropout_seed(a, step);
-    ex->neftune_seed = ft_train_adapter_neftune_seed(a, step);
+    ft_exec_set_neftune(ex, r->cfg.neftune_noise_alpha, ft_train_adapter_neftune_seed(a, step));
     memset(out, 0, sizeof *out);
     out->dpo = (ft_dpo_step){.cfg = &a->cfg->dpo, .ref = a->ref_train, .step_pairs = step_pairs};
     if (a->cfg->method == FT_METHOD_DPO) {
@@ -147,7 +149,7 @@ static int pass_multi(ft_train_job *r, int *on, int64_t *positions, ft_train_ste
                                          ft_train_adapter_neftune_seed(a, step), &out[i].loss_sum,
                                          &out[i].n_tokens};
     }
-    return K ? ft_exec_train_step_multi(&r->s.ex, st, K) : 0;
+    return K ? ft_exec_train_step_multi(r->s.ex, st, K) : 0;
 }
 
 /* --timeline: the step recorded is the session's second (its first when it has one), drawn
@@ -155,7 +157,7 @@ static int pass_multi(ft_train_job *r, int *on, int64_t *positions, ft_train_ste
 static int timeline_end(ft_train_job *r, int64_t step, const ft_batch *mbs, int64_t n_mb)
 {
     const ft_train_cfg *c = &r->cfg;
-    ft_exec_set_timeline(&r->s.ex, NULL);
+    ft_exec_set_timeline(r->s.ex, NULL);
     char title[512];
     snprintf(title, sizeof title, "ftune step %lld: %lld micro-batches of %lld tokens, %s",
              (long long)step + 1, (long long)n_mb, (long long)mbs[0].T, c->model);
@@ -207,7 +209,7 @@ static int one_step(ft_train_job *r, int64_t step)
     for (int64_t i = 0; i < n_mb; i++) positions += mbs[i].T;
     ft_train_step_time tm = {r->t0, r->loop_t0, ft_train_now_s()};
     int tl_on = c->timeline && (step == start + 1 || (r->total - start == 1));
-    if (tl_on) ft_exec_set_timeline(&r->s.ex, &r->tl);
+    if (tl_on) ft_exec_set_timeline(r->s.ex, &r->tl);
     ft_train_step_out out[1];
     FT_TRY(pass(r, step, mbs, n_mb, out));
     FT_TRY(ft_train_dist_reduce(c, &r->ad[0].lora, &out[0].loss_sum, &out[0].n_tokens));
@@ -261,7 +263,7 @@ static int shared_evals(ft_train_job *r, const int *on)
         for (int64_t k = 0; k < K; k++)
             st[k] = (ft_exec_adapter_step){&r->ad[idx[k]].lora, &d->eval_b[b], 1, 0, 0, 0, 0,
                                            &ls[k], &nv[k]};
-        FT_TRY(ft_exec_eval_multi(&r->s.ex, st, K));
+        FT_TRY(ft_exec_eval_multi(r->s.ex, st, K));
         for (int64_t k = 0; k < K; k++) {
             sum[k] += ls[k];
             cnt[k] += nv[k];
@@ -286,7 +288,7 @@ static int one_pass(ft_train_job *r)
     ft_train_step_out out[FT_TRAIN_MAX_ADAPTERS];
     ft_train_step_time tm = {r->t0, r->loop_t0, ft_train_now_s()};
     int tl_on = c->timeline && r->n_pass == 1;
-    if (tl_on) ft_exec_set_timeline(&r->s.ex, &r->tl);
+    if (tl_on) ft_exec_set_timeline(r->s.ex, &r->tl);
     const ft_batch *first;
     int64_t first_n = 0;
     FT_TRY(pass_multi(r, on, positions, out, &first, &first_n));

@@ -528,9 +528,10 @@ static int run(sweep *sw, ft_sweep_outcome *out)
             return 0;
         }
     }
+    ft_exec_info xi;
+    ft_exec_get_info(r->s.ex, &xi);
     ft_train_info(&r->sink, FT_EV_INFO, "sweep: %lld passes over the base: %lld layer fetches, %lld pack reads (the executor's counters, each shared by the trials of its pass)",
-                  (long long)sw->passes, (long long)r->s.ex.layer_fetches,
-                  (long long)r->s.ex.pack_reads);
+                  (long long)sw->passes, (long long)xi.layer_fetches, (long long)xi.pack_reads);
     FT_TRY(sync_state(sw, 1));
     out->best = ft_sweep_best(&sw->sched, sw->res);
     FT_TRY(write_outputs(sw, out->best));

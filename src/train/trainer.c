@@ -168,6 +168,7 @@ static int setup_base(ft_train_job *r)
     ft_session_cfg sc = {c->model, c->device, c->threads, 1, c->quant, c->cache_dir, c->gpu_mem,
                          c->host_mem, NULL, 1, session_note, r};
     sc.cuda_fused = c->cuda_fused;
+    sc.tune = c->tune;
     FT_TRY(ft_session_open_model(&r->s, &sc));
     const ft_model_config *mc = &r->s.model->cfg;
     ft_train_info(k, FT_EV_INFO, "model %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %.1fM params (loaded in %.1f s)",
@@ -198,12 +199,13 @@ static void plan_line(const ft_train_job *r, int64_t warmup)
     const ft_train_cfg *c = &r->cfg;
     const ft_session *s = &r->s;
     const ft_train_adapter *a = &r->ad[0];
-    const ft_exec *ex = &s->ex;
+    ft_exec_info ex;
+    ft_exec_get_info(s->ex, &ex);
     size_t pack_bytes = s->pack ? ft_exec_pack_bytes(s->pack) : 0;
     ft_train_info(&r->sink, FT_EV_PLAN, "plan: backend %s, base %s%s%s), LoRA r=%lld alpha=%g%s on %d modules (%.2fM trainable), %lld micro-batches of %lld x %lld tokens, grad-accum %lld, %lld steps (warmup %lld, %s), executor memory %.1f MiB%s",
                   s->be->ops->name,
                   s->quant != FT_PACK_QUANT_NF4 ? "bf16 (unquantized"
-                  : ex->nf4_fused ? "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized inside the GEMMs from the pack"
+                  : ex.nf4_fused ? "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized inside the GEMMs from the pack"
                                   : "nf4 (QLoRA: bitsandbytes NF4, double quantization, dequantized per layer from the pack",
                   s->quant_why[0] ? "; " : "", s->quant_why, (long long)a->lc.r, a->lc.alpha,
                   a->lc.use_rslora ? " (rsLoRA)" : "", __builtin_popcount(a->lc.targets),
@@ -212,9 +214,9 @@ static void plan_line(const ft_train_job *r, int64_t warmup)
                   (long long)r->d.seq_len,
                   (long long)c->grad_accum, (long long)r->total, (long long)warmup,
                   ft_schedule_name(c->schedule),
-                  (ex->arena_bytes + ex->weights_bytes + ex->kept_bytes + pack_bytes) / 1048576.0,
-                  ex->kept ? " (activations kept: no recompute)"
-                  : s->be->ops->host_memory ? "" : " (activations recomputed in the backward)");
+                  (ex.arena_bytes + ex.weights_bytes + ex.kept_bytes + pack_bytes) / 1048576.0,
+                  ex.kept ? " (activations kept: no recompute)"
+                  : !ex.on_device ? "" : " (activations recomputed in the backward)");
 }
 
 /* The run's set-up up to its first step: the base placed, the schedule, the plan, the adapter
@@ -247,7 +249,7 @@ static int setup(ft_train_job *r)
         ft_train_info(k, FT_EV_INFO, "LoRA+: the B matrices train at %g x the learning rate of the A matrices",
                       c->loraplus_lr_ratio);
     /* set before the step-0 eval too: the executor adds the noise in training steps only */
-    r->s.ex.neftune_alpha = c->neftune_noise_alpha;
+    ft_exec_set_neftune(r->s.ex, c->neftune_noise_alpha, 0);
     if (c->neftune_noise_alpha > 0)
         ft_train_info(k, FT_EV_INFO, "NEFTune: noise alpha %g: uniform noise of magnitude %.3g (alpha / sqrt(seq_len %lld * hidden %lld)) on the training embeddings, none in eval",
                       c->neftune_noise_alpha,
@@ -288,7 +290,9 @@ int ft_train_finish(ft_train_job *r, ft_train_adapter *a)
     res->n_skipped = ds->n_skipped;
     res->n_truncated = ds->n_truncated;
     res->n_dropped = ds->n_dropped;
-    res->layer_fetches = r->s.ex.layer_fetches;
+    ft_exec_info xi = {0};
+    if (r->s.has_ex) ft_exec_get_info(r->s.ex, &xi);
+    res->layer_fetches = xi.layer_fetches;
     if (a->saved_step != st->step && (st->step > 0 || !r->stopped))
         FT_TRY(ft_train_adapter_save(a, r->s.model, r->t0, k));
     if (r->stopped) {

@@ -142,7 +142,10 @@ typedef struct ft_train_cfg {
                                  * FT_PACK_QUANT_BF16 = the weights as loaded (bf16 on the GPU,
                                  * fp32 on the CPU). Auto: bf16, or nf4 when a device backend's
                                  * budget cannot hold the bf16 base. */
-    const char *cache_dir;      /* where nf4 packs are kept (NULL: ft_pack_default_cache_dir) */
+    const char *cache_dir;      /* where nf4 packs are kept (the program gives its default,
+                                 * cli/env.c ft_env_pack_cache_dir; NULL: none, an error when a
+                                 * pack is needed) */
+    ft_backend_tune tune;       /* the backend's kernel and placement choices (kernels.h) */
     int quant_correction;       /* enum ft_qcorr_mode (adapters/qcorr.h): with an NF4 base, a
                                  * frozen rank-r correction of its error added to the base
                                  * (calibrated on the first training micro-batches, or from the

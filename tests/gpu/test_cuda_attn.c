@@ -449,8 +449,8 @@ static void test_mma_sweep(void **state)
 #endif
 }
 
-/* With FTUNE_ATTN=mma (the default since 2026-11-28; set here when the environment does not
- * set it) the op table (context not precise) runs attn_mma.cu for D = 64
+/* With FTUNE_ATTN unset or mma (be->tune.attn FT_ATTN_AUTO, the default since 2026-11-28; the
+ * test gives the backend the variable's value) the op table (context not precise) runs attn_mma.cu for D = 64
  * and 128: the same bits as the direct call; D = 96 goes elsewhere (attn_mma.cu refuses it).
  * The routing is not asserted when FTUNE_ATTN is set to something else. Bad shapes for
  * attn_mma.cu: FT_E_INVALID. */
@@ -459,10 +459,13 @@ static void test_mma_op_table(void **state)
     fix *f = *state;
     NEED_GPU(f);
 #ifdef FT_HAVE_CUDA
+    /* the backend reads no environment: the test gives it FTUNE_ATTN as cli/env.c would */
     const char *env = getenv("FTUNE_ATTN");
-    int set_here = !env;
-    if (set_here) setenv("FTUNE_ATTN", "mma", 1);
-    else if (!strcmp(env, "mma")) env = NULL;
+    const ft_backend_tune tune0 = f->gpu->tune;
+    f->gpu->tune.attn = env && !strcmp(env, "gemm")    ? FT_ATTN_GEMM
+                        : env && !strcmp(env, "flash") ? FT_ATTN_FLASH
+                                                       : FT_ATTN_AUTO;
+    if (env && !strcmp(env, "mma")) env = NULL;
     const int64_t cases[][4] = {{300, 32, 8, 128}, {129, 9, 3, 64}, {200, 4, 2, 96}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t T = cases[c][0], H = cases[c][1], Hkv = cases[c][2], D = cases[c][3];
@@ -556,7 +559,7 @@ static void test_mma_op_table(void **state)
     assert_int_equal(ft_cuda_mma_attention_fwd(f->gpu, b, b, b, b, b, ss, 0, 1, 1, 64, 1.f), 0);
     f->gpu->ops->free(f->gpu, b);
     f->gpu->ops->free(f->gpu, ss);
-    if (set_here) unsetenv("FTUNE_ATTN");
+    f->gpu->tune = tune0;
 #endif
 }
 

@@ -10,7 +10,7 @@
 #include "tests/gpu/gpu_fixture.h"
 
 #include "src/model/lora.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"

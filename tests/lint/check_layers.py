@@ -22,6 +22,10 @@ TOPS = ["src", "kernels", "offload", "adapters", "cli"]
 EXTS = (".c", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 GETENV = re.compile(r'\b(secure_)?getenv\s*\(')
+# Known upward includes, each with the change that removes it; an entry that no longer
+# matches is named in a note (not a failure, so that the branch removing the include merges
+# cleanly), to be deleted.
+ALLOW = set()
 
 
 def read_layers():
@@ -74,7 +78,7 @@ def strip_comments(text):
 
 def main():
     layers = read_layers()
-    bad, n_files, n_edges = [], 0, 0
+    bad, n_files, n_edges, allowed = [], 0, 0, set()
     for top in TOPS:
         for dp, _, fns in os.walk(os.path.join(ROOT, top)):
             for fn in sorted(fns):
@@ -101,6 +105,9 @@ def main():
                     if dst is None or dst == src:
                         continue
                     n_edges += 1
+                    if (rel, inc) in ALLOW:
+                        allowed.add((rel, inc))
+                        continue
                     if layers[dst] >= layers[src]:
                         kind = "upward include" if layers[dst] > layers[src] else "include between folders of one layer"
                         bad.append(f"{rel}:{ln}: {kind}: {src} (layer {layers[src]}) includes {m.group(1)} "
@@ -111,13 +118,16 @@ def main():
                         if GETENV.search(line):
                             bad.append(f"{rel}:{ln}: library code reads the environment (getenv): only cli/ may, "
                                        "passing the value down as an option")
+    if os.path.isfile(os.path.join(ROOT, "offload", "exec.h")):  # the real tree, not a test's
+        for a, b in sorted(ALLOW - allowed):
+            print(f"check_layers: note: {a} no longer includes {b}: delete its ALLOW entry in tests/lint/check_layers.py")
     for b in bad:
         print(b)
     if bad:
         print(f"check_layers: {len(bad)} violation(s) of the layer rules of docs/architecture.md")
         return 1
-    print(f"check_layers: ok: {n_files} files, {n_edges} includes across {len(layers)} folders, none upward, "
-          "no getenv outside cli/")
+    print(f"check_layers: ok: {n_files} files, {n_edges} includes across {len(layers)} folders, none upward"
+          f"{f' but {len(allowed)} allowed (ALLOW)' if allowed else ''}, no getenv outside cli/")
     return 0
 
 

@@ -6,7 +6,7 @@
 
 #include "src/model/lora.h"
 #include "adapters/peft.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "src/core/err.h"
 #include "src/core/rng.h"
 #include "src/model/model.h"
@@ -393,6 +393,84 @@ static void test_weight_bytes_deferred(void **state)
     ft_backend_free(dev);
 }
 
+/* The public constructor (exec.h ft_exec_open) makes what ft_exec_init makes: the same
+ * train-step bits and the same counts through the accessors; the adapter swap and NEFTune
+ * setters reach the executor; bad sizes are refused with *out NULL. */
+static void test_open_and_accessors(void **state)
+{
+    fix *f = *state;
+    int64_t S = 16, n = f->lora.n_params, L = f->m->cfg.num_hidden_layers;
+    ft_batch mb[2] = {make_batch(1, S, f->m->cfg.vocab_size, 21), make_batch(1, S, f->m->cfg.vocab_size, 22)};
+    int64_t nt = mb[0].n_targets + mb[1].n_targets, nv[2];
+    double ls[2];
+    float *g = malloc(n * 4);
+    ft_exec ex;
+    assert_int_equal(ft_exec_init(&ex, f->be, f->m, &f->lora, S, 2, S), 0);
+    f->be->ops->zero(f->be, f->lora.grads, n * 4);
+    assert_int_equal(ft_exec_train_step(&ex, mb, 2, nt, 0, &ls[0], &nv[0]), 0);
+    memcpy(g, f->lora.grads, n * 4);
+    ft_exec_free(&ex);
+
+    ft_exec *e = NULL;
+    ft_exec_cfg c = {.lora = &f->lora, .T_max = S, .n_micro = 2}; /* rope_seq_len 0: T_max */
+    assert_int_equal(ft_exec_open(&e, f->be, f->m, &c), 0);
+    assert_non_null(e);
+    assert_ptr_equal(ft_exec_adapter(e), &f->lora);
+    f->be->ops->zero(f->be, f->lora.grads, n * 4);
+    assert_int_equal(ft_exec_train_step(e, mb, 2, nt, 0, &ls[1], &nv[1]), 0);
+    assert_true(ls[0] == ls[1] && nv[0] == nv[1]);
+    assert_memory_equal(g, f->lora.grads, n * 4);
+    ft_exec_info in;
+    ft_exec_get_info(e, &in);
+    assert_int_equal(in.T_max, S);
+    assert_int_equal(in.n_micro_max, 2);
+    assert_int_equal(in.layer_fetches, 2 * L);
+    assert_true(in.arena_bytes > 0 && !in.kept && !in.nf4_fused && !in.on_device);
+    assert_int_equal(in.weights_bytes, 0); /* the CPU reads the model's own arrays */
+    /* NEFTune on: the step's loss moves (noise on the embeddings); off again: the same bits */
+    ft_exec_set_neftune(e, 5.0, 1234);
+    double ln;
+    int64_t nn;
+    assert_int_equal(ft_exec_train_step(e, mb, 2, nt, 0, &ln, &nn), 0);
+    assert_true(ln != ls[0]);
+    ft_exec_set_neftune(e, 0.0, 0);
+    assert_int_equal(ft_exec_train_step(e, mb, 2, nt, 0, &ln, &nn), 0);
+    assert_true(ln == ls[0]);
+    /* the base alone, then the adapter back */
+    assert_ptr_equal(ft_exec_set_adapter(e, NULL), &f->lora);
+    assert_null(ft_exec_adapter(e));
+    double lb;
+    assert_int_equal(ft_exec_eval(e, &mb[0], &lb, &nn), 0);
+    assert_ptr_equal(ft_exec_set_adapter(e, &f->lora), NULL);
+    ft_exec_close(e);
+    ft_exec_close(NULL);
+
+    /* on a device (cpu-device): the base copied in, the executor placed on the device */
+    ft_backend *dev;
+    assert_int_equal(ft_backend_cpu_device_init(&dev, 2), 0);
+    ft_lora_cfg lc0 = f->lora.cfg;
+    ft_lora dl;
+    assert_int_equal(ft_lora_init(&dl, f->m, &lc0, dev), 0);
+    c.lora = &dl;
+    assert_int_equal(ft_exec_open(&e, dev, f->m, &c), 0);
+    ft_exec_get_info(e, &in);
+    assert_true(in.on_device && in.weights_bytes > 0);
+    ft_exec_close(e);
+    ft_lora_free(&dl);
+    ft_backend_free(dev);
+    c.lora = &f->lora;
+
+    c.T_max = 0;
+    e = (ft_exec *)&c; /* not NULL before the call */
+    assert_true(ft_exec_open(&e, f->be, f->m, &c) < 0);
+    assert_null(e);
+    assert_int_equal(ft_exec_open(&e, f->be, f->m, NULL), FT_E_INVALID);
+    assert_null(e);
+    free(g);
+    free_batch(&mb[0]);
+    free_batch(&mb[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -403,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_peft_roundtrip),
         cmocka_unit_test(test_weight_bytes_deferred),
         cmocka_unit_test(test_eval_spans),
+        cmocka_unit_test(test_open_and_accessors),
     };
     return cmocka_run_group_tests(tests, setup, model_fix_teardown);
 }

@@ -30,7 +30,7 @@
  * (one the base) in one pass, the sizes the planner uses, and the refusals. */
 #include "tests/unit/harness.h"
 
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/plan.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"

@@ -8,7 +8,7 @@
 
 #include "src/model/lora.h"
 #include "kernels/kernels.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"

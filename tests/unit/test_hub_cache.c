@@ -14,6 +14,9 @@
 #define H1 "0123456789abcdef0123456789abcdef01234567"
 #define H2 "89abcdef0123456789abcdef0123456789abcdef"
 
+/* The cache's variables as the program would pass them (cli/env.c ft_env_hub). */
+static ft_hub_env g_env;
+
 static void put(const char *root, const char *rel, const char *text)
 {
     char p[1024], cmd[1200];
@@ -29,7 +32,7 @@ static void put(const char *root, const char *rel, const char *text)
 static void expect_fail(const char *arg, int code, const char *n1, const char *n2)
 {
     char out[4096];
-    int rc = ft_hub_resolve(arg, out, sizeof out);
+    int rc = ft_hub_resolve(arg, &g_env, out, sizeof out);
     printf("  %s: %s\n", arg, ft_errmsg());
     assert_int_equal(rc, code);
     if (n1) assert_non_null(strstr(ft_errmsg(), n1));
@@ -39,7 +42,7 @@ static void expect_fail(const char *arg, int code, const char *n1, const char *n
 static void expect_path(const char *arg, int want_rc, const char *want)
 {
     char out[4096];
-    int rc = ft_hub_resolve(arg, out, sizeof out);
+    int rc = ft_hub_resolve(arg, &g_env, out, sizeof out);
     if (rc < 0) fail_msg("%s: %s", arg, ft_errmsg());
     assert_int_equal(rc, want_rc);
     assert_string_equal(out, want);
@@ -49,39 +52,25 @@ static void test_cache_dir(void **st)
 {
     (void)st;
     char d[4096];
-    const char *keys[] = {"HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "HOME"};
-    char *saved[5];
-    for (int i = 0; i < 5; i++) {
-        const char *v = getenv(keys[i]);
-        saved[i] = v ? strdup(v) : NULL;
-    }
-    setenv("HF_HUB_CACHE", "/a/hub", 1);
-    setenv("HUGGINGFACE_HUB_CACHE", "/b/hub", 1);
-    setenv("HF_HOME", "/c", 1);
-    setenv("XDG_CACHE_HOME", "/d", 1);
-    setenv("HOME", "/e", 1);
+    ft_hub_env e = {"/a/hub", "/b/hub", "/c", "/d", "/e"};
+    const char **v[] = {&e.hf_hub_cache, &e.huggingface_hub_cache, &e.hf_home, &e.xdg_cache_home, &e.home};
     const char *want[] = {"/a/hub", "/b/hub", "/c/hub", "/d/huggingface/hub", "/e/.cache/huggingface/hub"};
-    for (int i = 0; i < 5; i++) { /* each in turn is the first one set */
-        assert_int_equal(ft_hub_cache_dir(d, sizeof d), 0);
+    for (int i = 0; i < 5; i++) { /* each in turn is the first one set; "" is unset */
+        assert_int_equal(ft_hub_cache_dir(&e, d, sizeof d), 0);
         assert_string_equal(d, want[i]);
-        unsetenv(keys[i]);
+        *v[i] = i % 2 ? "" : NULL;
     }
-    assert_int_equal(ft_hub_cache_dir(d, sizeof d), FT_E_NOTFOUND);
-    setenv("HF_HUB_CACHE", "/a/very/long/path", 1);
-    assert_int_equal(ft_hub_cache_dir(d, 8), FT_E_RANGE);
-    for (int i = 0; i < 5; i++) {
-        if (saved[i]) setenv(keys[i], saved[i], 1);
-        else unsetenv(keys[i]);
-        free(saved[i]);
-    }
+    assert_int_equal(ft_hub_cache_dir(&e, d, sizeof d), FT_E_NOTFOUND);
+    assert_int_equal(ft_hub_cache_dir(NULL, d, sizeof d), FT_E_NOTFOUND);
+    e.hf_hub_cache = "/a/very/long/path";
+    assert_int_equal(ft_hub_cache_dir(&e, d, 8), FT_E_RANGE);
 }
 
 static void test_resolve(void **st)
 {
     (void)st;
     char *c = t_tmpdir(), want[2048], arg[256];
-    char *old = getenv("HF_HUB_CACHE") ? strdup(getenv("HF_HUB_CACHE")) : NULL;
-    setenv("HF_HUB_CACHE", c, 1);
+    g_env.hf_hub_cache = c;
     /* acme/tiny: main -> H1 (with a newline), v1 -> H2 (without) */
     put(c, "models--acme--tiny/refs/main", H1 "\n");
     put(c, "models--acme--tiny/refs/v1", H2);
@@ -157,13 +146,11 @@ static void test_resolve(void **st)
 
     /* an output buffer too small */
     char small[16];
-    assert_int_equal(ft_hub_resolve("acme/tiny", small, sizeof small), FT_E_RANGE);
+    assert_int_equal(ft_hub_resolve("acme/tiny", &g_env, small, sizeof small), FT_E_RANGE);
     snprintf(arg, sizeof arg, "x");
-    assert_int_equal(ft_hub_resolve(arg, small, sizeof small), 0);
+    assert_int_equal(ft_hub_resolve(arg, &g_env, small, sizeof small), 0);
 
-    if (old) setenv("HF_HUB_CACHE", old, 1);
-    else unsetenv("HF_HUB_CACHE");
-    free(old);
+    g_env.hf_hub_cache = NULL;
     t_rmtree(c);
 }
 

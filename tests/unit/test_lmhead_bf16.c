@@ -25,7 +25,7 @@
 #include "kernels/cpu/rows_f32.h"
 #include "kernels/cpu/simd_x86.h"
 #include "kernels/kernels.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -171,11 +171,10 @@ static void test_op_threads_refusals(void **state)
  * or the bf16 ones. */
 static void exec_on(ft_exec *e, ft_backend *be, const ft_model *m, ft_pack_file *pack, int f32)
 {
-    if (f32) setenv("FTUNE_GEN_HEAD", "f32", 1);
-    else unsetenv("FTUNE_GEN_HEAD");
+    be->tune.gen_head_f32 = f32; /* the program's FTUNE_GEN_HEAD=f32 */
     assert_int_equal(ft_exec_init_ex(e, be, m, NULL, N_TOK, 1, N_TOK, 0), 0);
     assert_int_equal(ft_exec_use_pack_ex(e, pack, 1), 0);
-    unsetenv("FTUNE_GEN_HEAD");
+    be->tune.gen_head_f32 = 0;
     assert_int_equal(e->globals_lazy, !f32);
     assert_true(f32 ? e->lm_head && e->embed && !e->globals_bf16
                     : !e->lm_head && !e->embed && e->lm_head_bf16 && e->embed_bf16);

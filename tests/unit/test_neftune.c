@@ -21,7 +21,7 @@
 #include <signal.h>
 
 #include "src/model/lora.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "offload/plan.h"
 #include "src/core/err.h"

@@ -36,7 +36,7 @@
 #include <sys/stat.h>
 
 #include "src/model/lora.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "kernels/kernels.h"
 #include "offload/pack.h"
 #include "offload/pack_model.h"

@@ -12,7 +12,7 @@
 #include "tests/unit/harness.h"
 
 #include "src/model/lora.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "offload/place.h"
 #include "offload/probe.h"

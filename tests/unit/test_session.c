@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/session.h"
 #include "src/core/err.h"
 
@@ -68,7 +69,7 @@ static void test_cpu_train(void **state)
     assert_int_equal(s.quant, FT_PACK_QUANT_BF16);
     assert_string_equal(s.quant_why, "auto: the cpu backend holds the base in host memory");
     assert_false(ft_model_deferred(s.model));
-    assert_true(s.has_ex && s.ex.lora == &l && s.ex.n_micro_max == 3 && s.ex.T_max == 32);
+    assert_true(s.has_ex && s.ex->lora == &l && s.ex->n_micro_max == 3 && s.ex->T_max == 32);
     assert_int_equal(s.n_micro, 3);
     assert_null(s.pack);
     assert_true(s.base_layers[0] == -1 && s.base_layers[1] == -1 && s.base_layers[2] == -1);
@@ -76,7 +77,7 @@ static void test_cpu_train(void **state)
     assert_int_equal(ns.n[FT_SESSION_PLAN], 0);
     /* the adapter swaps out (the base alone) and back */
     assert_ptr_equal(ft_session_swap_adapter(&s, NULL), &l);
-    assert_null(s.ex.lora);
+    assert_null(s.ex->lora);
     assert_null(ft_session_swap_adapter(&s, &l));
     ft_lora_free(&l); /* on the session's backend: before it closes (the executor keeps no hold) */
     ft_session_close(&s);
@@ -219,7 +220,7 @@ static void test_forward_nf4_open(void **state)
     s.pack_in_memory = 1;
     if (ft_session_plan(&s, 8) < 0) fail_msg("plan: %s", ft_errmsg());
     assert_int_equal(s.quant, FT_PACK_QUANT_NF4);
-    assert_true(s.has_ex && s.ex.pack == s.pack && s.ex.pack_host != NULL);
+    assert_true(s.has_ex && s.ex->pack == s.pack && s.ex->pack_host != NULL);
     ft_session_close(&s);
     /* reopened: the pack is reused, no build noted */
     memset(&ns, 0, sizeof ns);

@@ -10,7 +10,7 @@
 
 #include "src/model/lora.h"
 #include "offload/actckpt.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/rng.h"

@@ -17,7 +17,7 @@
 
 #include "src/model/lora.h"
 #include "offload/actckpt.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "offload/place.h"
 #include "offload/plan.h"
@@ -272,9 +272,9 @@ static void test_tiers_bit_identical(void **state)
     /* FTUNE_NF4_GEMM=fused: the same bits (the device mode dequantizes tile by tile to the
      * values dequant_nf4 gives) */
     tiers_nf4_fused(be, m, pack, b, &ts, &rg, 0.0);
-    assert_int_equal(setenv("FTUNE_NF4_GEMM", "fused", 1), 0);
+    cpu->tune.nf4_gemm = FT_NF4_GEMM_FUSED;
     assert_int_equal(ft_exec_nf4_gemm_mode(cpu), FT_NF4_GEMM_DEQUANT); /* host memory: fp32 */
-    assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
+    cpu->tune.nf4_gemm = FT_NF4_GEMM_DEQUANT;
     free(rg.g); free(rh.g); free(rd.g); free(rm.g); free(rcpu.g);
     stream_free_batches(b, N_MB);
     ft_backend_free(cpu);
@@ -309,7 +309,7 @@ static void test_place_nf4_auto(void **state)
     stream_lora_init(&lora, be, m, 0.0f);
     double loss[2];
     for (int k = 0; k < 2; k++) { /* k 0: unset (dequantized), k 1: auto */
-        if (k) assert_int_equal(setenv("FTUNE_NF4_GEMM", "auto", 1), 0);
+        if (k) be->tune.nf4_gemm = FT_NF4_GEMM_AUTO;
         ft_place_opts po = {b[0].T, b[0].seq_len, 1, 0, 0, b[0].pos, b[0].seq_start};
         ft_place_result *res = calloc(1, sizeof *res);
         ft_exec e;
@@ -338,7 +338,7 @@ static void test_place_nf4_auto(void **state)
         free(res);
     }
     assert_true(loss[0] == loss[1]);
-    assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
+    be->tune.nf4_gemm = FT_NF4_GEMM_DEQUANT;
     ft_lora_free(&lora);
     stream_free_batches(b, 1);
     tiny_device_close(m, be, &sp);

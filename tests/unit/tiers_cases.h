@@ -14,7 +14,7 @@
 
 #include "src/model/lora.h"
 #include "offload/actckpt.h"
-#include "offload/exec.h"
+#include "offload/exec_impl.h" /* the executor's state: tests read it */
 #include "offload/pack.h"
 #include "offload/prefetch.h"
 #include "offload/timeline.h"
@@ -184,9 +184,9 @@ static void tiers_nf4_fused(ft_backend *be, const ft_model *m, ft_pack_file *pac
     size_t staged = ft_exec_packed_weight_bytes(be, m, pack, 0);
     size_t fused_bytes = ft_exec_packed_weight_bytes(be, m, pack, 1);
     assert_int_equal(ft_exec_nf4_gemm_mode(be), FT_NF4_GEMM_DEQUANT);
-    assert_int_equal(setenv("FTUNE_NF4_GEMM", "auto", 1), 0);
+    be->tune.nf4_gemm = FT_NF4_GEMM_AUTO;
     assert_int_equal(ft_exec_nf4_gemm_mode(be), FT_NF4_GEMM_AUTO);
-    assert_int_equal(setenv("FTUNE_NF4_GEMM", "fused", 1), 0);
+    be->tune.nf4_gemm = FT_NF4_GEMM_FUSED;
     assert_int_equal(ft_exec_nf4_gemm_mode(be), FT_NF4_GEMM_FUSED);
     int64_t C = m->cfg.hidden_size, F = m->cfg.intermediate_size;
     int64_t qo = m->cfg.num_attention_heads * m->cfg.head_dim;
@@ -220,7 +220,7 @@ static void tiers_nf4_fused(ft_backend *be, const ft_model *m, ft_pack_file *pac
         }
     }
     for (int k = 0; k < 3; k++) free(r[k].g);
-    assert_int_equal(unsetenv("FTUNE_NF4_GEMM"), 0);
+    be->tune.nf4_gemm = FT_NF4_GEMM_DEQUANT;
 }
 
 /* Host checkpoints on a 6-layer model with its weights on the device: every ring size and
