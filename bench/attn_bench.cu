@@ -147,11 +147,11 @@ int main(int argc, char **argv)
             if (p == P_MMA && D != 64 && D != 128) continue;
             std::vector<float> tf, tb;
             for (int rep = 0; rep < 12; rep++) {
-                CK(be->ops->event_record(be, 0, FT_LANE_COMPUTE));
+                CK(be->ops->event_record(be, 0, FT_STREAM_COMPUTE));
                 CK(run(be, p, b, T, H, Hkv, D, sc, 0));
-                CK(be->ops->event_record(be, 1, FT_LANE_COMPUTE));
+                CK(be->ops->event_record(be, 1, FT_STREAM_COMPUTE));
                 CK(run(be, p, b, T, H, Hkv, D, sc, 1));
-                CK(be->ops->event_record(be, 2, FT_LANE_COMPUTE));
+                CK(be->ops->event_record(be, 2, FT_STREAM_COMPUTE));
                 CK(be->ops->event_sync(be, 2));
                 float a, c;
                 CK(be->ops->event_elapsed(be, 0, 1, &a));

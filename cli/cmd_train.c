@@ -106,8 +106,8 @@ static int opt_nonneg(const char *v, void *dst, char *err, size_t n)
 
 static int opt_method(const char *v, void *dst, char *err, size_t n)
 {
-    if (!strcmp(v, "sft")) *(int *)dst = FT_METHOD_SFT;
-    else if (!strcmp(v, "dpo")) *(int *)dst = FT_METHOD_DPO;
+    if (!strcmp(v, "sft")) *(int *)dst = FT_TRAIN_METHOD_SFT;
+    else if (!strcmp(v, "dpo")) *(int *)dst = FT_TRAIN_METHOD_DPO;
     else {
         snprintf(err, n, "unknown training method '%s' (sft, dpo)", v);
         return -1;
@@ -387,7 +387,7 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
     {
         ft_train_cfg def;
         ft_train_defaults(&def);
-        if (c.method != FT_METHOD_DPO && (c.dpo.beta != def.dpo.beta || c.dpo.loss_type != def.dpo.loss_type ||
+        if (c.method != FT_TRAIN_METHOD_DPO && (c.dpo.beta != def.dpo.beta || c.dpo.loss_type != def.dpo.loss_type ||
                                           c.dpo.label_smoothing != def.dpo.label_smoothing ||
                                           c.dpo.simpo_gamma != def.dpo.simpo_gamma)) {
             ft_str_list_free(&data);
@@ -402,7 +402,7 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         }
     }
     /* the dropout default depends on the method: TRL's DPOConfig turns dropout off */
-    c.lora.dropout = dropout.set ? dropout.p : c.method == FT_METHOD_DPO ? 0.0f : dropout.p;
+    c.lora.dropout = dropout.set ? dropout.p : c.method == FT_TRAIN_METHOD_DPO ? 0.0f : dropout.p;
     c.data = data.v;
     c.n_data = data.n;
     if (!c.model || !c.n_data) {

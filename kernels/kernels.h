@@ -34,8 +34,8 @@ typedef struct ft_backend ft_backend;
 
 /* Storage of a frozen weight matrix W (out_n, in_n), row-major. */
 enum ft_wtype {
-    FT_W_F32 = 0,  /* float */
-    FT_W_BF16 = 1, /* bfloat16 as uint16_t (the upper half of the fp32 bits, rounded to nearest even) */
+    FT_WTYPE_F32 = 0,  /* float */
+    FT_WTYPE_BF16 = 1, /* bfloat16 as uint16_t (the upper half of the fp32 bits, rounded to nearest even) */
     /* NF4 (bitsandbytes, optionally double-quantized): W points to a host ft_nf4_tensor whose
      * arrays are in backend memory, n = out * in. The product is the one of W dequantized and
      * rounded to bf16 (dequant_nf4's values) with the activation rounded to bf16 and fp32
@@ -45,7 +45,7 @@ enum ft_wtype {
      * (not linear_bwd_x, so not in its weight_types) takes it too, for generation's decode:
      * there the product is in fp32, W at its dequantized fp32 values and x unrounded
      * (kernels/cpu/nf4_gemv.h). */
-    FT_W_NF4 = 2,
+    FT_WTYPE_NF4 = 2,
 };
 #define FT_WTYPE_BIT(t) (1u << (t))
 #define FT_NF4_FUSED_ALIGN 64
@@ -69,7 +69,7 @@ typedef struct ft_nf4_tensor {
     float offset;                 /* nested */
 } ft_nf4_tensor;
 
-/* 1 when linear_fwd/linear_bwd_x may take W (out, in) as FT_W_NF4 with these block sizes
+/* 1 when linear_fwd/linear_bwd_x may take W (out, in) as FT_WTYPE_NF4 with these block sizes
  * (the fused kernels' tile rules: out, in multiples of FT_NF4_FUSED_ALIGN; blocksize a power
  * of two 32..4096; nested: (out * in / blocksize) a multiple of 4 and nested_blocksize a power
  * of two), 0 otherwise (the caller dequantizes to bf16 instead). */
@@ -93,7 +93,7 @@ typedef struct ft_adamw_seg {
 } ft_adamw_seg;
 
 /* Lanes of work (CUDA streams): compute, host->device copies, device->host copies. */
-enum ft_lane { FT_LANE_COMPUTE = 0, FT_LANE_H2D = 1, FT_LANE_D2H = 2, FT_N_LANES = 3 };
+enum ft_stream { FT_STREAM_COMPUTE = 0, FT_STREAM_H2D = 1, FT_STREAM_D2H = 2, FT_N_LANES = 3 };
 #define FT_MAX_EVENTS 1024
 
 typedef struct ft_backend_ops {
@@ -125,7 +125,7 @@ typedef struct ft_backend_ops {
      * Setup only, like alloc. */
     void *(*host_alloc)(ft_backend *be, size_t bytes);
     void (*host_free)(ft_backend *be, void *p); /* NULL-safe */
-    /* Queues a copy of bytes on lane FT_LANE_H2D (host -> backend memory) or FT_LANE_D2H
+    /* Queues a copy of bytes on lane FT_STREAM_H2D (host -> backend memory) or FT_STREAM_D2H
      * (backend -> host), after the work already queued on that lane, and returns at once
      * (host memory must be host_alloc'd for the copy to be asynchronous). A host-memory
      * backend copies right away. Returns 0 or -EIO. */
@@ -158,7 +158,7 @@ typedef struct ft_backend_ops {
     int (*linear_bwd_x)(ft_backend *be, float *dx, const float *dy, const void *W, int wtype,
                         int64_t T, int64_t out, int64_t in, float beta, float *scratch);
     /* dst (n) = t dequantized with bitsandbytes' fp32 arithmetic, then rounded to bf16 (to
-     * nearest even), for linear_fwd/linear_bwd_x with FT_W_BF16. NULL on backends that take
+     * nearest even), for linear_fwd/linear_bwd_x with FT_WTYPE_BF16. NULL on backends that take
      * fp32 weights only (the CPU dequantizes NF4 to fp32 when it reads a pack). */
     int (*dequant_nf4)(ft_backend *be, uint16_t *dst, const ft_nf4_tensor *t);
     /* y (n) += alpha * x (n). */
@@ -242,7 +242,7 @@ typedef struct ft_backend_ops {
     /* logits (T, V) = x (T, C) W^T, for eval/generation/tests on small T. */
     int (*lm_head_logits)(ft_backend *be, float *logits, const float *x, const float *W,
                           int64_t T, int64_t C, int64_t V);
-    /* lm_head_logits with W (V, C) stored as bf16 (FT_W_BF16's uint16_t, widened to fp32
+    /* lm_head_logits with W (V, C) stored as bf16 (FT_WTYPE_BF16's uint16_t, widened to fp32
      * exactly), as a pack keeps the LM head (offload/pack.h): half the bytes a decoded token
      * reads. For T <= FT_LM_HEAD_BF16_ROWS the logits are bit for bit lm_head_logits' on the
      * widened W (the CPU: both run kernels/cpu/rows_f32.h's few-rows kernel, the same sums);
@@ -296,7 +296,7 @@ typedef struct ft_backend_ops {
      * FT_E_INVALID. NULL on backends without it (callers loop over adamw). */
     int (*adamw_multi)(ft_backend *be, const ft_adamw_seg *seg, int64_t n_seg, float beta1,
                        float beta2, float eps, float weight_decay, int64_t step);
-    /* The bf16 activation ops below take and give bf16 (uint16_t, FT_W_BF16's rounding) with
+    /* The bf16 activation ops below take and give bf16 (uint16_t, FT_WTYPE_BF16's rounding) with
      * fp32 arithmetic; C % 8 == 0 (and 16-byte aligned rows on CUDA) for the row ops, else
      * FT_E_INVALID. CPU: kernels/cpu/bf16_ops.c (the twins); CUDA: kernels/cuda/bf16_ops.cu.
      * No caller yet (the bf16 executor is issue 34 item 1); NULL where absent.
@@ -351,7 +351,7 @@ typedef struct ft_backend_ops {
 enum ft_attn_kernels { FT_ATTN_AUTO = 0, FT_ATTN_GEMM = 1, FT_ATTN_FLASH = 2 };
 /* ft_backend_tune.nf4_gemm: how a device backend's executor multiplies by NF4 projections:
  * dequantized into a bf16 staging copy at each layer visit, then the bf16 GEMM; or the
- * backend's dequant-fused GEMM (FT_W_NF4), no bf16 copy; or auto: the placer's probe times
+ * backend's dequant-fused GEMM (FT_WTYPE_NF4), no bf16 copy; or auto: the placer's probe times
  * one layer both ways and keeps the faster, when their outputs agree (offload/place.h). */
 enum ft_nf4_gemm { FT_NF4_GEMM_DEQUANT = 0, FT_NF4_GEMM_FUSED = 1, FT_NF4_GEMM_AUTO = 2 };
 /* ft_backend_tune.ckpt_host: where the offload placer (offload/place.c) puts layer-input

@@ -13,7 +13,7 @@
  * forward (checkpoints h - n_sets + 1 .. h - 1) are still in their sets at the turn and are
  * used there, never copied.
  *
- * All checkpoint traffic is on the checkpoint lane, FT_LANE_D2H (device -> host stores in the
+ * All checkpoint traffic is on the checkpoint lane, FT_STREAM_D2H (device -> host stores in the
  * forward, host -> device loads in the backward, when the lane is otherwise idle), so it
  * never queues behind the weight copies of the H2D lane. Ordering is by device events
  * 24..31 (two per set; tiers.c owns 0..23 and 32+):
@@ -42,7 +42,7 @@
 #define FT_CKPT_MAX_SETS 4
 #define FT_CKPT_EV0 24              /* device events FT_CKPT_EV0 .. FT_CKPT_EV0 + 7 */
 
-typedef struct ft_ckpt_tier {
+typedef struct ft_actckpt {
     int64_t L, n_micro, T_max, C;   /* the executor's sizes */
     int64_t dev_layers;             /* layers h .. L-1 keep their inputs on the device */
     int64_t h;                      /* L - dev_layers */
@@ -64,43 +64,43 @@ typedef struct ft_ckpt_tier {
     /* counters since init (test hooks, `ftune bench step`) */
     uint64_t d2h_bytes, h2d_bytes;
     int64_t d2h_copies, h2d_copies; /* buffers (one micro-batch's checkpoint) copied */
-} ft_ckpt_tier;
+} ft_actckpt;
 
 /* Device buffers of T_max * C floats the tier needs: (dev_layers + n_sets) * n_micro. */
-int64_t ft_ckpt_tier_dev_buffers(int64_t n_micro, int64_t dev_layers, int n_sets);
+int64_t ft_actckpt_dev_buffers(int64_t n_micro, int64_t dev_layers, int n_sets);
 /* Host bytes of the tier: max(0, L - dev_layers - (n_sets - 1)) * n_micro * T_max * C * 4. */
-size_t ft_ckpt_tier_host_bytes(int64_t L, int64_t n_micro, int64_t T_max, int64_t C,
+size_t ft_actckpt_host_bytes(int64_t L, int64_t n_micro, int64_t T_max, int64_t C,
                                int64_t dev_layers, int n_sets);
 /* FT_E_INVALID (with a message) unless 0 <= dev_layers <= L and 2 <= n_sets <= 4. */
-int ft_ckpt_tier_check(int64_t L, int64_t dev_layers, int n_sets);
+int ft_actckpt_check(int64_t L, int64_t dev_layers, int n_sets);
 
-/* Sets up e->ckt over e->ckpt, which must hold ft_ckpt_tier_dev_buffers buffers, and makes the
+/* Sets up e->ckt over e->ckpt, which must hold ft_actckpt_dev_buffers buffers, and makes the
  * pinned host allocation. Returns 0, -ENOMEM (naming the bytes), FT_E_INVALID,
  * FT_E_UNSUPPORTED (a backend without host_alloc/copy_async/events). */
-int ft_ckpt_tier_init(ft_exec *e, int64_t dev_layers, int n_sets);
-void ft_ckpt_tier_free(ft_exec *e); /* NULL-safe; e->ckt = NULL */
+int ft_actckpt_init(ft_exec *e, int64_t dev_layers, int n_sets);
+void ft_actckpt_free(ft_exec *e); /* NULL-safe; e->ckt = NULL */
 
 /* ---- the executor's hooks (exec_step.c), in schedule order -------------------------------- */
 
 /* An operation starts: n_mb micro-batches of rows[mb] tokens (a pass micro-batch's: every
  * adapter's rows); train = 1: a backward follows (the forward stores its checkpoints), 0:
  * forward only (nothing is copied). */
-void ft_ckpt_tier_begin(ft_exec *e, const int64_t *rows, int64_t n_mb, int train);
+void ft_actckpt_begin(ft_exec *e, const int64_t *rows, int64_t n_mb, int train);
 /* Forward: device buffers (micro-batch mb at + mb * T_max * C) where checkpoint j is written;
  * the compute lane waits until the set is free. */
-int ft_ckpt_tier_write(ft_exec *e, int64_t j, float **out);
+int ft_actckpt_write(ft_exec *e, int64_t j, float **out);
 /* Forward and head: where checkpoint j is. FT_E_INVALID if it is not on the device. */
-int ft_ckpt_tier_read(ft_exec *e, int64_t j, float **at);
+int ft_actckpt_read(ft_exec *e, int64_t j, float **at);
 /* The compute writing checkpoint j is queued: store it to the host when it has a home there. */
-int ft_ckpt_tier_written(ft_exec *e, int64_t j);
+int ft_actckpt_written(ft_exec *e, int64_t j);
 /* A compute reading checkpoint j (a forward layer, the head) is queued. */
-int ft_ckpt_tier_used(ft_exec *e, int64_t j);
+int ft_actckpt_used(ft_exec *e, int64_t j);
 /* The backward starts (after the head): loads are issued as sets free up. */
-int ft_ckpt_tier_bwd_begin(ft_exec *e);
+int ft_actckpt_bwd_begin(ft_exec *e);
 /* Backward of layer l: its input checkpoint on the device, the compute lane waiting for its
  * load. */
-int ft_ckpt_tier_bwd_in(ft_exec *e, int64_t l, float **at);
+int ft_actckpt_bwd_in(ft_exec *e, int64_t l, float **at);
 /* The backward of layer l is queued: its set is free; further loads are issued. */
-int ft_ckpt_tier_bwd_done(ft_exec *e, int64_t l);
+int ft_actckpt_bwd_done(ft_exec *e, int64_t l);
 
 #endif

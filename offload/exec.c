@@ -165,10 +165,10 @@ static int init_sized(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lo
                       int64_t dev_layers, int n_sets)
 {
     memset(e, 0, sizeof *e);
-    if (n_sets) FT_TRY(ft_ckpt_tier_check(m->cfg.num_hidden_layers, dev_layers, n_sets));
-    int64_t bufs = n_sets ? ft_ckpt_tier_dev_buffers(z->n_micro, dev_layers, n_sets) : -1;
+    if (n_sets) FT_TRY(ft_actckpt_check(m->cfg.num_hidden_layers, dev_layers, n_sets));
+    int64_t bufs = n_sets ? ft_actckpt_dev_buffers(z->n_micro, dev_layers, n_sets) : -1;
     int rc = init_impl(e, be, m, lora, z, rope_seq_len, place_layers, bufs);
-    if (!rc && n_sets) rc = ft_ckpt_tier_init(e, dev_layers, n_sets);
+    if (!rc && n_sets) rc = ft_actckpt_init(e, dev_layers, n_sets);
     return rc < 0 ? ft_exec_free_keeping_err(e, rc) : rc;
 }
 
@@ -192,7 +192,7 @@ int ft_exec_init_ckpt_host(ft_exec *e, ft_backend *be, const ft_model *m, ft_lor
                            int64_t dev_layers, int n_sets)
 {
     memset(e, 0, sizeof *e);
-    FT_TRY(ft_ckpt_tier_check(m->cfg.num_hidden_layers, dev_layers, n_sets));
+    FT_TRY(ft_actckpt_check(m->cfg.num_hidden_layers, dev_layers, n_sets));
     exec_sizes z = one_adapter(lora, T_max, n_micro);
     return init_sized(e, be, m, lora, &z, rope_seq_len, place_layers, dev_layers, n_sets);
 }
@@ -203,15 +203,15 @@ int ft_exec_ckpt_to_host(ft_exec *e, int64_t dev_layers, int n_sets)
     const ft_model_config *c = &e->m->cfg;
     if (e->ckt)
         return ft_err(FT_E_INVALID, "ft_exec_ckpt_to_host: the checkpoints are in host memory already");
-    FT_TRY(ft_ckpt_tier_check(c->num_hidden_layers, dev_layers, n_sets));
+    FT_TRY(ft_actckpt_check(c->num_hidden_layers, dev_layers, n_sets));
     float inv[1024]; /* the one arena content set at init (head_dim / 2 <= 1024 there) */
     size_t inv_bytes = (size_t)(c->head_dim / 2) * sizeof(float);
     FT_TRY(be->ops->copy(be, inv, e->inv_freq, inv_bytes));
     be->ops->free(be, e->arena); /* first, so that the device never holds both */
     e->arena = NULL;
-    FT_TRY(carve_arena(e, ft_ckpt_tier_dev_buffers(e->n_micro_max, dev_layers, n_sets)));
+    FT_TRY(carve_arena(e, ft_actckpt_dev_buffers(e->n_micro_max, dev_layers, n_sets)));
     FT_TRY(be->ops->copy(be, e->inv_freq, inv, inv_bytes));
-    return ft_ckpt_tier_init(e, dev_layers, n_sets);
+    return ft_actckpt_init(e, dev_layers, n_sets);
 }
 
 static int init_impl(ft_exec *e, ft_backend *be, const ft_model *m, ft_lora *lora,
@@ -271,7 +271,7 @@ void ft_exec_free(ft_exec *e)
         free(e->pack_dev_off);
         e->be->ops->free(e->be, e->kept_mem);
         ft_exec_tiers_free(e);
-        ft_ckpt_tier_free(e);
+        ft_actckpt_free(e);
         free(e->kept);
         if (e->layers && e->layers != e->m->layers) free(e->layers);
     }

@@ -29,7 +29,7 @@
 struct ft_timeline;
 struct ft_tl_mark;
 struct ft_disk_prefetch;
-struct ft_ckpt_tier;
+struct ft_actckpt;
 
 /* The executor (its state: offload/exec_impl.h, private to offload/; tests may read it). Made
  * by ft_exec_open, or by the runtime session (offload/session.h ft_session_place). */
@@ -198,7 +198,7 @@ size_t ft_exec_packed_weight_bytes(const ft_backend *be, const ft_model *m, cons
 /* The NF4 GEMM mode (kernels.h enum ft_nf4_gemm) for backend be: be->tune.nf4_gemm (the
  * program's FTUNE_NF4_GEMM: dequant | fused | auto; unset or another value: dequant, the
  * default until the fused kernel is measured on a GPU: bench/results/qlora.md);
- * FT_NF4_GEMM_DEQUANT on a host-memory backend or one without FT_W_NF4. */
+ * FT_NF4_GEMM_DEQUANT on a host-memory backend or one without FT_WTYPE_NF4. */
 int ft_exec_nf4_gemm_mode(const ft_backend *be);
 /* Bytes of the device copy of the base model's weights on backend be (embeddings counted
  * once when tied; projections in bf16 where the backend takes bf16 weights, else fp32). */

@@ -74,7 +74,7 @@ struct ft_exec {
     float *layer_f32;           /* backend memory, ft_pack_layer_floats floats */
     ft_layer_weights fetched;   /* points into layer_f32 (or the block, tiers.c) */
     int64_t fetched_layer;      /* the layer layer_f32 holds, -1 if none */
-    /* Device tiers: 1 when NF4 projections go to the backend's dequant-fused GEMM (FT_W_NF4)
+    /* Device tiers: 1 when NF4 projections go to the backend's dequant-fused GEMM (FT_WTYPE_NF4)
      * as these descriptions of the fetched block, instead of a bf16 copy in layer_f32. Set at
      * init from be->tune.nf4_gemm (ft_exec_nf4_gemm_mode: fused -> 1); the placer
      * (offload/place.h) sets it from its probe with auto. Read by ft_exec_use_pack_tiers and
@@ -127,7 +127,7 @@ struct ft_exec {
     const uint16_t *embed_bf16, *lm_head_bf16;
     float *globals_f32;         /* backend memory, the fp32 tables once read, or NULL */
     struct ft_disk_prefetch *dpf; /* disk tier read-ahead (offload/prefetch.c), NULL if unused */
-    struct ft_ckpt_tier *ckt;   /* layer-input checkpoints in host memory (offload/actckpt.c), NULL: on the device */
+    struct ft_actckpt *ckt;   /* layer-input checkpoints in host memory (offload/actckpt.c), NULL: on the device */
     struct ft_timeline *tl;     /* when set, spans of each operation are recorded (tiers.c) */
     int tl_next_ev;             /* next free event id for the timeline */
     double tl_host0;            /* host clock at the operation's origin event */

@@ -28,20 +28,20 @@ static int64_t dx_stride(const ft_exec *e)
 
 static int ck_write(ft_exec *e, int64_t j, float **out)
 {
-    if (e->ckt) return ft_ckpt_tier_write(e, j, out);
+    if (e->ckt) return ft_actckpt_write(e, j, out);
     *out = e->ckpt + j * e->n_micro_max * ck_stride(e);
     return 0;
 }
 
 static int ck_read(ft_exec *e, int64_t j, float **at)
 {
-    if (e->ckt) return ft_ckpt_tier_read(e, j, at);
+    if (e->ckt) return ft_actckpt_read(e, j, at);
     *at = e->ckpt + j * e->n_micro_max * ck_stride(e);
     return 0;
 }
 
-static int ck_written(ft_exec *e, int64_t j) { return e->ckt ? ft_ckpt_tier_written(e, j) : 0; }
-static int ck_used(ft_exec *e, int64_t j) { return e->ckt ? ft_ckpt_tier_used(e, j) : 0; }
+static int ck_written(ft_exec *e, int64_t j) { return e->ckt ? ft_actckpt_written(e, j) : 0; }
+static int ck_used(ft_exec *e, int64_t j) { return e->ckt ? ft_actckpt_used(e, j) : 0; }
 
 /* ---- passes ------------------------------------------------------------------------------ */
 
@@ -183,7 +183,7 @@ static int forward_all(ft_exec *e, const ft_exec_adapter_step *st, int64_t n_pas
     for (int64_t mb = 0; mb < n_pass; mb++)
         for (int64_t k = 0; k < e->op_nseg[mb]; k++)
             FT_TRY(upload(e, seg_batch(e, st, mb, k), mb, seg_at(e, mb, k)->row0));
-    if (e->ckt) ft_ckpt_tier_begin(e, e->op_rows, n_pass, train);
+    if (e->ckt) ft_actckpt_begin(e, e->op_rows, n_pass, train);
     float *x0;
     FT_TRY(ck_write(e, 0, &x0));
     for (int64_t mb = 0; mb < n_pass; mb++)
@@ -229,14 +229,14 @@ static int backward_all(ft_exec *e, int64_t n_pass)
 {
     ft_backend *be = e->be;
     const ft_model_config *c = &e->m->cfg;
-    if (e->ckt) FT_TRY(ft_ckpt_tier_bwd_begin(e));
+    if (e->ckt) FT_TRY(ft_actckpt_bwd_begin(e));
     int64_t sd = ck_stride(e);
     for (int64_t l = c->num_hidden_layers - 1; l >= 0; l--) {
         const ft_layer_weights *w;
         float *xl, *out;
         FT_TRY(ft_exec_fetch_layer(e, l, &w));
         if (e->ckt) {
-            FT_TRY(ft_ckpt_tier_bwd_in(e, l, &xl));
+            FT_TRY(ft_actckpt_bwd_in(e, l, &xl));
             out = e->xf; /* the recompute's output is not used: the head's scratch takes it */
         } else {
             FT_TRY(ck_read(e, l, &xl));
@@ -259,7 +259,7 @@ static int backward_all(ft_exec *e, int64_t n_pass)
             FT_TRY(ft_block_bwd_segs(be, c, w, l, &d, &io, sg, ns, x, dx, dx, a, &e->scr));
         }
         ft_exec_tl_end(e, mk);
-        if (e->ckt) FT_TRY(ft_ckpt_tier_bwd_done(e, l));
+        if (e->ckt) FT_TRY(ft_actckpt_bwd_done(e, l));
     }
     return ft_exec_op_end(e);
 }

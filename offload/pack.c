@@ -602,7 +602,7 @@ static int layer_weights(const ft_pack_file *p, int64_t l, const void *buf, floa
             ft_nf4_fusable(r->rows, r->cols, r->blocksize, r->nested_blocksize)) {
             int k = (int)(r->role - FT_PACK_ROLE_W0);
             ft_pack_record_nf4(r, buf, &nf4[k]);
-            w->proj[k].wtype = FT_W_NF4;
+            w->proj[k].wtype = FT_WTYPE_NF4;
             w->proj[k].nf4 = &nf4[k];
             w->proj[k].w = NULL;
             continue;

@@ -277,7 +277,7 @@ int ft_pack_layer_weights(const ft_pack_file *p, int64_t l, const void *buf, flo
 
 /* ft_pack_layer_weights, except that NF4 projections of a shape the fused kernels take
  * (kernels.h ft_nf4_fusable: out and in multiples of 64, the device kernels' tile rule, which
- * real Llama shapes meet; the CPU kernel would take in % 16 == 0) stay as they are stored: proj[k].wtype FT_W_NF4, proj[k].nf4 =
+ * real Llama shapes meet; the CPU kernel would take in % 16 == 0) stay as they are stored: proj[k].wtype FT_WTYPE_NF4, proj[k].nf4 =
  * &nf4[k] (nf4: FT_N_PROJ entries) describing the codes and scales inside buf (valid while buf is), proj[k].w NULL.
  * Norms, biases and the other projections go to dst as above. For a host-memory backend whose
  * linear_fwd reads NF4 in place (the CPU's decode step). Returns 0 or FT_E_CORRUPT. */

@@ -276,13 +276,13 @@ int ft_probe_pcie(ft_backend *be, size_t bytes, double *h2d, double *d2h)
     const int ev = FT_MAX_EVENTS - 1;
     int rc;
     /* warm-up: first-touch costs, lazy stream and DMA setup */
-    if ((rc = o->copy_async(be, FT_LANE_H2D, dev, host, bytes)) < 0 ||
-        (rc = o->event_record(be, ev, FT_LANE_H2D)) < 0 || (rc = o->event_sync(be, ev)) < 0 ||
-        (rc = o->copy_async(be, FT_LANE_D2H, host, dev, bytes)) < 0 ||
-        (rc = o->event_record(be, ev, FT_LANE_D2H)) < 0 || (rc = o->event_sync(be, ev)) < 0)
+    if ((rc = o->copy_async(be, FT_STREAM_H2D, dev, host, bytes)) < 0 ||
+        (rc = o->event_record(be, ev, FT_STREAM_H2D)) < 0 || (rc = o->event_sync(be, ev)) < 0 ||
+        (rc = o->copy_async(be, FT_STREAM_D2H, host, dev, bytes)) < 0 ||
+        (rc = o->event_record(be, ev, FT_STREAM_D2H)) < 0 || (rc = o->event_sync(be, ev)) < 0)
         goto out;
-    if ((rc = time_copies(be, FT_LANE_H2D, dev, host, bytes, h2d)) < 0) goto out;
-    rc = time_copies(be, FT_LANE_D2H, host, dev, bytes, d2h);
+    if ((rc = time_copies(be, FT_STREAM_H2D, dev, host, bytes, h2d)) < 0) goto out;
+    rc = time_copies(be, FT_STREAM_D2H, host, dev, bytes, d2h);
 out:
     o->host_free(be, host);
     o->free(be, dev);

@@ -65,7 +65,7 @@ int ft_probe_pack_reader(struct ft_pack_file *pack, uint64_t max_bytes, ft_probe
 /* Pinned host -> device and device -> host copy rates in bytes/s (decimal) of copies of
  * `bytes` (0: FT_PROBE_PCIE_DEFAULT_BYTES): one buffer from be->ops->alloc, one from
  * be->ops->host_alloc, one warm-up copy each way, then 5 timings of 4 back-to-back copies
- * per direction on lanes FT_LANE_H2D / FT_LANE_D2H, each timed by two events (ids
+ * per direction on lanes FT_STREAM_H2D / FT_STREAM_D2H, each timed by two events (ids
  * FT_MAX_EVENTS - 2 and - 1), the median kept. Returns 0, FT_E_UNSUPPORTED (a host-memory
  * backend such as the CPU: there is no bus to measure; or the transfer ops are missing),
  * -ENOMEM (an allocation failed) or the backend's error (-EIO). */

@@ -15,13 +15,13 @@
  * device copy is being made anyway: half the bytes, twice the tensor-core rate); fp32 else. */
 static int proj_wtype(const ft_backend *be)
 {
-    return !be->ops->host_memory && (be->ops->weight_types & FT_WTYPE_BIT(FT_W_BF16)) ? FT_W_BF16
-                                                                                         : FT_W_F32;
+    return !be->ops->host_memory && (be->ops->weight_types & FT_WTYPE_BIT(FT_WTYPE_BF16)) ? FT_WTYPE_BF16
+                                                                                         : FT_WTYPE_F32;
 }
 
 static size_t floats_for(int64_t n, int wtype)
 {
-    int64_t f = wtype == FT_W_BF16 ? (n + 1) / 2 : n;
+    int64_t f = wtype == FT_WTYPE_BF16 ? (n + 1) / 2 : n;
     return (size_t)ft_pad16(f);
 }
 
@@ -29,8 +29,8 @@ static size_t floats_for(int64_t n, int wtype)
 size_t ft_exec_global_bytes(const ft_model *m)
 {
     const ft_model_config *c = &m->cfg;
-    size_t n = floats_for(c->vocab_size * c->hidden_size, FT_W_F32) * (ft_exec_untied(m) ? 2 : 1) +
-               floats_for(c->hidden_size, FT_W_F32);
+    size_t n = floats_for(c->vocab_size * c->hidden_size, FT_WTYPE_F32) * (ft_exec_untied(m) ? 2 : 1) +
+               floats_for(c->hidden_size, FT_WTYPE_F32);
     return (n + 64) * sizeof(float);
 }
 
@@ -41,12 +41,12 @@ size_t ft_exec_weight_bytes(const ft_backend *be, const ft_model *m)
     size_t n = ft_exec_global_bytes(m) / sizeof(float);
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
         const ft_layer_weights *w = &m->layers[l];
-        n += 2 * floats_for(c->hidden_size, FT_W_F32);
+        n += 2 * floats_for(c->hidden_size, FT_WTYPE_F32);
         /* by the config as well as the pointers: a deferred or pack-only model has none */
-        if (w->q_norm || c->qk_norm) n += 2 * floats_for(c->head_dim, FT_W_F32);
+        if (w->q_norm || c->qk_norm) n += 2 * floats_for(c->head_dim, FT_WTYPE_F32);
         for (int p = 0; p < FT_N_PROJ; p++)
             n += floats_for(w->proj[p].out_n * w->proj[p].in_n, wt) +
-                 (w->proj[p].b || ft_pack_has_bias(c, p) ? floats_for(w->proj[p].out_n, FT_W_F32) : 0);
+                 (w->proj[p].b || ft_pack_has_bias(c, p) ? floats_for(w->proj[p].out_n, FT_WTYPE_F32) : 0);
     }
     return (n + 64) * sizeof(float);
 }
@@ -84,8 +84,8 @@ int ft_exec_place_weights(ft_exec *e, int with_layers)
             int64_t n = m->layers[l].proj[q].out_n * m->layers[l].proj[q].in_n;
             biggest = n > biggest ? n : biggest;
         }
-    uint16_t *stage = wt == FT_W_BF16 ? malloc((size_t)biggest * sizeof(uint16_t)) : NULL;
-    if (wt == FT_W_BF16 && !stage)
+    uint16_t *stage = wt == FT_WTYPE_BF16 ? malloc((size_t)biggest * sizeof(uint16_t)) : NULL;
+    if (wt == FT_WTYPE_BF16 && !stage)
         return ft_err(-ENOMEM, "out of memory converting weights to bf16 (%lld values)", (long long)biggest);
     float *p = e->weights;
     int64_t VC = c->vocab_size * c->hidden_size;
@@ -112,12 +112,12 @@ int ft_exec_place_weights(ft_exec *e, int with_layers)
         for (int q = 0; q < FT_N_PROJ && !rc; q++) {
             const ft_linear *s = &src->proj[q];
             int64_t n = s->out_n * s->in_n;
-            if (wt == FT_W_BF16) {
-                float *d = ft_carve16(&p, (int64_t)floats_for(n, FT_W_BF16));
+            if (wt == FT_WTYPE_BF16) {
+                float *d = ft_carve16(&p, (int64_t)floats_for(n, FT_WTYPE_BF16));
                 ft_quant_f32_to_bf16_n(stage, s->w, n);
                 rc = be->ops->copy(be, d, stage, (size_t)n * sizeof(uint16_t));
                 dst->proj[q].w = d;
-                dst->proj[q].wtype = FT_W_BF16;
+                dst->proj[q].wtype = FT_WTYPE_BF16;
             } else {
                 PUT(dst->proj[q].w, s->w, n);
             }

@@ -73,7 +73,7 @@ static int tl_mark(ft_exec *e, int lane, int kind, int64_t layer, int begin)
         }
         k->ev0 = e->tl_next_ev++;
         k->ev1 = e->tl_next_ev++;
-        int bl = lane == FT_TL_H2D ? FT_LANE_H2D : lane == FT_TL_D2H ? FT_LANE_D2H : FT_LANE_COMPUTE;
+        int bl = lane == FT_TL_H2D ? FT_STREAM_H2D : lane == FT_TL_D2H ? FT_STREAM_D2H : FT_STREAM_COMPUTE;
         if (e->be->ops->event_record(e->be, k->ev0, bl)) return -1;
         return (int)e->tl_n_marks++;
     }
@@ -88,7 +88,7 @@ static void tl_close(ft_exec *e, int mark)
         k->h1 = now_s() - e->tl_host0;
         return;
     }
-    int bl = k->lane == FT_TL_H2D ? FT_LANE_H2D : k->lane == FT_TL_D2H ? FT_LANE_D2H : FT_LANE_COMPUTE;
+    int bl = k->lane == FT_TL_H2D ? FT_STREAM_H2D : k->lane == FT_TL_D2H ? FT_STREAM_D2H : FT_STREAM_COMPUTE;
     e->be->ops->event_record(e->be, k->ev1, bl);
 }
 
@@ -125,7 +125,7 @@ static int stage_wait(void *user, int h)
 
 int ft_exec_nf4_gemm_mode(const ft_backend *be)
 {
-    if (be->ops->host_memory || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4)))
+    if (be->ops->host_memory || !(be->ops->weight_types & FT_WTYPE_BIT(FT_WTYPE_NF4)))
         return FT_NF4_GEMM_DEQUANT;
     int v = be->tune.nf4_gemm;
     return v == FT_NF4_GEMM_FUSED || v == FT_NF4_GEMM_AUTO ? v : FT_NF4_GEMM_DEQUANT;
@@ -336,7 +336,7 @@ int ft_exec_use_pack_tiers(ft_exec *e, ft_pack_file *pack, const uint8_t *tier, 
     if (!e->on_device)
         return ft_err(FT_E_INVALID, "ft_exec_use_pack_tiers: %s is a host-memory backend (use "
                       "ft_exec_use_pack_ex)", be->ops->name);
-    if (!be->ops->dequant_nf4 || !(be->ops->weight_types & FT_WTYPE_BIT(FT_W_BF16)) ||
+    if (!be->ops->dequant_nf4 || !(be->ops->weight_types & FT_WTYPE_BIT(FT_WTYPE_BF16)) ||
         !be->ops->copy_async || !be->ops->host_alloc)
         return ft_err(FT_E_UNSUPPORTED, "%s: the %s backend cannot compute from a packed base",
                       ft_pack_path(pack), be->ops->name);
@@ -460,7 +460,7 @@ void ft_exec_tiers_free(ft_exec *e)
     ft_disk_prefetch_free(e->dpf); /* first: its reads land in stage_mem */
     e->dpf = NULL;
     if (e->on_device && (e->pack_pinned || e->stage_mem) && /* copies out of them done */
-        be->ops->event_record(be, EV_DRAIN, FT_LANE_H2D) == 0)
+        be->ops->event_record(be, EV_DRAIN, FT_STREAM_H2D) == 0)
         (void)be->ops->event_sync(be, EV_DRAIN);
     ft_pinned_free(be, e->pack_pinned);
     ft_pinned_free(be, e->stage_mem);
@@ -516,12 +516,12 @@ static int issue(ft_exec *e, int64_t l, int64_t resume, int *slot)
         e->pack_reads++;
         src = e->stage_mem + (size_t)h * e->slot_bytes;
     }
-    FT_TRY(be->ops->event_wait(be, FT_LANE_H2D, EV_FREE(s)));
+    FT_TRY(be->ops->event_wait(be, FT_STREAM_H2D, EV_FREE(s)));
     int mk = tl_mark(e, FT_TL_H2D, FT_TL_WEIGHTS, l, 1);
-    FT_TRY(be->ops->copy_async(be, FT_LANE_H2D, dst, src, nb));
+    FT_TRY(be->ops->copy_async(be, FT_STREAM_H2D, dst, src, nb));
     tl_close(e, mk);
-    FT_TRY(be->ops->event_record(be, EV_READY(s), FT_LANE_H2D));
-    if (h >= 0) FT_TRY(be->ops->event_record(be, EV_STAGE(h), FT_LANE_H2D));
+    FT_TRY(be->ops->event_record(be, EV_READY(s), FT_STREAM_H2D));
+    if (h >= 0) FT_TRY(be->ops->event_record(be, EV_STAGE(h), FT_STREAM_H2D));
     if (ahead) ft_disk_prefetch_release(e->dpf, h);
     else if (h >= 0 && e->dpf) FT_TRY(dpf_start(e, resume));
     e->h2d_bytes += nb;
@@ -554,7 +554,7 @@ int ft_exec_begin_op(ft_exec *e, int train)
         FT_TRY(ft_backend_sync(e->be));
         e->tl_n_marks = 0;
         e->tl_next_ev = EV_TL0 + 1;
-        FT_TRY(e->be->ops->event_record(e->be, EV_TL0, FT_LANE_COMPUTE));
+        FT_TRY(e->be->ops->event_record(e->be, EV_TL0, FT_STREAM_COMPUTE));
         e->tl_host0 = now_s();
     }
     if (!e->tier) return 0;
@@ -620,7 +620,7 @@ static int release_current(ft_exec *e)
 {
     if (e->cur_slot < 0) return 0;
     int s = e->cur_slot;
-    FT_TRY(e->be->ops->event_record(e->be, EV_FREE(s), FT_LANE_COMPUTE));
+    FT_TRY(e->be->ops->event_record(e->be, EV_FREE(s), FT_STREAM_COMPUTE));
     e->slot_busy[s] = 0;
     e->cur_slot = -1;
     return 0;
@@ -650,7 +650,7 @@ int ft_exec_fetch_device(ft_exec *e, int64_t l, const ft_layer_weights **w)
             if (k == 0)
                 return ft_err(FT_E_INVALID, "executor: no free slot for layer %lld", (long long)l);
         }
-        FT_TRY(be->ops->event_wait(be, FT_LANE_COMPUTE, EV_READY(s)));
+        FT_TRY(be->ops->event_wait(be, FT_STREAM_COMPUTE, EV_READY(s)));
         e->cur_slot = s;
         blk = e->slot_mem + (size_t)s * e->slot_bytes;
     }
@@ -690,7 +690,7 @@ static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_t
             continue;
         }
         ft_linear *li = &f->proj[r->role - FT_PACK_ROLE_W0];
-        li->wtype = FT_W_BF16;
+        li->wtype = FT_WTYPE_BF16;
         if (r->dtype == FT_PACK_DT_BF16) {
             li->w = (float *)data;
             continue;
@@ -713,7 +713,7 @@ static int bind_block(ft_exec *e, int64_t l, const uint8_t *blk, const ft_pack_t
                               ft_proj_name[k], (long long)r->blocksize,
                               (long long)r->nested_blocksize, h->blocksize, h->nested_blocksize);
             e->fetched_nf4[k] = t;
-            li->wtype = FT_W_NF4;
+            li->wtype = FT_WTYPE_NF4;
             li->nf4 = &e->fetched_nf4[k];
             continue;
         }

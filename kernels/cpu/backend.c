@@ -110,13 +110,13 @@ static int cpu_gemm(ft_backend *be, int ta, int tb, int64_t m, int64_t n, int64_
     return ft_cpu_gemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-/* fp32 W, and FT_W_NF4 read in place (kernels/cpu/nf4_gemv.h: generation's decode step over a
+/* fp32 W, and FT_WTYPE_NF4 read in place (kernels/cpu/nf4_gemv.h: generation's decode step over a
  * pack, offload/exec.c; not advertised in weight_types, as linear_bwd_x takes fp32 only). */
 int ft_cpu_linear_fwd(ft_backend *be, float *y, const float *x, const void *W, int wtype,
                       int64_t T, int64_t out, int64_t in, float beta, float *scratch)
 {
-    if (wtype == FT_W_NF4) return ft_cpu_nf4_gemv(y, x, W, T, out, in, beta, scratch);
-    if (wtype != FT_W_F32)
+    if (wtype == FT_WTYPE_NF4) return ft_cpu_nf4_gemv(y, x, W, T, out, in, beta, scratch);
+    if (wtype != FT_WTYPE_F32)
         return ft_err(FT_E_UNSUPPORTED, "cpu linear_fwd: weight type %d (the CPU backend takes fp32 "
                       "weights, NF4 for a few rows)", wtype);
     return cpu_gemm(be, 0, 1, T, out, in, 1.0f, x, in, (const float *)W, in, beta, y, out);
@@ -126,7 +126,7 @@ int ft_cpu_linear_bwd_x(ft_backend *be, float *dx, const float *dy, const void *
                         int64_t T, int64_t out, int64_t in, float beta, float *scratch)
 {
     (void)scratch;
-    if (wtype != FT_W_F32)
+    if (wtype != FT_WTYPE_F32)
         return ft_err(FT_E_UNSUPPORTED, "cpu linear_bwd_x: weight type %d (the CPU backend takes fp32 weights)", wtype);
     return cpu_gemm(be, 0, 0, T, in, out, 1.0f, dy, out, (const float *)W, in, beta, dx, in);
 }
@@ -419,7 +419,7 @@ static void cpu_destroy(ft_backend *be)
 const ft_backend_ops ft_cpu_ops = {
     .name = "cpu",
     .host_memory = 1,
-    .weight_types = FT_WTYPE_BIT(FT_W_F32),
+    .weight_types = FT_WTYPE_BIT(FT_WTYPE_F32),
     .destroy = cpu_destroy,
     .alloc = ft_cpu_alloc,
     .free = cpu_free,

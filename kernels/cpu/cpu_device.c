@@ -35,7 +35,7 @@
  * multiplied by the same OpenBLAS sgemm as the fp32 path, so results are those of the bf16
  * operands with fp32 accumulation (not bit-identical to cuBLAS: the summation order
  * differs), and a weight too large for one tile is summed tile by tile over its input
- * dimension (deterministic: the tiling depends only on the shape). NF4 weights (FT_W_NF4, the
+ * dimension (deterministic: the tiling depends only on the shape). NF4 weights (FT_WTYPE_NF4, the
  * CUDA backend's dequant-fused GEMM) are dequantized tile by tile into the same fp32 tiles, so
  * they give exactly what dequant_nf4 followed by the bf16 product gives. */
 
@@ -57,14 +57,14 @@ static int dev_nf4_view(ft_nf4_view *v, const ft_nf4_tensor *t)
 }
 
 /* dst (rows, cols) fp32 = W[r0 + i][c0 + j] of W (row stride ld) as the bf16 products see it:
- * a bf16 matrix widened (exact), or an FT_W_NF4 tensor dequantized (ft_nf4_dequant_range,
+ * a bf16 matrix widened (exact), or an FT_WTYPE_NF4 tensor dequantized (ft_nf4_dequant_range,
  * bitsandbytes' fp32 arithmetic) and rounded to bf16, the values dequant_nf4 gives; so an NF4
  * product equals dequant_nf4 followed by the bf16 product, bit for bit. Returns 0 or
  * FT_E_INVALID (a bad NF4 description). */
 static int dev_tile(float *dst, const void *W, int wtype, int64_t ld, int64_t r0, int64_t rows,
                     int64_t c0, int64_t cols)
 {
-    if (wtype == FT_W_NF4) {
+    if (wtype == FT_WTYPE_NF4) {
         ft_nf4_view v;
         FT_TRY(dev_nf4_view(&v, W));
         int rc = 0;
@@ -84,20 +84,20 @@ static int dev_tile(float *dst, const void *W, int wtype, int64_t ld, int64_t r0
 static int dev_linear_check(const char *op, int wtype, int64_t T, int64_t out, int64_t in,
                             const void *W, const float *a, const float *scratch)
 {
-    if (wtype != FT_W_F32 && wtype != FT_W_BF16 && wtype != FT_W_NF4)
+    if (wtype != FT_WTYPE_F32 && wtype != FT_WTYPE_BF16 && wtype != FT_WTYPE_NF4)
         return ft_err(FT_E_UNSUPPORTED, "cpu-device %s: weight type %d", op, wtype);
     if (T < 0 || out < 0 || in < 0)
         return ft_err(FT_E_INVALID, "cpu-device %s: T = %lld, out = %lld, in = %lld", op,
                       (long long)T, (long long)out, (long long)in);
-    if (wtype != FT_W_F32 && T && out && in && (!W || !a || !scratch))
+    if (wtype != FT_WTYPE_F32 && T && out && in && (!W || !a || !scratch))
         return ft_err(FT_E_INVALID, "cpu-device %s: NULL weight, activation or scratch", op);
     /* cu_linear_fwd's to_bf16 reads the activation as float4 and writes bf16 pairs: the same
      * alignment here, so a misplaced buffer fails on the CPU as it would on the GPU */
-    if (wtype != FT_W_F32 && T && out && in && (((uintptr_t)a & 15) || ((uintptr_t)scratch & 7)))
+    if (wtype != FT_WTYPE_F32 && T && out && in && (((uintptr_t)a & 15) || ((uintptr_t)scratch & 7)))
         return ft_err(FT_E_INVALID, "cpu-device %s: unaligned activation or scratch buffer "
                       "(%p, %p; 16 and 8 bytes expected)", op, (const void *)a,
                       (const void *)scratch);
-    if (wtype == FT_W_NF4 && W) {
+    if (wtype == FT_WTYPE_NF4 && W) {
         const ft_nf4_tensor *t = W;
         if (t->n != out * in || !ft_nf4_fusable(out, in, t->blocksize, t->nested_blocksize))
             return ft_err(FT_E_INVALID, "cpu-device %s: NF4 weight of %lld values (blocksize %lld, "
@@ -112,7 +112,7 @@ static int cpu_dev_linear_fwd(ft_backend *be, float *y, const float *x, const vo
                               int64_t T, int64_t out, int64_t in, float beta, float *scratch)
 {
     FT_TRY(dev_linear_check("linear_fwd", wtype, T, out, in, W, x, scratch));
-    if (wtype == FT_W_F32) return ft_cpu_linear_fwd(be, y, x, W, wtype, T, out, in, beta, scratch);
+    if (wtype == FT_WTYPE_F32) return ft_cpu_linear_fwd(be, y, x, W, wtype, T, out, in, beta, scratch);
     if (!T || !out) return 0;
     if (!in) return beta == 0.0f ? ft_cpu_zero(be, y, (size_t)(T * out) * sizeof(float))
                                  : ft_cpu_scale_f32(y, beta, T * out);
@@ -138,7 +138,7 @@ static int cpu_dev_linear_bwd_x(ft_backend *be, float *dx, const float *dy, cons
                                 float *scratch)
 {
     FT_TRY(dev_linear_check("linear_bwd_x", wtype, T, out, in, W, dy, scratch));
-    if (wtype == FT_W_F32) return ft_cpu_linear_bwd_x(be, dx, dy, W, wtype, T, out, in, beta, scratch);
+    if (wtype == FT_WTYPE_F32) return ft_cpu_linear_bwd_x(be, dx, dy, W, wtype, T, out, in, beta, scratch);
     if (!T || !in) return 0;
     if (!out) return beta == 0.0f ? ft_cpu_zero(be, dx, (size_t)(T * in) * sizeof(float))
                                   : ft_cpu_scale_f32(dx, beta, T * in);
@@ -314,7 +314,7 @@ static int cpu_async_copy(ft_backend *be, int lane, void *dst, const void *src, 
 {
     ft_cpu_lanes *q = ((ft_cpu_ctx *)be->ctx)->lanes;
     FT_TRY(lane_ok(lane, 0));
-    if (lane == FT_LANE_COMPUTE || !bytes) return ft_cpu_copy(be, dst, src, bytes);
+    if (lane == FT_STREAM_COMPUTE || !bytes) return ft_cpu_copy(be, dst, src, bytes);
     if (!dst || !src) return ft_err(FT_E_INVALID, "cpu-device copy_async: NULL pointer");
     lane_item it = {0, dst, src, bytes, 0, 0, 0};
     pthread_mutex_lock(&q->mu);
@@ -329,7 +329,7 @@ static int cpu_async_event_record(ft_backend *be, int ev, int lane)
     ft_cpu_lanes *q = ctx->lanes;
     FT_TRY(lane_ok(lane, ev));
     pthread_mutex_lock(&q->mu);
-    if (lane == FT_LANE_COMPUTE) {
+    if (lane == FT_STREAM_COMPUTE) {
         ctx->ev_t[ev] = dev_now();
     } else {
         lane_item it = {1, NULL, NULL, 0, ev, 0, 0};
@@ -346,7 +346,7 @@ static int cpu_async_event_wait(ft_backend *be, int lane, int ev)
     ft_cpu_lanes *q = ((ft_cpu_ctx *)be->ctx)->lanes;
     FT_TRY(lane_ok(lane, ev));
     pthread_mutex_lock(&q->mu);
-    if (lane == FT_LANE_COMPUTE) {
+    if (lane == FT_STREAM_COMPUTE) {
         while (!ev_passed(q, ev)) pthread_cond_wait(&q->cv, &q->mu);
     } else if (!ev_passed(q, ev)) {
         lane_item it = {2, NULL, NULL, 0, ev, q->ev_lane[ev], q->ev_seq[ev]};
@@ -416,7 +416,7 @@ int ft_backend_cpu_device_init(ft_backend **out, int n_threads)
     ctx->dev_ops = ft_cpu_ops;
     ctx->dev_ops.name = "cpu-device";
     ctx->dev_ops.host_memory = 0;
-    ctx->dev_ops.weight_types = FT_WTYPE_BIT(FT_W_F32) | FT_WTYPE_BIT(FT_W_BF16) | FT_WTYPE_BIT(FT_W_NF4);
+    ctx->dev_ops.weight_types = FT_WTYPE_BIT(FT_WTYPE_F32) | FT_WTYPE_BIT(FT_WTYPE_BF16) | FT_WTYPE_BIT(FT_WTYPE_NF4);
     ctx->dev_ops.linear_fwd = cpu_dev_linear_fwd;
     ctx->dev_ops.linear_bwd_x = cpu_dev_linear_bwd_x;
     ctx->dev_ops.dequant_nf4 = cpu_dev_dequant_nf4;

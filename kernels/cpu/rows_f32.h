@@ -24,7 +24,7 @@ int ft_cpu_rows_f32(float *y, const float *x, const float *W, int64_t T, int64_t
                     int path);
 
 /* ft_cpu_rows_f32 with W (V, C) stored as bf16 (uint16_t: the upper half of the fp32 bits, as
- * kernels.h FT_W_BF16), each weight widened to fp32 where it is loaded (exact), with the same
+ * kernels.h FT_WTYPE_BF16), each weight widened to fp32 where it is loaded (exact), with the same
  * sums in the same order: y is bit for bit ft_cpu_rows_f32's on the widened W (same path),
  * reading 2 bytes a weight instead of 4 (the CPU's lm_head_logits_bf16). Same returns. */
 int ft_cpu_rows_bf16(float *y, const float *x, const uint16_t *W, int64_t T, int64_t C, int64_t V,

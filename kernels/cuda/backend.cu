@@ -254,7 +254,7 @@ static int linear_check(const char *op, int wtype, int64_t T, int64_t out, int64
     if (T < 0 || out < 0 || in < 0 || T > INT32_MAX || out > INT32_MAX || in > INT32_MAX)
         return ft_err(FT_E_INVALID, "cuda %s: T = %lld, out = %lld, in = %lld", op, (long long)T,
                       (long long)out, (long long)in);
-    if (wtype != FT_W_F32 && wtype != FT_W_BF16 && wtype != FT_W_NF4)
+    if (wtype != FT_WTYPE_F32 && wtype != FT_WTYPE_BF16 && wtype != FT_WTYPE_NF4)
         return ft_err(FT_E_UNSUPPORTED, "cuda %s: weight type %d", op, wtype);
     return 0;
 }
@@ -267,12 +267,12 @@ static int cu_linear_fwd(ft_backend *be, float *y, const float *x, const void *W
 {
     ft_cuda_ctx *cx = FT_CUDA_CTX(be);
     FT_TRY(linear_check("linear_fwd", wtype, T, out, in));
-    if (wtype == FT_W_F32)
+    if (wtype == FT_WTYPE_F32)
         return cu_gemm(be, 0, 1, T, out, in, 1.0f, x, in, (const float *)W, in, beta, y, out);
     if (!T || !out) return 0;
     float one = 1.0f;
     FT_TRY(to_bf16(cx, scratch, x, T * in));
-    if (wtype == FT_W_NF4)
+    if (wtype == FT_WTYPE_NF4)
         return ft_cuda_nf4_linear_fwd(be, y, (const uint16_t *)scratch, (const ft_nf4_tensor *)W, T,
                                       out, in, beta);
     FT_BLAS_TRY(cx->bl.GemmEx(cx->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)T, (int)in, &one, W,
@@ -287,12 +287,12 @@ static int cu_linear_bwd_x(ft_backend *be, float *dx, const float *dy, const voi
 {
     ft_cuda_ctx *cx = FT_CUDA_CTX(be);
     FT_TRY(linear_check("linear_bwd_x", wtype, T, out, in));
-    if (wtype == FT_W_F32)
+    if (wtype == FT_WTYPE_F32)
         return cu_gemm(be, 0, 0, T, in, out, 1.0f, dy, out, (const float *)W, in, beta, dx, in);
     if (!T || !in) return 0;
     float one = 1.0f;
     FT_TRY(to_bf16(cx, scratch, dy, T * out));
-    if (wtype == FT_W_NF4)
+    if (wtype == FT_WTYPE_NF4)
         return ft_cuda_nf4_linear_bwd_x(be, dx, (const uint16_t *)scratch, (const ft_nf4_tensor *)W,
                                         T, out, in, beta);
     FT_BLAS_TRY(cx->bl.GemmEx(cx->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)in, (int)T, (int)out, &one, W,
@@ -753,7 +753,7 @@ extern "C" int ft_backend_cuda_profile_report(ft_backend *be, char *buf, size_t 
 static const ft_backend_ops cuda_ops = {
     .name = "cuda",
     .host_memory = 0,
-    .weight_types = FT_WTYPE_BIT(FT_W_F32) | FT_WTYPE_BIT(FT_W_BF16) | FT_WTYPE_BIT(FT_W_NF4),
+    .weight_types = FT_WTYPE_BIT(FT_WTYPE_F32) | FT_WTYPE_BIT(FT_WTYPE_BF16) | FT_WTYPE_BIT(FT_WTYPE_NF4),
     .destroy = cu_destroy,
     .prepare = ft_cuda_attn_prepare,
     .alloc = cu_alloc,
@@ -810,7 +810,7 @@ static int cuda_setup(ft_cuda_ctx *cx, int device)
     FT_CUDA_TRY(cudaSetDevice(device));
     FT_CUDA_TRY(cudaDeviceGetAttribute(&cx->n_sm, cudaDevAttrMultiProcessorCount, device));
     FT_CUDA_TRY(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
-    cx->lane[FT_LANE_COMPUTE] = cx->stream;
+    cx->lane[FT_STREAM_COMPUTE] = cx->stream;
     for (int l = 1; l < FT_N_LANES; l++)
         FT_CUDA_TRY(cudaStreamCreateWithFlags(&cx->lane[l], cudaStreamNonBlocking));
     FT_TRY(blas_dl(&cx->bl));

@@ -58,7 +58,7 @@ typedef struct ft_cuda_ctx {
     size_t attn_bytes;
     int32_t *ss_host;       /* host copy of seq_start (attention tile plan) */
     int64_t ss_cap;
-    /* Copy lanes (kernels.h enum ft_lane): lane[FT_LANE_COMPUTE] is `stream`; H2D and D2H
+    /* Copy lanes (kernels.h enum ft_stream): lane[FT_STREAM_COMPUTE] is `stream`; H2D and D2H
      * copies run on their own streams so they overlap compute. Events are created on first
      * record (timing enabled: event_elapsed). */
     cudaStream_t lane[FT_N_LANES];

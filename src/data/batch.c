@@ -191,7 +191,7 @@ static int check_examples(const ft_example *ex, int64_t n_ex, int64_t seq_len)
     return 0;
 }
 
-int ft_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_t n_ex,
+int ft_batch_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_t n_ex,
             int64_t seq_len, int64_t rows, uint64_t seed)
 {
     *batches = NULL;
@@ -228,7 +228,7 @@ int ft_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_
     return 0;
 }
 
-int ft_pack_pairs(ft_batch **batches, int64_t *n_batches, const ft_example *ex,
+int ft_batch_pack_pairs(ft_batch **batches, int64_t *n_batches, const ft_example *ex,
                   int64_t n_pairs, int64_t seq_len, int64_t rows, uint64_t seed)
 {
     *batches = NULL;

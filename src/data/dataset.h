@@ -242,7 +242,7 @@ enum { FT_PAIR_INDEX = 0, FT_PAIR_CHOSEN_START, FT_PAIR_CHOSEN_LEN, FT_PAIR_REJE
  * (every example in exactly one batch). *batches is malloc'ed; each batch owns its arrays.
  * Returns 0, -ENOMEM, FT_E_INVALID (seq_len < 2, rows < 1), FT_E_RANGE (an example longer
  * than seq_len or empty). */
-int ft_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_t n_ex,
+int ft_batch_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_t n_ex,
             int64_t seq_len, int64_t rows, uint64_t seed);
 
 /* Packs preference pairs (DPO): ex holds 2 * n_pairs examples, pair p = (ex[2p] chosen,
@@ -255,7 +255,7 @@ int ft_pack(ft_batch **batches, int64_t *n_batches, const ft_example *ex, int64_
  * ids/targets/pos/seq_start are ft_pack's for the same examples in that order; its rows is
  * 2 * rows, so that T <= rows * seq_len holds of the batch as of ft_pack's. Returns as
  * ft_pack (FT_E_RANGE names the example index, 2p or 2p + 1). */
-int ft_pack_pairs(ft_batch **batches, int64_t *n_batches, const ft_example *ex,
+int ft_batch_pack_pairs(ft_batch **batches, int64_t *n_batches, const ft_example *ex,
                   int64_t n_pairs, int64_t seq_len, int64_t rows, uint64_t seed);
 void ft_batches_free(ft_batch *b, int64_t n);
 

@@ -298,10 +298,10 @@ static int lin(ft_gen *g, const ft_layer_weights *lw, int64_t layer, int pj, con
             FT_TRY(o->gemm(be, 0, 1, n, out, r, l->scale, g->u, r, ll->B0, r, 1.0f, y, out));
         }
     }
-    if (w->wtype == FT_W_F32)
+    if (w->wtype == FT_WTYPE_F32)
         FT_TRY(o->gemm(be, 0, 1, n, out, in, 1.0f, x, in, w->w, in, beta, y, out));
     else
-        FT_TRY(o->linear_fwd(be, y, x, w->wtype == FT_W_NF4 ? (const void *)w->nf4 : (const void *)w->w,
+        FT_TRY(o->linear_fwd(be, y, x, w->wtype == FT_WTYPE_NF4 ? (const void *)w->nf4 : (const void *)w->w,
                              w->wtype, n, out, in, beta, g->xd));
     if (w->b) FT_TRY(o->bias_add(be, y, w->b, n, out));
     return 0;

@@ -6,6 +6,7 @@
 
 #include "src/core/err.h"
 #include "src/core/align.h"
+#include "src/core/rng.h"
 
 static int64_t max3(int64_t a, int64_t b, int64_t c)
 {
@@ -102,18 +103,12 @@ static const ft_lora_linear *lora_of(const ft_lora *l, int64_t layer, int p)
 }
 
 /* Dropout seed per (step/micro-batch seed, layer, projection); 0 means no dropout. */
-static uint64_t proj_seed(uint64_t base, int64_t layer, int p)
-{
-    if (!base) return 0;
-    uint64_t x = base ^ ((uint64_t)layer * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)(p + 1) << 56);
-    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-    return (x ^ (x >> 29)) | 1;
-}
+static uint64_t proj_seed(uint64_t base, int64_t layer, int p) { return ft_seed_derive_proj(base, layer, p); }
 
 /* The frozen weight as linear_fwd/linear_bwd_x take it (kernels.h enum ft_wtype). */
 static const void *base_w(const ft_linear *w)
 {
-    return w->wtype == FT_W_NF4 ? (const void *)w->nf4 : (const void *)w->w;
+    return w->wtype == FT_WTYPE_NF4 ? (const void *)w->nf4 : (const void *)w->w;
 }
 
 /* One segment's adapter on projection pj of a layer: the adapter's linear (NULL: none on these

@@ -35,10 +35,10 @@ int ft_proj_has_bias(const ft_model_config *c, int p, int o_bias);
 struct ft_nf4_tensor;
 
 typedef struct ft_linear {
-    float *w;        /* (out_n, in_n) fp32, frozen; with wtype FT_W_BF16 (an executor's device
-                      * copy, kernels.h) the same pointer holds bf16 values; NULL with FT_W_NF4 */
+    float *w;        /* (out_n, in_n) fp32, frozen; with wtype FT_WTYPE_BF16 (an executor's device
+                      * copy, kernels.h) the same pointer holds bf16 values; NULL with FT_WTYPE_NF4 */
     int wtype;       /* enum ft_wtype; 0 (fp32) for every loaded model */
-    const struct ft_nf4_tensor *nf4; /* wtype FT_W_NF4 (an executor's packed block, kernels.h) */
+    const struct ft_nf4_tensor *nf4; /* wtype FT_WTYPE_NF4 (an executor's packed block, kernels.h) */
     float *b;        /* (out_n) or NULL */
     int64_t out_n, in_n;
 } ft_linear;

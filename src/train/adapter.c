@@ -43,7 +43,7 @@ int ft_train_adapter_init(ft_train_adapter *a, const ft_train_cfg *c, ft_session
     FT_TRY(ft_eval_samples_load(&a->samples, c->eval_prompts, s, &a->lora,
                                 c->data_cfg.chat_template, c->eval_max_new_tokens));
     /* DPO on resume: the reference pass reads the starting adapter before the checkpoint's */
-    if (c->init_adapter && (!c->resume || c->method == FT_METHOD_DPO))
+    if (c->init_adapter && (!c->resume || c->method == FT_TRAIN_METHOD_DPO))
         FT_TRY(ft_peft_load_weights(c->init_adapter, &a->lora));
     return 0;
 }
@@ -57,7 +57,7 @@ int ft_train_adapter_plan(ft_train_adapter *a, const ft_session *s, const ft_tra
                        c->loraplus_lr_ratio};
     FT_TRY(ft_optim_init(&a->opt, &oc, &a->lora));
     char dpo_ref[64] = "";
-    if (c->method == FT_METHOD_DPO) FT_TRY(ft_train_dpo_reference_id(c, dpo_ref, sizeof dpo_ref));
+    if (c->method == FT_TRAIN_METHOD_DPO) FT_TRY(ft_train_dpo_reference_id(c, dpo_ref, sizeof dpo_ref));
     a->cfg_json = ft_train_run_config(c, &a->lc, s->model, &d->ds, d->seq_len, total, warmup,
                                       a->lora.n_params, s->quant, dpo_ref);
     if (!a->cfg_json) return ft_err(-ENOMEM, "out of memory");
@@ -178,7 +178,7 @@ static int resume_from(ft_train_adapter *a, ft_session *s, ft_train_data *d, con
     free(saved);
     FT_TRY(rc);
     /* DPO: the reference is the starting adapter, still in a->lora until the load below */
-    if (c->method == FT_METHOD_DPO) FT_TRY(dpo_reference(a, s, d, k));
+    if (c->method == FT_TRAIN_METHOD_DPO) FT_TRY(dpo_reference(a, s, d, k));
     rc = ft_ckpt_load(c->resume, st, NULL, &a->lora);
     if (rc < 0) return ft_err_prefix(rc, "--resume %s", c->resume);
     if (st->total_steps != want.total_steps || st->warmup_steps != want.warmup_steps)
@@ -219,7 +219,7 @@ int ft_train_adapter_open(ft_train_adapter *a, ft_session *s, ft_train_data *d,
         a->saved_step = st->step;
     } else {
         new_run_id(st->run_id, sizeof st->run_id);
-        if (c->method == FT_METHOD_DPO) FT_TRY(dpo_reference(a, s, d, k));
+        if (c->method == FT_TRAIN_METHOD_DPO) FT_TRY(dpo_reference(a, s, d, k));
         if (c->save_best && w) /* an earlier run's */
             ft_ckpt_adapter_cleanup(c->out, FT_CKPT_BEST_DIR, 1);
         ft_train_eval_set_id(d, c->eval_max_batches, st->eval_set, sizeof st->eval_set);
@@ -239,12 +239,12 @@ int ft_train_adapter_open(ft_train_adapter *a, ft_session *s, ft_train_data *d,
 
 uint64_t ft_train_adapter_dropout_seed(const ft_train_adapter *a, int64_t step)
 {
-    return a->lc.dropout > 0 ? (a->cfg->seed * 0x9e3779b97f4a7c15ull) ^ (uint64_t)(step + 1) : 0;
+    return a->lc.dropout > 0 ? ft_seed_derive(a->cfg->seed, FT_SEED_DROPOUT, step) : 0;
 }
 
 uint64_t ft_train_adapter_neftune_seed(const ft_train_adapter *a, int64_t step)
 {
-    return (a->cfg->seed * 0xbf58476d1ce4e5b9ull) ^ (uint64_t)(step + 1);
+    return ft_seed_derive(a->cfg->seed, FT_SEED_NEFTUNE, step);
 }
 
 /* A skipped step's warning: which value is not finite, the counts. */
@@ -265,7 +265,7 @@ int ft_train_adapter_update(ft_train_adapter *a, int64_t step, const ft_train_st
                             const ft_train_sink *k)
 {
     ft_ckpt_state *st = &a->st;
-    const int dpo = a->cfg->method == FT_METHOD_DPO;
+    const int dpo = a->cfg->method == FT_TRAIN_METHOD_DPO;
     const ft_dpo_stats *ps = &o->dpo.st;
     double loss = dpo ? (ps->pairs ? o->loss_sum / (double)ps->pairs : NAN)
                       : o->n_tokens ? o->loss_sum / (double)o->n_tokens : NAN;

@@ -26,7 +26,7 @@ int ft_train_dist_check(const ft_train_cfg *c, int64_t n_train_b, uint64_t fp)
 {
     const int P = ft_comm_size(c->comm);
     if (P == 1) return 0;
-    if (c->method == FT_METHOD_DPO)
+    if (c->method == FT_TRAIN_METHOD_DPO)
         return ft_err(FT_E_UNSUPPORTED, "--method dpo over %d ranks: not supported yet (data-parallel "
                       "training covers the SFT token loss; run DPO in one process)", P);
     rank_rec me = {n_train_b, c->grad_accum, c->method, fp};

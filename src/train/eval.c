@@ -34,7 +34,7 @@ static int eval_adapter(ft_train_adapter *a, ft_exec *ex, const ft_train_data *d
                         ft_dpo_stats *ps, double *loss, int64_t *tokens)
 {
     const ft_train_cfg *c = a->cfg;
-    if (c->method == FT_METHOD_DPO) {
+    if (c->method == FT_TRAIN_METHOD_DPO) {
         FT_TRY(ft_dpo_evaluate(ex, d->eval_b, d->n_eval_b, c->eval_max_batches, a->ref_eval,
                                &c->dpo, ps));
         *loss = ps->pairs ? ps->loss / (double)ps->pairs : NAN;
@@ -48,7 +48,7 @@ int ft_train_eval_log(ft_train_adapter *a, ft_session *s, const ft_train_data *d
                       double elapsed_s, const ft_train_sink *k, double *loss, int64_t *tokens)
 {
     ft_dpo_stats ps;
-    const int dpo = a->cfg->method == FT_METHOD_DPO;
+    const int dpo = a->cfg->method == FT_TRAIN_METHOD_DPO;
     if (a->pre_eval && !dpo) { /* evaluated already, in a pass shared with other adapters */
         *loss = a->pre_loss;
         *tokens = a->pre_tokens;

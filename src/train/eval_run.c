@@ -20,7 +20,7 @@ static int eval_tokens(ft_session *s, const ft_dataset *ds, int64_t seq_len, int
     int64_t nb = 0, most = 1;
     int64_t *spans = NULL, *btok = NULL;
     double *bnll = NULL;
-    int rc = ft_pack(&b, &nb, ds->train, ds->n_train, seq_len, batch, 0);
+    int rc = ft_batch_pack(&b, &nb, ds->train, ds->n_train, seq_len, batch, 0);
     for (int64_t i = 0; i < nb; i++) most = b[i].n_ex > most ? b[i].n_ex : most;
     if (!rc && ex_nll) { /* one micro-batch's spans and values, sized once */
         spans = malloc((size_t)(2 * most) * sizeof *spans);
@@ -74,7 +74,7 @@ static int eval_pairs(ft_session *s, const char *adapter, const char *ref_adapte
     int64_t nb = 0, n_pairs = ds->n_train / 2;
     double *ref = calloc((size_t)(2 * (n_pairs ? n_pairs : 1)), sizeof *ref);
     int rc = ref ? 0 : ft_err(-ENOMEM, "out of memory for reference log-probabilities");
-    if (!rc) rc = ft_pack_pairs(&b, &nb, ds->train, n_pairs, seq_len, batch, 0);
+    if (!rc) rc = ft_batch_pack_pairs(&b, &nb, ds->train, n_pairs, seq_len, batch, 0);
     const int64_t T = 2 * batch * seq_len;
     if (!rc && ref_adapter && !ft_dpo_reference_free(c->loss_type)) {
         /* the reference adapter first (the session has no executor yet: the base is placed

@@ -108,7 +108,7 @@ static int pass(ft_train_job *r, int64_t step, const ft_batch *mbs, int64_t n_mb
     ft_exec_set_neftune(ex, r->cfg.neftune_noise_alpha, ft_train_adapter_neftune_seed(a, step));
     memset(out, 0, sizeof *out);
     out->dpo = (ft_dpo_step){.cfg = &a->cfg->dpo, .ref = a->ref_train, .step_pairs = step_pairs};
-    if (a->cfg->method == FT_METHOD_DPO) {
+    if (a->cfg->method == FT_TRAIN_METHOD_DPO) {
         FT_TRY(ft_exec_train_step_seq(ex, mbs, n_mb, ft_dpo_step_grad, &out->dpo, dseed));
         out->loss_sum = out->dpo.st.loss; /* the mean over the step's pairs: adapter.c */
         out->n_tokens = out->dpo.st.tokens;
@@ -246,7 +246,7 @@ static int shared_evals(ft_train_job *r, const int *on)
     for (int i = 0; i < r->n_ad; i++) {
         const ft_train_adapter *a = &r->ad[i];
         const ft_train_cfg *c = a->cfg;
-        if (!on[i] || a->failed || !d->n_eval_b || c->eval_every <= 0 || c->method == FT_METHOD_DPO ||
+        if (!on[i] || a->failed || !d->n_eval_b || c->eval_every <= 0 || c->method == FT_TRAIN_METHOD_DPO ||
             a->st.step >= a->st.total_steps || a->st.step % c->eval_every)
             continue;
         if (K && c->eval_max_batches != r->ad[idx[0]].cfg->eval_max_batches) continue;

@@ -135,7 +135,7 @@ char *ft_train_run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft
     if (c->neftune_noise_alpha > 0)
         cJSON_AddNumberToObject(o, "neftune_noise_alpha", c->neftune_noise_alpha);
     /* the objective: recorded only for DPO, so that SFT checkpoints of before still resume */
-    if (c->method == FT_METHOD_DPO) {
+    if (c->method == FT_TRAIN_METHOD_DPO) {
         cJSON_AddStringToObject(o, "method", "dpo");
         cJSON_AddStringToObject(o, "dpo_loss", ft_dpo_loss_name(c->dpo.loss_type));
         cJSON_AddNumberToObject(o, "dpo_beta", c->dpo.beta);

@@ -40,7 +40,7 @@ static int add_best(cJSON *js, const ft_train_adapter *a, int has_eval)
 /* The settings that change what the adapter is: DPO, LoRA+, NEFTune, the correction. */
 static void add_method(cJSON *js, const ft_train_cfg *c, const ft_train_result *res, int has_eval)
 {
-    if (c->method == FT_METHOD_DPO) {
+    if (c->method == FT_TRAIN_METHOD_DPO) {
         cJSON_AddStringToObject(js, "method", "dpo");
         cJSON_AddStringToObject(js, "dpo_loss", ft_dpo_loss_name(c->dpo.loss_type));
         cJSON_AddNumberToObject(js, "dpo_beta", c->dpo.beta);

@@ -76,7 +76,7 @@ static void session_note(void *user, int kind, const char *line)
 static int check_cfg(const ft_sweep_cfg *c)
 {
     const ft_train_cfg *b = &c->base;
-    if (b->method == FT_METHOD_DPO)
+    if (b->method == FT_TRAIN_METHOD_DPO)
         return ft_err(FT_E_INVALID, "ftune sweep: --method dpo trains one adapter per pass (its "
                       "sequence objective); sweep SFT runs, or run each DPO setting with ftune train");
     if (b->quant_correction)

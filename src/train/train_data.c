@@ -14,10 +14,10 @@ int ft_train_data_pack(const ft_train_data *d, const ft_train_cfg *c, int64_t ep
 {
     *b = NULL;
     *n = 0;
-    if (c->method == FT_METHOD_DPO)
-        return ft_pack_pairs(b, n, d->ds.train, d->ds.n_train / 2, d->seq_len, c->batch_size,
+    if (c->method == FT_TRAIN_METHOD_DPO)
+        return ft_batch_pack_pairs(b, n, d->ds.train, d->ds.n_train / 2, d->seq_len, c->batch_size,
                              c->seed + (uint64_t)epoch);
-    return ft_pack(b, n, d->ds.train, d->ds.n_train, d->seq_len, c->batch_size,
+    return ft_batch_pack(b, n, d->ds.train, d->ds.n_train, d->seq_len, c->batch_size,
                    c->seed + (uint64_t)epoch);
 }
 
@@ -54,7 +54,7 @@ static void files_text(const ft_train_data *d, const ft_train_cfg *c, char *file
 static int load_eval_data(ft_train_data *d, const ft_train_cfg *c, const ft_data_cfg *dc,
                           ft_tokenizer *tok, char *part, size_t n)
 {
-    const int dpo = c->method == FT_METHOD_DPO, per = dpo ? 2 : 1;
+    const int dpo = c->method == FT_TRAIN_METHOD_DPO, per = dpo ? 2 : 1;
     ft_dataset ev;
     int rc = ft_dataset_load_eval(&ev, c->eval_data, dc, tok);
     if (rc < 0) return ft_err_prefix(rc, "--eval-data");
@@ -105,7 +105,7 @@ int ft_train_data_load(ft_train_data *d, const ft_train_cfg *c, ft_tokenizer *to
     dc.seq_len = seq_len;
     dc.seed = c->seed;
     if (c->eval_data) dc.eval_fraction = 0; /* every example of --data trains */
-    const int dpo = c->method == FT_METHOD_DPO;
+    const int dpo = c->method == FT_TRAIN_METHOD_DPO;
     dc.preference = dpo;
     const int per = dpo ? 2 : 1; /* examples per record: a pair gives two */
     /* --threads holds for the data's reading too (its records are encoded on every OpenMP
@@ -136,10 +136,10 @@ int ft_train_data_load(ft_train_data *d, const ft_train_cfg *c, ft_tokenizer *to
                       c->eval_data ? ", --eval-data gave none" : "");
     FT_TRY(ft_train_data_pack_epoch(d, c, 0));
     if (ds->n_eval && dpo)
-        FT_TRY(ft_pack_pairs(&d->eval_b, &d->n_eval_b, ds->eval, ds->n_eval / 2, seq_len,
+        FT_TRY(ft_batch_pack_pairs(&d->eval_b, &d->n_eval_b, ds->eval, ds->n_eval / 2, seq_len,
                              c->batch_size, c->seed));
     else if (ds->n_eval)
-        FT_TRY(ft_pack(&d->eval_b, &d->n_eval_b, ds->eval, ds->n_eval, seq_len, c->batch_size,
+        FT_TRY(ft_batch_pack(&d->eval_b, &d->n_eval_b, ds->eval, ds->n_eval, seq_len, c->batch_size,
                        c->seed));
     return 0;
 }

@@ -183,7 +183,7 @@ static int setup_base(ft_train_job *r)
     FT_TRY(ft_session_open_backend(&r->s));
     r->n_ad = 1;
     FT_TRY(ft_train_adapter_init(&r->ad[0], c, &r->s, r->base_name, r->ad[0].res));
-    r->T = (c->method == FT_METHOD_DPO ? 2 : 1) * c->batch_size * seq_len; /* DPO: pairs of two */
+    r->T = (c->method == FT_TRAIN_METHOD_DPO ? 2 : 1) * c->batch_size * seq_len; /* DPO: pairs of two */
     ft_session_place_cfg pc = {r->T, c->grad_accum, seq_len, &r->ad[0].lora,
                                r->d.n_train_b > 0 ? &r->d.train_b[0] : NULL, c->plan_only,
                                c->quant_correction && !c->resume && !c->plan_only, place_hook, r};
@@ -210,7 +210,7 @@ static void plan_line(const ft_train_job *r, int64_t warmup)
                   s->quant_why[0] ? "; " : "", s->quant_why, (long long)a->lc.r, a->lc.alpha,
                   a->lc.use_rslora ? " (rsLoRA)" : "", __builtin_popcount(a->lc.targets),
                   a->lora.n_params / 1e6, (long long)r->d.n_train_b,
-                  (long long)((c->method == FT_METHOD_DPO ? 2 : 1) * c->batch_size),
+                  (long long)((c->method == FT_TRAIN_METHOD_DPO ? 2 : 1) * c->batch_size),
                   (long long)r->d.seq_len,
                   (long long)c->grad_accum, (long long)r->total, (long long)warmup,
                   ft_schedule_name(c->schedule),

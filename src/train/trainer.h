@@ -67,7 +67,7 @@ typedef struct ft_train_test_hooks {
 
 /* What the adapter is trained on: the token loss of instruction data (supervised fine-tuning),
  * or preference pairs by Direct Preference Optimization (src/train/dpo.h, dpo_run.h). */
-enum ft_train_method { FT_METHOD_SFT = 0, FT_METHOD_DPO };
+enum ft_train_method { FT_TRAIN_METHOD_SFT = 0, FT_TRAIN_METHOD_DPO };
 
 typedef struct ft_train_cfg {
     const char *model;          /* folder or .gguf */
@@ -107,7 +107,7 @@ typedef struct ft_train_cfg {
                                  * pairs (a micro-batch holds up to 2 * batch_size * seq_len
                                  * tokens), the loss and eval loss are dpo's mean over pairs,
                                  * the reference is the starting model (dpo_run.h) */
-    ft_dpo_cfg dpo;             /* with FT_METHOD_DPO: loss type, beta (0.1), label smoothing */
+    ft_dpo_cfg dpo;             /* with FT_TRAIN_METHOD_DPO: loss type, beta (0.1), label smoothing */
     int schedule;               /* enum ft_sched */
     int64_t warmup_steps;       /* used when > 0, else warmup_ratio * total */
     double warmup_ratio;

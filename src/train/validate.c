@@ -77,9 +77,9 @@ int ft_train_cfg_validate(const ft_train_cfg *c)
         return ft_err(FT_E_INVALID, "--loraplus-lr-ratio must be > 0 (or left out: off)");
     if (!(c->neftune_noise_alpha >= 0) || !isfinite(c->neftune_noise_alpha))
         return ft_err(FT_E_INVALID, "--neftune-noise-alpha must be >= 0 and finite (0 or left out: off)");
-    if (c->method != FT_METHOD_SFT && c->method != FT_METHOD_DPO)
+    if (c->method != FT_TRAIN_METHOD_SFT && c->method != FT_TRAIN_METHOD_DPO)
         return ft_err(FT_E_INVALID, "unknown training method %d", c->method);
-    if (c->method == FT_METHOD_DPO) {
+    if (c->method == FT_TRAIN_METHOD_DPO) {
         FT_TRY(ft_dpo_cfg_check(&c->dpo));
         if (c->data_cfg.train_on_prompt)
             return ft_err(FT_E_INVALID, "--train-on-prompt does not apply to DPO: the pair's log-probabilities are those of its completions");

@@ -144,7 +144,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ft_batch *b = NULL;
     int64_t nb = 0;
     if (cfg.preference) {
-        FUZZ_CALL(rc, ft_pack_pairs(&b, &nb, ds.train, ds.n_train / 2, cfg.seq_len, 1, 7));
+        FUZZ_CALL(rc, ft_batch_pack_pairs(&b, &nb, ds.train, ds.n_train / 2, cfg.seq_len, 1, 7));
         if (rc == 0) {
             check_pairs(b, nb, ds.train, ds.n_train / 2);
             ft_batches_free(b, nb);
@@ -152,7 +152,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ft_dataset_free(&ds);
         return 0;
     }
-    FUZZ_CALL(rc, ft_pack(&b, &nb, ds.train, ds.n_train, cfg.seq_len, 2, 7));
+    FUZZ_CALL(rc, ft_batch_pack(&b, &nb, ds.train, ds.n_train, cfg.seq_len, 2, 7));
     if (rc == 0) {
         for (int64_t i = 0; i < nb; i++) check_batch(&b[i]);
         ft_batches_free(b, nb);

@@ -301,7 +301,7 @@ static void test_nf4_gemm_dequant_values(void **state)
     printf("  nf4 gemm: %lld dequantized values equal to dequant_nf4 and the CPU\n", (long long)checked);
 }
 
-/* The staging path (dequant_nf4 into bf16, then linear_fwd / linear_bwd_x with FT_W_BF16)
+/* The staging path (dequant_nf4 into bf16, then linear_fwd / linear_bwd_x with FT_WTYPE_BF16)
  * against the fused kernel, same fp32 inputs: within the GEMM tolerance of each other. */
 static void test_nf4_gemm_vs_staging(void **state)
 {
@@ -323,10 +323,10 @@ static void test_nf4_gemm_vs_staging(void **state)
             float *g1 = malloc(T * ncols * 4), *g2 = malloc(T * ncols * 4);
             assert_int_equal(ft_cuda_nf4_linear(f->gpu, dgrad, d1, da, &q.t, T, q.N, q.K, 0.0f, 0, 0), 0);
             if (dgrad)
-                assert_int_equal(f->gpu->ops->linear_bwd_x(f->gpu, d2, da32, dw, FT_W_BF16, T, q.N, q.K, 0.0f,
+                assert_int_equal(f->gpu->ops->linear_bwd_x(f->gpu, d2, da32, dw, FT_WTYPE_BF16, T, q.N, q.K, 0.0f,
                                                            scratch), 0);
             else
-                assert_int_equal(f->gpu->ops->linear_fwd(f->gpu, d2, da32, dw, FT_W_BF16, T, q.N, q.K, 0.0f,
+                assert_int_equal(f->gpu->ops->linear_fwd(f->gpu, d2, da32, dw, FT_WTYPE_BF16, T, q.N, q.K, 0.0f,
                                                          scratch), 0);
             assert_int_equal(f->gpu->ops->copy(f->gpu, g1, d1, T * ncols * 4), 0);
             assert_int_equal(f->gpu->ops->copy(f->gpu, g2, d2, T * ncols * 4), 0);

@@ -146,13 +146,13 @@ static void test_linear(void **state)
         float *y = malloc(T * out * 4), *dxc = malloc(T * in * 4);
         memcpy(y, y0, T * out * 4);
         memcpy(dxc, dx0, T * in * 4);
-        assert_int_equal(f->cpu->ops->linear_fwd(f->cpu, y, xr, Wr, FT_W_F32, T, out, in, 0.5f, NULL), 0);
-        assert_int_equal(f->cpu->ops->linear_bwd_x(f->cpu, dxc, dyr, Wr, FT_W_F32, T, out, in, 1.0f, NULL), 0);
+        assert_int_equal(f->cpu->ops->linear_fwd(f->cpu, y, xr, Wr, FT_WTYPE_F32, T, out, in, 0.5f, NULL), 0);
+        assert_int_equal(f->cpu->ops->linear_bwd_x(f->cpu, dxc, dyr, Wr, FT_WTYPE_F32, T, out, in, 1.0f, NULL), 0);
         int64_t wide = out > in ? out : in;
         float *dx_ = up(f, x, T * in * 4), *dW = up(f, Wb, out * in * 2), *ddy = up(f, dy, T * out * 4);
         float *dyo = up(f, y0, T * out * 4), *ddx = up(f, dx0, T * in * 4), *scr = poisoned(f, T * wide);
-        assert_int_equal(f->gpu->ops->linear_fwd(f->gpu, dyo, dx_, dW, FT_W_BF16, T, out, in, 0.5f, scr), 0);
-        assert_int_equal(f->gpu->ops->linear_bwd_x(f->gpu, ddx, ddy, dW, FT_W_BF16, T, out, in, 1.0f, scr), 0);
+        assert_int_equal(f->gpu->ops->linear_fwd(f->gpu, dyo, dx_, dW, FT_WTYPE_BF16, T, out, in, 0.5f, scr), 0);
+        assert_int_equal(f->gpu->ops->linear_bwd_x(f->gpu, ddx, ddy, dW, FT_WTYPE_BF16, T, out, in, 1.0f, scr), 0);
         char what[96];
         snprintf(what, sizeof what, "linear_fwd bf16 W %lldx%lldx%lld", (long long)T, (long long)out, (long long)in);
         check(what, dyo, y, T * out, TOL_F32_GEMM * 10, f);

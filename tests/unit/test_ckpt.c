@@ -180,7 +180,7 @@ static void test_host_ckpt_edges(void **state)
                      FT_E_INVALID);
     assert_int_equal(ft_exec_init_ckpt_host(&e, be, m, &lora, T_MAX, 4, T_MAX, 1, 1, 2), 0);
     assert_int_equal(ft_exec_ckpt_to_host(&e, 1, 2), FT_E_INVALID); /* already */
-    assert_true(e.ckt->host_bytes == ft_ckpt_tier_host_bytes(DEEP_L, 4, T_MAX, m->cfg.hidden_size, 1, 2));
+    assert_true(e.ckt->host_bytes == ft_actckpt_host_bytes(DEEP_L, 4, T_MAX, m->cfg.hidden_size, 1, 2));
     /* a step of 2 micro-batches on an executor planned for 4: only their rows move */
     int64_t ntok = b[0].n_targets + b[1].n_targets, nt;
     double ls;

@@ -587,7 +587,7 @@ static void test_pack_invariants(void **state)
     const int64_t rows = 3, L = 128;
     ft_batch *b, *b2;
     int64_t nb, nb2;
-    assert_int_equal(ft_pack(&b, &nb, ds.train, ds.n_train, L, rows, 1), 0);
+    assert_int_equal(ft_batch_pack(&b, &nb, ds.train, ds.n_train, L, rows, 1), 0);
     int64_t total = 0, want_targets = 0;
     for (int64_t i = 0; i < ds.n_train; i++) {
         total += ds.train[i].n;
@@ -626,7 +626,7 @@ static void test_pack_invariants(void **state)
     assert_true(nb <= (11 * lower) / 9 + 1);
 
     /* deterministic for a seed */
-    assert_int_equal(ft_pack(&b2, &nb2, ds.train, ds.n_train, L, rows, 1), 0);
+    assert_int_equal(ft_batch_pack(&b2, &nb2, ds.train, ds.n_train, L, rows, 1), 0);
     assert_int_equal(nb, nb2);
     for (int64_t i = 0; i < nb; i++) {
         assert_int_equal(b[i].T, b2[i].T);
@@ -636,8 +636,8 @@ static void test_pack_invariants(void **state)
     ft_batches_free(b, nb);
 
     /* an example longer than seq_len is refused */
-    assert_int_equal(ft_pack(&b, &nb, ds.train, ds.n_train, 16, 1, 1), FT_E_RANGE);
-    assert_int_equal(ft_pack(&b, &nb, ds.train, ds.n_train, 1, 1, 1), FT_E_INVALID);
+    assert_int_equal(ft_batch_pack(&b, &nb, ds.train, ds.n_train, 16, 1, 1), FT_E_RANGE);
+    assert_int_equal(ft_batch_pack(&b, &nb, ds.train, ds.n_train, 1, 1, 1), FT_E_INVALID);
     ft_dataset_free(&ds);
 }
 
@@ -757,7 +757,7 @@ static void test_pack_example_map(void **state)
     for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
         ft_batch *b;
         int64_t nb;
-        assert_int_equal(ft_pack(&b, &nb, ds.train, shapes[k].n_ex, shapes[k].seq_len,
+        assert_int_equal(ft_batch_pack(&b, &nb, ds.train, shapes[k].n_ex, shapes[k].seq_len,
                                  shapes[k].rows, shapes[k].seed), 0);
         check_example_map(b, nb, ds.train, shapes[k].n_ex);
         int64_t most = 0;
@@ -771,7 +771,7 @@ static void test_pack_example_map(void **state)
     const int64_t n_pairs = ds.n_train / 2;
     ft_batch *b;
     int64_t nb;
-    assert_int_equal(ft_pack_pairs(&b, &nb, ds.train, n_pairs, 128, 2, 4), 0);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ds.train, n_pairs, 128, 2, 4), 0);
     check_example_map(b, nb, ds.train, 2 * n_pairs);
     for (int64_t i = 0; i < nb; i++) {
         assert_int_equal(b[i].n_ex, 2 * b[i].n_pairs);

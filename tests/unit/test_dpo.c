@@ -409,8 +409,8 @@ static void test_reference_by_pair_index(void **state)
     if (np > 24) np = 24; /* the first 24 pairs keep the test short */
     ft_batch *a, *b;
     int64_t na, nb;
-    assert_int_equal(ft_pack_pairs(&a, &na, ds.train, np, 128, 2, 1), 0);
-    assert_int_equal(ft_pack_pairs(&b, &nb, ds.train, np, 128, 2, 2), 0);
+    assert_int_equal(ft_batch_pack_pairs(&a, &na, ds.train, np, 128, 2, 1), 0);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ds.train, np, 128, 2, 2), 0);
     ft_rng g;
     ft_rng_seed(&g, 5);
     for (int64_t i = 0; i < lora.n_params; i++) lora.params[i] += 0.05f * (float)(ft_rng_uniform(&g) - 0.5);
@@ -557,7 +557,7 @@ static void run_cfg(ft_train_cfg *c, const char *out, double beta, int loss_type
 {
     static const char *const data[1] = {PREF};
     tiny_train_cfg(c, out, data, RUN_STEPS, THREADS);
-    c->method = FT_METHOD_DPO;
+    c->method = FT_TRAIN_METHOD_DPO;
     c->dpo.beta = beta;
     c->dpo.loss_type = loss_type;
     c->seq_len = 128;

@@ -300,13 +300,13 @@ static void test_eval_spans(void **state)
         assert_int_equal(ft_exec_init(&e, be, f->m, bi ? NULL : &f->lora, rows * S, 1, S), 0);
         ft_batch *b;
         int64_t nb;
-        assert_int_equal(ft_pack(&b, &nb, ex, n_ex, S, rows, 0), 0);
+        assert_int_equal(ft_batch_pack(&b, &nb, ex, n_ex, S, rows, 0), 0);
         double *alone = calloc((size_t)n_ex, sizeof *alone);
         int64_t *alone_n = calloc((size_t)n_ex, sizeof *alone_n);
         for (int64_t i = 0; i < n_ex; i++) { /* each example in a micro-batch of its own */
             ft_batch *one;
             int64_t n1;
-            assert_int_equal(ft_pack(&one, &n1, ex + i, 1, S, 1, 0), 0);
+            assert_int_equal(ft_batch_pack(&one, &n1, ex + i, 1, S, 1, 0), 0);
             assert_int_equal(n1, 1);
             assert_int_equal(ft_exec_eval(&e, one, &alone[i], &alone_n[i]), 0);
             ft_batches_free(one, n1);

@@ -1369,8 +1369,8 @@ static void gen_pack_case(ft_backend *be, const char *dir, int how, int with_lor
     assert_int_equal(ex.gen_nf4_fetches, be->ops->host_memory && how != NO_PACK ? nf4_visits : 0);
     if (be->ops->host_memory && how != NO_PACK) { /* the last visit, one token: q in place; k
                                                     * (32 x 64, not ft_nf4_fusable) in fp32 */
-        assert_int_equal(ex.fetched.proj[FT_Q].wtype, FT_W_NF4);
-        assert_int_equal(ex.fetched.proj[FT_K].wtype, FT_W_F32);
+        assert_int_equal(ex.fetched.proj[FT_Q].wtype, FT_WTYPE_NF4);
+        assert_int_equal(ex.fetched.proj[FT_K].wtype, FT_WTYPE_F32);
     }
     /* the comparison can fail: another row is far off */
     assert_true(max_diff(lg, le + (T - 2) * V, V) > 10 * tol * max_abs(lg, V));

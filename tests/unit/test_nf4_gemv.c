@@ -2,7 +2,7 @@
  * both code paths (portable C, AVX2) against an fp64 product of the dequantized weight
  * (ft_nf4_dequant), nested and plain absmax, rows whose blocks span two rows, 1-9 activation
  * rows (the AVX2 path's groups of four and their remainders), beta, thread-count
- * independence, the CPU backend's linear_fwd with FT_W_NF4, and the refusals; bit for bit
+ * independence, the CPU backend's linear_fwd with FT_WTYPE_NF4, and the refusals; bit for bit
  * against ft_nf4_dequant where the product is exact (x a unit vector: nibble order, the
  * segment walk and nf4.c's block absmax arithmetic), over more than 64 rows (two passes),
  * with NaN in y, and with the codes at an odd address. */
@@ -290,7 +290,7 @@ static void test_rows_independent(void **state)
     qt_free(&q);
 }
 
-/* The CPU backend's linear_fwd takes FT_W_NF4 and gives the kernel's result. */
+/* The CPU backend's linear_fwd takes FT_WTYPE_NF4 and gives the kernel's result. */
 static void test_backend_linear_fwd(void **state)
 {
     (void)state;
@@ -301,7 +301,7 @@ static void test_backend_linear_fwd(void **state)
     qt_make(&q, out, in, 64, 256, 11);
     float x[T * 128], ya[T * 64], yb[T * 64], scr[T * 128];
     for (int64_t i = 0; i < T * in; i++) x[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
-    assert_int_equal(be->ops->linear_fwd(be, ya, x, &q.t, FT_W_NF4, T, out, in, 0.0f, scr), 0);
+    assert_int_equal(be->ops->linear_fwd(be, ya, x, &q.t, FT_WTYPE_NF4, T, out, in, 0.0f, scr), 0);
     assert_int_equal(ft_cpu_nf4_gemv(yb, x, &q.t, T, out, in, 0.0f, scr), 0);
     assert_memory_equal(ya, yb, sizeof ya);
     ft_backend_free(be);

@@ -307,7 +307,7 @@ static void test_layer_weights(void **state)
                 const ft_linear *a = &w.proj[q];
                 int64_t e = a->out_n * a->in_n;
                 int fus = ft_nf4_fusable(a->out_n, a->in_n, 64, 256);
-                assert_int_equal(a->wtype, fus ? FT_W_NF4 : FT_W_F32);
+                assert_int_equal(a->wtype, fus ? FT_WTYPE_NF4 : FT_WTYPE_F32);
                 if (!fus) {
                     assert_memory_equal(a->w, wf.proj[q].w, (size_t)e * 4);
                     continue;

@@ -683,7 +683,7 @@ static void test_pack_pairs(void **state)
     ft_example *ex = rand_pairs(n_pairs, seq_len, 12345);
     ft_batch *b, *b2, *b3;
     int64_t nb, nb2, nb3;
-    assert_int_equal(ft_pack_pairs(&b, &nb, ex, n_pairs, seq_len, rows, 5), 0);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ex, n_pairs, seq_len, rows, 5), 0);
     int64_t total = 0;
     for (int64_t i = 0; i < 2 * n_pairs; i++) total += ex[i].n;
     assert_true(nb >= (total + 2 * rows * seq_len - 1) / (2 * rows * seq_len));
@@ -715,7 +715,7 @@ static void test_pack_pairs(void **state)
                 int64_t at = s ? r[FT_PAIR_REJECTED_START] : r[FT_PAIR_CHOSEN_START];
                 ft_batch *one;
                 int64_t n1;
-                assert_int_equal(ft_pack(&one, &n1, e, 1, seq_len, 1, 0), 0);
+                assert_int_equal(ft_batch_pack(&one, &n1, e, 1, seq_len, 1, 0), 0);
                 assert_int_equal(n1, 1);
                 assert_int_equal(one[0].n_pairs, 0);
                 assert_null(one[0].pairs);
@@ -737,7 +737,7 @@ static void test_pack_pairs(void **state)
     free(seen);
 
     /* deterministic by seed; another seed another order */
-    assert_int_equal(ft_pack_pairs(&b2, &nb2, ex, n_pairs, seq_len, rows, 5), 0);
+    assert_int_equal(ft_batch_pack_pairs(&b2, &nb2, ex, n_pairs, seq_len, rows, 5), 0);
     assert_int_equal(nb2, nb);
     int differs = 0;
     for (int64_t i = 0; i < nb; i++) {
@@ -745,7 +745,7 @@ static void test_pack_pairs(void **state)
         assert_memory_equal(b2[i].pairs, b[i].pairs, (size_t)(b[i].n_pairs * FT_PAIR_FIELDS) * sizeof *b[i].pairs);
         assert_memory_equal(b2[i].ids, b[i].ids, (size_t)b[i].T * sizeof *b[i].ids);
     }
-    assert_int_equal(ft_pack_pairs(&b3, &nb3, ex, n_pairs, seq_len, rows, 6), 0);
+    assert_int_equal(ft_batch_pack_pairs(&b3, &nb3, ex, n_pairs, seq_len, rows, 6), 0);
     for (int64_t i = 0; i < nb && i < nb3; i++)
         differs |= b3[i].pairs[FT_PAIR_INDEX] != b[i].pairs[FT_PAIR_INDEX];
     assert_true(differs);
@@ -760,7 +760,7 @@ static void test_pack_pairs(void **state)
         for (int64_t t = ex[i].n; t < seq_len; t++) ex[i].ids[t] = ex[i].labels[t] = 7;
         ex[i].n = seq_len;
     }
-    assert_int_equal(ft_pack_pairs(&b, &nb, ex, 4, seq_len, 1, 1), 0);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ex, 4, seq_len, 1, 1), 0);
     assert_int_equal(nb, 4);
     for (int64_t i = 0; i < nb; i++) {
         assert_int_equal(b[i].n_pairs, 1);
@@ -769,14 +769,14 @@ static void test_pack_pairs(void **state)
     ft_batches_free(b, nb);
 
     /* errors and the empty case */
-    assert_int_equal(ft_pack_pairs(&b, &nb, ex, 0, seq_len, rows, 1), 0);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ex, 0, seq_len, rows, 1), 0);
     assert_int_equal(nb, 0);
     assert_null(b);
-    assert_int_equal(ft_pack_pairs(&b, &nb, ex, 4, seq_len, 0, 1), FT_E_INVALID);
-    assert_int_equal(ft_pack_pairs(&b, &nb, ex, 4, 1, 1, 1), FT_E_INVALID);
-    assert_int_equal(ft_pack_pairs(&b, &nb, ex, 4, seq_len - 1, 1, 1), FT_E_RANGE);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ex, 4, seq_len, 0, 1), FT_E_INVALID);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ex, 4, 1, 1, 1), FT_E_INVALID);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ex, 4, seq_len - 1, 1, 1), FT_E_RANGE);
     assert_non_null(strstr(ft_errmsg(), "example 0 has 24 tokens"));
-    assert_int_equal(ft_pack_pairs(&b, &nb, ex, 4, 1 << 20, 1 << 11, 1), FT_E_RANGE);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ex, 4, 1 << 20, 1 << 11, 1), FT_E_RANGE);
     free_examples(ex, 2 * n_pairs);
 }
 
@@ -788,7 +788,7 @@ static void test_load_and_pack(void **state)
     assert_int_equal(ft_dataset_load(&ds, PAIRS, &c, L3), 0);
     ft_batch *b;
     int64_t nb;
-    assert_int_equal(ft_pack_pairs(&b, &nb, ds.train, ds.n_train / 2, 128, 1, 3), 0);
+    assert_int_equal(ft_batch_pack_pairs(&b, &nb, ds.train, ds.n_train / 2, 128, 1, 3), 0);
     int64_t pairs = 0;
     for (int64_t i = 0; i < nb; i++) {
         for (int64_t k = 0; k < b[i].n_pairs; k++) {

@@ -91,7 +91,7 @@ static void test_linear_bf16(void **state)
     (void)state;
     ft_backend *be;
     assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
-    assert_true(be->ops->weight_types & FT_WTYPE_BIT(FT_W_BF16));
+    assert_true(be->ops->weight_types & FT_WTYPE_BIT(FT_WTYPE_BF16));
     static const int64_t shapes[][3] = {{5, 24, 40}, {3, 600, 2048}, {2, 3, ((int64_t)1 << 20) + 100}};
     ft_rng rng;
     ft_rng_seed(&rng, 9);
@@ -107,8 +107,8 @@ static void test_linear_bf16(void **state)
         for (int beta = 0; beta <= 1; beta++) {
             for (int64_t i = 0; i < T * out; i++) y[i] = 0.25f;
             for (int64_t i = 0; i < T * in; i++) dx[i] = -0.5f;
-            assert_int_equal(be->ops->linear_fwd(be, y, x, W, FT_W_BF16, T, out, in, (float)beta, scr), 0);
-            assert_int_equal(be->ops->linear_bwd_x(be, dx, dy, W, FT_W_BF16, T, out, in, (float)beta, scr), 0);
+            assert_int_equal(be->ops->linear_fwd(be, y, x, W, FT_WTYPE_BF16, T, out, in, (float)beta, scr), 0);
+            assert_int_equal(be->ops->linear_bwd_x(be, dx, dy, W, FT_WTYPE_BF16, T, out, in, (float)beta, scr), 0);
             double ey = 0, edx = 0;
             for (int64_t t = 0; t < T; t++)
                 for (int64_t o = 0; o < out; o++) {
@@ -144,8 +144,8 @@ static void test_linear_bf16(void **state)
     ft_backend_free(be);
 }
 
-/* linear_fwd / linear_bwd_x with an FT_W_NF4 weight (the fused GEMM's contract, kernels.h)
- * equal dequant_nf4 followed by the FT_W_BF16 product bit for bit, nested and not, for a
+/* linear_fwd / linear_bwd_x with an FT_WTYPE_NF4 weight (the fused GEMM's contract, kernels.h)
+ * equal dequant_nf4 followed by the FT_WTYPE_BF16 product bit for bit, nested and not, for a
  * weight of one tile and one spread over several (row and input tiles); a shape the fused
  * kernels do not take is refused. */
 static void test_linear_nf4(void **state)
@@ -153,7 +153,7 @@ static void test_linear_nf4(void **state)
     (void)state;
     ft_backend *be;
     assert_int_equal(ft_backend_cpu_device_init(&be, THREADS), 0);
-    assert_true(be->ops->weight_types & FT_WTYPE_BIT(FT_W_NF4));
+    assert_true(be->ops->weight_types & FT_WTYPE_BIT(FT_WTYPE_NF4));
     static const int64_t shapes[][3] = {{5, 64, 128}, {3, 1088, 2048}, {2, 64, ((int64_t)1 << 20) + 128}};
     float map[256];
     ft_nf4_dynamic_map(map);
@@ -188,7 +188,7 @@ static void test_linear_nf4(void **state)
                     for (int64_t i = 0; i < T * out; i++) y[k][i] = 0.25f;
                     for (int64_t i = 0; i < T * in; i++) dx[k][i] = -0.5f;
                     const void *W = k ? (const void *)&t : (const void *)wb;
-                    int wt = k ? FT_W_NF4 : FT_W_BF16;
+                    int wt = k ? FT_WTYPE_NF4 : FT_WTYPE_BF16;
                     assert_int_equal(be->ops->linear_fwd(be, y[k], x, W, wt, T, out, in, (float)beta, scr), 0);
                     assert_int_equal(be->ops->linear_bwd_x(be, dx[k], dy, W, wt, T, out, in, (float)beta, scr), 0);
                 }
@@ -199,9 +199,9 @@ static void test_linear_nf4(void **state)
                 assert_memory_equal(dx[0], dx[1], (size_t)(T * in) * 4);
             }
             if (s == 0) { /* out 32: not a multiple of 64; a wrong element count */
-                assert_int_equal(be->ops->linear_fwd(be, y[0], x, &t, FT_W_NF4, T, 32, 2 * in, 0.0f, scr),
+                assert_int_equal(be->ops->linear_fwd(be, y[0], x, &t, FT_WTYPE_NF4, T, 32, 2 * in, 0.0f, scr),
                                  FT_E_INVALID);
-                assert_int_equal(be->ops->linear_fwd(be, y[0], x, &t, FT_W_NF4, T, out, in - 64, 0.0f, scr),
+                assert_int_equal(be->ops->linear_fwd(be, y[0], x, &t, FT_WTYPE_NF4, T, out, in - 64, 0.0f, scr),
                                  FT_E_INVALID);
             }
             for (int k = 0; k < 2; k++) {

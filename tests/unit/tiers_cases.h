@@ -173,7 +173,7 @@ static void tiers_compare(ft_backend *be, const ft_model *m, ft_pack_file *pack,
 
 /* FTUNE_NF4_GEMM=fused (offload/exec.h ft_exec_nf4_gemm_mode): the NF4 projections the fused
  * kernels take (on the tiny model q, o, gate, up and down; k and v are 32 wide) go to
- * linear_fwd/linear_bwd_x as FT_W_NF4 straight from the block, and the bf16 staging shrinks by
+ * linear_fwd/linear_bwd_x as FT_WTYPE_NF4 straight from the block, and the bf16 staging shrinks by
  * exactly theirs; runs with every block on the device, streamed from pinned host memory and
  * from disk give bit-identical results among themselves, and against ref (the dequantizing
  * run, all on the device) bit-identical results when tol is 0, else a loss within tol
