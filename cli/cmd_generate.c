@@ -352,11 +352,9 @@ static int generate_cmd(gen_opts *o, int argc, char **argv)
         {"cache-dir", FT_OPT_STR, &o->cache_dir, FT_CACHE_DIR_HELP, 0, "DIR"},
         {NULL},
     };
-    char err[1024];
     if (removed_flag(argc, argv)) return 2;
-    int rc = ft_args_parse(opts, argc, argv, err, sizeof err);
-    if (rc == 1) return 0;
-    if (rc < 0) { fprintf(stderr, "ftune: %s\n", err); return 2; }
+    int rc = ft_args_cmd(opts, argc, argv, NULL);
+    if (rc >= 0) return rc;
     if (ft_session_bad_quant(o->quant)) return 2;
     if (o->chat && (o->prompt || o->prompts || o->raw || o->json || o->out || o->batch)) {
         fprintf(stderr, "ftune: generate: --chat reads the conversation from standard input; it does "

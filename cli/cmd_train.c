@@ -375,14 +375,11 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
                 : !strcmp(argv[i], "--tensorboard") && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))
                     ? "--tensorboard=" : argv[i];
     av[argc] = NULL;
-    char err[1024];
-    int rc = ft_args_parse(opts, argc, av, err, sizeof err);
+    int rc = ft_args_cmd(opts, argc, av, NULL);
     free(av);
-    if (rc == 1 || rc < 0) ft_str_list_free(&data);
-    if (rc == 1) return 0;
-    if (rc < 0) {
-        fprintf(stderr, "ftune: %s\n", err);
-        return 2;
+    if (rc >= 0) {
+        ft_str_list_free(&data);
+        return rc;
     }
     {
         ft_train_cfg def;
