@@ -2,6 +2,7 @@
  * signal handling of a run (cli/session.c), the test hooks from the environment, the resume
  * hint and exit statuses: 0 done, 1 error, 2 usage, 128 + signo when stopped by SIGINT (130)
  * or SIGTERM (143) after saving a checkpoint. */
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -224,6 +225,24 @@ int ft_cmd_plan(int argc, char **argv)
     return ft_cmd_train_ex(argc, argv, 1);
 }
 
+/* A bare --resume takes the newest intact checkpoint: each newer one it passed over is
+ * damaged, and the user is told which and why before the run falls back. */
+static void resume_note_skipped(const char *out, int64_t step)
+{
+    DIR *d = opendir(out);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s = ft_ckpt_parse_name(e->d_name);
+        char p[4200];
+        if (s <= step || snprintf(p, sizeof p, "%s/%s", out, e->d_name) >= (int)sizeof p) continue;
+        if (ft_ckpt_verify(p, NULL) < 0)
+            fprintf(stderr, "ftune: --resume: %s is damaged (%s); resuming from the earlier intact " FT_CKPT_PREFIX "%lld\n",
+                    p, ft_errmsg(), (long long)step);
+    }
+    closedir(d);
+}
+
 int ft_cmd_train_ex(int argc, char **argv, int plan_only)
 {
     ft_train_cfg c;
@@ -399,6 +418,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
             return 2;
         }
         resume = latest;
+        resume_note_skipped(c.out, step);
     }
     c.resume = resume;
     char tb_dir[4200];

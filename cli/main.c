@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/omp_env.h"
+#include "src/core/json.h"
 
 #define FTUNE_VERSION "0.1.0"
 
@@ -33,6 +34,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     ft_omp_env_reexec(argv); /* returns only when OpenMP's spin count is set already */
+    ft_json_init();          /* cJSON allocation failures reported as out of memory */
     if (argc < 2) {
         usage(stderr);
         return 2;
