@@ -18,6 +18,7 @@
 #include "cli/progress.h"
 #include "cli/session.h"
 #include "offload/pack.h"
+#include "src/core/dirlock.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/paths.h"
@@ -407,6 +408,19 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     }
     c.threads = (int)threads;
     c.device = ft_session_device(device);
+    /* one run per output folder (issue 31): taken before any checkpoint there is read */
+    ft_dirlock out_lock = {.fd = -1};
+    if (!plan_only) {
+        long stale = 0;
+        if (ft_dirlock_take(&out_lock, c.out, &stale) < 0) {
+            fprintf(stderr, "ftune: --out %s\n", ft_errmsg());
+            ft_str_list_free(&data);
+            return 1;
+        }
+        if (stale)
+            fprintf(stderr, "ftune: --out %s: took over the stale lock of pid %ld (that run ended without releasing it)\n",
+                    c.out, stale);
+    }
     char latest[4200];
     if (resume && !*resume) {
         int64_t step;
@@ -415,7 +429,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
             fprintf(stderr, "ftune: --resume: no complete checkpoint in %s (looked for %s/" FT_CKPT_PREFIX "<step>/%s%s); run without --resume to start, or name one with --resume DIR\n",
                     c.out, c.out, found < 0 ? ": " : "", found < 0 ? ft_errmsg() : "");
             ft_str_list_free(&data);
-            return 2;
+            rc = 2;
+            goto done;
         }
         resume = latest;
         resume_note_skipped(c.out, step);
@@ -425,7 +440,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     if (tensorboard && !ft_tfevents_available()) {
         fprintf(stderr, "ftune: --tensorboard: this ftune was built without protobuf-c (Debian: libprotobuf-c-dev protobuf-c-compiler; install them and rebuild)\n");
         ft_str_list_free(&data);
-        return 2;
+        rc = 2;
+        goto done;
     }
     if (tensorboard && !*tensorboard && ft_path_join(tb_dir, sizeof tb_dir, c.out, "tb") == 0)
         tensorboard = tb_dir;
@@ -435,7 +451,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
     if (fail && *fail) ft_ckpt_fail_writes_after(strtoll(fail, NULL, 10));
     if (test_hooks(&c.test) < 0) {
         ft_str_list_free(&data);
-        return 2;
+        rc = 2;
+        goto done;
     }
     ft_progress prog;
     ft_progress_init(&prog, quiet);
@@ -451,7 +468,8 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         if (res.checkpoint[0] && rc != FT_E_NUMERIC)
             print_resume_hint("ftune: to continue from the last checkpoint: ", argc, argv, res.checkpoint);
-        return 1;
+        rc = 1;
+        goto done;
     }
     if (res.stopped) {
         const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
@@ -463,9 +481,11 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
         } else {
             fprintf(stderr, "ftune: stopped by %s before the first step; nothing to save: run the same command to start\n", name);
         }
-        return 128 + (sig ? sig : SIGINT);
+        rc = 128 + (sig ? sig : SIGINT);
+        goto done;
     }
-    if (plan_only) return 0;
+    rc = 0;
+    if (plan_only) goto done;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     if (!quiet) {
@@ -476,5 +496,7 @@ int ft_cmd_train_ex(int argc, char **argv, int plan_only)
                 (long long)res.steps, (long long)res.tokens, (long long)res.trained_tokens, res.time_s, res.tokens_per_s,
                 ev, ru.ru_maxrss / 1048576.0);
     }
-    return 0;
+done:
+    ft_dirlock_release(&out_lock);
+    return rc;
 }
