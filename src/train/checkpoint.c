@@ -105,13 +105,18 @@ static long state_hash_span(const char *txt, size_t len)
     return -1;
 }
 
-/* FNV-1a (ft_ckpt_hash) of txt with the 16 digits at span read as '0'. */
+/* FNV-1a (ft_ckpt_hash, one call: its 8-byte words counted from the start of the text) of
+ * txt with the 16 digits at span read as '0'; 0 when out of memory (no hash ever matches:
+ * ft_ckpt_hash never returns 0 for a state text in practice, and a mismatch only refuses). */
 static uint64_t state_hash(const char *txt, size_t len, long span)
 {
-    static const char zeros[16] = "0000000000000000";
-    uint64_t h = ft_ckpt_hash(FT_CKPT_HASH_INIT, txt, (size_t)span);
-    h = ft_ckpt_hash(h, zeros, 16);
-    return ft_ckpt_hash(h, txt + span + 16, len - (size_t)span - 16);
+    char *z = malloc(len ? len : 1);
+    if (!z) return 0;
+    memcpy(z, txt, len);
+    memset(z + span, '0', 16);
+    uint64_t h = ft_ckpt_hash(FT_CKPT_HASH_INIT, z, len);
+    free(z);
+    return h;
 }
 
 int ft_ckpt_state_seal(char *txt, size_t len)
