@@ -36,9 +36,14 @@ static int same_file(int fd, const char *path)
 int ft_dirlock_take(ft_dirlock *lk, const char *dir, long *stale_pid)
 {
     lk->fd = -1;
+    lk->made_dir = 0;
     *stale_pid = 0;
     FT_TRY(ft_path_join(lk->path, sizeof lk->path, dir, FT_DIRLOCK_FILE));
+    if (snprintf(lk->dir, sizeof lk->dir, "%s", dir) >= (int)sizeof lk->dir)
+        return ft_err(FT_E_RANGE, "%s: path too long", dir);
+    int existed = ft_path_exists(dir);
     FT_TRY(ft_mkdir_p(dir));
+    int made = !existed;
     int fd = -1;
     for (int tries = 0; fd < 0; tries++) {
         if (tries == 100) /* removed under us 100 times in a row: something else is wrong */
@@ -70,9 +75,11 @@ int ft_dirlock_take(ft_dirlock *lk, const char *dir, long *stale_pid)
         int e = errno ? errno : EIO;
         unlink(lk->path);
         close(fd);
+        if (made) rmdir(dir);
         return ft_err(-e, "%s: cannot write the lock file: %s", lk->path, strerror(e));
     }
     lk->fd = fd;
+    lk->made_dir = made;
     return 0;
 }
 
@@ -82,4 +89,6 @@ void ft_dirlock_release(ft_dirlock *lk)
     unlink(lk->path); /* while still locked: a taker that opened it sees another inode */
     close(lk->fd);
     lk->fd = -1;
+    if (lk->made_dir) rmdir(lk->dir); /* fails, as it should, unless still empty */
+    lk->made_dir = 0;
 }

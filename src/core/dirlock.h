@@ -18,6 +18,8 @@
 
 typedef struct ft_dirlock {
     int fd;          /* the locked file, -1 when not held */
+    int made_dir;    /* 1 when ft_dirlock_take created DIR (removed on release if empty) */
+    char dir[4200];  /* DIR */
     char path[4200]; /* DIR/.ftune.lock */
 } ft_dirlock;
 
@@ -29,8 +31,9 @@ typedef struct ft_dirlock {
  * On error lk->fd is -1. */
 int ft_dirlock_take(ft_dirlock *lk, const char *dir, long *stale_pid);
 
-/* Releases a lock taken by ft_dirlock_take: removes the lock file, then closes it. NULL-safe
- * and idempotent (lk->fd -1 afterwards). */
+/* Releases a lock taken by ft_dirlock_take: removes the lock file, then closes it; a folder
+ * the take created is removed too when it is still empty (a run that failed before writing
+ * anything leaves no folder behind). NULL-safe and idempotent (lk->fd -1 afterwards). */
 void ft_dirlock_release(ft_dirlock *lk);
 
 #endif
