@@ -315,7 +315,12 @@ static int read_config(const char *dir, ft_lora_cfg *cfg, char *base, size_t bas
     size_t len;
     FT_TRY(ft_read_file(path, &txt, &len));
     const char *end = NULL;
+    unsigned long oom_mark = ft_json_oom_mark();
     cJSON *o = cJSON_ParseWithLengthOpts(txt, len, &end, 0);
+    if (!o && ft_json_oom_since(oom_mark)) {
+        free(txt);
+        return ft_err(-ENOMEM, "%s: out of memory while parsing it", path);
+    }
     size_t nul = ft_json_find_nul(txt, len);
     size_t err_at = end ? (size_t)(end - txt) : 0, tail = err_at;
     while (o && tail < len && strchr(" \t\r\n", txt[tail])) tail++;

@@ -236,7 +236,13 @@ static int load_config(const ft_opt *opts, const char *path, char *err, size_t n
         return -1;
     }
     const char *ep = NULL;
+    unsigned long oom = ft_json_oom_mark();
     cJSON *o = cJSON_ParseWithLengthOpts(txt, len, &ep, 0);
+    if (!o && ft_json_oom_since(oom)) {
+        snprintf(err, n, "%s: out of memory while parsing it", path);
+        free(txt);
+        return -1;
+    }
     if (!o || !cJSON_IsObject(o)) {
         long off = ep ? (long)(ep - txt) : 0;
         snprintf(err, n, "%s: offset %ld: expected a JSON object of options", path, off);

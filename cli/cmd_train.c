@@ -2,6 +2,7 @@
  * signal handling of a run (cli/session.c), the test hooks from the environment, the resume
  * hint and exit statuses: 0 done, 1 error, 2 usage, 128 + signo when stopped by SIGINT (130)
  * or SIGTERM (143) after saving a checkpoint. */
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include "cli/dist_env.h"
 #include "cli/session.h"
 #include "offload/pack.h"
+#include "src/core/dirlock.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
 #include "src/core/paths.h"
@@ -276,6 +278,24 @@ int ft_cmd_plan(int argc, char **argv)
     return ft_cmd_train_ex(argc, argv, 1);
 }
 
+/* A bare --resume takes the newest intact checkpoint: each newer one it passed over is
+ * damaged, and the user is told which and why before the run falls back. */
+static void resume_note_skipped(const char *out, int64_t step)
+{
+    DIR *d = opendir(out);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s = ft_ckpt_parse_name(e->d_name);
+        char p[4200];
+        if (s <= step || snprintf(p, sizeof p, "%s/%s", out, e->d_name) >= (int)sizeof p) continue;
+        if (ft_ckpt_verify(p, NULL) < 0)
+            fprintf(stderr, "ftune: --resume: %s is damaged (%s); resuming from the earlier intact " FT_CKPT_PREFIX "%lld\n",
+                    p, ft_errmsg(), (long long)step);
+    }
+    closedir(d);
+}
+
 int ft_cmd_train_ex(int argc, char **argv, int plan_only)
 {
     return ft_cmd_train_with(argc, argv, plan_only, NULL);
@@ -447,6 +467,29 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
     }
     c.threads = (int)threads;
     c.device = ft_session_device(device);
+    /* data-parallel: the ranks of mpirun / srun (dist_env.h); rank 0 alone prints progress */
+    ft_comm *comm = NULL;
+    if (ft_cli_comm_open(&comm)) {
+        ft_str_list_free(&data);
+        return 1;
+    }
+    /* one run per output folder (issue 31): rank 0 takes it before any checkpoint there is
+     * read (the other ranks of a data-parallel run share rank 0's folder) */
+    ft_dirlock out_lock = {.fd = -1};
+    if (!plan_only && ft_comm_rank(comm) == 0) {
+        long stale = 0;
+        if (ft_dirlock_take(&out_lock, c.out, &stale) < 0) {
+            char msg[1200];
+            snprintf(msg, sizeof msg, "--out %s", ft_errmsg());
+            ft_cli_comm_fail(comm, msg); /* several ranks: all of them end here */
+            ft_str_list_free(&data);
+            rc = 1;
+            goto done;
+        }
+        if (stale)
+            fprintf(stderr, "ftune: --out %s: took over the stale lock of pid %ld (that run ended without releasing it)\n",
+                    c.out, stale);
+    }
     char latest[4200];
     if (resume && !*resume) {
         int64_t step;
@@ -455,16 +498,19 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
             fprintf(stderr, "ftune: --resume: no complete checkpoint in %s (looked for %s/" FT_CKPT_PREFIX "<step>/%s%s); run without --resume to start, or name one with --resume DIR\n",
                     c.out, c.out, found < 0 ? ": " : "", found < 0 ? ft_errmsg() : "");
             ft_str_list_free(&data);
-            return 2;
+            rc = 2;
+            goto done;
         }
         resume = latest;
+        resume_note_skipped(c.out, step);
     }
     c.resume = resume;
     char tb_dir[4200];
     if (tensorboard && !ft_tfevents_available()) {
         fprintf(stderr, "ftune: --tensorboard: this ftune was built without protobuf-c (Debian: libprotobuf-c-dev protobuf-c-compiler; install them and rebuild)\n");
         ft_str_list_free(&data);
-        return 2;
+        rc = 2;
+        goto done;
     }
     if (tensorboard && !*tensorboard && ft_path_join(tb_dir, sizeof tb_dir, c.out, "tb") == 0)
         tensorboard = tb_dir;
@@ -474,22 +520,18 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
     if (fail && *fail) ft_ckpt_fail_writes_after(strtoll(fail, NULL, 10));
     if (cuda_fused && fused_mask(cuda_fused, &c.cuda_fused) < 0) {
         ft_str_list_free(&data);
-        return 2;
+        rc = 2;
+        goto done;
     }
     char cache_buf[4096];
     c.cache_dir = ft_env_pack_cache_dir(c.cache_dir, cache_buf, sizeof cache_buf);
     ft_env_tune(&c.tune);
     if (test_hooks(&c.test) < 0) {
         ft_str_list_free(&data);
-        return 2;
+        rc = 2;
+        goto done;
     }
     test_kill_hook(&c.test);
-    /* data-parallel: the ranks of mpirun / srun (dist_env.h); rank 0 alone prints progress */
-    ft_comm *comm;
-    if (ft_cli_comm_open(&comm)) {
-        ft_str_list_free(&data);
-        return 1;
-    }
     c.comm = comm;
     ft_progress prog;
     ft_progress_init(&prog, quiet || ft_comm_rank(comm) > 0);
@@ -498,7 +540,7 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         rc = run->fn(&c, &prog, run->user);
         ft_str_list_free(&data);
         ft_progress_flush(&prog);
-        return rc;
+        goto done;
     }
     ft_train_result res;
     c.stop = ft_session_signals_install();
@@ -511,13 +553,16 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         ft_cli_comm_fail(comm, ft_errmsg()); /* several ranks: all of them end here */
         if (res.checkpoint[0] && rc != FT_E_NUMERIC)
             print_resume_hint("ftune: to continue from the last checkpoint: ", argc, argv, res.checkpoint);
-        ft_comm_free(comm);
-        return 1;
+        rc = 1;
+        goto done;
     }
     const int rank = ft_comm_rank(comm);
     ft_comm_free(comm);
-    if (rank > 0) /* the stop and done lines are rank 0's */
-        return res.stopped ? 128 + (sig ? sig : SIGINT) : 0;
+    comm = NULL;
+    if (rank > 0) { /* the stop and done lines are rank 0's */
+        rc = res.stopped ? 128 + (sig ? sig : SIGINT) : 0;
+        goto done;
+    }
     if (res.stopped) {
         const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
         if (res.checkpoint[0]) {
@@ -528,9 +573,11 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         } else {
             fprintf(stderr, "ftune: stopped by %s before the first step; nothing to save: run the same command to start\n", name);
         }
-        return 128 + (sig ? sig : SIGINT);
+        rc = 128 + (sig ? sig : SIGINT);
+        goto done;
     }
-    if (plan_only) return 0;
+    rc = 0;
+    if (plan_only) goto done;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     if (!quiet) {
@@ -541,5 +588,8 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
                 (long long)res.steps, (long long)res.tokens, (long long)res.trained_tokens, res.time_s, res.tokens_per_s,
                 ev, ru.ru_maxrss / 1048576.0);
     }
-    return 0;
+done:
+    ft_dirlock_release(&out_lock);
+    ft_comm_free(comm);
+    return rc;
 }

@@ -2,9 +2,11 @@
  * `ftune train ...`. */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/omp_env.h"
+#include "src/core/json.h"
 
 #define FTUNE_VERSION "0.1.0"
 
@@ -34,6 +36,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     ft_omp_env_reexec(argv); /* returns only when OpenMP's spin count is set already */
+    ft_json_init();          /* cJSON allocation failures reported as out of memory */
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -47,20 +50,32 @@ int main(int argc, char **argv)
         printf("ftune %s\n", FTUNE_VERSION);
         return 0;
     }
-    if (!strcmp(c, "train")) return ft_cmd_train(argc - 1, argv + 1);
-    if (!strcmp(c, "eval")) return ft_cmd_eval(argc - 1, argv + 1);
-    if (!strcmp(c, "tokenize")) return ft_cmd_tokenize(argc - 1, argv + 1);
-    if (!strcmp(c, "logits")) return ft_cmd_logits(argc - 1, argv + 1);
-    if (!strcmp(c, "generate")) return ft_cmd_generate(argc - 1, argv + 1);
-    if (!strcmp(c, "export")) return ft_cmd_export(argc - 1, argv + 1);
-    if (!strcmp(c, "merge")) return ft_cmd_merge(argc - 1, argv + 1);
-    if (!strcmp(c, "pack")) return ft_cmd_pack(argc - 1, argv + 1);
-    if (!strcmp(c, "init-model")) return ft_cmd_init_model(argc - 1, argv + 1);
-    if (!strcmp(c, "plan")) return ft_cmd_plan(argc - 1, argv + 1);
-    if (!strcmp(c, "sweep")) return ft_cmd_sweep(argc - 1, argv + 1);
-    if (!strcmp(c, "bench")) return ft_cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(c, "report")) return ft_cmd_report(argc - 1, argv + 1);
-    if (c[0] == '-') return ft_cmd_train(argc, argv); /* flags only: train */
-    fprintf(stderr, "ftune: unknown command '%s' (try ftune --help)\n", c);
-    return 2;
+    int rc = 0, known = 1;
+    if (!strcmp(c, "train")) rc = ft_cmd_train(argc - 1, argv + 1);
+    else if (!strcmp(c, "eval")) rc = ft_cmd_eval(argc - 1, argv + 1);
+    else if (!strcmp(c, "tokenize")) rc = ft_cmd_tokenize(argc - 1, argv + 1);
+    else if (!strcmp(c, "logits")) rc = ft_cmd_logits(argc - 1, argv + 1);
+    else if (!strcmp(c, "generate")) rc = ft_cmd_generate(argc - 1, argv + 1);
+    else if (!strcmp(c, "export")) rc = ft_cmd_export(argc - 1, argv + 1);
+    else if (!strcmp(c, "merge")) rc = ft_cmd_merge(argc - 1, argv + 1);
+    else if (!strcmp(c, "pack")) rc = ft_cmd_pack(argc - 1, argv + 1);
+    else if (!strcmp(c, "init-model")) rc = ft_cmd_init_model(argc - 1, argv + 1);
+    else if (!strcmp(c, "plan")) rc = ft_cmd_plan(argc - 1, argv + 1);
+    else if (!strcmp(c, "sweep")) rc = ft_cmd_sweep(argc - 1, argv + 1);
+    else if (!strcmp(c, "bench")) rc = ft_cmd_bench(argc - 1, argv + 1);
+    else if (!strcmp(c, "report")) rc = ft_cmd_report(argc - 1, argv + 1);
+    else if (c[0] == '-') rc = ft_cmd_train(argc, argv); /* flags only: train */
+    else known = 0;
+    if (!known) {
+        fprintf(stderr, "ftune: unknown command '%s' (try ftune --help)\n", c);
+        return 2;
+    }
+    if (rc != 0) {
+        /* a failed command ends here, its outputs already safe (written to a temporary name
+         * and renamed, or not at all): flush, then _exit, so that nothing run by exit() (a
+         * library's destructor joining a thread stuck in an allocation) can hang the end */
+        fflush(NULL);
+        _exit(rc);
+    }
+    return 0;
 }

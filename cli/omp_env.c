@@ -40,6 +40,56 @@ static int user_set(void)
     return 0;
 }
 
+/* ---- the exec before any library loads ---------------------------------------------------
+ * The executable's .preinit_array runs after the dynamic loader has relocated everything but
+ * before any shared library's initializer: before libgomp reads its variables, and before
+ * OpenBLAS's constructor starts its worker threads (which, when a thread cannot be created,
+ * as under a small `ulimit -v`, prints a line and raises SIGINT before main). So the exec is
+ * done here, with the kernel's environment (envp; environ is not set up yet, and a setenv
+ * would be undone by libc's initializer) plus GOMP_SPINCOUNT=1000 (unless the user set a wait
+ * or binding variable) and OPENBLAS_NUM_THREADS=1 (unless set: the CPU backend runs OpenBLAS
+ * single-threaded anyway, kernels/cpu/backend.c, so no worker thread is ever needed, and
+ * none can spin in an allocation or be joined at exit). No malloc: libc is not initialized. */
+
+enum { PRE_MAX_ENV = 4096 };
+
+static int env_has(char **envp, const char *name, int any_suffix)
+{
+    size_t n = strlen(name);
+    for (char **e = envp; e && *e; e++)
+        if (!strncmp(*e, name, n) && ((*e)[n] == '=' || (any_suffix && (*e)[n] == '_'))) return 1;
+    return 0;
+}
+
+static void preinit_exec(int argc, char **argv, char **envp)
+{
+    (void)argc;
+    if (getauxval(AT_BASE) == 0 || !argv || !envp) return; /* see ft_omp_env_reexec */
+    int spin = 1;
+    for (size_t k = 0; k < sizeof kept / sizeof *kept; k++)
+        if (env_has(envp, kept[k], 1)) spin = 0;
+    int blas = !env_has(envp, "OPENBLAS_NUM_THREADS", 0);
+    if (!spin && !blas) return;
+    static char *ne[PRE_MAX_ENV + 3];
+    static char spin_kv[] = "GOMP_SPINCOUNT=1000", blas_kv[] = "OPENBLAS_NUM_THREADS=1";
+    size_t n = 0;
+    for (char **e = envp; *e; e++) {
+        if (n == PRE_MAX_ENV) return; /* an environment this large: go on as started */
+        ne[n++] = *e;
+    }
+    if (spin) ne[n++] = spin_kv;
+    if (blas) ne[n++] = blas_kv;
+    ne[n] = NULL;
+    static char self[PATH_MAX];
+    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (r <= 0 || r >= (ssize_t)sizeof self - 1) return;
+    self[r] = 0;
+    execve(self, argv, ne); /* on failure: go on, main's ft_omp_env_reexec tries again */
+}
+
+__attribute__((section(".preinit_array"), used)) static void (*const k_preinit)(int, char **, char **) =
+    preinit_exec;
+
 void ft_omp_env_reexec(char **argv)
 {
     if (user_set()) return;

@@ -92,8 +92,8 @@ static void on_stop_signal(int sig)
     static const char first[] =
         "\nftune: stop requested: finishing the current step, then saving a checkpoint "
         "(signal again to quit at once)\n";
-    static const char second[] = "\nftune: second stop signal: exiting now; the last complete "
-        "checkpoint is intact\n";
+    static const char second[] = "\nftune: second stop signal: exiting now; checkpoints "
+        "already written are left as they are (--resume checks them)\n";
     if (g_stop) {
         ssize_t w = write(2, second, sizeof second - 1);
         (void)w;

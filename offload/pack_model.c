@@ -74,7 +74,7 @@ int ft_pack_model_load_globals(ft_model *m)
     const int64_t C = c->hidden_size, V = c->vocab_size, g = ft_model_global_floats(c);
     void *mem = NULL;
     if (g <= 0 || (uint64_t)g > SIZE_MAX / 4 || posix_memalign(&mem, 64, (size_t)g * 4))
-        return ft_err(-ENOMEM, "%s: cannot allocate %lld floats for the weights", m->path,
+        return ft_err(-ENOMEM, "%s: out of memory: cannot allocate %lld floats for the weights", m->path,
                       (long long)g);
     float *emb = mem, *fn = emb + ft_pad16(V * C);
     float *head = c->tie_word_embeddings ? emb : fn + ft_pad16(C);

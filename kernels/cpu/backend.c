@@ -475,6 +475,41 @@ const ft_backend_ops ft_cpu_ops = {
  * OpenBLAS workers busy-wait after each call; on a 2-core machine the OpenMP loops that
  * followed an sgemm ran 10-20x slower (rmsnorm 2048x576: 0.2 ms alone, ~4 ms after an
  * sgemm), and the attention tiles call BLAS from inside OpenMP regions. */
+/* OpenBLAS takes a work buffer (BUFFER_SIZE: 128 MiB on x86-64 builds, plus a page) the
+ * first time a thread calls it and keeps it for the process; when that allocation fails it
+ * retries forever (memory.c blas_memory_alloc), so a run under a small `ulimit -v` would spin
+ * in its first GEMM. The backend therefore checks, before any GEMM, that one such buffer per
+ * OpenMP thread (each makes one BLAS call at a time, gemm_raw) can be had, and then makes
+ * every thread take its buffer at once, while the memory is known to be there: a GEMM of
+ * about a millisecond on each thread, entered together after a barrier, so that the calls
+ * overlap and each holds its own buffer. */
+#define BLAS_BUFFER_BYTES (((size_t)128 << 20) + ((size_t)1 << 20))
+#define BLAS_WARM_N 192
+
+static int blas_buffers_take(int n_threads)
+{
+    void **probe = calloc((size_t)n_threads, sizeof *probe);
+    int ok = probe != NULL;
+    for (int i = 0; i < n_threads && ok; i++) ok = (probe[i] = malloc(BLAS_BUFFER_BYTES)) != NULL;
+    for (int i = 0; probe && i < n_threads; i++) free(probe[i]);
+    free(probe);
+    if (!ok)
+        return ft_err(-ENOMEM, "out of memory: the CPU backend needs %d x %zu MiB of address space for OpenBLAS work buffers (%d threads; see ulimit -v, or use fewer --threads)",
+                      n_threads, BLAS_BUFFER_BYTES >> 20, n_threads);
+    const size_t el = (size_t)BLAS_WARM_N * BLAS_WARM_N;
+    float *m = calloc(3 * el * (size_t)n_threads, sizeof *m);
+    if (!m) return ft_err(-ENOMEM, "out of memory: the CPU backend's OpenBLAS warm-up");
+#pragma omp parallel num_threads(n_threads)
+    {
+        float *a = m + 3 * el * (size_t)omp_get_thread_num();
+#pragma omp barrier
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BLAS_WARM_N, BLAS_WARM_N, BLAS_WARM_N,
+                    1.0f, a, BLAS_WARM_N, a + el, BLAS_WARM_N, 0.0f, a + 2 * el, BLAS_WARM_N);
+    }
+    free(m);
+    return 0;
+}
+
 int ft_backend_cpu_init(ft_backend **out, int n_threads)
 {
     if (!out) return ft_err(FT_E_INVALID, "ft_backend_cpu_init: out is NULL");
@@ -491,6 +526,12 @@ int ft_backend_cpu_init(ft_backend **out, int n_threads)
     ctx->n_threads = n_threads;
     omp_set_num_threads(n_threads);
     openblas_set_num_threads(1);
+    int rc = blas_buffers_take(n_threads);
+    if (rc < 0) {
+        free(be);
+        free(ctx);
+        return rc;
+    }
     be->ops = &ft_cpu_ops;
     be->ctx = ctx;
     *out = be;

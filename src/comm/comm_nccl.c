@@ -22,6 +22,7 @@ extern int cudaStreamSynchronize(void *stream);
 extern int cudaMalloc(void **p, size_t bytes);
 extern int cudaFree(void *p);
 extern int cudaMemcpy(void *dst, const void *src, size_t bytes, int kind); /* 4: cudaMemcpyDefault */
+extern int cudaGetDeviceCount(int *count);
 #endif
 
 #ifdef FT_HAVE_CUDA
@@ -108,6 +109,12 @@ int ft_comm_nccl_open(ft_comm *c, const ft_comm_cfg *cfg)
 #ifndef FT_HAVE_CUDA
     return ft_err(FT_E_UNSUPPORTED, "nccl: this build has no CUDA backend (build with nvcc found)");
 #else
+    /* a GPU first: libnccl loaded on a machine without one starts threads of its own and fails
+     * later, and its teardown at exit can then crash the process */
+    int n_dev = 0, crc = cudaGetDeviceCount(&n_dev);
+    if (crc != 0 || n_dev < 1)
+        return ft_err(FT_E_UNSUPPORTED, "nccl: no CUDA device (cudaGetDeviceCount: error %d, %d devices)",
+                      crc, n_dev);
     ft_comm_nccl *n = calloc(1, sizeof *n);
     if (!n) return -ENOMEM;
     c->nccl = n;

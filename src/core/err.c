@@ -28,7 +28,10 @@ int ft_err_prefix(int code, const char *fmt, ...)
     size_t k = strnlen(g_msg, sizeof old - 1);
     memcpy(old, g_msg, k);
     old[k] = 0;
-    if (old[0])
+    /* a system error code returned bare (return -ENOMEM) under an older message of another
+     * code: that message is stale (an error handled and ignored before), not this one's */
+    int stale = g_code != code && code < 0 && code > -4096;
+    if (old[0] && !stale)
         snprintf(g_msg, sizeof g_msg, "%s: %s", pre, old);
     else
         snprintf(g_msg, sizeof g_msg, "%s: %s", pre, ft_errname(code));

@@ -28,7 +28,9 @@ enum {
  * `return ft_err(FT_E_INVALID, "%s: offset %lld: ...", path, off);` reads naturally. */
 int ft_err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Prepends "<prefix>: " to the last error message; returns `code`. */
+/* Prepends "<prefix>: " to the last error message; returns `code`. When `code` is a system
+ * error (-errno) other than the last message's code, that message is stale (an error that
+ * was handled) and "<prefix>: <strerror>" is recorded instead. */
 int ft_err_prefix(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* The last error message of this thread ("" if none). For -errno codes recorded without a

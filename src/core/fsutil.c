@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -108,11 +109,12 @@ static int read_exact(int fd, const char *name, char *buf, size_t n)
 /* Grows *buf (capacity *cap, holding `used` bytes) to at least used + want bytes plus a NUL,
  * doubling, never beyond max + 1. -ENOMEM when full at max or when malloc fails. */
 static int grow(char **buf, size_t *cap, size_t used, size_t max, const char *name,
-                const char *what)
+                const char *what, const char *why)
 {
     if (used < *cap) return 0;
     if (*cap > max)
-        return ft_err(-ENOMEM, "%s: %s more than %zu bytes, the limit of one input", name, what, max);
+        return ft_err(-ENOMEM, "%s: %s more than %zu bytes, the limit of one input (%s)", name,
+                      what, max, why);
     size_t nc = *cap ? *cap * 2 : (size_t)64 << 10;
     if (nc < *cap || nc > max + 1) nc = max + 1; /* the last byte is only there to see EOF */
     char *p = realloc(*buf, nc + 1);
@@ -125,19 +127,19 @@ static int grow(char **buf, size_t *cap, size_t used, size_t max, const char *na
 /* Reads a stream (pipe, FIFO, terminal, device, socket) to EOF into a growing buffer that
  * starts with head[0..head_n) (bytes already taken from it). A descriptor left non-blocking
  * by someone else (stdin) is waited on with poll. More than max bytes: -ENOMEM. */
-static int read_stream(int fd, const char *name, size_t max, const char *head, size_t head_n,
-                       char **data, size_t *len)
+static int read_stream(int fd, const char *name, size_t max, const char *why, const char *head,
+                       size_t head_n, char **data, size_t *len)
 {
     char *buf = NULL;
     size_t cap = 0, used = 0;
     int rc = 0;
-    while (used < head_n && !(rc = grow(&buf, &cap, used, max, name, "reading"))) {
+    while (used < head_n && !(rc = grow(&buf, &cap, used, max, name, "reading", why))) {
         size_t k = head_n - used < cap - used ? head_n - used : cap - used;
         memcpy(buf + used, head + used, k);
         used += k;
     }
     for (;;) {
-        if (rc < 0 || (rc = grow(&buf, &cap, used, max, name, "reading")) < 0) {
+        if (rc < 0 || (rc = grow(&buf, &cap, used, max, name, "reading", why)) < 0) {
             free(buf);
             return rc;
         }
@@ -157,7 +159,8 @@ static int read_stream(int fd, const char *name, size_t max, const char *head, s
     }
     if (used > max) {
         free(buf);
-        return ft_err(-ENOMEM, "%s: reading more than %zu bytes, the limit of one input", name, max);
+        return ft_err(-ENOMEM, "%s: reading more than %zu bytes, the limit of one input (%s)", name,
+                      max, why);
     }
     buf[used] = 0;
     *data = buf;
@@ -181,7 +184,7 @@ static int is_anon_pipe(int fd)
 /* Decompresses the gzip data in[0..n) (RFC 1952; every member of a concatenation, as gzip -d
  * does; zero bytes after the last member, tar's padding, are ignored) with zlib into a
  * malloc'ed NUL-terminated buffer of at most max bytes. */
-static int gunzip(const char *name, const unsigned char *in, size_t n, size_t max, char **out,
+static int gunzip(const char *name, const unsigned char *in, size_t n, size_t max, const char *why, char **out,
                   size_t *out_n)
 {
     z_stream zs;
@@ -192,7 +195,7 @@ static int gunzip(const char *name, const unsigned char *in, size_t n, size_t ma
     size_t cap = 0, used = 0, off = 0; /* off: compressed bytes given to zlib so far */
     int rc = 0;
     for (;;) {
-        if ((rc = grow(&buf, &cap, used, max, name, "decompresses to")) < 0) break;
+        if ((rc = grow(&buf, &cap, used, max, name, "decompresses to", why)) < 0) break;
         if (zs.avail_in == 0 && off < n) { /* avail_in is 32-bit: at most 1 GiB at a time */
             size_t k = n - off < ((size_t)1 << 30) ? n - off : (size_t)1 << 30;
             zs.next_in = (unsigned char *)in + off;
@@ -262,11 +265,29 @@ const char *ft_input_name(const char *path)
     return ft_input_is_stdin(path) ? "<stdin>" : path;
 }
 
+size_t ft_input_mem_bound(int stream)
+{
+    uint64_t mem = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < mem)
+        mem = rl.rlim_cur;
+    uint64_t b = stream ? mem / 4 : mem / 2;
+    if (b == 0 || b > FT_INPUT_MAX_BYTES) b = FT_INPUT_MAX_BYTES;
+    return (size_t)b;
+}
+
 int ft_read_input_max(const char *path, const char *what, char **data, size_t *len,
                       unsigned flags, size_t max_bytes)
 {
     const char *name = ft_input_name(path);
     if (max_bytes > SIZE_MAX / 4) max_bytes = SIZE_MAX / 4; /* grow()'s max + 1 and doubling stay in range */
+    /* a stream (and what gzip expands to) is bounded by the memory there is, so that an
+     * endless one (/dev/zero, `yes |`) ends with a message, not with the OOM killer */
+    size_t stream_max = ft_input_mem_bound(1), file_max = ft_input_mem_bound(0);
+    if (stream_max > max_bytes) stream_max = max_bytes;
+    if (file_max > max_bytes) file_max = max_bytes;
+    const char *why = stream_max < max_bytes ? "a quarter of the memory: physical, or `ulimit -v`"
+                                             : "of this reader";
     char *raw = NULL;
     size_t n = 0;
     int rc;
@@ -278,7 +299,7 @@ int ft_read_input_max(const char *path, const char *what, char **data, size_t *l
         if (__atomic_exchange_n(&g_stdin_taken, 1, __ATOMIC_SEQ_CST))
             return ft_err(FT_E_INVALID, "%s: standard input was already read by another input "
                           "named '-' (one input at most can be '-')", name);
-        FT_TRY(read_stream(STDIN_FILENO, name, max_bytes, NULL, 0, &raw, &n));
+        FT_TRY(read_stream(STDIN_FILENO, name, stream_max, why, NULL, 0, &raw, &n));
     } else {
         int fd = -1;
         struct stat st;
@@ -324,10 +345,10 @@ int ft_read_input_max(const char *path, const char *what, char **data, size_t *l
             return rc;
         }
         if (stream) {
-            rc = read_stream(fd, path, max_bytes, head, head_n, &raw, &n);
-        } else if ((size_t)st.st_size > max_bytes) {
-            rc = ft_err(-ENOMEM, "%s: %lld bytes, more than %zu, the limit of one input", path,
-                        (long long)st.st_size, max_bytes);
+            rc = read_stream(fd, path, stream_max, why, head, head_n, &raw, &n);
+        } else if ((size_t)st.st_size > file_max) {
+            rc = ft_err(-ENOMEM, "%s: %lld bytes, more than %zu, the limit of one input here (%s)", path,
+                        (long long)st.st_size, file_max, file_max < max_bytes ? "half of the memory: physical, or `ulimit -v`" : "of this reader");
         } else {
             n = (size_t)st.st_size;
             raw = malloc(n + 1);
@@ -342,7 +363,7 @@ int ft_read_input_max(const char *path, const char *what, char **data, size_t *l
         (unsigned char)raw[1] == 0x8b) {
         char *plain = NULL;
         size_t m = 0;
-        rc = gunzip(name, (const unsigned char *)raw, n, max_bytes, &plain, &m);
+        rc = gunzip(name, (const unsigned char *)raw, n, stream_max, why, &plain, &m);
         free(raw);
         if (rc < 0) return rc;
         raw = plain;

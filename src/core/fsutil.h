@@ -18,10 +18,16 @@ int ft_read_file(const char *path, char **data, size_t *len);
                             * is decompressed (zlib; every member of a concatenation) */
 #define FT_INPUT_DATA   (FT_INPUT_STREAM | FT_INPUT_GZIP) /* what a user's data file may be */
 
-/* The most bytes ft_read_input returns (after decompression): 64 GiB. A gzip bomb stops
- * there with -ENOMEM; on a machine with less free memory the buffer's doubling meets a
- * failed allocation (-ENOMEM) or the kernel's OOM killer first. */
+/* The most bytes ft_read_input returns (after decompression): 64 GiB, and never more than
+ * ft_input_mem_bound: a stream (pipe, device such as /dev/zero) or a gzip file's content
+ * stops at a quarter of the memory, a regular file is refused above half of it, with
+ * -ENOMEM and a message naming the input and the limit, before the kernel's OOM killer. */
 #define FT_INPUT_MAX_BYTES ((size_t)64 << 30)
+
+/* The memory bound on one input: a quarter (stream != 0) or half of the smaller of the
+ * physical memory (sysconf _SC_PHYS_PAGES) and the address-space limit (RLIMIT_AS,
+ * `ulimit -v`), at most FT_INPUT_MAX_BYTES. Bytes. */
+size_t ft_input_mem_bound(int stream);
 
 /* Reads a user's input into a malloc'ed NUL-terminated buffer *data of *len bytes (len may
  * be NULL). A regular file is read as ft_read_file reads it; `flags` (FT_INPUT_*) widen what

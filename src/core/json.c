@@ -4,6 +4,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+static _Thread_local unsigned long g_oom; /* failed cJSON allocations of this thread */
+
+static void *json_malloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) g_oom++;
+    return p;
+}
+
+void ft_json_init(void)
+{
+    static int done;
+    if (done) return;
+    cJSON_Hooks h = {json_malloc, free};
+    cJSON_InitHooks(&h);
+    done = 1;
+}
+
+unsigned long ft_json_oom_mark(void) { return g_oom; }
+
+int ft_json_oom_since(unsigned long mark) { return g_oom != mark; }
+
 const char *ft_json_type(const cJSON *v)
 {
     if (!v) return "nothing";

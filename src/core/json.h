@@ -8,6 +8,16 @@
 
 #include <cjson/cJSON.h>
 
+/* Out-of-memory detection for cJSON, whose parsers return NULL both for invalid text and
+ * for a failed allocation. ft_json_init installs cJSON allocation hooks (malloc/free) that
+ * count failed allocations per thread; call it once before any thread parses (the program
+ * does, first thing; it is idempotent). ft_json_oom_mark returns the count so far,
+ * ft_json_oom_since(mark) is 1 when an allocation failed after that mark (so a NULL parse
+ * was out of memory, not invalid JSON). Without ft_json_init the count stays 0. */
+void ft_json_init(void);
+unsigned long ft_json_oom_mark(void);
+int ft_json_oom_since(unsigned long mark);
+
 /* What v is, for messages ("... must be a string, found a list"): "nothing" (NULL), "null",
  * "a boolean", "a number", "a string", "a list", "an object". Static strings. */
 const char *ft_json_type(const cJSON *v);

@@ -80,7 +80,14 @@ int ft_records_open(ft_records *r, const char *path)
 
     r->is_array = 1;
     const char *end = NULL;
+    unsigned long oom = ft_json_oom_mark();
     r->root = cJSON_ParseWithLengthOpts(r->data + p, r->len - p, &end, 0);
+    if (!r->root && ft_json_oom_since(oom)) {
+        rc = ft_err(-ENOMEM, "%s: out of memory while parsing its JSON array (%zu bytes)", r->path,
+                    r->len - p);
+        ft_records_close(r);
+        return rc;
+    }
     if (!r->root) {
         size_t eo = end ? (size_t)(end - r->data) : p;
         int64_t line, col;
@@ -123,7 +130,11 @@ static int next_line(ft_records *r, ft_record *rec)
         rec->loc = r->line;
         rec->err[0] = 0;
         const char *end = NULL;
+        unsigned long oom = ft_json_oom_mark();
         cJSON *j = cJSON_ParseWithLengthOpts(s, n, &end, 0);
+        if (!j && ft_json_oom_since(oom))
+            return ft_err(-ENOMEM, "%s: line %lld: out of memory while parsing the record", r->path,
+                          (long long)r->line);
         if (!j) {
             size_t eo = end ? (size_t)(end - s) : 0;
             if (eo > n) eo = n;

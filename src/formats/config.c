@@ -189,7 +189,10 @@ int ft_config_parse(ft_model_config *cfg, const char *json, size_t len, const ch
 {
     memset(cfg, 0, sizeof *cfg);
     const char *end = NULL;
+    unsigned long oom = ft_json_oom_mark();
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root && ft_json_oom_since(oom))
+        return ft_err(-ENOMEM, "%s: out of memory while parsing it", name);
     if (!root)
         return ft_err(FT_E_INVALID, "%s: not valid JSON (parse error at byte %lld)", name,
                       (long long)(end ? end - json : 0));

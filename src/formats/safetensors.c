@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "src/core/err.h"
+#include "src/core/json.h"
 #include "src/core/fsutil.h"
 #include "src/numeric/quant.h"
 
@@ -213,7 +214,12 @@ static int parse_header(ft_st_file *f)
                       "with '{'", f->path, 8 + k);
     }
     const char *end = NULL;
+    unsigned long oom = ft_json_oom_mark();
     cJSON *root = cJSON_ParseWithOpts(js, &end, 0);
+    if (!root && ft_json_oom_since(oom)) {
+        free(js);
+        return ft_err(-ENOMEM, "%s: out of memory while parsing its %zu-byte header", f->path, n);
+    }
     if (!root) {
         size_t at = end ? (size_t)(end - js) : 0;
         free(js);

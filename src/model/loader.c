@@ -37,7 +37,7 @@ static float *alloc_floats(int64_t n, const char *path)
 {
     void *p = NULL;
     if (n <= 0 || (uint64_t)n > SIZE_MAX / 4 || posix_memalign(&p, 64, (size_t)n * 4)) {
-        ft_err(-ENOMEM, "%s: cannot allocate %lld floats for the weights", path, (long long)n);
+        ft_err(-ENOMEM, "%s: out of memory: cannot allocate %lld floats for the weights", path, (long long)n);
         return NULL;
     }
     return p;
@@ -835,6 +835,7 @@ static int tok_flag(const ft_gguf *g, const char *key, int *v, int dflt)
 {
     *v = dflt;
     int rc = ft_gguf_get_bool(g, key, v);
+    if (rc == FT_E_NOTFOUND) ft_err_clear(); /* absent: the default, and no stale message */
     return rc == FT_E_NOTFOUND ? 0 : rc;
 }
 

@@ -429,10 +429,13 @@ static int parse_file(const char *path, cJSON **root)
     *root = NULL;
     FT_TRY(ft_read_file(path, &data, &len));
     const char *end = NULL;
+    unsigned long oom = ft_json_oom_mark();
     *root = cJSON_ParseWithLengthOpts(data, len, &end, 0);
     size_t at = end && end >= data ? (size_t)(end - data) : 0;
     size_t nul = *root ? ft_json_find_nul(data, len) : len;
     free(data);
+    if (!*root && ft_json_oom_since(oom))
+        return ft_err(-ENOMEM, "%s: out of memory while parsing its %zu bytes of JSON", path, len);
     if (!*root) return ft_err(FT_E_INVALID, "%s: invalid JSON at byte %zu of %zu", path, at, len);
     if (nul < len) { /* a token, pattern or template would be read cut (json.h) */
         cJSON_Delete(*root);

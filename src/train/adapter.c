@@ -356,8 +356,14 @@ int ft_train_adapter_save(ft_train_adapter *a, const ft_model *m, double run_t0,
     if (rc < 0) {
         char msg[2048];
         snprintf(msg, sizeof msg, "%s", ft_errmsg());
-        if (res->checkpoint[0])
-            return ft_err(rc, "%s; the previous checkpoint %s is intact", msg, res->checkpoint);
+        if (res->checkpoint[0] && ft_ckpt_verify(res->checkpoint, NULL) == 0)
+            return ft_err(rc, "%s; the previous checkpoint %s is intact (checked)", msg, res->checkpoint);
+        if (res->checkpoint[0]) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", ft_errmsg());
+            return ft_err(rc, "%s; the previous checkpoint %s is not intact either: %s", msg,
+                          res->checkpoint, why);
+        }
         return ft_err(rc, "%s; no earlier checkpoint of this run exists", msg);
     }
     snprintf(res->checkpoint, sizeof res->checkpoint, "%s", path);

@@ -71,6 +71,73 @@ static int hash_file(const char *path, int64_t *size, uint64_t *hash)
     return rc;
 }
 
+/* ---- the state file's own hash ------------------------------------------------------- */
+
+#define STATE_HASH_KEY "state_fnv1a64"
+
+/* Offset of the 16 hex digits of the last "state_fnv1a64": "<16 hex>" in txt, or -1. The
+ * writer puts that key last, so the last occurrence is the key itself, never a string value
+ * (whose quotes would be escaped). */
+static long state_hash_span(const char *txt, size_t len)
+{
+    static const char key[] = "\"" STATE_HASH_KEY "\"";
+    const size_t kn = sizeof key - 1;
+    for (size_t i = len >= kn ? len - kn + 1 : 0; i-- > 0;) {
+        if (memcmp(txt + i, key, kn)) continue;
+        size_t j = i + kn;
+        while (j < len && (txt[j] == ' ' || txt[j] == '\t' || txt[j] == '\n' || txt[j] == '\r')) j++;
+        if (j >= len || txt[j++] != ':') return -1;
+        while (j < len && (txt[j] == ' ' || txt[j] == '\t' || txt[j] == '\n' || txt[j] == '\r')) j++;
+        if (j + 18 > len || txt[j] != '"' || txt[j + 17] != '"') return -1;
+        for (size_t d = j + 1; d < j + 17; d++)
+            if (!((txt[d] >= '0' && txt[d] <= '9') || (txt[d] >= 'a' && txt[d] <= 'f'))) return -1;
+        return (long)(j + 1);
+    }
+    return -1;
+}
+
+/* FNV-1a (ft_ckpt_hash, one call: its 8-byte words counted from the start of the text) of
+ * txt with the 16 digits at span read as '0'; 0 when out of memory (no hash ever matches:
+ * ft_ckpt_hash never returns 0 for a state text in practice, and a mismatch only refuses). */
+static uint64_t state_hash(const char *txt, size_t len, long span)
+{
+    char *z = malloc(len ? len : 1);
+    if (!z) return 0;
+    memcpy(z, txt, len);
+    memset(z + span, '0', 16);
+    uint64_t h = ft_ckpt_hash(FT_CKPT_HASH_INIT, z, len);
+    free(z);
+    return h;
+}
+
+int ft_ckpt_state_seal(char *txt, size_t len)
+{
+    long span = state_hash_span(txt, len);
+    if (span < 0) return FT_E_INVALID;
+    char hex[20];
+    snprintf(hex, sizeof hex, "%016" PRIx64, state_hash(txt, len, span));
+    memcpy(txt + span, hex, 16);
+    return 0;
+}
+
+/* Checks the state file's own hash: required from version 2 on, checked in a version-1 file
+ * only if present (those were written without it). */
+static int state_hash_check(const char *txt, size_t len, int version, const char *path)
+{
+    long span = state_hash_span(txt, len);
+    if (span < 0) {
+        if (version < 2) return 0;
+        return ft_err(FT_E_CORRUPT, "%s: no \"" STATE_HASH_KEY "\" (its own hash) at the end of the state (damaged checkpoint)",
+                      path);
+    }
+    char hex[20];
+    snprintf(hex, sizeof hex, "%016" PRIx64, state_hash(txt, len, span));
+    if (memcmp(hex, txt + span, 16))
+        return ft_err(FT_E_CORRUPT, "%s: content hash %s, the state recorded %.16s at offset %ld (the file was modified or damaged)",
+                      path, hex, txt + span, span);
+    return 0;
+}
+
 /* ---- the writer (with the fault-injection hook) ------------------------------------- */
 
 static int64_t g_fail_after = -1; /* test hook: bytes left before writes fail; < 0 off */
@@ -273,15 +340,27 @@ static int write_state(const char *dir, const ft_ckpt_state *st, const char *con
         cJSON_AddNumberToObject(e, "bytes", (double)size);
         cJSON_AddStringToObject(e, "fnv1a64", hex);
     }
+    if (!rc) cJSON_AddStringToObject(o, STATE_HASH_KEY, "0000000000000000"); /* last key */
     char *txt = rc ? NULL : ft_ckpt_json_print(o, 1);
     cJSON_Delete(o);
     if (rc) return rc;
     if (!txt) return ft_err(-ENOMEM, "%s: out of memory", path);
+    size_t n = strlen(txt);
+    char *nl = realloc(txt, n + 2); /* the file ends with a newline, covered by the hash */
+    if (!nl) {
+        free(txt);
+        return ft_err(-ENOMEM, "%s: out of memory", path);
+    }
+    txt = nl;
+    memcpy(txt + n++, "\n", 2);
+    if (ft_ckpt_state_seal(txt, n) < 0) {
+        free(txt);
+        return ft_err(FT_E_INVALID, "%s: cannot place the state's own hash", path);
+    }
     wfile w;
     rc = w_open(&w, path);
     if (!rc) {
-        rc = w_write(&w, txt, strlen(txt));
-        if (!rc) rc = w_write(&w, "\n", 1);
+        rc = w_write(&w, txt, n);
         rc = w_close(&w, rc);
     }
     free(txt);
@@ -467,8 +546,8 @@ static int parse_state(const cJSON *o, const char *path, ft_ckpt_state *st)
     const cJSON *rid = cJSON_GetObjectItemCaseSensitive(o, "run_id");
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FT_CKPT_FORMAT))
         return ft_err(FT_E_UNSUPPORTED, "%s: \"format\" is not \"" FT_CKPT_FORMAT "\"", path);
-    if (!cJSON_IsNumber(ver) || ver->valuedouble != FT_CKPT_VERSION)
-        return ft_err(FT_E_UNSUPPORTED, "%s: \"version\" %g, this ftune reads version %d", path,
+    if (!cJSON_IsNumber(ver) || (ver->valuedouble != 1 && ver->valuedouble != FT_CKPT_VERSION))
+        return ft_err(FT_E_UNSUPPORTED, "%s: \"version\" %g, this ftune reads versions 1 to %d", path,
                       cJSON_IsNumber(ver) ? ver->valuedouble : -1.0, FT_CKPT_VERSION);
     if (!cJSON_IsString(rid) || strlen(rid->valuestring) >= sizeof st->run_id)
         return ft_err(FT_E_INVALID, "%s: \"run_id\" must be a short string", path);
@@ -586,40 +665,67 @@ static int load_adapter(const char *dir, ft_lora *l)
     return ft_peft_load_weights(dir, l);
 }
 
-int ft_ckpt_load(const char *dir, ft_ckpt_state *st, char **config_json, ft_lora *l)
+/* Reads and checks DIR/trainer_state.json (JSON, nothing after it, its own hash, the
+ * fields) into *out (the parsed object, caller frees) and st. */
+static int read_state(const char *dir, ft_ckpt_state *st, cJSON **out, char *path, size_t path_n)
 {
-    char path[PATH_N];
-    if (config_json) *config_json = NULL;
-    FT_TRY(ft_path_join(path, sizeof path, dir, FT_CKPT_STATE_FILE));
+    *out = NULL;
+    FT_TRY(ft_path_join(path, path_n, dir, FT_CKPT_STATE_FILE));
     char *txt;
     size_t len;
     FT_TRY(ft_read_file(path, &txt, &len));
     const char *ep = NULL;
+    unsigned long mark = ft_json_oom_mark();
     cJSON *o = cJSON_ParseWithLengthOpts(txt, len, &ep, 0);
-    if (!o || !cJSON_IsObject(o)) {
-        long off = ep ? (long)(ep - txt) : 0;
-        free(txt);
-        cJSON_Delete(o);
-        return ft_err(FT_E_INVALID, "%s: offset %ld: not a JSON object (damaged checkpoint)", path, off);
-    }
+    int rc = 0;
+    if (!o && ft_json_oom_since(mark))
+        rc = ft_err(-ENOMEM, "%s: out of memory while parsing", path);
+    else if (!o || !cJSON_IsObject(o))
+        rc = ft_err(FT_E_INVALID, "%s: offset %ld: not a JSON object (damaged checkpoint)", path,
+                    ep ? (long)(ep - txt) : 0L);
     /* the writer ends the object with a newline: anything else after it is damage (two
      * states run together, a partial overwrite), not to be ignored */
-    while (ep && ep < txt + len && (*ep == ' ' || *ep == '\n' || *ep == '\r' || *ep == '\t')) ep++;
-    if (ep && ep < txt + len) {
-        long off = (long)(ep - txt);
-        free(txt);
-        cJSON_Delete(o);
-        return ft_err(FT_E_INVALID, "%s: offset %ld: text after the JSON object (damaged checkpoint)", path, off);
+    while (!rc && ep && ep < txt + len && (*ep == ' ' || *ep == '\n' || *ep == '\r' || *ep == '\t')) ep++;
+    if (!rc && ep && ep < txt + len)
+        rc = ft_err(FT_E_INVALID, "%s: offset %ld: text after the JSON object (damaged checkpoint)",
+                    path, (long)(ep - txt));
+    if (!rc) {
+        const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "version");
+        int v = cJSON_IsNumber(ver) && ver->valuedouble == 1 ? 1 : FT_CKPT_VERSION;
+        rc = state_hash_check(txt, len, v, path);
     }
     free(txt);
-    int rc = parse_state(o, path, st);
-    if (!rc && l) rc = check_files(dir, cJSON_GetObjectItemCaseSensitive(o, "files"), path);
+    if (!rc) rc = parse_state(o, path, st);
+    if (rc) cJSON_Delete(o);
+    else *out = o;
+    return rc;
+}
+
+int ft_ckpt_load(const char *dir, ft_ckpt_state *st, char **config_json, ft_lora *l)
+{
+    char path[PATH_N];
+    if (config_json) *config_json = NULL;
+    cJSON *o;
+    FT_TRY(read_state(dir, st, &o, path, sizeof path));
+    int rc = 0;
+    if (l) rc = check_files(dir, cJSON_GetObjectItemCaseSensitive(o, "files"), path);
     if (!rc && l) rc = load_adapter(dir, l);
     if (!rc && l) rc = load_moments(dir, l);
     if (!rc && config_json) {
         *config_json = ft_ckpt_json_print(cJSON_GetObjectItemCaseSensitive(o, "config"), 0);
         if (!*config_json) rc = ft_err(-ENOMEM, "%s: out of memory", path);
     }
+    cJSON_Delete(o);
+    return rc;
+}
+
+int ft_ckpt_verify(const char *dir, ft_ckpt_state *st)
+{
+    char path[PATH_N];
+    ft_ckpt_state tmp;
+    cJSON *o;
+    FT_TRY(read_state(dir, st ? st : &tmp, &o, path, sizeof path));
+    int rc = check_files(dir, cJSON_GetObjectItemCaseSensitive(o, "files"), path);
     cJSON_Delete(o);
     return rc;
 }
@@ -750,7 +856,7 @@ int ft_ckpt_find_latest(const char *out_dir, char *path, size_t path_n, int64_t 
         char p[PATH_N];
         ft_ckpt_state st;
         ckpt_path(p, sizeof p, out_dir, steps[i]);
-        if (ft_ckpt_load(p, &st, NULL, NULL) == 0 && st.step == steps[i]) {
+        if (ft_ckpt_verify(p, &st) == 0 && st.step == steps[i]) {
             snprintf(path, path_n, "%s", p);
             *step = steps[i];
             found = 1;

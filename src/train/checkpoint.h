@@ -10,8 +10,12 @@
  *   trainer_state.json                               step, AdamW update count, schedule
  *                                                    (total, warmup), data cursor (epoch,
  *                                                    next micro-batch), counters, the run
- *                                                    config, and the size and hash of each
- *                                                    file above (written last)
+ *                                                    config, the size and hash of each
+ *                                                    file above (written last), and last
+ *                                                    "state_fnv1a64": the hash of this file
+ *                                                    itself with those 16 digits read as
+ *                                                    '0' (version 2), so that every byte
+ *                                                    of a checkpoint is covered
  * Dropout masks need no saved RNG state: they are a pure function of (seed, step) (see
  * trainer.c), and packing is a pure function of (seed, epoch).
  *
@@ -37,7 +41,7 @@ struct cJSON;
 #define FT_CKPT_STATE_FILE "trainer_state.json"
 #define FT_CKPT_OPTIM_FILE "optimizer.safetensors"
 #define FT_CKPT_FORMAT "ftune-checkpoint"
-#define FT_CKPT_VERSION 1
+#define FT_CKPT_VERSION 2 /* 2: trainer_state.json holds its own hash; 1 is still read */
 
 typedef struct ft_ckpt_state {
     int64_t step;               /* optimizer steps done (including skipped bad steps) */
@@ -105,7 +109,7 @@ int64_t ft_ckpt_adapter_step(const char *out_dir, const char *name);
 void ft_ckpt_adapter_cleanup(const char *out_dir, const char *name, int remove);
 
 /* Reads DIR/trainer_state.json into st and (if config_json != NULL) a malloc'ed copy of
- * its "config" object, checking the format, version and field types (numbers finite or
+ * its "config" object, checking the file's own hash (version 2), the format, version and field types (numbers finite or
  * null, elapsed_s >= 0, no key twice in an object, nothing after the object); with l == NULL
  * nothing else is read. With l: every listed file must exist with its recorded size and
  * hash, the adapter config must match l->cfg (r, targets, rsLoRA, alpha) and the moment
@@ -115,11 +119,22 @@ void ft_ckpt_adapter_cleanup(const char *out_dir, const char *name, int remove);
  * FT_E_UNSUPPORTED (other format/version), each naming the file and key. */
 int ft_ckpt_load(const char *dir, ft_ckpt_state *st, char **config_json, ft_lora *l);
 
+/* Checks the checkpoint DIR without loading it: trainer_state.json as ft_ckpt_load reads it
+ * (its own hash included) into st (if non-NULL), then the recorded size and hash of every
+ * file it lists. Returns 0 (intact), or ft_ckpt_load's errors naming the file. */
+int ft_ckpt_verify(const char *dir, ft_ckpt_state *st);
+
+/* Sets, in the state text txt (len bytes, as written: the key "state_fnv1a64" last, with 16
+ * hex digits), those digits to the FNV-1a hash (ft_ckpt_hash) of the text with the digits
+ * read as '0'. Exposed for tests and the fuzz target (which mutate a state and re-seal it).
+ * Returns 0, or FT_E_INVALID when the key is missing. */
+int ft_ckpt_state_seal(char *txt, size_t len);
+
 /* The step N of a folder named checkpoint-N (digits only), else -1. */
 int64_t ft_ckpt_parse_name(const char *name);
 
-/* The complete checkpoint with the highest step under out_dir (its trainer_state.json
- * parses and names the same step) into path (size path_n), its step into *step.
+/* The intact checkpoint with the highest step under out_dir (ft_ckpt_verify passes and its
+ * state names the same step) into path (size path_n), its step into *step.
  * Returns 1 if found, 0 if none, -errno if out_dir cannot be read. */
 int ft_ckpt_find_latest(const char *out_dir, char *path, size_t path_n, int64_t *step);
 

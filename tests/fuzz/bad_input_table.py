@@ -1009,12 +1009,27 @@ def resume(*extra):
     return train(TINY, ALPACA, "--save-every", "1", *extra, "--resume", "out/checkpoint-1")
 
 
-def edit_state(ck, fn):
+def seal_state(t):
+    """checkpoint.c ft_ckpt_state_seal: the 16 digits of the last "state_fnv1a64" become the
+    hash of the text with those digits read as '0' (version 2's own hash of the state)."""
+    m = None
+    for m in re.finditer(r'"state_fnv1a64"\s*:\s*"([0-9a-f]{16})"', t):
+        pass
+    if not m:
+        return t
+    a, b = m.span(1)
+    z = (t[:a] + "0" * 16 + t[b:]).encode()
+    return t[:a] + "%016x" % ckpt_hash(z) + t[b:]
+
+
+def edit_state(ck, fn, seal=True):
+    """Edits trainer_state.json by fn, then (seal) records its own hash anew, so that the
+    check behind the hash is what the row shows."""
     p = ck / "trainer_state.json"
     s = p.read_text()
     t = fn(s)
     assert t != s, "the trainer state edit changed nothing"
-    p.write_text(t)
+    p.write_text(seal_state(t) if seal else t)
 
 
 def _num_key(key, value):
@@ -1082,6 +1097,119 @@ def _(d):
 PREF = ROOT / "examples" / "data" / "alpaca-seed-tasks" / "alpaca_seed_pref.jsonl"
 DPO = ["--method", "dpo", "--max-steps", "2", "--seq-len", "256", "--threads", "1",
        "--eval-fraction", "0", "--save-every", "1"]
+
+
+# ---- issue 31 classes 7-10: the output folder's lock, every checkpoint byte, memory -------
+
+HOLDERS = []  # flock(1) processes holding a lock for a row; ended after the table
+
+
+def held(d, pid_text):
+    """out/ locked by a live process (util-linux flock holding out/.ftune.lock, whose text is
+    pid_text, as a running ftune's would be)."""
+    (d / "out").mkdir()
+    lock = d / "out" / ".ftune.lock"
+    lock.write_text(pid_text)
+    h = subprocess.Popen(["flock", "-n", str(lock), "sleep", "60"])
+    HOLDERS.append(h)
+    for _ in range(200):  # until the lock is taken
+        if subprocess.run(["flock", "-n", str(lock), "true"]).returncode != 0:
+            break
+        import time
+        time.sleep(0.01)
+
+
+@case("output folder", "`--out` held by another live run (its pid in out/.ftune.lock)", "issue 31 class 7")
+def _(d):
+    held(d, "4242\n")
+    return train(TINY, ALPACA)
+
+
+@case("output folder", "`--resume` on an `--out` another run holds (no pid written yet)", "issue 31 class 7")
+def _(d):
+    held(d, "")
+    return train(TINY, ALPACA, "--resume")
+
+
+@case("output folder", "stale lock: out/.ftune.lock names a process that is gone (exit 0)", "issue 31 class 7")
+def _(d):
+    (d / "out").mkdir()
+    (d / "out" / ".ftune.lock").write_text("%d\n" % (int(Path("/proc/sys/kernel/pid_max").read_text()) + 7))
+    return train(TINY, ALPACA)
+
+
+def flip_byte(p, i, x=1):
+    b = bytearray(p.read_bytes())
+    b[i] ^= x
+    p.write_bytes(bytes(b))
+
+
+@case("checkpoint", "trainer_state.json: one bit of the `cursor` value flipped", "issue 31 class 8")
+def _(d):
+    ck = checkpoint(d)
+    t = (ck / "trainer_state.json").read_text()
+    i = re.search(r'"cursor":\s*(\d)', t).start(1)
+    flip_byte(ck / "trainer_state.json", i)
+    return resume()
+
+
+@case("checkpoint", "trainer_state.json: a tab turned into a newline (still valid JSON)", "issue 31 class 8")
+def _(d):
+    ck = checkpoint(d)
+    t = (ck / "trainer_state.json").read_text()
+    flip_byte(ck / "trainer_state.json", t.index("\t"), 0x09 ^ 0x0a)
+    return resume()
+
+
+@case("checkpoint", "trainer_state.json (version 2) without its own hash `state_fnv1a64`", "issue 31 class 8")
+def _(d):
+    ck = checkpoint(d)
+    edit_state(ck, lambda s: re.sub(r',\s*"state_fnv1a64"\s*:\s*"[0-9a-f]{16}"', "", s), seal=False)
+    return resume()
+
+
+@case("checkpoint", "bare `--resume`: the newest checkpoint's adapter has a byte flipped; the "
+      "earlier one is used (exit 0)", "issue 31 class 8")
+def _(d):
+    r = subprocess.run([FTUNE, "train", "--model", str(TINY), "--data", str(ALPACA), "--out",
+                        str(d / "out"), *TRAIN[2:], "--max-steps", "2", "--save-every", "1"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise SystemExit("cannot train the reference checkpoints: " + r.stderr)
+    for f in ("adapter_model.safetensors", "adapter_config.json"):
+        (d / "out" / f).unlink()
+    flip_byte(d / "out" / "checkpoint-2" / "adapter_model.safetensors", 5000)
+    return (["train", "--model", TINY, "--data", ALPACA, "--out", "out", *TRAIN[2:], "--max-steps",
+             "2", "--save-every", "1", "--resume"], "--resume")
+
+
+@case("memory", "training under `ulimit -v` 200 MB (RLIMIT_AS)", "issue 31 class 9")
+def _(d):
+    return {"argv": train(TINY, ALPACA, "--threads", "2"), "as_mb": 200}
+
+
+@case("memory", "training the example-sized model under `ulimit -v` 50 MB", "issue 31 class 9")
+def _(d):
+    return {"argv": train(TINY, ALPACA), "as_mb": 50}
+
+
+@case("data file", "`--data /dev/zero` (endless) under `ulimit -v` 1500 MB", "issue 31 class 10")
+def _(d):
+    return {"argv": train(TINY, "/dev/zero"), "as_mb": 1500}
+
+
+@case("data file", "`--data -` from an endless pipe (`yes`) under `ulimit -v` 1500 MB", "issue 31 class 10")
+def _(d):
+    return {"argv": train(TINY, "-"), "as_mb": 1500, "stdin_cmd": ["yes", '{"text": "endless"}']}
+
+
+@case("data file", "a gzip data file expanding to 400 MiB, under `ulimit -v` 1500 MB", "issue 31 class 10")
+def _(d):
+    import gzip
+    with gzip.open(d / "bomb.jsonl.gz", "wb", compresslevel=1) as f:
+        for _ in range(400):
+            f.write(b" " * (1 << 20))
+    return {"argv": train(TINY, "bomb.jsonl.gz"), "as_mb": 1500}
 
 
 @case("DPO reference", "dpo_reference.bin of a 2-step run on the first 8 pairs of "
@@ -1163,11 +1291,26 @@ def main():
     for group, what, source, fn in CASES:
         with tempfile.TemporaryDirectory(prefix="ftune-bad-") as td:
             d = Path(td)
-            got = fn(d)  # argv, or (argv, text): then only stderr lines holding text are shown
+            lead = ""
+            got = fn(d)  # argv, or (argv, text): then only stderr lines holding text are shown,
+            # or {"argv", "as_mb" (an address-space limit), "stdin_cmd" (a command piped in)}
+            opts = got if isinstance(got, dict) else {}
+            got = opts.get("argv", got)
             got, keep = got if isinstance(got, tuple) else (got, None)
             argv = [str(x) for x in got]  # repository files absolute, the rest relative to d
-            r = subprocess.run([FTUNE] + argv, cwd=d, capture_output=True,
+            feed = subprocess.Popen(opts["stdin_cmd"], stdout=subprocess.PIPE) if "stdin_cmd" in opts else None
+            mb = opts.get("as_mb")
+            pre = (lambda: __import__("resource").setrlimit(
+                __import__("resource").RLIMIT_AS, (mb * 10**6, mb * 10**6))) if mb else None
+            r = subprocess.run([FTUNE] + argv, cwd=d, capture_output=True, preexec_fn=pre,
+                               stdin=feed.stdout if feed else subprocess.DEVNULL,
                                text=True, timeout=600, errors="replace")
+            if feed:
+                feed.kill()
+                feed.wait()
+            lead = ("ulimit -v %d; " % (mb * 10**6 // 1024)) if mb else ""
+            if "stdin_cmd" in opts:
+                lead += opts["stdin_cmd"][0] + " ... | "
             adapter_written = (d / "out" / "adapter_model.safetensors").exists()
             err = r.stderr.replace(td + "/", "").replace(str(ROOT) + "/", "")
             if keep:
@@ -1175,8 +1318,11 @@ def main():
             if r.returncode < 0 or r.returncode >= 128:
                 crashes += 1
             shown = " ".join(argv).replace(str(ROOT) + "/", "")
-            rows.append((group, what, source, "ftune " + shown, r.returncode, err, adapter_written))
+            rows.append((group, what, source, lead + "ftune " + shown, r.returncode, err, adapter_written))
             print(f"[{r.returncode:3d}] {group}: {what}: {err.strip()[:150]}")
+    for h in HOLDERS:
+        h.kill()
+        h.wait()
     out = [
         "# Bad input: what the user sees",
         "",

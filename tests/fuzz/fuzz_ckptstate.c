@@ -11,7 +11,9 @@
  * whose "bytes" number and 16-digit "fnv1a64" string have room for the real values (the size
  * right-aligned in the digits' span, padded with spaces), so that mutations of the
  * optimizer file get past the hash to the tensor checks behind it. An entry mutated out of
- * shape stays as it is (the size / hash mismatch errors).
+ * shape stays as it is (the size / hash mismatch errors). Then the state's own hash
+ * ("state_fnv1a64", version 2) is recomputed by ft_ckpt_state_seal when the input size is
+ * even, so that both the fields behind the hash and the hash check itself are fuzzed.
  * Per input, the two calls of a resume: ft_ckpt_load(dir, &st, &config, NULL) and, when it
  * succeeds, ft_ckpt_config_diff of the config against itself (must match) and against a fixed
  * config (must not); then ft_ckpt_load(dir, &st2, NULL, &lora), which loads the adapter and
@@ -163,6 +165,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         fuzz_unlink(FT_CKPT_OPTIM_FILE);
     }
+    /* inputs of an even size re-sealed (the state's own hash recomputed, so that mutations reach the
+     * fields behind it), odd ones as they are (the hash check itself) */
+    if (jn && !(size & 1)) ft_ckpt_state_seal(s, jn);
     fuzz_write(FT_CKPT_STATE_FILE, s, jn);
     free(s);
 

@@ -1,12 +1,14 @@
 """ftune's OpenMP spin count (cli/omp_env.c): with none of libgomp's wait or binding variables
-set, ftune runs with GOMP_SPINCOUNT=1000 (it sets it and execs itself once, libgomp reading it
-only when it loads); a wait policy, spin count or thread binding set by the user is kept as
-given, with no re-exec. libgomp prints the settings it loaded when OMP_DISPLAY_ENV=verbose,
+set, ftune runs with GOMP_SPINCOUNT=1000 (it sets it and execs itself once, before any library
+loads, libgomp reading it only when it loads); a wait policy, spin count or thread binding set
+by the user is kept as given. OPENBLAS_NUM_THREADS=1 is set the same way unless the user set it
+(issue 31: no OpenBLAS worker thread, which could fail to start under `ulimit -v`). libgomp prints the settings it loaded when OMP_DISPLAY_ENV=verbose,
 once per load."""
 import os
 import re
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from cli_helpers import TINY, ftune_bin, read_until  # noqa: E402
@@ -34,7 +36,8 @@ def test_default_spin_count_is_1000():
     out, spins, _ = loaded({})
     assert out.strip().startswith("ftune ") and len(out.splitlines()) == 1, out
     assert spins[-1] == "1000", spins  # the load that runs the command
-    assert len(spins) == 2, spins      # libgomp's default first, then the re-exec's
+    # one load: the exec happens in the executable's .preinit_array, before libgomp loads
+    assert len(spins) == 1, spins
 
 
 def test_user_settings_are_kept():
@@ -64,3 +67,29 @@ def test_process_keeps_its_name():
     finally:
         p.stdin.close()
         p.wait(timeout=60)
+
+
+def test_openblas_single_threaded_from_the_start():
+    """OPENBLAS_NUM_THREADS=1 in ftune's own environment (set before OpenBLAS loads); the
+    user's value kept."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        for extra, want in (({}, "1"), ({"OPENBLAS_NUM_THREADS": "3"}, "3")):
+            env = clean_env()
+            env.pop("OPENBLAS_NUM_THREADS", None)
+            env.update(extra)
+            p = subprocess.Popen([ftune_bin(), "tokenize", "--model", str(TINY), "--texts", "-"],
+                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, cwd=d)
+            try:  # it waits on stdin; its environment is final once the exec is done
+                t0 = time.monotonic()
+                while True:
+                    penv = open(f"/proc/{p.pid}/environ", "rb").read().split(b"\0")
+                    if any(v.startswith(b"OPENBLAS_NUM_THREADS=") for v in penv) or \
+                            time.monotonic() - t0 > 20:
+                        break
+                    time.sleep(0.05)
+            finally:
+                p.kill()
+                p.wait(timeout=60)
+            assert f"OPENBLAS_NUM_THREADS={want}".encode() in penv, penv

@@ -235,6 +235,7 @@ static void test_damaged_detected(void **state)
         {FT_CKPT_STATE_FILE, 0, 1, FT_E_INVALID, "JSON"},                   /* '{' -> 'z' */
         {FT_CKPT_STATE_FILE, 0, -1, FT_E_INVALID, "JSON"},                  /* empty */
     };
+    save_ok(f, &a, dir, 5, "runA"); /* the one intact checkpoint at the end */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         save_ok(f, &a, dir, 10 + (int64_t)i, "runA");
         snprintf(ck, sizeof ck, "%s/checkpoint-%lld", dir, (long long)(10 + i));
@@ -246,16 +247,16 @@ static void test_damaged_detected(void **state)
         assert_non_null(strstr(ft_errmsg(), cases[i].file));
         assert_non_null(strstr(ft_errmsg(), cases[i].what));
     }
-    /* a damaged state file makes the folder invisible to "latest": 12 is the newest good */
+    /* any damage makes the folder invisible to "latest": 5 is the newest intact */
     assert_int_equal(ft_ckpt_find_latest(dir, latest, sizeof latest, &step), 1);
-    assert_int_equal(step, 12);
+    assert_int_equal(step, 5);
     /* a missing state file, and a leftover temporary folder of a crashed save */
     snprintf(ck, sizeof ck, "%s/checkpoint-12/" FT_CKPT_STATE_FILE, dir);
     assert_int_equal(unlink(ck), 0);
     snprintf(ck, sizeof ck, "%s/.checkpoint-99.tmp", dir);
     assert_int_equal(mkdir(ck, 0755), 0);
     assert_int_equal(ft_ckpt_find_latest(dir, latest, sizeof latest, &step), 1);
-    assert_int_equal(step, 11);
+    assert_int_equal(step, 5);
     snprintf(ck, sizeof ck, "%s/checkpoint-12", dir);
     assert_int_equal(ft_ckpt_load(ck, &st, NULL, &a), -ENOENT);
     /* a state whose counters contradict each other */
@@ -269,6 +270,7 @@ static void test_damaged_detected(void **state)
     p = strchr(p, ':') + 1;
     while (*p == ' ' || *p == '\t') p++;
     *p = '9'; /* adam_step 9x > step 11 */
+    assert_int_equal(ft_ckpt_state_seal(txt, len), 0); /* past the state's own hash */
     assert_int_equal(ft_write_file_atomic(bad, txt, len), 0);
     free(txt);
     snprintf(ck, sizeof ck, "%s/checkpoint-11", dir);
@@ -295,8 +297,116 @@ static void drop_key(const char *dir, const char *key)
     char *b = k, *e = strchr(k, '\n');
     while (b > txt && b[-1] != '\n') b--;
     memmove(b, e + 1, strlen(e + 1) + 1);
+    assert_int_equal(ft_ckpt_state_seal(txt, strlen(txt)), 0);
     assert_int_equal(ft_write_file_atomic(p, txt, strlen(txt)), 0);
     free(txt);
+}
+
+/* Flips byte off of dir/name by xor x (off < 0: counted from the end). */
+static void flip(const char *dir, const char *name, long off, int x)
+{
+    char p[8400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *fp = fopen(p, "r+b");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, off, off < 0 ? SEEK_END : SEEK_SET), 0);
+    int c = fgetc(fp);
+    assert_true(c != EOF);
+    assert_int_equal(fseek(fp, -1, SEEK_CUR), 0);
+    fputc(c ^ x, fp);
+    assert_int_equal(fclose(fp), 0);
+}
+
+static long file_size(const char *dir, const char *name)
+{
+    char p[8400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat sb;
+    assert_int_equal(stat(p, &sb), 0);
+    return (long)sb.st_size;
+}
+
+/* Issue 31 class 8: every byte of a checkpoint is covered. Each byte of trainer_state.json
+ * (whitespace, key names, the recorded hashes, the state's own hash included) flipped by
+ * two patterns, and bytes across each other file: ft_ckpt_verify and ft_ckpt_load refuse
+ * each, naming the file, and the checkpoint verifies again once the byte is restored. */
+static void test_every_byte_covered(void **state)
+{
+    fix *f = *state;
+    ft_lora a;
+    assert_int_equal(ft_lora_init(&a, f->m, &f->lc, f->be), 0);
+    fill(&a, 11);
+    char *dir = t_tmpdir();
+    char ck[4200];
+    ft_ckpt_state st;
+    save_ok(f, &a, dir, 4, "runA");
+    snprintf(ck, sizeof ck, "%s/checkpoint-4", dir);
+    assert_int_equal(ft_ckpt_verify(ck, &st), 0);
+    assert_int_equal(st.step, 4);
+    static const char *const names[] = {FT_CKPT_STATE_FILE, "adapter_config.json",
+                                        "adapter_model.safetensors", FT_CKPT_OPTIM_FILE};
+    static const int pats[] = {0x01, 0x20};
+    int64_t tried = 0;
+    for (int k = 0; k < 4; k++) {
+        long n = file_size(ck, names[k]);
+        long stride = k < 2 ? 1 : n / 97 + 1; /* ~100 offsets over the large files */
+        for (long off = 0; off < n; off += (off + stride < n || off == n - 1) ? stride : n - 1 - off) {
+            for (int pi = 0; pi < 2; pi++) {
+                flip(ck, names[k], off, pats[pi]);
+                int rc = ft_ckpt_verify(ck, NULL);
+                if (rc == 0) fprintf(stderr, "%s: flip 0x%02x at %ld not detected\n", names[k], pats[pi], off);
+                assert_true(rc < 0);
+                assert_non_null(strstr(ft_errmsg(), names[k]));
+                if (off % 64 == 0) assert_true(ft_ckpt_load(ck, &st, NULL, &a) < 0);
+                flip(ck, names[k], off, pats[pi]);
+                tried++;
+            }
+            if (off == n - 1) break;
+        }
+        assert_int_equal(ft_ckpt_verify(ck, NULL), 0);
+    }
+    printf("%lld flipped bytes refused\n", (long long)tried);
+    ft_lora_free(&a);
+    free(dir);
+}
+
+/* A version-1 checkpoint (written before the state's own hash) still loads; a version-2
+ * state without its hash is refused. */
+static void test_version1_state(void **state)
+{
+    fix *f = *state;
+    ft_lora a;
+    assert_int_equal(ft_lora_init(&a, f->m, &f->lc, f->be), 0);
+    fill(&a, 12);
+    char *dir = t_tmpdir();
+    char ck[4200], p[8400];
+    ft_ckpt_state st;
+    save_ok(f, &a, dir, 6, "runA");
+    snprintf(ck, sizeof ck, "%s/checkpoint-6", dir);
+    snprintf(p, sizeof p, "%s/" FT_CKPT_STATE_FILE, ck);
+    char *txt;
+    size_t len;
+    assert_int_equal(ft_read_file(p, &txt, &len), 0);
+    char *k = strstr(txt, ",\n\t\"state_fnv1a64\"");
+    assert_non_null(k);
+    char *e = strchr(k + 2, '\n');
+    memmove(k, e, strlen(e) + 1); /* "files" is the last key again */
+    assert_int_equal(ft_write_file_atomic(p, txt, strlen(txt)), 0);
+    assert_int_equal(ft_ckpt_load(ck, &st, NULL, &a), FT_E_CORRUPT);
+    printf("refused: %s\n", ft_errmsg());
+    assert_non_null(strstr(ft_errmsg(), "state_fnv1a64"));
+    char *v = strstr(txt, "\"version\":\t2");
+    assert_non_null(v);
+    v[strlen("\"version\":\t")] = '1';
+    assert_int_equal(ft_write_file_atomic(p, txt, strlen(txt)), 0);
+    int rc = ft_ckpt_load(ck, &st, NULL, &a);
+    if (rc) fprintf(stderr, "load: %s\n", ft_errmsg());
+    assert_int_equal(rc, 0);
+    assert_int_equal(st.step, 6);
+    assert_int_equal(ft_ckpt_verify(ck, NULL), 0);
+    free(txt);
+    ft_lora_free(&a);
+    free(dir);
 }
 
 /* The best-eval / early-stopping state: a checkpoint without it (older ftune) resumes with
@@ -585,6 +695,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_damaged_detected),
+        cmocka_unit_test(test_every_byte_covered),
+        cmocka_unit_test(test_version1_state),
         cmocka_unit_test(test_eval_tracking_state),
         cmocka_unit_test(test_best_adapter_folder),
         cmocka_unit_test(test_rotation),
