@@ -501,6 +501,7 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         rc = run->fn(&c, &prog, run->user);
         ft_str_list_free(&data);
         ft_progress_flush(&prog);
+        ft_comm_free(comm);
         return rc;
     }
     ft_train_result res;

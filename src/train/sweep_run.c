@@ -22,6 +22,10 @@
 
 #define SW_MAX_RUNGS 64
 #define SW_PATH 4200
+/* Under several ranks, the status in this rank's scheduler of a trial another rank runs
+ * (trial t is rank t % size's): neither pending nor running, so it is never started here;
+ * written as "pending" into this rank's files until the records are gathered at the end. */
+#define SW_ELSEWHERE FT_TRIAL_N_STATUS
 
 typedef struct sweep sweep;
 
@@ -53,6 +57,8 @@ struct sweep {
     int dirty;                  /* the state changed since the last sync */
     int64_t passes;             /* passes over the base this session */
     double t_loop;              /* the first pass's start (0 before) */
+    const ft_comm *comm;        /* the sweep's ranks (NULL: one process); trials train alone */
+    int rank, size;
 };
 
 /* A trial's events: its lines to the caller prefixed with its name; steps, evals and
@@ -92,6 +98,10 @@ static int check_cfg(const ft_sweep_cfg *c)
             return ft_err(FT_E_INVALID, "ftune sweep: seed cannot be a sweep key: it also splits and "
                           "orders the data, which the trials of a pass share; give --seed as the "
                           "fixed part (one sweep per seed)");
+    if (c->prune == FT_PRUNE_HALVING && ft_comm_size(b->comm) > 1)
+        return ft_err(FT_E_UNSUPPORTED, "ftune sweep: --prune halving over %d ranks: not supported yet "
+                      "(its rungs rank trials that other ranks train); sweep with --prune none under "
+                      "mpirun, or prune in one process", ft_comm_size(b->comm));
     if (c->prune == FT_PRUNE_HALVING && b->eval_every <= 0)
         return ft_err(FT_E_INVALID, "ftune sweep: --prune halving ranks the trials at their "
                       "evaluations: give --eval-every N (the first rung comes after N steps)");
@@ -127,6 +137,7 @@ static int make_trials(sweep *sw)
         tc->tensorboard = NULL;
         tc->timeline = NULL;
         tc->resume = NULL;
+        tc->comm = NULL; /* one rank trains a trial: no data-parallel split, each writes its own */
         if (ft_train_cfg_validate(tc) < 0) {
             snprintf(sw->bad[i], sizeof sw->bad[i], "%s", ft_errmsg());
             ft_err_clear();
@@ -171,7 +182,8 @@ static int open_base(sweep *sw)
     FT_TRY(ft_lora_init(&probe, r->s.model, &lc, r->s.be));
     ft_exec_adapter_sizes sz;
     ft_exec_adapter_bytes(r->s.model, sw->r_max, r->T, c->grad_accum > 0 ? c->grad_accum : 1, &sz);
-    int64_t k_max = sw->n < FT_TRAIN_MAX_ADAPTERS ? sw->n : FT_TRAIN_MAX_ADAPTERS;
+    const int64_t n_own = sw->size > 1 ? (sw->n - sw->rank + sw->size - 1) / sw->size : sw->n;
+    int64_t k_max = n_own < 1 ? 1 : n_own < FT_TRAIN_MAX_ADAPTERS ? n_own : FT_TRAIN_MAX_ADAPTERS;
     ft_session_place_cfg pc = {r->T, c->grad_accum, seq_len, &probe,
                                r->d.n_train_b > 0 ? &r->d.train_b[0] : NULL, c->plan_only, 0, NULL,
                                NULL, sw->k, sw->k ? 0 : k_max,
@@ -342,6 +354,20 @@ static void progress(sweep *sw)
                   (long long)ft_sweep_sched_count(s, FT_TRIAL_PENDING), el > 0 ? pos / el : 0.0);
 }
 
+/* The state as it is now into path, another rank's trials written as pending. */
+static int write_state(sweep *sw, const char *path)
+{
+    if (sw->size == 1) return ft_sweep_json_write(path, sw->t, &sw->sched, sw->res);
+    ft_sweep_sched view = sw->sched;
+    view.status = malloc((size_t)sw->n * sizeof *view.status);
+    if (!view.status) return ft_err(-ENOMEM, "out of memory");
+    for (int64_t t = 0; t < sw->n; t++)
+        view.status[t] = sw->sched.status[t] == SW_ELSEWHERE ? FT_TRIAL_PENDING : sw->sched.status[t];
+    int rc = ft_sweep_json_write(path, sw->t, &view, sw->res);
+    free(view.status);
+    return rc;
+}
+
 /* DIR/sweep.json: the state as it is now (the running trials' steps so far). With `point`, a
  * resume point first: every running trial checkpointed at its current step (none at step 0:
  * it starts afresh), then the same state also into DIR/sweep.resume.json, which --resume
@@ -359,8 +385,8 @@ static int sync_state(sweep *sw, int point)
         }
         note_result(sw, t, a);
     }
-    if (point) FT_TRY(ft_sweep_json_write(sw->resume_json, sw->t, &sw->sched, sw->res));
-    FT_TRY(ft_sweep_json_write(sw->json, sw->t, &sw->sched, sw->res));
+    if (point) FT_TRY(write_state(sw, sw->resume_json));
+    if (sw->rank == 0) FT_TRY(write_state(sw, sw->json));
     sw->dirty = 0;
     progress(sw);
     return 0;
@@ -469,6 +495,67 @@ static int64_t resume_k(const char *path)
     return K;
 }
 
+/* This rank's resume file: DIR/sweep.resume.json (rank 0, one process), DIR/sweep.resume.R.json
+ * (rank R > 0): each holds its rank's trials (the others pending). */
+static int resume_path(const sweep *sw, char *path, size_t n)
+{
+    if (sw->rank == 0) return ft_path_join(path, n, sw->c->base.out, FT_SWEEP_RESUME_FILE);
+    char name[64];
+    snprintf(name, sizeof name, "sweep.resume.%d.json", sw->rank);
+    return ft_path_join(path, n, sw->c->base.out, name);
+}
+
+/* Under several ranks: the trials of other ranks (t % size != rank) set aside, after a
+ * resume read refused when the file has one of them started (another number of ranks). */
+static int set_aside(sweep *sw)
+{
+    for (int64_t t = 0; t < sw->n && sw->size > 1; t++) {
+        if (t % sw->size == sw->rank) continue;
+        if (sw->sched.status[t] != FT_TRIAL_PENDING)
+            return ft_err(FT_E_INVALID, "%s: trials[%lld] (%s) is %s, and under %d ranks it is rank %lld's: "
+                          "resume with the number of ranks the sweep ran with",
+                          sw->resume_json, (long long)t, sw->t->t[t].name,
+                          ft_trial_status_name(sw->sched.status[t]), sw->size,
+                          (long long)(t % sw->size));
+        sw->sched.status[t] = SW_ELSEWHERE;
+    }
+    return 0;
+}
+
+/* One trial's record as gathered across the ranks. */
+typedef struct trial_rec {
+    int64_t status, n_reported;
+    ft_sweep_result res;
+} trial_rec;
+
+/* Under several ranks, at the end: every rank's records of its own trials (status, rung
+ * losses, results) gathered onto every rank, so that all hold the whole sweep. */
+static int gather_trials(sweep *sw)
+{
+    if (sw->size == 1) return 0;
+    const int64_t n = sw->n, nr = sw->sched.n_rungs;
+    const size_t one = (size_t)n * sizeof(trial_rec) + (size_t)(n * nr) * sizeof(double);
+    unsigned char *me = calloc(1, one), *all = calloc((size_t)sw->size, one);
+    int rc = me && all ? 0 : ft_err(-ENOMEM, "out of memory");
+    trial_rec *rec = (trial_rec *)me;
+    for (int64_t t = 0; !rc && t < n; t++)
+        rec[t] = (trial_rec){sw->sched.status[t], sw->sched.n_reported[t], sw->res[t]};
+    if (!rc && nr) memcpy(me + n * sizeof(trial_rec), sw->sched.loss, (size_t)(n * nr) * sizeof(double));
+    if (!rc) rc = ft_comm_allgather(sw->comm, me, one, all);
+    for (int64_t t = 0; !rc && t < n; t++) {
+        const unsigned char *from = all + (size_t)(t % sw->size) * one;
+        const trial_rec *x = (const trial_rec *)from + t;
+        sw->sched.status[t] = (int)x->status;
+        sw->sched.n_reported[t] = x->n_reported;
+        sw->res[t] = x->res;
+        if (nr) memcpy(sw->sched.loss + t * nr, from + n * sizeof(trial_rec) + (size_t)(t * nr) * sizeof(double),
+                       (size_t)nr * sizeof(double));
+    }
+    free(me);
+    free(all);
+    return rc;
+}
+
 /* The sweep after the fixed part is checked: trials, base, state, the passes, the end. */
 static int run(sweep *sw, ft_sweep_outcome *out)
 {
@@ -480,11 +567,8 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     if (!r->cfg.data || r->cfg.n_data < 1) return ft_err(FT_E_INVALID, "missing --data");
     FT_TRY(ft_peft_base_name(r->cfg.model, r->cfg.base_model_id, r->base_name, sizeof r->base_name,
                              &(const char *){NULL}));
-    if (c->resume && !c->adapters_per_pass) {
-        char path[SW_PATH];
-        FT_TRY(ft_path_join(path, sizeof path, c->base.out, FT_SWEEP_RESUME_FILE));
-        sw->k = resume_k(path);
-    }
+    FT_TRY(resume_path(sw, sw->resume_json, sizeof sw->resume_json));
+    if (c->resume && !c->adapters_per_pass) sw->k = resume_k(sw->resume_json);
     FT_TRY(open_base(sw));
     out->adapters_per_pass = r->n_ad;
     if (r->cfg.plan_only) return 0;
@@ -500,13 +584,15 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     ft_sweep_results_init(sw->res, sw->n);
     FT_TRY(ft_mkdir_p(c->base.out));
     FT_TRY(ft_path_join(sw->json, sizeof sw->json, c->base.out, "sweep.json"));
-    FT_TRY(ft_path_join(sw->resume_json, sizeof sw->resume_json, c->base.out, FT_SWEEP_RESUME_FILE));
     if (c->resume && !ft_path_exists(sw->resume_json))
         ft_train_info(&r->sink, FT_EV_WARN, "--resume: %s has no resume point yet (the first comes after --save-every %lld passes): the sweep starts over",
                       sw->resume_json, (long long)c->base.save_every);
     else if (c->resume)
         FT_TRY(ft_sweep_json_read(sw->resume_json, sw->t, &sw->sched, sw->res));
-    for (int i = 0; i < FT_TRAIN_MAX_ADAPTERS; i++) sw->slot_trial[i] = -1;
+    FT_TRY(set_aside(sw));
+    if (sw->size > 1)
+        ft_train_info(&r->sink, FT_EV_INFO, "sweep over %d ranks: trial t on rank t %% %d, each trained by its rank alone",
+                      sw->size, sw->size);    for (int i = 0; i < FT_TRAIN_MAX_ADAPTERS; i++) sw->slot_trial[i] = -1;
     r->multi = 1;
     r->after_pass = after_pass;
     r->after_user = sw;
@@ -533,7 +619,10 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     ft_train_info(&r->sink, FT_EV_INFO, "sweep: %lld passes over the base: %lld layer fetches, %lld pack reads (the executor's counters, each shared by the trials of its pass)",
                   (long long)sw->passes, (long long)xi.layer_fetches, (long long)xi.pack_reads);
     FT_TRY(sync_state(sw, 1));
+    FT_TRY(gather_trials(sw));
     out->best = ft_sweep_best(&sw->sched, sw->res);
+    if (sw->rank > 0) return 0; /* rank 0 writes the sweep's files */
+    if (sw->size > 1) FT_TRY(ft_sweep_json_write(sw->json, sw->t, &sw->sched, sw->res));
     FT_TRY(write_outputs(sw, out->best));
     return 0;
 }
@@ -564,6 +653,10 @@ int ft_sweep_run(const ft_sweep_cfg *c, ft_train_cb cb, void *user, ft_sweep_out
         sw->r = r;
         sw->k = c->adapters_per_pass;
         r->cfg = c->base;
+        r->cfg.comm = NULL; /* the passes train this rank's trials alone */
+        sw->comm = c->base.comm;
+        sw->rank = ft_comm_rank(sw->comm);
+        sw->size = ft_comm_size(sw->comm);
         r->sink = (ft_train_sink){cb, user};
         r->t0 = ft_train_now_s();
         rc = run(sw, out);
