@@ -5,6 +5,7 @@
 #include "src/train/sweep_run.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +60,20 @@ struct sweep {
     double t_loop;              /* the first pass's start (0 before) */
     const ft_comm *comm;        /* the sweep's ranks (NULL: one process); trials train alone */
     int rank, size;
+    int xrank;                  /* 1: --prune halving over several ranks: rungs all-gathered */
+    volatile sig_atomic_t stop; /* xrank: the passes' stop flag, set only once every rank knows */
 };
+
+/* xrank: one rank's rung reports of a pass (at most one per slot) and its state. */
+typedef struct rung_rep {
+    int64_t trial, rung;
+    double loss;
+} rung_rep;
+
+typedef struct pass_rec {
+    int64_t n, done, stop;      /* reports; 1: no trial left here; the signal seen here (0: none) */
+    rung_rep rep[FT_TRAIN_MAX_ADAPTERS];
+} pass_rec;
 
 /* A trial's events: its lines to the caller prefixed with its name; steps, evals and
  * checkpoints only in its own metrics. */
@@ -98,10 +112,10 @@ static int check_cfg(const ft_sweep_cfg *c)
             return ft_err(FT_E_INVALID, "ftune sweep: seed cannot be a sweep key: it also splits and "
                           "orders the data, which the trials of a pass share; give --seed as the "
                           "fixed part (one sweep per seed)");
-    if (c->prune == FT_PRUNE_HALVING && ft_comm_size(b->comm) > 1)
-        return ft_err(FT_E_UNSUPPORTED, "ftune sweep: --prune halving over %d ranks: not supported yet "
-                      "(its rungs rank trials that other ranks train); sweep with --prune none under "
-                      "mpirun, or prune in one process", ft_comm_size(b->comm));
+    if (c->prune == FT_PRUNE_HALVING && ft_comm_size(b->comm) > 1 && c->resume)
+        return ft_err(FT_E_UNSUPPORTED, "ftune sweep: --resume of a --prune halving sweep over %d ranks: "
+                      "not supported yet (each rank's resume point holds its own trials' rungs); rerun "
+                      "the sweep, or sweep with --prune none under mpirun", ft_comm_size(b->comm));
     if (c->prune == FT_PRUNE_HALVING && b->eval_every <= 0)
         return ft_err(FT_E_INVALID, "ftune sweep: --prune halving ranks the trials at their "
                       "evaluations: give --eval-every N (the first rung comes after N steps)");
@@ -266,38 +280,125 @@ static int start_trial(sweep *sw, int slot, int64_t t, int64_t from_step)
     return 0;
 }
 
+/* Rung k's group: trials[0..n) with their eval losses (slot[j] >= 0: this rank's slot) reported
+ * to the scheduler; those it stops are pruned (another rank's trial keeps its status here,
+ * its owner prunes it by the same decision). */
+static int report_rung(sweep *sw, int64_t k, int64_t n, const int64_t *trials, const double *loss,
+                       const int *slot, int *keep)
+{
+    ft_train_job *r = sw->r;
+    for (int64_t j = 0; j < n; j++)
+        if (slot[j] < 0) sw->sched.status[trials[j]] = FT_TRIAL_RUNNING;
+    int rc = ft_sweep_sched_report(&sw->sched, k, n, trials, loss, keep);
+    for (int64_t j = 0; j < n; j++)
+        if (slot[j] < 0) sw->sched.status[trials[j]] = SW_ELSEWHERE;
+    FT_TRY(rc);
+    for (int64_t j = 0; j < n; j++)
+        if (!keep[j]) {
+            if (slot[j] >= 0) r->ad[slot[j]].pruned = 1;
+            ft_train_info(&r->sink, FT_EV_INFO, "[%s] pruned at step %lld (rung %lld: eval loss %.4f)",
+                          sw->t->t[trials[j]].name, (long long)sw->rung[k], (long long)k, loss[j]);
+        }
+    sw->dirty = 1;
+    return 0;
+}
+
+/* xrank: this rank's pass record into every rank's (all: size records); the passes' stop flag
+ * set when a rank saw a signal. */
+static int exchange(sweep *sw, pass_rec *me, pass_rec *all)
+{
+    const ft_train_cfg *b = &sw->c->base;
+    me->stop = b->stop ? *b->stop : 0;
+    FT_TRY(ft_comm_allgather(sw->comm, me, sizeof *me, all));
+    for (int q = 0; q < sw->size; q++)
+        if (all[q].stop && !sw->stop) {
+            sw->stop = (sig_atomic_t)all[q].stop;
+            if (b->stop && !*b->stop) *b->stop = (sig_atomic_t)all[q].stop;
+        }
+    return 0;
+}
+
 /* The rungs reached in this pass: per rung, the trials whose step is its step (after their
- * mid-run eval there) reported as one group; those the scheduler stops are pruned. */
+ * mid-run eval there) reported as one group, over several ranks (xrank) the group of every
+ * rank's trials in trial order; those the scheduler stops are pruned. */
 static int rungs(sweep *sw)
 {
     ft_train_job *r = sw->r;
-    for (int64_t k = 0; k < sw->n_rungs; k++) {
-        int64_t trials[FT_TRAIN_MAX_ADAPTERS];
-        double loss[FT_TRAIN_MAX_ADAPTERS];
-        int slot[FT_TRAIN_MAX_ADAPTERS], keep[FT_TRAIN_MAX_ADAPTERS];
-        int64_t n = 0;
-        for (int i = 0; i < r->n_ad; i++) {
-            int64_t t = sw->slot_trial[i];
-            const ft_train_adapter *a = &r->ad[i];
-            if (t < 0 || a->failed || sw->sched.n_reported[t] != k || a->st.step != sw->rung[k] ||
-                a->st.step >= a->st.total_steps)
-                continue;
-            trials[n] = t;
-            loss[n] = a->st.last_eval_loss;
-            slot[n++] = i;
-        }
-        if (!n) continue;
-        FT_TRY(ft_sweep_sched_report(&sw->sched, k, n, trials, loss, keep));
-        for (int64_t j = 0; j < n; j++)
-            if (!keep[j]) {
-                r->ad[slot[j]].pruned = 1;
-                ft_train_info(&r->sink, FT_EV_INFO, "[%s] pruned at step %lld (rung %lld: eval loss %.4f)",
-                              sw->t->t[trials[j]].name, (long long)sw->rung[k], (long long)k,
-                              loss[j]);
-            }
-        sw->dirty = 1;
+    pass_rec me = {0}, *all = NULL;
+    int64_t mine_k[FT_TRAIN_MAX_ADAPTERS];
+    int mine_slot[FT_TRAIN_MAX_ADAPTERS];
+    for (int i = 0; i < r->n_ad; i++) {
+        int64_t t = sw->slot_trial[i];
+        const ft_train_adapter *a = &r->ad[i];
+        if (t < 0 || a->failed || a->st.step >= a->st.total_steps) continue;
+        const int64_t k = sw->sched.n_reported[t];
+        if (k >= sw->n_rungs || a->st.step != sw->rung[k]) continue;
+        mine_k[me.n] = k;
+        mine_slot[me.n] = i;
+        me.rep[me.n++] = (rung_rep){t, k, a->st.last_eval_loss};
     }
-    return 0;
+    if (sw->xrank) {
+        all = calloc((size_t)sw->size, sizeof *all);
+        if (!all) return ft_err(-ENOMEM, "out of memory");
+        int rc = exchange(sw, &me, all);
+        if (rc) {
+            free(all);
+            return rc;
+        }
+    }
+    /* a rung's group: at most every trial once */
+    int64_t *trials = malloc((size_t)sw->n * sizeof *trials);
+    double *loss = malloc((size_t)sw->n * sizeof *loss);
+    int *slot = malloc((size_t)sw->n * sizeof *slot), *keep = malloc((size_t)sw->n * sizeof *keep);
+    int rc = trials && loss && slot && keep ? 0 : ft_err(-ENOMEM, "out of memory");
+    for (int64_t k = 0; !rc && k < sw->n_rungs; k++) {
+        int64_t n = 0;
+        if (!all) {
+            for (int64_t j = 0; j < me.n; j++)
+                if (mine_k[j] == k) {
+                    trials[n] = me.rep[j].trial;
+                    loss[n] = me.rep[j].loss;
+                    slot[n++] = mine_slot[j];
+                }
+        } else { /* every rank's, in trial order (trial t is rank t % size's) */
+            for (int64_t t = 0; t < sw->n; t++) {
+                const pass_rec *q = &all[t % sw->size];
+                for (int64_t j = 0; j < q->n; j++)
+                    if (q->rep[j].trial == t && q->rep[j].rung == k) {
+                        trials[n] = t;
+                        loss[n] = q->rep[j].loss;
+                        slot[n] = -1;
+                        for (int64_t m = 0; t % sw->size == sw->rank && m < me.n; m++)
+                            if (me.rep[m].trial == t) slot[n] = mine_slot[m];
+                        n++;
+                    }
+            }
+        }
+        if (n) rc = report_rung(sw, k, n, trials, loss, slot, keep);
+    }
+    free(trials);
+    free(loss);
+    free(slot);
+    free(keep);
+    free(all);
+    return rc;
+}
+
+/* xrank, a rank with no trial left: takes part in the passes' exchanges until every rank has
+ * none left or a stop reached every rank (sw->stop). */
+static int idle_until_done(sweep *sw)
+{
+    pass_rec me = {0, 1, 0, {{0}}}, *all = calloc((size_t)sw->size, sizeof *all);
+    if (!all) return ft_err(-ENOMEM, "out of memory");
+    int rc = 0;
+    while (!rc && !sw->stop) {
+        rc = exchange(sw, &me, all);
+        int done = 1;
+        for (int q = 0; q < sw->size; q++) done &= all[q].done != 0;
+        if (done) break;
+    }
+    free(all);
+    return rc;
 }
 
 /* Trial t's results so far into sweep.json's record. */
@@ -360,11 +461,16 @@ static int write_state(sweep *sw, const char *path)
     if (sw->size == 1) return ft_sweep_json_write(path, sw->t, &sw->sched, sw->res);
     ft_sweep_sched view = sw->sched;
     view.status = malloc((size_t)sw->n * sizeof *view.status);
-    if (!view.status) return ft_err(-ENOMEM, "out of memory");
-    for (int64_t t = 0; t < sw->n; t++)
-        view.status[t] = sw->sched.status[t] == SW_ELSEWHERE ? FT_TRIAL_PENDING : sw->sched.status[t];
-    int rc = ft_sweep_json_write(path, sw->t, &view, sw->res);
+    view.n_reported = malloc((size_t)sw->n * sizeof *view.n_reported);
+    int rc = view.status && view.n_reported ? 0 : ft_err(-ENOMEM, "out of memory");
+    for (int64_t t = 0; !rc && t < sw->n; t++) {
+        const int away = sw->sched.status[t] == SW_ELSEWHERE; /* its rung losses: its rank's */
+        view.status[t] = away ? FT_TRIAL_PENDING : sw->sched.status[t];
+        view.n_reported[t] = away ? 0 : sw->sched.n_reported[t];
+    }
+    if (!rc) rc = ft_sweep_json_write(path, sw->t, &view, sw->res);
     free(view.status);
+    free(view.n_reported);
     return rc;
 }
 
@@ -604,6 +710,12 @@ static int run(sweep *sw, ft_sweep_outcome *out)
         FT_TRY(settle(sw));
         int any = 0;
         for (int i = 0; i < r->n_ad; i++) any |= sw->slot_trial[i] >= 0;
+        if (!any && sw->xrank) FT_TRY(idle_until_done(sw));
+        if (!any && sw->xrank && sw->stop) {
+            FT_TRY(sync_state(sw, 1));
+            out->stopped = 1;
+            return 0;
+        }
         if (!any) break;
         if (sw->t_loop == 0) sw->t_loop = ft_train_now_s();
         FT_TRY(ft_train_loop(r));
@@ -657,6 +769,8 @@ int ft_sweep_run(const ft_sweep_cfg *c, ft_train_cb cb, void *user, ft_sweep_out
         sw->comm = c->base.comm;
         sw->rank = ft_comm_rank(sw->comm);
         sw->size = ft_comm_size(sw->comm);
+        sw->xrank = sw->size > 1 && c->prune == FT_PRUNE_HALVING;
+        if (sw->xrank) r->cfg.stop = &sw->stop; /* every rank stops after the same pass */
         r->sink = (ft_train_sink){cb, user};
         r->t0 = ft_train_now_s();
         rc = run(sw, out);

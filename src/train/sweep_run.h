@@ -29,9 +29,12 @@
  * each rank K per pass for its share; each rank writes its trials' folders and its own resume
  * point (rank 0 DIR/sweep.resume.json, rank R DIR/sweep.resume.R.json, the other ranks' trials
  * pending there); at the end the trial records are all-gathered (ft_comm_allgather) and rank 0
- * alone writes DIR/sweep.json, DIR/best/ and DIR/report.html. --prune halving over several
- * ranks is refused (FT_E_UNSUPPORTED), as is a resume file with a started trial of another
- * rank (FT_E_INVALID: another number of ranks).
+ * alone writes DIR/sweep.json, DIR/best/ and DIR/report.html. With --prune halving, after each
+ * pass every rank all-gathers its rung reports and all run the same scheduler on them (each
+ * rung's group in trial order), a rank without trials taking part until all are done, and a
+ * stop is shared there so all stop after the same pass. A resume file with a started trial of
+ * another rank is refused (FT_E_INVALID: another number of ranks), as is --resume of a halving
+ * sweep over several ranks (FT_E_UNSUPPORTED).
  */
 #ifndef FT_SWEEP_RUN_H
 #define FT_SWEEP_RUN_H

@@ -8,8 +8,10 @@ thread per rank, Open MPI's mpirun --oversubscribe:
   report.html;
 - --resume of that sweep under -np 2 reads each rank's resume file and ends with the same
   files; a single-process sweep's state resumed under -np 2 is refused with one line (its
-  trials were not run with that split), as is --prune halving over 2 ranks (not supported
-  yet: its rungs would compare trials across ranks).
+  trials were not run with that split);
+- --prune halving over 2 ranks: each pass's rung losses all-gathered, so the rungs compare the
+  trials of both ranks at the same eval points: the same sweep.json and adapters as the
+  single-process sweep; its --resume over 2 ranks is refused (not supported yet).
 
 Skips, saying why, where mpirun is missing or ftune was built without MPI."""
 import json
@@ -119,8 +121,25 @@ def test_resume_other_ranks_refused(sweeps, tmp_path):
     assert "resume with the number of ranks the sweep ran with" in r.stderr, r.stderr
 
 
-def test_halving_refused(tmp_path):
-    r = sweep(tmp_path / "h", "--prune", "halving", ranks=2, ok=False)
+def test_halving_across_ranks(tmp_path):
+    """--prune halving (eta 2, rungs at steps 2 and 4 of 6) over 2 ranks of 2 adapters per pass:
+    each pass's rung losses are all-gathered, so the rungs rank all 4 trials as the
+    single-process sweep of 4 adapters per pass does: the same pruned trials, records and
+    adapter bytes; a pruned trial of rank 1 may be pruned by rank 0's losses."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    extra = ["--prune", "halving", "--max-steps", 6]
+    sweep(one, *extra, "--adapters-per-pass", 4)
+    r = sweep(two, *extra, "--adapters-per-pass", 2, ranks=2)
+    trials, best = records(two)
+    status = [t["status"] for t in trials]
+    assert status.count("pruned") == 3 and status.count("completed") == 1, trials
+    assert records(two) == records(one)
+    for name in NAMES:
+        a, b = one / "trials" / name, two / "trials" / name
+        assert adapter_bytes(b) == adapter_bytes(a), name
+        assert trajectory(b) == trajectory(a), name
+    # rank 0 prints every pruning, its own trials' and rank 1's
+    assert r.stderr.count(" pruned at step ") == 3, r.stderr
+    r = sweep(two, *extra, "--adapters-per-pass", 2, "--resume", ranks=2, ok=False)
     assert r.returncode != 0
-    assert "--prune halving over 2 ranks: not supported yet" in r.stderr, r.stderr
-    assert not (tmp_path / "h" / "sweep.json").exists()
+    assert "--resume of a --prune halving sweep over 2 ranks: not supported yet" in r.stderr, r.stderr
