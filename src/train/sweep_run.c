@@ -17,16 +17,13 @@
 #include "src/train/eval.h"
 #include "src/train/report.h"
 #include "src/train/sweep_prune.h"
+#include "src/train/sweep_ranks.h"
 #include "src/train/sweep_state.h"
 #include "src/train/train_run.h"
 #include "src/train/validate.h"
 
 #define SW_MAX_RUNGS 64
 #define SW_PATH 4200
-/* Under several ranks, the status in this rank's scheduler of a trial another rank runs
- * (trial t is rank t % size's): neither pending nor running, so it is never started here;
- * written as "pending" into this rank's files until the records are gathered at the end. */
-#define SW_ELSEWHERE FT_TRIAL_N_STATUS
 
 typedef struct sweep sweep;
 
@@ -64,16 +61,6 @@ struct sweep {
     volatile sig_atomic_t stop; /* xrank: the passes' stop flag, set only once every rank knows */
 };
 
-/* xrank: one rank's rung reports of a pass (at most one per slot) and its state. */
-typedef struct rung_rep {
-    int64_t trial, rung;
-    double loss;
-} rung_rep;
-
-typedef struct pass_rec {
-    int64_t n, done, stop;      /* reports; 1: no trial left here; the signal seen here (0: none) */
-    rung_rep rep[FT_TRAIN_MAX_ADAPTERS];
-} pass_rec;
 
 /* A trial's events: its lines to the caller prefixed with its name; steps, evals and
  * checkpoints only in its own metrics. */
@@ -291,7 +278,7 @@ static int report_rung(sweep *sw, int64_t k, int64_t n, const int64_t *trials, c
         if (slot[j] < 0) sw->sched.status[trials[j]] = FT_TRIAL_RUNNING;
     int rc = ft_sweep_sched_report(&sw->sched, k, n, trials, loss, keep);
     for (int64_t j = 0; j < n; j++)
-        if (slot[j] < 0) sw->sched.status[trials[j]] = SW_ELSEWHERE;
+        if (slot[j] < 0) sw->sched.status[trials[j]] = FT_SWEEP_ELSEWHERE;
     FT_TRY(rc);
     for (int64_t j = 0; j < n; j++)
         if (!keep[j]) {
@@ -303,28 +290,13 @@ static int report_rung(sweep *sw, int64_t k, int64_t n, const int64_t *trials, c
     return 0;
 }
 
-/* xrank: this rank's pass record into every rank's (all: size records); the passes' stop flag
- * set when a rank saw a signal. */
-static int exchange(sweep *sw, pass_rec *me, pass_rec *all)
-{
-    const ft_train_cfg *b = &sw->c->base;
-    me->stop = b->stop ? *b->stop : 0;
-    FT_TRY(ft_comm_allgather(sw->comm, me, sizeof *me, all));
-    for (int q = 0; q < sw->size; q++)
-        if (all[q].stop && !sw->stop) {
-            sw->stop = (sig_atomic_t)all[q].stop;
-            if (b->stop && !*b->stop) *b->stop = (sig_atomic_t)all[q].stop;
-        }
-    return 0;
-}
-
 /* The rungs reached in this pass: per rung, the trials whose step is its step (after their
  * mid-run eval there) reported as one group, over several ranks (xrank) the group of every
  * rank's trials in trial order; those the scheduler stops are pruned. */
 static int rungs(sweep *sw)
 {
     ft_train_job *r = sw->r;
-    pass_rec me = {0}, *all = NULL;
+    ft_sweep_pass_rec me = {0}, *all = NULL;
     int64_t mine_k[FT_TRAIN_MAX_ADAPTERS];
     int mine_slot[FT_TRAIN_MAX_ADAPTERS];
     for (int i = 0; i < r->n_ad; i++) {
@@ -335,12 +307,12 @@ static int rungs(sweep *sw)
         if (k >= sw->n_rungs || a->st.step != sw->rung[k]) continue;
         mine_k[me.n] = k;
         mine_slot[me.n] = i;
-        me.rep[me.n++] = (rung_rep){t, k, a->st.last_eval_loss};
+        me.rep[me.n++] = (ft_sweep_rung_rep){t, k, a->st.last_eval_loss};
     }
     if (sw->xrank) {
         all = calloc((size_t)sw->size, sizeof *all);
         if (!all) return ft_err(-ENOMEM, "out of memory");
-        int rc = exchange(sw, &me, all);
+        int rc = ft_sweep_ranks_exchange(sw->comm, &me, all, sw->c->base.stop, &sw->stop);
         if (rc) {
             free(all);
             return rc;
@@ -362,7 +334,7 @@ static int rungs(sweep *sw)
                 }
         } else { /* every rank's, in trial order (trial t is rank t % size's) */
             for (int64_t t = 0; t < sw->n; t++) {
-                const pass_rec *q = &all[t % sw->size];
+                const ft_sweep_pass_rec *q = &all[t % sw->size];
                 for (int64_t j = 0; j < q->n; j++)
                     if (q->rep[j].trial == t && q->rep[j].rung == k) {
                         trials[n] = t;
@@ -380,23 +352,6 @@ static int rungs(sweep *sw)
     free(loss);
     free(slot);
     free(keep);
-    free(all);
-    return rc;
-}
-
-/* xrank, a rank with no trial left: takes part in the passes' exchanges until every rank has
- * none left or a stop reached every rank (sw->stop). */
-static int idle_until_done(sweep *sw)
-{
-    pass_rec me = {0, 1, 0, {{0}}}, *all = calloc((size_t)sw->size, sizeof *all);
-    if (!all) return ft_err(-ENOMEM, "out of memory");
-    int rc = 0;
-    while (!rc && !sw->stop) {
-        rc = exchange(sw, &me, all);
-        int done = 1;
-        for (int q = 0; q < sw->size; q++) done &= all[q].done != 0;
-        if (done) break;
-    }
     free(all);
     return rc;
 }
@@ -459,16 +414,9 @@ static void progress(sweep *sw)
 static int write_state(sweep *sw, const char *path)
 {
     if (sw->size == 1) return ft_sweep_json_write(path, sw->t, &sw->sched, sw->res);
-    ft_sweep_sched view = sw->sched;
-    view.status = malloc((size_t)sw->n * sizeof *view.status);
-    view.n_reported = malloc((size_t)sw->n * sizeof *view.n_reported);
-    int rc = view.status && view.n_reported ? 0 : ft_err(-ENOMEM, "out of memory");
-    for (int64_t t = 0; !rc && t < sw->n; t++) {
-        const int away = sw->sched.status[t] == SW_ELSEWHERE; /* its rung losses: its rank's */
-        view.status[t] = away ? FT_TRIAL_PENDING : sw->sched.status[t];
-        view.n_reported[t] = away ? 0 : sw->sched.n_reported[t];
-    }
-    if (!rc) rc = ft_sweep_json_write(path, sw->t, &view, sw->res);
+    ft_sweep_sched view;
+    FT_TRY(ft_sweep_ranks_view(&sw->sched, &view));
+    int rc = ft_sweep_json_write(path, sw->t, &view, sw->res);
     free(view.status);
     free(view.n_reported);
     return rc;
@@ -611,57 +559,6 @@ static int resume_path(const sweep *sw, char *path, size_t n)
     return ft_path_join(path, n, sw->c->base.out, name);
 }
 
-/* Under several ranks: the trials of other ranks (t % size != rank) set aside, after a
- * resume read refused when the file has one of them started (another number of ranks). */
-static int set_aside(sweep *sw)
-{
-    for (int64_t t = 0; t < sw->n && sw->size > 1; t++) {
-        if (t % sw->size == sw->rank) continue;
-        if (sw->sched.status[t] != FT_TRIAL_PENDING)
-            return ft_err(FT_E_INVALID, "%s: trials[%lld] (%s) is %s, and under %d ranks it is rank %lld's: "
-                          "resume with the number of ranks the sweep ran with",
-                          sw->resume_json, (long long)t, sw->t->t[t].name,
-                          ft_trial_status_name(sw->sched.status[t]), sw->size,
-                          (long long)(t % sw->size));
-        sw->sched.status[t] = SW_ELSEWHERE;
-    }
-    return 0;
-}
-
-/* One trial's record as gathered across the ranks. */
-typedef struct trial_rec {
-    int64_t status, n_reported;
-    ft_sweep_result res;
-} trial_rec;
-
-/* Under several ranks, at the end: every rank's records of its own trials (status, rung
- * losses, results) gathered onto every rank, so that all hold the whole sweep. */
-static int gather_trials(sweep *sw)
-{
-    if (sw->size == 1) return 0;
-    const int64_t n = sw->n, nr = sw->sched.n_rungs;
-    const size_t one = (size_t)n * sizeof(trial_rec) + (size_t)(n * nr) * sizeof(double);
-    unsigned char *me = calloc(1, one), *all = calloc((size_t)sw->size, one);
-    int rc = me && all ? 0 : ft_err(-ENOMEM, "out of memory");
-    trial_rec *rec = (trial_rec *)me;
-    for (int64_t t = 0; !rc && t < n; t++)
-        rec[t] = (trial_rec){sw->sched.status[t], sw->sched.n_reported[t], sw->res[t]};
-    if (!rc && nr) memcpy(me + n * sizeof(trial_rec), sw->sched.loss, (size_t)(n * nr) * sizeof(double));
-    if (!rc) rc = ft_comm_allgather(sw->comm, me, one, all);
-    for (int64_t t = 0; !rc && t < n; t++) {
-        const unsigned char *from = all + (size_t)(t % sw->size) * one;
-        const trial_rec *x = (const trial_rec *)from + t;
-        sw->sched.status[t] = (int)x->status;
-        sw->sched.n_reported[t] = x->n_reported;
-        sw->res[t] = x->res;
-        if (nr) memcpy(sw->sched.loss + t * nr, from + n * sizeof(trial_rec) + (size_t)(t * nr) * sizeof(double),
-                       (size_t)nr * sizeof(double));
-    }
-    free(me);
-    free(all);
-    return rc;
-}
-
 /* The sweep after the fixed part is checked: trials, base, state, the passes, the end. */
 static int run(sweep *sw, ft_sweep_outcome *out)
 {
@@ -695,7 +592,7 @@ static int run(sweep *sw, ft_sweep_outcome *out)
                       sw->resume_json, (long long)c->base.save_every);
     else if (c->resume)
         FT_TRY(ft_sweep_json_read(sw->resume_json, sw->t, &sw->sched, sw->res));
-    FT_TRY(set_aside(sw));
+    FT_TRY(ft_sweep_ranks_set_aside(&sw->sched, sw->t, sw->rank, sw->size, sw->resume_json));
     if (sw->size > 1)
         ft_train_info(&r->sink, FT_EV_INFO, "sweep over %d ranks: trial t on rank t %% %d, each trained by its rank alone",
                       sw->size, sw->size);    for (int i = 0; i < FT_TRAIN_MAX_ADAPTERS; i++) sw->slot_trial[i] = -1;
@@ -710,7 +607,7 @@ static int run(sweep *sw, ft_sweep_outcome *out)
         FT_TRY(settle(sw));
         int any = 0;
         for (int i = 0; i < r->n_ad; i++) any |= sw->slot_trial[i] >= 0;
-        if (!any && sw->xrank) FT_TRY(idle_until_done(sw));
+        if (!any && sw->xrank) FT_TRY(ft_sweep_ranks_idle(sw->comm, sw->c->base.stop, &sw->stop));
         if (!any && sw->xrank && sw->stop) {
             FT_TRY(sync_state(sw, 1));
             out->stopped = 1;
@@ -731,7 +628,7 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     ft_train_info(&r->sink, FT_EV_INFO, "sweep: %lld passes over the base: %lld layer fetches, %lld pack reads (the executor's counters, each shared by the trials of its pass)",
                   (long long)sw->passes, (long long)xi.layer_fetches, (long long)xi.pack_reads);
     FT_TRY(sync_state(sw, 1));
-    FT_TRY(gather_trials(sw));
+    FT_TRY(ft_sweep_ranks_gather(sw->comm, &sw->sched, sw->res));
     out->best = ft_sweep_best(&sw->sched, sw->res);
     if (sw->rank > 0) return 0; /* rank 0 writes the sweep's files */
     if (sw->size > 1) FT_TRY(ft_sweep_json_write(sw->json, sw->t, &sw->sched, sw->res));
