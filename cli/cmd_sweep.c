@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/dist_env.h"
 #include "cli/progress.h"
 #include "cli/session.h"
 #include "src/core/err.h"
@@ -129,7 +130,7 @@ static int run_sweep(ft_train_cfg *c, ft_progress *prog, void *user)
     ft_session_signals_restore();
     ft_progress_flush(prog);
     if (rc < 0) {
-        fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        ft_cli_comm_fail(c->comm, ft_errmsg()); /* several ranks: all end here */
         return 1;
     }
     if (o.stopped) {

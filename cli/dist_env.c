@@ -64,7 +64,7 @@ int ft_cli_comm_open(ft_comm **out)
     return 0;
 }
 
-void ft_cli_comm_fail(ft_comm *c, const char *msg)
+void ft_cli_comm_fail(const ft_comm *c, const char *msg)
 {
     if (ft_comm_size(c) > 1) {
         /* an error every rank meets (a refused resume) is printed once: rank 0's abort ends

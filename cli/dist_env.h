@@ -20,6 +20,6 @@ int ft_cli_comm_open(ft_comm **out);
  * N: MSG"), then every rank ended (MPI_Abort, status 1), so that no rank waits for a dead
  * one. Ranks > 0 wait 2 s first, so that an error all ranks meet is printed once (rank 0's
  * abort ends them). A single process just prints "ftune: MSG". */
-void ft_cli_comm_fail(ft_comm *c, const char *msg);
+void ft_cli_comm_fail(const ft_comm *c, const char *msg);
 
 #endif

@@ -5,6 +5,7 @@
 #include "src/train/sweep_run.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "src/train/eval.h"
 #include "src/train/report.h"
 #include "src/train/sweep_prune.h"
+#include "src/train/sweep_ranks.h"
 #include "src/train/sweep_state.h"
 #include "src/train/train_run.h"
 #include "src/train/validate.h"
@@ -53,7 +55,12 @@ struct sweep {
     int dirty;                  /* the state changed since the last sync */
     int64_t passes;             /* passes over the base this session */
     double t_loop;              /* the first pass's start (0 before) */
+    const ft_comm *comm;        /* the sweep's ranks (NULL: one process); trials train alone */
+    int rank, size;
+    int xrank;                  /* 1: --prune halving over several ranks: rungs all-gathered */
+    volatile sig_atomic_t stop; /* xrank: the passes' stop flag, set only once every rank knows */
 };
+
 
 /* A trial's events: its lines to the caller prefixed with its name; steps, evals and
  * checkpoints only in its own metrics. */
@@ -92,6 +99,10 @@ static int check_cfg(const ft_sweep_cfg *c)
             return ft_err(FT_E_INVALID, "ftune sweep: seed cannot be a sweep key: it also splits and "
                           "orders the data, which the trials of a pass share; give --seed as the "
                           "fixed part (one sweep per seed)");
+    if (c->prune == FT_PRUNE_HALVING && ft_comm_size(b->comm) > 1 && c->resume)
+        return ft_err(FT_E_UNSUPPORTED, "ftune sweep: --resume of a --prune halving sweep over %d ranks: "
+                      "not supported yet (each rank's resume point holds its own trials' rungs); rerun "
+                      "the sweep, or sweep with --prune none under mpirun", ft_comm_size(b->comm));
     if (c->prune == FT_PRUNE_HALVING && b->eval_every <= 0)
         return ft_err(FT_E_INVALID, "ftune sweep: --prune halving ranks the trials at their "
                       "evaluations: give --eval-every N (the first rung comes after N steps)");
@@ -127,6 +138,7 @@ static int make_trials(sweep *sw)
         tc->tensorboard = NULL;
         tc->timeline = NULL;
         tc->resume = NULL;
+        tc->comm = NULL; /* one rank trains a trial: no data-parallel split, each writes its own */
         if (ft_train_cfg_validate(tc) < 0) {
             snprintf(sw->bad[i], sizeof sw->bad[i], "%s", ft_errmsg());
             ft_err_clear();
@@ -171,7 +183,8 @@ static int open_base(sweep *sw)
     FT_TRY(ft_lora_init(&probe, r->s.model, &lc, r->s.be));
     ft_exec_adapter_sizes sz;
     ft_exec_adapter_bytes(r->s.model, sw->r_max, r->T, c->grad_accum > 0 ? c->grad_accum : 1, &sz);
-    int64_t k_max = sw->n < FT_TRAIN_MAX_ADAPTERS ? sw->n : FT_TRAIN_MAX_ADAPTERS;
+    const int64_t n_own = sw->size > 1 ? (sw->n - sw->rank + sw->size - 1) / sw->size : sw->n;
+    int64_t k_max = n_own < 1 ? 1 : n_own < FT_TRAIN_MAX_ADAPTERS ? n_own : FT_TRAIN_MAX_ADAPTERS;
     ft_session_place_cfg pc = {r->T, c->grad_accum, seq_len, &probe,
                                r->d.n_train_b > 0 ? &r->d.train_b[0] : NULL, c->plan_only, 0, NULL,
                                NULL, sw->k, sw->k ? 0 : k_max,
@@ -254,38 +267,93 @@ static int start_trial(sweep *sw, int slot, int64_t t, int64_t from_step)
     return 0;
 }
 
+/* Rung k's group: trials[0..n) with their eval losses (slot[j] >= 0: this rank's slot) reported
+ * to the scheduler; those it stops are pruned (another rank's trial keeps its status here,
+ * its owner prunes it by the same decision). */
+static int report_rung(sweep *sw, int64_t k, int64_t n, const int64_t *trials, const double *loss,
+                       const int *slot, int *keep)
+{
+    ft_train_job *r = sw->r;
+    for (int64_t j = 0; j < n; j++)
+        if (slot[j] < 0) sw->sched.status[trials[j]] = FT_TRIAL_RUNNING;
+    int rc = ft_sweep_sched_report(&sw->sched, k, n, trials, loss, keep);
+    for (int64_t j = 0; j < n; j++)
+        if (slot[j] < 0) sw->sched.status[trials[j]] = FT_SWEEP_ELSEWHERE;
+    FT_TRY(rc);
+    for (int64_t j = 0; j < n; j++)
+        if (!keep[j]) {
+            if (slot[j] >= 0) r->ad[slot[j]].pruned = 1;
+            ft_train_info(&r->sink, FT_EV_INFO, "[%s] pruned at step %lld (rung %lld: eval loss %.4f)",
+                          sw->t->t[trials[j]].name, (long long)sw->rung[k], (long long)k, loss[j]);
+        }
+    sw->dirty = 1;
+    return 0;
+}
+
 /* The rungs reached in this pass: per rung, the trials whose step is its step (after their
- * mid-run eval there) reported as one group; those the scheduler stops are pruned. */
+ * mid-run eval there) reported as one group, over several ranks (xrank) the group of every
+ * rank's trials in trial order; those the scheduler stops are pruned. */
 static int rungs(sweep *sw)
 {
     ft_train_job *r = sw->r;
-    for (int64_t k = 0; k < sw->n_rungs; k++) {
-        int64_t trials[FT_TRAIN_MAX_ADAPTERS];
-        double loss[FT_TRAIN_MAX_ADAPTERS];
-        int slot[FT_TRAIN_MAX_ADAPTERS], keep[FT_TRAIN_MAX_ADAPTERS];
-        int64_t n = 0;
-        for (int i = 0; i < r->n_ad; i++) {
-            int64_t t = sw->slot_trial[i];
-            const ft_train_adapter *a = &r->ad[i];
-            if (t < 0 || a->failed || sw->sched.n_reported[t] != k || a->st.step != sw->rung[k] ||
-                a->st.step >= a->st.total_steps)
-                continue;
-            trials[n] = t;
-            loss[n] = a->st.last_eval_loss;
-            slot[n++] = i;
-        }
-        if (!n) continue;
-        FT_TRY(ft_sweep_sched_report(&sw->sched, k, n, trials, loss, keep));
-        for (int64_t j = 0; j < n; j++)
-            if (!keep[j]) {
-                r->ad[slot[j]].pruned = 1;
-                ft_train_info(&r->sink, FT_EV_INFO, "[%s] pruned at step %lld (rung %lld: eval loss %.4f)",
-                              sw->t->t[trials[j]].name, (long long)sw->rung[k], (long long)k,
-                              loss[j]);
-            }
-        sw->dirty = 1;
+    ft_sweep_pass_rec me = {0}, *all = NULL;
+    int64_t mine_k[FT_TRAIN_MAX_ADAPTERS];
+    int mine_slot[FT_TRAIN_MAX_ADAPTERS];
+    for (int i = 0; i < r->n_ad; i++) {
+        int64_t t = sw->slot_trial[i];
+        const ft_train_adapter *a = &r->ad[i];
+        if (t < 0 || a->failed || a->st.step >= a->st.total_steps) continue;
+        const int64_t k = sw->sched.n_reported[t];
+        if (k >= sw->n_rungs || a->st.step != sw->rung[k]) continue;
+        mine_k[me.n] = k;
+        mine_slot[me.n] = i;
+        me.rep[me.n++] = (ft_sweep_rung_rep){t, k, a->st.last_eval_loss};
     }
-    return 0;
+    if (sw->xrank) {
+        all = calloc((size_t)sw->size, sizeof *all);
+        if (!all) return ft_err(-ENOMEM, "out of memory");
+        int rc = ft_sweep_ranks_exchange(sw->comm, &me, all, sw->c->base.stop, &sw->stop);
+        if (rc) {
+            free(all);
+            return rc;
+        }
+    }
+    /* a rung's group: at most every trial once */
+    int64_t *trials = malloc((size_t)sw->n * sizeof *trials);
+    double *loss = malloc((size_t)sw->n * sizeof *loss);
+    int *slot = malloc((size_t)sw->n * sizeof *slot), *keep = malloc((size_t)sw->n * sizeof *keep);
+    int rc = trials && loss && slot && keep ? 0 : ft_err(-ENOMEM, "out of memory");
+    for (int64_t k = 0; !rc && k < sw->n_rungs; k++) {
+        int64_t n = 0;
+        if (!all) {
+            for (int64_t j = 0; j < me.n; j++)
+                if (mine_k[j] == k) {
+                    trials[n] = me.rep[j].trial;
+                    loss[n] = me.rep[j].loss;
+                    slot[n++] = mine_slot[j];
+                }
+        } else { /* every rank's, in trial order (trial t is rank t % size's) */
+            for (int64_t t = 0; t < sw->n; t++) {
+                const ft_sweep_pass_rec *q = &all[t % sw->size];
+                for (int64_t j = 0; j < q->n; j++)
+                    if (q->rep[j].trial == t && q->rep[j].rung == k) {
+                        trials[n] = t;
+                        loss[n] = q->rep[j].loss;
+                        slot[n] = -1;
+                        for (int64_t m = 0; t % sw->size == sw->rank && m < me.n; m++)
+                            if (me.rep[m].trial == t) slot[n] = mine_slot[m];
+                        n++;
+                    }
+            }
+        }
+        if (n) rc = report_rung(sw, k, n, trials, loss, slot, keep);
+    }
+    free(trials);
+    free(loss);
+    free(slot);
+    free(keep);
+    free(all);
+    return rc;
 }
 
 /* Trial t's results so far into sweep.json's record. */
@@ -342,6 +410,18 @@ static void progress(sweep *sw)
                   (long long)ft_sweep_sched_count(s, FT_TRIAL_PENDING), el > 0 ? pos / el : 0.0);
 }
 
+/* The state as it is now into path, another rank's trials written as pending. */
+static int write_state(sweep *sw, const char *path)
+{
+    if (sw->size == 1) return ft_sweep_json_write(path, sw->t, &sw->sched, sw->res);
+    ft_sweep_sched view;
+    FT_TRY(ft_sweep_ranks_view(&sw->sched, &view));
+    int rc = ft_sweep_json_write(path, sw->t, &view, sw->res);
+    free(view.status);
+    free(view.n_reported);
+    return rc;
+}
+
 /* DIR/sweep.json: the state as it is now (the running trials' steps so far). With `point`, a
  * resume point first: every running trial checkpointed at its current step (none at step 0:
  * it starts afresh), then the same state also into DIR/sweep.resume.json, which --resume
@@ -359,8 +439,8 @@ static int sync_state(sweep *sw, int point)
         }
         note_result(sw, t, a);
     }
-    if (point) FT_TRY(ft_sweep_json_write(sw->resume_json, sw->t, &sw->sched, sw->res));
-    FT_TRY(ft_sweep_json_write(sw->json, sw->t, &sw->sched, sw->res));
+    if (point) FT_TRY(write_state(sw, sw->resume_json));
+    if (sw->rank == 0) FT_TRY(write_state(sw, sw->json));
     sw->dirty = 0;
     progress(sw);
     return 0;
@@ -469,6 +549,16 @@ static int64_t resume_k(const char *path)
     return K;
 }
 
+/* This rank's resume file: DIR/sweep.resume.json (rank 0, one process), DIR/sweep.resume.R.json
+ * (rank R > 0): each holds its rank's trials (the others pending). */
+static int resume_path(const sweep *sw, char *path, size_t n)
+{
+    if (sw->rank == 0) return ft_path_join(path, n, sw->c->base.out, FT_SWEEP_RESUME_FILE);
+    char name[64];
+    snprintf(name, sizeof name, "sweep.resume.%d.json", sw->rank);
+    return ft_path_join(path, n, sw->c->base.out, name);
+}
+
 /* The sweep after the fixed part is checked: trials, base, state, the passes, the end. */
 static int run(sweep *sw, ft_sweep_outcome *out)
 {
@@ -480,11 +570,8 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     if (!r->cfg.data || r->cfg.n_data < 1) return ft_err(FT_E_INVALID, "missing --data");
     FT_TRY(ft_peft_base_name(r->cfg.model, r->cfg.base_model_id, r->base_name, sizeof r->base_name,
                              &(const char *){NULL}));
-    if (c->resume && !c->adapters_per_pass) {
-        char path[SW_PATH];
-        FT_TRY(ft_path_join(path, sizeof path, c->base.out, FT_SWEEP_RESUME_FILE));
-        sw->k = resume_k(path);
-    }
+    FT_TRY(resume_path(sw, sw->resume_json, sizeof sw->resume_json));
+    if (c->resume && !c->adapters_per_pass) sw->k = resume_k(sw->resume_json);
     FT_TRY(open_base(sw));
     out->adapters_per_pass = r->n_ad;
     if (r->cfg.plan_only) return 0;
@@ -500,13 +587,15 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     ft_sweep_results_init(sw->res, sw->n);
     FT_TRY(ft_mkdir_p(c->base.out));
     FT_TRY(ft_path_join(sw->json, sizeof sw->json, c->base.out, "sweep.json"));
-    FT_TRY(ft_path_join(sw->resume_json, sizeof sw->resume_json, c->base.out, FT_SWEEP_RESUME_FILE));
     if (c->resume && !ft_path_exists(sw->resume_json))
         ft_train_info(&r->sink, FT_EV_WARN, "--resume: %s has no resume point yet (the first comes after --save-every %lld passes): the sweep starts over",
                       sw->resume_json, (long long)c->base.save_every);
     else if (c->resume)
         FT_TRY(ft_sweep_json_read(sw->resume_json, sw->t, &sw->sched, sw->res));
-    for (int i = 0; i < FT_TRAIN_MAX_ADAPTERS; i++) sw->slot_trial[i] = -1;
+    FT_TRY(ft_sweep_ranks_set_aside(&sw->sched, sw->t, sw->rank, sw->size, sw->resume_json));
+    if (sw->size > 1)
+        ft_train_info(&r->sink, FT_EV_INFO, "sweep over %d ranks: trial t on rank t %% %d, each trained by its rank alone",
+                      sw->size, sw->size);    for (int i = 0; i < FT_TRAIN_MAX_ADAPTERS; i++) sw->slot_trial[i] = -1;
     r->multi = 1;
     r->after_pass = after_pass;
     r->after_user = sw;
@@ -518,6 +607,12 @@ static int run(sweep *sw, ft_sweep_outcome *out)
         FT_TRY(settle(sw));
         int any = 0;
         for (int i = 0; i < r->n_ad; i++) any |= sw->slot_trial[i] >= 0;
+        if (!any && sw->xrank) FT_TRY(ft_sweep_ranks_idle(sw->comm, sw->c->base.stop, &sw->stop));
+        if (!any && sw->xrank && sw->stop) {
+            FT_TRY(sync_state(sw, 1));
+            out->stopped = 1;
+            return 0;
+        }
         if (!any) break;
         if (sw->t_loop == 0) sw->t_loop = ft_train_now_s();
         FT_TRY(ft_train_loop(r));
@@ -533,7 +628,10 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     ft_train_info(&r->sink, FT_EV_INFO, "sweep: %lld passes over the base: %lld layer fetches, %lld pack reads (the executor's counters, each shared by the trials of its pass)",
                   (long long)sw->passes, (long long)xi.layer_fetches, (long long)xi.pack_reads);
     FT_TRY(sync_state(sw, 1));
+    FT_TRY(ft_sweep_ranks_gather(sw->comm, &sw->sched, sw->res));
     out->best = ft_sweep_best(&sw->sched, sw->res);
+    if (sw->rank > 0) return 0; /* rank 0 writes the sweep's files */
+    if (sw->size > 1) FT_TRY(ft_sweep_json_write(sw->json, sw->t, &sw->sched, sw->res));
     FT_TRY(write_outputs(sw, out->best));
     return 0;
 }
@@ -564,6 +662,12 @@ int ft_sweep_run(const ft_sweep_cfg *c, ft_train_cb cb, void *user, ft_sweep_out
         sw->r = r;
         sw->k = c->adapters_per_pass;
         r->cfg = c->base;
+        r->cfg.comm = NULL; /* the passes train this rank's trials alone */
+        sw->comm = c->base.comm;
+        sw->rank = ft_comm_rank(sw->comm);
+        sw->size = ft_comm_size(sw->comm);
+        sw->xrank = sw->size > 1 && c->prune == FT_PRUNE_HALVING;
+        if (sw->xrank) r->cfg.stop = &sw->stop; /* every rank stops after the same pass */
         r->sink = (ft_train_sink){cb, user};
         r->t0 = ft_train_now_s();
         rc = run(sw, out);

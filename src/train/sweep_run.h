@@ -23,6 +23,18 @@
  * one did, so every trial ends with the same bits (trainer.h's resume rule). Trials keep at
  * least 2 checkpoints (--keep 1 is raised to 2) so that the resume point's survives the
  * trial's final one.
+ *
+ * Over several ranks (base.comm of size N > 1, mpirun): trial t runs on rank t % N, trained by
+ * that rank alone (each trial's settings get comm NULL: no data-parallel split, no all-reduce),
+ * each rank K per pass for its share; each rank writes its trials' folders and its own resume
+ * point (rank 0 DIR/sweep.resume.json, rank R DIR/sweep.resume.R.json, the other ranks' trials
+ * pending there); at the end the trial records are all-gathered (ft_comm_allgather) and rank 0
+ * alone writes DIR/sweep.json, DIR/best/ and DIR/report.html. With --prune halving, after each
+ * pass every rank all-gathers its rung reports and all run the same scheduler on them (each
+ * rung's group in trial order), a rank without trials taking part until all are done, and a
+ * stop is shared there so all stop after the same pass. A resume file with a started trial of
+ * another rank is refused (FT_E_INVALID: another number of ranks), as is --resume of a halving
+ * sweep over several ranks (FT_E_UNSUPPORTED).
  */
 #ifndef FT_SWEEP_RUN_H
 #define FT_SWEEP_RUN_H
