@@ -49,6 +49,12 @@ def test_training_under_memory_limit_ends(tmp_path, mb):
     if r.returncode == 0:
         assert (out / "adapter_model.safetensors").exists()
         return
+    if r.returncode == 127 and "error while loading shared libraries" in r.stderr:
+        # below what the dynamic loader itself needs to map ftune's libraries (the CUDA build,
+        # with cudart and MPI, at 50 MB): no ftune code ran, nothing was written, and it ended
+        assert "failed to map segment" in r.stderr or "cannot" in r.stderr, r.stderr
+        assert not out.exists()
+        return
     line = assert_clean_error(r, out)
     assert r.returncode == 1, r.stderr
     assert "out of memory" in line or "Cannot allocate memory" in line, line
