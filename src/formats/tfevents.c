@@ -137,6 +137,21 @@ static int write_event(ft_tfevents *w, const Tensorboard__Event *ev)
     return rc;
 }
 
+/* One Event at (wall_time, step) holding a Summary of values[0, n), written as a record. */
+static int write_summary(ft_tfevents *w, double wall_time, int64_t step,
+                         Tensorboard__Summary__Value **values, size_t n)
+{
+    Tensorboard__Summary sum = TENSORBOARD__SUMMARY__INIT;
+    sum.n_value = n;
+    sum.value = values;
+    Tensorboard__Event ev = TENSORBOARD__EVENT__INIT;
+    ev.wall_time = wall_time;
+    ev.step = step;
+    ev.what_case = TENSORBOARD__EVENT__WHAT_SUMMARY;
+    ev.summary = &sum;
+    return write_event(w, &ev);
+}
+
 int ft_tfevents_open(ft_tfevents **out, const char *dir, double wall_time)
 {
     *out = NULL;
@@ -208,15 +223,7 @@ int ft_tfevents_scalars(ft_tfevents *w, int64_t step, double wall_time, const ch
         vals[i] = v;
         ptrs[i] = &vals[i];
     }
-    Tensorboard__Summary sum = TENSORBOARD__SUMMARY__INIT;
-    sum.n_value = (size_t)n;
-    sum.value = ptrs;
-    Tensorboard__Event ev = TENSORBOARD__EVENT__INIT;
-    ev.wall_time = wall_time;
-    ev.step = step;
-    ev.what_case = TENSORBOARD__EVENT__WHAT_SUMMARY;
-    ev.summary = &sum;
-    int rc = write_event(w, &ev);
+    int rc = write_summary(w, wall_time, step, ptrs, (size_t)n);
     free(vals);
     free(ptrs);
     return rc;
@@ -260,15 +267,7 @@ int ft_tfevents_text(ft_tfevents *w, int64_t step, double wall_time, const char 
     v.metadata = &md;
     v.value_case = TENSORBOARD__SUMMARY__VALUE__VALUE_TENSOR;
     v.tensor = &t;
-    Tensorboard__Summary sum = TENSORBOARD__SUMMARY__INIT;
-    sum.n_value = 1;
-    sum.value = &vp;
-    Tensorboard__Event ev = TENSORBOARD__EVENT__INIT;
-    ev.wall_time = wall_time;
-    ev.step = step;
-    ev.what_case = TENSORBOARD__EVENT__WHAT_SUMMARY;
-    ev.summary = &sum;
-    int rc = write_event(w, &ev);
+    int rc = write_summary(w, wall_time, step, &vp, 1);
     free(sv);
     return rc;
 }
