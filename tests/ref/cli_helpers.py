@@ -152,3 +152,16 @@ def drain(stream):
             break
         got += chunk
     return got
+
+
+def mpi_skip_reason(ftune):
+    """Why the MPI tests cannot run with the ftune binary at `ftune` (None when they can):
+    no mpirun, no binary, or a binary built without MPI."""
+    if not shutil.which("mpirun"):
+        return "mpirun not found (Debian: openmpi-bin, libopenmpi-dev; scripts/deps.sh installs them)"
+    if not Path(ftune).exists():
+        return f"{ftune} not built"
+    ldd = subprocess.run(["ldd", str(ftune)], capture_output=True, text=True).stdout
+    if "libmpi" not in ldd:
+        return "ftune was built without MPI (the Makefile's [ftune] line says mpi=NO)"
+    return None

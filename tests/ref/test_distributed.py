@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import SEED_DATA, TINY, ftune_path, metrics
+from cli_helpers import SEED_DATA, TINY, ftune_path, metrics, mpi_skip_reason
 
 FTUNE = ftune_path()
 TIMEOUT = 240  # seconds for one job (2 shared cores)
@@ -34,18 +34,7 @@ BASE = ["--model", str(TINY), "--data", str(SEED_DATA), "--seq-len", "64", "--th
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
-def _mpi_reason():
-    if not shutil.which("mpirun"):
-        return "mpirun not found (Debian: openmpi-bin, libopenmpi-dev; scripts/deps.sh installs them)"
-    if not Path(FTUNE).exists():
-        return f"{FTUNE} not built"
-    ldd = subprocess.run(["ldd", FTUNE], capture_output=True, text=True).stdout
-    if "libmpi" not in ldd:
-        return "ftune was built without MPI (the Makefile's [ftune] line says mpi=NO)"
-    return None
-
-
-REASON = _mpi_reason()
+REASON = mpi_skip_reason(FTUNE)
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 
