@@ -7,7 +7,11 @@
 # Llama of a small real-ish shape (ftune init-model), large enough that a step's compute
 # dominates the all-reduce of its LoRA gradients.
 #
-#   FTUNE=build/ftune REPEAT=3 STEPS=16 bash bench/distributed.sh > result.md
+# EXTRA: more train flags for both runs, e.g. EXTRA=--train-on-prompt (every token a loss target,
+# so that every micro-batch costs the same: with the prompt tokens masked the LM head runs on the
+# answer tokens only, and a step waits for its rank with the most of them)
+#
+#   FTUNE=build/ftune REPEAT=3 STEPS=16 [EXTRA=...] bash bench/distributed.sh > result.md
 set -euo pipefail
 FTUNE=${FTUNE:-build/ftune}
 REPEAT=${REPEAT:-3}
@@ -38,7 +42,7 @@ JSON
         --tokenizer tests/fixtures/tiny-llama --threads 1 >/dev/null
 fi
 ARGS=(train --model "$WORK/model" --data "$DATA" --seq-len "$SEQ" --max-steps "$STEPS" --threads 1
-      --seed 7 --eval-fraction 0 --save-every 0 --lr 1e-4)
+      --seed 7 --eval-fraction 0 --save-every 0 --lr 1e-4 ${EXTRA:-})
 toks() { sed -n 's/.*(\([0-9]*\) tok\/s).*/\1/p' "$1" | tail -1; }
 echo "| repeat | 1 rank x 1 thread, grad-accum 2 (tok/s) | 2 ranks x 1 thread, grad-accum 1 (tok/s) | ratio | adapters equal |"
 echo "|---|---|---|---|---|"
@@ -52,5 +56,5 @@ for i in $(seq 1 "$REPEAT"); do
     echo "| $i | $a | $b | $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", b / a }') | $same |"
 done
 echo
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg); MPI_OPTS=$MPI_OPTS; RANK_WRAP=${RANK_WRAP:-none}"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg); MPI_OPTS=$MPI_OPTS; RANK_WRAP=${RANK_WRAP:-none}; EXTRA=${EXTRA:-none}"
 grep -h "ftune: plan: backend" "$WORK/one.log" | head -1 | sed 's/^/one rank: /'
