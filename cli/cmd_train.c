@@ -476,19 +476,12 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
     /* one run per output folder (issue 31): rank 0 takes it before any checkpoint there is
      * read (the other ranks of a data-parallel run share rank 0's folder) */
     ft_dirlock out_lock = {.fd = -1};
-    if (!plan_only && ft_comm_rank(comm) == 0) {
-        long stale = 0;
-        if (ft_dirlock_take(&out_lock, c.out, &stale) < 0) {
-            char msg[1200];
-            snprintf(msg, sizeof msg, "--out %s", ft_errmsg());
-            ft_cli_comm_fail(comm, msg); /* several ranks: all of them end here */
-            ft_str_list_free(&data);
-            rc = 1;
-            goto done;
-        }
-        if (stale)
-            fprintf(stderr, "ftune: --out %s: took over the stale lock of pid %ld (that run ended without releasing it)\n",
-                    c.out, stale);
+    if (!plan_only && !(run && run->no_out_lock) && ft_comm_rank(comm) == 0 &&
+        ft_session_out_lock(&out_lock, "--out", c.out) < 0) {
+        ft_cli_comm_fail(comm, ft_errmsg()); /* several ranks: all of them end here */
+        ft_str_list_free(&data);
+        rc = 1;
+        goto done;
     }
     char latest[4200];
     if (resume && !*resume) {
