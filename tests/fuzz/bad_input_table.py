@@ -1187,6 +1187,19 @@ def _(d):
     return ["init-model", "--config", TINY / "config.json", "--out", "out", "--threads", "1"], "lock"
 
 
+@case("output folder", "`train --out` names an existing file", "test_reliability_runs.py")
+def _(d):
+    data(d, "not a folder\n", "out")
+    return train(TINY, ALPACA)
+
+
+@case("output folder", "`merge --out` names an existing file", "test_reliability_runs.py")
+def _(d):
+    ad = adapter(d)
+    data(d, "not a folder\n", "out")
+    return ["merge", "--model", TINY, "--adapter", ad.name, "--out", "out"]
+
+
 # ---- ftune sweep: the search space ---------------------------------------------------------
 
 @case("sweep", "`--grid` key that is not a training option", "test_sweep_run.py test_errors")

@@ -240,6 +240,17 @@ def test_folder_cmd_no_lock_left_behind(tmp_path, adapter, cmd):
     assert locks_under(out) == []
 
 
+@pytest.mark.parametrize("cmd", FOLDER_CMDS + ["train"])
+def test_folder_cmd_out_is_a_file(tmp_path, adapter, cmd):
+    out = tmp_path / "out"
+    out.write_text("not a folder\n")
+    r = (ftune(out, "--max-steps", "1") if cmd == "train" else run_folder(cmd, out, adapter))
+    assert r.returncode == 1, r.stderr
+    assert_clean_error(r, None, f"--out {out} is a file, not a folder")
+    assert out.read_text() == "not a folder\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 # ---- class 8: every byte of a checkpoint checked -----------------------------------------
 
 STEPS = ["--max-steps", "6", "--save-every", "2", "--keep", "3", "--quiet"]
