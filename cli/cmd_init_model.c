@@ -17,6 +17,7 @@
 #include "cli/opt_parse.h"
 #include "cli/commands.h"
 #include "cli/env.h"
+#include "cli/session.h"
 #include "offload/pack.h"
 #include "src/core/err.h"
 #include "src/core/fsutil.h"
@@ -54,6 +55,9 @@ static const char *find_llama3_tokenizer(char *buf, size_t n)
     }
     return NULL;
 }
+
+static int init_model(const char *config, const char *out, const char *tok, uint64_t seed,
+                      int64_t shard_mb, int pack, int quant, int with_st, int64_t threads);
 
 int ft_cmd_init_model(int argc, char **argv)
 {
@@ -107,6 +111,21 @@ int ft_cmd_init_model(int argc, char **argv)
             return 1;
         }
     }
+    /* one run per output folder (issue 31): OUT is locked while it is written */
+    ft_dirlock out_lock = {.fd = -1};
+    if (ft_session_out_lock(&out_lock, "--out", out) < 0) {
+        fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        return 1;
+    }
+    rc = init_model(config, out, tok, seed, shard_mb, pack, quant, with_st, threads);
+    ft_dirlock_release(&out_lock);
+    return rc;
+}
+
+/* init-model after its checks and under the lock of out: 0, or 1 after printing the error. */
+static int init_model(const char *config, const char *out, const char *tok, uint64_t seed,
+                      int64_t shard_mb, int pack, int quant, int with_st, int64_t threads)
+{
     int no_st = pack && !with_st;
     if (threads > 0) omp_set_num_threads((int)threads);
     ft_model_config cfg;
@@ -120,7 +139,7 @@ int ft_cmd_init_model(int argc, char **argv)
     ft_init_cfg c = {config, out, seed, shard_mb * 1000000, !no_st, pack ? quant : 0, tok_dir,
                      ft_env_pack_direct()};
     ft_init_result res;
-    rc = ft_init_model(&c, &res);
+    int rc = ft_init_model(&c, &res);
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         return 1;

@@ -108,8 +108,18 @@ int ft_cmd_merge(int argc, char **argv)
         fprintf(stderr, "ftune: merge --dtype '%s': expected bf16, f16, f32 or q8_0\n", dtype);
         return 2;
     }
+    /* one run per output folder (issue 31): a folder --out is locked while it is written (a
+     * --format gguf FILE.gguf is one file, written under a temporary name and renamed) */
+    size_t n_out = strlen(out);
+    int to_file = o.format == FT_MERGE_GGUF && n_out >= 5 && !strcmp(out + n_out - 5, ".gguf");
+    ft_dirlock out_lock = {.fd = -1};
+    if (!to_file && ft_session_out_lock(&out_lock, "--out", out) < 0) {
+        fprintf(stderr, "ftune: %s\n", ft_errmsg());
+        return 1;
+    }
     ft_merge_report r;
     rc = ft_merge(model, adapter, out, &o, &r);
+    ft_dirlock_release(&out_lock);
     if (rc < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         return 1;

@@ -182,7 +182,7 @@ int ft_cmd_sweep(int argc, char **argv)
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         goto out;
     }
-    ft_train_runner run = {"sweep", run_sweep, &j};
+    ft_train_runner run = {"sweep", run_sweep, &j, a.plan};
     rc = ft_cmd_train_with(n_rest, rest, 0, &run);
 out:
     ft_sweep_trials_free(&j.trials);

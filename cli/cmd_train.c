@@ -474,21 +474,29 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         return 1;
     }
     /* one run per output folder (issue 31): rank 0 takes it before any checkpoint there is
-     * read (the other ranks of a data-parallel run share rank 0's folder) */
+     * read (the other ranks of a data-parallel run share rank 0's folder); the others wait
+     * for its answer, since every rank of a sweep writes its own trials' folders under --out:
+     * none of them starts before rank 0 holds the lock */
     ft_dirlock out_lock = {.fd = -1};
-    if (!plan_only && ft_comm_rank(comm) == 0) {
-        long stale = 0;
-        if (ft_dirlock_take(&out_lock, c.out, &stale) < 0) {
-            char msg[1200];
-            snprintf(msg, sizeof msg, "--out %s", ft_errmsg());
+    if (!plan_only && !(run && run->no_out_lock)) {
+        int locked = 1;
+        char msg[1300] = "";
+        if (ft_comm_rank(comm) == 0 && ft_session_out_lock(&out_lock, "--out", c.out) < 0) {
+            locked = 0;
+            snprintf(msg, sizeof msg, "%s", ft_errmsg());
+        }
+        if (ft_comm_size(comm) > 1 && ft_comm_bcast(comm, &locked, sizeof locked, 0) < 0) {
+            locked = 0;
+            snprintf(msg, sizeof msg, "--out %s: %s", c.out, ft_errmsg());
+        }
+        if (!locked) {
+            if (!msg[0]) /* a rank > 0: rank 0 prints its error and its abort ends this one */
+                snprintf(msg, sizeof msg, "--out %s: rank 0 could not take the folder's lock", c.out);
             ft_cli_comm_fail(comm, msg); /* several ranks: all of them end here */
             ft_str_list_free(&data);
             rc = 1;
             goto done;
         }
-        if (stale)
-            fprintf(stderr, "ftune: --out %s: took over the stale lock of pid %ld (that run ended without releasing it)\n",
-                    c.out, stale);
     }
     char latest[4200];
     if (resume && !*resume) {

@@ -25,6 +25,7 @@ typedef struct ft_train_runner {
     const char *cmd;
     int (*fn)(struct ft_train_cfg *c, struct ft_progress *prog, void *user);
     void *user;
+    int no_out_lock; /* 1: the run writes nothing (sweep --plan): --out is not locked */
 } ft_train_runner;
 /* ft_cmd_train_ex, handing the parsed settings to run (NULL: train) */
 int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runner *run);

@@ -12,6 +12,22 @@
 #include "src/formats/hub_cache.h"
 #include "src/train/dpo.h"
 
+int ft_session_out_lock(ft_dirlock *lk, const char *flag, const char *dir)
+{
+    long stale = 0;
+    int rc = ft_dirlock_take(lk, dir, &stale);
+    if (rc < 0) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "%s", ft_errmsg());
+        ft_err(rc, "%s %s", flag, msg); /* "--out DIR is in use ...", as train has always said */
+        return -1;
+    }
+    if (stale)
+        fprintf(stderr, "ftune: %s %s: took over the stale lock of pid %ld (that run ended without releasing it)\n",
+                flag, dir, stale);
+    return 0;
+}
+
 int ft_session_hub_path(const char **path, char *buf, size_t n, int quiet, const char *what)
 {
     if (!*path) return 0;

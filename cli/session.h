@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include "offload/session.h"
+#include "src/core/dirlock.h"
 
 /* The session of eval, generate and logits from their flags (offload/session.h ft_session_open,
  * cfg.train 0; its notes printed on stderr as "ftune: LINE"), no executor yet
@@ -65,6 +66,19 @@ void ft_session_pack_wait_note(const char *path, long pid, void *user);
 /* The device a command runs on: --device when given, else the FTUNE_DEVICE environment
  * variable, else "auto" (CUDA when a GPU is visible, else the CPU). */
 const char *ft_session_device(const char *opt);
+
+/* One run per output folder (issue 31 class 7), for every command that writes a folder (train
+ * and sweep --out, merge --out DIR, init-model --out): takes the lock on dir
+ * (src/core/dirlock.h ft_dirlock_take: created if missing, held until ft_dirlock_release, which
+ * removes DIR/.ftune.lock, so no lock file stays in a finished folder) without waiting. flag
+ * names the option in the messages ("--out"). Returns 0 (a stale lock left by a run that
+ * ended without releasing it is taken over, and one line says so on stderr: "ftune: FLAG DIR:
+ * took over the stale lock of pid N (...)"), or -1 with the error recorded (ft_errmsg():
+ * "FLAG DIR is in use by another ftune run (pid N holds DIR/.ftune.lock); ..."), which the
+ * caller prints as "ftune: MSG" (or hands to ft_cli_comm_fail under MPI) and exits 1; lk->fd
+ * is -1 then. Under MPI only the rank that writes the folder calls it, after the communicator
+ * opens. */
+int ft_session_out_lock(ft_dirlock *lk, const char *flag, const char *dir);
 
 /* Stop requests for a training run. Installs SIGINT and SIGTERM handlers (SA_RESTART):
  * the first signal stores its number in the returned flag and prints one line (the

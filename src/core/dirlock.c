@@ -43,6 +43,8 @@ int ft_dirlock_take(ft_dirlock *lk, const char *dir, long *stale_pid)
         return ft_err(FT_E_RANGE, "%s: path too long", dir);
     int existed = ft_path_exists(dir);
     FT_TRY(ft_mkdir_p(dir));
+    if (ft_is_dir(dir) != 1) /* mkdir_p accepts an existing file of that name */
+        return ft_err(-ENOTDIR, "%s is a file, not a folder: give a folder (new or not) for the output", dir);
     int made = !existed;
     int fd = -1;
     for (int tries = 0; fd < 0; tries++) {

@@ -27,7 +27,8 @@ typedef struct ft_dirlock {
  * *stale_pid gets the pid recorded by an earlier holder that ended without releasing (the
  * lock was taken over; the caller says so), else 0. Returns 0; -EBUSY when another live
  * process holds it (the message names the folder and the holder's pid, or "pid unknown" if
- * it has not written it yet); -errno (message names the path), FT_E_RANGE (path too long).
+ * it has not written it yet); -ENOTDIR when dir is an existing file; -errno (message names
+ * the path), FT_E_RANGE (path too long).
  * On error lk->fd is -1. */
 int ft_dirlock_take(ft_dirlock *lk, const char *dir, long *stale_pid);
 

@@ -84,32 +84,32 @@ static int check_cfg(const ft_sweep_cfg *c)
 {
     const ft_train_cfg *b = &c->base;
     if (b->method == FT_TRAIN_METHOD_DPO)
-        return ft_err(FT_E_INVALID, "ftune sweep: --method dpo trains one adapter per pass (its "
+        return ft_err(FT_E_INVALID, "sweep: --method dpo trains one adapter per pass (its "
                       "sequence objective); sweep SFT runs, or run each DPO setting with ftune train");
     if (b->quant_correction)
-        return ft_err(FT_E_INVALID, "ftune sweep: --quant-correction computes one frozen correction "
+        return ft_err(FT_E_INVALID, "sweep: --quant-correction computes one frozen correction "
                       "per run; train with it alone (ftune train), or sweep without it");
     if (b->resume)
-        return ft_err(FT_E_INVALID, "ftune sweep: --resume takes no folder (the sweep's is --out)");
+        return ft_err(FT_E_INVALID, "sweep: --resume takes no folder (the sweep's is --out)");
     if (b->tensorboard)
-        return ft_err(FT_E_INVALID, "ftune sweep: --tensorboard is not taken (each trial's "
+        return ft_err(FT_E_INVALID, "sweep: --tensorboard is not taken (each trial's "
                       "metrics.jsonl and DIR/report.html hold the curves)");
     for (int k = 0; k < c->trials->n_keys; k++)
         if (c->trials->keys[k]->off == offsetof(ft_train_cfg, seed))
-            return ft_err(FT_E_INVALID, "ftune sweep: seed cannot be a sweep key: it also splits and "
+            return ft_err(FT_E_INVALID, "sweep: seed cannot be a sweep key: it also splits and "
                           "orders the data, which the trials of a pass share; give --seed as the "
                           "fixed part (one sweep per seed)");
     if (c->prune == FT_PRUNE_HALVING && ft_comm_size(b->comm) > 1 && c->resume)
-        return ft_err(FT_E_UNSUPPORTED, "ftune sweep: --resume of a --prune halving sweep over %d ranks: "
+        return ft_err(FT_E_UNSUPPORTED, "sweep: --resume of a --prune halving sweep over %d ranks: "
                       "not supported yet (each rank's resume point holds its own trials' rungs); rerun "
                       "the sweep, or sweep with --prune none under mpirun", ft_comm_size(b->comm));
     if (c->prune == FT_PRUNE_HALVING && b->eval_every <= 0)
-        return ft_err(FT_E_INVALID, "ftune sweep: --prune halving ranks the trials at their "
+        return ft_err(FT_E_INVALID, "sweep: --prune halving ranks the trials at their "
                       "evaluations: give --eval-every N (the first rung comes after N steps)");
     if (c->adapters_per_pass < 0 || c->adapters_per_pass > FT_TRAIN_MAX_ADAPTERS)
         return ft_err(FT_E_INVALID, "--adapters-per-pass %lld: expected 1 to %d (0: the planner's)",
                       (long long)c->adapters_per_pass, FT_TRAIN_MAX_ADAPTERS);
-    if (c->trials->n < 1) return ft_err(FT_E_INVALID, "ftune sweep: no trials");
+    if (c->trials->n < 1) return ft_err(FT_E_INVALID, "sweep: no trials");
     return 0;
 }
 
@@ -576,7 +576,7 @@ static int run(sweep *sw, ft_sweep_outcome *out)
     out->adapters_per_pass = r->n_ad;
     if (r->cfg.plan_only) return 0;
     if (c->prune == FT_PRUNE_HALVING && !r->d.n_eval_b)
-        return ft_err(FT_E_INVALID, "ftune sweep: --prune halving ranks the trials by eval loss, and "
+        return ft_err(FT_E_INVALID, "sweep: --prune halving ranks the trials by eval loss, and "
                       "there are no eval examples (--eval-fraction 0 and no --eval-data)");
     int64_t total, warmup;
     schedule_of(r, &r->cfg, &total, &warmup);

@@ -18,6 +18,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -1104,19 +1105,25 @@ DPO = ["--method", "dpo", "--max-steps", "2", "--seq-len", "256", "--threads", "
 HOLDERS = []  # flock(1) processes holding a lock for a row; ended after the table
 
 
-def held(d, pid_text):
-    """out/ locked by a live process (util-linux flock holding out/.ftune.lock, whose text is
-    pid_text, as a running ftune's would be)."""
-    (d / "out").mkdir()
-    lock = d / "out" / ".ftune.lock"
-    lock.write_text(pid_text)
-    h = subprocess.Popen(["flock", "-n", str(lock), "sleep", "60"])
+HOLD = """import fcntl, sys
+f = open(sys.argv[1], "a+")
+fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+f.truncate(0); f.write(sys.argv[2]); f.flush()
+print("held", flush=True)
+sys.stdin.read()  # until the table ends (HOLDERS closes its stdin)
+"""
+
+
+def held(d, pid_text, out="out"):
+    """d/out locked by a live process (a Python helper holding d/out/.ftune.lock, whose text
+    is pid_text, as a running ftune's would be); returns once the lock is held."""
+    (d / out).mkdir(exist_ok=True)
+    lock = d / out / ".ftune.lock"
+    h = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), pid_text], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
     HOLDERS.append(h)
-    for _ in range(200):  # until the lock is taken
-        if subprocess.run(["flock", "-n", str(lock), "true"]).returncode != 0:
-            break
-        import time
-        time.sleep(0.01)
+    if h.stdout.readline().strip() != "held":
+        raise SystemExit(f"cannot hold {lock} for the row")
 
 
 @case("output folder", "`--out` held by another live run (its pid in out/.ftune.lock)", "issue 31 class 7")
@@ -1136,6 +1143,143 @@ def _(d):
     (d / "out").mkdir()
     (d / "out" / ".ftune.lock").write_text("%d\n" % (int(Path("/proc/sys/kernel/pid_max").read_text()) + 7))
     return train(TINY, ALPACA)
+
+
+def sweep(*extra, out="out"):
+    return ["sweep", "--model", TINY, "--data", ALPACA, "--out", out, *TRAIN, *extra]
+
+
+@case("output folder", "`ftune sweep --out` held by another live run (its pid in out/.ftune.lock)",
+      "issue 31 class 7, test_reliability_runs.py")
+def _(d):
+    held(d, "4242\n")
+    return sweep("--grid", "lr=1e-3,2e-3")
+
+
+@case("output folder", "`ftune merge --out` held by another live run (its pid in out/.ftune.lock)",
+      "issue 31 class 7, test_reliability_runs.py")
+def _(d):
+    ad = adapter(d)
+    held(d, "4242\n")
+    return ["merge", "--model", TINY, "--adapter", ad.name, "--out", "out"]
+
+
+@case("output folder", "`ftune merge --format gguf --out` (a folder) held by another live run "
+      "(no pid written yet)", "issue 31 class 7, test_reliability_runs.py")
+def _(d):
+    ad = adapter(d)
+    held(d, "")
+    return ["merge", "--model", TINY, "--adapter", ad.name, "--out", "out", "--format", "gguf"]
+
+
+@case("output folder", "`ftune init-model --out` held by another live run (its pid in "
+      "out/.ftune.lock)", "issue 31 class 7, test_reliability_runs.py")
+def _(d):
+    held(d, "4242\n")
+    return ["init-model", "--config", TINY / "config.json", "--out", "out", "--threads", "1"]
+
+
+@case("output folder", "`ftune init-model`: stale lock in out/ (its process is gone; exit 0, "
+      "only the lock's line shown)", "issue 31 class 7, test_reliability_runs.py")
+def _(d):
+    (d / "out").mkdir()
+    (d / "out" / ".ftune.lock").write_text("%d\n" % (int(Path("/proc/sys/kernel/pid_max").read_text()) + 7))
+    return ["init-model", "--config", TINY / "config.json", "--out", "out", "--threads", "1"], "lock"
+
+
+@case("output folder", "`train --out` names an existing file", "test_reliability_runs.py")
+def _(d):
+    data(d, "not a folder\n", "out")
+    return train(TINY, ALPACA)
+
+
+@case("output folder", "`merge --out` names an existing file", "test_reliability_runs.py")
+def _(d):
+    ad = adapter(d)
+    data(d, "not a folder\n", "out")
+    return ["merge", "--model", TINY, "--adapter", ad.name, "--out", "out"]
+
+
+# ---- ftune sweep: the search space ---------------------------------------------------------
+
+@case("sweep", "`--grid` key that is not a training option", "test_sweep_run.py test_errors")
+def _(d):
+    return sweep("--grid", "learning_rate=1e-3,2e-3")
+
+
+@case("sweep", "`--grid` key of an option of the whole pass (`seq_len`)", "test_sweep_run.py")
+def _(d):
+    return sweep("--grid", "seq_len=64,128")
+
+
+@case("sweep", "`--grid lora_r=8,abc`: a value of the wrong type", "test_sweep_run.py test_errors")
+def _(d):
+    return sweep("--grid", "lora_r=8,abc")
+
+
+@case("sweep", "`--grid lr=`: an empty list of values", "sweep_space.c")
+def _(d):
+    return sweep("--grid", "lr=")
+
+
+@case("sweep", "`--grid lr=1e-3,,2e-3`: an empty value in the list", "sweep_space.c")
+def _(d):
+    return sweep("--grid", "lr=1e-3,,2e-3")
+
+
+@case("sweep", "no `--grid` and no `--config`", "test_sweep_run.py test_errors")
+def _(d):
+    return sweep()
+
+
+@case("sweep", "a grid of 6 trials with `--max-trials 5`", "test_sweep_run.py test_errors")
+def _(d):
+    return sweep("--grid", "lr=1e-3,2e-3,3e-3", "--grid", "lora_r=4,8", "--max-trials", "5")
+
+
+@case("sweep", "`seed` as a grid key", "test_sweep_run.py test_errors")
+def _(d):
+    return sweep("--grid", "seed=1,2")
+
+
+@case("sweep", "`--config sweep.json`: an unknown top-level key (`grids`)", "sweep_space.c")
+def _(d):
+    data(d, '{"grids": {"lora_r": [8, 16]}}\n', "sweep.json")
+    return sweep("--config", "sweep.json")
+
+
+@case("sweep", "`--config sweep.json`: a grid key that is not a training option", "sweep_space.c")
+def _(d):
+    data(d, '{"grid": {"learning_rate": [1e-3, 2e-3]}}\n', "sweep.json")
+    return sweep("--config", "sweep.json")
+
+
+@case("sweep", "`--config sweep.json`: a grid value of the wrong type (`\"lora_r\": [8, \"x\"]`)",
+      "sweep_space.c")
+def _(d):
+    data(d, '{"grid": {"lora_r": [8, "x"]}}\n', "sweep.json")
+    return sweep("--config", "sweep.json")
+
+
+@case("sweep", "`--config sweep.json`: a grid dimension that is not a list (`\"lora_r\": \"8\"`)",
+      "sweep_space.c")
+def _(d):
+    data(d, '{"grid": {"lora_r": "8"}}\n', "sweep.json")
+    return sweep("--config", "sweep.json")
+
+
+@case("sweep", "`--config sweep.json`: not valid JSON", "sweep_space.c")
+def _(d):
+    data(d, '{"grid": {"lora_r": [8, 16]}\n', "sweep.json")
+    return sweep("--config", "sweep.json")
+
+
+@case("sweep", "one trial fails on its own setting (`early_stopping_patience` 2 without "
+      "`--eval-every`), the other goes on (exit 0; without --quiet, only the failure and the "
+      "end line shown)", "test_sweep_run.py test_failed_trials_others_go_on")
+def _(d):
+    argv = [a for a in sweep("--grid", "early_stopping_patience=0,2") if a != "--quiet"]
+    return argv, ("] failed:", "sweep done:")
 
 
 def flip_byte(p, i, x=1):
@@ -1313,16 +1457,17 @@ def main():
                 lead += opts["stdin_cmd"][0] + " ... | "
             adapter_written = (d / "out" / "adapter_model.safetensors").exists()
             err = r.stderr.replace(td + "/", "").replace(str(ROOT) + "/", "")
-            if keep:
-                err = "".join(ln for ln in err.splitlines(True) if keep in ln)
+            if keep:  # one text, or a tuple of texts: the lines holding one of them
+                keep = keep if isinstance(keep, tuple) else (keep,)
+                err = "".join(ln for ln in err.splitlines(True) if any(k in ln for k in keep))
             if r.returncode < 0 or r.returncode >= 128:
                 crashes += 1
             shown = " ".join(argv).replace(str(ROOT) + "/", "")
             rows.append((group, what, source, lead + "ftune " + shown, r.returncode, err, adapter_written))
             print(f"[{r.returncode:3d}] {group}: {what}: {err.strip()[:150]}")
     for h in HOLDERS:
-        h.kill()
-        h.wait()
+        h.stdin.close()
+        h.wait(timeout=60)
     out = [
         "# Bad input: what the user sees",
         "",

@@ -11,9 +11,14 @@ thread per rank, Open MPI's mpirun --oversubscribe:
   trials were not run with that split);
 - --prune halving over 2 ranks: each pass's rung losses all-gathered, so the rungs compare the
   trials of both ranks at the same eval points: the same sweep.json and adapters as the
-  single-process sweep; its --resume over 2 ranks is refused (not supported yet).
+  single-process sweep; its --resume over 2 ranks is refused (not supported yet);
+- one sweep per --out (issue 31 class 7): rank 0, the writing rank, alone takes DIR's lock
+  (a 2-rank sweep into a fresh folder is not refused by its own other rank), none is left
+  under DIR after the sweep, and a folder another process holds is refused at once under
+  -np 2, naming the holder's pid, nothing in it changed.
 
 Skips, saying why, where mpirun is missing or ftune was built without MPI."""
+import fcntl
 import json
 import os
 import shutil
@@ -132,3 +137,22 @@ def test_halving_across_ranks(tmp_path):
     r = sweep(two, *extra, "--adapters-per-pass", 2, "--resume", ranks=2, ok=False)
     assert r.returncode != 0
     assert "--resume of a --prune halving sweep over 2 ranks: not supported yet" in r.stderr, r.stderr
+
+
+def test_lock_rank0_only(tmp_path):
+    out = tmp_path / "s"
+    r = sweep(out, "--max-steps", "2", ranks=2)  # both ranks: not refused by each other
+    assert "in use" not in r.stderr and "took over" not in r.stderr, r.stderr
+    assert sorted(Path(out).rglob(".ftune.lock")) == []
+    before = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    with open(out / ".ftune.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        f.write("4242\n")
+        f.flush()
+        r = sweep(out, "--max-steps", "2", ranks=2, ok=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"ftune: rank 0 of 2: --out {out} is in use by another ftune run (pid 4242 holds "
+            f"{out}/.ftune.lock)") in r.stderr, r.stderr
+    after = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert after.pop(".ftune.lock") == b"4242\n"
+    assert after == before
