@@ -48,8 +48,10 @@ c.update(hidden_size=512, intermediate_size=4096, num_hidden_layers=16, num_atte
          num_key_value_heads=4, head_dim=64); json.dump(c, open('$W/wide.json', 'w'))"
 $F init-model --config $W/wide.json --out $W/wide --pack --tokenizer $M --seed 3 > $W/init.log 2>&1
 DEV="--data $D --seq-len 64 --threads $TH --device cpu-device --quant nf4 --host-mem 12M --eval-fraction 0 --max-steps 3 --save-every 0"
+# the smallest --gpu-mem a plan accepts, in GiB, from its refusal at 1M
+floor_of() { grep -o 'needs at least --gpu-mem [0-9.]*G' | grep -o '[0-9.]*G$' | tr -d G; }
 floor=$($F sweep --plan --model $W/wide --out $W/floor $DEV --grid lr=1e-3,2e-3,3e-3,5e-3 --adapters-per-pass 4 \
-        --gpu-mem 1M 2>&1 | grep -o 'needs at least --gpu-mem [0-9.]*G' | grep -o '[0-9.]*G$' | tr -d G)
+        --gpu-mem 1M 2>&1 | floor_of)
 GPU=$(python3 -c "print(f'{int($floor * 1024) + 24}M')")
 $F sweep --model $W/wide --out $W/dev4 $DEV --grid lr=1e-3,2e-3,3e-3,5e-3 --adapters-per-pass 4 --gpu-mem $GPU \
   --timeline $W/dev4.svg > $W/dev4.log 2>&1
@@ -57,10 +59,8 @@ $F sweep --model $W/wide --out $W/dev4 $DEV --grid lr=1e-3,2e-3,3e-3,5e-3 --adap
 # up from its own floor) at which its plan still reads at least as many layers from the pack file
 # (with the 4-adapter budget every layer would fit and nothing would be read from disk)
 nvme() { grep -o '[0-9]* on NVMe' | grep -o '^[0-9]*'; }
-n4=$($F sweep --plan --model $W/wide --out $W/floor $DEV --grid lr=1e-3,2e-3,3e-3,5e-3 --adapters-per-pass 4 \
-     --gpu-mem $GPU 2>&1 | nvme)
-floor1=$($F plan --model $W/wide $DEV --lr 1e-3 --gpu-mem 1M 2>&1 | grep -o 'needs at least --gpu-mem [0-9.]*G' \
-         | grep -o '[0-9.]*G$' | tr -d G)
+n4=$(nvme < $W/dev4.log) # the 4-adapter pass's own plan line
+floor1=$($F plan --model $W/wide $DEV --lr 1e-3 --gpu-mem 1M 2>&1 | floor_of)
 g=$(python3 -c "print(int($floor1 * 1024) - 64)") GPU1=
 for _ in $(seq 1 64); do
   n=$($F plan --model $W/wide $DEV --lr 1e-3 --gpu-mem ${g}M 2>&1 | nvme || true)
@@ -101,8 +101,9 @@ print(f"Best trial of the sweep: {best}, best eval loss {bl:.6f}; best of the se
 line = lambda f, p: next((l for l in (W / f).read_text().splitlines() if p in l), "")
 print("## cpu-device, NF4 base streamed from the pack file: 4 adapters per pass vs 1\n")
 print(f"16 layers of hidden 512 (NF4 pack 91 MB), --seq-len 64 --host-mem 12M, 3 steps, no eval; "
-      f"--gpu-mem {gpu} for the 4-adapter pass and {gpu1} for the one adapter (each its own planner floor "
-      "+ 24M, so that both stream the base from the pack file; the plan lines say where each layer was).\n")
+      f"--gpu-mem {gpu} for the 4-adapter pass and {gpu1} for the one adapter (the 4-adapter "
+      "pass's planner floor + 24M; for the one adapter the largest budget at which it still reads at least as "
+      "many layers from the pack file, so that both stream the base; the plan lines say where each layer was).\n")
 for f in ("dev4.log", "dev1.log"):
     for p in ("plan: 16 layers", "timeline:", "done:"):
         l = line(f, p)

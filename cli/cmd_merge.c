@@ -110,10 +110,8 @@ int ft_cmd_merge(int argc, char **argv)
     }
     /* one run per output folder (issue 31): a folder --out is locked while it is written (a
      * --format gguf FILE.gguf is one file, written under a temporary name and renamed) */
-    size_t n_out = strlen(out);
-    int to_file = o.format == FT_MERGE_GGUF && n_out >= 5 && !strcmp(out + n_out - 5, ".gguf");
     ft_dirlock out_lock = {.fd = -1};
-    if (!to_file && ft_session_out_lock(&out_lock, "--out", out) < 0) {
+    if (!ft_merge_out_is_file(o.format, out) && ft_session_out_lock(&out_lock, "--out", out) < 0) {
         fprintf(stderr, "ftune: %s\n", ft_errmsg());
         return 1;
     }

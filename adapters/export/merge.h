@@ -67,4 +67,8 @@ typedef struct ft_merge_report {
 int ft_merge(const char *model, const char *adapter_dir, const char *out,
              const ft_merge_opts *opts, ft_merge_report *rep);
 
+/* 1 if ft_merge writes out as one file (format FT_MERGE_GGUF and out ends in ".gguf"), 0 if
+ * out is a folder it creates and fills. */
+int ft_merge_out_is_file(int format, const char *out);
+
 #endif

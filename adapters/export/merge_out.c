@@ -436,6 +436,11 @@ static int ends_with(const char *s, const char *suf)
     return a >= b && !strcmp(s + a - b, suf);
 }
 
+int ft_merge_out_is_file(int format, const char *out)
+{
+    return format == FT_MERGE_GGUF && ends_with(out, ".gguf");
+}
+
 static int check_opts(const ft_merge_opts *o)
 {
     if (o->format == FT_MERGE_SAFETENSORS) {
@@ -484,7 +489,7 @@ int ft_merge(const char *model, const char *adapter_dir, const char *out,
     }
     rep->n_tensors = n;
     if (o->format == FT_MERGE_GGUF) {
-        if (ends_with(out, ".gguf")) {
+        if (ft_merge_out_is_file(o->format, out)) {
             snprintf(rep->out_path, sizeof rep->out_path, "%s", out);
         } else {
             if ((rc = ft_mkdir_p(out)) < 0) goto done;
