@@ -1202,76 +1202,43 @@ def _(d):
 
 # ---- ftune sweep: the search space ---------------------------------------------------------
 
-@case("sweep", "`--grid` key that is not a training option", "test_sweep_run.py test_errors")
-def _(d):
-    return sweep("--grid", "learning_rate=1e-3,2e-3")
+# (what, source, the sweep's extra flags), one row each, in this order
+SWEEP_FLAG_CASES = [
+    ("`--grid` key that is not a training option", "test_sweep_run.py test_errors",
+     ["--grid", "learning_rate=1e-3,2e-3"]),
+    ("`--grid` key of an option of the whole pass (`seq_len`)", "test_sweep_run.py",
+     ["--grid", "seq_len=64,128"]),
+    ("`--grid lora_r=8,abc`: a value of the wrong type", "test_sweep_run.py test_errors",
+     ["--grid", "lora_r=8,abc"]),
+    ("`--grid lr=`: an empty list of values", "sweep_space.c", ["--grid", "lr="]),
+    ("`--grid lr=1e-3,,2e-3`: an empty value in the list", "sweep_space.c",
+     ["--grid", "lr=1e-3,,2e-3"]),
+    ("no `--grid` and no `--config`", "test_sweep_run.py test_errors", []),
+    ("a grid of 6 trials with `--max-trials 5`", "test_sweep_run.py test_errors",
+     ["--grid", "lr=1e-3,2e-3,3e-3", "--grid", "lora_r=4,8", "--max-trials", "5"]),
+    ("`seed` as a grid key", "test_sweep_run.py test_errors", ["--grid", "seed=1,2"]),
+]
+for _what, _source, _flags in SWEEP_FLAG_CASES:
+    case("sweep", _what, _source)(lambda d, flags=_flags: sweep(*flags))
+
+# (what, the text of sweep.json) for `--config sweep.json`, one row each, in this order
+SWEEP_CONFIG_CASES = [
+    ("an unknown top-level key (`grids`)", '{"grids": {"lora_r": [8, 16]}}\n'),
+    ("a grid key that is not a training option", '{"grid": {"learning_rate": [1e-3, 2e-3]}}\n'),
+    ("a grid value of the wrong type (`\"lora_r\": [8, \"x\"]`)", '{"grid": {"lora_r": [8, "x"]}}\n'),
+    ("a grid dimension that is not a list (`\"lora_r\": \"8\"`)", '{"grid": {"lora_r": "8"}}\n'),
+    ("not valid JSON", '{"grid": {"lora_r": [8, 16]}\n'),
+]
 
 
-@case("sweep", "`--grid` key of an option of the whole pass (`seq_len`)", "test_sweep_run.py")
-def _(d):
-    return sweep("--grid", "seq_len=64,128")
-
-
-@case("sweep", "`--grid lora_r=8,abc`: a value of the wrong type", "test_sweep_run.py test_errors")
-def _(d):
-    return sweep("--grid", "lora_r=8,abc")
-
-
-@case("sweep", "`--grid lr=`: an empty list of values", "sweep_space.c")
-def _(d):
-    return sweep("--grid", "lr=")
-
-
-@case("sweep", "`--grid lr=1e-3,,2e-3`: an empty value in the list", "sweep_space.c")
-def _(d):
-    return sweep("--grid", "lr=1e-3,,2e-3")
-
-
-@case("sweep", "no `--grid` and no `--config`", "test_sweep_run.py test_errors")
-def _(d):
-    return sweep()
-
-
-@case("sweep", "a grid of 6 trials with `--max-trials 5`", "test_sweep_run.py test_errors")
-def _(d):
-    return sweep("--grid", "lr=1e-3,2e-3,3e-3", "--grid", "lora_r=4,8", "--max-trials", "5")
-
-
-@case("sweep", "`seed` as a grid key", "test_sweep_run.py test_errors")
-def _(d):
-    return sweep("--grid", "seed=1,2")
-
-
-@case("sweep", "`--config sweep.json`: an unknown top-level key (`grids`)", "sweep_space.c")
-def _(d):
-    data(d, '{"grids": {"lora_r": [8, 16]}}\n', "sweep.json")
+def _sweep_config(d, text):
+    data(d, text, "sweep.json")
     return sweep("--config", "sweep.json")
 
 
-@case("sweep", "`--config sweep.json`: a grid key that is not a training option", "sweep_space.c")
-def _(d):
-    data(d, '{"grid": {"learning_rate": [1e-3, 2e-3]}}\n', "sweep.json")
-    return sweep("--config", "sweep.json")
-
-
-@case("sweep", "`--config sweep.json`: a grid value of the wrong type (`\"lora_r\": [8, \"x\"]`)",
-      "sweep_space.c")
-def _(d):
-    data(d, '{"grid": {"lora_r": [8, "x"]}}\n', "sweep.json")
-    return sweep("--config", "sweep.json")
-
-
-@case("sweep", "`--config sweep.json`: a grid dimension that is not a list (`\"lora_r\": \"8\"`)",
-      "sweep_space.c")
-def _(d):
-    data(d, '{"grid": {"lora_r": "8"}}\n', "sweep.json")
-    return sweep("--config", "sweep.json")
-
-
-@case("sweep", "`--config sweep.json`: not valid JSON", "sweep_space.c")
-def _(d):
-    data(d, '{"grid": {"lora_r": [8, 16]}\n', "sweep.json")
-    return sweep("--config", "sweep.json")
+for _what, _text in SWEEP_CONFIG_CASES:
+    case("sweep", "`--config sweep.json`: " + _what, "sweep_space.c")(
+        lambda d, text=_text: _sweep_config(d, text))
 
 
 @case("sweep", "one trial fails on its own setting (`early_stopping_patience` 2 without "

@@ -69,6 +69,12 @@ def adapter_bytes(folder):
     return (Path(folder) / "adapter_model.safetensors").read_bytes()
 
 
+def tree(out):
+    """Bytes of every file under out, by relative path."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(Path(out).rglob("*"))
+            if p.is_file()}
+
+
 def max_ckpt(out):
     """Highest step of the checkpoint-N folders of out (0 if none, or no out yet)."""
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import SEED_DATA, TINY, assert_clean_error, ftune_bin
+from cli_helpers import SEED_DATA, TINY, assert_clean_error, ftune_bin, tree
 
 TIMEOUT = 120
 BASE = ["--seq-len", "64", "--threads", "1", "--eval-fraction", "0", "--seed", "3"]
@@ -41,12 +41,6 @@ def argv(out, *extra):
 def ftune(out, *extra):
     return subprocess.run(argv(out, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, errors="replace", timeout=TIMEOUT)
-
-
-def tree(out):
-    """Bytes of every file under out, by relative path."""
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(Path(out).rglob("*"))
-            if p.is_file()}
 
 
 # ---- class 7: the lock ------------------------------------------------------------------

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import SEED_DATA, TINY, adapter_bytes, ftune_path, metrics, mpi_skip_reason
+from cli_helpers import SEED_DATA, TINY, adapter_bytes, ftune_path, metrics, mpi_skip_reason, tree
 
 FTUNE = ftune_path()
 TIMEOUT = 400  # seconds for one job (2 shared cores)
@@ -144,7 +144,7 @@ def test_lock_rank0_only(tmp_path):
     r = sweep(out, "--max-steps", "2", ranks=2)  # both ranks: not refused by each other
     assert "in use" not in r.stderr and "took over" not in r.stderr, r.stderr
     assert sorted(Path(out).rglob(".ftune.lock")) == []
-    before = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    before = tree(out)
     with open(out / ".ftune.lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         f.write("4242\n")
@@ -153,6 +153,6 @@ def test_lock_rank0_only(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert (f"ftune: rank 0 of 2: --out {out} is in use by another ftune run (pid 4242 holds "
             f"{out}/.ftune.lock)") in r.stderr, r.stderr
-    after = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    after = tree(out)
     assert after.pop(".ftune.lock") == b"4242\n"
     assert after == before
