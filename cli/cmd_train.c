@@ -296,6 +296,29 @@ static void resume_note_skipped(const char *out, int64_t step)
     closedir(d);
 }
 
+/* One run per output folder (issue 31): rank 0 takes out's lock before any checkpoint there is
+ * read (the other ranks of a data-parallel run share rank 0's folder); the others wait for its
+ * answer, since every rank of a sweep writes its own trials' folders under --out: none of them
+ * starts before rank 0 holds the lock. Returns 0, or -1 after ft_cli_comm_fail (every rank ends). */
+static int lock_out_dir(ft_comm *comm, const char *out, ft_dirlock *lk)
+{
+    int locked = 1;
+    char msg[1300] = "";
+    if (ft_comm_rank(comm) == 0 && ft_session_out_lock(lk, "--out", out) < 0) {
+        locked = 0;
+        snprintf(msg, sizeof msg, "%s", ft_errmsg());
+    }
+    if (ft_comm_size(comm) > 1 && ft_comm_bcast(comm, &locked, sizeof locked, 0) < 0) {
+        locked = 0;
+        snprintf(msg, sizeof msg, "--out %s: %s", out, ft_errmsg());
+    }
+    if (locked) return 0;
+    if (!msg[0]) /* a rank > 0: rank 0 prints its error and its abort ends this one */
+        snprintf(msg, sizeof msg, "--out %s: rank 0 could not take the folder's lock", out);
+    ft_cli_comm_fail(comm, msg); /* several ranks: all of them end here */
+    return -1;
+}
+
 int ft_cmd_train_ex(int argc, char **argv, int plan_only)
 {
     return ft_cmd_train_with(argc, argv, plan_only, NULL);
@@ -473,30 +496,11 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         ft_str_list_free(&data);
         return 1;
     }
-    /* one run per output folder (issue 31): rank 0 takes it before any checkpoint there is
-     * read (the other ranks of a data-parallel run share rank 0's folder); the others wait
-     * for its answer, since every rank of a sweep writes its own trials' folders under --out:
-     * none of them starts before rank 0 holds the lock */
     ft_dirlock out_lock = {.fd = -1};
-    if (!plan_only && !(run && run->no_out_lock)) {
-        int locked = 1;
-        char msg[1300] = "";
-        if (ft_comm_rank(comm) == 0 && ft_session_out_lock(&out_lock, "--out", c.out) < 0) {
-            locked = 0;
-            snprintf(msg, sizeof msg, "%s", ft_errmsg());
-        }
-        if (ft_comm_size(comm) > 1 && ft_comm_bcast(comm, &locked, sizeof locked, 0) < 0) {
-            locked = 0;
-            snprintf(msg, sizeof msg, "--out %s: %s", c.out, ft_errmsg());
-        }
-        if (!locked) {
-            if (!msg[0]) /* a rank > 0: rank 0 prints its error and its abort ends this one */
-                snprintf(msg, sizeof msg, "--out %s: rank 0 could not take the folder's lock", c.out);
-            ft_cli_comm_fail(comm, msg); /* several ranks: all of them end here */
-            ft_str_list_free(&data);
-            rc = 1;
-            goto done;
-        }
+    if (!plan_only && !(run && run->no_out_lock) && lock_out_dir(comm, c.out, &out_lock) < 0) {
+        ft_str_list_free(&data);
+        rc = 1;
+        goto done;
     }
     char latest[4200];
     if (resume && !*resume) {
