@@ -347,6 +347,7 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         {"seq-len", FT_OPT_INT, &c.seq_len, "tokens per packed row (default min(2048, model max))"},
         {"batch-size", FT_OPT_INT, &c.batch_size, "rows per micro-batch: a budget of N x seq-len tokens (default 1); with --method dpo N full-length pairs, 2 x N x seq-len tokens"},
         {"grad-accum", FT_OPT_FN, &c.grad_accum, "micro-batches per optimizer step (default 1); auto: the offload planner picks the fewest that keep the GPU busy (QLoRA on a GPU)", opt_grad_accum, "N|auto"},
+        {"balance-steps", FT_OPT_FLAG, &c.balance_steps, "order each epoch's micro-batches so that every optimizer step's (grad-accum x ranks of them) cost about the same, and data-parallel ranks reach the all-reduce together (windows of 16 steps sorted by tokens plus loss-target tokens weighted by the LM head, the steps shuffled in the window); the order is the same at any rank count with the same global batch (default: the packer's shuffled order)"},
         {"max-steps", FT_OPT_INT, &c.max_steps, "optimizer steps (overrides --epochs)"},
         {"epochs", FT_OPT_DBL, &c.epochs, "passes over the training data (default 1)"},
         {"lr", FT_OPT_DBL, &c.lr, "peak learning rate (default 2e-4)"},

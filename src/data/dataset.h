@@ -259,4 +259,26 @@ int ft_batch_pack_pairs(ft_batch **batches, int64_t *n_batches, const ft_example
                   int64_t n_pairs, int64_t seq_len, int64_t rows, uint64_t seed);
 void ft_batches_free(ft_batch *b, int64_t n);
 
+/* Steps per window of ft_batch_group_by_cost. */
+#define FT_BATCH_GROUP_STEPS 16
+
+/* The cost of micro-batch b for ft_batch_group_by_cost, in token units: b->T + target_weight *
+ * b->n_targets (target_weight: one loss-target token's LM head and cross-entropy relative to
+ * one token's pass through the blocks; ft_train_data_target_weight gives it from the model's
+ * shape). A proxy of the compute, not a timing. */
+double ft_batch_cost(const ft_batch *b, double target_weight);
+
+/* Reorders b[0..n) (an epoch's micro-batches, as packed) so that each run of `group`
+ * consecutive micro-batches from the start (one optimizer step's over all data-parallel
+ * ranks: grad_accum x ranks) holds micro-batches of similar cost, and data-parallel ranks
+ * reach the all-reduce together: windows of FT_BATCH_GROUP_STEPS * group micro-batches, each
+ * sorted by ft_batch_cost (descending, ties by position), cut into steps of `group`, the
+ * steps' order within the window shuffled by seed (Hugging Face's LengthGroupedSampler with
+ * the micro-batch as the item). When group does not divide n, the epoch's short last step
+ * holds the last window's cheapest micro-batches and stays last. Depends on the input order,
+ * group, target_weight and seed alone. Returns 0, FT_E_INVALID (group < 1, target_weight
+ * negative or NaN), FT_E_RANGE, -ENOMEM (b unchanged). */
+int ft_batch_group_by_cost(ft_batch *b, int64_t n, int64_t group, double target_weight,
+                           uint64_t seed);
+
 #endif

@@ -131,6 +131,9 @@ char *ft_train_run_config(const ft_train_cfg *c, const ft_lora_cfg *lc, const ft
      * before the flag existed still resume (a changed ratio is named by the diff) */
     if (c->loraplus_lr_ratio > 0)
         cJSON_AddNumberToObject(o, "loraplus_lr_ratio", c->loraplus_lr_ratio);
+    /* the grouping of micro-batches into steps changes which examples share a step; likewise
+     * recorded only when on */
+    if (c->balance_steps) cJSON_AddBoolToObject(o, "balance_steps", 1);
     /* NEFTune's noise shapes it too; likewise recorded only when on */
     if (c->neftune_noise_alpha > 0)
         cJSON_AddNumberToObject(o, "neftune_noise_alpha", c->neftune_noise_alpha);

@@ -57,6 +57,7 @@ static void add_method(cJSON *js, const ft_train_cfg *c, const ft_train_result *
     }
     if (c->loraplus_lr_ratio > 0) cJSON_AddNumberToObject(js, "loraplus_lr_ratio", c->loraplus_lr_ratio);
     if (c->neftune_noise_alpha > 0) cJSON_AddNumberToObject(js, "neftune_noise_alpha", c->neftune_noise_alpha);
+    if (c->balance_steps) cJSON_AddBoolToObject(js, "balance_steps", 1);
     if (c->quant_correction && res->quant == FT_PACK_QUANT_NF4) {
         cJSON_AddStringToObject(js, "quant_correction", ft_qcorr_name(c->quant_correction));
         if (!c->resume) {

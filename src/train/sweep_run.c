@@ -172,7 +172,8 @@ static int open_base(sweep *sw)
     int64_t seq_len = c->seq_len;
     if (seq_len == 0)
         seq_len = mc->max_position_embeddings < 2048 ? mc->max_position_embeddings : 2048;
-    FT_TRY(ft_train_data_load(&r->d, c, r->s.tok, seq_len, &r->sink));
+    FT_TRY(ft_train_data_load(&r->d, c, r->s.tok, seq_len, ft_train_data_target_weight(mc),
+                              &r->sink));
     FT_TRY(ft_session_open_backend(&r->s));
     r->T = c->batch_size * seq_len;
     ft_lora_cfg lc = c->lora;

@@ -7,18 +7,41 @@
 #include <string.h>
 
 #include "src/core/err.h"
+#include "src/model/model.h"
+#include "src/train/dist.h"
 #include "src/template/chat.h"
+
+double ft_train_data_target_weight(const ft_model_config *mc)
+{
+    double layer = 0;
+    for (int p = 0; p < FT_N_PROJ; p++) {
+        int64_t out, in;
+        ft_proj_dims(mc, p, &out, &in);
+        layer += (double)out * (double)in;
+    }
+    const double blocks = layer * (double)mc->num_hidden_layers;
+    return blocks > 0 ? (double)mc->vocab_size * (double)mc->hidden_size / blocks : 0.0;
+}
 
 int ft_train_data_pack(const ft_train_data *d, const ft_train_cfg *c, int64_t epoch, ft_batch **b,
                        int64_t *n)
 {
     *b = NULL;
     *n = 0;
+    const uint64_t seed = c->seed + (uint64_t)epoch;
     if (c->method == FT_TRAIN_METHOD_DPO)
-        return ft_batch_pack_pairs(b, n, d->ds.train, d->ds.n_train / 2, d->seq_len, c->batch_size,
-                             c->seed + (uint64_t)epoch);
-    return ft_batch_pack(b, n, d->ds.train, d->ds.n_train, d->seq_len, c->batch_size,
-                   c->seed + (uint64_t)epoch);
+        FT_TRY(ft_batch_pack_pairs(b, n, d->ds.train, d->ds.n_train / 2, d->seq_len, c->batch_size,
+                                   seed));
+    else
+        FT_TRY(ft_batch_pack(b, n, d->ds.train, d->ds.n_train, d->seq_len, c->batch_size, seed));
+    if (!c->balance_steps) return 0;
+    int rc = ft_batch_group_by_cost(*b, *n, ft_train_dist_global_accum(c), d->target_weight, seed);
+    if (rc < 0) {
+        ft_batches_free(*b, *n);
+        *b = NULL;
+        *n = 0;
+    }
+    return rc;
 }
 
 int ft_train_data_pack_epoch(ft_train_data *d, const ft_train_cfg *c, int64_t epoch)
@@ -98,9 +121,10 @@ static void data_notes(const ft_train_data *d, const ft_train_cfg *c, ft_tokeniz
 }
 
 int ft_train_data_load(ft_train_data *d, const ft_train_cfg *c, ft_tokenizer *tok,
-                       int64_t seq_len, const ft_train_sink *k)
+                       int64_t seq_len, double target_weight, const ft_train_sink *k)
 {
     d->seq_len = seq_len;
+    d->target_weight = target_weight;
     ft_data_cfg dc = c->data_cfg;
     dc.seq_len = seq_len;
     dc.seed = c->seed;

@@ -179,7 +179,7 @@ static int setup_base(ft_train_job *r)
     int64_t seq_len = c->seq_len;
     if (seq_len == 0)
         seq_len = mc->max_position_embeddings < 2048 ? mc->max_position_embeddings : 2048;
-    FT_TRY(ft_train_data_load(&r->d, c, r->s.tok, seq_len, k));
+    FT_TRY(ft_train_data_load(&r->d, c, r->s.tok, seq_len, ft_train_data_target_weight(mc), k));
     FT_TRY(ft_session_open_backend(&r->s));
     r->n_ad = 1;
     FT_TRY(ft_train_adapter_init(&r->ad[0], c, &r->s, r->base_name, r->ad[0].res));

@@ -97,6 +97,12 @@ typedef struct ft_train_cfg {
                                  * is updated at lr(t) * ratio, every A at lr(t); the weight
                                  * decay coefficient is the same for both (as PEFT's
                                  * create_loraplus_optimizer). 0: off (one lr for all) */
+    int balance_steps;          /* 1: each epoch's micro-batches reordered so that every optimizer
+                                 * step's are of similar cost (src/data/dataset.h
+                                 * ft_batch_group_by_cost, groups of grad_accum x ranks), so
+                                 * data-parallel ranks reach the all-reduce together; the same
+                                 * order at any rank count with the same global batch. 0: the
+                                 * packer's shuffled order */
     double neftune_noise_alpha; /* NEFTune (Jain et al. 2023, arXiv 2310.05914; TRL's
                                  * neftune_noise_alpha): while training, the embeddings get
                                  * uniform noise of magnitude alpha / sqrt(seq_len *

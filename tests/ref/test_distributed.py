@@ -5,6 +5,8 @@ tests/fixtures/tiny-llama, CPU backend, one thread per rank, Open MPI's mpirun -
   same per-step losses), and 4 ranks of grad-accum 1 that of grad-accum 4 (with LoRA dropout
   and NEFTune noise on: their masks follow the micro-batch's index in the step, not the rank;
   across an epoch's short last step, where one rank has no micro-batch);
+- with --balance-steps (each step's micro-batches grouped by cost) 2 ranks still give the
+  adapter of grad-accum 2, and a resume without the flag is refused by name;
 - QLoRA with 2 ranks sharing a pack cache builds one pack (the other rank waits on its lock)
   and gives the adapter of one process;
 - SIGKILL of one rank (the FTUNE_TEST_KILL_AT_STEP hook) ends the job on every rank within 60 s
@@ -85,6 +87,23 @@ def test_four_ranks_equal_grad_accum_four(tmp_path):
     train(four, *extra, "--grad-accum", 1, launcher=mpirun(4))
     assert adapter(one) == adapter(four)
     assert losses(one) == losses(four)
+
+
+def test_balance_steps_two_ranks_equal_grad_accum_two(tmp_path):
+    # --balance-steps groups each step's micro-batches by cost in groups of grad-accum x ranks,
+    # so 2 ranks of grad-accum 1 and 1 process of grad-accum 2 see the same order; the order is
+    # not the packer's (another adapter than without the flag); and a resume without the flag
+    # is refused by name
+    extra = ["--max-steps", 6, "--save-every", 3, "--eval-fraction", 0, "--balance-steps"]
+    one, two, plain = tmp_path / "one", tmp_path / "two", tmp_path / "plain"
+    train(one, *extra, "--grad-accum", 2)
+    train(two, *extra, "--grad-accum", 1, launcher=mpirun(2))
+    train(plain, *extra[:-1], "--grad-accum", 2)
+    assert adapter(one) == adapter(two)
+    assert losses(one) == losses(two)
+    assert adapter(one) != adapter(plain)
+    r = train(one, *extra[:-1], "--grad-accum", 2, "--resume", ok=False)
+    assert r.returncode != 0 and "balance_steps: true -> (absent)" in r.stderr, r.stderr
 
 
 def test_qlora_two_ranks_one_pack_build(tmp_path):

@@ -641,6 +641,122 @@ static void test_pack_invariants(void **state)
     ft_dataset_free(&ds);
 }
 
+/* Index of micro-batch b (by its ids array, which grouping moves but never copies) in the
+ * packer's order orig[0..n), or -1. */
+static int64_t orig_index(const ft_batch *orig, int64_t n, const ft_batch *b)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (orig[i].ids == b->ids) return i;
+    return -1;
+}
+
+/* The mean over full steps of group micro-batches of (max cost - min cost) within the step. */
+static double mean_step_spread(const ft_batch *b, int64_t n, int64_t group, double w)
+{
+    double sum = 0;
+    int64_t steps = n / group;
+    for (int64_t s = 0; s < steps; s++) {
+        double lo = 1e300, hi = -1e300;
+        for (int64_t j = 0; j < group; j++) {
+            double c = ft_batch_cost(&b[s * group + j], w);
+            lo = c < lo ? c : lo;
+            hi = c > hi ? c : hi;
+        }
+        sum += hi - lo;
+    }
+    return steps ? sum / (double)steps : 0.0;
+}
+
+/* ft_batch_group_by_cost: a permutation of the packed micro-batches; within each window of
+ * FT_BATCH_GROUP_STEPS steps the steps hold consecutive runs of the cost order (no two steps'
+ * cost ranges interleave); the short last step holds the last window's cheapest; each step's
+ * spread of cost well below the packer's order; a function of (order, group, weight, seed);
+ * group 1 a no-op; bad arguments refused, the order kept. */
+static void test_group_by_cost(void **state)
+{
+    ft_dataset ds;
+    load_zh_128(&ds);
+    const double w = 1.4;
+    const int64_t groups[] = {2, 3, 4};
+    for (size_t gi = 0; gi < sizeof groups / sizeof *groups; gi++) {
+        const int64_t group = groups[gi];
+        ft_batch *b, *orig, *b2;
+        int64_t nb, nb2;
+        assert_int_equal(ft_batch_pack(&b, &nb, ds.train, ds.n_train, 128, 1, 3), 0);
+        assert_true(nb > group * FT_BATCH_GROUP_STEPS); /* more than one window */
+        orig = malloc((size_t)nb * sizeof *orig);
+        assert_non_null(orig);
+        memcpy(orig, b, (size_t)nb * sizeof *b);
+        const double before = mean_step_spread(b, nb, group, w);
+        assert_int_equal(ft_batch_group_by_cost(b, nb, group, w, 11), 0);
+        /* a permutation */
+        char *seen = calloc((size_t)nb, 1);
+        assert_non_null(seen);
+        for (int64_t i = 0; i < nb; i++) {
+            int64_t k = orig_index(orig, nb, &b[i]);
+            assert_true(k >= 0 && !seen[k]);
+            seen[k] = 1;
+        }
+        free(seen);
+        /* steps of a window: cost ranges that do not interleave */
+        const int64_t W = group * FT_BATCH_GROUP_STEPS, full = nb / group;
+        for (int64_t s = 0; s < full; s++)
+            for (int64_t t = s + 1; t < full && t / FT_BATCH_GROUP_STEPS == s / FT_BATCH_GROUP_STEPS; t++) {
+                double slo = 1e300, shi = -1e300, tlo = 1e300, thi = -1e300;
+                for (int64_t j = 0; j < group; j++) {
+                    double cs = ft_batch_cost(&b[s * group + j], w), ct = ft_batch_cost(&b[t * group + j], w);
+                    slo = cs < slo ? cs : slo, shi = cs > shi ? cs : shi;
+                    tlo = ct < tlo ? ct : tlo, thi = ct > thi ? ct : thi;
+                }
+                assert_true(shi <= tlo || thi <= slo);
+            }
+        /* the short last step: the last window's cheapest, at the end */
+        if (nb % group) {
+            double tail_hi = -1e300, rest_lo = 1e300;
+            for (int64_t i = full * group; i < nb; i++) {
+                double c = ft_batch_cost(&b[i], w);
+                tail_hi = c > tail_hi ? c : tail_hi;
+            }
+            for (int64_t i = (nb - 1) / W * W; i < full * group; i++) {
+                double c = ft_batch_cost(&b[i], w);
+                rest_lo = c < rest_lo ? c : rest_lo;
+            }
+            assert_true(tail_hi <= rest_lo);
+        }
+        const double after = mean_step_spread(b, nb, group, w);
+        printf("  group %lld: %lld micro-batches, mean cost spread within a step %.1f -> %.1f\n",
+               (long long)group, (long long)nb, before, after);
+        assert_true(after < 0.5 * before);
+        /* the same for the same input and seed; another seed, another order of the steps */
+        assert_int_equal(ft_batch_pack(&b2, &nb2, ds.train, ds.n_train, 128, 1, 3), 0);
+        assert_int_equal(ft_batch_group_by_cost(b2, nb2, group, w, 11), 0);
+        for (int64_t i = 0; i < nb; i++) assert_memory_equal(b[i].ids, b2[i].ids, (size_t)b[i].T * 4);
+        ft_batches_free(b2, nb2);
+        assert_int_equal(ft_batch_pack(&b2, &nb2, ds.train, ds.n_train, 128, 1, 3), 0);
+        assert_int_equal(ft_batch_group_by_cost(b2, nb2, group, w, 12), 0);
+        int64_t moved = 0;
+        for (int64_t i = 0; i < nb; i++) moved += b[i].T != b2[i].T || memcmp(b[i].ids, b2[i].ids, (size_t)b[i].T * 4);
+        assert_true(moved > 0);
+        ft_batches_free(b2, nb2);
+        free(orig);
+        ft_batches_free(b, nb);
+    }
+    /* group 1: nothing to balance, the order kept; bad arguments refused */
+    ft_batch *b;
+    int64_t nb;
+    assert_int_equal(ft_batch_pack(&b, &nb, ds.train, ds.n_train, 128, 1, 3), 0);
+    int32_t *first = b[0].ids, *last = b[nb - 1].ids;
+    assert_int_equal(ft_batch_group_by_cost(b, nb, 1, w, 11), 0);
+    assert_int_equal(ft_batch_group_by_cost(b, nb, 0, w, 11), FT_E_INVALID);
+    assert_int_equal(ft_batch_group_by_cost(b, nb, 2, -1.0, 11), FT_E_INVALID);
+    assert_int_equal(ft_batch_group_by_cost(b, nb, 2, NAN, 11), FT_E_INVALID);
+    assert_ptr_equal(b[0].ids, first);
+    assert_ptr_equal(b[nb - 1].ids, last);
+    ft_err_clear();
+    ft_batches_free(b, nb);
+    ft_dataset_free(&ds);
+}
+
 /* The origin of each example (ft_example.file, record, truncated): two files, a bad record
  * skipped (its index counted), a blank JSONL line (no record), a record dropped by seq_len
  * and one cut to it; kept through the shuffle; a preference record's two examples share it. */
@@ -1017,6 +1133,7 @@ int main(void)
         cmocka_unit_test(test_eval_file),
         cmocka_unit_test(test_several_files),
         cmocka_unit_test(test_pack_invariants),
+        cmocka_unit_test(test_group_by_cost),
         cmocka_unit_test(test_example_origin),
         cmocka_unit_test(test_pack_example_map),
         cmocka_unit_test(test_tool_calls),
