@@ -15,6 +15,10 @@
 # (one process: g1 + ... + g2GA in turn; 2 ranks: each rank's GA, then the two sums), so the
 # last column is the largest relative difference of an adapter tensor instead of equality.
 #
+# The last column is the hypervisor's steal during each run (/proc/stat): on a VM the host may
+# run other guests on the physical cores, and 2 busy vCPUs can lose more of their time than 1;
+# 2 - (2 ranks' stolen CPUs) over 1 - (1 rank's) is the ratio of CPU the two runs really had.
+#
 # EXTRA: more train flags for both runs, e.g. EXTRA=--train-on-prompt (every token a loss target,
 # so that every micro-batch costs the same: with the prompt tokens masked the LM head runs on the
 # answer tokens only, and a step waits for its rank with the most of them)
@@ -75,13 +79,26 @@ m = max(float(np.linalg.norm(a[k] - b[k]) / max(np.linalg.norm(a[k]), 1e-30)) fo
 print("%.1e" % m)
 PY
 }
+# the hypervisor's steal while a command ran: CPU-seconds the VM's vCPUs were runnable but not
+# run (/proc/stat field 8, in USER_HZ), over the command's wall seconds
+HZ=$(getconf CLK_TCK)
+steal_now() { awk '/^cpu / { print $9 }' /proc/stat; }
+timed() { # timed VAR cmd...: runs cmd, VAR gets "steal_cpus wall_s"
+    local var=$1 s0 t0 s1 t1; shift
+    s0=$(steal_now); t0=$(date +%s.%N)
+    "$@"
+    s1=$(steal_now); t1=$(date +%s.%N)
+    printf -v "$var" '%s' "$(awk -v a="$s0" -v b="$s1" -v t0="$t0" -v t1="$t1" -v hz="$HZ" \
+        'BEGIN { printf "%.2f", (b - a) / hz / (t1 - t0) }')"
+}
 last="adapters equal"; [ "$GA" -gt 1 ] && last="max tensor ||a-b||/||a||"
-echo "| repeat | 1 rank x 1 thread, grad-accum $((2 * GA)) (tok/s) | 2 ranks x 1 thread, grad-accum $GA (tok/s) | ratio | $last |"
-echo "|---|---|---|---|---|"
+echo "| repeat | 1 rank x 1 thread, grad-accum $((2 * GA)) (tok/s) | 2 ranks x 1 thread, grad-accum $GA (tok/s) | ratio | $last | stolen CPUs (1 rank / 2 ranks) |"
+echo "|---|---|---|---|---|---|"
 for i in $(seq 1 "$REPEAT"); do
     rm -rf "$WORK/one" "$WORK/two"
-    OMP_NUM_THREADS=1 $RANK_WRAP "$FTUNE" "${ARGS[@]}" --grad-accum $((2 * GA)) --out "$WORK/one" 2> "$WORK/one.log"
-    OMP_NUM_THREADS=1 mpirun $ROOT_FLAG -np 2 $MPI_OPTS -x OMP_NUM_THREADS \
+    timed st1 env OMP_NUM_THREADS=1 $RANK_WRAP "$FTUNE" "${ARGS[@]}" --grad-accum $((2 * GA)) \
+        --out "$WORK/one" 2> "$WORK/one.log"
+    timed st2 env OMP_NUM_THREADS=1 mpirun $ROOT_FLAG -np 2 $MPI_OPTS -x OMP_NUM_THREADS \
         $RANK_WRAP "$FTUNE" "${ARGS[@]}" --grad-accum "$GA" --out "$WORK/two" 2> "$WORK/two.log"
     a=$(toks "$WORK/one.log"); b=$(toks "$WORK/two.log")
     if [ "$GA" -gt 1 ]; then
@@ -89,7 +106,7 @@ for i in $(seq 1 "$REPEAT"); do
     else
         same=no; cmp -s "$WORK/one/adapter_model.safetensors" "$WORK/two/adapter_model.safetensors" && same=yes
     fi
-    echo "| $i | $a | $b | $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", b / a }') | $same |"
+    echo "| $i | $a | $b | $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", b / a }') | $same | $st1 / $st2 |"
 done
 echo
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg); GA=$GA; MPI_OPTS=$MPI_OPTS; RANK_WRAP=${RANK_WRAP:-none}; EXTRA=${EXTRA:-none}"

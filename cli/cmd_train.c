@@ -404,7 +404,7 @@ int ft_cmd_train_with(int argc, char **argv, int plan_only, const ft_train_runne
         {"cuda-fused", FT_OPT_STR, &cuda_fused, "CUDA: use these fused kernels, a comma list of adamw (the multi-tensor AdamW, one launch), all, none (default none: they are verified on the CPU emulation, not yet measured on a GPU; docs/gpu.md)", 0, "LIST"},
         {"log-every", FT_OPT_INT, &log_every, "plain-output log line every N steps"},
         {"bus-gbps", FT_OPT_DBL, &c.bus_gbps, "ftune plan under mpirun/srun: the all-reduce's bus bandwidth in GB/s (nccl-tests' busbw) to predict its time per step (docs/distributed.md)"},
-        {"quiet", FT_OPT_FLAG, &quiet, "print only errors"},
+        {"quiet", FT_OPT_FLAG, &quiet, "print only warnings and errors"},
         {NULL},
     };
     /* a bare --resume or --tensorboard takes no value: make it --resume= for the table parser */

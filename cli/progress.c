@@ -30,7 +30,7 @@ static void fmt_time(char *b, size_t n, double s)
 void ft_progress_cb(const ft_train_event *ev, void *user)
 {
     ft_progress *p = user;
-    if (p->quiet) return;
+    if (p->quiet && ev->kind != FT_EV_WARN) return; /* --quiet keeps warnings and errors */
     if (ev->kind == FT_EV_INFO || ev->kind == FT_EV_PLAN || ev->kind == FT_EV_DONE) {
         ft_progress_flush(p);
         fprintf(stderr, "ftune: %s\n", ev->text);

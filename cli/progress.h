@@ -7,7 +7,7 @@
 
 typedef struct ft_progress {
     int tty;          /* stderr is a terminal */
-    int quiet;        /* only errors */
+    int quiet;        /* only warnings (and the errors cli/ prints) */
     int64_t log_every;/* plain mode: a line every N steps (0: automatic) */
     int bar_open;     /* a bar is drawn on the current line */
 } ft_progress;

@@ -260,3 +260,10 @@ def test_failed_trials_others_go_on(tmp_path):
     assert st["lr1e-3_pat2"][0] == "failed" and "--early-stopping-patience" in st["lr1e-3_pat2"][1]
     assert "[lr1e30_pat0] failed: " in r.stderr
     assert j["best"] == "lr1e-3_pat0"
+
+
+def test_quiet_sweep_still_names_a_failed_trial(tmp_path):
+    # --quiet drops the progress but keeps warnings: a failed trial is one line, nothing else
+    r = sweep(tmp_path / "sw", "--grid", "early_stopping_patience=0,2", "--max-steps", "2", "--quiet")
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "warning: [pat2] failed: --early-stopping-patience" in lines[0], r.stderr
