@@ -34,14 +34,6 @@ uint64_t ft_place_mem_available(void)
     return (uint64_t)kb * 1024;
 }
 
-static double layer_params(const ft_model *m)
-{
-    double p = 0;
-    for (int k = 0; k < FT_N_PROJ; k++)
-        p += (double)m->layers[0].proj[k].out_n * (double)m->layers[0].proj[k].in_n;
-    return p;
-}
-
 /* max |a - b| / max |a| over n values (0 when both are all zero). */
 static double rel_maxdiff(const float *a, const float *b, int64_t n)
 {
@@ -204,7 +196,7 @@ static int place(ft_backend *be, const ft_model *m, ft_lora *lora, ft_pack_file 
     in->t_fwd_layer = t_f;
     in->t_visit = t_dq; /* once per visit, for all its micro-batches (the recompute reuses it) */
     in->t_bwd_layer = o->forward_only ? 0 : t_b;
-    double P = layer_params(m);
+    double P = ft_layer_proj_params(&m->cfg);
     in->flops_fwd_layer = 2.0 * (double)T * P;
     in->flops_bwd_layer = o->forward_only ? 0 : 2.0 * in->flops_fwd_layer;
     /* the LM head's forward (2 T C V), and with a backward its input gradient (as much again) */

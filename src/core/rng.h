@@ -62,6 +62,17 @@ static inline uint64_t ft_rng_next(ft_rng *r)
     return res;
 }
 
+/* Fisher-Yates shuffle of a[0..n) with r: for i = n-1 down to 1, a[i] swapped with a[k],
+ * k = next % (i + 1) (one draw per i, in that order). */
+static inline void ft_rng_shuffle_i64(ft_rng *r, int64_t *a, int64_t n)
+{
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t k = (int64_t)(ft_rng_next(r) % (uint64_t)(i + 1)), t = a[i];
+        a[i] = a[k];
+        a[k] = t;
+    }
+}
+
 /* Uniform float in [0, 1) with 24 random bits. */
 static inline float ft_rng_uniform(ft_rng *r)
 {

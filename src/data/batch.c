@@ -154,12 +154,7 @@ static int ffd_pack(ffd *f, const int64_t *len, int64_t n, int64_t cap, uint64_t
     }
     /* the micro-batch order is shuffled too, so training does not run longest-first */
     for (int64_t i = 0; i < n_bins; i++) f->perm[i] = i;
-    for (int64_t i = n_bins - 1; i > 0; i--) {
-        int64_t k = (int64_t)(ft_rng_next(&g) % (uint64_t)(i + 1));
-        int64_t t = f->perm[i];
-        f->perm[i] = f->perm[k];
-        f->perm[k] = t;
-    }
+    ft_rng_shuffle_i64(&g, f->perm, n_bins);
     f->n_bins = n_bins;
 done:
     free(o);

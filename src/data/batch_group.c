@@ -42,11 +42,7 @@ static void group_window(ft_batch *b, ft_batch *tmp, costed *c, int64_t *step, i
     qsort(c, (size_t)m, sizeof *c, by_cost_desc);
     const int64_t full = m / group;
     for (int64_t s = 0; s < full; s++) step[s] = s;
-    for (int64_t s = full - 1; s > 0; s--) {
-        int64_t k = (int64_t)(ft_rng_next(g) % (uint64_t)(s + 1)), t = step[s];
-        step[s] = step[k];
-        step[k] = t;
-    }
+    ft_rng_shuffle_i64(g, step, full);
     int64_t at = 0;
     for (int64_t s = 0; s < full; s++)
         for (int64_t j = 0; j < group; j++) tmp[at++] = b[c[step[s] * group + j].idx];

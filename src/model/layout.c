@@ -46,6 +46,18 @@ int64_t ft_layer_floats(const ft_model_config *c, int o_bias)
 }
 
 /* model.h */
+double ft_layer_proj_params(const ft_model_config *c)
+{
+    double p = 0;
+    for (int k = 0; k < FT_N_PROJ; k++) {
+        int64_t out, in;
+        ft_proj_dims(c, k, &out, &in);
+        p += (double)out * (double)in;
+    }
+    return p;
+}
+
+/* model.h */
 void ft_layer_carve(const ft_model_config *c, int o_bias, float *b, ft_layer_weights *w)
 {
     memset(w, 0, sizeof *w);

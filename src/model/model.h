@@ -54,6 +54,11 @@ typedef struct ft_layer_weights {
  * projection's weight and bias, each padded to 16 floats (64 bytes). */
 int64_t ft_layer_floats(const ft_model_config *c, int o_bias);
 
+/* The base weights of one layer's projections, sum over p of out x in (ft_proj_dims): the
+ * multiply-adds of one token's pass through a layer's linear maps (the norms, biases and
+ * attention's quadratic term left out). */
+double ft_layer_proj_params(const ft_model_config *c);
+
 /* Points w's tensors into buf (ft_layer_floats(c, o_bias) floats, 64-byte aligned) and sets
  * the projections' shapes; everything else in w is zeroed (fp32, no bias where none). */
 void ft_layer_carve(const ft_model_config *c, int o_bias, float *buf, ft_layer_weights *w);

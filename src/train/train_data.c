@@ -13,13 +13,7 @@
 
 double ft_train_data_target_weight(const ft_model_config *mc)
 {
-    double layer = 0;
-    for (int p = 0; p < FT_N_PROJ; p++) {
-        int64_t out, in;
-        ft_proj_dims(mc, p, &out, &in);
-        layer += (double)out * (double)in;
-    }
-    const double blocks = layer * (double)mc->num_hidden_layers;
+    const double blocks = ft_layer_proj_params(mc) * (double)mc->num_hidden_layers;
     return blocks > 0 ? (double)mc->vocab_size * (double)mc->hidden_size / blocks : 0.0;
 }
 

@@ -25,7 +25,7 @@ typedef struct ft_train_data {
 
 /* The cost of one loss-target token (its LM head row and cross-entropy, forward and backward)
  * relative to one token's pass through the blocks, from the model's shape: vocab_size *
- * hidden_size over the base weights of all layers' projections (ft_proj_dims), both counted as
+ * hidden_size over the base weights of all layers' projections (ft_layer_proj_params), both counted as
  * multiply-adds per token; attention's quadratic term is left out. A proxy for
  * ft_batch_group_by_cost, not a timing. */
 double ft_train_data_target_weight(const ft_model_config *mc);
